@@ -1,0 +1,20 @@
+"""Checkpoint Equinox modules through Orbax, leaf by leaf, with nothing lost."""
+
+from ._api import CheckpointExistsError as CheckpointExistsError
+from ._api import metadata as metadata
+from ._api import restore as restore
+from ._api import save as save
+from ._check import StaticMismatchWarning as StaticMismatchWarning
+from ._errors import CheckpointMismatchError as CheckpointMismatchError
+from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
+from ._errors import OrbaxEqxError as OrbaxEqxError
+from ._errors import SidecarError as SidecarError
+from ._errors import UnsupportedLeafError as UnsupportedLeafError
+from ._handler import EqxHandler as EqxHandler
+from ._handler import EqxRestore as EqxRestore
+from ._handler import EqxSave as EqxSave
+from ._restore import RecordedLeaf as RecordedLeaf
+from ._sidecar import LeafMetadata as LeafMetadata
+from ._sidecar import Metadata as Metadata
+
+__version__ = "0.1.0"

@@ -1,0 +1,73 @@
+"""Standalone `save`, `restore` and `metadata`: one checkpoint, no manager."""
+
+import os
+from typing import Any
+
+import orbax.checkpoint as ocp
+
+from ._errors import OrbaxEqxError
+from ._handler import EqxHandler, EqxRestore, EqxSave
+from ._locate import as_path, find_item
+from ._sidecar import Metadata, read
+
+
+class CheckpointExistsError(OrbaxEqxError, FileExistsError):
+    """`save` was asked to write where a checkpoint already is."""
+
+
+def save(
+    directory: str | os.PathLike, item: Any, *, overwrite: bool = False, **options
+) -> None:
+    """Saves `item` to `directory`, atomically, and waits until it is on disk.
+
+    **Arguments:**
+
+    - `directory`: where to save; relative paths are fine. Must not exist
+        unless `overwrite=True`.
+    - `item`: any PyTree of Equinox modules, arrays and Python values.
+    - `overwrite`: replace an existing checkpoint at `directory`.
+    - `**options`: passed to `EqxHandler` (`use_ocdbt=`, `use_compression=`...).
+
+    !!! example
+
+        ```python
+        oeqx.save("ckpt/model", model)
+        model = oeqx.restore("ckpt/model", eqx.filter_eval_shape(make_model, key))
+        ```
+    """
+    path = as_path(directory)
+    if path.exists() and not overwrite:
+        raise CheckpointExistsError(
+            f"{path} already exists. Pass `overwrite=True` to replace it, or "
+            "choose another directory."
+        )
+    with ocp.Checkpointer(EqxHandler(**options)) as checkpointer:
+        checkpointer.save(path, args=EqxSave(item), force=overwrite)
+
+
+def restore(
+    directory: str | os.PathLike, skeleton: Any = None, **options
+) -> Any:
+    """Restores the checkpoint at `directory`.
+
+    **Arguments:**
+
+    - `directory`: an item directory, or a step directory holding one item.
+    - `skeleton`: the structure to restore into (see `EqxRestore`); without
+        one, returns a flat `{leaf name: value}` dict.
+    - `**options`: `shardings=`, `cast=`, `strict=`, `on_static_mismatch=`, as
+        for `EqxRestore`.
+
+    **Returns:** the restored PyTree.
+    """
+    path = find_item(directory)
+    handler = EqxHandler()
+    try:
+        return handler.restore(path, args=EqxRestore(skeleton, **options))
+    finally:
+        handler.close()
+
+
+def metadata(directory: str | os.PathLike) -> Metadata:
+    """Reads what a checkpoint holds (leaves, modules, static fields), no array data."""
+    return read(find_item(directory))

@@ -1,0 +1,289 @@
+"""The sidecar: a small, versioned JSON file beside the arrays of a checkpoint.
+
+It records every leaf (name, kind, shape, dtype, Python values), each module's
+class and static fields, and the package versions that wrote it. Reading it
+is pure data: nothing named in it is imported or called.
+"""
+
+import dataclasses
+import importlib.metadata
+import json
+import os
+import platform
+from typing import Any
+
+import jax
+from etils import epath
+
+from ._errors import SidecarError
+from ._names import storage_key
+from ._values import describe, encode, scalar_type
+from ._walk import (
+    ARRAY,
+    CALLABLE,
+    JAX,
+    NUMPY,
+    NUMPY_SCALAR,
+    OBJECT,
+    SCALAR,
+    SHARED,
+    ModuleInfo,
+    Walked,
+    container,
+    dtype_str,
+)
+
+FILE_NAME = "orbax_eqx.json"
+FORMAT = "orbax_eqx"
+FORMAT_VERSION = 1
+
+# Where an array leaf's data lives.
+STORED = "orbax"  # in Orbax's array store, under the leaf's storage key
+EMPTY = "none"  # a zero-size array: shape and dtype say everything
+ALIAS = "alias"  # the very same array object as another leaf (tied weights)
+
+_KINDS = (ARRAY, SCALAR, CALLABLE, SHARED, OBJECT)
+_CONTAINERS = (JAX, NUMPY, NUMPY_SCALAR)
+_PACKAGES = ("orbax_eqx", "jax", "jaxlib", "equinox", "orbax-checkpoint", "numpy")
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafMetadata:
+    """What the sidecar says about one leaf."""
+
+    name: str
+    path: str
+    kind: str
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    container: str | None = None
+    data: str | None = None
+    alias_of: str | None = None
+    nbytes: int = 0
+    value: Any = None  # encoded value or description, for non-array leaves
+
+    def describe(self) -> str:
+        if self.kind == ARRAY:
+            return f"array {self.dtype}{list(self.shape or ())}"
+        if self.kind == SCALAR:
+            return f"{scalar_type(self.value)} {describe(self.value)}"
+        if self.kind == SHARED:
+            return "shared-node marker"
+        return f"{self.kind} {describe(self.value)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Metadata:
+    """The contents of a checkpoint's sidecar, as returned by `orbax_eqx.metadata`."""
+
+    directory: str
+    format_version: int
+    versions: dict[str, str]
+    leaves: dict[str, LeafMetadata]
+    modules: dict[str, ModuleInfo]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(leaf.nbytes for leaf in self.leaves.values())
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "unknown"
+    return versions
+
+
+def build(walked: Walked, aliases: dict[str, str]) -> dict[str, Any]:
+    """The sidecar's JSON for a walked item; `aliases` maps a leaf to its twin."""
+    leaves = {}
+    for leaf in walked.leaves:
+        record: dict[str, Any] = {"path": leaf.path_str, "kind": leaf.kind}
+        if leaf.kind == ARRAY:
+            x = leaf.value
+            record["shape"] = list(x.shape)
+            record["dtype"] = dtype_str(x)
+            record["container"] = container(x)
+            record["nbytes"] = _nbytes(x)
+            if leaf.name in aliases:
+                record["data"] = ALIAS
+                record["alias_of"] = aliases[leaf.name]
+            elif record["nbytes"] == 0:
+                record["data"] = EMPTY
+            else:
+                record["data"] = STORED
+                record["key"] = storage_key(leaf.name)
+        elif leaf.kind != SHARED:
+            record["value"] = encode(leaf.value)
+        leaves[leaf.name] = record
+    modules = {
+        name: {"path": m.path, "class": m.cls, "static": m.static}
+        for name, m in walked.modules.items()
+    }
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "versions": package_versions(),
+        "leaves": leaves,
+        "modules": modules,
+    }
+
+
+def _nbytes(x: Any) -> int:
+    size = 1
+    for d in x.shape:
+        size *= d
+    if size == 0:
+        return 0
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+        return int(jax.random.key_data(x).nbytes)
+    return int(getattr(x, "nbytes", size * x.dtype.itemsize))
+
+
+def write(directory: epath.Path, content: dict[str, Any]) -> None:
+    """Writes the sidecar atomically: a reader sees the old file, or all of the new."""
+    text = _dump(content)
+    path = directory / FILE_NAME
+    if not _is_local(directory):
+        path.write_text(text)  # object stores replace whole objects atomically
+        return
+    tmp = os.fspath(path) + f".tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8", errors="surrogatepass") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, os.fspath(path))
+    fd = os.open(os.fspath(directory), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _dump(content: dict[str, Any]) -> str:
+    """JSON with one line per leaf and per module: easy to read and to diff."""
+
+    def line(value: Any) -> str:
+        return json.dumps(value, allow_nan=False, ensure_ascii=False)
+
+    parts = []
+    for key, value in content.items():
+        if isinstance(value, dict) and key in ("leaves", "modules") and value:
+            rows = ",\n".join(f"  {line(k)}: {line(v)}" for k, v in value.items())
+            parts.append(f" {line(key)}: {{\n{rows}\n }}")
+        else:
+            parts.append(f" {line(key)}: {line(value)}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
+def _is_local(path: epath.Path) -> bool:
+    return "://" not in os.fspath(path)
+
+
+def read(directory: epath.Path) -> Metadata:
+    """Reads and validates the sidecar of the checkpoint in `directory`."""
+    path = directory / FILE_NAME
+    if not path.exists():
+        raise SidecarError(
+            f"{path} is missing, so {directory} is not an orbax_eqx checkpoint "
+            "or is incomplete. Pass the item directory of a checkpoint saved "
+            "with orbax_eqx (for a CheckpointManager: <root>/<step>/<item>)."
+        )
+    try:
+        content = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SidecarError(
+            f"The sidecar {path} is not valid JSON ({e}); the checkpoint is "
+            "damaged. Restore an earlier step."
+        ) from None
+    return parse(content, str(directory))
+
+
+def parse(content: Any, where: str) -> Metadata:
+    """Validates sidecar JSON and turns it into `Metadata`."""
+
+    def bad(what: str) -> SidecarError:
+        return SidecarError(
+            f"The sidecar in {where} is damaged: {what}. Restore an earlier step, "
+            "or re-save the checkpoint."
+        )
+
+    if not isinstance(content, dict) or content.get("format") != FORMAT:
+        raise bad(f'expected a JSON object with "format": "{FORMAT}"')
+    version = content.get("format_version")
+    if type(version) is not int:
+        raise bad('"format_version" is not an integer')
+    if version > FORMAT_VERSION:
+        raise SidecarError(
+            f"The checkpoint in {where} has sidecar format version {version}, but "
+            f"this orbax_eqx reads versions up to {FORMAT_VERSION}. Upgrade "
+            "orbax_eqx to restore it."
+        )
+    versions = content.get("versions", {})
+    leaves_json = content.get("leaves")
+    modules_json = content.get("modules", {})
+    if not isinstance(versions, dict) or not isinstance(leaves_json, dict):
+        raise bad('"leaves" and "versions" must be JSON objects')
+    if not isinstance(modules_json, dict):
+        raise bad('"modules" must be a JSON object')
+    leaves = {name: _parse_leaf(name, rec, bad) for name, rec in leaves_json.items()}
+    for leaf in leaves.values():
+        target = leaves.get(leaf.alias_of) if leaf.data == ALIAS else None
+        if leaf.data == ALIAS and (
+            target is None
+            or target.data != STORED
+            or (target.shape, target.dtype) != (leaf.shape, leaf.dtype)
+        ):
+            raise bad(f"leaf {leaf.name!r} is an alias of {leaf.alias_of!r}, "
+                      "which is no stored array of the same shape and dtype")
+    modules = {}
+    for name, rec in modules_json.items():
+        if not (
+            isinstance(rec, dict)
+            and isinstance(rec.get("class"), str)
+            and isinstance(rec.get("static", {}), dict)
+        ):
+            raise bad(f"module {name!r} has no class or static fields")
+        modules[name] = ModuleInfo(
+            str(rec.get("path", name)), rec["class"], rec.get("static", {})
+        )
+    return Metadata(where, version, {str(k): str(v) for k, v in versions.items()},
+                    leaves, modules)
+
+
+def _parse_leaf(name: str, rec: Any, bad) -> LeafMetadata:
+    if not isinstance(rec, dict):
+        raise bad(f"leaf {name!r} is not a JSON object")
+    kind = rec.get("kind")
+    if kind not in _KINDS:
+        raise bad(f"leaf {name!r} has unknown kind {kind!r}")
+    path = rec.get("path", name)
+    if kind != ARRAY:
+        if kind == SCALAR and scalar_type(rec.get("value", ...)) is None:
+            raise bad(f"leaf {name!r} has no valid Python value")
+        return LeafMetadata(name, str(path), kind, value=rec.get("value"))
+    shape = rec.get("shape")
+    if not (
+        isinstance(shape, list)
+        and all(type(d) is int and d >= 0 for d in shape)
+    ):
+        raise bad(f"leaf {name!r} has shape {shape!r}, not a list of sizes")
+    dtype, cont, data = rec.get("dtype"), rec.get("container"), rec.get("data")
+    if not isinstance(dtype, str) or cont not in _CONTAINERS:
+        raise bad(f"leaf {name!r} has no valid dtype or container")
+    if data == STORED and rec.get("key") != storage_key(name):
+        # On-disk keys are always derived from names, never read from the file.
+        raise bad(f"leaf {name!r} has storage key {rec.get('key')!r}, expected "
+                  f"{storage_key(name)!r}")
+    if data == ALIAS and not isinstance(rec.get("alias_of"), str):
+        raise bad(f"leaf {name!r} is an alias of nothing")
+    if data not in (STORED, EMPTY, ALIAS):
+        raise bad(f"leaf {name!r} has unknown data location {data!r}")
+    nbytes = rec.get("nbytes", 0)
+    return LeafMetadata(
+        name, str(path), kind, tuple(shape), dtype, cont, data,
+        rec.get("alias_of"), nbytes if type(nbytes) is int else 0,
+    )

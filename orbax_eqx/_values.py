@@ -1,0 +1,151 @@
+"""Python values <-> JSON, exactly, without pickle and without importing anything.
+
+Python-scalar leaves are stored by value and decoded back exactly (`nan`,
+`-0.0`, integers past 2**63). Everything else that is not an array (static
+fields, callables, other objects) is stored as a *description*: enough to
+compare it with the skeleton's value and to show it to a person, never enough
+to rebuild it. Decoding never imports or calls anything named in the file.
+"""
+
+import base64
+import enum
+import functools
+import re
+from typing import Any
+
+import numpy as np
+
+# Python types whose leaves are saved by value.
+SCALAR_TYPES = {
+    type(None): "None",
+    bool: "bool",
+    int: "int",
+    float: "float",
+    complex: "complex",
+    str: "str",
+    bytes: "bytes",
+}
+
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def qualified_name(obj: Any) -> str:
+    """`module.qualname` of a function or class, as far as it can be told."""
+    module = getattr(obj, "__module__", None) or "?"
+    qualname = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    if qualname is None:
+        qualname = type(obj).__qualname__
+    return f"{module}.{qualname}"
+
+
+def is_named_callable(obj: Any) -> bool:
+    return callable(obj) and hasattr(obj, "__qualname__")
+
+
+def clean_repr(obj: Any) -> str:
+    """`repr` without memory addresses, which differ from run to run."""
+    try:
+        text = repr(obj)
+    except Exception:  # a broken __repr__ must not break a save
+        text = f"<{qualified_name(type(obj))}>"
+    return _ADDRESS.sub("", text)
+
+
+def encode(value: Any) -> Any:
+    """Encodes a value as JSON: exactly for literals, as a description otherwise."""
+    kind = type(value)
+    if value is None or kind in (bool, int, str):
+        return value
+    if kind is float:
+        return {"float": repr(value)}
+    if kind is complex:
+        return {"complex": [repr(value.real), repr(value.imag)]}
+    if kind is bytes:
+        return {"bytes": base64.b64encode(value).decode("ascii")}
+    if kind is tuple:
+        return {"tuple": [encode(v) for v in value]}
+    if kind is list:
+        return {"list": [encode(v) for v in value]}
+    if kind is dict:
+        return {"dict": [[encode(k), encode(v)] for k, v in value.items()]}
+    if isinstance(value, np.dtype):
+        return {"dtype": str(value)}
+    if isinstance(value, np.generic):
+        return {"numpy": [str(value.dtype), encode(value.item())]}
+    if isinstance(value, enum.Enum):
+        return {"enum": f"{qualified_name(kind)}.{value.name}"}
+    if isinstance(value, type) or is_named_callable(value):
+        return {"callable": describe_callable(value)}
+    return {"object": qualified_name(kind), "repr": clean_repr(value)}
+
+
+def describe_callable(fn: Any) -> str:
+    """A stable, readable name for a callable, such as `functools.partial(f, 2)`."""
+    if isinstance(fn, functools.partial):
+        args = [clean_repr(a) for a in fn.args]
+        args += [f"{k}={clean_repr(v)}" for k, v in fn.keywords.items()]
+        return f"functools.partial({describe_callable(fn.func)}, {', '.join(args)})"
+    return qualified_name(fn)
+
+
+def scalar_type(encoded: Any) -> str | None:
+    """The Python type name of an encoded scalar, or None if it is not one."""
+    if encoded is None:
+        return "None"
+    if isinstance(encoded, bool):
+        return "bool"
+    if isinstance(encoded, int):
+        return "int"
+    if isinstance(encoded, str):
+        return "str"
+    if isinstance(encoded, dict) and len(encoded) == 1:
+        (tag,) = encoded
+        if tag in ("float", "complex", "bytes"):
+            return tag
+    return None
+
+
+def decode_scalar(encoded: Any) -> Any:
+    """Decodes an encoded scalar exactly. Raises ValueError on anything else."""
+    kind = scalar_type(encoded)
+    if kind in ("None", "bool", "int", "str"):
+        return encoded
+    if kind == "float":
+        return float(_checked_str(encoded["float"]))
+    if kind == "complex":
+        real, imag = encoded["complex"]
+        return complex(float(_checked_str(real)), float(_checked_str(imag)))
+    if kind == "bytes":
+        return base64.b64decode(_checked_str(encoded["bytes"]), validate=True)
+    raise ValueError(f"not an encoded Python scalar: {encoded!r}")
+
+
+def _checked_str(text: Any) -> str:
+    if not isinstance(text, str):
+        raise ValueError(f"expected a string, found {text!r}")
+    return text
+
+
+def describe(encoded: Any) -> str:
+    """Human-readable text for an encoded value, for messages and `inspect`."""
+    if scalar_type(encoded) is not None:
+        return repr(decode_scalar(encoded))
+    if isinstance(encoded, dict) and len(encoded) >= 1:
+        tag = next(iter(encoded))
+        body = encoded[tag]
+        if tag == "tuple":
+            items = [describe(v) for v in body]
+            return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+        if tag == "list":
+            return "[" + ", ".join(describe(v) for v in body) + "]"
+        if tag == "dict":
+            return "{" + ", ".join(f"{describe(k)}: {describe(v)}" for k, v in body) + "}"
+        if tag == "dtype":
+            return f"dtype({body!r})"
+        if tag == "numpy":
+            return f"{body[0]}({describe(body[1])})"
+        if tag in ("enum", "callable"):
+            return str(body)
+        if tag == "object":
+            return str(encoded.get("repr"))
+    return repr(encoded)
