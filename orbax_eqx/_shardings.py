@@ -9,6 +9,7 @@ handed to Orbax, so a checkpoint saved on 8 devices restores on 1.
 from collections.abc import Callable
 from typing import Any
 
+import equinox as eqx
 import jax
 import jax.tree_util as jtu
 
@@ -27,7 +28,8 @@ def resolve(shardings: Shardings, walked: Walked) -> dict[str, Any]:
         return {leaf.name: _own_sharding(leaf.value) for leaf in wanted}
     if isinstance(shardings, jax.sharding.Sharding):
         return {leaf.name: shardings for leaf in wanted}
-    if callable(shardings):
+    # A module is callable too, but a module of shardings is a tree of them.
+    if callable(shardings) and not isinstance(shardings, eqx.Module):
         result = {}
         for leaf in wanted:
             sharding = shardings(leaf.name, leaf.value)

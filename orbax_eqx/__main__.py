@@ -1,0 +1,6 @@
+"""`python -m orbax_eqx ...`: see `orbax_eqx._cli`."""
+
+from ._cli import main
+
+if __name__ == "__main__":
+    raise SystemExit(main())
