@@ -45,9 +45,7 @@ def save(
         checkpointer.save(path, args=EqxSave(item), force=overwrite)
 
 
-def restore(
-    directory: str | os.PathLike, skeleton: Any = None, **options
-) -> Any:
+def restore(directory: str | os.PathLike, skeleton: Any = None, **options) -> Any:
     """Restores the checkpoint at `directory`.
 
     **Arguments:**

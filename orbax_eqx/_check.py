@@ -22,7 +22,9 @@ _FIX_INSPECT = (
     "If you changed hyperparameters, rebuild the skeleton with the saved ones "
     "(see `python -m orbax_eqx inspect {where}`)."
 )
-_FIX_CAST = "To cast arrays to the skeleton's dtypes, pass `EqxRestore(..., cast=True)`."
+_FIX_CAST = (
+    "To cast arrays to the skeleton's dtypes, pass `EqxRestore(..., cast=True)`."
+)
 _FIX_STATIC = (
     'To restore anyway, pass `EqxRestore(..., on_static_mismatch="warn")`: '
     "the skeleton's static fields, callables and classes are kept."
@@ -59,8 +61,9 @@ def check(
         names.add(leaf.name)
         record = saved.leaves.get(leaf.name)
         if record is None:
-            errors.append(f"Leaf `{leaf.path_str}` is in the skeleton but not in "
-                          "the checkpoint.")
+            errors.append(
+                f"Leaf `{leaf.path_str}` is in the skeleton but not in the checkpoint."
+            )
             fix(_FIX_MISSING)
             continue
         problem, fixer = _compare_leaf(leaf, record, cast)
@@ -74,8 +77,10 @@ def check(
     if strict:
         unexpected = [r for n, r in saved.leaves.items() if n not in names]
         for record in unexpected:
-            errors.append(f"Leaf `{record.path}` (leaf name `{record.name}`) is in "
-                          "the checkpoint but not in the skeleton.")
+            errors.append(
+                f"Leaf `{record.path}` (leaf name `{record.name}`) is in "
+                "the checkpoint but not in the skeleton."
+            )
         if unexpected:
             fix(_FIX_STRICT)
     for name, module in walked.modules.items():
@@ -83,14 +88,18 @@ def check(
         if other is None:
             continue
         if module.cls != other.cls:
-            statics.append(f"Module `{module.path}` is `{module.cls}` in the skeleton "
-                           f"but `{other.cls}` in the checkpoint.")
+            statics.append(
+                f"Module `{module.path}` is `{module.cls}` in the skeleton "
+                f"but `{other.cls}` in the checkpoint."
+            )
         for field in sorted(set(module.static) | set(other.static)):
             mine = _describe_field(module.static, field)
             theirs = _describe_field(other.static, field)
             if mine != theirs:
-                statics.append(f"Static field `{field}` of module `{module.path}` is "
-                               f"{mine} in the skeleton but {theirs} in the checkpoint.")
+                statics.append(
+                    f"Static field `{field}` of module `{module.path}` is "
+                    f"{mine} in the skeleton but {theirs} in the checkpoint."
+                )
     if statics:
         fix(_FIX_INSPECT)
         if on_static_mismatch == "warn":
@@ -136,28 +145,40 @@ def _compare_leaf(leaf: Leaf, record, cast: bool):
     if leaf.kind == ARRAY:
         shape = tuple(leaf.value.shape)
         if shape != record.shape:
-            return (f"{where} has shape {shape} in the skeleton but {record.shape} "
-                    "in the checkpoint.", _FIX_INSPECT)
+            return (
+                f"{where} has shape {shape} in the skeleton but {record.shape} "
+                "in the checkpoint.",
+                _FIX_INSPECT,
+            )
         dtype = str(leaf.value.dtype)
         if dtype != record.dtype:
             keys = is_key_dtype(leaf.value.dtype) or record.dtype.startswith("key<")
             if cast and not keys:
                 return None, None
-            return (f"{where} has dtype {dtype} in the skeleton but {record.dtype} "
-                    "in the checkpoint.", _FIX_INSPECT if keys else _FIX_CAST)
+            return (
+                f"{where} has dtype {dtype} in the skeleton but {record.dtype} "
+                "in the checkpoint.",
+                _FIX_INSPECT if keys else _FIX_CAST,
+            )
         return None, None
     if leaf.kind == SCALAR:
         mine = SCALAR_TYPES[type(leaf.value)]
         theirs = scalar_type(record.value)
         if mine != theirs:
-            return (f"{where} is a Python {mine} in the skeleton but a Python "
-                    f"{theirs} in the checkpoint.", _FIX_INSPECT)
+            return (
+                f"{where} is a Python {mine} in the skeleton but a Python "
+                f"{theirs} in the checkpoint.",
+                _FIX_INSPECT,
+            )
         return None, None
     if leaf.kind in (CALLABLE, OBJECT):
         mine = encode(leaf.value)
         if mine != record.value:
-            return (f"{where} is {leaf.kind} {describe(mine)} in the skeleton but "
-                    f"{describe(record.value)} in the checkpoint.", _FIX_STATIC)
+            return (
+                f"{where} is {leaf.kind} {describe(mine)} in the skeleton but "
+                f"{describe(record.value)} in the checkpoint.",
+                _FIX_STATIC,
+            )
     return None, None
 
 
@@ -166,8 +187,7 @@ def _describe_mine(leaf: Leaf) -> str:
     if leaf.kind == ARRAY:
         return f"array {x.dtype}{list(x.shape)}"
     if leaf.kind == SCALAR:
-        return f"{SCALAR_TYPES[type(x)]} {x!r}"
+        return "None" if x is None else f"{SCALAR_TYPES[type(x)]} {x!r}"
     if leaf.kind == SHARED:
         return "shared-node marker"
     return f"{leaf.kind} {describe(encode(x))}"
-

@@ -69,7 +69,9 @@ def _parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Inspect orbax_eqx checkpoints, or run a short demo.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}"
+    )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--debug", action="store_true", help="show the full traceback of an error"

@@ -129,7 +129,12 @@ def run(directory: str = "demo_checkpoints", steps: int = 10) -> bool:
             i = batches.choice(N_SAMPLES, BATCH, replace=False)
             model, state, opt_state = train_step(model, state, opt_state, x[i], y[i])
             loss = float(eval_loss(model, state, x_val, y_val))
-            item = {"model": model, "state": state, "opt_state": opt_state, "step": step}
+            item = {
+                "model": model,
+                "state": state,
+                "opt_state": opt_state,
+                "step": step,
+            }
             # Returns once the arrays are copied off the device; the writes go
             # on in the background while the next step trains.
             mngr.save(step, args=EqxSave(item), metrics={"loss": loss})
@@ -144,9 +149,8 @@ def run(directory: str = "demo_checkpoints", steps: int = 10) -> bool:
     finally:
         mngr.close()
 
-    restored_loss = float(
-        eval_loss(restored["model"], restored["state"], x_val, y_val)
-    )
+    restored_loss = float(eval_loss(restored["model"], restored["state"], x_val, y_val))
+    n_leaves = len(jax.tree.leaves(restored, is_leaf=lambda x: x is None))
     arrays = jax.tree.leaves(eqx.filter(restored, eqx.is_array))
     nbytes = sum(a.nbytes for a in arrays)
     n_params = sum(a.size for a in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
@@ -162,9 +166,9 @@ def run(directory: str = "demo_checkpoints", steps: int = 10) -> bool:
     )
     print(f"Best step: {best}, loss {losses.get(best, float('nan')):.6f}.")
     print(
-        f"Restored step {best} into a skeleton from eqx.filter_eval_shape: "
-        f"{len(arrays)} arrays ({human_bytes(nbytes)}) read from disk, loss "
-        f"{restored_loss:.6f}."
+        f"Restored step {best} into a skeleton from eqx.filter_eval_shape (built "
+        f"with another key): {n_leaves} leaves, {len(arrays)} of them arrays "
+        f"({human_bytes(nbytes)}) read from disk; loss {restored_loss:.6f}."
     )
 
     failures = []
@@ -211,12 +215,13 @@ def _fresh_directory(directory: str) -> str:
 
 def _holds_steps(path: str) -> bool:
     """True if `path` holds nothing but CheckpointManager steps (or nothing)."""
-    for entry in os.scandir(path):
-        if not entry.is_dir(follow_symlinks=False):
-            return False
-        if _TMP_STEP_DIR.fullmatch(entry.name):
-            continue
-        finished = os.path.isfile(os.path.join(entry.path, _STEP_METADATA))
-        if not (_STEP_DIR.fullmatch(entry.name) and finished):
-            return False
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if not entry.is_dir(follow_symlinks=False):
+                return False
+            if _TMP_STEP_DIR.fullmatch(entry.name):
+                continue
+            finished = os.path.isfile(os.path.join(entry.path, _STEP_METADATA))
+            if not (_STEP_DIR.fullmatch(entry.name) and finished):
+                return False
     return True

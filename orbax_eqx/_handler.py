@@ -135,7 +135,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
 
 
 def _holds_arrays(directory: epath.Path) -> bool:
-    saved = _sidecar.read(directory) if (directory / _sidecar.FILE_NAME).exists() else None
+    saved = (
+        _sidecar.read(directory) if (directory / _sidecar.FILE_NAME).exists() else None
+    )
     if saved is None:
         return True
     return any(leaf.data == _sidecar.STORED for leaf in saved.leaves.values())
@@ -207,6 +209,6 @@ class EqxRestore(ocp.args.CheckpointArgs):
     def __post_init__(self):
         if self.on_static_mismatch not in ("error", "warn"):
             raise ValueError(
-                f'EqxRestore(on_static_mismatch={self.on_static_mismatch!r}): expected '
+                f"EqxRestore(on_static_mismatch={self.on_static_mismatch!r}): expected "
                 '"error" or "warn".'
             )

@@ -75,7 +75,10 @@ def gather(directory: str | os.PathLike) -> Report:
 def _metrics(step_dir: epath.Path) -> dict[str, Any] | None:
     # Plain JSON reads: metrics are a nicety, so a missing or odd file is
     # skipped rather than reported.
-    sources = ((step_dir / _STEP_METADATA, "metrics"), (step_dir.joinpath(*_METRICS_FILE), None))
+    sources = (
+        (step_dir / _STEP_METADATA, "metrics"),
+        (step_dir.joinpath(*_METRICS_FILE), None),
+    )
     for file, key in sources:
         try:
             content = json.loads(file.read_text())
@@ -178,7 +181,11 @@ def _item_text(saved: Metadata) -> str:
             shape, size = "-", "-"
         rows.append([display_path(name), shape, _type(leaf), size, _cut(_value(leaf))])
     modules = [
-        [display_path(name), m.cls, ", ".join(f"{k}={describe(v)}" for k, v in m.static.items())]
+        [
+            display_path(name),
+            m.cls,
+            ", ".join(f"{k}={describe(v)}" for k, v in m.static.items()),
+        ]
         for name, m in saved.modules.items()
     ]
     arrays, nbytes = _totals(saved)
@@ -267,7 +274,9 @@ def _cut(text: str) -> str:
     return text if len(text) <= _MAX_VALUE else text[: _MAX_VALUE - 3] + "..."
 
 
-def _table(header: list[str], rows: list[list[str]], right: tuple[int, ...] = ()) -> str:
+def _table(
+    header: list[str], rows: list[list[str]], right: tuple[int, ...] = ()
+) -> str:
     """Indented columns; the last column is never padded, so lines end cleanly."""
     widths = [
         min(max(len(r[i]) for r in [header, *rows]), _MAX_NAME_PAD)

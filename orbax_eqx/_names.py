@@ -20,7 +20,7 @@ SEPARATOR = "."
 MAX_STORAGE_KEY = 120
 
 _INT_LIKE = re.compile(r"-?[0-9]+")
-_SAFE_KEY = re.compile(r"[A-Za-z0-9_.\-]+")
+_SAFE_KEY = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
 _UNSAFE_CHAR = re.compile(r"[^A-Za-z0-9_.\-]")
 
 

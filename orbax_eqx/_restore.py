@@ -133,7 +133,8 @@ def _orbax_read(inner, directory, to_read: dict[str, _Request]) -> dict[str, Any
         cast = None if _same_dtype(record.dtype, request.dtype) else request.dtype
         if request.container == JAX:
             item[key] = jax.ShapeDtypeStruct(
-                record.shape, _saved_dtype(record.dtype, request.dtype),
+                record.shape,
+                _saved_dtype(record.dtype, request.dtype),
                 sharding=request.sharding,
             )
             restore_args[key] = ocp.ArrayRestoreArgs(

@@ -1,4 +1,4 @@
-"""Splits an item into the arrays Orbax stores and the sidecar that describes the rest."""
+"""Splits an item into the arrays Orbax stores and the sidecar describing the rest."""
 
 from typing import Any
 

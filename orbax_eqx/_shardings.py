@@ -22,7 +22,9 @@ Shardings = jax.sharding.Sharding | Callable[[str, Any], Any] | Any
 def resolve(shardings: Shardings, walked: Walked) -> dict[str, Any]:
     """Maps the name of every jax array leaf of the skeleton to its sharding."""
     wanted = [
-        leaf for leaf in walked.leaves if leaf.kind == ARRAY and container(leaf.value) == JAX
+        leaf
+        for leaf in walked.leaves
+        if leaf.kind == ARRAY and container(leaf.value) == JAX
     ]
     if shardings is None:
         return {leaf.name: _own_sharding(leaf.value) for leaf in wanted}
@@ -33,8 +35,8 @@ def resolve(shardings: Shardings, walked: Walked) -> dict[str, Any]:
         result = {}
         for leaf in wanted:
             sharding = shardings(leaf.name, leaf.value)
-            result[leaf.name] = sharding if sharding is not None else _own_sharding(
-                leaf.value
+            result[leaf.name] = (
+                sharding if sharding is not None else _own_sharding(leaf.value)
             )
         _check_types(result, walked, "the `shardings=` function returned")
         return result
@@ -76,7 +78,8 @@ def _check_types(result: dict[str, Any], walked: Walked, source: str) -> None:
     ]
     if bad:
         raise CheckpointMismatchError(
-            "Some target shardings are not shardings:\n" + bullet_list(bad)
+            "Some target shardings are not shardings:\n"
+            + bullet_list(bad)
             + "\nGive a jax.sharding.Sharding (for example NamedSharding(mesh, P())) "
             "for every array leaf."
         )

@@ -66,6 +66,8 @@ class LeafMetadata:
         if self.kind == ARRAY:
             return f"array {self.dtype}{list(self.shape or ())}"
         if self.kind == SCALAR:
+            if self.value is None:
+                return "None"
             return f"{scalar_type(self.value)} {describe(self.value)}"
         if self.kind == SHARED:
             return "shared-node marker"
@@ -237,8 +239,10 @@ def parse(content: Any, where: str) -> Metadata:
             or target.data != STORED
             or (target.shape, target.dtype) != (leaf.shape, leaf.dtype)
         ):
-            raise bad(f"leaf {leaf.name!r} is an alias of {leaf.alias_of!r}, "
-                      "which is no stored array of the same shape and dtype")
+            raise bad(
+                f"leaf {leaf.name!r} is an alias of {leaf.alias_of!r}, "
+                "which is no stored array of the same shape and dtype"
+            )
     modules = {}
     for name, rec in modules_json.items():
         if not (
@@ -250,8 +254,9 @@ def parse(content: Any, where: str) -> Metadata:
         modules[name] = ModuleInfo(
             str(rec.get("path", name)), rec["class"], rec.get("static", {})
         )
-    return Metadata(where, version, {str(k): str(v) for k, v in versions.items()},
-                    leaves, modules)
+    return Metadata(
+        where, version, {str(k): str(v) for k, v in versions.items()}, leaves, modules
+    )
 
 
 def _parse_leaf(name: str, rec: Any, bad) -> LeafMetadata:
@@ -266,24 +271,30 @@ def _parse_leaf(name: str, rec: Any, bad) -> LeafMetadata:
             raise bad(f"leaf {name!r} has no valid Python value")
         return LeafMetadata(name, str(path), kind, value=rec.get("value"))
     shape = rec.get("shape")
-    if not (
-        isinstance(shape, list)
-        and all(type(d) is int and d >= 0 for d in shape)
-    ):
+    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
         raise bad(f"leaf {name!r} has shape {shape!r}, not a list of sizes")
     dtype, cont, data = rec.get("dtype"), rec.get("container"), rec.get("data")
     if not isinstance(dtype, str) or cont not in _CONTAINERS:
         raise bad(f"leaf {name!r} has no valid dtype or container")
     if data == STORED and rec.get("key") != storage_key(name):
         # On-disk keys are always derived from names, never read from the file.
-        raise bad(f"leaf {name!r} has storage key {rec.get('key')!r}, expected "
-                  f"{storage_key(name)!r}")
+        raise bad(
+            f"leaf {name!r} has storage key {rec.get('key')!r}, expected "
+            f"{storage_key(name)!r}"
+        )
     if data == ALIAS and not isinstance(rec.get("alias_of"), str):
         raise bad(f"leaf {name!r} is an alias of nothing")
     if data not in (STORED, EMPTY, ALIAS):
         raise bad(f"leaf {name!r} has unknown data location {data!r}")
     nbytes = rec.get("nbytes", 0)
     return LeafMetadata(
-        name, str(path), kind, tuple(shape), dtype, cont, data,
-        rec.get("alias_of"), nbytes if type(nbytes) is int else 0,
+        name,
+        str(path),
+        kind,
+        tuple(shape),
+        dtype,
+        cont,
+        data,
+        rec.get("alias_of"),
+        nbytes if type(nbytes) is int else 0,
     )

@@ -139,7 +139,9 @@ def describe(encoded: Any) -> str:
         if tag == "list":
             return "[" + ", ".join(describe(v) for v in body) + "]"
         if tag == "dict":
-            return "{" + ", ".join(f"{describe(k)}: {describe(v)}" for k, v in body) + "}"
+            return (
+                "{" + ", ".join(f"{describe(k)}: {describe(v)}" for k, v in body) + "}"
+            )
         if tag == "dtype":
             return f"dtype({body!r})"
         if tag == "numpy":

@@ -64,7 +64,9 @@ def test_tuples_stay_tuples_and_int_keys_stay_ints(tmp_path):
 def test_shared_weights_stay_tied(tmp_path):
     model = zoo.shared_tied(KEY_SAVE)
     oeqx.save(tmp_path / "ckpt", model)
-    restored = oeqx.restore(tmp_path / "ckpt", zoo.skeleton(zoo.shared_tied, KEY_SKELETON))
+    restored = oeqx.restore(
+        tmp_path / "ckpt", zoo.skeleton(zoo.shared_tied, KEY_SKELETON)
+    )
     embed, head = restored.shared()
     assert head.weight is embed.weight
     np.testing.assert_array_equal(restored(3), model(3))
@@ -101,9 +103,11 @@ def test_cast_loads_float32_weights_into_bfloat16_model(tmp_path):
     oeqx.save(tmp_path / "ckpt", model)
     skel = eqx.filter_eval_shape(zoo.mlp, KEY_SKELETON)
     skel = jax.tree_util.tree_map(
-        lambda s: jax.ShapeDtypeStruct(s.shape, jnp.bfloat16)
-        if isinstance(s, jax.ShapeDtypeStruct)
-        else s,
+        lambda s: (
+            jax.ShapeDtypeStruct(s.shape, jnp.bfloat16)
+            if isinstance(s, jax.ShapeDtypeStruct)
+            else s
+        ),
         skel,
     )
     restored = oeqx.restore(tmp_path / "ckpt", skel, cast=True)
@@ -151,7 +155,9 @@ def test_step_directory_with_one_item_is_found(tmp_path):
 def test_handler_options(tmp_path, use_ocdbt):
     item = zoo.odd_dict_keys(KEY_SAVE)
     oeqx.save(tmp_path / "ckpt", item, use_ocdbt=use_ocdbt, use_compression=False)
-    restored = oeqx.restore(tmp_path / "ckpt", zoo.skeleton(zoo.odd_dict_keys, KEY_SKELETON))
+    restored = oeqx.restore(
+        tmp_path / "ckpt", zoo.skeleton(zoo.odd_dict_keys, KEY_SKELETON)
+    )
     zoo.assert_same(restored, item)
 
 

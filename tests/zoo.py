@@ -205,9 +205,11 @@ def skeleton(make, key):
     if make in _PYTHON_FROM_KEY:
         # Python values drawn from the key cannot be traced: build, then abstract.
         return jax.tree_util.tree_map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype)
-            if isinstance(x, jax.Array)
-            else x,
+            lambda x: (
+                jax.ShapeDtypeStruct(x.shape, x.dtype)
+                if isinstance(x, jax.Array)
+                else x
+            ),
             make(key),
         )
     return eqx.filter_eval_shape(make, key)
