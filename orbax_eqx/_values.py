@@ -39,7 +39,9 @@ def qualified_name(obj: Any) -> str:
 
 
 def is_named_callable(obj: Any) -> bool:
-    return callable(obj) and hasattr(obj, "__qualname__")
+    return isinstance(obj, functools.partial) or (
+        callable(obj) and hasattr(obj, "__qualname__")
+    )
 
 
 def clean_repr(obj: Any) -> str:
