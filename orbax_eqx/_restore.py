@@ -13,7 +13,17 @@ from ._names import storage_key
 from ._shardings import resolve
 from ._sidecar import ALIAS, EMPTY, LeafMetadata, Metadata
 from ._values import decode_scalar, describe
-from ._walk import ARRAY, JAX, NUMPY_SCALAR, SCALAR, container, parse_dtype, walk
+from ._walk import (
+    ARRAY,
+    JAX,
+    NUMPY_SCALAR,
+    SCALAR,
+    container,
+    is_key_dtype,
+    key_impl,
+    parse_dtype,
+    walk,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,6 +173,13 @@ def _empty(request: _Request) -> Any:
     shape = request.record.shape
     if request.container != JAX:
         return _finish(np.zeros(shape, request.dtype), request)
+    if is_key_dtype(request.dtype):
+        impl = key_impl(request.dtype)
+        data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl)))
+        zeros = np.zeros(shape + data.shape, data.dtype)
+        return jax.random.wrap_key_data(
+            jax.device_put(zeros, request.sharding), impl=impl
+        )
     zeros = np.zeros(shape, request.dtype)
     return jax.make_array_from_callback(shape, request.sharding, lambda i: zeros[i])
 

@@ -105,14 +105,22 @@ def is_key_dtype(dtype: Any) -> bool:
 _KEY_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
+def key_impl(dtype: Any) -> str:
+    """The name of the PRNG implementation of a key dtype (`threefry2x32`...)."""
+    for impl in _KEY_IMPLS:
+        if str(_key_dtype(impl)) == str(dtype):
+            return impl
+    raise ValueError(f"unknown PRNG key type {str(dtype)!r}")
+
+
+def _key_dtype(impl: str) -> Any:
+    return jax.eval_shape(lambda: jax.random.key(0, impl=impl)).dtype
+
+
 def parse_dtype(text: str) -> Any:
     """The dtype named `text`: numpy, ml_dtypes (`bfloat16`, `int4`) or a PRNG key."""
     if text.startswith("key<"):
-        for impl in _KEY_IMPLS:
-            dtype = jax.eval_shape(lambda impl=impl: jax.random.key(0, impl=impl)).dtype
-            if str(dtype) == text:
-                return dtype
-        raise ValueError(f"unknown PRNG key type {text!r}")
+        return _key_dtype(key_impl(text))
     return jnp.dtype(text)
 
 

@@ -100,6 +100,7 @@ def prng_keys(key):
         "rbg": jax.random.key(seed, impl="rbg"),
         "batch": jax.random.split(jax.random.key(seed), 3),
         "legacy": jax.random.PRNGKey(seed),
+        "none_left": jax.random.split(jax.random.key(seed), 0),
     }
 
 
