@@ -114,7 +114,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
 
     report = gather(args.path)
     if args.json:
-        print(json.dumps(to_json(report), indent=1, ensure_ascii=False))
+        print(json.dumps(to_json(report), indent=2, ensure_ascii=False))
     else:
         print(to_text(report), end="")
     return 0

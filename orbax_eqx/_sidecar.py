@@ -86,7 +86,8 @@ class Metadata:
 
     @property
     def nbytes(self) -> int:
-        return sum(leaf.nbytes for leaf in self.leaves.values())
+        """Bytes of array data stored; tied weights count once."""
+        return sum(leaf.nbytes for leaf in self.leaves.values() if leaf.data == STORED)
 
 
 def package_versions() -> dict[str, str]:

@@ -1,0 +1,226 @@
+"""The command line, run as a user runs it: `python -m orbax_eqx ...` in a shell."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import equinox as eqx
+import jax
+import numpy as np
+import pytest
+
+import orbax_eqx as oeqx
+from orbax_eqx._cli import main
+
+
+def run_cli(*args, cwd):
+    # CPU only: the subprocess must not compete with this one for an accelerator.
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    return subprocess.run(
+        [sys.executable, "-m", "orbax_eqx", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def make_item():
+    model = eqx.nn.MLP(2, 1, 4, depth=1, key=jax.random.key(0))
+    return {
+        "model": model,
+        "step": 7,
+        "lr": 0.5,
+        "note": "hi",
+        "table": np.arange(3, dtype=np.int32),
+    }
+
+
+@pytest.fixture
+def step_dir(tmp_path):
+    """A step directory `run/7` holding one item, `default`, as a manager makes."""
+    oeqx.save(tmp_path / "run" / "7" / "default", make_item())
+    return tmp_path / "run" / "7"
+
+
+def test_demo_then_inspect_root(tmp_path):
+    result = run_cli("demo", "--steps", "5", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    best = re.search(r"^Best step: (\d+), loss ([0-9.]+)\.$", result.stdout, re.M)
+    assert best, result.stdout
+    kept = re.search(r"kept steps ([0-9, ]+) \(", result.stdout).group(1).split(", ")
+    assert best.group(1) in kept
+    assert re.search(
+        rf"^Restored step {best.group(1)} .* \d+ leaves", result.stdout, re.M
+    )
+    assert "Checked: same loss as recorded" in result.stdout
+    assert "python -m orbax_eqx inspect demo_checkpoints" in result.stdout
+    root = tmp_path / "demo_checkpoints"
+    assert sorted(p.name for p in root.iterdir()) == sorted(kept)
+
+    result = run_cli("inspect", "demo_checkpoints", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith(f"CheckpointManager root {root}: {len(kept)} step(s)\n")
+    # Each kept step with the loss the demo recorded for it.
+    assert re.search(rf"^ +{best.group(1)}  loss={best.group(2)[:6]}", out, re.M)
+    latest = max(kept, key=int)
+    assert f"Showing the latest step, {latest}." in out
+    assert f"Checkpoint {root / latest / 'default'}\n" in out
+    assert re.search(
+        r"^  model\.layers\.0\.weight +\(32, 8\) +float32 +1\.0 KiB$", out, re.M
+    )
+    assert re.search(r"^  step +- +int +- +" + latest + "$", out, re.M)
+    assert "equinox.nn._batch_norm.BatchNorm" in out
+    assert "mode='batch'" in out
+
+
+def test_inspect_item_dir(step_dir, tmp_path):
+    result = run_cli("inspect", step_dir / "default", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith(f"Checkpoint {step_dir / 'default'}\n")
+    rows = [
+        r"model\.layers\.0\.weight +\(4, 2\) +float32 +32 B",
+        r"model\.activation +- +callable +- +jax\._src\.nn\.functions\.relu",
+        r"lr +- +float +- +0\.5",
+        r"note +- +str +- +'hi'",
+        r"table +\(3,\) +int32 +12 B +numpy array",
+        r"model +equinox\.nn\._mlp\.MLP +.*width_size=4, depth=1(, .*)?",
+    ]
+    for row in rows:
+        assert re.search(rf"^  {row}$", out, re.M), row
+    assert re.search(r"^Total: 10 leaves, 5 arrays, 80 B\.$", out, re.M)
+    assert re.search(
+        r"^Written by orbax_eqx \S+ \(sidecar format 1\) with .*jax ", out, re.M
+    )
+
+
+def test_inspect_step_dir_json(step_dir, tmp_path):
+    result = run_cli("inspect", "--json", "run/7", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["steps"] == [] and doc["step"] is None
+    (item,) = doc["items"]
+    assert item["path"] == str(step_dir / "default")
+    shapes = {k: v.get("shape") for k, v in item["leaves"].items()}
+    assert shapes == {
+        "lr": None,
+        "model.layers.0.weight": [4, 2],
+        "model.layers.0.bias": [4],
+        "model.layers.1.weight": [1, 4],
+        "model.layers.1.bias": [1],
+        "model.activation": None,
+        "model.final_activation": None,
+        "note": None,
+        "step": None,
+        "table": [3],
+    }
+    assert item["leaves"]["step"] == {
+        "path": "['step']",
+        "kind": "scalar",
+        "type": "int",
+        "value": 7,
+        "text": "7",
+    }
+    assert item["leaves"]["table"]["container"] == "numpy"
+    assert item["modules"]["model"]["static"]["width_size"] == 4
+    assert item["totals"] == {"leaves": 10, "arrays": 5, "nbytes": 80}
+    assert item["versions"]["orbax_eqx"] == oeqx.__version__
+
+
+def test_inspect_json_in_process(tmp_path, capsys):
+    # Manager roots, tied weights, zero-size arrays and odd metrics, without
+    # paying for a subprocess each.
+    weight = np.ones((2, 2), np.float32)
+    item = {"a": weight, "b": weight, "empty": np.zeros((0, 3), np.float32)}
+    for step in (3, 10):
+        oeqx.save(tmp_path / "root" / str(step) / "default", item)
+    (tmp_path / "root" / "10" / "metrics").mkdir()
+    (tmp_path / "root" / "10" / "metrics" / "metrics").write_text('{"loss": NaN}')
+    (tmp_path / "root" / "3" / "_CHECKPOINT_METADATA").write_text("{damaged")
+
+    assert main(["inspect", "--json", str(tmp_path / "root")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(s["step"], s["metrics"]) for s in doc["steps"]] == [
+        (3, None),
+        (10, {"loss": "nan"}),
+    ]
+    assert doc["step"] == 10
+    leaves = doc["items"][0]["leaves"]
+    assert leaves["b"]["data"] == "alias" and leaves["b"]["alias_of"] == "a"
+    assert leaves["empty"]["data"] == "none"
+    assert doc["items"][0]["totals"] == {"leaves": 3, "arrays": 2, "nbytes": 16}
+
+    assert main(["inspect", str(tmp_path / "root")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^ +3  -$", out, re.M)
+    assert re.search(r"^ +10  loss=nan$", out, re.M)
+    assert re.search(
+        r"^  b +\(2, 2\) +float32 +16 B +numpy array, same array as a$", out, re.M
+    )
+    assert "Total: 3 leaves, 2 arrays (plus 1 tied to another leaf), 16 B." in out
+
+
+def _missing(tmp_path):
+    return "nope"
+
+
+def _not_a_checkpoint(tmp_path):
+    (tmp_path / "plain" / "sub").mkdir(parents=True)
+    (tmp_path / "plain" / "file.txt").write_text("hello")
+    return "plain"
+
+
+def _corrupt_sidecar(tmp_path):
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "orbax_eqx.json").write_text('{"format": "orbax_eqx", ')
+    return "broken"
+
+
+@pytest.mark.parametrize(
+    "make_path, message",
+    [
+        (_missing, r"\S+/nope does not exist\."),
+        (
+            _not_a_checkpoint,
+            r"\S+/plain holds no orbax_eqx checkpoint \(no orbax_eqx\.json in it "
+            r"or in its subdirectories\)\.",
+        ),
+        (
+            _corrupt_sidecar,
+            r"The sidecar \S+/broken/orbax_eqx\.json is not valid JSON \(.+\); the "
+            r"checkpoint is damaged\. Restore an earlier step\.",
+        ),
+    ],
+    ids=["missing", "not-a-checkpoint", "corrupt-sidecar"],
+)
+def test_inspect_bad_path(tmp_path, make_path, message):
+    result = run_cli("inspect", make_path(tmp_path), cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert re.fullmatch(r"orbax_eqx: error: " + message, line), line
+    assert "Traceback" not in result.stderr
+
+
+def test_debug_shows_traceback(tmp_path, capsys):
+    with pytest.raises(oeqx.CheckpointNotFoundError, match="does not exist"):
+        main(["inspect", "--debug", str(tmp_path / "nope")])
+
+
+def test_demo_refuses_foreign_directory(tmp_path, capsys):
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    assert main(["demo", "--dir", str(tmp_path / "mine")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(
+        r"orbax_eqx: error: \S+/mine exists and does not look like the demo's "
+        r"checkpoints \(.*\), so the demo will not delete it\. Pass --dir to choose "
+        r"another directory\.",
+        line,
+    )
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
