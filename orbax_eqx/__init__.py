@@ -10,6 +10,9 @@ from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
 from ._errors import OrbaxEqxError as OrbaxEqxError
 from ._errors import SidecarError as SidecarError
 from ._errors import UnsupportedLeafError as UnsupportedLeafError
+from ._fallback import FallbackWarning as FallbackWarning
+from ._fallback import RestoredStep as RestoredStep
+from ._fallback import restore_latest as restore_latest
 from ._handler import EqxHandler as EqxHandler
 from ._handler import EqxRestore as EqxRestore
 from ._handler import EqxSave as EqxSave
