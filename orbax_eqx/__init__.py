@@ -1,6 +1,7 @@
 """Checkpoint Equinox modules through Orbax, leaf by leaf, with nothing lost."""
 
 from ._api import CheckpointExistsError as CheckpointExistsError
+from ._api import NotWritableError as NotWritableError
 from ._api import metadata as metadata
 from ._api import restore as restore
 from ._api import save as save
