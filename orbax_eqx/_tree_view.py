@@ -14,6 +14,7 @@ from ._values import describe, scalar_type
 from ._walk import ARRAY, NUMPY, NUMPY_SCALAR, SCALAR, SHARED
 
 _INDENT = "  "
+_MAX_FIELD = 40  # longer static field values are cut
 
 
 def split(name: str) -> list[str]:
@@ -69,9 +70,13 @@ def rows(saved: Metadata, shardings: dict[str, str]) -> list[list[str]]:
         if node.module is not None:
             info = saved.modules[node.module]
             cls = info.cls.rsplit(".", 1)[-1]
-            static = ", ".join(f"{k}={describe(v)}" for k, v in info.static.items())
+            # Every field, each cut short: a static field is what tells two
+            # models apart (`num_heads=2` or 4), so none is dropped.
+            static = ", ".join(
+                f"{k}={cut(describe(v), _MAX_FIELD)}" for k, v in info.static.items()
+            )
         size = human_bytes(node.nbytes) if node.nbytes else ""
-        return [_INDENT * depth + label, cls, "", size, "", cut(static)]
+        return [_INDENT * depth + label, cls, "", size, "", static]
 
     def visit(node: _Node, depth: int) -> None:
         for part, child in node.children.items():

@@ -69,17 +69,36 @@ def test_demo_then_inspect_root(tmp_path):
     assert re.search(rf"^ +{best.group(1)}  loss={best.group(2)[:6]}", out, re.M)
     latest = max(kept, key=int)
     assert f"Showing the latest step, {latest}." in out
+    assert "The best step has the lowest loss." in out
+    marks = dict(re.findall(r"^ +(\d+)  loss=\S+(?:  (.+))?$", out, re.M))
+    assert marks[best.group(1)].startswith("best")
+    assert marks[latest].endswith("latest")
     assert f"Checkpoint {root / latest / 'default'}\n" in out
+    # The tree: modules with class and static fields, arrays with the sharding
+    # they were saved with, Python leaves with their values.
     assert re.search(
-        r"^  model\.layers\.0\.weight +\(32, 8\) +float32 +1\.0 KiB$", out, re.M
+        r"^  model +Sequential +1\.5 KiB$\n^    layers +1\.5 KiB$\n"
+        r"^      0 +Linear +1\.1 KiB +in_features=8, out_features=32, use_bias=True$\n"
+        r"^        weight +float32 +\(32, 8\) +1\.0 KiB +cpu:0$",
+        out,
+        re.M,
     )
-    assert re.search(r"^  step +- +int +- +" + latest + "$", out, re.M)
-    assert "equinox.nn._batch_norm.BatchNorm" in out
-    assert "mode='batch'" in out
+    assert re.search(
+        r"^      1 +BatchNorm +256 B +input_size=32, .*mode='batch'", out, re.M
+    )
+    assert re.search(r"^  step +int +" + latest + "$", out, re.M)
+
+    result = run_cli("inspect", "--flat", "demo_checkpoints", cwd=tmp_path)
+    assert re.search(
+        r"^  model\.layers\.0\.weight +\(32, 8\) +float32 +1\.0 KiB$",
+        result.stdout,
+        re.M,
+    )
+    assert "equinox.nn._batch_norm.BatchNorm" in result.stdout
 
 
-def test_inspect_item_dir(step_dir, tmp_path):
-    result = run_cli("inspect", step_dir / "default", cwd=tmp_path)
+def test_inspect_item_dir_flat(step_dir, tmp_path):
+    result = run_cli("inspect", "--flat", step_dir / "default", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith(f"Checkpoint {step_dir / 'default'}\n")
@@ -158,9 +177,9 @@ def test_inspect_json_in_process(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "root")]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^ +3  -$", out, re.M)
-    assert re.search(r"^ +10  loss=nan$", out, re.M)
+    assert re.search(r"^ +10  loss=nan +latest$", out, re.M)  # nan is never best
     assert re.search(
-        r"^  b +\(2, 2\) +float32 +16 B +numpy array, same array as a$", out, re.M
+        r"^  b +float32 +\(2, 2\) +16 B +numpy array, same array as a$", out, re.M
     )
     assert "Total: 3 leaves, 2 arrays (plus 1 tied to another leaf), 16 B." in out
 
