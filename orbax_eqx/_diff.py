@@ -189,7 +189,8 @@ def compare(name: str, a: np.ndarray, b: np.ndarray, rtol: float, atol: float):
 
     Integers and booleans must be equal; floats (and complex) as
     `numpy.isclose(a, b, rtol, atol, equal_nan=True)`. The relative difference
-    of an element is `|a - b| / max(|a|, |b|)`.
+    of an element is `|a - b| / max(|a|, |b|)`. Elements where one side is nan
+    and the other not count as mismatched but add nothing to the maxima.
     """
     fa, fb = a.reshape(-1), b.reshape(-1)
     exact = _is_exact(a.dtype) and _is_exact(b.dtype)
@@ -206,13 +207,24 @@ def compare(name: str, a: np.ndarray, b: np.ndarray, rtol: float, atol: float):
             else:
                 same = (ca == cb) | (np.isnan(ca) & np.isnan(cb))
                 close = np.isclose(ca, cb, rtol=rtol, atol=atol, equal_nan=True)
-            diff = np.where(same, 0.0, np.abs(ca - cb))
+            if exact:
+                diff = np.where(same, 0.0, _int_distance(ra, rb))
+            else:
+                diff = np.where(same, 0.0, np.abs(ca - cb))
+            # A nan facing a number counts as mismatched; it has no size.
+            diff = np.where(np.isnan(diff), 0.0, diff)
             scale = np.maximum(np.abs(ca), np.abs(cb))
-            rel = np.where(same, 0.0, diff / scale)
+            rel = np.where(np.isinf(diff), np.inf, diff / np.where(diff, scale, 1))
         mismatched += int(close.size - np.count_nonzero(close))
         max_abs = max(max_abs, float(np.max(diff)))
         max_rel = max(max_rel, float(np.max(rel)))
     return ValueDiff(name, max_abs, max_rel, mismatched, int(fa.size))
+
+
+def _int_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """`|a - b|` of integers, exactly as uint64 (modulo 2**64 is exact here)."""
+    hi, lo = np.maximum(a, b), np.minimum(a, b)
+    return (hi.astype(np.uint64) - lo.astype(np.uint64)).astype(np.float64)
 
 
 def _is_exact(dtype: np.dtype) -> bool:

@@ -120,7 +120,7 @@ def write_array(f: BinaryIO, array: np.ndarray) -> None:
 
 def read_header(path: str | os.PathLike) -> Header:
     """Reads and validates the header of the safetensors file at `path`."""
-    path = os.fspath(path)
+    path = os.path.abspath(path)
 
     def bad(what: str) -> SafetensorsError:
         return SafetensorsError(
