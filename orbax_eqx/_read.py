@@ -58,11 +58,13 @@ class LeafReader:
     def stream(
         self, records: Iterable[LeafMetadata], budget: int
     ) -> Iterator[tuple[LeafMetadata, np.ndarray]]:
-        """Yields `(record, array)` in order, reading about `budget` bytes at a time.
+        """Yields `(record, array)` in order, holding about `budget` bytes at most.
 
         Drop each array when done with it: then no more than one batch is held.
+        Reading a batch takes about twice its size for a moment (TensorStore's
+        buffers, then the arrays: measured), so batches are half of `budget`.
         """
-        for batch in batches(records, budget):
+        for batch in batches(records, max(budget // 2, 1)):
             arrays = self.read([record.name for record in batch])
             for record in batch:
                 yield record, arrays.pop(record.name)

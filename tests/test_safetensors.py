@@ -4,6 +4,8 @@ library's own reader and writer."""
 import json
 import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import equinox as eqx
@@ -162,18 +164,18 @@ def test_export_refuses_dtypes_safetensors_lacks(tmp_path):
     assert result.left_out == 1
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux only")
 def test_export_streams_in_bounded_memory(tmp_path):
     """Peak memory of an export grows with --buffer, not with the checkpoint."""
-    import subprocess
-    import sys
-
-    item = {f"w{i}": np.full((1024, 1024), i, np.float32) for i in range(24)}  # 96 MiB
+    item = {f"w{i}": np.full((512, 1024), i, np.float32) for i in range(64)}  # 128 MiB
     oeqx.save(tmp_path / "big", item, use_compression=False)
     oeqx.save(tmp_path / "tiny", {"w": np.ones(4, np.float32)})
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent (this
+    # pytest process) through fork and exec.
     code = (
-        "import resource, sys; from orbax_eqx._cli import main; "
-        "rc = main(sys.argv[1:]); "
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss); sys.exit(rc)"
+        "import sys; from orbax_eqx._cli import main; rc = main(sys.argv[1:]); "
+        "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]); "
+        "sys.exit(rc)"
     )
 
     def peak_kib(*args):
@@ -186,14 +188,15 @@ def test_export_streams_in_bounded_memory(tmp_path):
             timeout=120,
         )
         assert result.returncode == 0, result.stderr
-        return int(result.stdout.splitlines()[-1])
+        return int(result.stdout.split()[-1])
 
     base = peak_kib("export", "tiny", "--to", "safetensors", "t", "--buffer", "8MiB")
     peak = peak_kib("export", "big", "--to", "safetensors", "b", "--buffer", "8MiB")
-    # Holding the checkpoint would take 96 MiB more; streaming holds a few batches.
-    assert (peak - base) / 1024 < 48, (base, peak)
+    # Holding the checkpoint would take 128 MiB more; streaming holds the buffer
+    # and some MiB of TensorStore's own (measured: 22-24 MiB above base).
+    assert (peak - base) / 1024 < 64, (base, peak)
     with safe_open(tmp_path / "b" / "model.safetensors", framework="numpy") as f:
-        assert float(f.get_tensor("w23")[5, 7]) == 23.0
+        assert float(f.get_tensor("w63")[5, 7]) == 63.0
 
 
 # ---------------------------------------------------------------- the format
