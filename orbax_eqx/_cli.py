@@ -287,7 +287,8 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
-    from ._inspect import gather, to_json, to_text
+    from ._inspect import gather, to_json
+    from ._inspect_text import to_text
 
     report = gather(args.path, args.best, args.mode)
     if args.json:
@@ -306,7 +307,7 @@ def _run_diff(args: argparse.Namespace) -> int:
 def _run_export(args: argparse.Namespace) -> int:
     _need_safetensors("export")
     from ._export import export
-    from ._inspect import human_bytes
+    from ._format import human_bytes
     from ._rename_map import load
 
     result = export(
@@ -337,8 +338,8 @@ def _run_export(args: argparse.Namespace) -> int:
 def _run_import(args: argparse.Namespace) -> int:
     _need_safetensors("import")
     from . import _skeleton
+    from ._format import human_bytes
     from ._import import import_
-    from ._inspect import human_bytes
     from ._rename_map import load
 
     renames = load(args.rename)
