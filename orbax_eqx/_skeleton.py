@@ -52,8 +52,9 @@ def load(spec: str) -> Any:
         target = getattr(target, part)
     if not callable(target):
         raise SkeletonError(
-            f"`{spec}` is a {type(target).__name__}, not a function; the skeleton "
-            "must be a function of no arguments that returns it."
+            f"`{spec}` names a value of type {type(target).__name__}, not a "
+            "function; the skeleton must be given by a function of no arguments "
+            "that returns it."
         )
     try:
         return target()

@@ -364,3 +364,52 @@ def test_compare(a, b, rtol, atol, expected):
         np.testing.assert_allclose(result.max_abs, max_abs, rtol=1e-6)
     if max_rel is not None:
         np.testing.assert_allclose(result.max_rel, max_rel, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "source, spec, message",
+    [
+        (
+            "x = 3\n",
+            "m.py:x",
+            r"`m\.py:x` names a value of type int, not a function; the skeleton "
+            r"must be given by a function of no arguments that returns it\.",
+        ),
+        (
+            "import no_such_dependency\n",
+            "m.py:f",
+            r"Importing \S+/m\.py for the skeleton failed: ModuleNotFoundError: No "
+            r"module named 'no_such_dependency' \(--debug shows where\)\.",
+        ),
+        (
+            "def f(): pass\n",
+            "gone.py:f",
+            r"\S+/gone\.py, named by the skeleton "
+            r"'gone\.py:f', does not exist\.",
+        ),
+        (
+            "def f(): pass\n",
+            "m.py:",
+            r"'m\.py:' is not a skeleton: expected "
+            r"`module:function`",
+        ),
+    ],
+    ids=["not-callable", "import-fails", "no-file", "no-function-name"],
+)
+def test_skeleton_errors(tmp_path, monkeypatch, source, spec, message):
+    from orbax_eqx._skeleton import SkeletonError, load
+
+    (tmp_path / "m.py").write_text(source)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SkeletonError, match=message):
+        load(spec)
+
+
+def test_skeleton_from_file(tmp_path, monkeypatch):
+    from orbax_eqx._skeleton import load, looks_like_spec
+
+    (tmp_path / "m.py").write_text("def f():\n    return {'a': 1}\n")
+    monkeypatch.chdir(tmp_path)
+    assert load("m.py:f") == {"a": 1}
+    assert looks_like_spec("m.py:f") and looks_like_spec("pkg.mod:make")
+    assert not looks_like_spec("m.py") and not looks_like_spec("gs://bucket/ckpt")
