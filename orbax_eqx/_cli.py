@@ -323,15 +323,13 @@ def _run_export(args: argparse.Namespace) -> int:
     print(
         f"Exported {result.tensors} tensors ({human_bytes(result.nbytes)}) to {where}."
     )
-    print(
-        f"Static fields and {result.in_metadata} non-array leaves are in the "
-        "__metadata__ of each file."
-        + (
-            f" The rename map left out {result.left_out} arrays."
-            if result.left_out
-            else ""
+    if result.modules or result.in_metadata:
+        print(
+            f"The __metadata__ of each file holds the static fields of "
+            f"{result.modules} modules and {result.in_metadata} non-array leaves."
         )
-    )
+    if result.left_out:
+        print(f"The rename map left out {result.left_out} arrays.")
     return 0
 
 

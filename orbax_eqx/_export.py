@@ -49,11 +49,13 @@ class _Tensor:
 @dataclasses.dataclass(frozen=True)
 class Exported:
     """What `export` wrote: the files (index last), tensors and their bytes, the
-    leaves that went into `__metadata__`, and the arrays the rename map left out."""
+    modules whose static fields and the leaves that went into `__metadata__`, and
+    the arrays the rename map left out."""
 
     files: list[str]
     tensors: int
     nbytes: int
+    modules: int
     in_metadata: int
     left_out: int
 
@@ -118,7 +120,9 @@ def export(
             os.remove(old)
     if not single and len(shards) > 1:
         finals.append(_write_index(out_dir, shards, names, total, metadata))
-    return Exported(finals, len(tensors), total, in_metadata, left_out)
+    return Exported(
+        finals, len(tensors), total, len(saved.modules), in_metadata, left_out
+    )
 
 
 def _plan(saved: Metadata, renames: RenameMap) -> tuple[list[_Tensor], int]:
@@ -136,6 +140,12 @@ def _plan(saved: Metadata, renames: RenameMap) -> tuple[list[_Tensor], int]:
                 jax.random.key_data, jax.ShapeDtypeStruct(shape, parse_dtype(dtype))
             )
             dtype, shape = str(data.dtype), tuple(data.shape)
+        if name == st.METADATA_KEY:
+            raise ExportError(
+                f"Leaf `{record.path}` would be the tensor `{name}`, a name "
+                "safetensors keeps for its metadata. Rename it with --rename "
+                f'(`{{"{record.name}": "<another name>"}}`).'
+            )
         if dtype not in st.CODES:
             problems.append(
                 f"leaf `{record.path}` (leaf name `{record.name}`) is {dtype}"

@@ -153,7 +153,8 @@ def test_export_sharded_then_import(work):
     assert result.stdout == (
         f"Exported 4 tensors (200 B) to 3 files and {work / 'hf'}/"
         "model.safetensors.index.json.\n"
-        "Static fields and 3 non-array leaves are in the __metadata__ of each file.\n"
+        "The __metadata__ of each file holds the static fields of 3 modules and 3 "
+        "non-array leaves.\n"
     )
     index = json.loads((work / "hf" / "model.safetensors.index.json").read_text())
     assert index["metadata"]["total_size"] == 200

@@ -164,6 +164,17 @@ def test_export_refuses_dtypes_safetensors_lacks(tmp_path):
     assert result.left_out == 1
 
 
+def test_export_refuses_the_metadata_name(tmp_path):
+    oeqx.save(tmp_path / "ckpt", {"__metadata__": np.ones(2)})
+    with pytest.raises(
+        ExportError,
+        match=r"Leaf `\['__metadata__'\]` would be the tensor `__metadata__`, a name "
+        r"safetensors keeps for its metadata\. Rename it with --rename "
+        r'\(`\{"__metadata__": "<another name>"\}`\)\.',
+    ):
+        export(tmp_path / "ckpt", tmp_path / "out")
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux only")
 def test_export_streams_in_bounded_memory(tmp_path):
     """Peak memory of an export grows with --buffer, not with the checkpoint."""
