@@ -45,6 +45,7 @@ _DIFF_HELP = """\
 Compares two checkpoints, or a checkpoint and a skeleton, and lists every
 difference: leaves only in A or only in B, and leaves whose kind, shape, dtype,
 Python value or tying differs; modules whose class or static fields differ.
+Against a skeleton, Python values are compared by type only, as restore does.
 
 A and B are checkpoints (item or step directories), or skeletons given as
 `module:function` (or `path/to/file.py:function`): a function of no arguments

@@ -2,10 +2,13 @@
 
 The structure (leaves added and removed; kinds, shapes, dtypes, Python values,
 tied weights; modules' classes and static fields) comes from the sidecars
-alone. With `values=True`, arrays held by both sides with the same shape are
-read a batch at a time and compared element by element, as `numpy.isclose`
-does with B as the reference, reporting the largest absolute and relative
-difference of each leaf.
+alone. Against a skeleton, Python values are compared by type only, as
+restore does: a skeleton's `step=0` is a placeholder.
+
+With `values=True`, arrays held by both sides with the same shape are read a
+batch at a time and compared element by element, as `numpy.isclose` does with
+B as the reference, reporting the largest absolute and relative difference of
+each leaf.
 """
 
 import dataclasses
@@ -18,8 +21,8 @@ from ._locate import find_item
 from ._progress import Progress
 from ._read import LeafReader, read_cost
 from ._sidecar import ALIAS, LeafMetadata, Metadata, read
-from ._values import describe
-from ._walk import ARRAY
+from ._values import describe, scalar_type
+from ._walk import ARRAY, SCALAR
 
 DEFAULT_RTOL = 1e-5
 DEFAULT_ATOL = 1e-8
@@ -82,6 +85,11 @@ def structure(a: Side, b: Side) -> list[Difference]:
             diffs.append(Difference("removed", name, ra.describe(), ""))
             continue
         diff = _leaf(ra, rb, both_saved)
+        if diff is not None and ra.kind == SCALAR and not both_saved:
+            # A skeleton's Python values are placeholders, as restore treats
+            # them: only their types must match.
+            if scalar_type(ra.value) == scalar_type(rb.value):
+                diff = None
         if diff is not None:
             diffs.append(diff)
     diffs += [

@@ -119,7 +119,7 @@ def export(
         if old not in finals:
             os.remove(old)
     if not single and len(shards) > 1:
-        finals.append(_write_index(out_dir, shards, names, total, metadata))
+        finals.append(_write_index(out_dir, shards, names, total))
     return Exported(
         finals, len(tensors), total, len(saved.modules), in_metadata, left_out
     )
@@ -266,9 +266,9 @@ def _write_shard(tmp, shard, metadata, reader: LeafReader, buffer, bar) -> None:
             )
 
 
-def _write_index(out_dir, shards, names, total, metadata) -> str:
+def _write_index(out_dir, shards, names, total) -> str:
     index = {
-        "metadata": {"total_size": total, **metadata},
+        "metadata": {"total_size": total},
         "weight_map": {
             t.name: name for shard, name in zip(shards, names) for t in shard
         },

@@ -193,28 +193,23 @@ def _our_metadata(headers: list[st.Header]) -> dict[str, Any]:
 
 def _check(walked, by_leaf, tensors, ours, source, cast, allow_unused, ignore_static):
     problems, fixes = [], []
-    for leaf in walked.leaves:
-        if leaf.kind != ARRAY:
-            continue
-        tensor = by_leaf.get(leaf.name)
-        if tensor is None:
-            problems.append(f"leaf `{leaf.path_str}` has no tensor `{leaf.name}`")
-            _add(fixes, "map tensor names to leaf names with --rename")
-            continue
-        info = tensors[tensor][1]
-        problem, fix = _compare(leaf, tensor, info, cast)
-        if problem:
-            problems.append(problem)
-            _add(fixes, fix)
-    used = set(by_leaf) & {leaf.name for leaf in walked.leaves if leaf.kind == ARRAY}
-    unused = [old for new, old in by_leaf.items() if new not in used]
+    arrays = [leaf for leaf in walked.leaves if leaf.kind == ARRAY]
+    missing = [leaf.name for leaf in arrays if leaf.name not in by_leaf]
+    if missing:
+        problems.append(f"{len(missing)} leaf(s) have no tensor: {_names(missing)}")
+        _add(fixes, "map tensor names to leaf names with --rename")
+    names = {leaf.name for leaf in arrays}
+    unused = [old for new, old in by_leaf.items() if new not in names]
     if unused and not allow_unused:
-        problems.append(
-            f"{len(unused)} tensor(s) fill no leaf: "
-            + ", ".join(f"`{n}`" for n in unused[:3])
-            + (" ..." if len(unused) > 3 else "")
-        )
+        problems.append(f"{len(unused)} tensor(s) fill no leaf: {_names(unused)}")
         _add(fixes, "pass --allow-unused to leave them out")
+    for leaf in arrays:
+        if leaf.name in by_leaf:
+            tensor = by_leaf[leaf.name]
+            problem, fix = _compare(leaf, tensor, tensors[tensor][1], cast)
+            if problem:
+                problems.append(problem)
+                _add(fixes, fix)
     if not ignore_static:
         statics = _static_problems(walked, ours.get("modules", {}))
         if statics:
@@ -226,6 +221,11 @@ def _check(walked, by_leaf, tensors, ours, source, cast, allow_unused, ignore_st
             f"({len(problems)} problem{'s' if len(problems) > 1 else ''}): "
             f"{inline_list(problems)}. To fix: {'; '.join(fixes)}."
         )
+
+
+def _names(names: list[str], limit: int = 3) -> str:
+    shown = ", ".join(f"`{n}`" for n in names[:limit])
+    return shown + (", ..." if len(names) > limit else "")
 
 
 def _add(fixes: list[str], fix: str) -> None:
