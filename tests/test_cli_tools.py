@@ -98,7 +98,7 @@ def test_diff_against_skeletons(work):
     assert "B: skeleton models:skeleton\n" in result.stdout
     assert "Structure: the same (7 leaves, 3 modules)." in result.stdout
 
-    result = run_cli("diff", "models.py:wide", "a", cwd=work)
+    result = run_cli("diff", "models.py:wide", "b", cwd=work)
     assert result.returncode == 1, result.stderr
     out = result.stdout
     assert re.search(
@@ -106,6 +106,10 @@ def test_diff_against_skeletons(work):
     )
     assert re.search(r"^  static +model\.width_size +16 -> 8$", out, re.M)
     assert re.search(r"^  static +model\.layers\.1\.in_features +16 -> 8$", out, re.M)
+    assert re.search(r"^  added +extra +\(absent\) -> array float32\[2\]$", out, re.M)
+    # A skeleton's Python values are placeholders (its step is 3, b's is 9): only
+    # their types are compared, as restore does.
+    assert "step" not in out
 
 
 @pytest.mark.parametrize(
