@@ -180,10 +180,15 @@ def _existing(out, out_dir: str, single: bool, overwrite: bool) -> list[str]:
     else:
         found = []
     if found and not overwrite:
+        if len(found) == 1:
+            raise ExportError(
+                f"{os.path.join(out_dir, found[0])} already exists. Pass --overwrite "
+                "to replace it, or choose another output."
+            )
         raise ExportError(
-            f"{os.path.join(out_dir, found[0])} already exists"
-            + (f", and {len(found) - 1} more safetensors files" if found[1:] else "")
-            + ". Pass --overwrite to replace it, or choose another output."
+            f"{out_dir} already holds safetensors files ({found[0]} and "
+            f"{len(found) - 1} more). Pass --overwrite to replace them, or choose "
+            "another output."
         )
     return found
 

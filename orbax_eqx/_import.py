@@ -225,7 +225,7 @@ def _check(walked, by_leaf, tensors, ours, source, cast, allow_unused, ignore_st
 
 def _names(names: list[str], limit: int = 3) -> str:
     shown = ", ".join(f"`{n}`" for n in names[:limit])
-    return shown + (", ..." if len(names) > limit else "")
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def _add(fixes: list[str], fix: str) -> None:

@@ -332,3 +332,22 @@ def test_rename_rules_first_match_wins_and_null_drops(tmp_path):
     )
     renamed = load(tmp_path / "m.json").apply(["model.w", "opt_state.mu", "step"])
     assert renamed == {"model.w": "w", "opt_state.mu": None, "step": "x"}
+
+
+def test_export_overwrite_removes_stale_shards(tmp_path):
+    oeqx.save(tmp_path / "ckpt", zoo.mlp(KEY))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "config.json").write_text("{}")  # not ours: kept
+    sharded = export(tmp_path / "ckpt", tmp_path / "out", max_shard_size=200)
+    assert len(sharded.files) > 2
+    with pytest.raises(
+        ExportError,
+        match=r"\S+/out already holds safetensors files \(model-00001-of-0000\d\."
+        r"safetensors and \d+ more\)\. Pass --overwrite to replace them",
+    ):
+        export(tmp_path / "ckpt", tmp_path / "out")
+    export(tmp_path / "ckpt", tmp_path / "out", overwrite=True)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "config.json",
+        "model.safetensors",
+    ]
