@@ -48,9 +48,9 @@ class _Tensor:
 
 @dataclasses.dataclass(frozen=True)
 class Exported:
-    """What `export` wrote: the files (index last), tensors and their bytes, the
-    modules whose static fields and the leaves that went into `__metadata__`, and
-    the arrays the rename map left out."""
+    """What `export` wrote: the files (index last); the tensors and their bytes;
+    how many modules (their static fields) and non-array leaves went into
+    `__metadata__`; how many arrays the rename map left out."""
 
     files: list[str]
     tensors: int
@@ -83,7 +83,8 @@ def export(
     - `overwrite`: replace safetensors files already at `out`.
     - `progress`: where to draw a progress bar (only if it is a terminal).
 
-    **Returns:** an `Exported`.
+    **Returns:** an `Exported`. Needs the `safetensors` package, whose reader
+    checks every file before it is moved into place.
     """
     directory = find_item(path)
     saved = read(directory)
