@@ -147,6 +147,13 @@ def _headers(source: str) -> list[st.Header]:
             raise ImportMismatchError(
                 f"{index} is not a safetensors index (no valid weight_map: {e!r})."
             ) from None
+        gone = [n for n in names if not os.path.isfile(os.path.join(source, n))]
+        if gone:
+            raise ImportMismatchError(
+                f"{index} names files that are not there: {', '.join(gone[:3])}"
+                + (f" and {len(gone) - 3} more" if len(gone) > 3 else "")
+                + ". Re-download or re-export the directory."
+            )
         headers = [st.read_header(os.path.join(source, n)) for n in names]
         found = {name: h.path for h in headers for name in h.tensors}
         wrong = [

@@ -3,6 +3,7 @@ library's own reader and writer."""
 
 import json
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -351,3 +352,149 @@ def test_export_overwrite_removes_stale_shards(tmp_path):
         "config.json",
         "model.safetensors",
     ]
+
+
+# ---------------------------------------------------------------- import errors
+
+
+def _exported(tmp_path):
+    """A checkpoint of {"model": MLP, "key": key}, exported to `tmp_path/st`."""
+    item = {"model": zoo.mlp(KEY), "key": jax.random.key(0)}
+    oeqx.save(tmp_path / "ckpt", item)
+    export(tmp_path / "ckpt", tmp_path / "st")
+    return eqx.filter_eval_shape(lambda: item)
+
+
+def _two_files(tmp_path):
+    save_file({"a": np.ones(1, np.float32)}, tmp_path / "st" / "x.safetensors")
+    save_file({"a": np.ones(1, np.float32)}, tmp_path / "st" / "y.safetensors")
+
+
+@pytest.mark.parametrize(
+    "damage, skeleton_change, message",
+    [
+        (
+            lambda p: (p / "back").mkdir(),
+            None,
+            r"\S+/back already exists\. Pass --overwrite to replace it, or choose "
+            r"another output\.",
+        ),
+        (
+            lambda p: (p / "st" / "model.safetensors.index.json").write_text("[]"),
+            None,
+            r"\S+/model\.safetensors\.index\.json is not a safetensors index \(no "
+            r"valid weight_map: .*\)\.",
+        ),
+        (
+            lambda p: (p / "st" / "model.safetensors.index.json").write_text(
+                '{"weight_map": {"model.layers.0.bias": "other.safetensors"}}'
+            ),
+            None,
+            r"\S+/model\.safetensors\.index\.json names files that are not there: "
+            r"other\.safetensors\. Re-download or re-export the directory\.",
+        ),
+        (
+            lambda p: (p / "st" / "model.safetensors.index.json").write_text(
+                '{"weight_map": {"nope": "model.safetensors"}}'
+            ),
+            None,
+            r"\S+/model\.safetensors\.index\.json does not match its files: `nope` is "
+            r"in no file, not model\.safetensors\. Re-download or re-export the "
+            r"directory\.",
+        ),
+        (
+            lambda p: (p / "st" / "model.safetensors").unlink(),
+            None,
+            r"\S+/st holds no \.safetensors file\.",
+        ),
+        (
+            lambda p: (p / "st" / "model.safetensors").unlink() or _two_files(p),
+            None,
+            r"Tensor `a` is in both \S+/x\.safetensors and \S+/y\.safetensors; import "
+            r"one of them, or remove the duplicate\.",
+        ),
+        (
+            None,
+            lambda s: (
+                s
+                | {"key": jax.ShapeDtypeStruct((), jax.random.key(0, impl="rbg").dtype)}
+            ),
+            r"leaf `\['key'\]` is a rbg key array, whose key data is uint32\[4\], but "
+            r"its tensor is uint32\[2\]\. To fix: export keys with "
+            r"`jax\.random\.key_data`\.",
+        ),
+        (
+            None,
+            lambda s: (
+                s
+                | {
+                    "model": eqx.filter_eval_shape(
+                        eqx.nn.MLP,
+                        3,
+                        2,
+                        8,
+                        2,
+                        activation=jax.nn.gelu,
+                        use_final_bias=False,
+                        key=KEY,
+                    )
+                }
+            ),
+            r"\(3 problems\): 1 tensor\(s\) fill no leaf: `model\.layers\.2\.bias`; "
+            r"static field `use_final_bias` of module `\['model'\]` is False in the "
+            r"skeleton but True in the files; .*To fix: pass --allow-unused to leave "
+            r"them out; pass --ignore-static to keep the skeleton's\.",
+        ),
+    ],
+    ids=[
+        "out-exists",
+        "index-not-json-object",
+        "index-file-missing",
+        "index-mismatch",
+        "empty-dir",
+        "duplicate",
+        "key-impl",
+        "static",
+    ],
+)
+def test_import_errors(tmp_path, damage, skeleton_change, message):
+    skeleton = _exported(tmp_path)
+    if damage is not None:
+        damage(tmp_path)
+    if skeleton_change is not None:
+        skeleton = skeleton_change(skeleton)
+    with pytest.raises(oeqx.OrbaxEqxError, match=message):
+        import_(tmp_path / "st", tmp_path / "back", skeleton)
+    assert not (tmp_path / "back" / "orbax_eqx.json").exists()
+
+
+def test_export_into_a_file(tmp_path):
+    oeqx.save(tmp_path / "ckpt", {"w": np.ones(2)})
+    (tmp_path / "out").write_text("")
+    with pytest.raises(
+        ExportError,
+        match=r"\S+/out is a file\. Give a directory, or a file name ending in "
+        r"`\.safetensors` for a single file\.",
+    ):
+        export(tmp_path / "ckpt", tmp_path / "out")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--max-shard-size", "5XB"],
+            r"argument --max-shard-size: expected a size "
+            r"such as 5GB, 500MB, 256MiB or 1000000, got '5XB'",
+        ),
+        (["--buffer", "0"], r"argument --buffer: expected a positive size, got '0'"),
+    ],
+    ids=["unit", "zero"],
+)
+def test_export_size_arguments(tmp_path, capsys, args, message):
+    from orbax_eqx._cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["export", str(tmp_path), "--to", "safetensors", "out", *args])
+    assert exit_.value.code == 2
+    assert re.search(r"orbax_eqx export: error: " + message, capsys.readouterr().err)
