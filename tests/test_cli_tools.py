@@ -418,3 +418,19 @@ def test_skeleton_from_file(tmp_path, monkeypatch):
     assert load("m.py:f") == {"a": 1}
     assert looks_like_spec("m.py:f") and looks_like_spec("pkg.mod:make")
     assert not looks_like_spec("m.py") and not looks_like_spec("gs://bucket/ckpt")
+
+
+@pytest.mark.parametrize("name", ["prng_keys", "batchnorm_state", "shared_tied"])
+def test_diff_checkpoint_against_its_own_skeleton(tmp_path, capsys, name):
+    # In-process: every leaf kind of the zoo, through `module:function`.
+    (tmp_path / "skel.py").write_text(
+        "import jax, zoo\n"
+        f"def skeleton():\n    return zoo.skeleton(zoo.{name}, jax.random.key(2))\n"
+    )
+    import zoo
+
+    oeqx.save(tmp_path / "ckpt", zoo.ZOO[name](jax.random.key(1)))
+    code = main(["diff", str(tmp_path / "ckpt"), f"{tmp_path / 'skel.py'}:skeleton"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "A and B do not differ in structure." in out
