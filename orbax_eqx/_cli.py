@@ -62,7 +62,7 @@ Exit status: 0 if A and B do not differ, 1 if they do, 2 on an error.
 
 _EXPORT_HELP = """\
 Writes the arrays of a checkpoint as Hugging Face safetensors, reading and
-writing a few arrays at a time (--buffer), so memory stays small whatever the
+writing a few arrays at a time, so memory stays near --buffer whatever the
 size of the checkpoint.
 
 Tensors are named by leaf name (layers.0.weight), or through --rename. Static
@@ -199,6 +199,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     diff.add_argument(
         "--buffer",
+        metavar="SIZE",
         type=_size,
         default="256MiB",
         help="array data held at once, such as 512MiB (default: 256MiB)",
@@ -221,12 +222,14 @@ def _parser() -> argparse.ArgumentParser:
     export.add_argument("--rename", metavar="MAP", help="JSON rename map")
     export.add_argument(
         "--max-shard-size",
+        metavar="SIZE",
         type=_size,
         default="5GB",
         help="most bytes per file, such as 2GB or 500MiB (default: 5GB)",
     )
     export.add_argument(
         "--buffer",
+        metavar="SIZE",
         type=_size,
         default="256MiB",
         help="array data held at once (default: 256MiB)",
