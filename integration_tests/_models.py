@@ -1,9 +1,4 @@
-"""Small models and tree comparisons shared by the integration tests.
-
-Imported by the tests as `integration_tests._models` and by the sharded worker
-script (which runs as a plain file in a subprocess) as `_models`, so it must
-not use relative imports.
-"""
+"""Small models and tree comparisons shared by the integration tests."""
 
 import equinox as eqx
 import jax

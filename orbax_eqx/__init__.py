@@ -1,6 +1,7 @@
 """Checkpoint Equinox modules through Orbax, leaf by leaf, with nothing lost."""
 
 from ._api import CheckpointExistsError as CheckpointExistsError
+from ._api import NotWritableError as NotWritableError
 from ._api import metadata as metadata
 from ._api import restore as restore
 from ._api import save as save
@@ -10,6 +11,9 @@ from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
 from ._errors import OrbaxEqxError as OrbaxEqxError
 from ._errors import SidecarError as SidecarError
 from ._errors import UnsupportedLeafError as UnsupportedLeafError
+from ._fallback import FallbackWarning as FallbackWarning
+from ._fallback import RestoredStep as RestoredStep
+from ._fallback import restore_latest as restore_latest
 from ._handler import EqxHandler as EqxHandler
 from ._handler import EqxRestore as EqxRestore
 from ._handler import EqxSave as EqxSave

@@ -15,6 +15,10 @@ class CheckpointExistsError(OrbaxEqxError, FileExistsError):
     """`save` was asked to write where a checkpoint already is."""
 
 
+class NotWritableError(OrbaxEqxError, PermissionError):
+    """`save` was asked to write where it cannot."""
+
+
 def save(
     directory: str | os.PathLike, item: Any, *, overwrite: bool = False, **options
 ) -> None:
@@ -41,8 +45,23 @@ def save(
             f"{path} already exists. Pass `overwrite=True` to replace it, or "
             "choose another directory."
         )
+    _check_writable(path)
     with ocp.Checkpointer(EqxHandler(**options)) as checkpointer:
         checkpointer.save(path, args=EqxSave(item), force=overwrite)
+
+
+def _check_writable(path) -> None:
+    """Fails before any work if the nearest existing ancestor is read-only."""
+    if "://" in os.fspath(path):
+        return  # object stores: permissions are checked by the store itself
+    ancestor = os.fspath(path)
+    while not os.path.exists(ancestor):
+        ancestor = os.path.dirname(ancestor)
+    if not os.access(ancestor, os.W_OK):
+        raise NotWritableError(
+            f"Cannot save to {path}: {ancestor} is not writable (read-only file "
+            "system or no permission). Choose a writable directory."
+        )
 
 
 def restore(directory: str | os.PathLike, skeleton: Any = None, **options) -> Any:

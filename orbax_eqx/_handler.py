@@ -10,7 +10,7 @@ from etils import epath
 
 from . import _sidecar
 from ._restore import restore_flat, restore_tree
-from ._save import prepare
+from ._save import check_has_data, prepare
 
 TYPESTR = "orbax_eqx.EqxHandler"
 
@@ -167,6 +167,11 @@ class EqxSave(ocp.args.CheckpointArgs):
     """
 
     item: Any
+
+    def __post_init__(self):
+        # Fail here, before a manager starts creating directories in the
+        # background for a save that cannot happen.
+        check_has_data(self.item)
 
 
 @ocp.args.register_with_handler(EqxHandler, for_restore=True)

@@ -29,6 +29,13 @@ def prepare(item: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return content, arrays
 
 
+def check_has_data(item: Any) -> None:
+    """Refuses skeletons early and cheaply, before Orbax starts a save."""
+    leaves = jax.tree_util.tree_leaves(item)
+    if any(isinstance(x, jax.ShapeDtypeStruct) for x in leaves):
+        _check_savable(walk(item))
+
+
 def _check_savable(walked: Walked) -> None:
     problems = []
     seen: dict[str, str] = {}
