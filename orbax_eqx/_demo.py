@@ -21,8 +21,8 @@ import numpy as np
 import optax
 import orbax.checkpoint as ocp
 
+from ._format import human_bytes
 from ._handler import EqxHandler, EqxRestore, EqxSave
-from ._inspect import human_bytes
 
 IN_SIZE, HIDDEN = 8, 32
 N_SAMPLES, BATCH = 256, 16

@@ -32,3 +32,14 @@ def bullet_list(problems: Sequence[str], limit: int = MAX_LISTED) -> str:
     if len(problems) > limit:
         lines.append(f"  ... and {len(problems) - limit} more.")
     return "\n".join(lines)
+
+
+def inline_list(problems: Sequence[str], limit: int = 3) -> str:
+    """Problems on one line, separated by `; `, capped at `limit` entries.
+
+    For command-line errors, which are one line each.
+    """
+    text = "; ".join(problems[:limit])
+    if len(problems) > limit:
+        text += f"; and {len(problems) - limit} more"
+    return text

@@ -2,8 +2,9 @@
 
 Nothing here reads array data: a leaf's shape, dtype and size, its Python value
 or description, and each module's class and static fields all come from the
-sidecar, and a CheckpointManager's metrics from the small JSON files Orbax
-writes in each step directory.
+sidecar; the sharding an array was saved with from Orbax's own metadata; and a
+CheckpointManager's metrics from the small JSON files Orbax writes in each step
+directory.
 """
 
 import dataclasses
@@ -12,20 +13,19 @@ import math
 import os
 from typing import Any
 
+import orbax.checkpoint as ocp
 from etils import epath
 
 from ._locate import as_path, find_item, is_item, items_in, steps_in
-from ._sidecar import ALIAS, EMPTY, LeafMetadata, Metadata, read
+from ._names import storage_key
+from ._sidecar import ALIAS, EMPTY, STORED, LeafMetadata, Metadata, read
 from ._values import describe, scalar_type
-from ._walk import ARRAY, NUMPY, NUMPY_SCALAR, SCALAR, SHARED, display_path
+from ._walk import ARRAY, NUMPY, NUMPY_SCALAR, SCALAR, SHARED
 
 # Where Orbax keeps a step's metrics: the step metadata (newer Orbax), or the
 # `metrics` item that CheckpointManager writes with its JSON handler (0.12.x).
 _STEP_METADATA = "_CHECKPOINT_METADATA"
 _METRICS_FILE = ("metrics", "metrics")
-
-_MAX_VALUE = 72  # longer descriptions are cut in the text output
-_MAX_NAME_PAD = 56  # longer names push their row out rather than widen every row
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +38,15 @@ class Step:
 
 
 @dataclasses.dataclass(frozen=True)
+class Best:
+    """The best step of a CheckpointManager root by one metric."""
+
+    step: int
+    metric: str
+    mode: str  # "min" or "max"
+
+
+@dataclasses.dataclass(frozen=True)
 class Report:
     """Everything `inspect` shows about a path."""
 
@@ -45,31 +54,109 @@ class Report:
     steps: list[Step]  # a CheckpointManager root's steps; empty otherwise
     step: int | None  # the step inspected, for a CheckpointManager root
     items: list[Metadata]
+    shardings: list[dict[str, str]]  # per item: leaf name -> saved sharding
+    best: Best | None = None
 
 
-def gather(directory: str | os.PathLike) -> Report:
+def gather(
+    directory: str | os.PathLike, best_metric: str = "loss", best_mode: str = "min"
+) -> Report:
     """Reads the sidecars (and step metrics) of the checkpoint at `directory`.
 
     **Arguments:**
 
     - `directory`: an item directory, a step directory (every orbax_eqx item in
         it is inspected), or a CheckpointManager root (its latest step is).
+    - `best_metric`, `best_mode`: on a CheckpointManager root, the best step is
+        the one whose metric `best_metric` is lowest (`"min"`) or highest
+        (`"max"`). Orbax does not record its `best_fn`, so this is asked.
 
     **Returns:** a `Report`. Raises `CheckpointNotFoundError` if `directory`
     holds no orbax_eqx checkpoint, `SidecarError` if a sidecar is damaged.
     """
     path = as_path(directory)
+    steps: list[Step] = []
+    step = best = None
+    items = None
     if path.is_dir() and not is_item(path):
         items = items_in(path)
-        if items:
-            return Report(path, [], None, [read(p) for p in items])
-        found = steps_in(path)
+        found = [] if items else steps_in(path)
         if found:
             steps = [Step(n, p, _metrics(p)) for n, p in found]
-            latest, latest_path = found[-1]
-            return Report(path, steps, latest, [read(p) for p in items_in(latest_path)])
+            step, latest_path = found[-1]
+            items = items_in(latest_path)
+            best = _best(steps, best_metric, best_mode)
     # An item, or nothing we know: `find_item` raises the error that says which.
-    return Report(path, [], None, [read(find_item(path))])
+    items = items or [find_item(path)]
+    saved = [read(p) for p in items]
+    shardings = [saved_shardings(p, m) for p, m in zip(items, saved)]
+    return Report(path, steps, step, saved, shardings, best)
+
+
+def _best(steps: list[Step], metric: str, mode: str) -> Best | None:
+    scored = [
+        (s.metrics[metric], s.step)
+        for s in steps
+        if s.metrics
+        and isinstance(s.metrics.get(metric), int | float)
+        and not isinstance(s.metrics.get(metric), bool)
+        and math.isfinite(s.metrics[metric])
+    ]
+    if not scored:
+        return None
+    # Ties go to the latest step, the one CheckpointManager would keep.
+    if mode == "min":
+        _, step = min(scored, key=lambda v: (v[0], -v[1]))
+    else:
+        _, step = max(scored)
+    return Best(step, metric, mode)
+
+
+def saved_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
+    """The sharding each array was saved with, as Orbax recorded it, as text.
+
+    A nicety: leaves Orbax recorded nothing for are left out, and a checkpoint
+    whose Orbax metadata cannot be read gives `{}`.
+    """
+    if not any(leaf.data == STORED for leaf in saved.leaves.values()):
+        return {}
+    handler = ocp.PyTreeCheckpointHandler()
+    try:
+        tree = handler.metadata(directory).tree
+    except Exception:  # any failure here only costs the sharding column
+        return {}
+    finally:
+        handler.close()
+    if not isinstance(tree, dict):
+        return {}
+    result = {}
+    for name, leaf in saved.leaves.items():
+        source = leaf.alias_of if leaf.data == ALIAS else name
+        if leaf.data in (STORED, ALIAS):
+            text = _sharding_text(
+                getattr(tree.get(storage_key(source)), "sharding", None)
+            )
+            if text:
+                result[name] = text
+    return result
+
+
+def _sharding_text(sharding) -> str:
+    if sharding is None:
+        return ""
+    device = getattr(sharding, "device_str", None)
+    if device is not None:
+        return str(device)
+    spec = getattr(sharding, "partition_spec", None)
+    axes = getattr(sharding, "axis_names", None)
+    shape = getattr(sharding, "shape", None)
+    if spec is not None and axes is not None and shape is not None:
+        parts = ", ".join(
+            repr(p) if not isinstance(p, list) else repr(tuple(p)) for p in spec
+        )
+        mesh = ", ".join(f"{a}={int(n)}" for a, n in zip(axes, list(shape)))
+        return f"P({parts}) over {mesh}"
+    return type(sharding).__name__
 
 
 def _metrics(step_dir: epath.Path) -> dict[str, Any] | None:
@@ -103,11 +190,13 @@ def to_json(report: Report) -> dict[str, Any]:
             for s in report.steps
         ],
         "step": report.step,
-        "items": [_item_json(m) for m in report.items],
+        "latest": report.steps[-1].step if report.steps else None,
+        "best": dataclasses.asdict(report.best) if report.best else None,
+        "items": [_item_json(m, s) for m, s in zip(report.items, report.shardings)],
     }
 
 
-def _item_json(saved: Metadata) -> dict[str, Any]:
+def _item_json(saved: Metadata, shardings: dict[str, str]) -> dict[str, Any]:
     leaves = {}
     for name, leaf in saved.leaves.items():
         record: dict[str, Any] = {"path": leaf.path, "kind": leaf.kind}
@@ -121,8 +210,10 @@ def _item_json(saved: Metadata) -> dict[str, Any]:
             )
             if leaf.data == ALIAS:
                 record["alias_of"] = leaf.alias_of
+            if name in shardings:
+                record["sharding"] = shardings[name]
         else:
-            record.update(type=_type(leaf), value=leaf.value, text=_value(leaf))
+            record.update(type=type_text(leaf), value=leaf.value, text=value_text(leaf))
         leaves[name] = record
     modules = {
         name: {
@@ -133,7 +224,7 @@ def _item_json(saved: Metadata) -> dict[str, Any]:
         }
         for name, m in saved.modules.items()
     }
-    arrays, nbytes = _totals(saved)
+    arrays, nbytes = totals(saved)
     return {
         "path": saved.directory,
         "format_version": saved.format_version,
@@ -155,63 +246,7 @@ def _finite(value: Any) -> Any:
     return value
 
 
-# ---------------------------------------------------------------- text output
-
-
-def to_text(report: Report) -> str:
-    """The report as text for a person: one row per leaf and per module."""
-    parts = []
-    if report.steps:
-        rows = [[str(s.step), _metrics_text(s.metrics)] for s in report.steps]
-        parts.append(
-            f"CheckpointManager root {report.path}: {len(report.steps)} step(s)\n"
-            + _table(["step", "metrics"], rows, right=(0,))
-            + f"\nShowing the latest step, {report.step}.\n"
-        )
-    parts += [_item_text(saved) for saved in report.items]
-    return "\n".join(parts)
-
-
-def _item_text(saved: Metadata) -> str:
-    rows = []
-    for name, leaf in saved.leaves.items():
-        if leaf.kind == ARRAY:
-            shape, size = str(tuple(leaf.shape or ())), human_bytes(leaf.nbytes)
-        else:
-            shape, size = "-", "-"
-        rows.append([display_path(name), shape, _type(leaf), size, _cut(_value(leaf))])
-    modules = [
-        [
-            display_path(name),
-            m.cls,
-            ", ".join(f"{k}={describe(v)}" for k, v in m.static.items()),
-        ]
-        for name, m in saved.modules.items()
-    ]
-    arrays, nbytes = _totals(saved)
-    tied = sum(leaf.data == ALIAS for leaf in saved.leaves.values())
-    versions = dict(saved.versions)
-    writer = versions.pop("orbax_eqx", "unknown")
-    others = ", ".join(f"{k} {v}" for k, v in versions.items())
-    lines = [
-        f"Checkpoint {saved.directory}",
-        "",
-        f"Leaves ({len(saved.leaves)}):",
-        _table(["name", "shape", "type", "bytes", "value"], rows, right=(3,)),
-        "",
-        f"Modules ({len(saved.modules)}):",
-        _table(["name", "class", "static fields"], modules) if modules else "  (none)",
-        "",
-        f"Total: {len(saved.leaves)} leaves, {arrays} arrays"
-        + (f" (plus {tied} tied to another leaf)" if tied else "")
-        + f", {human_bytes(nbytes)}.",
-        f"Written by orbax_eqx {writer} (sidecar format {saved.format_version})"
-        + (f" with {others}." if others else "."),
-    ]
-    return "\n".join(lines) + "\n"
-
-
-def _totals(saved: Metadata) -> tuple[int, int]:
+def totals(saved: Metadata) -> tuple[int, int]:
     """Arrays and their bytes, counting tied weights once, as they are stored."""
     stored = [
         leaf
@@ -221,7 +256,7 @@ def _totals(saved: Metadata) -> tuple[int, int]:
     return len(stored), sum(leaf.nbytes for leaf in stored)
 
 
-def _type(leaf: LeafMetadata) -> str:
+def type_text(leaf: LeafMetadata) -> str:
     if leaf.kind == ARRAY:
         return str(leaf.dtype)
     if leaf.kind == SCALAR:
@@ -229,7 +264,7 @@ def _type(leaf: LeafMetadata) -> str:
     return leaf.kind
 
 
-def _value(leaf: LeafMetadata) -> str:
+def value_text(leaf: LeafMetadata) -> str:
     if leaf.kind == ARRAY:
         notes = []
         if leaf.container == NUMPY:
@@ -244,49 +279,3 @@ def _value(leaf: LeafMetadata) -> str:
     if leaf.kind == SHARED:
         return "placeholder for a node tied by eqx.nn.Shared"
     return describe(leaf.value)
-
-
-def _metrics_text(metrics: dict[str, Any] | None) -> str:
-    if not metrics:
-        return "-"
-
-    def one(value: Any) -> str:
-        if isinstance(value, float):
-            return f"{value:.6g}"
-        return json.dumps(value)
-
-    return ", ".join(f"{k}={one(v)}" for k, v in metrics.items())
-
-
-def human_bytes(n: int) -> str:
-    """`n` bytes in binary units: `512 B`, `1.5 KiB`, `3.0 GiB`."""
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1023.95:
-            break
-    return f"{value:.1f} {unit}"
-
-
-def _cut(text: str) -> str:
-    return text if len(text) <= _MAX_VALUE else text[: _MAX_VALUE - 3] + "..."
-
-
-def _table(
-    header: list[str], rows: list[list[str]], right: tuple[int, ...] = ()
-) -> str:
-    """Indented columns; the last column is never padded, so lines end cleanly."""
-    widths = [
-        min(max(len(r[i]) for r in [header, *rows]), _MAX_NAME_PAD)
-        for i in range(len(header))
-    ]
-    lines = []
-    for row in [header, *rows]:
-        cells = [
-            cell.rjust(w) if i in right else cell.ljust(w)
-            for i, (cell, w) in enumerate(zip(row[:-1], widths))
-        ]
-        lines.append(("  " + "  ".join([*cells, row[-1]])).rstrip())
-    return "\n".join(lines)

@@ -69,17 +69,36 @@ def test_demo_then_inspect_root(tmp_path):
     assert re.search(rf"^ +{best.group(1)}  loss={best.group(2)[:6]}", out, re.M)
     latest = max(kept, key=int)
     assert f"Showing the latest step, {latest}." in out
+    assert "The best step has the lowest loss." in out
+    marks = dict(re.findall(r"^ +(\d+)  loss=\S+(?:  (.+))?$", out, re.M))
+    assert marks[best.group(1)].startswith("best")
+    assert marks[latest].endswith("latest")
     assert f"Checkpoint {root / latest / 'default'}\n" in out
+    # The tree: modules with class and static fields, arrays with the sharding
+    # they were saved with, Python leaves with their values.
     assert re.search(
-        r"^  model\.layers\.0\.weight +\(32, 8\) +float32 +1\.0 KiB$", out, re.M
+        r"^  model +Sequential +1\.5 KiB$\n^    layers +1\.5 KiB$\n"
+        r"^      0 +Linear +1\.1 KiB +in_features=8, out_features=32, use_bias=True$\n"
+        r"^        weight +float32 +\(32, 8\) +1\.0 KiB +cpu:0$",
+        out,
+        re.M,
     )
-    assert re.search(r"^  step +- +int +- +" + latest + "$", out, re.M)
-    assert "equinox.nn._batch_norm.BatchNorm" in out
-    assert "mode='batch'" in out
+    assert re.search(
+        r"^      1 +BatchNorm +256 B +input_size=32, .*mode='batch'", out, re.M
+    )
+    assert re.search(r"^  step +int +" + latest + "$", out, re.M)
+
+    result = run_cli("inspect", "--flat", "demo_checkpoints", cwd=tmp_path)
+    assert re.search(
+        r"^  model\.layers\.0\.weight +\(32, 8\) +float32 +1\.0 KiB$",
+        result.stdout,
+        re.M,
+    )
+    assert "equinox.nn._batch_norm.BatchNorm" in result.stdout
 
 
-def test_inspect_item_dir(step_dir, tmp_path):
-    result = run_cli("inspect", step_dir / "default", cwd=tmp_path)
+def test_inspect_item_dir_flat(step_dir, tmp_path):
+    result = run_cli("inspect", "--flat", step_dir / "default", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith(f"Checkpoint {step_dir / 'default'}\n")
@@ -158,9 +177,9 @@ def test_inspect_json_in_process(tmp_path, capsys):
     assert main(["inspect", str(tmp_path / "root")]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^ +3  -$", out, re.M)
-    assert re.search(r"^ +10  loss=nan$", out, re.M)
+    assert re.search(r"^ +10  loss=nan +latest$", out, re.M)  # nan is never best
     assert re.search(
-        r"^  b +\(2, 2\) +float32 +16 B +numpy array, same array as a$", out, re.M
+        r"^  b +float32 +\(2, 2\) +16 B +numpy array, same array as a$", out, re.M
     )
     assert "Total: 3 leaves, 2 arrays (plus 1 tied to another leaf), 16 B." in out
 
@@ -224,3 +243,101 @@ def test_demo_refuses_foreign_directory(tmp_path, capsys):
         line,
     )
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+
+
+SAVE_SHARDED = """
+import jax, jax.numpy as jnp, numpy as np, orbax_eqx as oeqx
+from jax.sharding import NamedSharding, PartitionSpec as P
+mesh = jax.make_mesh((2, 2), ("data", "model"))
+w = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P("data", "model")))
+b = jax.device_put(jnp.ones(4), NamedSharding(mesh, P()))
+oeqx.save("sharded", {"w": w, "b": b, "n": np.ones(2), "t": w})
+"""
+
+
+def test_inspect_shows_saved_sharding(tmp_path):
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+    }
+    subprocess.run(
+        [sys.executable, "-c", SAVE_SHARDED], cwd=tmp_path, env=env, check=True
+    )
+    result = run_cli("inspect", "sharded", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert re.search(
+        r"^  name +type +shape +bytes +saved sharding +value / static fields$",
+        out,
+        re.M,
+    )
+    assert re.search(
+        r"^  t +float32 +\(8, 4\) +128 B +P\('data', 'model'\) over data=2, model=2$",
+        out,
+        re.M,
+    )
+    assert re.search(
+        r"^  b +float32 +\(4,\) +16 B +P\(\) over data=2, model=2$", out, re.M
+    )
+    # numpy arrays have no sharding; a tied leaf has its twin's.
+    assert re.search(r"^  n +float64 +\(2,\) +16 B +numpy array$", out, re.M)
+    assert re.search(
+        r"^  w +float32 +\(8, 4\) +128 B +P\('data', 'model'\) over data=2, model=2 "
+        r"+same array as t$",
+        out,
+        re.M,
+    )
+
+    result = run_cli("inspect", "--json", "sharded", cwd=tmp_path)
+    leaves = json.loads(result.stdout)["items"][0]["leaves"]
+    assert leaves["w"]["sharding"] == "P('data', 'model') over data=2, model=2"
+    assert "sharding" not in leaves["n"]
+
+
+def test_inspect_best_step_by_metric(tmp_path, capsys):
+    for step, metrics in [
+        (1, '{"loss": 3.0, "acc": 0.5}'),
+        (2, '{"loss": 1.0, "acc": 0.9}'),
+        (3, '{"loss": 2.0, "acc": 0.9}'),
+    ]:
+        oeqx.save(tmp_path / "root" / str(step) / "default", {"x": np.ones(1)})
+        (tmp_path / "root" / str(step) / "metrics").mkdir()
+        (tmp_path / "root" / str(step) / "metrics" / "metrics").write_text(metrics)
+    root = str(tmp_path / "root")
+    assert main(["inspect", "--json", root]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["latest"] == 3 and doc["best"] == {
+        "step": 2,
+        "metric": "loss",
+        "mode": "min",
+    }
+    # The highest accuracy: steps 2 and 3 tie, and the later one wins.
+    assert main(["inspect", root, "--best", "acc", "--mode", "max"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^ +3  loss=2, acc=0\.9  best, latest$", out, re.M)
+    assert re.search(r"^ +2  loss=1, acc=0\.9$", out, re.M)
+    assert "Showing the latest step, 3. The best step has the highest acc." in out
+    assert main(["inspect", "--json", root, "--best", "nope"]) == 0
+    assert json.loads(capsys.readouterr().out)["best"] is None
+
+
+def test_inspect_tree_of_odd_names(tmp_path, capsys):
+    import zoo
+
+    oeqx.save(tmp_path / "odd", zoo.odd_dict_keys(jax.random.key(0)))
+    oeqx.save(tmp_path / "tied", zoo.shared_tied(jax.random.key(0)))
+    assert main(["inspect", str(tmp_path / "odd")]) == 0
+    out = capsys.readouterr().out
+    # Escaped parts stay escaped (as in leaf names); `a.b` is one part, `a` a node.
+    assert re.search(r"^  a\\\.b +float32 +\(2,\)", out, re.M)
+    assert re.search(r"^  a +8 B$\n^    b +float32 +\(2,\) +8 B", out, re.M)
+    assert re.search(r"^  ints +8 B$\n^    0 +float32", out, re.M)
+    assert re.search(r"^      0 +int +1$", out, re.M)
+    assert main(["inspect", str(tmp_path / "tied")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^  <root> +TiedLM +160 B$", out, re.M)
+    assert re.search(
+        r"^          weight +shared +placeholder for a node tied", out, re.M
+    )
+    assert "placeholder for a node tied by eqx.nn.Shared" in out
