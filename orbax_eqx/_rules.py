@@ -31,7 +31,7 @@ class _Rule:
         self.sharding = NamedSharding(mesh, spec)
 
     def __str__(self) -> str:
-        return f"rule {self.index} (r{self.pattern.pattern!r}, {self.spec})"
+        return f"rule {self.index} ({_literal(self.pattern)}, {self.spec})"
 
 
 def shardings_from_rules(
@@ -122,7 +122,7 @@ def _check_rule(index: int, rule: Any, mesh: Mesh) -> _Rule:
     if not isinstance(spec, PartitionSpec):
         raise ShardingRuleError(
             [
-                f"Rule {index} (r{compiled.pattern!r}): the spec is a "
+                f"Rule {index} ({_literal(compiled)}): the spec is a "
                 f"{type(spec).__name__}, not a jax.sharding.PartitionSpec."
             ],
             fix,
@@ -132,7 +132,7 @@ def _check_rule(index: int, rule: Any, mesh: Mesh) -> _Rule:
     if unknown:
         raise ShardingRuleError(
             [
-                f"Rule {index} (r{compiled.pattern!r}, {spec}) names mesh axis "
+                f"Rule {index} ({_literal(compiled)}, {spec}) names mesh axis "
                 f"{', '.join(repr(a) for a in unknown)}, but the mesh has axes "
                 f"{tuple(mesh.axis_names)}."
             ],
@@ -143,7 +143,7 @@ def _check_rule(index: int, rule: Any, mesh: Mesh) -> _Rule:
     if repeated:
         raise ShardingRuleError(
             [
-                f"Rule {index} (r{compiled.pattern!r}, {spec}) uses mesh axis "
+                f"Rule {index} ({_literal(compiled)}, {spec}) uses mesh axis "
                 f"{', '.join(repr(a) for a in repeated)} for more than one dimension."
             ],
             "Shard each mesh axis over at most one dimension of a leaf.",
@@ -173,10 +173,16 @@ def _check_leaf(name: str, shape: tuple[int, ...], rule: _Rule, mesh: Mesh) -> N
                     f"{shape[dim]}) does not divide evenly over mesh axis {over}, "
                     f"as {rule} asks."
                 ],
-                "JAX shards a dimension only into equal parts: replicate it "
-                "(None in the PartitionSpec) with an earlier rule for this leaf, "
-                f"or make its size a multiple of {ways}.",
+                "JAX shards a dimension only into equal parts: replicate such a "
+                "dimension (None in the PartitionSpec) with an earlier rule for "
+                "the leaf, or pad it to a multiple of its mesh axes' size.",
             )
+
+
+def _literal(pattern: re.Pattern) -> str:
+    """The pattern as the user would have written it, a raw string if it can be."""
+    text = pattern.pattern
+    return f"r'{text}'" if "'" not in text and not text.endswith("\\") else repr(text)
 
 
 def _axes(entry: Any) -> tuple[str, ...]:
