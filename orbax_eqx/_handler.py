@@ -9,6 +9,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from . import _sidecar
+from ._hosts import check_global
 from ._restore import restore_flat, restore_tree
 from ._save import prepare
 
@@ -76,6 +77,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         args: "EqxSave | None" = None,
     ) -> list[ocp.Future]:
         """Starts a save; returns once device arrays are copied to host memory."""
+        if args is None:
+            check_global(item)  # EqxSave checks its own item when made
         tree = args.item if args is not None else item
         content, arrays = prepare(tree)
         futures = []
@@ -163,10 +166,17 @@ class EqxSave(ocp.args.CheckpointArgs):
     **Arguments:**
 
     - `item`: any PyTree: an `eqx.Module`, `(model, state)`,
-        `{"model": m, "opt_state": s, "step": 3}`, an optax state...
+        `{"model": m, "opt_state": s, "step": 3}`, an optax state... In a
+        multi-host run every jax array in it must be global (span the
+        processes' devices); a host-local one is an error, raised here.
     """
 
     item: Any
+
+    def __post_init__(self):
+        # Here, not in the handler: the manager makes directories before
+        # the handler runs, and a bad multi-host item should leave none.
+        check_global(self.item)
 
 
 @ocp.args.register_with_handler(EqxHandler, for_restore=True)
