@@ -8,7 +8,7 @@ from typing import Any, Literal
 import orbax.checkpoint as ocp
 from etils import epath
 
-from . import _sidecar
+from . import _background, _sidecar
 from ._hosts import check_global
 from ._restore import restore_flat, restore_tree
 from ._save import prepare
@@ -82,14 +82,18 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         tree = args.item if args is not None else item
         content, arrays = prepare(tree)
         futures = []
+        where = _background.target(directory)  # named by errors of the writes
         if arrays:
             inner = await self._inner.async_save(
                 directory, args=ocp.args.PyTreeSave(arrays)
             )
-            futures.extend(inner or [])
+            futures.extend(_background.NotedFuture(f, where) for f in inner or [])
         futures.append(
             ocp.future.CommitFutureAwaitingContractedSignals(
-                self._write_sidecar(directory, content), name="orbax_eqx_sidecar"
+                _background.noted_coroutine(
+                    self._write_sidecar(directory, content), where
+                ),
+                name="orbax_eqx_sidecar",
             )
         )
         return futures
@@ -131,7 +135,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         # Merges the per-process OCDBT trees; without it, multi-host saves
         # leave arrays unreadable.
         if _holds_arrays(epath.Path(directory)):
-            self._inner.finalize(directory)
+            with _background.noted(_background.target(directory)):
+                self._inner.finalize(directory)
 
     def close(self) -> None:
         self._inner.close()
