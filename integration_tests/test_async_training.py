@@ -289,7 +289,7 @@ def _squat_sidecar_name(root, step):
     (item / "orbax_eqx.json").mkdir()
 
 
-@pytest.mark.parametrize("surfaces_on", ["wait_until_finished", "save"])
+@pytest.mark.parametrize("surfaces_on", ["wait_until_finished", "save", "close"])
 def test_background_error_names_the_step(tmp_path, gate, surfaces_on):
     states = {1: _state(1), 2: _state(2), 3: _state(3)}
     expected = {step: _snapshot(s) for step, s in states.items()}
@@ -306,6 +306,8 @@ def test_background_error_names_the_step(tmp_path, gate, surfaces_on):
         if surfaces_on == "save":
             _within(_until, lambda: not mngr.is_saving_in_progress())  # failed
             _within(mngr.save, 3, args=oeqx.EqxSave(states[3]))
+        elif surfaces_on == "close":
+            _within(mngr.close)
         else:
             _within(mngr.wait_until_finished)
     assert "orbax_eqx.json" in str(info.value)
@@ -315,6 +317,8 @@ def test_background_error_names_the_step(tmp_path, gate, surfaces_on):
         "before it are intact."
     ]
     # The manager goes on: the failed step is not listed, the next one saves.
+    if surfaces_on == "close":
+        mngr = _manager(tmp_path)
     assert mngr.all_steps() == [1]
     mngr.save(3, args=oeqx.EqxSave(states[3]))
     _within(mngr.wait_until_finished)
