@@ -98,6 +98,20 @@ def onto_2x4():
     )
     _net.check_restored(restored, expected(1), shardings)
 
+    # The README's example rules, verbatim.
+    readme = oeqx.shardings_from_rules(
+        mesh,
+        [
+            (r"\.attn\..*\.weight$", P(None, "model")),
+            (r"embed", P("model", None)),
+            (r".*", P()),  # everything else: replicated
+        ],
+    )
+    restored = oeqx.restore(ROOT / "1", skeleton, shardings=readme)
+    _net.check_restored(restored, expected(1), readme)
+    spec = restored["model"].blocks[1].attn.value_proj.weight.sharding.spec
+    assert spec == P(None, "model"), spec
+
     # Dimensions that do not divide over the mesh are named before any read.
     uneven = _net.rules(
         mesh,
