@@ -200,7 +200,9 @@ def test_restore_previous_step_while_saving(tmp_path, gate):
     assert mngr.is_saving_in_progress()
 
     # Another reader (an eval job) sees step 1 whole and no trace of step 2.
-    assert _within(lambda: _manager(tmp_path).all_steps()) == [1]
+    reader = _manager(tmp_path)
+    assert _within(reader.all_steps) == [1]
+    reader.close()
     assert_trees_equal(
         _within(oeqx.restore, tmp_path / "1", _skeleton()), _as_jax(expected[1])
     )
@@ -266,9 +268,9 @@ def test_wait_and_close_at_any_moment(tmp_path, gate, finish):
     mngr = _manager(tmp_path)
     gate.set()
     mngr.save(1, args=oeqx.EqxSave(states[1]))
+    _within(mngr.wait_until_finished)  # or step 1's write may meet a shut gate
     gate.clear()
-    # Save 2 waits for 1 (already let through), then stays in flight.
-    assert _within(mngr.save, 2, args=oeqx.EqxSave(states[2]))
+    assert mngr.save(2, args=oeqx.EqxSave(states[2]))
     assert mngr.is_saving_in_progress()
     finish(mngr, gate)
     _check_on_disk(tmp_path, expected)
