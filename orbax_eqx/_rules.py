@@ -45,17 +45,18 @@ def shardings_from_rules(
     - `rules`: `(pattern, PartitionSpec)` pairs. A pattern is a regular
         expression searched (`re.search`) in each leaf's *name*, such as
         `blocks.0.attn.q_proj.weight` (`python -m orbax_eqx inspect` lists
-        them). The first rule that matches a leaf gives its sharding,
+        them; no leading dot, so `(^|\\.)attn\\.` also matches a top-level
+        `attn`). The first rule that matches a leaf gives its sharding,
         `NamedSharding(mesh, spec)`.
 
     **Returns:** a function `(leaf name, leaf) -> Sharding`, to pass as
     `EqxRestore(skeleton, shardings=...)` or `oeqx.restore(..., shardings=...)`.
 
-    Rules that name an axis the mesh lacks are an error here. A leaf that no
-    rule matches, a spec with more entries than the leaf has dimensions, and a
-    dimension that does not divide evenly over its mesh axes (JAX shards only
-    evenly) are errors on restore, before any array is read, naming every
-    such leaf.
+    Malformed rules, and rules naming an axis the mesh lacks or one axis
+    twice, are an error here. A leaf that no rule matches, a spec with more
+    entries than the leaf has dimensions, and a dimension that does not divide
+    evenly over its mesh axes (JAX shards only evenly) are errors on restore,
+    before any array is read, naming every such leaf.
 
     !!! example
 
