@@ -104,6 +104,15 @@ def restore():
             step, args=oeqx.EqxRestore(_net.skeleton(), shardings=shardings)
         )
         _net.check_restored(restored, expected(step), shardings)
+    # No skeleton: every process gets whole arrays on its first local device.
+    flat = mngr.restore(1)
+    assert flat["step"] == 1 and flat["note"] == "scale-out"
+    np.testing.assert_array_equal(
+        flat["model.embed.weight"], _net.saved_item(1)["model"].embed.weight
+    )
+    assert flat["model.embed.weight"].sharding == SingleDeviceSharding(
+        jax.local_devices()[0]
+    )
     if jax.process_count() == 1:  # and onto one device, with no shardings given
         device = SingleDeviceSharding(jax.devices()[0])
         restored = mngr.restore(2, args=oeqx.EqxRestore(_net.skeleton()))
