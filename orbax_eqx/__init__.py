@@ -8,7 +8,9 @@ from ._api import save as save
 from ._check import StaticMismatchWarning as StaticMismatchWarning
 from ._errors import CheckpointMismatchError as CheckpointMismatchError
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
+from ._errors import HostLocalArrayError as HostLocalArrayError
 from ._errors import OrbaxEqxError as OrbaxEqxError
+from ._errors import ShardingRuleError as ShardingRuleError
 from ._errors import SidecarError as SidecarError
 from ._errors import UnsupportedLeafError as UnsupportedLeafError
 from ._fallback import FallbackWarning as FallbackWarning
@@ -18,6 +20,7 @@ from ._handler import EqxHandler as EqxHandler
 from ._handler import EqxRestore as EqxRestore
 from ._handler import EqxSave as EqxSave
 from ._restore import RecordedLeaf as RecordedLeaf
+from ._rules import shardings_from_rules as shardings_from_rules
 from ._sidecar import LeafMetadata as LeafMetadata
 from ._sidecar import Metadata as Metadata
 

@@ -22,6 +22,28 @@ class SidecarError(OrbaxEqxError, ValueError):
     """The sidecar file of a checkpoint is missing, damaged or of unknown format."""
 
 
+class ShardingRuleError(OrbaxEqxError, ValueError):
+    """Sharding rules that do not fit the mesh, or a leaf they cannot place.
+
+    `problems` names each offending rule or leaf; `fix` says what to change.
+    """
+
+    def __init__(self, problems: Sequence[str], fix: str):
+        self.problems = list(problems)
+        self.fix = fix
+        if len(self.problems) == 1:
+            text = self.problems[0]
+        else:
+            text = "Sharding rules cannot place these leaves:\n" + bullet_list(
+                self.problems
+            )
+        super().__init__(f"{text}\n{fix}")
+
+
+class HostLocalArrayError(OrbaxEqxError, ValueError):
+    """A multi-host save holds an array that lives on one process only."""
+
+
 class CheckpointNotFoundError(OrbaxEqxError, FileNotFoundError):
     """A path holds no orbax_eqx checkpoint."""
 

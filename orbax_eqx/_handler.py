@@ -8,7 +8,8 @@ from typing import Any, Literal
 import orbax.checkpoint as ocp
 from etils import epath
 
-from . import _sidecar
+from . import _background, _sidecar
+from ._hosts import check_global
 from ._restore import restore_flat, restore_tree
 from ._save import check_has_data, prepare
 
@@ -76,17 +77,23 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         args: "EqxSave | None" = None,
     ) -> list[ocp.Future]:
         """Starts a save; returns once device arrays are copied to host memory."""
+        if args is None:
+            check_global(item)  # EqxSave checks its own item when made
         tree = args.item if args is not None else item
         content, arrays = prepare(tree)
         futures = []
+        where = _background.target(directory)  # named by errors of the writes
         if arrays:
             inner = await self._inner.async_save(
                 directory, args=ocp.args.PyTreeSave(arrays)
             )
-            futures.extend(inner or [])
+            futures.extend(_background.NotedFuture(f, where) for f in inner or [])
         futures.append(
             ocp.future.CommitFutureAwaitingContractedSignals(
-                self._write_sidecar(directory, content), name="orbax_eqx_sidecar"
+                _background.noted_coroutine(
+                    self._write_sidecar(directory, content), where
+                ),
+                name="orbax_eqx_sidecar",
             )
         )
         return futures
@@ -128,7 +135,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         # Merges the per-process OCDBT trees; without it, multi-host saves
         # leave arrays unreadable.
         if _holds_arrays(epath.Path(directory)):
-            self._inner.finalize(directory)
+            with _background.noted(_background.target(directory)):
+                self._inner.finalize(directory)
 
     def close(self) -> None:
         self._inner.close()
@@ -163,15 +171,18 @@ class EqxSave(ocp.args.CheckpointArgs):
     **Arguments:**
 
     - `item`: any PyTree: an `eqx.Module`, `(model, state)`,
-        `{"model": m, "opt_state": s, "step": 3}`, an optax state...
+        `{"model": m, "opt_state": s, "step": 3}`, an optax state... In a
+        multi-host run every jax array in it must be global (span the
+        processes' devices); a host-local one is an error, raised here.
     """
 
     item: Any
 
     def __post_init__(self):
-        # Fail here, before a manager starts creating directories in the
-        # background for a save that cannot happen.
+        # Here, not in the handler: the manager makes directories before the
+        # handler runs, and a save that cannot happen should leave none.
         check_has_data(self.item)
+        check_global(self.item)
 
 
 @ocp.args.register_with_handler(EqxHandler, for_restore=True)

@@ -127,10 +127,13 @@ def read_arrays(inner, directory, saved: Metadata, requests: dict[str, _Request]
             continue
         source = record.alias_of if record.data == ALIAS else record.name
         value = loaded[source]
-        if request is not to_read.get(source) and request.container == JAX:
-            # The same stored array wanted twice (tied weights), maybe elsewhere.
-            if value.sharding != request.sharding:
-                value = jax.device_put(value, request.sharding)
+        if request.container == JAX and not value.sharding.is_equivalent_to(
+            request.sharding, value.ndim
+        ):
+            # The same stored array wanted twice (tied weights), placed elsewhere.
+            # (Equivalence, not `==`: Orbax may spell P() as P(None,); a needless
+            # device_put copies, and fails for keys on a multi-host mesh.)
+            value = jax.device_put(value, request.sharding)
         result[name] = _finish(value, request)
     return result
 

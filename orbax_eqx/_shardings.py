@@ -13,7 +13,7 @@ import equinox as eqx
 import jax
 import jax.tree_util as jtu
 
-from ._errors import CheckpointMismatchError, bullet_list
+from ._errors import CheckpointMismatchError, ShardingRuleError, bullet_list
 from ._walk import ARRAY, JAX, Walked, container
 
 Shardings = jax.sharding.Sharding | Callable[[str, Any], Any] | Any
@@ -32,12 +32,19 @@ def resolve(shardings: Shardings, walked: Walked) -> dict[str, Any]:
         return {leaf.name: shardings for leaf in wanted}
     # A module is callable too, but a module of shardings is a tree of them.
     if callable(shardings) and not isinstance(shardings, eqx.Module):
-        result = {}
+        result, problems, fixes = {}, [], []
         for leaf in wanted:
-            sharding = shardings(leaf.name, leaf.value)
+            try:
+                sharding = shardings(leaf.name, leaf.value)
+            except ShardingRuleError as e:  # collect them all, then report once
+                problems.extend(e.problems)
+                fixes.extend(f for f in [e.fix] if f not in fixes)
+                continue
             result[leaf.name] = (
                 sharding if sharding is not None else _own_sharding(leaf.value)
             )
+        if problems:
+            raise ShardingRuleError(problems, "\n".join(fixes))
         _check_types(result, walked, "the `shardings=` function returned")
         return result
     return _from_tree(shardings, walked, wanted)
