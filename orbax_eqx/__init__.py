@@ -19,8 +19,11 @@ from ._fallback import restore_latest as restore_latest
 from ._handler import EqxHandler as EqxHandler
 from ._handler import EqxRestore as EqxRestore
 from ._handler import EqxSave as EqxSave
+from ._rename_map import RenameError as RenameError
 from ._restore import RecordedLeaf as RecordedLeaf
 from ._rules import shardings_from_rules as shardings_from_rules
+from ._select import KeptLeavesWarning as KeptLeavesWarning
+from ._select import RestoreReport as RestoreReport
 from ._sidecar import LeafMetadata as LeafMetadata
 from ._sidecar import Metadata as Metadata
 

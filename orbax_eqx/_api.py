@@ -72,10 +72,11 @@ def restore(directory: str | os.PathLike, skeleton: Any = None, **options) -> An
     - `directory`: an item directory, or a step directory holding one item.
     - `skeleton`: the structure to restore into (see `EqxRestore`); without
         one, returns a flat `{leaf name: value}` dict.
-    - `**options`: `shardings=`, `cast=`, `strict=`, `on_static_mismatch=`, as
+    - `**options`: `shardings=`, `cast=`, `strict=`, `prefix=`, `renames=`,
+        `renames_must_match=`, `missing=`, `report=`, `on_static_mismatch=`, as
         for `EqxRestore`.
 
-    **Returns:** the restored PyTree.
+    **Returns:** the restored PyTree; with `report=True`, `(tree, RestoreReport)`.
     """
     path = find_item(directory)
     handler = EqxHandler()

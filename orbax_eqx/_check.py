@@ -4,14 +4,19 @@ Every difference is collected and reported at once, by leaf path.
 """
 
 import warnings
+from collections.abc import Callable
 from typing import Literal
 
+import jax
+
 from ._errors import CheckpointMismatchError, bullet_list
+from ._select import suggest_prefix
 from ._sidecar import Metadata
 from ._values import SCALAR_TYPES, describe, encode, scalar_type
 from ._walk import ARRAY, CALLABLE, OBJECT, SCALAR, SHARED, Leaf, Walked, is_key_dtype
 
 StaticPolicy = Literal["error", "warn"]
+MissingPolicy = Literal["error", "keep"]
 
 
 class StaticMismatchWarning(UserWarning):
@@ -31,11 +36,24 @@ _FIX_STATIC = (
 )
 _FIX_STRICT = (
     "To leave out checkpoint leaves that the skeleton lacks, pass "
-    "`EqxRestore(..., strict=False)`."
+    "`EqxRestore(..., strict=False)`; to restore one part of the checkpoint, give "
+    "a skeleton of that part and its leaf name as `prefix=` (e.g. "
+    '`prefix="model.encoder"`).'
+)
+_FIX_PREFIX = (
+    "The skeleton matches the checkpoint's leaves under a prefix: pass "
+    "`EqxRestore(..., prefix={prefix})`."
 )
 _FIX_MISSING = (
     "The skeleton has leaves that the checkpoint never saved: build the skeleton "
-    "of the model that was saved."
+    "of the model that was saved, map renamed leaves with `renames=`, or, to keep "
+    "the skeleton's own values for new leaves (a fresh head for fine-tuning), "
+    'pass `EqxRestore(..., missing="keep")`.'
+)
+_FIX_ABSTRACT = (
+    "A leaf kept from the skeleton needs a value: build those parts of the "
+    "skeleton as concrete arrays (e.g. with a real key instead of "
+    "`eqx.filter_eval_shape`), or map a checkpoint leaf to them with `renames=`."
 )
 
 
@@ -46,8 +64,16 @@ def check(
     cast: bool,
     strict: bool,
     on_static_mismatch: StaticPolicy,
-) -> None:
-    """Raises `CheckpointMismatchError` listing every difference, or returns."""
+    missing: MissingPolicy = "error",
+    target: Callable[[str], str] | None = None,
+) -> list[Leaf]:
+    """Raises `CheckpointMismatchError` listing every difference.
+
+    `saved.leaves` and `saved.modules` are keyed by the name `target(skeleton
+    name)` (`_select.Selection`). Returns the skeleton leaves to keep as they
+    are: those that the checkpoint lacks, with `missing="keep"`.
+    """
+    target = target or _same
     errors: list[str] = []
     statics: list[str] = []
     fixes: list[str] = []
@@ -57,14 +83,31 @@ def check(
             fixes.append(text)
 
     names = set()
+    kept: list[Leaf] = []
+    absent: list[Leaf] = []
     for leaf in walked.leaves:
-        names.add(leaf.name)
-        record = saved.leaves.get(leaf.name)
+        name = target(leaf.name)
+        names.add(name)
+        record = saved.leaves.get(name)
         if record is None:
-            errors.append(
-                f"Leaf `{leaf.path_str}` is in the skeleton but not in the checkpoint."
-            )
-            fix(_FIX_MISSING)
+            sought = f" (looked for leaf name `{name}`)" if name != leaf.name else ""
+            abstract = isinstance(leaf.value, jax.ShapeDtypeStruct)
+            if missing == "keep" and not abstract:
+                kept.append(leaf)
+            elif missing == "keep":
+                errors.append(
+                    f"Leaf `{leaf.path_str}` is in the skeleton but not in the "
+                    f"checkpoint{sought}, and is a jax.ShapeDtypeStruct: it has no "
+                    'value to keep with `missing="keep"`.'
+                )
+                fix(_FIX_ABSTRACT)
+            else:
+                errors.append(
+                    f"Leaf `{leaf.path_str}` is in the skeleton but not in the "
+                    f"checkpoint{sought}."
+                )
+                absent.append(leaf)
+                fix(_FIX_MISSING)
             continue
         problem, fixer = _compare_leaf(leaf, record, cast)
         if problem is None:
@@ -75,16 +118,24 @@ def check(
             errors.append(problem)
             fix(fixer)
     if strict:
-        unexpected = [r for n, r in saved.leaves.items() if n not in names]
-        for record in unexpected:
+        unexpected = [(n, r) for n, r in saved.leaves.items() if n not in names]
+        for name, record in unexpected:
+            renamed = f", renamed to `{name}`" if name != record.name else ""
             errors.append(
-                f"Leaf `{record.path}` (leaf name `{record.name}`) is in "
+                f"Leaf `{record.path}` (leaf name `{record.name}`{renamed}) is in "
                 "the checkpoint but not in the skeleton."
             )
         if unexpected:
+            if absent and target is _same:
+                found = suggest_prefix(walked, list(saved.leaves))
+                if found is not None:  # then the skeleton is fine as it is
+                    literal = repr(found) if "\\" in found else f'"{found}"'
+                    braced = literal.replace("{", "{{").replace("}", "}}")
+                    fixes.remove(_FIX_MISSING)
+                    fixes.insert(0, _FIX_PREFIX.replace("{prefix}", braced))
             fix(_FIX_STRICT)
     for name, module in walked.modules.items():
-        other = saved.modules.get(name)
+        other = saved.modules.get(target(name))
         if other is None:
             continue
         if module.cls != other.cls:
@@ -114,6 +165,11 @@ def check(
     if errors:
         fixes = [f.format(where=saved.directory) for f in fixes]
         raise CheckpointMismatchError(_message(errors, saved.directory, fixes))
+    return kept
+
+
+def _same(name: str) -> str:
+    return name
 
 
 def _message(problems, where, fixes, verdict=None) -> str:
@@ -136,6 +192,8 @@ def _describe_field(static: dict, field: str) -> str:
 def _compare_leaf(leaf: Leaf, record, cast: bool):
     """One leaf against its record: (problem or None, the fix to suggest)."""
     where = f"Leaf `{leaf.path_str}`"
+    if record.name != leaf.name:  # found through `prefix=` or `renames=`
+        where += f" (checkpoint leaf `{record.name}`)"
     if leaf.kind != record.kind:
         return (
             f"{where} is {_describe_mine(leaf)} in the skeleton but "

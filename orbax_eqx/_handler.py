@@ -12,6 +12,7 @@ from . import _background, _sidecar
 from ._hosts import check_global
 from ._restore import restore_flat, restore_tree
 from ._save import check_has_data, prepare
+from ._select import Renames, check_options
 
 TYPESTR = "orbax_eqx.EqxHandler"
 
@@ -188,7 +189,7 @@ class EqxSave(ocp.args.CheckpointArgs):
 @ocp.args.register_with_handler(EqxHandler, for_restore=True)
 @dataclasses.dataclass
 class EqxRestore(ocp.args.CheckpointArgs):
-    """Arguments to restore with `EqxHandler`.
+    r"""Arguments to restore with `EqxHandler`.
 
     **Arguments:**
 
@@ -205,19 +206,76 @@ class EqxRestore(ocp.args.CheckpointArgs):
         to the skeleton's dtype (to load float32 weights into a bfloat16 model).
         If False (the default), a dtype difference is an error.
     - `strict`: if True (the default), checkpoint leaves that the skeleton
-        lacks are an error; if False they are left unread.
+        lacks are an error; if False they are left unread, so a skeleton of
+        part of the checkpoint (`{"model": skeleton}` of a checkpoint of
+        `{"model": m, "opt_state": s, "step": 3}`) restores that part and reads
+        only its arrays.
+    - `prefix`: restore one part of the checkpoint into a skeleton of that
+        part: a leaf name (`"model.encoder"`, as `python -m orbax_eqx inspect`
+        shows names) put before every skeleton leaf name, so the skeleton leaf
+        `layers.0.weight` is restored from `model.encoder.layers.0.weight`.
+        Leaves outside the prefix are never read, and are no error even with
+        `strict=True`, which then applies to the leaves under the prefix.
+    - `renames`: restore a checkpoint saved under older names. Maps checkpoint
+        leaf names to the names the skeleton has, as if the checkpoint had
+        been saved with the new ones (`prefix` applies after it): a dict
+        `{old name: new name}`; a list of `(regex, replacement)` rules, of
+        which the first whose pattern matches the whole name gives the new name
+        (`re.Match.expand`: `(r"blocks\.(.*)", r"layers.\1")`); or a function
+        `old name -> new name`. A new name of `None` leaves the leaf out (it
+        is then no error with `strict=True`). Renames map names to names
+        only: to change an array (split a fused `attn.qkv` into `q`, `k`, `v`),
+        restore it under a name of its own and change it after the restore
+        (the README shows how); a restore never computes on your arrays.
+    - `renames_must_match`: if True (the default), a dict entry or rule that
+        matches no checkpoint leaf name, a function that renames nothing, and
+        a rename whose new names the skeleton lacks are errors, since they are
+        almost always typos. False allows them.
+    - `missing`: `"error"` (the default) or `"keep"`. With `"keep"`, a skeleton
+        leaf that the checkpoint lacks keeps the skeleton's own value: build
+        the skeleton with a freshly initialised new head, and every other leaf
+        comes from the checkpoint (fine-tuning). A `jax.ShapeDtypeStruct`
+        has no value to keep, so it is still an error. Kept jax arrays go
+        where `shardings` says.
+    - `report`: if True, return `(tree, report)`, where `report` is a
+        `oeqx.RestoreReport` naming the leaves kept from the skeleton, the
+        checkpoint leaves left unread, and the renames done. If False (the
+        default), a restore that kept leaves warns (`oeqx.KeptLeavesWarning`)
+        and lists them: kept leaves are asked for, but a mistyped rename would
+        otherwise leave a layer at its fresh initialisation without a sign. A
+        caller that asks for the report has the list, so is not warned.
     - `on_static_mismatch`: `"error"` (the default) or `"warn"`. What to do
         when static fields, callables or module classes differ between the
         skeleton and the checkpoint; with `"warn"` the skeleton's are kept.
 
     **Returns** (from `restore`): the skeleton's structure filled with the
-    checkpoint's values.
+    checkpoint's values; with `report=True`, `(tree, RestoreReport)`.
+
+    !!! example
+
+        ```python
+        # The model alone, from a checkpoint of {"model": m, "opt_state": s, ...}.
+        args = oeqx.EqxRestore({"model": skeleton}, strict=False)
+        model = mngr.restore(step, args=args)["model"]
+        # One submodule.
+        args = oeqx.EqxRestore(encoder_skeleton, prefix="model.encoder")
+        # Fine-tuning: a fresh head, everything else from the checkpoint.
+        args = oeqx.EqxRestore(new_model, missing="keep", report=True)
+        model, report = mngr.restore(step, args=args)  # report.kept: the head
+        # After a refactor that renamed `blocks` to `layers`.
+        args = oeqx.EqxRestore(skeleton, renames=[(r"blocks\.(.*)", r"layers.\1")])
+        ```
     """
 
     skeleton: Any = None
     shardings: Any = dataclasses.field(default=None, kw_only=True)
     cast: bool = dataclasses.field(default=False, kw_only=True)
     strict: bool = dataclasses.field(default=True, kw_only=True)
+    prefix: str | None = dataclasses.field(default=None, kw_only=True)
+    renames: Renames | None = dataclasses.field(default=None, kw_only=True)
+    renames_must_match: bool = dataclasses.field(default=True, kw_only=True)
+    missing: Literal["error", "keep"] = dataclasses.field(default="error", kw_only=True)
+    report: bool = dataclasses.field(default=False, kw_only=True)
     on_static_mismatch: Literal["error", "warn"] = dataclasses.field(
         default="error", kw_only=True
     )
@@ -228,3 +286,29 @@ class EqxRestore(ocp.args.CheckpointArgs):
                 f"EqxRestore(on_static_mismatch={self.on_static_mismatch!r}): expected "
                 '"error" or "warn".'
             )
+        if self.missing not in ("error", "keep"):
+            raise ValueError(
+                f'EqxRestore(missing={self.missing!r}): expected "error" or "keep".'
+            )
+        check_options(self.prefix, self.renames)
+        if self.skeleton is None:
+            asked = [
+                f"{name}={getattr(self, name)!r}"
+                for name, default in _NEED_SKELETON.items()
+                if getattr(self, name) != default
+            ]
+            if asked:
+                raise ValueError(
+                    f"EqxRestore({', '.join(asked)}) needs a skeleton: without "
+                    "one, restore returns every leaf in a flat {leaf name: value} "
+                    "dict. Pass the skeleton of what to restore."
+                )
+
+
+# Options that act on a skeleton, with their defaults.
+_NEED_SKELETON = {
+    "prefix": None,
+    "renames": None,
+    "missing": "error",
+    "report": False,
+}

@@ -10,6 +10,7 @@ import orbax.checkpoint as ocp
 
 from ._check import check
 from ._names import storage_key
+from ._select import select, warn_kept
 from ._shardings import resolve
 from ._sidecar import ALIAS, EMPTY, LeafMetadata, Metadata
 from ._values import decode_scalar, describe
@@ -53,34 +54,67 @@ def restore_tree(inner, directory, saved: Metadata, args) -> Any:
     """Restores into `args.skeleton`; see `EqxRestore`."""
     skeleton = args.skeleton
     walked = walk(skeleton)
-    check(
-        walked,
+    selection = select(
         saved,
+        walked,
+        prefix=args.prefix,
+        renames=args.renames,
+        renames_must_match=args.renames_must_match,
+    )
+    view = selection.saved  # keyed by `selection.target(skeleton leaf name)`
+    kept = check(
+        walked,
+        view,
         cast=args.cast,
         strict=args.strict,
         on_static_mismatch=args.on_static_mismatch,
+        missing=args.missing,
+        target=selection.target if selection.prefix else None,
     )
+    kept_names = {leaf.name for leaf in kept}
     shardings = resolve(args.shardings, walked)
     requests = {}
     for leaf in walked.leaves:
-        if leaf.kind == ARRAY:
+        if leaf.kind == ARRAY and leaf.name not in kept_names:
             x = leaf.value
             requests[leaf.name] = _Request(
-                saved.leaves[leaf.name],
+                view.leaves[selection.target(leaf.name)],
                 x.dtype,
                 container(x),
                 shardings.get(leaf.name),
             )
+    # The full sidecar, not the view: aliases name their source by its saved name.
     arrays = read_arrays(inner, directory, saved, requests)
     values = []
     for leaf in walked.leaves:
-        if leaf.kind == ARRAY:
+        if leaf.name in kept_names:
+            values.append(_kept(leaf, shardings.get(leaf.name)))
+        elif leaf.kind == ARRAY:
             values.append(arrays[leaf.name])
         elif leaf.kind == SCALAR:
-            values.append(decode_scalar(saved.leaves[leaf.name].value))
+            values.append(decode_scalar(view.leaves[selection.target(leaf.name)].value))
         else:  # callables, objects, shared markers: the skeleton's own
             values.append(leaf.value)
-    return jtu.tree_unflatten(walked.treedef, values)
+    tree = jtu.tree_unflatten(walked.treedef, values)
+    report = selection.report(walked, kept)
+    if args.report:
+        return tree, report
+    if kept:
+        warn_kept(report, saved.directory, stacklevel=4)  # the caller of `restore`
+    return tree
+
+
+def _kept(leaf, sharding) -> Any:
+    """A skeleton leaf kept as it is; a jax array goes where `shardings=` says."""
+    x = leaf.value
+    if (
+        leaf.kind == ARRAY
+        and isinstance(x, jax.Array)
+        and sharding is not None
+        and not x.sharding.is_equivalent_to(sharding, x.ndim)
+    ):
+        return jax.device_put(x, sharding)
+    return x
 
 
 def restore_flat(inner, directory, saved: Metadata) -> dict[str, Any]:
