@@ -10,9 +10,10 @@ from etils import epath
 
 from . import _background, _sidecar
 from ._hosts import check_global
+from ._renames import Renames
 from ._restore import restore_flat, restore_tree
 from ._save import check_has_data, prepare
-from ._select import Renames, check_options
+from ._select import check_options
 
 TYPESTR = "orbax_eqx.EqxHandler"
 
