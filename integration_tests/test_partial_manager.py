@@ -11,6 +11,7 @@ import pytest
 
 import orbax_eqx as oeqx
 
+from . import _procs
 from ._models import assert_trees_equal, make_mlp, scaled, skeleton_mlp
 
 
@@ -83,3 +84,10 @@ def test_kept_leaves_warn_through_the_manager(tmp_path):
         restored = mngr.restore(0, args=oeqx.EqxRestore(skeleton, missing="keep"))
     assert_trees_equal(restored["body"], make_mlp(jax.random.key(0)))
     mngr.close()
+
+
+def test_kept_arrays_go_where_shardings_say(tmp_path):
+    (log,) = _procs.run(
+        "_partial_worker.py", "keep", tmp_path, devices=8, log_dir=tmp_path
+    )
+    assert "kept arrays follow shardings: ok" in log
