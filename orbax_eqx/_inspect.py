@@ -15,7 +15,7 @@ from typing import Any
 from etils import epath
 
 from ._locate import as_path, find_item, is_item, items_in, steps_in
-from ._sidecar import ALIAS, EMPTY, LeafMetadata, Metadata, read
+from ._sidecar import ALIAS, EMPTY, PACKED, LeafMetadata, Metadata, read
 from ._values import describe, scalar_type
 from ._walk import ARRAY, NUMPY, NUMPY_SCALAR, SCALAR, SHARED, display_path
 
@@ -121,6 +121,8 @@ def _item_json(saved: Metadata) -> dict[str, Any]:
             )
             if leaf.data == ALIAS:
                 record["alias_of"] = leaf.alias_of
+            elif leaf.data == PACKED:
+                record.update(pack=leaf.pack, offset=leaf.offset)
         else:
             record.update(type=_type(leaf), value=leaf.value, text=_value(leaf))
         leaves[name] = record
@@ -138,6 +140,7 @@ def _item_json(saved: Metadata) -> dict[str, Any]:
         "path": saved.directory,
         "format_version": saved.format_version,
         "versions": saved.versions,
+        "packs": [{"file": p.file, "nbytes": p.nbytes} for p in saved.packs],
         "leaves": leaves,
         "modules": modules,
         "totals": {"leaves": len(saved.leaves), "arrays": arrays, "nbytes": nbytes},
