@@ -10,6 +10,11 @@
 - `raw`: the disk itself: the model's bytes written with `pwritev` and fsync'd,
   read back with `preadv` in 64 MiB pieces into one buffer.
 
+Not run by default (`--contenders` adds them), for the compression decision:
+`orbax_eqx_perleaf` (`pack=False`: every array through Orbax, one stored
+array per leaf, as orbax_eqx 0.1 did, uncompressed) and `orbax_eqx_zstd` (the
+same with zstd, 0.1's default).
+
 Async contenders (`manager`) go through `ocp.CheckpointManager` with async
 checkpointing on, as training loops do.
 """
@@ -80,6 +85,20 @@ class OrbaxEqx:
             root, item_handlers=oeqx.EqxHandler(**self.options)
         )
         return mngr, oeqx.EqxSave
+
+
+class OrbaxEqxPerLeaf(OrbaxEqx):
+    name = "orbax_eqx_perleaf"
+
+    def __init__(self):
+        super().__init__(pack=False, use_compression=False)
+
+
+class OrbaxEqxZstd(OrbaxEqx):
+    name = "orbax_eqx_zstd"
+
+    def __init__(self):
+        super().__init__(pack=False, use_compression=True)
 
 
 class Orbax:
@@ -196,3 +215,15 @@ CONTENDERS = {
     "eqx": EqxSerialise,
     "raw": Raw,
 }
+EXTRA = {
+    "orbax_eqx_perleaf": OrbaxEqxPerLeaf,
+    "orbax_eqx_zstd": OrbaxEqxZstd,
+}
+
+
+def disk_bytes(path) -> int:
+    return sum(
+        os.path.getsize(os.path.join(root, f))
+        for root, _, files in os.walk(path)
+        for f in files
+    )

@@ -26,7 +26,7 @@ def _status(field: str) -> int:
 
 def main(contender: str, model: str, path: str) -> None:
     skeleton = _models.skeleton(model)
-    runner = _contenders.CONTENDERS[contender]()
+    runner = {**_contenders.CONTENDERS, **_contenders.EXTRA}[contender]()
     jax.block_until_ready(jax.device_put(np.zeros(4)))  # start the backend
     baseline = _status("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:

@@ -42,6 +42,7 @@ import orbax_eqx  # noqa: E402
 
 GiB = 2**30
 ASYNC = ("orbax_eqx", "orbax")
+_TINY = None  # a small item for warming up
 
 
 def _timed(fn, *args):
@@ -66,9 +67,14 @@ def _same(restored, item) -> bool:
     )
 
 
+def _tiny():
+    return {"w": jnp.ones((4, 4)), "lin": eqx.nn.Linear(2, 2, key=jax.random.key(0))}
+
+
 def _warm_up(contenders, workdir):
     """One tiny save and restore each: imports, compiles, thread pools."""
-    item = {"w": jnp.ones((4, 4)), "lin": eqx.nn.Linear(2, 2, key=jax.random.key(0))}
+    global _TINY
+    _TINY = item = _tiny()
     skeleton = eqx.filter_eval_shape(lambda: item)
     for c in contenders:
         path = workdir / f"warm-{c.name}"
@@ -79,6 +85,7 @@ def _warm_up(contenders, workdir):
 
 def bench_model(name, contenders, args, workdir):
     spec = _models.MODELS[name]
+    began = time.perf_counter()
     print(f"\n== {spec.label}: building ...", flush=True)
     item = _models.build(name)
     skeleton = _models.skeleton(name)
@@ -91,6 +98,7 @@ def bench_model(name, contenders, args, workdir):
         "nbytes": nbytes,
         "save": {c.name: [] for c in contenders},
         "restore": {c.name: [] for c in contenders},
+        "disk": {},
         "verified": {},
     }
     kept = {}
@@ -98,6 +106,7 @@ def bench_model(name, contenders, args, workdir):
         for c in _rotated(contenders, rep):
             path = workdir / name / f"{c.name}-{rep}"
             t_save, _ = _timed(c.save, path, item)
+            out["disk"][c.name] = _contenders.disk_bytes(path)
             if not args.warm:
                 _contenders.evict(path)
             t_restore, restored = _timed(c.restore, path, skeleton)
@@ -129,6 +138,8 @@ def bench_model(name, contenders, args, workdir):
             flush=True,
         )
         shutil.rmtree(kept[c.name])
+    out["seconds"] = time.perf_counter() - began
+    print(f"   ({out['seconds']:.0f} s for this model)", flush=True)
     return out
 
 
@@ -143,7 +154,7 @@ def _bench_async(name, item, arrays, contenders, args, workdir):
         if c.name in ASYNC:
             root = workdir / name / f"manager-{c.name}"
             mngr, make_args = c.manager(root)
-            mngr.save(0, args=make_args(item))  # warm: creates the root
+            mngr.save(0, args=make_args(_TINY))  # warm: creates the root
             mngr.wait_until_finished()
             managers[c.name] = (mngr, make_args, root)
     result = {"copy": [], **{n: [] for n in managers}}
@@ -203,16 +214,16 @@ def _table(name, r):
     nb = r["nbytes"]
     lines = [
         f"{r['label']}: {r['arrays']} arrays, {nb / GiB:.3f} GiB",
-        f"  {'contender':10s} {'save s':>8s} {'GiB/s':>6s} {'restore s':>10s} "
-        f"{'GiB/s':>6s} {'peak RSS':>9s}  verified",
+        f"  {'contender':17s} {'save s':>8s} {'GiB/s':>6s} {'restore s':>10s} "
+        f"{'GiB/s':>6s} {'peak RSS':>9s} {'disk MiB':>9s}  verified",
     ]
     for c in r["save"]:
         s, t = _med(r["save"][c]), _med(r["restore"][c])
         p = r["rss"][c]
         ok = r["verified"].get(c)
         lines.append(
-            f"  {c:10s} {s:8.3f} {nb / GiB / s:6.2f} {t:10.3f} {nb / GiB / t:6.2f} "
-            f"{(p['peak'] - p['baseline']) / nb:8.2f}x  "
+            f"  {c:17s} {s:8.3f} {nb / GiB / s:6.2f} {t:10.3f} {nb / GiB / t:6.2f} "
+            f"{(p['peak'] - p['baseline']) / nb:8.2f}x {r['disk'][c] / 2**20:9.1f}  "
             + ("-" if ok is None else "yes" if ok else "NO")
         )
     a = r["async"]
@@ -360,7 +371,8 @@ def main(argv=None):
     for needed in ("orbax_eqx", "orbax", "raw"):
         if needed not in names:
             names.append(needed)
-    contenders = [_contenders.CONTENDERS[n]() for n in names]
+    known = {**_contenders.CONTENDERS, **_contenders.EXTRA}
+    contenders = [known[n]() for n in names]
     workdir = pathlib.Path(tempfile.mkdtemp(prefix="oeqx-bench-", dir=args.dir))
     print(_machine())
     print(f"writing to {workdir}; page cache {'kept' if args.warm else 'evicted'}")

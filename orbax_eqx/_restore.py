@@ -120,8 +120,9 @@ def read_arrays(inner, directory, saved: Metadata, requests: dict[str, _Request]
         source = request.record
         if source.data == ALIAS:
             source = saved.leaves[source.alias_of]
+            request = dataclasses.replace(request, record=source)
         if source.data != EMPTY:
-            to_read.setdefault(source.name, dataclasses.replace(request, record=source))
+            to_read.setdefault(source.name, request)
     packed = {n: r for n, r in to_read.items() if r.record.data == PACKED}
     stored = {n: r for n, r in to_read.items() if r.record.data == STORED}
     loaded = _orbax_read(inner, directory, stored) if stored else {}
