@@ -45,6 +45,13 @@ ASYNC = ("orbax_eqx", "orbax")
 _TINY = None  # a small item for warming up
 
 
+_STARTED = time.perf_counter()
+
+
+def _log(text):
+    print(f"[{time.perf_counter() - _STARTED:5.0f} s] {text}", flush=True)
+
+
 def _timed(fn, *args):
     gc.collect()
     start = time.perf_counter()
@@ -86,12 +93,12 @@ def _warm_up(contenders, workdir):
 def bench_model(name, contenders, args, workdir):
     spec = _models.MODELS[name]
     began = time.perf_counter()
-    print(f"\n== {spec.label}: building ...", flush=True)
+    _log(f"== {spec.label}: building ...")
     item = _models.build(name)
     skeleton = _models.skeleton(name)
     arrays = _models.array_leaves(item)
-    nbytes = sum(_contenders.host_views(item)[i].nbytes for i in range(len(arrays)))
-    print(f"   {len(arrays)} arrays, {nbytes / GiB:.3f} GiB", flush=True)
+    nbytes = sum(x.nbytes for x in _contenders.host_views(item))
+    _log(f"   {len(arrays)} arrays, {nbytes / GiB:.3f} GiB")
     out = {
         "label": spec.label,
         "arrays": len(arrays),
@@ -115,10 +122,9 @@ def bench_model(name, contenders, args, workdir):
             del restored
             out["save"][c.name].append(t_save)
             out["restore"][c.name].append(t_restore)
-            print(
+            _log(
                 f"   rep {rep} {c.name:10s} save {t_save:7.3f} s  "
-                f"restore {t_restore:7.3f} s",
-                flush=True,
+                f"restore {t_restore:7.3f} s"
             )
             if rep == args.repeats - 1:
                 kept[c.name] = path
@@ -132,14 +138,13 @@ def bench_model(name, contenders, args, workdir):
         _contenders.evict(kept[c.name])
         out["rss"][c.name] = _probe(c.name, name, kept[c.name])
         peak = out["rss"][c.name]
-        print(
+        _log(
             f"   restore peak RSS {c.name:10s} "
-            f"{(peak['peak'] - peak['baseline']) / nbytes:5.2f}x model bytes",
-            flush=True,
+            f"{(peak['peak'] - peak['baseline']) / nbytes:5.2f}x model bytes"
         )
         shutil.rmtree(kept[c.name])
     out["seconds"] = time.perf_counter() - began
-    print(f"   ({out['seconds']:.0f} s for this model)", flush=True)
+    _log(f"   ({out['seconds']:.0f} s for this model)")
     return out
 
 
@@ -175,10 +180,9 @@ def _bench_async(name, item, arrays, contenders, args, workdir):
             mngr.wait_until_finished()
             totals[lane].append(time.perf_counter() - start)
             result[lane].append(blocked)
-        print(
+        _log(
             f"   rep {rep} async block: "
-            + "  ".join(f"{k} {v[-1]:.3f} s" for k, v in result.items()),
-            flush=True,
+            + "  ".join(f"{k} {v[-1]:.3f} s" for k, v in result.items())
         )
     for mngr, _, root in managers.values():
         mngr.close()
