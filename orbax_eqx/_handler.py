@@ -106,7 +106,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                 directory, args=ocp.args.PyTreeSave(prepared.stored)
             )
             futures.extend(inner or [])
-        if prepared.pieces:
+        if prepared.pack_nbytes:
             futures.append(
                 ocp.future.CommitFutureAwaitingContractedSignals(
                     self._write_pack(directory, prepared), name="orbax_eqx_pack"
@@ -121,10 +121,12 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         return futures
 
     async def _write_pack(self, directory: epath.Path, prepared) -> None:
-        # This runs in a thread of its own (Orbax's commit future), so the
-        # blocking writes hold up nothing else.
-        path = directory / _sidecar.PACK_FILE.format(0)
-        _packfile.write(path, prepared.pieces, prepared.pack_nbytes)
+        # Every host has this future, as it has the sidecar's; only the primary
+        # took host copies, and writes. It runs in a thread of its own (Orbax's
+        # commit future), so the blocking writes hold up nothing else.
+        if ocp.multihost.is_primary_host(self._primary_host):
+            path = directory / _sidecar.PACK_FILE.format(0)
+            _packfile.write(path, prepared.pieces, prepared.pack_nbytes)
 
     async def _write_sidecar(self, directory: epath.Path, content: dict) -> None:
         if ocp.multihost.is_primary_host(self._primary_host):
