@@ -361,7 +361,7 @@ def _machine():
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--big", action="store_true", help="also (c), ~2 GiB")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--only", default=None, help="models to run, e.g. a,b")
     parser.add_argument(
         "--contenders", default=",".join(_contenders.CONTENDERS), help="subset"
