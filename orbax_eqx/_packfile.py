@@ -16,8 +16,8 @@ import numpy as np
 from etils import epath
 
 from ._errors import CheckpointDamagedError
+from ._sidecar import PACK_ALIGNMENT as ALIGNMENT
 
-ALIGNMENT = 64
 _PIECE = 16 << 20  # bytes per read call; a few are in flight at once
 _WRITE_BATCH = 64 << 20  # bytes per write call
 _IOV_MAX = 512  # buffers per write call (Linux allows 1024)

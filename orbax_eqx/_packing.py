@@ -8,10 +8,10 @@ arrays go through Orbax, one stored array each. Every leaf keeps its name,
 its sidecar record (pack, offset, size) and its own restore.
 
 Save: which leaves are packed, where each goes (walk order, so a subtree is
-one contiguous range; offsets 64-byte aligned), and host copies of them,
-taken before `save` returns. Restore: the byte ranges of just the wanted
-leaves (neighbours merged when close), then arrays made from the buffers
-without copying them on CPU.
+one contiguous range; offsets 64-byte aligned), and the host arrays holding
+their bytes, taken before `save` returns (see `host_copies`). Restore: the
+byte ranges of just the wanted leaves (neighbours merged when close), then
+arrays made from the buffers without copying them on CPU.
 """
 
 import functools
