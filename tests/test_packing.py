@@ -195,6 +195,21 @@ def test_caller_may_change_or_donate_arrays_once_save_returns(tmp_path):
     np.testing.assert_array_equal(restored["weight"], expected["weight"])
 
 
+def test_host_arrays_keep_their_bytes_when_the_array_is_donated():
+    """What a save holds stays intact: on CPU it is numpy's view of the device
+    buffer, and JAX must not reuse a buffer that numpy holds."""
+    weight = jnp.arange(1 << 16, dtype=jnp.float32)
+    table = np.arange(10)
+    (held, held_table) = _packing.host_copies([weight, table])
+    clobber = jax.jit(lambda x: x * 0 - 5, donate_argnums=0)
+    out = jax.block_until_ready(clobber(weight))
+    if held.ctypes.data == np.asarray(out).ctypes.data:
+        pytest.fail("JAX reused a donated buffer that a save still holds")
+    np.testing.assert_array_equal(held, np.arange(1 << 16, dtype=np.float32))
+    table[:] = 0
+    np.testing.assert_array_equal(held_table, np.arange(10))
+
+
 def test_restored_arrays_are_ordinary_jax_arrays(tmp_path):
     """Restored without a copy (on CPU), yet donatable and independent."""
     item = {"w": jnp.arange(4096, dtype=jnp.float32), "v": jnp.ones(7)}
