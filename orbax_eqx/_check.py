@@ -136,8 +136,8 @@ def check(
             fix(_FIX_STRICT)
     for name, module in walked.modules.items():
         other = saved.modules.get(target(name))
-        if other is None:
-            continue
+        if other is None or (module.cls == other.cls and module.static == other.static):
+            continue  # the usual case, decided without describing every field
         if module.cls != other.cls:
             statics.append(
                 f"Module `{module.path}` is `{module.cls}` in the skeleton "

@@ -48,6 +48,10 @@ class CheckpointNotFoundError(OrbaxEqxError, FileNotFoundError):
     """A path holds no orbax_eqx checkpoint."""
 
 
+class CheckpointDamagedError(OrbaxEqxError, ValueError):
+    """A checkpoint's array data is missing or shorter than its sidecar says."""
+
+
 def bullet_list(problems: Sequence[str], limit: int = MAX_LISTED) -> str:
     """Formats problems as an indented bullet list, capped at `limit` entries."""
     lines = [f"  - {p}" for p in problems[:limit]]

@@ -18,7 +18,7 @@ from etils import epath
 
 from ._locate import as_path, find_item, is_item, items_in, steps_in
 from ._names import storage_key
-from ._sidecar import ALIAS, EMPTY, STORED, LeafMetadata, Metadata, read
+from ._sidecar import ALIAS, EMPTY, PACKED, STORED, LeafMetadata, Metadata, read
 from ._values import describe, scalar_type
 from ._walk import ARRAY, NUMPY, NUMPY_SCALAR, SCALAR, SHARED
 
@@ -210,6 +210,8 @@ def _item_json(saved: Metadata, shardings: dict[str, str]) -> dict[str, Any]:
             )
             if leaf.data == ALIAS:
                 record["alias_of"] = leaf.alias_of
+            elif leaf.data == PACKED:
+                record.update(pack=leaf.pack, offset=leaf.offset)
             if name in shardings:
                 record["sharding"] = shardings[name]
         else:
@@ -229,6 +231,7 @@ def _item_json(saved: Metadata, shardings: dict[str, str]) -> dict[str, Any]:
         "path": saved.directory,
         "format_version": saved.format_version,
         "versions": saved.versions,
+        "packs": [{"file": p.file, "nbytes": p.nbytes} for p in saved.packs],
         "leaves": leaves,
         "modules": modules,
         "totals": {"leaves": len(saved.leaves), "arrays": arrays, "nbytes": nbytes},

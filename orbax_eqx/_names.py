@@ -36,6 +36,12 @@ def escape_part(text: str) -> str:
 
 def key_part(entry: Any) -> str:
     """The name part of one entry of a JAX key path."""
+    # Exact types first: a walk asks this several times per leaf.
+    kind = type(entry)
+    if kind is jtu.GetAttrKey:
+        return entry.name
+    if kind is jtu.SequenceKey:
+        return str(entry.idx)
     if isinstance(entry, jtu.GetAttrKey):
         return entry.name
     if isinstance(entry, jtu.SequenceKey):

@@ -7,12 +7,14 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 import orbax.checkpoint as ocp
+from etils import epath
 
+from . import _packing
 from ._check import check
 from ._names import storage_key
 from ._select import select, warn_kept
 from ._shardings import resolve
-from ._sidecar import ALIAS, EMPTY, LeafMetadata, Metadata
+from ._sidecar import ALIAS, EMPTY, PACKED, STORED, LeafMetadata, Metadata
 from ._values import decode_scalar, describe
 from ._walk import (
     ARRAY,
@@ -21,6 +23,7 @@ from ._walk import (
     SCALAR,
     container,
     is_key_dtype,
+    key_data_struct,
     key_impl,
     parse_dtype,
     walk,
@@ -144,15 +147,21 @@ def restore_flat(inner, directory, saved: Metadata) -> dict[str, Any]:
 
 
 def read_arrays(inner, directory, saved: Metadata, requests: dict[str, _Request]):
-    """Reads each requested array once from Orbax; builds empty ones and aliases."""
+    """Reads each requested array once, from its pack or from Orbax; builds empty
+    ones and aliases."""
     to_read: dict[str, _Request] = {}
     for request in requests.values():
         source = request.record
         if source.data == ALIAS:
             source = saved.leaves[source.alias_of]
+            request = dataclasses.replace(request, record=source)
         if source.data != EMPTY:
-            to_read.setdefault(source.name, dataclasses.replace(request, record=source))
-    loaded = _orbax_read(inner, directory, to_read) if to_read else {}
+            to_read.setdefault(source.name, request)
+    packed = {n: r for n, r in to_read.items() if r.record.data == PACKED}
+    stored = {n: r for n, r in to_read.items() if r.record.data == STORED}
+    loaded = _orbax_read(inner, directory, stored) if stored else {}
+    if packed:
+        loaded.update(_packing.read(epath.Path(directory), saved.packs, packed))
     result = {}
     for name, request in requests.items():
         record = request.record
@@ -211,11 +220,10 @@ def _empty(request: _Request) -> Any:
     if request.container != JAX:
         return _finish(np.zeros(shape, request.dtype), request)
     if is_key_dtype(request.dtype):
-        impl = key_impl(request.dtype)
-        data = jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl)))
+        data = key_data_struct(request.dtype)
         zeros = np.zeros(shape + data.shape, data.dtype)
         return jax.random.wrap_key_data(
-            jax.device_put(zeros, request.sharding), impl=impl
+            jax.device_put(zeros, request.sharding), impl=key_impl(request.dtype)
         )
     zeros = np.zeros(shape, request.dtype)
     return jax.make_array_from_callback(shape, request.sharding, lambda i: zeros[i])

@@ -1,5 +1,6 @@
-"""Splits an item into the arrays Orbax stores and the sidecar describing the rest."""
+"""Splits an item into the sidecar, the packed arrays and the arrays Orbax stores."""
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -7,26 +8,50 @@ import numpy as np
 
 from ._errors import UnsupportedLeafError, bullet_list
 from ._names import storage_key
-from ._sidecar import STORED, build
+from ._packing import host_copies, layout, packable
+from ._sidecar import STORED, build, nbytes
 from ._walk import ARRAY, Walked, walk
 
 
-def prepare(item: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Returns (sidecar content, {storage key: array}) for `item`.
+@dataclasses.dataclass(frozen=True)
+class Prepared:
+    """What one save writes."""
+
+    content: dict[str, Any]  # the sidecar's JSON
+    stored: dict[str, Any]  # {storage key: array}, for Orbax
+    pieces: list[tuple[int, np.ndarray]]  # (offset, host copy), for pack 0
+    pack_nbytes: int
+
+
+def prepare(item: Any, *, pack: bool = True, copy_packed: bool = True) -> Prepared:
+    """Decides where every leaf of `item` goes and copies packed arrays to host.
 
     Checks the whole item first and raises one error listing every leaf that
-    cannot be saved, before anything is written.
+    cannot be saved, before anything is written. With `pack`, unsharded
+    arrays are packed (see `_packing`); `copy_packed=False` (hosts other than
+    the primary, which do not write the pack) skips their host copies.
     """
     walked = walk(item)
     _check_savable(walked)
     aliases = _aliases(walked)
-    content = build(walked, aliases)
-    arrays = {}
+    to_pack = []
+    for leaf in walked.leaves:
+        if leaf.kind == ARRAY and leaf.name not in aliases and pack:
+            size = nbytes(leaf.value)
+            if size and packable(leaf.value):
+                to_pack.append((leaf, size))
+    offsets, pack_nbytes = layout((leaf.name, size) for leaf, size in to_pack)
+    content = build(walked, aliases, offsets, pack_nbytes)
+    stored = {}
     for leaf in walked.leaves:
         record = content["leaves"][leaf.name]
         if leaf.kind == ARRAY and record["data"] == STORED:
-            arrays[storage_key(leaf.name)] = _host_safe(leaf.value)
-    return content, arrays
+            stored[storage_key(leaf.name)] = _host_safe(leaf.value)
+    pieces = []
+    if copy_packed and to_pack:
+        copies = host_copies([leaf.value for leaf, _ in to_pack])
+        pieces = [(offsets[leaf.name], x) for (leaf, _), x in zip(to_pack, copies)]
+    return Prepared(content, stored, pieces, pack_nbytes)
 
 
 def check_has_data(item: Any) -> None:

@@ -1,18 +1,57 @@
 """The sidecar: a small, versioned JSON file beside the arrays of a checkpoint.
 
-It records every leaf (name, kind, shape, dtype, Python values), each module's
-class and static fields, and the package versions that wrote it. Reading it
-is pure data: nothing named in it is imported or called.
+It records every leaf (name, kind, shape, dtype, Python values, where its
+bytes are), each module's class and static fields, the pack files, and the
+package versions that wrote it. Reading it is pure data: nothing named in it
+is imported or called.
+
+Format version 2 (version 1 is still read; it has no packs):
+
+```
+{
+ "format": "orbax_eqx", "format_version": 2, "versions": {...},
+ "packs": [{"file": "orbax_eqx~packed.0.bin", "nbytes": 17310080,
+            "byteorder": "little", "alignment": 64}],
+ "leaves": {
+  "layers.0.weight": {"path": ".layers[0].weight", "kind": "array",
+      "shape": [8, 3], "dtype": "float32", "container": "jax", "nbytes": 96,
+      "data": "packed", "pack": 0, "offset": 128},
+  "embed.weight": {..., "data": "orbax", "key": "embed.weight"},
+  "head.weight": {..., "data": "alias", "alias_of": "embed.weight"},
+  "empty": {..., "data": "none"},
+  "step": {"path": "['step']", "kind": "scalar", "value": 3},
+  ...
+ },
+ "modules": {"layers.0": {"path": ".layers[0]", "class": "...", "static": {}}}
+}
+```
+
+An array leaf's `data` says where its bytes are:
+
+- `"packed"`: bytes `[offset, offset + nbytes)` of pack file `packs[pack]`: the
+  array in C order, native (`byteorder`) numpy layout of its dtype (one byte
+  per element for 4-bit and bool dtypes, as numpy holds them; a typed PRNG
+  key array as its `jax.random.key_data`). Offsets are multiples of
+  `alignment`, so that a restore can hand the bytes to `jax.device_put`
+  without a copy. Unsharded arrays (one device, fully replicated, numpy) are
+  packed: written and read at disk speed, with no per-leaf cost.
+- `"orbax"`: one stored array in Orbax's array store under `key` (always
+  derived from the name): sharded arrays, or every array with `pack=False`.
+- `"alias"`: the very same array object as leaf `alias_of` (tied weights).
+- `"none"`: zero-size: shape and dtype say everything.
 """
 
 import dataclasses
+import functools
 import importlib.metadata
 import json
+import math
 import os
 import platform
+import sys
 from typing import Any
 
-import jax
+import numpy as np
 from etils import epath
 
 from ._errors import SidecarError
@@ -31,14 +70,22 @@ from ._walk import (
     Walked,
     container,
     dtype_str,
+    is_key_dtype,
+    key_data_struct,
+    parse_dtype,
 )
 
 FILE_NAME = "orbax_eqx.json"
 FORMAT = "orbax_eqx"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# `~` never appears in a storage key except before a 16-digit hash, so a pack
+# file cannot collide with a directory Orbax makes for a leaf.
+PACK_FILE = "orbax_eqx~packed.{}.bin"
+PACK_ALIGNMENT = 64  # what `jax.device_put` needs on CPU to take a buffer as is
 
 # Where an array leaf's data lives.
 STORED = "orbax"  # in Orbax's array store, under the leaf's storage key
+PACKED = "packed"  # a byte range of a pack file
 EMPTY = "none"  # a zero-size array: shape and dtype say everything
 ALIAS = "alias"  # the very same array object as another leaf (tied weights)
 
@@ -61,6 +108,8 @@ class LeafMetadata:
     alias_of: str | None = None
     nbytes: int = 0
     value: Any = None  # encoded value or description, for non-array leaves
+    pack: int | None = None  # for packed leaves: which pack file...
+    offset: int | None = None  # ...and where in it
 
     def describe(self) -> str:
         if self.kind == ARRAY:
@@ -75,6 +124,14 @@ class LeafMetadata:
 
 
 @dataclasses.dataclass(frozen=True)
+class PackMetadata:
+    """One pack file: packed leaves' bytes, end to end."""
+
+    file: str
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
 class Metadata:
     """The contents of a checkpoint's sidecar, as returned by `orbax_eqx.metadata`."""
 
@@ -83,11 +140,16 @@ class Metadata:
     versions: dict[str, str]
     leaves: dict[str, LeafMetadata]
     modules: dict[str, ModuleInfo]
+    packs: tuple[PackMetadata, ...] = ()
 
     @property
     def nbytes(self) -> int:
         """Bytes of array data stored; tied weights count once."""
-        return sum(leaf.nbytes for leaf in self.leaves.values() if leaf.data == STORED)
+        return sum(
+            leaf.nbytes
+            for leaf in self.leaves.values()
+            if leaf.data in (STORED, PACKED)
+        )
 
 
 def package_versions() -> dict[str, str]:
@@ -100,8 +162,18 @@ def package_versions() -> dict[str, str]:
     return versions
 
 
-def build(walked: Walked, aliases: dict[str, str]) -> dict[str, Any]:
-    """The sidecar's JSON for a walked item; `aliases` maps a leaf to its twin."""
+def build(
+    walked: Walked,
+    aliases: dict[str, str],
+    packed: dict[str, int],
+    pack_nbytes: int,
+) -> dict[str, Any]:
+    """The sidecar's JSON for a walked item.
+
+    `aliases` maps a leaf to its twin; `packed` maps each packed leaf to its
+    offset in pack 0, which is `pack_nbytes` long. Other arrays are stored
+    through Orbax.
+    """
     leaves = {}
     for leaf in walked.leaves:
         record: dict[str, Any] = {"path": leaf.path_str, "kind": leaf.kind}
@@ -110,12 +182,16 @@ def build(walked: Walked, aliases: dict[str, str]) -> dict[str, Any]:
             record["shape"] = list(x.shape)
             record["dtype"] = dtype_str(x)
             record["container"] = container(x)
-            record["nbytes"] = _nbytes(x)
+            record["nbytes"] = nbytes(x)
             if leaf.name in aliases:
                 record["data"] = ALIAS
                 record["alias_of"] = aliases[leaf.name]
             elif record["nbytes"] == 0:
                 record["data"] = EMPTY
+            elif leaf.name in packed:
+                record["data"] = PACKED
+                record["pack"] = 0
+                record["offset"] = packed[leaf.name]
             else:
                 record["data"] = STORED
                 record["key"] = storage_key(leaf.name)
@@ -126,24 +202,39 @@ def build(walked: Walked, aliases: dict[str, str]) -> dict[str, Any]:
         name: {"path": m.path, "class": m.cls, "static": m.static}
         for name, m in walked.modules.items()
     }
+    packs = []
+    if packed:
+        packs.append(
+            {
+                "file": PACK_FILE.format(0),
+                "nbytes": pack_nbytes,
+                "byteorder": sys.byteorder,
+                "alignment": PACK_ALIGNMENT,
+            }
+        )
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "versions": package_versions(),
+        "packs": packs,
         "leaves": leaves,
         "modules": modules,
     }
 
 
-def _nbytes(x: Any) -> int:
-    size = 1
-    for d in x.shape:
-        size *= d
-    if size == 0:
-        return 0
-    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
-        return int(jax.random.key_data(x).nbytes)
-    return int(getattr(x, "nbytes", size * x.dtype.itemsize))
+def nbytes(x: Any) -> int:
+    """Bytes of an array leaf's data as stored (a PRNG key array: its key data)."""
+    return math.prod(x.shape) * _itemsize(x.dtype)
+
+
+@functools.cache
+def _itemsize(dtype: Any) -> int:
+    if is_key_dtype(dtype):
+        data = key_data_struct(dtype)
+        return math.prod(data.shape) * data.dtype.itemsize
+    # numpy's itemsize: one byte per element for int4 and bool, as numpy and
+    # the pack files hold them.
+    return np.dtype(dtype).itemsize
 
 
 def write(directory: epath.Path, content: dict[str, Any]) -> None:
@@ -232,12 +323,15 @@ def parse(content: Any, where: str) -> Metadata:
         raise bad('"leaves" and "versions" must be JSON objects')
     if not isinstance(modules_json, dict):
         raise bad('"modules" must be a JSON object')
-    leaves = {name: _parse_leaf(name, rec, bad) for name, rec in leaves_json.items()}
+    packs = _parse_packs(content.get("packs", []), where, bad)
+    leaves = {
+        name: _parse_leaf(name, rec, packs, bad) for name, rec in leaves_json.items()
+    }
     for leaf in leaves.values():
         target = leaves.get(leaf.alias_of) if leaf.data == ALIAS else None
         if leaf.data == ALIAS and (
             target is None
-            or target.data != STORED
+            or target.data not in (STORED, PACKED)
             or (target.shape, target.dtype) != (leaf.shape, leaf.dtype)
         ):
             raise bad(
@@ -256,11 +350,43 @@ def parse(content: Any, where: str) -> Metadata:
             str(rec.get("path", name)), rec["class"], rec.get("static", {})
         )
     return Metadata(
-        where, version, {str(k): str(v) for k, v in versions.items()}, leaves, modules
+        where,
+        version,
+        {str(k): str(v) for k, v in versions.items()},
+        leaves,
+        modules,
+        packs,
     )
 
 
-def _parse_leaf(name: str, rec: Any, bad) -> LeafMetadata:
+def _parse_packs(packs_json: Any, where: str, bad) -> tuple[PackMetadata, ...]:
+    if not isinstance(packs_json, list):
+        raise bad('"packs" must be a JSON list')
+    packs = []
+    for i, rec in enumerate(packs_json):
+        if not isinstance(rec, dict) or not _is_size(rec.get("nbytes")):
+            raise bad(f"pack {i} has no size")
+        if rec.get("file") != PACK_FILE.format(i):
+            # Like storage keys, file names are derived, never read from the file.
+            raise bad(
+                f"pack {i} is in file {rec.get('file')!r}, expected "
+                f"{PACK_FILE.format(i)!r}"
+            )
+        if rec.get("byteorder", sys.byteorder) != sys.byteorder:
+            raise SidecarError(
+                f"The arrays of the checkpoint in {where} were packed on a "
+                f"{rec['byteorder']}-endian machine; this one is {sys.byteorder}-"
+                "endian, which orbax_eqx does not convert."
+            )
+        packs.append(PackMetadata(rec["file"], rec["nbytes"]))
+    return tuple(packs)
+
+
+def _is_size(x: Any) -> bool:
+    return type(x) is int and x >= 0
+
+
+def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
     if not isinstance(rec, dict):
         raise bad(f"leaf {name!r} is not a JSON object")
     kind = rec.get("kind")
@@ -285,9 +411,12 @@ def _parse_leaf(name: str, rec: Any, bad) -> LeafMetadata:
         )
     if data == ALIAS and not isinstance(rec.get("alias_of"), str):
         raise bad(f"leaf {name!r} is an alias of nothing")
-    if data not in (STORED, EMPTY, ALIAS):
+    if data not in (STORED, PACKED, EMPTY, ALIAS):
         raise bad(f"leaf {name!r} has unknown data location {data!r}")
-    nbytes = rec.get("nbytes", 0)
+    size = rec.get("nbytes", 0)
+    pack, offset = rec.get("pack"), rec.get("offset")
+    if data == PACKED:
+        _check_packed(name, tuple(shape), dtype, size, pack, offset, packs, bad)
     return LeafMetadata(
         name,
         str(path),
@@ -297,5 +426,29 @@ def _parse_leaf(name: str, rec: Any, bad) -> LeafMetadata:
         cont,
         data,
         rec.get("alias_of"),
-        nbytes if type(nbytes) is int else 0,
+        size if type(size) is int else 0,
+        pack=pack if data == PACKED else None,
+        offset=offset if data == PACKED else None,
     )
+
+
+def _check_packed(name, shape, dtype, size, pack, offset, packs, bad) -> None:
+    """A packed leaf's bytes must lie inside its pack and fit its shape exactly."""
+    if not (_is_size(pack) and pack < len(packs)):
+        raise bad(f"leaf {name!r} is in pack {pack!r}, which is not listed")
+    if not (_is_size(offset) and _is_size(size)):
+        raise bad(f"leaf {name!r} has no valid offset and size in its pack")
+    if offset + size > packs[pack].nbytes:
+        raise bad(
+            f"leaf {name!r} ends at byte {offset + size} of pack {pack}, which "
+            f"holds {packs[pack].nbytes}"
+        )
+    try:
+        expected = math.prod(shape) * _itemsize(parse_dtype(dtype))
+    except (TypeError, ValueError):
+        raise bad(f"leaf {name!r} has unknown dtype {dtype!r}") from None
+    if size != expected:
+        raise bad(
+            f"leaf {name!r} has {size} bytes in its pack, but a {dtype} array of "
+            f"shape {shape} has {expected}"
+        )

@@ -5,7 +5,8 @@ way, so the same model always yields the same names.
 """
 
 import dataclasses
-from typing import Any
+import functools
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -29,8 +30,9 @@ NUMPY = "numpy"
 NUMPY_SCALAR = "numpy_scalar"
 
 
-@dataclasses.dataclass(frozen=True)
-class Leaf:
+class Leaf(NamedTuple):
+    # A NamedTuple, not a dataclass: a walk makes one per leaf, thousands of
+    # them on a deep model with its optimizer state.
     path: tuple  # the JAX key path
     name: str
     kind: str
@@ -68,9 +70,10 @@ def is_array_like(x: Any) -> bool:
 
 
 def leaf_kind(x: Any) -> str:
-    if is_array_like(x):
+    category = _category(type(x))
+    if category is _ARRAY_TYPE:
         return ARRAY
-    if type(x) in SCALAR_TYPES:
+    if category is _SCALAR_TYPE:
         return SCALAR
     if _is_shared_node(x):
         return SHARED
@@ -87,17 +90,30 @@ def _is_shared_node(x: Any) -> bool:
 
 
 def container(x: Any) -> str:
-    if isinstance(x, np.ndarray):
+    return _container(type(x))
+
+
+@functools.cache
+def _container(kind: type) -> str:
+    if issubclass(kind, np.ndarray):
         return NUMPY
-    if isinstance(x, np.generic):
+    if issubclass(kind, np.generic):
         return NUMPY_SCALAR
     return JAX
 
 
 def dtype_str(x: Any) -> str:
-    return str(x.dtype)
+    return _dtype_str(x.dtype)
 
 
+# Per dtype, cached: `str` of a dtype and `jax.dtypes.issubdtype` each cost
+# microseconds, asked once or twice per leaf.
+@functools.cache
+def _dtype_str(dtype: Any) -> str:
+    return str(dtype)
+
+
+@functools.cache
 def is_key_dtype(dtype: Any) -> bool:
     return jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key)
 
@@ -113,10 +129,23 @@ def key_impl(dtype: Any) -> str:
     raise ValueError(f"unknown PRNG key type {str(dtype)!r}")
 
 
+# Cached: these trace a function each, and restores ask once per leaf.
+@functools.cache
 def _key_dtype(impl: str) -> Any:
     return jax.eval_shape(lambda: jax.random.key(0, impl=impl)).dtype
 
 
+def key_data_struct(dtype: Any) -> jax.ShapeDtypeStruct:
+    """Shape and dtype of the data of a single key of PRNG key dtype `dtype`."""
+    return _key_data_struct(key_impl(dtype))
+
+
+@functools.cache
+def _key_data_struct(impl: str) -> jax.ShapeDtypeStruct:
+    return jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl)))
+
+
+@functools.cache
 def parse_dtype(text: str) -> Any:
     """The dtype named `text`: numpy, ml_dtypes (`bfloat16`, `int4`) or a PRNG key."""
     if text.startswith("key<"):
@@ -137,20 +166,67 @@ def walk(tree: Any) -> Walked:
     ]
     infos = {
         name_of(path): ModuleInfo(
-            display_path(jtu.keystr(path)), qualified_name(type(m)), _static_fields(m)
+            display_path(jtu.keystr(path)), _class_name(type(m)), _static_fields(m)
         )
         for path, m in modules
     }
     return Walked(leaves, treedef, infos)
 
 
+# What a node's type says about it. Decided once per type: `isinstance` on an
+# Equinox module looks up `__class__` through `Module.__getattribute__`, which
+# costs more than the rest of a walk on a model of thousands of modules.
+_ARRAY_TYPE = "array"
+_SCALAR_TYPE = "scalar"
+_MODULE_TYPE = "module"
+_STATE_TYPE = "state"
+_SEQUENCE_TYPE = "sequence"
+_OTHER_TYPE = "other"
+
+
+@functools.cache
+def _category(kind: type) -> str:
+    if kind in SCALAR_TYPES:
+        return _SCALAR_TYPE
+    if issubclass(kind, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct)):
+        return _ARRAY_TYPE
+    if issubclass(kind, eqx.nn.State):
+        return _STATE_TYPE
+    if issubclass(kind, eqx.Module):
+        return _MODULE_TYPE
+    if kind is list or kind is tuple:
+        return _SEQUENCE_TYPE
+    return _OTHER_TYPE
+
+
 def _collect_nodes(node, path, modules, states) -> None:
-    """Finds every module (recursively) and every `eqx.nn.State` in the tree."""
-    if isinstance(node, eqx.nn.State):
+    """Finds every module (recursively) and every `eqx.nn.State` in the tree.
+
+    In the order, and with the key paths, of `jtu.tree_flatten_with_path`.
+    """
+    category = _category(type(node))
+    if category is _ARRAY_TYPE or category is _SCALAR_TYPE:
+        return  # holds no module; skipped without asking JAX to flatten it
+    if category is _STATE_TYPE:
         states[path] = node.tree_flatten()[1]
         return
-    if isinstance(node, eqx.Module):
+    if category is _MODULE_TYPE:
         modules.append((path, node))
+        # A module's children are its dynamic fields, in order, keyed by
+        # name (as Equinox flattens it), read directly: asking JAX to
+        # flatten every module costs more than the rest of a save.
+        dynamic, _ = _fields(type(node))
+        values = object.__getattribute__(node, "__dict__")
+        for name in dynamic:
+            if name in values:
+                _collect_nodes(
+                    values[name], path + (jtu.GetAttrKey(name),), modules, states
+                )
+        return
+    if category is _SEQUENCE_TYPE:
+        for i, sub in enumerate(node):
+            _collect_nodes(sub, path + (jtu.SequenceKey(i),), modules, states)
+        return
 
     def stop(x):
         return x is not node and (
@@ -158,16 +234,27 @@ def _collect_nodes(node, path, modules, states) -> None:
         )
 
     for sub_path, sub in jtu.tree_flatten_with_path(node, is_leaf=stop)[0]:
-        if sub is not None and sub_path:
+        if sub_path:
             _collect_nodes(sub, path + sub_path, modules, states)
 
 
+@functools.cache
+def _fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The names of a module class's dynamic and static fields."""
+    dynamic, static = [], []
+    for f in dataclasses.fields(cls):
+        (static if f.metadata.get("static", False) else dynamic).append(f.name)
+    return tuple(dynamic), tuple(static)
+
+
+@functools.cache
+def _class_name(cls: type) -> str:
+    return qualified_name(cls)
+
+
 def _static_fields(module: eqx.Module) -> dict[str, Any]:
-    return {
-        f.name: encode(getattr(module, f.name, None))
-        for f in dataclasses.fields(module)
-        if f.metadata.get("static", False)
-    }
+    _, static = _fields(type(module))
+    return {name: encode(getattr(module, name, None)) for name in static}
 
 
 class _Namer:
@@ -180,12 +267,15 @@ class _Namer:
     def __init__(self, states: dict[tuple, tuple], modules: list):
         self._states = states
         owners = {}
-        for path, m in modules:
-            if isinstance(m, eqx.nn.StateIndex):
-                owners.setdefault(_hashable(m.marker), path)
+        if states:
+            for path, m in modules:
+                if isinstance(m, eqx.nn.StateIndex):
+                    owners.setdefault(_hashable(m.marker), path)
         self._owners = owners
 
     def __call__(self, path: tuple) -> str:
+        if not self._states:
+            return join([key_part(entry) for entry in path])
         parts = []
         for i, entry in enumerate(path):
             markers = self._states.get(path[:i]) if self._states else None

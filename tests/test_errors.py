@@ -257,7 +257,7 @@ def _write_sidecar(path, text):
         ("[1, 2]", r'damaged: expected a JSON object with "format": "orbax_eqx"'),
         (
             '{"format": "orbax_eqx", "format_version": 99, "leaves": {}}',
-            r"format version 99, but this orbax_eqx reads versions up to 1. "
+            r"format version 99, but this orbax_eqx reads versions up to 2. "
             r"Upgrade orbax_eqx",
         ),
         (
@@ -276,6 +276,34 @@ def _write_sidecar(path, text):
             ' "data": "orbax", "key": "../../etc/passwd"}}}',
             r"leaf 'w' has storage key '../../etc/passwd', expected 'w'",
         ),
+        (
+            '{"format": "orbax_eqx", "format_version": 2, "leaves": {}, "packs": '
+            '[{"file": "../../etc/passwd", "nbytes": 8}]}',
+            r"pack 0 is in file '../../etc/passwd', expected "
+            r"'orbax_eqx~packed.0.bin'",
+        ),
+        (
+            '{"format": "orbax_eqx", "format_version": 2, "leaves": {"w": '
+            '{"kind": "array", "shape": [4], "dtype": "float32", "container": "jax",'
+            ' "data": "packed", "pack": 1, "offset": 0, "nbytes": 16}}, "packs": '
+            '[{"file": "orbax_eqx~packed.0.bin", "nbytes": 16}]}',
+            r"leaf 'w' is in pack 1, which is not listed",
+        ),
+        (
+            '{"format": "orbax_eqx", "format_version": 2, "leaves": {"w": '
+            '{"kind": "array", "shape": [4], "dtype": "float32", "container": "jax",'
+            ' "data": "packed", "pack": 0, "offset": 64, "nbytes": 16}}, "packs": '
+            '[{"file": "orbax_eqx~packed.0.bin", "nbytes": 16}]}',
+            r"leaf 'w' ends at byte 80 of pack 0, which holds 16",
+        ),
+        (
+            '{"format": "orbax_eqx", "format_version": 2, "leaves": {"w": '
+            '{"kind": "array", "shape": [4], "dtype": "float32", "container": "jax",'
+            ' "data": "packed", "pack": 0, "offset": 0, "nbytes": 8}}, "packs": '
+            '[{"file": "orbax_eqx~packed.0.bin", "nbytes": 16}]}',
+            r"leaf 'w' has 8 bytes in its pack, but a float32 array of shape "
+            r"\(4,\) has 16",
+        ),
     ],
     ids=[
         "empty",
@@ -285,6 +313,10 @@ def _write_sidecar(path, text):
         "unknown_kind",
         "bad_shape",
         "escaping_key",
+        "escaping_pack_file",
+        "unlisted_pack",
+        "beyond_pack",
+        "wrong_packed_size",
     ],
 )
 def test_damaged_sidecar(saved_mlp, text, match):

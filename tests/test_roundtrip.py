@@ -88,7 +88,7 @@ def test_same_array_twice_is_stored_once_and_restored_tied(tmp_path):
     item = {"a_encoder": w, "b_decoder": w, "other": jnp.ones(3)}
     oeqx.save(tmp_path / "ckpt", item)
     leaves = oeqx.metadata(tmp_path / "ckpt").leaves
-    assert leaves["a_encoder"].data == "orbax"
+    assert leaves["a_encoder"].data == "packed"
     assert (leaves["b_decoder"].data, leaves["b_decoder"].alias_of) == (
         "alias",
         "a_encoder",
