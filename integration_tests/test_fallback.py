@@ -31,7 +31,12 @@ def root(tmp_path):
 
 
 def _data_files(item_dir):
-    return [p for p in item_dir.rglob("*") if p.is_file() and "/d/" in str(p)]
+    """Array data: the pack file, and any data files of Orbax's own store."""
+    return [
+        p
+        for p in item_dir.rglob("*")
+        if p.is_file() and ("/d/" in str(p) or p.name.startswith("orbax_eqx~packed"))
+    ]
 
 
 def test_latest_step_restores_without_warning(root):

@@ -20,7 +20,7 @@ from ._locate import as_path, find_item, is_item, items_in, steps_in
 from ._names import storage_key
 from ._sidecar import ALIAS, EMPTY, PACKED, STORED, LeafMetadata, Metadata, read
 from ._values import describe, scalar_type
-from ._walk import ARRAY, NUMPY, NUMPY_SCALAR, SCALAR, SHARED
+from ._walk import ARRAY, JAX, NUMPY, NUMPY_SCALAR, SCALAR, SHARED
 
 # Where Orbax keeps a step's metrics: the step metadata (newer Orbax), or the
 # `metrics` item that CheckpointManager writes with its JSON handler (0.12.x).
@@ -116,20 +116,30 @@ def saved_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
     """The sharding each array was saved with, as Orbax recorded it, as text.
 
     A nicety: leaves Orbax recorded nothing for are left out, and a checkpoint
-    whose Orbax metadata cannot be read gives `{}`.
+    whose Orbax metadata cannot be read gives `{}`. Packed leaves were saved
+    unsharded (one device, fully replicated, or numpy): they say `packed`.
     """
+    packed = {
+        name: "packed"
+        for name, leaf in saved.leaves.items()
+        if leaf.container == JAX
+        and (
+            leaf.data == PACKED
+            or (leaf.data == ALIAS and saved.leaves[leaf.alias_of].data == PACKED)
+        )
+    }
     if not any(leaf.data == STORED for leaf in saved.leaves.values()):
-        return {}
+        return packed
     handler = ocp.PyTreeCheckpointHandler()
     try:
         tree = handler.metadata(directory).tree
     except Exception:  # any failure here only costs the sharding column
-        return {}
+        return packed
     finally:
         handler.close()
     if not isinstance(tree, dict):
-        return {}
-    result = {}
+        return packed
+    result = packed
     for name, leaf in saved.leaves.items():
         source = leaf.alias_of if leaf.data == ALIAS else name
         if leaf.data in (STORED, ALIAS):

@@ -9,7 +9,7 @@ import dataclasses
 
 from ._format import cut, human_bytes
 from ._names import ESCAPE, SEPARATOR
-from ._sidecar import ALIAS, EMPTY, STORED, LeafMetadata, Metadata
+from ._sidecar import ALIAS, EMPTY, PACKED, STORED, LeafMetadata, Metadata
 from ._values import describe, scalar_type
 from ._walk import ARRAY, NUMPY, NUMPY_SCALAR, SCALAR, SHARED
 
@@ -50,7 +50,9 @@ def build(saved: Metadata) -> _Node:
     for name, leaf in saved.leaves.items():
         node = root
         parts = split(name) if name else []
-        stored = leaf.nbytes if leaf.kind == ARRAY and leaf.data == STORED else 0
+        stored = (
+            leaf.nbytes if leaf.kind == ARRAY and leaf.data in (STORED, PACKED) else 0
+        )
         root.nbytes += stored
         for i, part in enumerate(parts):
             node = node.children.setdefault(part, _Node(part))

@@ -79,7 +79,7 @@ def test_demo_then_inspect_root(tmp_path):
     assert re.search(
         r"^  model +Sequential +1\.5 KiB$\n^    layers +1\.5 KiB$\n"
         r"^      0 +Linear +1\.1 KiB +in_features=8, out_features=32, use_bias=True$\n"
-        r"^        weight +float32 +\(32, 8\) +1\.0 KiB +cpu:0$",
+        r"^        weight +float32 +\(32, 8\) +1\.0 KiB +packed$",
         out,
         re.M,
     )
@@ -280,10 +280,9 @@ def test_inspect_shows_saved_sharding(tmp_path):
         out,
         re.M,
     )
-    assert re.search(
-        r"^  b +float32 +\(4,\) +16 B +P\(\) over data=2, model=2$", out, re.M
-    )
-    # numpy arrays have no sharding; a tied leaf has its twin's.
+    assert re.search(r"^  b +float32 +\(4,\) +16 B +packed$", out, re.M)
+    # Unsharded arrays are packed; numpy arrays have no sharding; a tied leaf
+    # has its twin's.
     assert re.search(r"^  n +float64 +\(2,\) +16 B +numpy array$", out, re.M)
     assert re.search(
         r"^  w +float32 +\(8, 4\) +128 B +P\('data', 'model'\) over data=2, model=2 "
