@@ -18,9 +18,10 @@ from etils import epath
 
 from ._locate import as_path, find_item, is_item, items_in, steps_in
 from ._names import storage_key
-from ._sidecar import ALIAS, EMPTY, PACKED, STORED, LeafMetadata, Metadata, read
-from ._values import describe, scalar_type
-from ._walk import ARRAY, JAX, NUMPY, NUMPY_SCALAR, SCALAR, SHARED
+from ._sidecar import ALIAS, PACKED, STORED, Metadata, read
+from ._tree_view import type_text, value_text
+from ._values import describe
+from ._walk import ARRAY, JAX
 
 # Where Orbax keeps a step's metrics: the step metadata (newer Orbax), or the
 # `metrics` item that CheckpointManager writes with its JSON handler (0.12.x).
@@ -267,28 +268,3 @@ def totals(saved: Metadata) -> tuple[int, int]:
         if leaf.kind == ARRAY and leaf.data != ALIAS
     ]
     return len(stored), sum(leaf.nbytes for leaf in stored)
-
-
-def type_text(leaf: LeafMetadata) -> str:
-    if leaf.kind == ARRAY:
-        return str(leaf.dtype)
-    if leaf.kind == SCALAR:
-        return scalar_type(leaf.value) or SCALAR
-    return leaf.kind
-
-
-def value_text(leaf: LeafMetadata) -> str:
-    if leaf.kind == ARRAY:
-        notes = []
-        if leaf.container == NUMPY:
-            notes.append("numpy array")
-        elif leaf.container == NUMPY_SCALAR:
-            notes.append("numpy scalar")
-        if leaf.data == EMPTY:
-            notes.append("zero-size")
-        elif leaf.data == ALIAS:
-            notes.append(f"same array as {leaf.alias_of}")
-        return ", ".join(notes)
-    if leaf.kind == SHARED:
-        return "placeholder for a node tied by eqx.nn.Shared"
-    return describe(leaf.value)

@@ -5,9 +5,10 @@ import json
 from typing import Any
 
 from ._format import cut, human_bytes, table
-from ._inspect import Report, totals, type_text, value_text
+from ._inspect import Report, totals
 from ._sidecar import ALIAS, Metadata
 from ._tree_view import rows as tree_rows
+from ._tree_view import type_text, value_text
 from ._values import describe
 from ._walk import ARRAY, display_path
 

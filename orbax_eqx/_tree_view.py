@@ -101,6 +101,27 @@ def rows(saved: Metadata, shardings: dict[str, str]) -> list[list[str]]:
 def _leaf_row(leaf, depth, label, shardings) -> list[str]:
     indent = _INDENT * depth + label
     if leaf.kind == ARRAY:
+        return [
+            indent,
+            str(leaf.dtype),
+            str(tuple(leaf.shape or ())),
+            human_bytes(leaf.nbytes),
+            shardings.get(leaf.name, ""),
+            value_text(leaf),
+        ]
+    return [indent, type_text(leaf), "", "", "", cut(value_text(leaf))]
+
+
+def type_text(leaf: LeafMetadata) -> str:
+    if leaf.kind == ARRAY:
+        return str(leaf.dtype)
+    if leaf.kind == SCALAR:
+        return scalar_type(leaf.value) or SCALAR
+    return leaf.kind
+
+
+def value_text(leaf: LeafMetadata) -> str:
+    if leaf.kind == ARRAY:
         notes = []
         if leaf.container == NUMPY:
             notes.append("numpy array")
@@ -110,18 +131,7 @@ def _leaf_row(leaf, depth, label, shardings) -> list[str]:
             notes.append("zero-size")
         elif leaf.data == ALIAS:
             notes.append(f"same array as {leaf.alias_of}")
-        return [
-            indent,
-            str(leaf.dtype),
-            str(tuple(leaf.shape or ())),
-            human_bytes(leaf.nbytes),
-            shardings.get(leaf.name, ""),
-            ", ".join(notes),
-        ]
-    if leaf.kind == SCALAR:
-        kind = scalar_type(leaf.value) or SCALAR
-        return [indent, kind, "", "", "", cut(describe(leaf.value))]
+        return ", ".join(notes)
     if leaf.kind == SHARED:
-        text = "placeholder for a node tied by eqx.nn.Shared"
-        return [indent, leaf.kind, "", "", "", text]
-    return [indent, leaf.kind, "", "", "", cut(describe(leaf.value))]
+        return "placeholder for a node tied by eqx.nn.Shared"
+    return describe(leaf.value)
