@@ -27,5 +27,8 @@ from ._select import KeptLeavesWarning as KeptLeavesWarning
 from ._select import RestoreReport as RestoreReport
 from ._sidecar import LeafMetadata as LeafMetadata
 from ._sidecar import Metadata as Metadata
+from ._verify import DamagedLeaf as DamagedLeaf
+from ._verify import VerifyReport as VerifyReport
+from ._verify import verify as verify
 
 __version__ = "0.1.0"

@@ -6,10 +6,12 @@ import dataclasses
 import os
 from typing import Any, Literal
 
+import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from . import _background, _packfile, _sidecar
+from . import _background, _packing, _sidecar
+from ._checksum import host_sum32
 from ._hosts import check_global
 from ._renames import Renames
 from ._restore import restore_flat, restore_tree
@@ -113,36 +115,34 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                 directory, args=ocp.args.PyTreeSave(prepared.stored)
             )
             futures.extend(_background.NotedFuture(f, where) for f in inner or [])
-        if prepared.pack_nbytes:
-            futures.append(
-                ocp.future.CommitFutureAwaitingContractedSignals(
-                    _background.noted_coroutine(
-                        self._write_pack(directory, prepared), where
-                    ),
-                    name="orbax_eqx_pack",
-                )
-            )
         futures.append(
             ocp.future.CommitFutureAwaitingContractedSignals(
                 _background.noted_coroutine(
-                    self._write_sidecar(directory, prepared.content), where
+                    self._write_files(directory, prepared), where
                 ),
-                name="orbax_eqx_sidecar",
+                name="orbax_eqx_files",
             )
         )
         return futures
 
-    async def _write_pack(self, directory: epath.Path, prepared) -> None:
-        # Every host has this future, as it has the sidecar's; only the primary
-        # took host copies, and writes. It runs in a thread of its own (Orbax's
-        # commit future), so the blocking writes hold up nothing else.
-        if ocp.multihost.is_primary_host(self._primary_host):
+    async def _write_files(self, directory: epath.Path, prepared) -> None:
+        # Every host has this future; only the primary took host copies, and
+        # writes. It runs in a thread of its own (Orbax's commit future), so
+        # the blocking writes hold up nothing else. The sidecar goes last: it
+        # records the checksums, and a step without it is no checkpoint.
+        if not ocp.multihost.is_primary_host(self._primary_host):
+            return
+        crcs = {}
+        if prepared.pack_nbytes:
             path = directory / _sidecar.PACK_FILE.format(0)
-            _packfile.write(path, prepared.pieces, prepared.pack_nbytes)
-
-    async def _write_sidecar(self, directory: epath.Path, content: dict) -> None:
-        if ocp.multihost.is_primary_host(self._primary_host):
-            _sidecar.write(directory, content)
+            found = _packing.write(path, prepared.pieces, prepared.pack_nbytes)
+            crcs = dict(zip(prepared.packed_names, found))
+        sums = {
+            name: host_sum32(x) if isinstance(x, np.ndarray) else int(x)
+            for name, x in prepared.sums.items()
+        }
+        _sidecar.record_checksums(prepared.content, crcs, sums)
+        _sidecar.write(directory, prepared.content)
 
     def save(
         self, directory: epath.Path, item: Any = None, args: "EqxSave | None" = None

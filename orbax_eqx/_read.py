@@ -37,12 +37,15 @@ class LeafReader:
         self._inner = ocp.PyTreeCheckpointHandler()
         self._device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
 
-    def read(self, names: Iterable[str]) -> dict[str, np.ndarray]:
+    def read(
+        self, names: Iterable[str], *, verify: bool = True
+    ) -> dict[str, np.ndarray]:
         """Reads the array leaves `names`, each as a host numpy array.
 
         Typed PRNG keys come back as their key data (`jax.random.key_data`:
         uint32 with a trailing axis). A tied leaf and its twin are the same
-        numpy array.
+        numpy array. With `verify`, a leaf whose data does not match its
+        checksum is an error, as in a restore.
         """
         requests = {}
         for name in names:
@@ -52,7 +55,9 @@ class LeafReader:
             # straight into host memory, without a device copy.
             kind = JAX if is_key_dtype(dtype) else NUMPY
             requests[name] = _Request(record, dtype, kind, self._device)
-        arrays = read_arrays(self._inner, self.directory, self.saved, requests)
+        arrays = read_arrays(
+            self._inner, self.directory, self.saved, requests, verify=verify
+        )
         return {name: _to_host(value) for name, value in arrays.items()}
 
     def stream(

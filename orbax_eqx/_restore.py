@@ -11,6 +11,7 @@ from etils import epath
 
 from . import _packing
 from ._check import check
+from ._checksum import damaged, device_sum32, host_sum32, mismatch
 from ._names import storage_key
 from ._select import select, warn_kept
 from ._shardings import resolve
@@ -146,9 +147,16 @@ def restore_flat(inner, directory, saved: Metadata) -> dict[str, Any]:
     return result
 
 
-def read_arrays(inner, directory, saved: Metadata, requests: dict[str, _Request]):
+def read_arrays(
+    inner,
+    directory,
+    saved: Metadata,
+    requests: dict[str, _Request],
+    *,
+    verify: bool = True,
+):
     """Reads each requested array once, from its pack or from Orbax; builds empty
-    ones and aliases."""
+    ones and aliases. With `verify`, checks each against its recorded checksum."""
     to_read: dict[str, _Request] = {}
     for request in requests.values():
         source = request.record
@@ -160,8 +168,12 @@ def read_arrays(inner, directory, saved: Metadata, requests: dict[str, _Request]
     packed = {n: r for n, r in to_read.items() if r.record.data == PACKED}
     stored = {n: r for n, r in to_read.items() if r.record.data == STORED}
     loaded = _orbax_read(inner, directory, stored) if stored else {}
+    if verify and stored:
+        _check_stored(directory, stored, loaded)
     if packed:
-        loaded.update(_packing.read(epath.Path(directory), saved.packs, packed))
+        loaded.update(
+            _packing.read(epath.Path(directory), saved.packs, packed, verify=verify)
+        )
     result = {}
     for name, request in requests.items():
         record = request.record
@@ -206,6 +218,33 @@ def _orbax_read(inner, directory, to_read: dict[str, _Request]) -> dict[str, Any
         ),
     )
     return {name: restored[storage_key(name)] for name in to_read}
+
+
+def _check_stored(directory, requests: dict[str, _Request], loaded: dict) -> None:
+    """Raises if an array read through Orbax differs from its recorded `sum32`.
+
+    A cast array (`cast=True`) is unchecked: Orbax casts it as it reads, and
+    the checksum is of the saved dtype's bits.
+    """
+    on_device, on_host = {}, {}
+    for name, request in requests.items():
+        record = request.record
+        if record.sum32 is None or not _same_dtype(record.dtype, request.dtype):
+            continue
+        if request.container == JAX:
+            on_device[name] = loaded[name]
+        else:
+            on_host[name] = host_sum32(np.asarray(loaded[name]))
+    # Every process computes the device sums: they are global computations.
+    found = dict(zip(on_device, device_sum32(list(on_device.values()))))
+    found.update(on_host)
+    problems = [
+        mismatch(requests[name].record, "sum32", requests[name].record.sum32, int(s))
+        for name, s in found.items()
+        if int(s) != requests[name].record.sum32
+    ]
+    if problems:
+        raise damaged(directory, problems)
 
 
 def _finish(value: Any, request: _Request) -> Any:

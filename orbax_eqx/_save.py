@@ -6,21 +6,26 @@ from typing import Any
 import jax
 import numpy as np
 
+from ._checksum import device_sum32
 from ._errors import UnsupportedLeafError, bullet_list
 from ._names import storage_key
 from ._packing import host_copies, layout, packable
 from ._sidecar import STORED, build, nbytes
-from ._walk import ARRAY, Walked, walk
+from ._walk import ARRAY, JAX, Walked, container, walk
 
 
 @dataclasses.dataclass(frozen=True)
 class Prepared:
     """What one save writes."""
 
-    content: dict[str, Any]  # the sidecar's JSON
+    content: dict[str, Any]  # the sidecar's JSON, checksums still to fill in
     stored: dict[str, Any]  # {storage key: array}, for Orbax
     pieces: list[tuple[int, np.ndarray]]  # (offset, host copy), for pack 0
     pack_nbytes: int
+    packed_names: list[str]  # the leaf of each piece
+    # {leaf name: its `sum32`}, for arrays Orbax stores: a jax scalar being
+    # computed, or a host copy of a numpy array, to sum in the background.
+    sums: dict[str, Any]
 
 
 def prepare(item: Any, *, pack: bool = True, copy_packed: bool = True) -> Prepared:
@@ -42,16 +47,24 @@ def prepare(item: Any, *, pack: bool = True, copy_packed: bool = True) -> Prepar
                 to_pack.append((leaf, size))
     offsets, pack_nbytes = layout((leaf.name, size) for leaf, size in to_pack)
     content = build(walked, aliases, offsets, pack_nbytes)
-    stored = {}
+    stored, sums, on_device = {}, {}, {}
     for leaf in walked.leaves:
         record = content["leaves"][leaf.name]
         if leaf.kind == ARRAY and record["data"] == STORED:
-            stored[storage_key(leaf.name)] = _host_safe(leaf.value)
-    pieces = []
+            x = _host_safe(leaf.value)
+            stored[storage_key(leaf.name)] = x
+            if container(x) == JAX:
+                on_device[leaf.name] = x
+            else:
+                sums[leaf.name] = x
+    # Dispatched now, while the arrays surely exist; read in the background.
+    sums.update(zip(on_device, device_sum32(list(on_device.values()))))
+    pieces, names = [], []
     if copy_packed and to_pack:
         copies = host_copies([leaf.value for leaf, _ in to_pack])
         pieces = [(offsets[leaf.name], x) for (leaf, _), x in zip(to_pack, copies)]
-    return Prepared(content, stored, pieces, pack_nbytes)
+        names = [leaf.name for leaf, _ in to_pack]
+    return Prepared(content, stored, pieces, pack_nbytes, names, sums)
 
 
 def check_has_data(item: Any) -> None:

@@ -15,8 +15,9 @@ Format version 2 (version 1 is still read; it has no packs):
  "leaves": {
   "layers.0.weight": {"path": ".layers[0].weight", "kind": "array",
       "shape": [8, 3], "dtype": "float32", "container": "jax", "nbytes": 96,
-      "data": "packed", "pack": 0, "offset": 128},
-  "embed.weight": {..., "data": "orbax", "key": "embed.weight"},
+      "data": "packed", "pack": 0, "offset": 128, "crc32": 2351671402},
+  "embed.weight": {..., "data": "orbax", "key": "embed.weight",
+      "sum32": 180337513},
   "head.weight": {..., "data": "alias", "alias_of": "embed.weight"},
   "empty": {..., "data": "none"},
   "step": {"path": "['step']", "kind": "scalar", "value": 3},
@@ -37,6 +38,11 @@ An array leaf's `data` says where its bytes are:
   packed: written and read at disk speed, with no per-leaf cost.
 - `"orbax"`: one stored array in Orbax's array store under `key` (always
   derived from the name): sharded arrays, or every array with `pack=False`.
+
+Packed leaves record the CRC-32 of their bytes (`crc32`), Orbax-stored ones a
+sum over their 32-bit words that does not depend on the sharding (`sum32`;
+both defined in `_checksum`). Sidecars written before checksums have neither;
+such leaves are read unchecked.
 - `"alias"`: the very same array object as leaf `alias_of` (tied weights).
 - `"none"`: zero-size: shape and dtype say everything.
 """
@@ -110,6 +116,8 @@ class LeafMetadata:
     value: Any = None  # encoded value or description, for non-array leaves
     pack: int | None = None  # for packed leaves: which pack file...
     offset: int | None = None  # ...and where in it
+    crc32: int | None = None  # packed leaves' checksum (see `_checksum`)
+    sum32: int | None = None  # Orbax-stored leaves' checksum
 
     def describe(self) -> str:
         if self.kind == ARRAY:
@@ -220,6 +228,15 @@ def build(
         "leaves": leaves,
         "modules": modules,
     }
+
+
+def record_checksums(content: dict[str, Any], crc32: dict, sum32: dict) -> None:
+    """Adds `{leaf name: checksum}` to the sidecar's JSON `content`, in place."""
+    leaves = content["leaves"]
+    for name, value in crc32.items():
+        leaves[name]["crc32"] = value
+    for name, value in sum32.items():
+        leaves[name]["sum32"] = value
 
 
 def nbytes(x: Any) -> int:
@@ -417,6 +434,10 @@ def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
     pack, offset = rec.get("pack"), rec.get("offset")
     if data == PACKED:
         _check_packed(name, tuple(shape), dtype, size, pack, offset, packs, bad)
+    sums = {k: rec.get(k) for k in ("crc32", "sum32")}
+    for k, v in sums.items():
+        if v is not None and not (_is_size(v) and v < 2**32):
+            raise bad(f"leaf {name!r} has {k} {v!r}, not a 32-bit checksum")
     return LeafMetadata(
         name,
         str(path),
@@ -429,6 +450,8 @@ def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
         size if type(size) is int else 0,
         pack=pack if data == PACKED else None,
         offset=offset if data == PACKED else None,
+        crc32=sums["crc32"] if data == PACKED else None,
+        sum32=sums["sum32"] if data == STORED else None,
     )
 
 
