@@ -94,6 +94,18 @@ class OrbaxEqxPerLeaf(OrbaxEqx):
         super().__init__(pack=False, use_compression=False)
 
 
+class OrbaxEqxNoChecksums(OrbaxEqx):
+    """orbax_eqx without checksums: saved without them, restored unchecked."""
+
+    name = "orbax_eqx_nosum"
+
+    def __init__(self):
+        super().__init__(checksums=False)
+
+    def restore(self, path, skeleton):
+        return oeqx.restore(path, skeleton, verify=False)
+
+
 class OrbaxEqxZstd(OrbaxEqx):
     name = "orbax_eqx_zstd"
 
@@ -218,6 +230,7 @@ CONTENDERS = {
 EXTRA = {
     "orbax_eqx_perleaf": OrbaxEqxPerLeaf,
     "orbax_eqx_zstd": OrbaxEqxZstd,
+    "orbax_eqx_nosum": OrbaxEqxNoChecksums,
 }
 
 

@@ -73,8 +73,8 @@ def restore(directory: str | os.PathLike, skeleton: Any = None, **options) -> An
     - `skeleton`: the structure to restore into (see `EqxRestore`); without
         one, returns a flat `{leaf name: value}` dict.
     - `**options`: `shardings=`, `cast=`, `strict=`, `prefix=`, `renames=`,
-        `renames_must_match=`, `missing=`, `report=`, `on_static_mismatch=`, as
-        for `EqxRestore`.
+        `renames_must_match=`, `missing=`, `report=`, `on_static_mismatch=`,
+        `verify=`, as for `EqxRestore`.
 
     **Returns:** the restored PyTree; with `report=True`, `(tree, RestoreReport)`.
     """

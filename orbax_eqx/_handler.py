@@ -48,6 +48,11 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         arrays are all held in host memory from `save` until written.
     - `multiprocessing_options`: Orbax's options for multi-host runs; the
         sidecar and the pack file are written by `primary_host` only.
+    - `checksums`: record a checksum of every array (the default), which
+        restores and `oeqx.verify` check: a CRC-32 of packed arrays, computed
+        while the pack file is written, and for Orbax-stored arrays a sum
+        computed where they are (see `_checksum`). Costs a few percent of the
+        save time (BENCHMARKS.md); False saves without them.
 
     !!! example
 
@@ -68,10 +73,12 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         save_concurrent_gb: int | None = None,
         restore_concurrent_gb: int | None = None,
         multiprocessing_options: ocp.options.MultiprocessingOptions | None = None,
+        checksums: bool = True,
     ):
         mp = multiprocessing_options or ocp.options.MultiprocessingOptions()
         self._primary_host = mp.primary_host
         self._pack = pack
+        self._checksums = checksums
         # Item directories this handler saved, and whether Orbax stored arrays
         # in each: `finalize` needs to know, and re-reading the sidecar costs
         # ~0.1 s on a 6,000-leaf model.
@@ -106,7 +113,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             check_global(item)  # EqxSave checks its own item when made
         tree = args.item if args is not None else item
         primary = ocp.multihost.is_primary_host(self._primary_host)
-        prepared = prepare(tree, pack=self._pack, copy_packed=primary)
+        prepared = prepare(
+            tree, pack=self._pack, copy_packed=primary, checksums=self._checksums
+        )
         self._orbax_saved[os.fspath(directory)] = bool(prepared.stored)
         futures = []
         where = _background.target(directory)  # named by errors of the writes
@@ -135,7 +144,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         crcs = {}
         if prepared.pack_nbytes:
             path = directory / _sidecar.PACK_FILE.format(0)
-            found = _packing.write(path, prepared.pieces, prepared.pack_nbytes)
+            found = _packing.write(
+                path, prepared.pieces, prepared.pack_nbytes, self._checksums
+            )
             crcs = dict(zip(prepared.packed_names, found))
         sums = {
             name: host_sum32(x) if isinstance(x, np.ndarray) else int(x)
@@ -166,7 +177,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             args = EqxRestore(item)
         saved = _sidecar.read(epath.Path(directory))
         if args.skeleton is None:
-            return restore_flat(self._inner, directory, saved)
+            return restore_flat(self._inner, directory, saved, verify=args.verify)
         return restore_tree(self._inner, directory, saved, args)
 
     def metadata(self, directory: epath.Path) -> _sidecar.Metadata:
@@ -291,6 +302,12 @@ class EqxRestore(ocp.args.CheckpointArgs):
     - `on_static_mismatch`: `"error"` (the default) or `"warn"`. What to do
         when static fields, callables or module classes differ between the
         skeleton and the checkpoint; with `"warn"` the skeleton's are kept.
+    - `verify`: if True (the default), every array read is checked against
+        the checksum recorded when it was saved, and a mismatch is a
+        `CheckpointDamagedError` naming the leaf: a flipped bit is never
+        restored as a wrong value. Costs a few percent of the restore time
+        (BENCHMARKS.md). Arrays cast by `cast=True` from Orbax's store, and
+        checkpoints saved without checksums, are read unchecked.
 
     **Returns** (from `restore`): the skeleton's structure filled with the
     checkpoint's values; with `report=True`, `(tree, RestoreReport)`.
@@ -323,6 +340,7 @@ class EqxRestore(ocp.args.CheckpointArgs):
     on_static_mismatch: Literal["error", "warn"] = dataclasses.field(
         default="error", kw_only=True
     )
+    verify: bool = dataclasses.field(default=True, kw_only=True)
 
     def __post_init__(self):
         if self.on_static_mismatch not in ("error", "warn"):

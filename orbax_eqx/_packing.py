@@ -59,14 +59,21 @@ def layout(sizes: Iterable[tuple[str, int]]) -> tuple[dict[str, int], int]:
 
 
 def write(
-    path: epath.Path, pieces: Sequence[tuple[int, np.ndarray]], nbytes: int
+    path: epath.Path,
+    pieces: Sequence[tuple[int, np.ndarray]],
+    nbytes: int,
+    checksums: bool = True,
 ) -> list[int]:
-    """Writes pack file `path` (see `_packfile.write`); returns each piece's CRC-32.
+    """Writes pack file `path` (see `_packfile.write`); returns each piece's CRC-32
+    (none without `checksums`).
 
     The checksums are computed in a second thread while the file is written:
     both release the GIL, so on two cores they cost about the time of the
     slower one.
     """
+    if not checksums:
+        _packfile.write(path, pieces, nbytes)
+        return []
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         crcs = pool.submit(lambda: [crc32(x) for _, x in pieces])
         _packfile.write(path, pieces, nbytes)

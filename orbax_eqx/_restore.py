@@ -88,7 +88,7 @@ def restore_tree(inner, directory, saved: Metadata, args) -> Any:
                 shardings.get(leaf.name),
             )
     # The full sidecar, not the view: aliases name their source by its saved name.
-    arrays = read_arrays(inner, directory, saved, requests)
+    arrays = read_arrays(inner, directory, saved, requests, verify=args.verify)
     values = []
     for leaf in walked.leaves:
         if leaf.name in kept_names:
@@ -121,7 +121,9 @@ def _kept(leaf, sharding) -> Any:
     return x
 
 
-def restore_flat(inner, directory, saved: Metadata) -> dict[str, Any]:
+def restore_flat(
+    inner, directory, saved: Metadata, *, verify: bool = True
+) -> dict[str, Any]:
     """Restores every leaf into a flat `{leaf name: value}` dict, without a skeleton."""
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     requests = {
@@ -134,7 +136,7 @@ def restore_flat(inner, directory, saved: Metadata) -> dict[str, Any]:
         for name, record in saved.leaves.items()
         if record.kind == ARRAY
     }
-    arrays = read_arrays(inner, directory, saved, requests)
+    arrays = read_arrays(inner, directory, saved, requests, verify=verify)
     result = {}
     for name, record in saved.leaves.items():
         if record.kind == ARRAY:

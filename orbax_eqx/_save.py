@@ -28,13 +28,16 @@ class Prepared:
     sums: dict[str, Any]
 
 
-def prepare(item: Any, *, pack: bool = True, copy_packed: bool = True) -> Prepared:
+def prepare(
+    item: Any, *, pack: bool = True, copy_packed: bool = True, checksums: bool = True
+) -> Prepared:
     """Decides where every leaf of `item` goes and copies packed arrays to host.
 
     Checks the whole item first and raises one error listing every leaf that
     cannot be saved, before anything is written. With `pack`, unsharded
     arrays are packed (see `_packing`); `copy_packed=False` (hosts other than
     the primary, which do not write the pack) skips their host copies.
+    With `checksums`, the sums of Orbax-stored jax arrays are started here.
     """
     walked = walk(item)
     _check_savable(walked)
@@ -53,6 +56,8 @@ def prepare(item: Any, *, pack: bool = True, copy_packed: bool = True) -> Prepar
         if leaf.kind == ARRAY and record["data"] == STORED:
             x = _host_safe(leaf.value)
             stored[storage_key(leaf.name)] = x
+            if not checksums:
+                continue
             if container(x) == JAX:
                 on_device[leaf.name] = x
             else:
