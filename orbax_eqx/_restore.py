@@ -1,6 +1,9 @@
 """Restore: check the skeleton, read exactly the arrays it needs, rebuild the tree."""
 
 import dataclasses
+import gc
+import inspect
+import sys
 from typing import Any
 
 import jax
@@ -12,6 +15,7 @@ from etils import epath
 from . import _packing
 from ._check import check
 from ._checksum import damaged, device_sum32, host_sum32, mismatch
+from ._errors import CheckpointDamagedError, inline_list
 from ._names import storage_key
 from ._select import select, warn_kept
 from ._shardings import resolve
@@ -213,13 +217,69 @@ def _orbax_read(inner, directory, to_read: dict[str, _Request]) -> dict[str, Any
         else:
             item[key] = jax.ShapeDtypeStruct(record.shape, parse_dtype(record.dtype))
             restore_args[key] = ocp.RestoreArgs(restore_type=np.ndarray, dtype=cast)
-    restored = inner.restore(
-        directory,
-        args=ocp.args.PyTreeRestore(
-            item=item, restore_args=restore_args, partial_restore=True
-        ),
+    try:
+        restored = inner.restore(
+            directory,
+            args=ocp.args.PyTreeRestore(
+                item=item, restore_args=restore_args, partial_restore=True
+            ),
+        )
+    except Exception as e:  # Orbax raises bare `Exception`s for TensorStore's
+        cause = _storage_error(e)
+        if cause is None:
+            raise
+        records = [request.record for request in to_read.values()]
+        error = unreadable(directory, records, cause)
+    else:
+        return {name: restored[storage_key(name)] for name in to_read}
+    _collect_quietly()
+    raise error
+
+
+def _collect_quietly() -> None:
+    """Collects the reads Orbax abandons when one fails, without their noise.
+
+    Orbax's array reads turn the `GeneratorExit` of their collection into an
+    `Exception`, which Python prints as "Exception ignored in <coroutine ...>"
+    long after the error; our error already says what went wrong.
+    """
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not inspect.iscoroutine(unraisable.object):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+
+
+# What TensorStore says when files are missing, short or corrupt.
+_STORAGE_SIGNS = ("DATA_LOSS", "FAILED_PRECONDITION", "NOT_FOUND", "OUT_OF_RANGE")
+
+
+def _storage_error(error: BaseException) -> str | None:
+    """The first line of a TensorStore error in `error`'s chain, if any."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        if any(sign in text for sign in _STORAGE_SIGNS):
+            return text.strip().splitlines()[0]
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def unreadable(directory, records, cause: str) -> CheckpointDamagedError:
+    names = [f"`{r.path}` ({r.name})" for r in records]
+    return CheckpointDamagedError(
+        f"Orbax could not read arrays of the checkpoint in {directory}: {cause}. "
+        f"The checkpoint is damaged (a file missing, cut short or changed). "
+        f"Leaves being read: {inline_list(names, 5)}. Run `python -m orbax_eqx "
+        "verify PATH` to list each damaged leaf; restore an earlier step."
     )
-    return {name: restored[storage_key(name)] for name in to_read}
 
 
 def _check_stored(directory, requests: dict[str, _Request], loaded: dict) -> None:
