@@ -45,21 +45,22 @@ def record_sidecars():
     """Records what every host's handler computes for the sidecar, and which
     hosts write it. (Private hooks: this is the one place to see both.)"""
     HOSTS.mkdir(exist_ok=True)
-    compute = _handler.EqxHandler._write_sidecar
+    compute = _handler.EqxHandler._write_files
     write = _sidecar.write
 
-    async def computed(self, directory, content):
+    async def computed(self, directory, prepared):
+        # Before the primary adds the checksums, which only it computes.
         step = Path(directory).parent.name.split(".")[0]
         path = HOSTS / f"computed-{step}-p{PROCESS}.json"
-        path.write_text(json.dumps(content, sort_keys=True))
-        await compute(self, directory, content)
+        path.write_text(json.dumps(prepared.content, sort_keys=True))
+        await compute(self, directory, prepared)
 
     def written(directory, content):
         write(directory, content)
         with open(HOSTS / f"writes-p{PROCESS}.txt", "a") as f:
             f.write(f"{Path(directory).parent.name.split('.')[0]}\n")
 
-    _handler.EqxHandler._write_sidecar = computed
+    _handler.EqxHandler._write_files = computed
     _sidecar.write = written
 
 

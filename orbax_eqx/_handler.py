@@ -148,6 +148,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                 path, prepared.pieces, prepared.pack_nbytes, self._checksums
             )
             crcs = dict(zip(prepared.packed_names, found))
+            # Lets go of the host copies now, not after the sidecar: a view of
+            # a CPU array's buffer keeps donating that array from reusing it.
+            prepared.pieces = []
         sums = {
             name: host_sum32(x) if isinstance(x, np.ndarray) else int(x)
             for name, x in prepared.sums.items()

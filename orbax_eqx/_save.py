@@ -14,9 +14,9 @@ from ._sidecar import STORED, build, nbytes
 from ._walk import ARRAY, JAX, Walked, container, walk
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass
 class Prepared:
-    """What one save writes."""
+    """What one save writes. The writer empties `pieces` once they are written."""
 
     content: dict[str, Any]  # the sidecar's JSON, checksums still to fill in
     stored: dict[str, Any]  # {storage key: array}, for Orbax

@@ -317,3 +317,8 @@ def test_sharded_arrays_stay_per_leaf_on_8_devices(tmp_path):
     np.testing.assert_array_equal(flat["replicated"], np.arange(32).reshape(8, 4))
     assert flat["tied"] is flat["sharded"]
     assert flat["np"].dtype == np.int16
+    # The sharded leaf's checksum was summed over 8 devices and checked after
+    # restores onto other layouts (above); here on one device, and by verify.
+    assert oeqx.metadata(path).leaves["sharded"].sum32 is not None
+    report = oeqx.verify(path)
+    assert report.ok and "sharded" in report.checked
