@@ -102,8 +102,8 @@ def _pwritev_all(fd: int, views: list[memoryview], offset: int) -> int:
 
 def read(path: epath.Path, ranges: Sequence[tuple[int, int]]) -> list[np.ndarray]:
     """Reads each byte range `[start, stop)` of `path` into its own aligned buffer."""
-    buffers = [aligned_empty(stop - start) for start, stop in ranges]
     if not _is_local(path):
+        buffers = [aligned_empty(stop - start) for start, stop in ranges]
         _read_remote(path, ranges, buffers)
         return buffers
     try:
@@ -113,8 +113,11 @@ def read(path: epath.Path, ranges: Sequence[tuple[int, int]]) -> list[np.ndarray
     try:
         size = os.fstat(fd).st_size
         end = max((stop for _, stop in ranges), default=0)
+        # Before allocating: a sidecar claiming absurd sizes must not get to
+        # ask for terabytes of memory.
         if size < end:
             raise _damaged(path, f"has {size} bytes where {end} were written")
+        buffers = [aligned_empty(stop - start) for start, stop in ranges]
         jobs = [
             (memoryview(buf)[i : i + _PIECE], start + i)
             for (start, _), buf in zip(ranges, buffers)

@@ -11,10 +11,12 @@ from etils import epath
 
 from . import _packing
 from ._check import check
+from ._errors import CheckpointDamagedError, OrbaxEqxError
 from ._names import storage_key
 from ._select import select, warn_kept
 from ._shardings import resolve
 from ._sidecar import ALIAS, EMPTY, PACKED, STORED, LeafMetadata, Metadata
+from ._stored_check import check_stored, first_line
 from ._values import decode_scalar, describe
 from ._walk import (
     ARRAY,
@@ -159,7 +161,14 @@ def read_arrays(inner, directory, saved: Metadata, requests: dict[str, _Request]
             to_read.setdefault(source.name, request)
     packed = {n: r for n, r in to_read.items() if r.record.data == PACKED}
     stored = {n: r for n, r in to_read.items() if r.record.data == STORED}
-    loaded = _orbax_read(inner, directory, stored) if stored else {}
+    loaded = {}
+    if stored:
+        listed = {
+            storage_key(r.name) for r in saved.leaves.values() if r.data == STORED
+        }
+        directory = epath.Path(directory)
+        check_stored(directory, [r.record for r in stored.values()], listed)
+        loaded = _orbax_read(inner, directory, stored)
     if packed:
         loaded.update(_packing.read(epath.Path(directory), saved.packs, packed))
     result = {}
@@ -199,12 +208,26 @@ def _orbax_read(inner, directory, to_read: dict[str, _Request]) -> dict[str, Any
         else:
             item[key] = jax.ShapeDtypeStruct(record.shape, parse_dtype(record.dtype))
             restore_args[key] = ocp.RestoreArgs(restore_type=np.ndarray, dtype=cast)
-    restored = inner.restore(
-        directory,
-        args=ocp.args.PyTreeRestore(
-            item=item, restore_args=restore_args, partial_restore=True
-        ),
-    )
+    try:
+        restored = inner.restore(
+            directory,
+            args=ocp.args.PyTreeRestore(
+                item=item, restore_args=restore_args, partial_restore=True
+            ),
+        )
+    except (OrbaxEqxError, MemoryError):
+        raise
+    except Exception as e:
+        # Orbax and TensorStore raise ValueError or bare Exception with pages of
+        # spec; say what happened, where, and what to do (the cause keeps it all).
+        names = ", ".join(f"`{n}`" for n in list(to_read)[:5])
+        more = f" and {len(to_read) - 5} more" if len(to_read) > 5 else ""
+        raise CheckpointDamagedError(
+            f"Reading leaves {names}{more} from Orbax's array store of the "
+            f"checkpoint at {directory} failed ({first_line(e)}): the checkpoint "
+            "is damaged (a file deleted or cut short). Restore an earlier step, or "
+            "re-save the checkpoint."
+        ) from e
     return {name: restored[storage_key(name)] for name in to_read}
 
 
