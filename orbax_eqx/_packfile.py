@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 from etils import epath
 
-from ._errors import CheckpointDamagedError
+from ._errors import CheckpointDamagedError, permission_denied
 from ._sidecar import PACK_ALIGNMENT as ALIGNMENT
 
 _PIECE = 16 << 20  # bytes per read call; a few are in flight at once
@@ -110,6 +110,8 @@ def read(path: epath.Path, ranges: Sequence[tuple[int, int]]) -> list[np.ndarray
         fd = os.open(os.fspath(path), os.O_RDONLY)
     except FileNotFoundError:
         raise _damaged(path, "is missing") from None
+    except PermissionError:
+        raise permission_denied(path) from None
     try:
         size = os.fstat(fd).st_size
         end = max((stop for _, stop in ranges), default=0)
