@@ -168,5 +168,7 @@ def _is_shape(x) -> bool:
 
 def first_line(e: BaseException) -> str:
     """The gist of a TensorStore error, without the pages of spec it appends."""
-    text = str(e).split(" [tensorstore_spec", 1)[0].split("\n", 1)[0]
+    text = str(e).split("\n", 1)[0]
+    for tail in (" [tensorstore_spec", ". See full TensorStore details"):
+        text = text.split(tail, 1)[0]
     return text if len(text) <= 300 else text[:297] + "..."
