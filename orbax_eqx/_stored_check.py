@@ -16,6 +16,7 @@ import os
 from collections.abc import Sequence
 
 import jax.numpy as jnp
+import orbax.checkpoint as ocp
 import tensorstore as ts
 from etils import epath
 
@@ -47,16 +48,16 @@ def check_stored(
     """
     store = _open(directory)
     keys = [storage_key(r.name) for r in records]
-    found = _read_all(store, [f"{k}/{_ZARR2}" for k in keys])
+    found = _read_all(store, [f"{k}/{_ZARR2}" for k in keys], directory)
     if any(v is None for v in found):  # Zarr v3 (`use_zarr3=True`), or missing
-        v3 = _read_all(store, [f"{k}/{_ZARR3}" for k in keys])
+        v3 = _read_all(store, [f"{k}/{_ZARR3}" for k in keys], directory)
         found = [a if a is not None else b for a, b in zip(found, v3)]
     problems = []
     for record, key, meta in zip(records, keys, found):
         problem = _compare(record, key, meta)
         if problem is not None:
             problems.append(problem)
-    if not problems and (directory / "manifest.ocdbt").exists():
+    if not problems and ocp.type_handlers.is_ocdbt_checkpoint(directory):
         # Listing an OCDBT store reads its index, already in memory: cheap.
         stored = {
             k.decode("utf-8", "surrogateescape").rsplit("/", 1)[0]
@@ -80,7 +81,9 @@ def check_stored(
 def _open(directory: epath.Path) -> ts.KvStore:
     text = os.fspath(directory).rstrip("/") + "/"
     base = text if "://" in text else "file://" + text
-    spec = {"driver": "ocdbt", "base": base} if _is_ocdbt(directory) else base
+    # As Orbax decides it, so that both read the same store.
+    ocdbt = ocp.type_handlers.is_ocdbt_checkpoint(directory)
+    spec = {"driver": "ocdbt", "base": base} if ocdbt else base
     try:
         return ts.KvStore.open(spec).result()
     except Exception as e:
@@ -91,15 +94,7 @@ def _open(directory: epath.Path) -> ts.KvStore:
         ) from e
 
 
-def _is_ocdbt(directory: epath.Path) -> bool:
-    # An OCDBT store whose root manifest is gone is still one: its per-process
-    # trees or its data files say so, and opening it then fails loudly.
-    return (directory / "manifest.ocdbt").exists() or any(
-        (directory / name).exists() for name in ("ocdbt.process_0", "d")
-    )
-
-
-def _read_all(store: ts.KvStore, keys: list[str]) -> list[dict | None]:
+def _read_all(store: ts.KvStore, keys: list[str], directory) -> list[dict | None]:
     futures = [store.read(k) for k in keys]  # all in flight at once
     out = []
     for future in futures:
@@ -107,9 +102,9 @@ def _read_all(store: ts.KvStore, keys: list[str]) -> list[dict | None]:
             result = future.result()
         except Exception as e:
             raise CheckpointDamagedError(
-                f"Orbax's array store cannot be read ({first_line(e)}): the "
-                "checkpoint is damaged. Restore an earlier step, or re-save the "
-                "checkpoint."
+                f"Orbax's array store of the checkpoint at {directory} cannot be "
+                f"read ({first_line(e)}): the checkpoint is damaged. Restore an "
+                "earlier step, or re-save the checkpoint."
             ) from e
         if result.state != "value":
             out.append(None)

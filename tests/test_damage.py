@@ -182,13 +182,13 @@ _ORBAX_UNAWAITED = pytest.mark.filterwarnings(
         ),
         (
             _delete_data_files,
-            r"Orbax's array store cannot be read \(NOT_FOUND: .*\): the checkpoint is "
-            r"damaged",
+            r"Orbax's array store of the checkpoint at .*ckpt cannot be read "
+            r"\(NOT_FOUND: .*\): the checkpoint is damaged",
         ),
         (
             _truncate_data_files,
-            r"Orbax's array store cannot be read \(OUT_OF_RANGE: .*\): the checkpoint "
-            r"is damaged",
+            r"Orbax's array store of the checkpoint at .*ckpt cannot be read "
+            r"\(OUT_OF_RANGE: .*\): the checkpoint is damaged",
         ),
         (
             _truncate_one_chunk,
@@ -305,7 +305,17 @@ def test_only_the_leaves_being_read_are_compared(tmp_path):
     np.testing.assert_array_equal(restored["b"], item["b"])
 
 
-def test_orbax_metadata_comparison_passes_for_every_zoo_entry_with_zarr3(tmp_path):
+@pytest.mark.parametrize("use_ocdbt", [True, False], ids=["ocdbt", "no_ocdbt"])
+def test_leaves_named_like_orbax_files_pass_the_comparison(tmp_path, use_ocdbt):
+    # Whether a store is OCDBT is decided as Orbax does, not by a file name
+    # that a leaf name could also give.
+    item = {n: jnp.arange(3.0) for n in ("d", "ocdbt.process_0", "manifest.ocdbt")}
+    oeqx.save(tmp_path / "ckpt", item, pack=False, use_ocdbt=use_ocdbt)
+    skeleton = eqx.filter_eval_shape(lambda: item)
+    zoo.assert_same(oeqx.restore(tmp_path / "ckpt", skeleton), item)
+
+
+def test_orbax_metadata_comparison_passes_for_the_dtypes_entry_with_zarr3(tmp_path):
     item = zoo.dtypes(KEY_SAVE)
     oeqx.save(tmp_path / "ckpt", item, pack=False, use_zarr3=True)
     restored = oeqx.restore(tmp_path / "ckpt", zoo.skeleton(zoo.dtypes, KEY_SKELETON))
