@@ -435,9 +435,13 @@ def _sentinel(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "escape", ["../sentinel", "../../sentinel", "/{tmp}/sentinel", "a/../../sentinel"]
+    "escape",
+    ["../sentinel", "../../sentinel", "/{tmp}/sentinel", "a/../../sentinel"],
+    ids=["up", "up_twice", "absolute", "down_and_up"],
 )
-@pytest.mark.parametrize("layout", ["packed", "orbax", "orbax_no_ocdbt"])
+@pytest.mark.parametrize(
+    "layout", ["packed", "orbax", "orbax_no_ocdbt"], ids=["packed", "orbax", "files"]
+)
 def test_escaping_leaf_names_stay_inside(tmp_path, layout, escape):
     name = escape.format(tmp=str(tmp_path).strip("/"))
     path = tmp_path / "ckpt"
