@@ -9,6 +9,7 @@ from ._check import StaticMismatchWarning as StaticMismatchWarning
 from ._errors import CheckpointDamagedError as CheckpointDamagedError
 from ._errors import CheckpointMismatchError as CheckpointMismatchError
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
+from ._errors import CheckpointPermissionError as CheckpointPermissionError
 from ._errors import HostLocalArrayError as HostLocalArrayError
 from ._errors import OrbaxEqxError as OrbaxEqxError
 from ._errors import ShardingRuleError as ShardingRuleError

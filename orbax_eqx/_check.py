@@ -27,6 +27,12 @@ _FIX_INSPECT = (
     "If you changed hyperparameters, rebuild the skeleton with the saved ones "
     "(see `python -m orbax_eqx inspect {where}`)."
 )
+_FIX_NONE = (
+    "The skeleton has None where the checkpoint has arrays: a skeleton needs each "
+    "array's shape and dtype. Pass the whole model, or "
+    "`eqx.filter_eval_shape(make_model, key)`, not the static half of "
+    "`eqx.partition(model, eqx.is_array)`."
+)
 _FIX_CAST = (
     "To cast arrays to the skeleton's dtypes, pass `EqxRestore(..., cast=True)`."
 )
@@ -195,10 +201,13 @@ def _compare_leaf(leaf: Leaf, record, cast: bool):
     if record.name != leaf.name:  # found through `prefix=` or `renames=`
         where += f" (checkpoint leaf `{record.name}`)"
     if leaf.kind != record.kind:
+        # A None for an array is a filtered skeleton far more often than a change
+        # of hyperparameters.
+        none = leaf.kind == SCALAR and leaf.value is None and record.kind == ARRAY
         return (
             f"{where} is {_describe_mine(leaf)} in the skeleton but "
             f"{record.describe()} in the checkpoint.",
-            _FIX_INSPECT,
+            _FIX_NONE if none else _FIX_INSPECT,
         )
     if leaf.kind == ARRAY:
         shape = tuple(leaf.value.shape)

@@ -52,6 +52,19 @@ class CheckpointDamagedError(OrbaxEqxError, ValueError):
     """A checkpoint's array data is missing or shorter than its sidecar says."""
 
 
+class CheckpointPermissionError(OrbaxEqxError, PermissionError):
+    """A checkpoint's directory or files cannot be read by this user."""
+
+
+def permission_denied(path: object) -> CheckpointPermissionError:
+    """The error for a checkpoint path that this process may not read."""
+    return CheckpointPermissionError(
+        f"Permission denied: {path} cannot be read by this user. Check the "
+        "permissions of the checkpoint's directory and files (`ls -l`), or run as "
+        "the user that saved it."
+    )
+
+
 def bullet_list(problems: Sequence[str], limit: int = MAX_LISTED) -> str:
     """Formats problems as an indented bullet list, capped at `limit` entries."""
     lines = [f"  - {p}" for p in problems[:limit]]

@@ -4,7 +4,7 @@ import os
 
 from etils import epath
 
-from ._errors import CheckpointNotFoundError
+from ._errors import CheckpointNotFoundError, permission_denied
 from ._sidecar import FILE_NAME
 
 
@@ -42,6 +42,9 @@ def find_item(directory: str | os.PathLike) -> epath.Path:
         raise CheckpointNotFoundError(
             f"{path} is a file; pass the directory of a checkpoint."
         )
+    if "://" not in os.fspath(path) and not os.access(path, os.R_OK | os.X_OK):
+        # Else the sidecar looks absent, and the error would say "no checkpoint".
+        raise permission_denied(path)
     if is_item(path):
         return path
     items = items_in(path)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import numpy as np
 from etils import epath
 
-from ._errors import CheckpointDamagedError
+from ._errors import CheckpointDamagedError, permission_denied
 from ._sidecar import PACK_ALIGNMENT as ALIGNMENT
 
 _PIECE = 16 << 20  # bytes per read call; a few are in flight at once
@@ -102,19 +102,24 @@ def _pwritev_all(fd: int, views: list[memoryview], offset: int) -> int:
 
 def read(path: epath.Path, ranges: Sequence[tuple[int, int]]) -> list[np.ndarray]:
     """Reads each byte range `[start, stop)` of `path` into its own aligned buffer."""
-    buffers = [aligned_empty(stop - start) for start, stop in ranges]
     if not _is_local(path):
+        buffers = [aligned_empty(stop - start) for start, stop in ranges]
         _read_remote(path, ranges, buffers)
         return buffers
     try:
         fd = os.open(os.fspath(path), os.O_RDONLY)
     except FileNotFoundError:
         raise _damaged(path, "is missing") from None
+    except PermissionError:
+        raise permission_denied(path) from None
     try:
         size = os.fstat(fd).st_size
         end = max((stop for _, stop in ranges), default=0)
+        # Before allocating: a sidecar claiming absurd sizes must not get to
+        # ask for terabytes of memory.
         if size < end:
             raise _damaged(path, f"has {size} bytes where {end} were written")
+        buffers = [aligned_empty(stop - start) for start, stop in ranges]
         jobs = [
             (memoryview(buf)[i : i + _PIECE], start + i)
             for (start, _), buf in zip(ranges, buffers)

@@ -20,6 +20,7 @@ from ._names import storage_key
 from ._select import select, warn_kept
 from ._shardings import resolve
 from ._sidecar import ALIAS, EMPTY, PACKED, STORED, LeafMetadata, Metadata
+from ._stored_check import check_stored, first_line
 from ._values import decode_scalar, describe
 from ._walk import (
     ARRAY,
@@ -173,9 +174,16 @@ def read_arrays(
             to_read.setdefault(source.name, request)
     packed = {n: r for n, r in to_read.items() if r.record.data == PACKED}
     stored = {n: r for n, r in to_read.items() if r.record.data == STORED}
-    loaded = _orbax_read(inner, directory, stored) if stored else {}
-    if verify and stored:
-        _check_stored(directory, stored, loaded)
+    loaded = {}
+    if stored:
+        listed = {
+            storage_key(r.name) for r in saved.leaves.values() if r.data == STORED
+        }
+        directory = epath.Path(directory)
+        check_stored(directory, [r.record for r in stored.values()], listed)
+        loaded = _orbax_read(inner, directory, stored)
+        if verify:
+            _check_sums(directory, stored, loaded)
     if packed:
         loaded.update(
             _packing.read(epath.Path(directory), saved.packs, packed, verify=verify)
@@ -230,10 +238,20 @@ def _orbax_read(inner, directory, to_read: dict[str, _Request]) -> dict[str, Any
             raise
         records = [request.record for request in to_read.values()]
         error = unreadable(directory, records, cause)
+        _drop_tracebacks(e)  # they hold the reads Orbax abandoned
+        error.__cause__ = e  # the whole of Orbax's message, for --debug
     else:
         return {name: restored[storage_key(name)] for name in to_read}
     _collect_quietly()
     raise error
+
+
+def _drop_tracebacks(error: BaseException | None) -> None:
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        error.__traceback__ = None
+        error = error.__cause__ or error.__context__
 
 
 def _collect_quietly() -> None:
@@ -267,7 +285,7 @@ def _storage_error(error: BaseException) -> str | None:
         seen.add(id(error))
         text = str(error)
         if any(sign in text for sign in _STORAGE_SIGNS):
-            return text.strip().splitlines()[0]
+            return first_line(error)
         error = error.__cause__ or error.__context__
     return None
 
@@ -275,14 +293,15 @@ def _storage_error(error: BaseException) -> str | None:
 def unreadable(directory, records, cause: str) -> CheckpointDamagedError:
     names = [f"`{r.path}` ({r.name})" for r in records]
     return CheckpointDamagedError(
-        f"Orbax could not read arrays of the checkpoint in {directory}: {cause}. "
-        f"The checkpoint is damaged (a file missing, cut short or changed). "
-        f"Leaves being read: {inline_list(names, 5)}. Run `python -m orbax_eqx "
-        "verify PATH` to list each damaged leaf; restore an earlier step."
+        f"Reading leaves {inline_list(names, 5)} from Orbax's array store of the "
+        f"checkpoint at {directory} failed ({cause}): the checkpoint is damaged "
+        "(a file deleted, cut short or changed). Restore an earlier step, or "
+        "re-save the checkpoint; `python -m orbax_eqx verify PATH` lists each "
+        "damaged leaf."
     )
 
 
-def _check_stored(directory, requests: dict[str, _Request], loaded: dict) -> None:
+def _check_sums(directory, requests: dict[str, _Request], loaded: dict) -> None:
     """Raises if an array read through Orbax differs from its recorded `sum32`.
 
     A cast array (`cast=True`) is unchecked: Orbax casts it as it reads, and

@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from ._errors import SidecarError
+from ._errors import SidecarError, permission_denied
 from ._names import storage_key
 from ._values import describe, encode, scalar_type
 from ._walk import (
@@ -305,6 +305,8 @@ def read(directory: epath.Path) -> Metadata:
         )
     try:
         content = json.loads(path.read_text())
+    except PermissionError:
+        raise permission_denied(path) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SidecarError(
             f"The sidecar {path} is not valid JSON ({e}); the checkpoint is "

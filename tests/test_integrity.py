@@ -165,7 +165,7 @@ def test_every_single_bit_flip_in_orbax_stored_data_is_caught(tmp_path):
             # TensorStore itself refuses a bool byte other than 0 or 1.
             assert problem.startswith("cannot be read")
             assert "Invalid bool value" in str(info.value)
-            assert "Orbax could not read arrays of the checkpoint in" in str(info.value)
+            assert "from Orbax's array store of the checkpoint" in str(info.value)
         else:
             assert "does not match its sum32" in problem
             assert f"`['{name}']` ({name}): sum32 recorded at" in str(info.value)
