@@ -199,7 +199,8 @@ _ORBAX_UNAWAITED = pytest.mark.filterwarnings(
         (
             lambda p: shutil.rmtree(p / "ocdbt.process_0"),
             r"Reading leaves `\['a'\]` \(a\); `\['b'\]` \(b\) from Orbax's array "
-            r"store of the checkpoint at .*ckpt failed \(.*\): the checkpoint is damaged",
+            r"store of the checkpoint at .*ckpt failed \(.*\): the checkpoint is "
+            r"damaged",
         ),
     ],
     ids=[
