@@ -29,6 +29,16 @@ def target(directory: epath.Path) -> str:
     return final
 
 
+def final_directory(directory: epath.Path) -> epath.Path | None:
+    """Where Orbax will rename `directory` on commit; None if it is no temporary."""
+    directory = epath.Path(directory)
+    if _TMP_MARK in directory.parent.name:  # an item of a step being saved
+        return epath.Path(_final(directory.parent)) / _final_name(directory.name)
+    if _TMP_MARK in directory.name:  # a standalone save (`oeqx.save`)
+        return epath.Path(_final(directory))
+    return None
+
+
 def _final_name(name: str) -> str:
     return name.split(_TMP_MARK)[0]
 

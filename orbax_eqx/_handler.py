@@ -10,7 +10,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from . import _background, _packing, _sidecar
+from . import _background, _claim, _packing, _sidecar
 from ._checksum import host_sum32
 from ._hosts import check_global
 from ._renames import Renames
@@ -79,10 +79,10 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         self._primary_host = mp.primary_host
         self._pack = pack
         self._checksums = checksums
-        # Item directories this handler saved, and whether Orbax stored arrays
-        # in each: `finalize` needs to know, and re-reading the sidecar costs
-        # ~0.1 s on a 6,000-leaf model.
-        self._orbax_saved: dict[str, bool] = {}
+        # Item directories this handler is saving: (token, `_claim.Started` on
+        # the primary host, whether Orbax stores arrays). `finalize` needs
+        # them; re-reading the sidecar costs ~0.1 s on a 6,000-leaf model.
+        self._saving: dict[str, tuple[str, Any, bool]] = {}
         self._inner = ocp.PyTreeCheckpointHandler(
             use_ocdbt=use_ocdbt,
             use_zarr3=use_zarr3,
@@ -113,37 +113,47 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             check_global(item)  # EqxSave checks its own item when made
         tree = args.item if args is not None else item
         primary = ocp.multihost.is_primary_host(self._primary_host)
+        token = _claim.new_token()
         prepared = prepare(
-            tree, pack=self._pack, copy_packed=primary, checksums=self._checksums
+            tree,
+            token=token,
+            pack=self._pack,
+            copy_packed=primary,
+            checksums=self._checksums,
         )
-        self._orbax_saved[os.fspath(directory)] = bool(prepared.stored)
+        started = _claim.Started(epath.Path(directory), token) if primary else None
+        self._saving[os.fspath(directory)] = (token, started, bool(prepared.stored))
         futures = []
         where = _background.target(directory)  # named by errors of the writes
         if prepared.stored:
+            store = _sidecar.arrays_dir(directory, token)
+            store.mkdir(exist_ok=True)
             inner = await self._inner.async_save(
-                directory, args=ocp.args.PyTreeSave(prepared.stored)
+                store, args=ocp.args.PyTreeSave(prepared.stored)
             )
             futures.extend(_background.NotedFuture(f, where) for f in inner or [])
         futures.append(
             ocp.future.CommitFutureAwaitingContractedSignals(
                 _background.noted_coroutine(
-                    self._write_files(directory, prepared), where
+                    self._write_files(directory, prepared, started), where
                 ),
                 name="orbax_eqx_files",
             )
         )
         return futures
 
-    async def _write_files(self, directory: epath.Path, prepared) -> None:
+    async def _write_files(self, directory: epath.Path, prepared, started) -> None:
         # Every host has this future; only the primary took host copies, and
         # writes. It runs in a thread of its own (Orbax's commit future), so
         # the blocking writes hold up nothing else. The sidecar goes last: it
         # records the checksums, and a step without it is no checkpoint.
         if not ocp.multihost.is_primary_host(self._primary_host):
             return
+        _claim.begin(started)
         crcs = {}
+        token = prepared.content["token"]
         if prepared.pack_nbytes:
-            path = directory / _sidecar.PACK_FILE.format(0)
+            path = directory / _sidecar.pack_file(token, 0)
             found = _packing.write(
                 path, prepared.pieces, prepared.pack_nbytes, self._checksums
             )
@@ -156,7 +166,12 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             for name, x in prepared.sums.items()
         }
         _sidecar.record_checksums(prepared.content, crcs, sums)
-        _sidecar.write(directory, prepared.content)
+        _claim.before_sidecar(started)
+        try:
+            _sidecar.write(directory, prepared.content)
+        except FileExistsError:
+            _claim.claim_failed(started)
+        _claim.claimed(started)
 
     def save(
         self, directory: epath.Path, item: Any = None, args: "EqxSave | None" = None
@@ -188,26 +203,31 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         return _sidecar.read(epath.Path(directory))
 
     def finalize(self, directory: epath.Path) -> None:
-        # Merges the per-process OCDBT trees; without it, multi-host saves
-        # leave arrays unreadable.
-        saved = self._orbax_saved.pop(os.fspath(directory), None)
-        if saved is None:
-            saved = _holds_arrays(epath.Path(directory))
-        if saved:
-            with _background.noted(_background.target(directory)):
-                self._inner.finalize(directory)
+        # Merges the per-process OCDBT trees (without it, multi-host saves
+        # leave arrays unreadable), then checks that no other save of the same
+        # step took the directory over, just before Orbax commits it.
+        saving = self._saving.pop(os.fspath(directory), None)
+        if saving is None:
+            saving = _saved_here(epath.Path(directory))
+        token, started, stored = saving
+        with _background.noted(_background.target(directory)):
+            if stored:
+                self._inner.finalize(_sidecar.arrays_dir(directory, token))
+            if started is not None:
+                _claim.before_commit(started)
 
     def close(self) -> None:
         self._inner.close()
 
 
-def _holds_arrays(directory: epath.Path) -> bool:
-    saved = (
-        _sidecar.read(directory) if (directory / _sidecar.FILE_NAME).exists() else None
-    )
-    if saved is None:
-        return True
-    return any(leaf.data == _sidecar.STORED for leaf in saved.leaves.values())
+def _saved_here(directory: epath.Path) -> tuple[str | None, None, bool]:
+    """What `finalize` needs, from the sidecar, for a save this handler did not
+    start (Orbax finalizing with a new handler)."""
+    if not (directory / _sidecar.FILE_NAME).exists():
+        return None, None, True
+    saved = _sidecar.read(directory)
+    stored = any(leaf.data == _sidecar.STORED for leaf in saved.leaves.values())
+    return saved.token, None, stored
 
 
 def _run_sync(coro) -> Any:

@@ -18,7 +18,7 @@ from etils import epath
 
 from ._locate import as_path, find_item, is_item, items_in, steps_in
 from ._names import storage_key
-from ._sidecar import ALIAS, PACKED, STORED, Metadata, read
+from ._sidecar import ALIAS, PACKED, STORED, Metadata, arrays_dir, read
 from ._tree_view import type_text, value_text
 from ._values import describe
 from ._walk import ARRAY, JAX
@@ -133,7 +133,7 @@ def saved_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
         return packed
     handler = ocp.PyTreeCheckpointHandler()
     try:
-        tree = handler.metadata(directory).tree
+        tree = handler.metadata(arrays_dir(directory, saved.token)).tree
     except Exception:  # any failure here only costs the sharding column
         return packed
     finally:

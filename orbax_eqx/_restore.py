@@ -19,7 +19,15 @@ from ._errors import CheckpointDamagedError, inline_list
 from ._names import storage_key
 from ._select import select, warn_kept
 from ._shardings import resolve
-from ._sidecar import ALIAS, EMPTY, PACKED, STORED, LeafMetadata, Metadata
+from ._sidecar import (
+    ALIAS,
+    EMPTY,
+    PACKED,
+    STORED,
+    LeafMetadata,
+    Metadata,
+    arrays_dir,
+)
 from ._stored_check import check_stored, first_line
 from ._values import decode_scalar, describe
 from ._walk import (
@@ -179,9 +187,9 @@ def read_arrays(
         listed = {
             storage_key(r.name) for r in saved.leaves.values() if r.data == STORED
         }
-        directory = epath.Path(directory)
-        check_stored(directory, [r.record for r in stored.values()], listed)
-        loaded = _orbax_read(inner, directory, stored)
+        store = arrays_dir(directory, saved.token)
+        check_stored(store, [r.record for r in stored.values()], listed)
+        loaded = _orbax_read(inner, store, stored)
         if verify:
             _check_sums(directory, stored, loaded)
     if packed:
@@ -247,11 +255,13 @@ def _orbax_read(inner, directory, to_read: dict[str, _Request]) -> dict[str, Any
 
 
 def _drop_tracebacks(error: BaseException | None) -> None:
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        error.__traceback__ = None
-        error = error.__cause__ or error.__context__
+    todo, seen = [error], set()
+    while todo:
+        error = todo.pop()
+        if error is not None and id(error) not in seen:
+            seen.add(id(error))
+            error.__traceback__ = None
+            todo += [error.__cause__, error.__context__]
 
 
 def _collect_quietly() -> None:

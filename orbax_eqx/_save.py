@@ -29,14 +29,20 @@ class Prepared:
 
 
 def prepare(
-    item: Any, *, pack: bool = True, copy_packed: bool = True, checksums: bool = True
+    item: Any,
+    *,
+    token: str,
+    pack: bool = True,
+    copy_packed: bool = True,
+    checksums: bool = True,
 ) -> Prepared:
     """Decides where every leaf of `item` goes and copies packed arrays to host.
 
-    Checks the whole item first and raises one error listing every leaf that
-    cannot be saved, before anything is written. With `pack`, unsharded
-    arrays are packed (see `_packing`); `copy_packed=False` (hosts other than
-    the primary, which do not write the pack) skips their host copies.
+    `token` names the files of this save (see `_claim`). Checks the whole
+    item first and raises one error listing every leaf that cannot be saved,
+    before anything is written. With `pack`, unsharded arrays are packed (see
+    `_packing`); `copy_packed=False` (hosts other than the primary, which do
+    not write the pack) skips their host copies.
     With `checksums`, the sums of Orbax-stored jax arrays are started here.
     """
     walked = walk(item)
@@ -49,7 +55,7 @@ def prepare(
             if size and packable(leaf.value):
                 to_pack.append((leaf, size))
     offsets, pack_nbytes = layout((leaf.name, size) for leaf, size in to_pack)
-    content = build(walked, aliases, offsets, pack_nbytes)
+    content = build(walked, aliases, offsets, pack_nbytes, token)
     stored, sums, on_device = {}, {}, {}
     for leaf in walked.leaves:
         record = content["leaves"][leaf.name]

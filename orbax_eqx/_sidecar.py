@@ -5,13 +5,15 @@ bytes are), each module's class and static fields, the pack files, and the
 package versions that wrote it. Reading it is pure data: nothing named in it
 is imported or called.
 
-Format version 2 (version 1 is still read; it has no packs):
+Format version 3 (versions 1 and 2 are still read: 1 has no packs, neither
+has a token):
 
 ```
 {
- "format": "orbax_eqx", "format_version": 2, "versions": {...},
- "packs": [{"file": "orbax_eqx~packed.0.bin", "nbytes": 17310080,
-            "byteorder": "little", "alignment": 64}],
+ "format": "orbax_eqx", "format_version": 3, "versions": {...},
+ "token": "9f2c41d07a3be865",
+ "packs": [{"file": "orbax_eqx~packed.9f2c41d07a3be865.0.bin",
+            "nbytes": 17310080, "byteorder": "little", "alignment": 64}],
  "leaves": {
   "layers.0.weight": {"path": ".layers[0].weight", "kind": "array",
       "shape": [8, 3], "dtype": "float32", "container": "jax", "nbytes": 96,
@@ -38,13 +40,21 @@ An array leaf's `data` says where its bytes are:
   packed: written and read at disk speed, with no per-leaf cost.
 - `"orbax"`: one stored array in Orbax's array store under `key` (always
   derived from the name): sharded arrays, or every array with `pack=False`.
+  The store is the directory `orbax_eqx~arrays.<token>` (before version 3: the
+  item directory itself).
+- `"alias"`: the very same array object as leaf `alias_of` (tied weights).
+- `"none"`: zero-size: shape and dtype say everything.
 
 Packed leaves record the CRC-32 of their bytes (`crc32`), Orbax-stored ones a
 sum over their 32-bit words that does not depend on the sharding (`sum32`;
 both defined in `_checksum`). Sidecars written before checksums have neither;
 such leaves are read unchecked.
-- `"alias"`: the very same array object as leaf `alias_of` (tied weights).
-- `"none"`: zero-size: shape and dtype say everything.
+
+The `token` is drawn at random for each save and names every file the save
+writes, so that two processes saving the same step into one directory (which
+Orbax allows) never write to the same file: the sidecar, claimed by whichever
+finishes first, names the files of one save only (see `_claim`). File names
+are derived from the token, never read from the sidecar.
 """
 
 import dataclasses
@@ -54,6 +64,7 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 from typing import Any
 
@@ -83,10 +94,13 @@ from ._walk import (
 
 FILE_NAME = "orbax_eqx.json"
 FORMAT = "orbax_eqx"
-FORMAT_VERSION = 2
-# `~` never appears in a storage key except before a 16-digit hash, so a pack
-# file cannot collide with a directory Orbax makes for a leaf.
-PACK_FILE = "orbax_eqx~packed.{}.bin"
+FORMAT_VERSION = 3
+# `~` never appears in a storage key except before a 16-digit hash, so these
+# names cannot collide with a directory Orbax makes for a leaf.
+PACK_FILE = "orbax_eqx~packed.{token}.{index}.bin"
+ARRAYS_DIR = "orbax_eqx~arrays.{token}"  # Orbax's array store
+_OLD_PACK_FILE = "orbax_eqx~packed.{index}.bin"  # format 2
+TOKEN = re.compile(r"[0-9a-f]{16}")  # a save's token: 16 hex digits
 PACK_ALIGNMENT = 64  # what `jax.device_put` needs on CPU to take a buffer as is
 
 # Where an array leaf's data lives.
@@ -149,6 +163,7 @@ class Metadata:
     leaves: dict[str, LeafMetadata]
     modules: dict[str, ModuleInfo]
     packs: tuple[PackMetadata, ...] = ()
+    token: str | None = None  # names the save's files (format 3 on)
 
     @property
     def nbytes(self) -> int:
@@ -158,6 +173,19 @@ class Metadata:
             for leaf in self.leaves.values()
             if leaf.data in (STORED, PACKED)
         )
+
+
+def pack_file(token: str | None, index: int) -> str:
+    """The name of pack file `index` of the save `token` (None: format 2)."""
+    if token is None:
+        return _OLD_PACK_FILE.format(index=index)
+    return PACK_FILE.format(token=token, index=index)
+
+
+def arrays_dir(directory: epath.Path, token: str | None) -> epath.Path:
+    """Where Orbax's array store of the save `token` is (None: before format 3)."""
+    directory = epath.Path(directory)
+    return directory if token is None else directory / ARRAYS_DIR.format(token=token)
 
 
 def package_versions() -> dict[str, str]:
@@ -175,8 +203,9 @@ def build(
     aliases: dict[str, str],
     packed: dict[str, int],
     pack_nbytes: int,
+    token: str,
 ) -> dict[str, Any]:
-    """The sidecar's JSON for a walked item.
+    """The sidecar's JSON for a walked item, saved with `token`.
 
     `aliases` maps a leaf to its twin; `packed` maps each packed leaf to its
     offset in pack 0, which is `pack_nbytes` long. Other arrays are stored
@@ -214,7 +243,7 @@ def build(
     if packed:
         packs.append(
             {
-                "file": PACK_FILE.format(0),
+                "file": pack_file(token, 0),
                 "nbytes": pack_nbytes,
                 "byteorder": sys.byteorder,
                 "alignment": PACK_ALIGNMENT,
@@ -224,6 +253,7 @@ def build(
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "versions": package_versions(),
+        "token": token,
         "packs": packs,
         "leaves": leaves,
         "modules": modules,
@@ -255,18 +285,26 @@ def _itemsize(dtype: Any) -> int:
 
 
 def write(directory: epath.Path, content: dict[str, Any]) -> None:
-    """Writes the sidecar atomically: a reader sees the old file, or all of the new."""
+    """Writes the sidecar atomically and only if there is none yet.
+
+    A reader sees no sidecar, or all of it. If another save put one there
+    first, this raises `FileExistsError` and leaves that one alone: the
+    sidecar is how a save claims its directory (see `_claim`).
+    """
     text = _dump(content)
     path = directory / FILE_NAME
     if not _is_local(directory):
         path.write_text(text)  # object stores replace whole objects atomically
         return
-    tmp = os.fspath(path) + f".tmp-{os.getpid()}"
+    tmp = os.fspath(path) + f".tmp-{content.get('token') or os.getpid()}"
     with open(tmp, "w", encoding="utf-8", errors="surrogatepass") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, os.fspath(path))
+    try:
+        os.link(tmp, os.fspath(path))  # unlike a rename, fails if it exists
+    finally:
+        os.unlink(tmp)
     fd = os.open(os.fspath(directory), os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -342,7 +380,12 @@ def parse(content: Any, where: str) -> Metadata:
         raise bad('"leaves" and "versions" must be JSON objects')
     if not isinstance(modules_json, dict):
         raise bad('"modules" must be a JSON object')
-    packs = _parse_packs(content.get("packs", []), where, bad)
+    token = content.get("token")
+    if version >= 3 and not (isinstance(token, str) and TOKEN.fullmatch(token)):
+        raise bad(f"token {token!r} is not 16 hexadecimal digits")
+    if version < 3:
+        token = None
+    packs = _parse_packs(content.get("packs", []), token, where, bad)
     leaves = {
         name: _parse_leaf(name, rec, packs, bad) for name, rec in leaves_json.items()
     }
@@ -375,21 +418,22 @@ def parse(content: Any, where: str) -> Metadata:
         leaves,
         modules,
         packs,
+        token,
     )
 
 
-def _parse_packs(packs_json: Any, where: str, bad) -> tuple[PackMetadata, ...]:
+def _parse_packs(packs_json: Any, token, where, bad) -> tuple[PackMetadata, ...]:
     if not isinstance(packs_json, list):
         raise bad('"packs" must be a JSON list')
     packs = []
     for i, rec in enumerate(packs_json):
         if not isinstance(rec, dict) or not _is_size(rec.get("nbytes")):
             raise bad(f"pack {i} has no size")
-        if rec.get("file") != PACK_FILE.format(i):
+        if rec.get("file") != pack_file(token, i):
             # Like storage keys, file names are derived, never read from the file.
             raise bad(
                 f"pack {i} is in file {rec.get('file')!r}, expected "
-                f"{PACK_FILE.format(i)!r}"
+                f"{pack_file(token, i)!r}"
             )
         if rec.get("byteorder", sys.byteorder) != sys.byteorder:
             raise SidecarError(

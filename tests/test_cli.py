@@ -114,7 +114,7 @@ def test_inspect_item_dir_flat(step_dir, tmp_path):
         assert re.search(rf"^  {row}$", out, re.M), row
     assert re.search(r"^Total: 10 leaves, 5 arrays, 80 B\.$", out, re.M)
     assert re.search(
-        r"^Written by orbax_eqx \S+ \(sidecar format 2\) with .*jax ", out, re.M
+        r"^Written by orbax_eqx \S+ \(sidecar format 3\) with .*jax ", out, re.M
     )
 
 
@@ -148,7 +148,9 @@ def test_inspect_step_dir_json(step_dir, tmp_path):
     assert item["leaves"]["table"]["container"] == "numpy"
     weight = item["leaves"]["model.layers.0.weight"]
     assert (weight["data"], weight["pack"], weight["offset"]) == ("packed", 0, 0)
-    assert item["packs"] == [{"file": "orbax_eqx~packed.0.bin", "nbytes": 268}]
+    (pack,) = item["packs"]
+    assert re.fullmatch(r"orbax_eqx~packed\.[0-9a-f]{16}\.0\.bin", pack["file"])
+    assert pack["nbytes"] == 268
     assert item["modules"]["model"]["static"]["width_size"] == 4
     assert item["totals"] == {"leaves": 10, "arrays": 5, "nbytes": 80}
     assert item["versions"]["orbax_eqx"] == oeqx.__version__

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -28,11 +29,19 @@ import zoo
 
 import orbax_eqx as oeqx
 from orbax_eqx._names import storage_key
+from orbax_eqx._sidecar import arrays_dir
 
 KEY_SAVE = jax.random.key(1)
 KEY_SKELETON = jax.random.key(2)
 SIDECAR = "orbax_eqx.json"
-PACK = "orbax_eqx~packed.0.bin"
+PACK = re.compile(r"orbax_eqx~packed\.[0-9a-f]{16}\.0\.bin")  # the one pack file
+
+
+def _pack(path):
+    """The pack file of the checkpoint at `path` (its name holds the save's token)."""
+    return path / oeqx.metadata(path).packs[0].file
+
+
 HUGE = 2**40
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
 
@@ -122,11 +131,17 @@ def _unpacked(tmp_path, **options):
     return path, item
 
 
+def _store(path):
+    """The directory of the checkpoint's Orbax array store."""
+    return arrays_dir(path, oeqx.metadata(path).token)
+
+
 def _ocdbt_write(path, key: str, edit) -> None:
     """Edits the JSON value at `key` in an OCDBT store, as a tamperer could."""
 
     async def run():
-        store = await ts.KvStore.open({"driver": "ocdbt", "base": f"file://{path}/"})
+        base = f"file://{_store(path)}/"
+        store = await ts.KvStore.open({"driver": "ocdbt", "base": base})
         value = json.loads((await store.read(key)).value)
         edit(value)
         await store.write(key, json.dumps(value).encode())
@@ -176,30 +191,30 @@ _ORBAX_UNAWAITED = pytest.mark.filterwarnings(
     "damage, match",
     [
         (
-            lambda p: (p / "manifest.ocdbt").unlink(),
+            lambda p: (_store(p) / "manifest.ocdbt").unlink(),
             r"Leaf `\['a'\]` \(leaf name `a`\) is stored in Orbax's array store, says "
             r"the sidecar, but the store holds no array under key `a`",
         ),
         (
             _delete_data_files,
-            r"Orbax's array store of the checkpoint at .*ckpt cannot be read "
+            r"Orbax's array store of the checkpoint at .*ckpt\S* cannot be read "
             r"\(NOT_FOUND: .*\): the checkpoint is damaged",
         ),
         (
             _truncate_data_files,
-            r"Orbax's array store of the checkpoint at .*ckpt cannot be read "
+            r"Orbax's array store of the checkpoint at .*ckpt\S* cannot be read "
             r"\(OUT_OF_RANGE: .*\): the checkpoint is damaged",
         ),
         (
             _truncate_one_chunk,
             r"Reading leaves `\['a'\]` \(a\); `\['b'\]` \(b\) from Orbax's array "
-            r"store of the checkpoint at .*ckpt failed \(OUT_OF_RANGE: Error reading "
-            r'"a/0" .*\): the checkpoint is damaged',
+            r"store of the checkpoint at .*ckpt\S* failed \(OUT_OF_RANGE: Error "
+            r'reading "a/0" .*\): the checkpoint is damaged',
         ),
         (
-            lambda p: shutil.rmtree(p / "ocdbt.process_0"),
+            lambda p: shutil.rmtree(_store(p) / "ocdbt.process_0"),
             r"Reading leaves `\['a'\]` \(a\); `\['b'\]` \(b\) from Orbax's array "
-            r"store of the checkpoint at .*ckpt failed \(.*\): the checkpoint is "
+            r"store of the checkpoint at .*ckpt\S* failed \(.*\): the checkpoint is "
             r"damaged",
         ),
     ],
@@ -231,7 +246,7 @@ def test_damaged_orbax_store(tmp_path, damage, match):
 @_ORBAX_UNAWAITED
 def test_damaged_orbax_error_keeps_orbax_details_as_the_cause(tmp_path):
     path, _ = _unpacked(tmp_path)
-    shutil.rmtree(path / "ocdbt.process_0")
+    shutil.rmtree(_store(path) / "ocdbt.process_0")
     with pytest.raises(oeqx.CheckpointDamagedError) as info:
         oeqx.restore(path)
     assert info.value.__cause__ is not None
@@ -292,7 +307,7 @@ def test_sidecar_disagrees_with_orbax_store(tmp_path, edit, match):
         tmp_path,
         path,
         oeqx.CheckpointDamagedError,
-        rf"(?s)The checkpoint at .*ckpt is damaged: its sidecar and Orbax's array "
+        rf"(?s)The checkpoint at .*ckpt\S* is damaged: its sidecar and Orbax's array "
         rf"store disagree \(1 difference\):\n  - {match}.*do not belong together.*"
         r"Restore an earlier step, or re-save the checkpoint\.",
     )
@@ -364,13 +379,13 @@ def test_enormous_sidecar_shape_fails_the_skeleton_check(tmp_path):
 def test_enormous_packed_leaf_is_refused_before_allocating(tmp_path, shape):
     path = _packed(tmp_path)
     _edit_sidecar(path, lambda c: _huge_packed(c, shape))
-    size = os.path.getsize(path / PACK)
+    size = os.path.getsize(_pack(path))
     # A fresh interpreter: were the buffer allocated first, this must not abort
     # pytest. It needs no memory at all: the file is checked first.
     result = _restore_in_subprocess(path)
     assert result["type"] == "CheckpointDamagedError"
     assert re.search(
-        rf"The pack file .*{re.escape(PACK)} has {size} bytes where \d+ were written: "
+        rf"The pack file .*{PACK.pattern} has {size} bytes where \d+ were written: "
         "the checkpoint is damaged",
         result["message"],
     )
@@ -541,9 +556,8 @@ def test_unreadable_checkpoint(tmp_path, what):
                 os.chmod(os.path.join(dirpath, n), 0o755)
             for n in filenames:
                 os.chmod(os.path.join(dirpath, n), 0o644)
-        target = {"directory": path, "sidecar": os.path.join(path, SIDECAR)}.get(
-            what, os.path.join(path, PACK)
-        )
+        targets = {"directory": path, "sidecar": os.path.join(path, SIDECAR)}
+        target = targets.get(what) or os.fspath(_pack(Path(path)))
         os.chmod(target, 0o000)
         before = _snapshot(base) if os.geteuid() != 0 else None
         if os.geteuid() == 0:

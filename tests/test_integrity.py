@@ -16,7 +16,12 @@ import zoo
 import orbax_eqx as oeqx
 from orbax_eqx._checksum import device_sum32, host_sum32
 
-PACK = "orbax_eqx~packed.0.bin"
+
+def _pack(path):
+    """The pack file of the checkpoint at `path` (its name holds the save's token)."""
+    return path / oeqx.metadata(path).packs[0].file
+
+
 FLIPS_PACKED = 60
 FLIPS_STORED = 50
 
@@ -121,7 +126,7 @@ def test_every_single_bit_flip_in_packed_data_is_caught(tmp_path):
         name = rng.choice(sorted(spans))
         start, stop = spans[name]
         byte, bit = rng.randrange(start, stop), rng.randrange(8)
-        _flip(path / PACK, byte, bit)
+        _flip(_pack(path), byte, bit)
         report = oeqx.verify(path)
         assert [d.name for d in report.damaged] == [name]
         assert "does not match its CRC-32" in report.damaged[0].problem
@@ -129,7 +134,7 @@ def test_every_single_bit_flip_in_packed_data_is_caught(tmp_path):
             oeqx.restore(path, _skeleton())
         assert f"`['{name}']` ({name}): CRC-32 recorded at save" in str(info.value)
         caught += 1
-        _flip(path / PACK, byte, bit)  # undo
+        _flip(_pack(path), byte, bit)  # undo
     assert caught == FLIPS_PACKED
     assert oeqx.verify(path).ok
     zoo.assert_same(oeqx.restore(path, _skeleton()), item)
@@ -178,7 +183,7 @@ def test_a_flat_restore_and_a_partial_restore_check_what_they_read(tmp_path):
     path = tmp_path / "c"
     oeqx.save(path, _item())
     start, _ = _packed_spans(path)["w"]
-    _flip(path / PACK, start + 5, 0)
+    _flip(_pack(path), start + 5, 0)
     with pytest.raises(oeqx.CheckpointDamagedError, match=r"`\['w'\]` \(w\): CRC-32"):
         oeqx.restore(path)
     # Leaves other than the damaged one still restore.
@@ -190,7 +195,7 @@ def test_verify_false_restores_unchecked(tmp_path):
     path = tmp_path / "c"
     oeqx.save(path, _item())
     start, _ = _packed_spans(path)["ids"]
-    _flip(path / PACK, start, 0)
+    _flip(_pack(path), start, 0)
     restored = oeqx.restore(path, _skeleton(), verify=False)
     saved = _item()
     assert int(restored["ids"][0]) == int(saved["ids"][0]) ^ 1
@@ -212,7 +217,7 @@ def test_verify_reports_unreadable_data_per_leaf(tmp_path):
     oeqx.save(path, _item())
     spans = _packed_spans(path)
     cut = spans["ids"][0]
-    os.truncate(path / PACK, cut)
+    os.truncate(_pack(path), cut)
     report = oeqx.verify(path)
     damaged = {d.name: d.problem for d in report.damaged}
     assert sorted(damaged) == sorted(n for n, (_, stop) in spans.items() if stop > cut)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -19,7 +20,12 @@ from orbax_eqx import _packfile, _packing
 
 KEY_SAVE = jax.random.key(1)
 KEY_SKELETON = jax.random.key(2)
-PACK = "orbax_eqx~packed.0.bin"
+PACK = re.compile(r"orbax_eqx~packed\.[0-9a-f]{16}\.0\.bin")  # the one pack file
+
+
+def _pack(path):
+    """The pack file of the checkpoint at `path` (its name holds the save's token)."""
+    return path / oeqx.metadata(path).packs[0].file
 
 
 def _records(path):
@@ -44,11 +50,13 @@ def test_every_array_is_packed_at_an_aligned_offset(tmp_path, make):
     }
     if packed:
         assert len(md.packs) == 1
-        assert md.packs[0].file == PACK
-        assert os.path.getsize(tmp_path / "ckpt" / PACK) == md.packs[0].nbytes
+        assert PACK.fullmatch(md.packs[0].file)
+        assert os.path.getsize(_pack(tmp_path / "ckpt")) == md.packs[0].nbytes
         assert md.nbytes == sum(r.nbytes for r in packed)
     else:
-        assert md.packs == () and not (tmp_path / "ckpt" / PACK).exists()
+        assert md.packs == () and not list(
+            (tmp_path / "ckpt").glob("orbax_eqx~packed*")
+        )
 
 
 @pytest.mark.parametrize("make", zoo.ZOO.values(), ids=zoo.ZOO.keys())
@@ -56,7 +64,7 @@ def test_unpacked_layout_still_roundtrips(tmp_path, make):
     item = make(KEY_SAVE)
     oeqx.save(tmp_path / "ckpt", item, pack=False)
     assert all(r.data != "packed" for r in _records(tmp_path / "ckpt").values())
-    assert not (tmp_path / "ckpt" / PACK).exists()
+    assert not list((tmp_path / "ckpt").glob("orbax_eqx~packed*"))
     restored = oeqx.restore(tmp_path / "ckpt", zoo.skeleton(make, KEY_SKELETON))
     zoo.assert_same(restored, item)
 
@@ -142,23 +150,25 @@ def test_truncated_pack_fails_loudly_but_earlier_leaves_restore(tmp_path):
     item = _big_small_big()
     oeqx.save(tmp_path / "ckpt", item)
     b = _records(tmp_path / "ckpt")["b"]
-    os.truncate(tmp_path / "ckpt" / PACK, b.offset + b.nbytes)
+    os.truncate(_pack(tmp_path / "ckpt"), b.offset + b.nbytes)
     skeleton = eqx.filter_eval_shape(lambda: item)
     partial = {k: skeleton[k] for k in ("a", "b")}
     restored = oeqx.restore(tmp_path / "ckpt", partial, strict=False)
     zoo.assert_same(restored, {k: item[k] for k in ("a", "b")})
     with pytest.raises(
         oeqx.CheckpointDamagedError,
-        match=rf"The pack file .*{PACK} has \d+ bytes where \d+ were written: the "
-        r"checkpoint is damaged .* Restore an earlier step",
+        match=rf"The pack file .*{PACK.pattern} has \d+ bytes where \d+ were "
+        r"written: the checkpoint is damaged .* Restore an earlier step",
     ):
         oeqx.restore(tmp_path / "ckpt", skeleton)
 
 
 def test_missing_pack_file(tmp_path):
     oeqx.save(tmp_path / "ckpt", {"w": jnp.ones(3)})
-    (tmp_path / "ckpt" / PACK).unlink()
-    with pytest.raises(oeqx.CheckpointDamagedError, match=rf"{PACK} is missing"):
+    _pack(tmp_path / "ckpt").unlink()
+    with pytest.raises(
+        oeqx.CheckpointDamagedError, match=rf"{PACK.pattern} is missing"
+    ):
         oeqx.restore(tmp_path / "ckpt")
     assert isinstance(oeqx.CheckpointDamagedError("x"), ValueError)
 
@@ -168,6 +178,11 @@ def test_version_1_sidecars_still_restore(tmp_path):
     oeqx.save(tmp_path / "ckpt", item, pack=False)
     sidecar = tmp_path / "ckpt" / "orbax_eqx.json"
     content = json.loads(sidecar.read_text())
+    # Format 1 kept Orbax's array store in the item directory itself.
+    store = tmp_path / "ckpt" / f"orbax_eqx~arrays.{content.pop('token')}"
+    for entry in store.iterdir():
+        entry.rename(tmp_path / "ckpt" / entry.name)
+    store.rmdir()
     del content["packs"]
     content["format_version"] = 1
     sidecar.write_text(json.dumps(content))

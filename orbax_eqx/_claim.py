@@ -1,0 +1,168 @@
+"""One save per step: two processes saving the same step never mix their files.
+
+Orbax lets two processes save the same step into one directory (two jobs
+pointed at one checkpoint root, or a restarted job whose old self still
+runs): both write into `<step>.orbax-checkpoint-tmp`, and a save that starts
+while the other is under way deletes that directory and makes it anew. Plain
+Orbax can then commit a step holding files of both. Here:
+
+- every save draws a token that names each file it writes (its pack files,
+  its Orbax array store: see `_sidecar.pack_file`, `_sidecar.arrays_dir`), so
+  the two never write to one file;
+- the sidecar, which names the token, is claimed: it is linked into place,
+  which fails if the other save's is there (`_sidecar.write`);
+- a save remembers the directory it writes in (device and inode; Orbax makes
+  it in the background, so this is taken when the writes start) and checks
+  that the path still names it before it claims the sidecar and again before
+  Orbax commits, and that nobody committed the step meanwhile.
+
+The save that loses raises `ConcurrentSaveError`, and removes the files its
+token names; Orbax then does not commit it. The other commits whole.
+"""
+
+import dataclasses
+import os
+import secrets
+import shutil
+
+import jax
+import numpy as np
+from etils import epath
+
+from ._background import final_directory
+from ._errors import OrbaxEqxError
+from ._sidecar import ARRAYS_DIR, FILE_NAME, PACK_FILE, TOKEN, arrays_dir
+
+
+class ConcurrentSaveError(OrbaxEqxError, RuntimeError):
+    """Another process saved the same step into the same directory at once."""
+
+
+@dataclasses.dataclass
+class Started:
+    """One save under way: its token and the directory it started in."""
+
+    directory: epath.Path
+    token: str
+    # The directory's (st_dev, st_ino) once the writes start; None before, and
+    # for paths that are not local.
+    identity: tuple[int, int] | None = None
+    sidecar: tuple[int, int] | None = None  # the sidecar's, once claimed
+
+
+def new_token() -> str:
+    """16 random hex digits, the same in every process of a multi-host run.
+
+    Every process must call this at the same point (it is a collective when
+    there are several).
+    """
+    words = np.frombuffer(secrets.token_bytes(8), np.uint32)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        words = np.asarray(multihost_utils.broadcast_one_to_all(words))
+    return words.astype("<u4").tobytes().hex()
+
+
+def begin(started: Started) -> None:
+    """Records the directory, as the writes start (Orbax has made it by then)."""
+    started.identity = _identity(started.directory)
+
+
+def before_sidecar(started: Started) -> None:
+    """Raises if the directory is no longer the one this save started in."""
+    if started.identity is not None and _identity(started.directory) != (
+        started.identity
+    ):
+        _lose(started, _REPLACED)
+
+
+def claim_failed(started: Started) -> None:
+    """The sidecar was there already: another save claimed the directory."""
+    _lose(started, "the other save's sidecar was already in it")
+
+
+def claimed(started: Started) -> None:
+    """Records the sidecar this save put in place."""
+    started.sidecar = _identity(started.directory / FILE_NAME)
+
+
+def before_commit(started: Started) -> None:
+    """Raises unless this save's files are still the step's; tidies up others'.
+
+    Called from `finalize`, just before Orbax renames the directory into place.
+    """
+    before_sidecar(started)
+    if started.sidecar is not None and (
+        _identity(started.directory / FILE_NAME) != started.sidecar
+    ):
+        _lose(started, "the other save's sidecar replaced this one's")
+    final = final_directory(started.directory)
+    if final is not None and (final / FILE_NAME).exists():
+        _lose(started, f"the other save committed the step first, at {final}")
+    _remove_others(started)
+
+
+def _identity(path: epath.Path) -> tuple[int, int] | None:
+    if "://" in os.fspath(path):
+        return None
+    try:
+        st = os.stat(os.fspath(path))
+    except FileNotFoundError:
+        return (-1, -1)
+    return st.st_dev, st.st_ino
+
+
+_REPLACED = (
+    "its directory was deleted and made anew by the other save (Orbax does so "
+    "when a save of a step starts while one is unfinished)"
+)
+
+
+def _lose(started: Started, what: str) -> None:
+    remove(started.directory, started.token)
+    where = started.directory
+    raise ConcurrentSaveError(
+        f"Another save of the same step ran into {where} at the same time: {what}. "
+        f"This save (token {started.token}) stopped and removed its files, and "
+        "is not committed; the other save's step is kept whole. Two jobs, or two "
+        "CheckpointManagers, are saving to one checkpoint directory: give each "
+        "its own."
+    )
+
+
+def remove(directory: epath.Path, token: str) -> None:
+    """Removes the files of the save `token` from `directory`, if there."""
+    if "://" in os.fspath(directory):
+        return
+    shutil.rmtree(os.fspath(arrays_dir(directory, token)), ignore_errors=True)
+    prefix = PACK_FILE.split("{token}")[0] + token + "."
+    for name in _names(directory):
+        if name.startswith(prefix):
+            _unlink(directory / name)
+
+
+def _remove_others(started: Started) -> None:
+    """Removes files of other saves' tokens: a losing save's leftovers."""
+    if started.identity is None:
+        return
+    pack, arrays = PACK_FILE.split("{token}")[0], ARRAYS_DIR.split("{token}")[0]
+    for name in _names(started.directory):
+        for prefix in (pack, arrays):
+            other = name[len(prefix) :].split(".")[0] if name.startswith(prefix) else ""
+            if TOKEN.fullmatch(other) and other != started.token:
+                remove(started.directory, other)
+
+
+def _names(directory: epath.Path) -> list[str]:
+    try:
+        return os.listdir(os.fspath(directory))
+    except OSError:
+        return []
+
+
+def _unlink(path: epath.Path) -> None:
+    try:
+        os.unlink(os.fspath(path))
+    except OSError:
+        pass
