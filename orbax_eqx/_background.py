@@ -71,15 +71,25 @@ async def noted_coroutine(coroutine: Awaitable[Any], where: str) -> Any:
 
 
 class NotedFuture:
-    """An Orbax future whose error, if any, carries the note."""
+    """An Orbax future whose error, if any, carries the note.
 
-    def __init__(self, future: Any, where: str):
+    `explain`, if given, is called with the error first and may raise a
+    clearer one in its place (see `_claim.explain`).
+    """
+
+    def __init__(self, future: Any, where: str, explain: Any = None):
         self._future = future
         self._where = where
+        self._explain = explain
 
     def result(self, timeout: float | None = None) -> Any:
         with noted(self._where):
-            return self._future.result(timeout=timeout)
+            try:
+                return self._future.result(timeout=timeout)
+            except Exception as e:
+                if self._explain is not None:
+                    self._explain(e)
+                raise
 
     def cancel(self) -> bool | None:
         cancel = getattr(self._future, "cancel", None)

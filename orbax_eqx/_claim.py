@@ -77,6 +77,21 @@ def before_sidecar(started: Started) -> None:
         _lose(started, _REPLACED)
 
 
+def explain(started: Started | None, error: BaseException) -> None:
+    """Raises `ConcurrentSaveError` from `error` if another save took this one's
+    directory away, which is then why a write failed; else returns."""
+    if started is None:
+        return
+    now = _identity(started.directory)
+    if now is None:
+        return
+    if now == _MISSING or (started.identity is not None and now != started.identity):
+        try:
+            _lose(started, _REPLACED)
+        except ConcurrentSaveError as lost:
+            raise lost from error
+
+
 def claim_failed(started: Started) -> None:
     """The sidecar was there already: another save claimed the directory."""
     _lose(started, "the other save's sidecar was already in it")
@@ -109,8 +124,11 @@ def _identity(path: epath.Path) -> tuple[int, int] | None:
     try:
         st = os.stat(os.fspath(path))
     except FileNotFoundError:
-        return (-1, -1)
+        return _MISSING
     return st.st_dev, st.st_ino
+
+
+_MISSING = (-1, -1)
 
 
 _REPLACED = (

@@ -3,6 +3,7 @@
 import asyncio
 import concurrent.futures
 import dataclasses
+import functools
 import os
 from typing import Any, Literal
 
@@ -126,12 +127,14 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         futures = []
         where = _background.target(directory)  # named by errors of the writes
         if prepared.stored:
-            store = _sidecar.arrays_dir(directory, token)
-            store.mkdir(exist_ok=True)
             inner = await self._inner.async_save(
-                store, args=ocp.args.PyTreeSave(prepared.stored)
+                _sidecar.arrays_dir(directory, token),
+                args=ocp.args.PyTreeSave(prepared.stored),
             )
-            futures.extend(_background.NotedFuture(f, where) for f in inner or [])
+            explain = functools.partial(_claim.explain, started)
+            futures.extend(
+                _background.NotedFuture(f, where, explain) for f in inner or []
+            )
         futures.append(
             ocp.future.CommitFutureAwaitingContractedSignals(
                 _background.noted_coroutine(
@@ -150,6 +153,13 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         if not ocp.multihost.is_primary_host(self._primary_host):
             return
         _claim.begin(started)
+        try:
+            self._write_pack_and_sidecar(directory, prepared, started)
+        except OSError as e:  # perhaps because another save took the directory
+            _claim.explain(started, e)
+            raise
+
+    def _write_pack_and_sidecar(self, directory, prepared, started) -> None:
         crcs = {}
         token = prepared.content["token"]
         if prepared.pack_nbytes:
@@ -212,7 +222,11 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         token, started, stored = saving
         with _background.noted(_background.target(directory)):
             if stored:
-                self._inner.finalize(_sidecar.arrays_dir(directory, token))
+                try:
+                    self._inner.finalize(_sidecar.arrays_dir(directory, token))
+                except Exception as e:
+                    _claim.explain(started, e)
+                    raise
             if started is not None:
                 _claim.before_commit(started)
 

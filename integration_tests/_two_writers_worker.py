@@ -1,0 +1,72 @@
+"""One of two independent jobs that save the same step into one directory.
+
+    python _two_writers_worker.py ROOT WHO START_AT
+
+Builds an item whose every array holds values of writer WHO (and a sharded
+array, so Orbax's array store is written too, and a packed one), waits until
+the wall clock reaches START_AT, saves step 5 through its own
+CheckpointManager, waits for it, and writes what happened to
+ROOT/../outcome-WHO.json: {"ok": true} or the error's type and message.
+"""
+
+import faulthandler
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from _worker import start
+
+args = start("root", "who", "start_at")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import orbax.checkpoint as ocp  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import orbax_eqx as oeqx  # noqa: E402
+
+STEP = 5
+WHO = int(args.who)
+ROOT = Path(args.root)
+
+
+def item(who: int):
+    mesh = jax.make_mesh((2,), ("x",))
+    rows = NamedSharding(mesh, P("x"))
+    return {
+        "who": who,
+        # ~8 MiB packed and ~8 MiB in Orbax's store: saves that overlap.
+        "packed": [jnp.full((256, 1024), who * 10 + i, jnp.float32) for i in range(8)],
+        "sharded": [
+            jax.device_put(jnp.full((256, 1024), who * 10 + i, jnp.float32), rows)
+            for i in range(8)
+        ],
+        "numpy": np.full((64,), who, np.int32),
+    }
+
+
+mngr = ocp.CheckpointManager(ROOT, item_handlers=oeqx.EqxHandler())
+tree = jax.block_until_ready(item(WHO))
+time.sleep(max(0.0, float(args.start_at) - time.time()))
+began = time.monotonic()
+try:
+    mngr.save(STEP, args=oeqx.EqxSave(tree))
+    mngr.wait_until_finished()
+    outcome = {"ok": True}
+except Exception as e:  # recorded for the test to judge
+    outcome = {"ok": False, "type": type(e).__name__, "message": str(e)}
+    outcome["traceback"] = traceback.format_exc()[-3000:]
+outcome["seconds"] = time.monotonic() - began
+try:
+    mngr.close()
+except Exception as e:
+    outcome.setdefault("close", f"{type(e).__name__}: {e}")
+(ROOT.parent / f"outcome-{WHO}.json").write_text(json.dumps(outcome))
+print("done", json.dumps({k: v for k, v in outcome.items() if k != "traceback"}))
+sys.stdout.flush()
+# A process that does not exit within 15 s is hung: show where, and fail.
+faulthandler.dump_traceback_later(15, exit=True)
