@@ -48,12 +48,12 @@ def record_sidecars():
     compute = _handler.EqxHandler._write_files
     write = _sidecar.write
 
-    async def computed(self, directory, prepared):
+    async def computed(self, directory, prepared, *rest):
         # Before the primary adds the checksums, which only it computes.
         step = Path(directory).parent.name.split(".")[0]
         path = HOSTS / f"computed-{step}-p{PROCESS}.json"
         path.write_text(json.dumps(prepared.content, sort_keys=True))
-        await compute(self, directory, prepared)
+        await compute(self, directory, prepared, *rest)
 
     def written(directory, content):
         write(directory, content)

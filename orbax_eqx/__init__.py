@@ -6,6 +6,7 @@ from ._api import metadata as metadata
 from ._api import restore as restore
 from ._api import save as save
 from ._check import StaticMismatchWarning as StaticMismatchWarning
+from ._claim import ConcurrentSaveError as ConcurrentSaveError
 from ._errors import CheckpointDamagedError as CheckpointDamagedError
 from ._errors import CheckpointMismatchError as CheckpointMismatchError
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError

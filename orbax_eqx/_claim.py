@@ -85,7 +85,13 @@ def explain(started: Started | None, error: BaseException) -> None:
     now = _identity(started.directory)
     if now is None:
         return
-    if now == _MISSING or (started.identity is not None and now != started.identity):
+    replaced = now == _MISSING or (
+        started.identity is not None and now != started.identity
+    )
+    # Orbax makes the directory in the background, and this save notes it only
+    # when its writes start: the other save may have replaced it before. Its
+    # files are then the sign.
+    if replaced or _others(started):
         try:
             _lose(started, _REPLACED)
         except ConcurrentSaveError as lost:
@@ -162,14 +168,22 @@ def remove(directory: epath.Path, token: str) -> None:
 
 def _remove_others(started: Started) -> None:
     """Removes files of other saves' tokens: a losing save's leftovers."""
-    if started.identity is None:
-        return
+    if started.identity is not None:
+        for token in _others(started):
+            remove(started.directory, token)
+
+
+def _others(started: Started) -> set[str]:
+    """Tokens of other saves that have files in this save's directory."""
     pack, arrays = PACK_FILE.split("{token}")[0], ARRAYS_DIR.split("{token}")[0]
+    found = set()
     for name in _names(started.directory):
         for prefix in (pack, arrays):
-            other = name[len(prefix) :].split(".")[0] if name.startswith(prefix) else ""
-            if TOKEN.fullmatch(other) and other != started.token:
-                remove(started.directory, other)
+            if name.startswith(prefix):
+                token = name[len(prefix) :].split(".")[0]
+                if TOKEN.fullmatch(token) and token != started.token:
+                    found.add(token)
+    return found
 
 
 def _names(directory: epath.Path) -> list[str]:

@@ -58,6 +58,7 @@ are derived from the token, never read from the sidecar.
 """
 
 import dataclasses
+import errno
 import functools
 import importlib.metadata
 import json
@@ -303,6 +304,10 @@ def write(directory: epath.Path, content: dict[str, Any]) -> None:
         os.fsync(f.fileno())
     try:
         os.link(tmp, os.fspath(path))  # unlike a rename, fails if it exists
+    except FileExistsError:
+        if os.path.isdir(path):  # not another save's sidecar: something odd
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        raise
     finally:
         os.unlink(tmp)
     fd = os.open(os.fspath(directory), os.O_RDONLY)

@@ -1,0 +1,111 @@
+"""A save that another save of the same step overtook stops, clearly, and
+takes nothing of the other's with it (`_claim`). The real race, two processes
+at once, is in integration_tests/test_two_writers.py; here each way of losing
+is staged, deterministically, by holding a save at a known point."""
+
+import os
+import shutil
+import threading
+
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+import pytest
+
+import orbax_eqx as oeqx
+from orbax_eqx import _packing
+
+GATE_TIMEOUT_S = 60
+
+
+@pytest.fixture
+def held(monkeypatch):
+    """Holds the pack writes of managers' saves until the test sets `release`;
+    `reached` is set when one gets there (its directory exists, its arrays are
+    copied). `oeqx.save`s go through."""
+    reached, release = threading.Event(), threading.Event()
+    write = _packing.write
+
+    def held_write(path, *args, **kwargs):
+        if "/default" not in str(path):
+            return write(path, *args, **kwargs)
+        reached.set()
+        if not release.wait(GATE_TIMEOUT_S):
+            raise TimeoutError("the test never released the pack write")
+        return write(path, *args, **kwargs)
+
+    monkeypatch.setattr(_packing, "write", held_write)
+    yield reached, release
+    release.set()
+
+
+def _manager(root):
+    return ocp.CheckpointManager(root, item_handlers=oeqx.EqxHandler())
+
+
+def _item(value):
+    return {"w": jnp.full((4, 4), value), "step": int(value)}
+
+
+MESSAGE = (
+    r"Another save of the same step ran into .*5\.orbax-checkpoint-tmp.* at the "
+    r"same time: {what}\. This save \(token [0-9a-f]{{16}}\) stopped and removed "
+    r"its files, and is not committed; the other save's step is kept whole\. Two "
+    r"jobs, or two CheckpointManagers, are saving to one checkpoint directory: "
+    r"give each its own\."
+)
+
+
+def test_a_save_whose_directory_was_replaced_stops(tmp_path, held):
+    reached, release = held
+    mngr = _manager(tmp_path)
+    mngr.save(5, args=oeqx.EqxSave(_item(1.0)))
+    assert reached.wait(GATE_TIMEOUT_S)
+    # What a second save of step 5 does when it starts: delete, make anew.
+    (tmp_dir,) = [p for p in tmp_path.iterdir() if p.name.startswith("5.")]
+    shutil.rmtree(tmp_dir)
+    os.makedirs(tmp_dir / "default.orbax-checkpoint-tmp")
+    release.set()
+    what = r"its directory was deleted and made anew by the other save \(.*\)"
+    with pytest.raises(oeqx.ConcurrentSaveError, match=MESSAGE.format(what=what)):
+        mngr.wait_until_finished()
+    assert not (tmp_path / "5").exists()
+    # It wrote nothing into the other's directory.
+    assert os.listdir(tmp_dir / "default.orbax-checkpoint-tmp") == []
+    mngr.close()
+
+
+def test_a_save_whose_step_was_committed_meanwhile_stops(tmp_path, held):
+    reached, release = held
+    other = tmp_path / "other"
+    oeqx.save(other, _item(2.0))
+    mngr = _manager(tmp_path / "root")
+    mngr.save(5, args=oeqx.EqxSave(_item(1.0)))
+    assert reached.wait(GATE_TIMEOUT_S)
+    shutil.copytree(other, tmp_path / "root" / "5" / "default")  # its commit
+    release.set()
+    what = r"the other save committed the step first, at .*root/5/default"
+    with pytest.raises(oeqx.ConcurrentSaveError, match=MESSAGE.format(what=what)):
+        mngr.wait_until_finished()
+    restored = oeqx.restore(tmp_path / "root" / "5" / "default")
+    assert restored["step"] == 2 and float(restored["w"][0, 0]) == 2.0
+    mngr.close()
+
+
+def test_a_save_that_finds_the_others_sidecar_stops(tmp_path, held):
+    reached, release = held
+    other = tmp_path / "other"
+    oeqx.save(other, _item(2.0))
+    mngr = _manager(tmp_path / "root")
+    mngr.save(5, args=oeqx.EqxSave(_item(1.0)))
+    assert reached.wait(GATE_TIMEOUT_S)
+    (tmp_dir,) = (tmp_path / "root").glob("5.*/default*")
+    for name in os.listdir(other):  # the other save's files, claimed first
+        shutil.copy(other / name, tmp_dir / name)
+    release.set()
+    what = "the other save's sidecar was already in it"
+    with pytest.raises(oeqx.ConcurrentSaveError, match=MESSAGE.format(what=what)):
+        mngr.wait_until_finished()
+    # The other's files are as they were; this save's pack is gone.
+    assert sorted(os.listdir(tmp_dir)) == sorted(os.listdir(other))
+    assert oeqx.restore(tmp_dir)["step"] == 2
+    mngr.close()
