@@ -1,12 +1,14 @@
 """One of two independent jobs that save the same step into one directory.
 
-    python _two_writers_worker.py ROOT WHO START_AT
+    python _two_writers_worker.py ROOT WHO START_AT DIRS TIMEOUT_S
 
 Builds an item whose every array holds values of writer WHO (and a sharded
 array, so Orbax's array store is written too, and a packed one), waits until
 the wall clock reaches START_AT, saves step 5 through its own
 CheckpointManager, waits for it, and writes what happened to
 ROOT/../outcome-WHO.json: {"ok": true} or the error's type and message.
+DIRS is "sync" or "async": how Orbax makes the step's directories;
+TIMEOUT_S is Orbax's `AsyncOptions.timeout_secs`.
 """
 
 import faulthandler
@@ -18,7 +20,7 @@ from pathlib import Path
 
 from _worker import start
 
-args = start("root", "who", "start_at")
+args = start("root", "who", "start_at", "dirs", "timeout_s")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -49,7 +51,13 @@ def item(who: int):
     }
 
 
-mngr = ocp.CheckpointManager(ROOT, item_handlers=oeqx.EqxHandler())
+options = ocp.CheckpointManagerOptions(
+    async_options=ocp.AsyncOptions(
+        create_directories_asynchronously=args.dirs == "sync",
+        timeout_secs=int(args.timeout_s),
+    )
+)
+mngr = ocp.CheckpointManager(ROOT, item_handlers=oeqx.EqxHandler(), options=options)
 tree = jax.block_until_ready(item(WHO))
 time.sleep(max(0.0, float(args.start_at) - time.time()))
 began = time.monotonic()
@@ -61,6 +69,7 @@ except Exception as e:  # recorded for the test to judge
     outcome = {"ok": False, "type": type(e).__name__, "message": str(e)}
     outcome["traceback"] = traceback.format_exc()[-3000:]
 outcome["seconds"] = time.monotonic() - began
+outcome["done_at"] = time.time()
 try:
     mngr.close()
 except Exception as e:
@@ -68,5 +77,5 @@ except Exception as e:
 (ROOT.parent / f"outcome-{WHO}.json").write_text(json.dumps(outcome))
 print("done", json.dumps({k: v for k, v in outcome.items() if k != "traceback"}))
 sys.stdout.flush()
-# A process that does not exit within 15 s is hung: show where, and fail.
-faulthandler.dump_traceback_later(15, exit=True)
+# If this process then fails to exit, the test will want to see where.
+faulthandler.dump_traceback_later(int(args.timeout_s) + 15, exit=True)

@@ -8,7 +8,8 @@ always one writer's, whole (every array and Python value from the same
 writer, every checksum right), and the other fails with an error saying what
 happened, or (when both start within a few milliseconds) with Orbax's own
 `FileExistsError` for the temporary directory, raised before anything is
-written. Nobody hangs.
+written. No save hangs; a process that Orbax keeps from exiting after that
+`FileExistsError` is counted (see ORBAX_EXIT_WAIT) and killed.
 """
 
 import json
@@ -27,7 +28,14 @@ from . import _procs
 TRIALS = int(os.environ.get("ORBAX_EQX_TWO_WRITER_TRIALS", "16"))
 SEED = 5
 STARTUP_S = 8  # for both to import JAX and build their items before the start
-TIMEOUT_S = 90
+TIMEOUT_S = 90  # for both saves to finish or fail
+EXIT_S = 20  # for both processes to exit after that
+ORBAX_TIMEOUT_S = 1200  # Orbax's `AsyncOptions.timeout_secs` (its default)
+# ORBAX_EXIT_WAIT: when the loser fails in Orbax's own making of the temporary directory (the
+# FileExistsError), Orbax's commit threads, ours among them, wait for a
+# "directory made" signal that never comes, for Orbax's coordination timeout
+# (300 s), before the process can exit. No public Orbax API releases them;
+# the README says so. The test counts it, and kills that process.
 CLEAR_ERRORS = {
     "ConcurrentSaveError": "Another save of the same step ran into",
     # Orbax's, from making the temporary directory the other one just made.
@@ -36,22 +44,21 @@ CLEAR_ERRORS = {
 
 
 def _trial(base, delays):
+    """Runs the two writers; returns the root, their outcomes, and which of
+    them Orbax kept from exiting (see `ORBAX_EXIT_WAIT`)."""
     root = base / "root"
     start_at = time.time() + STARTUP_S
     procs, logs = [], []
     for who in (0, 1):
         log = base / f"writer-{who}.log"
         logs.append(log)
+        argv = [sys.executable, str(_procs.HERE / "_two_writers_worker.py")]
+        argv += [str(root), str(who), str(start_at + delays[who])]
+        argv += ["async", str(ORBAX_TIMEOUT_S)]
         with open(log, "w") as out:
             procs.append(
                 subprocess.Popen(
-                    [
-                        sys.executable,
-                        str(_procs.HERE / "_two_writers_worker.py"),
-                        str(root),
-                        str(who),
-                        str(start_at + delays[who]),
-                    ],
+                    argv,
                     env=_procs.worker_env(2),
                     stdout=out,
                     stderr=subprocess.STDOUT,
@@ -59,20 +66,32 @@ def _trial(base, delays):
                     start_new_session=True,
                 )
             )
+    outcome_files = [base / f"outcome-{w}.json" for w in (0, 1)]
     deadline = time.monotonic() + STARTUP_S + TIMEOUT_S
+    kept = []
     try:
-        for p, log in zip(procs, logs):
-            left = max(1.0, deadline - time.monotonic())
+        while not all(f.exists() for f in outcome_files):
+            if time.monotonic() > deadline:
+                shown = "\n".join(log.read_text()[-3000:] for log in logs)
+                pytest.fail(f"a save hung:\n{shown}")
+            time.sleep(0.1)
+        outcomes = [json.loads(f.read_text()) for f in outcome_files]
+        exit_by = time.monotonic() + EXIT_S
+        for who, (p, log) in enumerate(zip(procs, logs)):
             try:
-                p.wait(timeout=left)
+                p.wait(timeout=max(1.0, exit_by - time.monotonic()))
             except subprocess.TimeoutExpired:
-                pytest.fail(f"a writer hung:\n{log.read_text()[-3000:]}")
+                # Known, inside Orbax: see ORBAX_EXIT_WAIT. Anything else fails.
+                assert outcomes[who].get("type") == "FileExistsError", (
+                    f"writer {who} did not exit:\n{log.read_text()[-3000:]}"
+                )
+                kept.append(who)
+                continue
             assert p.returncode == 0, log.read_text()[-3000:]
     finally:
         for p in procs:
             _procs._kill(p)
-    outcomes = [json.loads((base / f"outcome-{w}.json").read_text()) for w in (0, 1)]
-    return root, outcomes
+    return root, outcomes, kept
 
 
 def _check_whole(item_dir) -> int:
@@ -103,14 +122,15 @@ def _leftovers(item_dir) -> list[str]:
 
 def test_one_writer_wins_whole_and_the_other_fails_clearly(tmp_path):
     rng = random.Random(SEED)
-    tally = {"won": [0, 0], "errors": {}, "leftovers": 0}
+    tally = {"won": [0, 0], "errors": {}, "leftovers": 0, "orbax_exit_waits": 0}
     for trial in range(TRIALS):
         delays = [0.0, rng.uniform(0.0, 0.12)]
         if rng.random() < 0.5:
             delays.reverse()
         base = tmp_path / f"trial-{trial}"
         base.mkdir()
-        root, outcomes = _trial(base, delays)
+        root, outcomes, kept = _trial(base, delays)
+        tally["orbax_exit_waits"] += len(kept)
         context = f"trial {trial}, delays {delays}: {outcomes}"
         winners = [w for w, o in enumerate(outcomes) if o["ok"]]
         assert winners, context

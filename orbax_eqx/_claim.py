@@ -65,7 +65,8 @@ def new_token() -> str:
 
 
 def begin(started: Started) -> None:
-    """Records the directory, as the writes start (Orbax has made it by then)."""
+    """Records the directory: when `save` is called if it exists by then, else
+    as the writes start (Orbax makes directories in the background by default)."""
     started.identity = _identity(started.directory)
 
 

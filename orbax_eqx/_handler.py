@@ -123,6 +123,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             checksums=self._checksums,
         )
         started = _claim.Started(epath.Path(directory), token) if primary else None
+        if started is not None and directory.exists():
+            _claim.begin(started)  # else Orbax makes it later, in the background
         self._saving[os.fspath(directory)] = (token, started, bool(prepared.stored))
         futures = []
         where = _background.target(directory)  # named by errors of the writes
@@ -152,7 +154,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         # records the checksums, and a step without it is no checkpoint.
         if not ocp.multihost.is_primary_host(self._primary_host):
             return
-        _claim.begin(started)
+        if started.identity is None:
+            _claim.begin(started)
         try:
             self._write_pack_and_sidecar(directory, prepared, started)
         except OSError as e:  # perhaps because another save took the directory
