@@ -31,8 +31,8 @@ STARTUP_S = 8  # for both to import JAX and build their items before the start
 TIMEOUT_S = 90  # for both saves to finish or fail
 EXIT_S = 20  # for both processes to exit after that
 ORBAX_TIMEOUT_S = 1200  # Orbax's `AsyncOptions.timeout_secs` (its default)
-# ORBAX_EXIT_WAIT: when the loser fails in Orbax's own making of the temporary directory (the
-# FileExistsError), Orbax's commit threads, ours among them, wait for a
+# ORBAX_EXIT_WAIT: when the loser fails in Orbax's own making of the temporary
+# directory (the FileExistsError), Orbax's commit threads, ours among them, wait for a
 # "directory made" signal that never comes, for Orbax's coordination timeout
 # (300 s), before the process can exit. No public Orbax API releases them;
 # the README says so. The test counts it, and kills that process.
