@@ -46,16 +46,13 @@ def device_sum32(arrays: Sequence[jax.Array]) -> list[jax.Array]:
     Every process of a multi-host run must call this with the same arrays (it
     is one computation over global arrays). Nothing waits for the result.
     """
-    if not arrays:
-        return []
-    return list(_sum32_all(tuple(arrays)))
+    # One small computation per array, not one over all of them: jit compiles
+    # once per shape, dtype and sharding, a few dozen on a large model, where
+    # one computation over 6,313 arrays took 37 s to compile here.
+    return [_sum32(x) for x in arrays]
 
 
 @jax.jit
-def _sum32_all(arrays):
-    return tuple(_sum32(x) for x in arrays)
-
-
 def _sum32(x: jax.Array) -> jax.Array:
     words = _words(x)
     index = jnp.zeros(words.shape, jnp.uint32)
