@@ -47,7 +47,6 @@ class Started:
     # The directory's (st_dev, st_ino) once the writes start; None before, and
     # for paths that are not local.
     identity: tuple[int, int] | None = None
-    sidecar: tuple[int, int] | None = None  # the sidecar's, once claimed
 
 
 def new_token() -> str:
@@ -104,21 +103,12 @@ def claim_failed(started: Started) -> None:
     _lose(started, "the other save's sidecar was already in it")
 
 
-def claimed(started: Started) -> None:
-    """Records the sidecar this save put in place."""
-    started.sidecar = _identity(started.directory / FILE_NAME)
-
-
 def before_commit(started: Started) -> None:
     """Raises unless this save's files are still the step's; tidies up others'.
 
     Called from `finalize`, just before Orbax renames the directory into place.
     """
     before_sidecar(started)
-    if started.sidecar is not None and (
-        _identity(started.directory / FILE_NAME) != started.sidecar
-    ):
-        _lose(started, "the other save's sidecar replaced this one's")
     final = final_directory(started.directory)
     if final is not None and (final / FILE_NAME).exists():
         _lose(started, f"the other save committed the step first, at {final}")

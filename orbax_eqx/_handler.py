@@ -184,7 +184,6 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             _sidecar.write(directory, prepared.content)
         except FileExistsError:
             _claim.claim_failed(started)
-        _claim.claimed(started)
 
     def save(
         self, directory: epath.Path, item: Any = None, args: "EqxSave | None" = None
