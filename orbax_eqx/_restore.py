@@ -1,22 +1,15 @@
 """Restore: check the skeleton, read exactly the arrays it needs, rebuild the tree."""
 
 import dataclasses
-import gc
-import inspect
-import sys
 from typing import Any
 
 import jax
 import jax.tree_util as jtu
 import numpy as np
-import orbax.checkpoint as ocp
 from etils import epath
 
-from . import _packing
+from . import _packing, _stored_read
 from ._check import check
-from ._checksum import damaged, device_sum32, host_sum32, mismatch
-from ._errors import CheckpointDamagedError, inline_list
-from ._names import storage_key
 from ._select import select, warn_kept
 from ._shardings import resolve
 from ._sidecar import (
@@ -26,9 +19,7 @@ from ._sidecar import (
     STORED,
     LeafMetadata,
     Metadata,
-    arrays_dir,
 )
-from ._stored_check import check_stored, first_line
 from ._values import decode_scalar, describe
 from ._walk import (
     ARRAY,
@@ -184,14 +175,7 @@ def read_arrays(
     stored = {n: r for n, r in to_read.items() if r.record.data == STORED}
     loaded = {}
     if stored:
-        listed = {
-            storage_key(r.name) for r in saved.leaves.values() if r.data == STORED
-        }
-        store = arrays_dir(directory, saved.token)
-        check_stored(store, [r.record for r in stored.values()], listed)
-        loaded = _orbax_read(inner, store, stored)
-        if verify:
-            _check_sums(directory, stored, loaded)
+        loaded = _stored_read.read(inner, directory, saved, stored, verify=verify)
     if packed:
         loaded.update(
             _packing.read(epath.Path(directory), saved.packs, packed, verify=verify)
@@ -215,129 +199,6 @@ def read_arrays(
     return result
 
 
-def _orbax_read(inner, directory, to_read: dict[str, _Request]) -> dict[str, Any]:
-    item, restore_args = {}, {}
-    for name, request in to_read.items():
-        record = request.record
-        key = storage_key(name)  # derived from the name, never read from the file
-        cast = None if _same_dtype(record.dtype, request.dtype) else request.dtype
-        if request.container == JAX:
-            item[key] = jax.ShapeDtypeStruct(
-                record.shape,
-                _saved_dtype(record.dtype, request.dtype),
-                sharding=request.sharding,
-            )
-            restore_args[key] = ocp.ArrayRestoreArgs(
-                sharding=request.sharding, dtype=cast
-            )
-        else:
-            item[key] = jax.ShapeDtypeStruct(record.shape, parse_dtype(record.dtype))
-            restore_args[key] = ocp.RestoreArgs(restore_type=np.ndarray, dtype=cast)
-    try:
-        restored = inner.restore(
-            directory,
-            args=ocp.args.PyTreeRestore(
-                item=item, restore_args=restore_args, partial_restore=True
-            ),
-        )
-    except Exception as e:  # Orbax raises bare `Exception`s for TensorStore's
-        cause = _storage_error(e)
-        if cause is None:
-            raise
-        records = [request.record for request in to_read.values()]
-        error = unreadable(directory, records, cause)
-        _drop_tracebacks(e)  # they hold the reads Orbax abandoned
-        error.__cause__ = e  # the whole of Orbax's message, for --debug
-    else:
-        return {name: restored[storage_key(name)] for name in to_read}
-    _collect_quietly()
-    raise error
-
-
-def _drop_tracebacks(error: BaseException | None) -> None:
-    todo, seen = [error], set()
-    while todo:
-        error = todo.pop()
-        if error is not None and id(error) not in seen:
-            seen.add(id(error))
-            error.__traceback__ = None
-            todo += [error.__cause__, error.__context__]
-
-
-def _collect_quietly() -> None:
-    """Collects the reads Orbax abandons when one fails, without their noise.
-
-    Orbax's array reads turn the `GeneratorExit` of their collection into an
-    `Exception`, which Python prints as "Exception ignored in <coroutine ...>"
-    long after the error; our error already says what went wrong.
-    """
-    previous = sys.unraisablehook
-
-    def hook(unraisable):
-        if not inspect.iscoroutine(unraisable.object):
-            previous(unraisable)
-
-    sys.unraisablehook = hook
-    try:
-        gc.collect()
-    finally:
-        sys.unraisablehook = previous
-
-
-# What TensorStore says when files are missing, short or corrupt.
-_STORAGE_SIGNS = ("DATA_LOSS", "FAILED_PRECONDITION", "NOT_FOUND", "OUT_OF_RANGE")
-
-
-def _storage_error(error: BaseException) -> str | None:
-    """The first line of a TensorStore error in `error`'s chain, if any."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        text = str(error)
-        if any(sign in text for sign in _STORAGE_SIGNS):
-            return first_line(error)
-        error = error.__cause__ or error.__context__
-    return None
-
-
-def unreadable(directory, records, cause: str) -> CheckpointDamagedError:
-    names = [f"`{r.path}` ({r.name})" for r in records]
-    return CheckpointDamagedError(
-        f"Reading leaves {inline_list(names, 5)} from Orbax's array store of the "
-        f"checkpoint at {directory} failed ({cause}): the checkpoint is damaged "
-        "(a file deleted, cut short or changed). Restore an earlier step, or "
-        "re-save the checkpoint; `python -m orbax_eqx verify PATH` lists each "
-        "damaged leaf."
-    )
-
-
-def _check_sums(directory, requests: dict[str, _Request], loaded: dict) -> None:
-    """Raises if an array read through Orbax differs from its recorded `sum32`.
-
-    A cast array (`cast=True`) is unchecked: Orbax casts it as it reads, and
-    the checksum is of the saved dtype's bits.
-    """
-    on_device, on_host = {}, {}
-    for name, request in requests.items():
-        record = request.record
-        if record.sum32 is None or not _same_dtype(record.dtype, request.dtype):
-            continue
-        if request.container == JAX:
-            on_device[name] = loaded[name]
-        else:
-            on_host[name] = host_sum32(np.asarray(loaded[name]))
-    # Every process computes the device sums: they are global computations.
-    found = dict(zip(on_device, device_sum32(list(on_device.values()))))
-    found.update(on_host)
-    problems = [
-        mismatch(requests[name].record, "sum32", requests[name].record.sum32, int(s))
-        for name, s in found.items()
-        if int(s) != requests[name].record.sum32
-    ]
-    if problems:
-        raise damaged(directory, problems)
-
-
 def _finish(value: Any, request: _Request) -> Any:
     if request.container == JAX:
         return value
@@ -357,11 +218,3 @@ def _empty(request: _Request) -> Any:
         )
     zeros = np.zeros(shape, request.dtype)
     return jax.make_array_from_callback(shape, request.sharding, lambda i: zeros[i])
-
-
-def _same_dtype(saved: str, target: Any) -> bool:
-    return saved == str(target)
-
-
-def _saved_dtype(saved: str, target: Any) -> Any:
-    return target if _same_dtype(saved, target) else parse_dtype(saved)
