@@ -9,9 +9,9 @@ Two kinds, by where the bytes are when they can be summed without a copy:
   process holds all the bytes): `sum((2 * i + 1) * word_i) mod 2**32` over the
   array's 32-bit words `word_i` in C order (each element as the unsigned
   integer of its bits, zero-extended to 32 bits; 64-bit and complex elements
-  as two words, low first). It is computed where the array is, by one jitted
-  reduction over every stored array of a save, dispatched when `save` is
-  called and read back in the background; the same sum over the restored
+  as two words, low first). It is computed where the array is, by a small
+  jitted reduction per array, dispatched when `save` is called and read back
+  in the background; the same sum over the restored
   array checks it. A single-bit flip changes it by an odd multiple of a power
   of two below 2**32, so every one is caught; it does not depend on the
   sharding, so a restore onto another mesh checks it too. `host_sum32` is
