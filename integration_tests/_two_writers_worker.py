@@ -53,7 +53,7 @@ def item(who: int):
 
 options = ocp.CheckpointManagerOptions(
     async_options=ocp.AsyncOptions(
-        create_directories_asynchronously=args.dirs == "sync",
+        create_directories_asynchronously=args.dirs == "async",
         timeout_secs=int(args.timeout_s),
     )
 )
