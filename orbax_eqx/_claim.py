@@ -90,10 +90,15 @@ def explain(started: Started | None, error: BaseException) -> None:
     )
     # Orbax makes the directory in the background, and this save notes it only
     # when its writes start: the other save may have replaced it before. Its
-    # files are then the sign.
-    if replaced or _others(started):
+    # files are then the sign; or files of this save gone missing, which in a
+    # save's temporary directory only another save's Orbax deletes (it may
+    # fail to delete the directory itself, which then keeps its inode).
+    missing = isinstance(error, FileNotFoundError) or any(
+        sign in str(error) for sign in _MISSING_SIGNS
+    )
+    if replaced or _others(started) or missing:
         try:
-            _lose(started, _REPLACED)
+            _lose(started, _REPLACED if replaced else _DELETED)
         except ConcurrentSaveError as lost:
             raise lost from error
 
@@ -128,6 +133,12 @@ def _identity(path: epath.Path) -> tuple[int, int] | None:
 _MISSING = (-1, -1)
 
 
+# How Orbax and TensorStore say that a file they wrote is gone.
+_MISSING_SIGNS = ("NOT_FOUND", "No ArrayMetadata found")
+_DELETED = (
+    "files this save had written were deleted while it ran (Orbax deletes an "
+    "unfinished temporary directory when a save of the same step starts)"
+)
 _REPLACED = (
     "its directory was deleted and made anew by the other save (Orbax does so "
     "when a save of a step starts while one is unfinished)"
