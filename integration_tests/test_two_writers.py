@@ -101,7 +101,8 @@ def _trial(base, delays):
 
 def _check_whole(item_dir) -> int:
     """The step holds one writer's item, whole; returns which writer."""
-    assert oeqx.verify(item_dir).ok
+    report = oeqx.verify(item_dir)
+    assert report.ok, (report.damaged, sorted(_files(item_dir)))
     flat = oeqx.restore(item_dir)
     who = flat["who"]
     for i in range(8):
@@ -110,6 +111,14 @@ def _check_whole(item_dir) -> int:
             assert float(values.min()) == float(values.max()) == who * 10 + i
     assert int(flat["numpy"].min()) == int(flat["numpy"].max()) == who
     return who
+
+
+def _files(item_dir) -> list[str]:
+    return [
+        os.path.relpath(os.path.join(d, f), item_dir)
+        for d, _, files in os.walk(item_dir)
+        for f in files
+    ]
 
 
 def _leftovers(item_dir) -> list[str]:

@@ -32,6 +32,7 @@ from etils import epath
 from ._background import final_directory
 from ._errors import OrbaxEqxError
 from ._sidecar import ARRAYS_DIR, FILE_NAME, PACK_FILE, TOKEN, arrays_dir
+from ._stored_check import missing_in_store
 
 
 class ConcurrentSaveError(OrbaxEqxError, RuntimeError):
@@ -47,6 +48,10 @@ class Started:
     # The directory's (st_dev, st_ino) once the writes start; None before, and
     # for paths that are not local.
     identity: tuple[int, int] | None = None
+    # The files this save wrote itself: {path: (st_dev, st_ino, st_size)}.
+    written: dict[str, tuple[int, int, int]] = dataclasses.field(default_factory=dict)
+    # The storage keys of the arrays it gave Orbax to store.
+    stored_keys: tuple[str, ...] = ()
 
 
 def new_token() -> str:
@@ -103,6 +108,13 @@ def explain(started: Started | None, error: BaseException) -> None:
             raise lost from error
 
 
+def wrote(started: Started, path: epath.Path) -> None:
+    """Notes a file this save wrote, for `before_commit` to find it unchanged."""
+    if started.identity is not None:
+        st = os.stat(os.fspath(path))
+        started.written[os.fspath(path)] = (st.st_dev, st.st_ino, st.st_size)
+
+
 def claim_failed(started: Started) -> None:
     """The sidecar was there already: another save claimed the directory."""
     _lose(started, "the other save's sidecar was already in it")
@@ -111,13 +123,44 @@ def claim_failed(started: Started) -> None:
 def before_commit(started: Started) -> None:
     """Raises unless this save's files are still the step's; tidies up others'.
 
-    Called from `finalize`, just before Orbax renames the directory into place.
+    Called from `finalize`, after Orbax's store is finalized and just before
+    Orbax renames the directory into place. A save of the same step that
+    started meanwhile may have failed to delete the directory, yet deleted
+    some of this save's files: they are all looked for.
     """
     before_sidecar(started)
     final = final_directory(started.directory)
     if final is not None and (final / FILE_NAME).exists():
         _lose(started, f"the other save committed the step first, at {final}")
+    gone = _gone(started)
+    if gone:
+        _lose(started, f"{_DELETED}; gone: {_some(gone)}")
     _remove_others(started)
+
+
+def _gone(started: Started) -> list[str]:
+    """This save's files, and arrays in Orbax's store, that are no longer there."""
+    if started.identity is None:
+        return []
+    gone = []
+    for path, was in started.written.items():
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            gone.append(os.path.basename(path))
+            continue
+        if (st.st_dev, st.st_ino, st.st_size) != was:
+            gone.append(os.path.basename(path))
+    if started.stored_keys:
+        arrays = arrays_dir(started.directory, started.token)
+        missing = missing_in_store(arrays, started.stored_keys)
+        gone += [f"array `{key}` in {arrays.name}" for key in missing]
+    return gone
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def _identity(path: epath.Path) -> tuple[int, int] | None:
@@ -147,6 +190,13 @@ _REPLACED = (
 
 def _lose(started: Started, what: str) -> None:
     remove(started.directory, started.token)
+    for path, was in started.written.items():  # its sidecar, if it claimed one
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) == was[:2]:
+            _unlink(epath.Path(path))
     where = started.directory
     raise ConcurrentSaveError(
         f"Another save of the same step ran into {where} at the same time: {what}. "

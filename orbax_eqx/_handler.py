@@ -123,6 +123,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             checksums=self._checksums,
         )
         started = _claim.Started(epath.Path(directory), token) if primary else None
+        if started is not None:
+            started.stored_keys = tuple(prepared.stored)
         if started is not None and directory.exists():
             _claim.begin(started)  # else Orbax makes it later, in the background
         self._saving[os.fspath(directory)] = (token, started, bool(prepared.stored))
@@ -170,6 +172,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             found = _packing.write(
                 path, prepared.pieces, prepared.pack_nbytes, self._checksums
             )
+            _claim.wrote(started, path)
             crcs = dict(zip(prepared.packed_names, found))
             # Lets go of the host copies now, not after the sidecar: a view of
             # a CPU array's buffer keeps donating that array from reusing it.
@@ -184,6 +187,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             _sidecar.write(directory, prepared.content)
         except FileExistsError:
             _claim.claim_failed(started)
+        _claim.wrote(started, directory / _sidecar.FILE_NAME)
 
     def save(
         self, directory: epath.Path, item: Any = None, args: "EqxSave | None" = None

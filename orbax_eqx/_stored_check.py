@@ -78,6 +78,30 @@ def check_stored(
         )
 
 
+def missing_in_store(directory: epath.Path, keys: Sequence[str]) -> list[str]:
+    """Those of `keys` whose arrays Orbax's store at `directory` no longer holds
+    whole: their metadata record, or a data file of theirs, gone.
+
+    For a save to check, before it commits, that nobody deleted what it wrote
+    (see `_claim.before_commit`). Reads the store's index and the first byte
+    of every value: a value whose data file is gone reads as empty.
+    """
+    try:
+        store = _open(directory)
+        listed = store.list().result()
+        firsts = [store.read(k, byte_range=slice(0, 1)) for k in listed]
+        whole, broken = set(), set()
+        for k, first in zip(listed, firsts):
+            key, _, last = k.decode("utf-8", "surrogateescape").rpartition("/")
+            if last in (_ZARR2, _ZARR3):
+                whole.add(key)
+            if first.result().state != "value" or not first.result().value:
+                broken.add(key)
+    except Exception:  # the store, or its index, is gone
+        return list(keys)
+    return [k for k in keys if k not in whole or k in broken]
+
+
 def _open(directory: epath.Path) -> ts.KvStore:
     text = os.fspath(directory).rstrip("/") + "/"
     base = text if "://" in text else "file://" + text

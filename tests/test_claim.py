@@ -12,7 +12,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import orbax_eqx as oeqx
-from orbax_eqx import _packing
+from orbax_eqx import _claim, _packing
 
 GATE_TIMEOUT_S = 60
 
@@ -112,4 +112,78 @@ def test_a_save_that_finds_the_others_sidecar_stops(tmp_path, held):
     # The other's files are as they were; this save's pack is gone.
     assert sorted(os.listdir(tmp_dir)) == sorted(os.listdir(other))
     assert oeqx.restore(tmp_dir)["step"] == 2
+    mngr.close()
+
+
+@pytest.fixture
+def held_commit(monkeypatch):
+    """Holds managers' saves of step 5 just before their last check, in
+    `finalize`, until the test sets `release`; `reached` is set when one gets
+    there."""
+    reached, release = threading.Event(), threading.Event()
+    before_commit = _claim.before_commit
+
+    def held(started):
+        if "5.orbax-checkpoint-tmp" not in str(started.directory):
+            return before_commit(started)
+        reached.set()
+        if not release.wait(GATE_TIMEOUT_S):
+            raise TimeoutError("the test never released the commit")
+        return before_commit(started)
+
+    monkeypatch.setattr(_claim, "before_commit", held)
+    yield reached, release
+    release.set()
+
+
+# What a save of the same step that starts meanwhile does when it cannot
+# delete the whole directory (the first save still writes in it): some of the
+# first's files are gone, the directory is the same.
+DELETED = (
+    r"files this save had written were deleted while it ran \(Orbax deletes an "
+    r"unfinished temporary directory when a save of the same step starts\); "
+    r"gone: {gone}"
+)
+
+
+def test_a_save_whose_pack_file_was_deleted_stops(tmp_path, held_commit):
+    reached, release = held_commit
+    mngr = _manager(tmp_path)
+    mngr.save(4, args=oeqx.EqxSave(_item(4.0)))
+    mngr.wait_until_finished()
+    mngr.save(5, args=oeqx.EqxSave(_item(1.0)))
+    assert reached.wait(GATE_TIMEOUT_S)
+    (tmp_dir,) = tmp_path.glob("5.*/default*")
+    (pack,) = tmp_dir.glob("orbax_eqx~packed.*")
+    pack.unlink()
+    release.set()
+    what = DELETED.format(gone=r"orbax_eqx~packed\.[0-9a-f]{16}\.0\.bin")
+    with pytest.raises(oeqx.ConcurrentSaveError, match=MESSAGE.format(what=what)):
+        mngr.wait_until_finished()
+    assert not (tmp_path / "5").exists()
+    assert [p.name for p in tmp_dir.iterdir()] == []  # its sidecar went too
+    assert mngr.latest_step() == 4
+    assert oeqx.restore(tmp_path / "4" / "default")["step"] == 4
+    mngr.close()
+
+
+def test_a_save_whose_stored_arrays_were_deleted_stops(tmp_path, held_commit):
+    reached, release = held_commit
+    mngr = ocp.CheckpointManager(tmp_path, item_handlers=oeqx.EqxHandler(pack=False))
+    # Large enough for a data file of its own (small values are kept inline).
+    mngr.save(5, args=oeqx.EqxSave({"w": jnp.ones((256, 256)), "step": 5}))
+    assert reached.wait(GATE_TIMEOUT_S)
+    (tmp_dir,) = tmp_path.glob("5.*/default*")
+    (arrays,) = tmp_dir.glob("orbax_eqx~arrays.*")
+    data = [p for p in arrays.glob("ocdbt.process_*/d/*")]
+    assert data
+    for p in data:
+        p.unlink()
+    release.set()
+    gone = r"array `w` in orbax_eqx~arrays\.[0-9a-f]{16}"
+    with pytest.raises(
+        oeqx.ConcurrentSaveError, match=MESSAGE.format(what=DELETED.format(gone=gone))
+    ):
+        mngr.wait_until_finished()
+    assert not (tmp_path / "5").exists()
     mngr.close()
