@@ -12,9 +12,13 @@ Orbax can then commit a step holding files of both. Here:
 - the sidecar, which names the token, is claimed: it is linked into place,
   which fails if the other save's is there (`_sidecar.write`);
 - a save remembers the directory it writes in (device and inode; Orbax makes
-  it in the background, so this is taken when the writes start) and checks
-  that the path still names it before it claims the sidecar and again before
-  Orbax commits, and that nobody committed the step meanwhile.
+  it in the background, so this is taken when the writes start) and the
+  files it writes, and checks that the path still names that directory and
+  every file is still there before it claims the sidecar and again before
+  Orbax commits (then also that every array in Orbax's store still reads),
+  and that nobody committed the step meanwhile. The files are what counts:
+  the other save's Orbax may delete some and fail to delete the directory,
+  and a directory made anew may get the old one's inode number back.
 
 The save that loses raises `ConcurrentSaveError`, and removes the files its
 token names; Orbax then does not commit it. The other commits whole.
@@ -75,11 +79,19 @@ def begin(started: Started) -> None:
 
 
 def before_sidecar(started: Started) -> None:
-    """Raises if the directory is no longer the one this save started in."""
+    """Raises if the directory is no longer the one this save started in, or
+    a file this save wrote in it is gone.
+
+    Both are looked at: a directory deleted and made anew may get the old
+    one's inode number back.
+    """
     if started.identity is not None and _identity(started.directory) != (
         started.identity
     ):
         _lose(started, _REPLACED)
+    gone = _gone_files(started)
+    if gone:
+        _lose(started, f"{_DELETED}; gone: {_some(gone)}")
 
 
 def explain(started: Started | None, error: BaseException) -> None:
@@ -132,16 +144,23 @@ def before_commit(started: Started) -> None:
     final = final_directory(started.directory)
     if final is not None and (final / FILE_NAME).exists():
         _lose(started, f"the other save committed the step first, at {final}")
-    gone = _gone(started)
+    gone = _gone_arrays(started)
     if gone:
         _lose(started, f"{_DELETED}; gone: {_some(gone)}")
     _remove_others(started)
 
 
-def _gone(started: Started) -> list[str]:
-    """This save's files, and arrays in Orbax's store, that are no longer there."""
-    if started.identity is None:
+def _gone_arrays(started: Started) -> list[str]:
+    """The arrays this save gave Orbax's store that no longer read."""
+    if started.identity is None or not started.stored_keys:
         return []
+    arrays = arrays_dir(started.directory, started.token)
+    missing = missing_in_store(arrays, started.stored_keys)
+    return [f"array `{key}` in {arrays.name}" for key in missing]
+
+
+def _gone_files(started: Started) -> list[str]:
+    """The files this save wrote itself that are gone, or not as written."""
     gone = []
     for path, was in started.written.items():
         try:
@@ -151,10 +170,6 @@ def _gone(started: Started) -> list[str]:
             continue
         if (st.st_dev, st.st_ino, st.st_size) != was:
             gone.append(os.path.basename(path))
-    if started.stored_keys:
-        arrays = arrays_dir(started.directory, started.token)
-        missing = missing_in_store(arrays, started.stored_keys)
-        gone += [f"array `{key}` in {arrays.name}" for key in missing]
     return gone
 
 
