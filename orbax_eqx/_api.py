@@ -8,7 +8,8 @@ import orbax.checkpoint as ocp
 from ._errors import OrbaxEqxError
 from ._handler import EqxHandler, EqxRestore, EqxSave
 from ._locate import as_path, find_item
-from ._sidecar import Metadata, read
+from ._sidecar import Metadata
+from ._sidecar_read import read
 
 
 class CheckpointExistsError(OrbaxEqxError, FileExistsError):

@@ -20,7 +20,8 @@ from . import _skeleton
 from ._locate import find_item
 from ._progress import Progress
 from ._read import LeafReader, read_cost
-from ._sidecar import ALIAS, LeafMetadata, Metadata, read
+from ._sidecar import ALIAS, LeafMetadata, Metadata
+from ._sidecar_read import read
 from ._values import describe, scalar_type
 from ._walk import ARRAY, SCALAR
 

@@ -23,7 +23,8 @@ from ._locate import find_item
 from ._progress import Progress
 from ._read import LeafReader
 from ._rename_map import RenameMap, identity
-from ._sidecar import LeafMetadata, Metadata, read
+from ._sidecar import LeafMetadata, Metadata
+from ._sidecar_read import read
 from ._walk import ARRAY, parse_dtype
 
 DEFAULT_MAX_SHARD_SIZE = 5 * 1000**3  # Hugging Face's default, "5GB"

@@ -11,7 +11,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from . import _background, _claim, _packing, _sidecar
+from . import _background, _claim, _packing, _sidecar, _sidecar_read
 from ._checksum import host_sum32
 from ._hosts import check_global
 from ._renames import Renames
@@ -209,14 +209,14 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         """Restores into `args.skeleton`, or into a flat `{name: value}` dict."""
         if args is None:
             args = EqxRestore(item)
-        saved = _sidecar.read(epath.Path(directory))
+        saved = _sidecar_read.read(epath.Path(directory))
         if args.skeleton is None:
             return restore_flat(self._inner, directory, saved, verify=args.verify)
         return restore_tree(self._inner, directory, saved, args)
 
     def metadata(self, directory: epath.Path) -> _sidecar.Metadata:
         """What the sidecar records: every leaf, module and static field."""
-        return _sidecar.read(epath.Path(directory))
+        return _sidecar_read.read(epath.Path(directory))
 
     def finalize(self, directory: epath.Path) -> None:
         # Merges the per-process OCDBT trees (without it, multi-host saves
@@ -245,7 +245,7 @@ def _saved_here(directory: epath.Path) -> tuple[str | None, None, bool]:
     start (Orbax finalizing with a new handler)."""
     if not (directory / _sidecar.FILE_NAME).exists():
         return None, None, True
-    saved = _sidecar.read(directory)
+    saved = _sidecar_read.read(directory)
     stored = any(leaf.data == _sidecar.STORED for leaf in saved.leaves.values())
     return saved.token, None, stored
 

@@ -18,7 +18,8 @@ from etils import epath
 
 from ._locate import as_path, find_item, is_item, items_in, steps_in
 from ._names import storage_key
-from ._sidecar import ALIAS, PACKED, STORED, Metadata, arrays_dir, read
+from ._sidecar import ALIAS, PACKED, STORED, Metadata, arrays_dir
+from ._sidecar_read import read
 from ._tree_view import type_text, value_text
 from ._values import describe
 from ._walk import ARRAY, JAX

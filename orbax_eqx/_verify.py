@@ -11,7 +11,8 @@ from ._checksum import crc32, host_sum32
 from ._errors import OrbaxEqxError
 from ._locate import find_item
 from ._read import LeafReader, release_memory
-from ._sidecar import PACKED, STORED, LeafMetadata, Metadata, read
+from ._sidecar import PACKED, STORED, LeafMetadata, Metadata
+from ._sidecar_read import read
 
 _CHUNK = 64 << 20  # bytes of a packed leaf read at a time
 

@@ -7,7 +7,8 @@ import json
 from ._format import human_bytes
 from ._locate import find_item
 from ._progress import Progress
-from ._sidecar import PACKED, STORED, read
+from ._sidecar import PACKED, STORED
+from ._sidecar_read import read
 from ._verify import verify
 
 
