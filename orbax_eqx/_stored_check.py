@@ -13,6 +13,7 @@ the leaves being restored.
 import json
 import math
 import os
+import re
 from collections.abc import Sequence
 
 import jax.numpy as jnp
@@ -20,7 +21,12 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 from etils import epath
 
-from ._errors import CheckpointDamagedError, bullet_list
+from ._errors import (
+    CheckpointDamagedError,
+    CheckpointPermissionError,
+    bullet_list,
+    permission_denied,
+)
 from ._names import storage_key
 from ._sidecar import LeafMetadata
 from ._walk import is_key_dtype, key_data_struct, parse_dtype
@@ -111,6 +117,9 @@ def _open(directory: epath.Path) -> ts.KvStore:
     try:
         return ts.KvStore.open(spec).result()
     except Exception as e:
+        denied = permission_error(e, directory)
+        if denied is not None:
+            raise denied from None
         raise CheckpointDamagedError(
             f"Orbax's array store of the checkpoint at {directory} cannot be "
             f"opened ({first_line(e)}): the checkpoint is damaged. Restore an "
@@ -125,6 +134,9 @@ def _read_all(store: ts.KvStore, keys: list[str], directory) -> list[dict | None
         try:
             result = future.result()
         except Exception as e:
+            denied = permission_error(e, directory)
+            if denied is not None:
+                raise denied from None
             raise CheckpointDamagedError(
                 f"Orbax's array store of the checkpoint at {directory} cannot be "
                 f"read ({first_line(e)}): the checkpoint is damaged. Restore an "
@@ -191,3 +203,23 @@ def first_line(e: BaseException) -> str:
     for tail in (" [tensorstore_spec", ". See full TensorStore details"):
         text = text.split(tail, 1)[0]
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+# How TensorStore names a file it may not open.
+_DENIED = re.compile(r'"([^"]+)": Permission denied')
+
+
+def permission_error(
+    error: BaseException | None, where: object
+) -> CheckpointPermissionError | None:
+    """`permission_denied` for a TensorStore error in `error`'s chain that says
+    a file may not be read, naming that file (else `where`); None if none does."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        if "PERMISSION_DENIED" in text:
+            named = _DENIED.search(text)
+            return permission_denied(named.group(1) if named else where)
+        error = error.__cause__ or error.__context__
+    return None

@@ -19,7 +19,7 @@ from ._checksum import damaged, device_sum32, host_sum32, mismatch
 from ._errors import CheckpointDamagedError, inline_list
 from ._names import storage_key
 from ._sidecar import STORED, Metadata, arrays_dir
-from ._stored_check import check_stored, first_line
+from ._stored_check import check_stored, first_line, permission_error
 from ._walk import JAX, parse_dtype
 
 
@@ -62,10 +62,11 @@ def _orbax_read(inner, directory, to_read: dict) -> dict[str, Any]:
         )
     except Exception as e:  # Orbax raises bare `Exception`s for TensorStore's
         cause = _storage_error(e)
-        if cause is None:
+        denied = permission_error(e, directory)
+        if cause is None and denied is None:
             raise
         records = [request.record for request in to_read.values()]
-        error = unreadable(directory, records, cause)
+        error = denied or unreadable(directory, records, cause)
         _drop_tracebacks(e)  # they hold the reads Orbax abandoned
         error.__cause__ = e  # the whole of Orbax's message, for --debug
     else:

@@ -66,8 +66,9 @@ def verify(
     - `progress`: called with the bytes of each piece read (for a progress bar).
 
     **Returns:** a `VerifyReport`; `report.ok` is False if any leaf is damaged.
-    Raises only if the sidecar itself cannot be read: without it nothing can be
-    checked.
+    Raises if the sidecar itself cannot be read (without it nothing can be
+    checked), and `CheckpointPermissionError` if any file may not be read by
+    this user: that is no damage, and says nothing of the data.
     """
     path = find_item(directory)
     saved = read(path)
@@ -115,6 +116,8 @@ def _check_packed(path: epath.Path, saved: Metadata, record, note):
             crc = crc32(data, crc)
             done += data.nbytes
             note(data.nbytes)
+    except PermissionError:  # not damage: nothing can be said of the data
+        raise
     except (OrbaxEqxError, OSError) as e:
         return str(e).split("\n")[0], done
     if record.crc32 is None:
@@ -127,6 +130,8 @@ def _check_packed(path: epath.Path, saved: Metadata, record, note):
 def _check_stored(reader: LeafReader, record):
     try:
         (data,) = reader.read([record.name], verify=False).values()
+    except PermissionError:  # not damage: nothing can be said of the data
+        raise
     except Exception as e:  # whatever Orbax or TensorStore raise on bad files
         return f"cannot be read: {str(e).splitlines()[0] if str(e) else e!r}"
     if record.sum32 is None:

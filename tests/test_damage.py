@@ -91,14 +91,15 @@ _CHILD = textwrap.dedent(
     import orbax_eqx as oeqx
 
     path, warm, uid = sys.argv[1], sys.argv[2], int(sys.argv[3])
+    run = getattr(oeqx, sys.argv[4])  # restore, or verify
     if warm:  # loads every module a restore needs, before losing access to them
-        oeqx.restore(warm)
+        run(warm)
     if uid >= 0:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
     try:
-        oeqx.restore(path)
+        run(path)
     except Exception as e:
         print(json.dumps({"type": type(e).__name__, "message": str(e)}))
     else:
@@ -107,12 +108,13 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _restore_in_subprocess(path, warm="", uid=-1) -> dict:
+def _restore_in_subprocess(path, warm="", uid=-1, run="restore") -> dict:
     """Restores in a fresh interpreter: a crash there (std::bad_alloc) fails the test
-    without killing pytest. `uid >= 0`: the restore runs as that user."""
+    without killing pytest. `uid >= 0`: the restore runs as that user. `run`:
+    `"verify"` to verify instead."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": PACKAGE_ROOT}
     proc = subprocess.run(
-        [sys.executable, "-c", _CHILD, str(path), str(warm), str(uid)],
+        [sys.executable, "-c", _CHILD, str(path), str(warm), str(uid), run],
         capture_output=True,
         text=True,
         env=env,
@@ -539,8 +541,11 @@ def test_escaping_module_names_are_only_dict_keys(tmp_path, module):
 # --- 5. permissions ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("what", ["directory", "sidecar", "pack"])
-def test_unreadable_checkpoint(tmp_path, what):
+@pytest.mark.parametrize("run", ["restore", "verify"])
+@pytest.mark.parametrize("what", ["directory", "sidecar", "pack", "store", "data"])
+def test_unreadable_checkpoint(tmp_path, what, run):
+    # Unreadable is not damaged: `verify` raises too, rather than report a leaf
+    # as damaged (which could get a good checkpoint deleted).
     if os.geteuid() == 0:
         # Root reads anything: restore as nobody, in a directory nobody can reach.
         base = tempfile.mkdtemp(prefix="oeqx-perm-")
@@ -549,7 +554,11 @@ def test_unreadable_checkpoint(tmp_path, what):
         base = str(tmp_path)
     try:
         path = os.path.join(base, "ckpt")
-        oeqx.save(path, {"w": jnp.arange(8.0)})
+        # "store", "data": Orbax's array store, or a data file in it.
+        stored = what in ("store", "data")
+        oeqx.save(
+            path, {"w": jnp.arange(8.0 if not stored else 100_000)}, pack=not stored
+        )
         shutil.copytree(path, os.path.join(base, "warm"))
         for dirpath, dirnames, filenames in os.walk(base):
             for n in dirnames:
@@ -557,23 +566,34 @@ def test_unreadable_checkpoint(tmp_path, what):
             for n in filenames:
                 os.chmod(os.path.join(dirpath, n), 0o644)
         targets = {"directory": path, "sidecar": os.path.join(path, SIDECAR)}
+        if stored:
+            targets["store"] = os.fspath(_store(Path(path)))
+            data = Path(targets["store"]).glob("ocdbt.process_0/d/*")
+            targets["data"] = os.fspath(max(data, key=os.path.getsize))
         target = targets.get(what) or os.fspath(_pack(Path(path)))
         os.chmod(target, 0o000)
         before = _snapshot(base) if os.geteuid() != 0 else None
         if os.geteuid() == 0:
-            result = _restore_in_subprocess(path, os.path.join(base, "warm"), 65534)
+            warm = os.path.join(base, "warm")
+            result = _restore_in_subprocess(path, warm, 65534, run)
             kind, message = result["type"], result["message"]
         else:
             with pytest.raises(oeqx.CheckpointPermissionError) as info:
-                oeqx.restore(path)
+                getattr(oeqx, run)(path)
             kind, message = type(info.value).__name__, str(info.value)
             assert isinstance(info.value, PermissionError)
-        os.chmod(target, 0o755 if what == "directory" else 0o644)
+        os.chmod(target, 0o755 if what in ("directory", "store") else 0o644)
         if before is not None:
             assert _snapshot(base) == before
         assert kind == "CheckpointPermissionError", message
+        # The file that could not be read: in an unreadable store, the first
+        # one TensorStore tried.
+        named = message.removeprefix("Permission denied: ").split(" cannot be ")[0]
+        assert named == target or (
+            what == "store" and named.startswith(target + os.sep)
+        ), message
         assert message == (
-            f"Permission denied: {target} cannot be read by this user. Check the "
+            f"Permission denied: {named} cannot be read by this user. Check the "
             "permissions of the checkpoint's directory and files (`ls -l`), or run "
             "as the user that saved it."
         )
