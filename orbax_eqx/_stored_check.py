@@ -98,8 +98,9 @@ def missing_in_store(directory: epath.Path, keys: Sequence[str]) -> list[str]:
         firsts = [store.read(k, byte_range=slice(0, 1)) for k in listed]
         whole, broken = set(), set()
         for k, first in zip(listed, firsts):
-            key, _, last = k.decode("utf-8", "surrogateescape").rpartition("/")
-            if last in (_ZARR2, _ZARR3):
+            # `<storage key>/<zarr metadata or chunk>`: storage keys hold no `/`.
+            key, _, rest = k.decode("utf-8", "surrogateescape").partition("/")
+            if rest in (_ZARR2, _ZARR3):
                 whole.add(key)
             if first.result().state != "value" or not first.result().value:
                 broken.add(key)

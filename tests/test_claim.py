@@ -14,6 +14,8 @@ from etils import epath
 
 import orbax_eqx as oeqx
 from orbax_eqx import _claim, _packing
+from orbax_eqx._sidecar import arrays_dir
+from orbax_eqx._stored_check import missing_in_store
 
 GATE_TIMEOUT_S = 60
 
@@ -203,3 +205,36 @@ def test_a_save_whose_stored_arrays_were_deleted_stops(tmp_path, held_commit):
         mngr.wait_until_finished()
     assert not (tmp_path / "5").exists()
     mngr.close()
+
+
+STORE_FORMATS = {
+    "ocdbt": {},
+    "no-ocdbt": {"use_ocdbt": False},
+    "zarr3": {"use_zarr3": True},
+    "zarr3-no-ocdbt": {"use_ocdbt": False, "use_zarr3": True},
+}
+
+
+@pytest.mark.parametrize("options", STORE_FORMATS.values(), ids=STORE_FORMATS)
+def test_the_commit_check_finds_what_left_orbaxs_store(tmp_path, options):
+    """`missing_in_store`, which `before_commit` asks, in every store format:
+    a whole store is whole; an array whose metadata record is gone, or (in an
+    OCDBT store, where values live in shared data files) whose data file is
+    gone, is named, and only it."""
+    item = {"big": jnp.arange(65536.0).reshape(256, 256), "small": jnp.arange(3.0), "step": 5}
+    path = tmp_path / "ckpt"
+    oeqx.save(path, item, pack=False, **options)
+    store = arrays_dir(epath.Path(path), oeqx.metadata(path).token)
+    keys = ["big", "small"]
+    assert missing_in_store(store, keys) == []
+    if options.get("use_ocdbt", True):
+        # `big` has a data file of its own; `small` is kept inline.
+        for data in store.glob("ocdbt.process_*/d/*"):
+            if os.path.getsize(data) > 256 * 256 * 4 // 2:
+                data.unlink()
+    else:
+        meta = "zarr.json" if options.get("use_zarr3") else ".zarray"
+        (store / "big" / meta).unlink()
+    assert missing_in_store(store, keys) == ["big"]
+    shutil.rmtree(store)
+    assert missing_in_store(store, keys) == keys
