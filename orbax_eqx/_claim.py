@@ -205,13 +205,7 @@ _REPLACED = (
 
 def _lose(started: Started, what: str) -> None:
     remove(started.directory, started.token)
-    for path, was in started.written.items():  # its sidecar, if it claimed one
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) == was[:2]:
-            _unlink(epath.Path(path))
+    _remove_own_sidecar(started)
     where = started.directory
     raise ConcurrentSaveError(
         f"Another save of the same step ran into {where} at the same time: {what}. "
@@ -231,6 +225,24 @@ def remove(directory: epath.Path, token: str) -> None:
     for name in _names(directory):
         if name.startswith(prefix):
             _unlink(directory / name)
+
+
+def _remove_own_sidecar(started: Started) -> None:
+    """Removes the sidecar, if this save claimed it: if it names its token.
+
+    Not by inode: the other save's sidecar may have got the inode number of
+    this one's, deleted with the directory.
+    """
+    path = started.directory / FILE_NAME
+    if os.fspath(path) not in started.written:
+        return
+    try:
+        with open(os.fspath(path), "rb") as f:
+            ours = f'"token": "{started.token}"'.encode() in f.read(1 << 20)
+    except OSError:
+        return
+    if ours:
+        _unlink(path)
 
 
 def _remove_others(started: Started) -> None:

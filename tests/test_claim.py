@@ -106,6 +106,25 @@ def test_a_save_whose_written_file_was_deleted_stops_before_its_sidecar(tmp_path
         _claim.before_sidecar(started)
 
 
+def test_a_losing_save_removes_its_own_sidecar_only(tmp_path):
+    other = tmp_path / "other"
+    oeqx.save(other, _item(2.0))
+    directory = tmp_path / "5.orbax-checkpoint-tmp" / "default.orbax-checkpoint-tmp"
+    directory.mkdir(parents=True)
+    started = _claim.Started(epath.Path(directory), _claim.new_token())
+    _claim.begin(started)
+    sidecar = directory / "orbax_eqx.json"
+    sidecar.write_text(f'{{\n "token": "{started.token}"\n}}\n')
+    _claim.wrote(started, sidecar)
+    # The other save deleted this one's sidecar and put its own in its place
+    # (which may even get the deleted one's inode number).
+    sidecar.unlink()
+    shutil.copy(other / "orbax_eqx.json", sidecar)
+    with pytest.raises(oeqx.ConcurrentSaveError):
+        _claim.before_sidecar(started)
+    assert oeqx.metadata(directory).token == oeqx.metadata(other).token
+
+
 def test_a_save_whose_step_was_committed_meanwhile_stops(tmp_path, held):
     reached, release = held
     other = tmp_path / "other"
@@ -221,7 +240,8 @@ def test_the_commit_check_finds_what_left_orbaxs_store(tmp_path, options):
     a whole store is whole; an array whose metadata record is gone, or (in an
     OCDBT store, where values live in shared data files) whose data file is
     gone, is named, and only it."""
-    item = {"big": jnp.arange(65536.0).reshape(256, 256), "small": jnp.arange(3.0), "step": 5}
+    big = jnp.arange(65536.0).reshape(256, 256)
+    item = {"big": big, "small": jnp.arange(3.0), "step": 5}
     path = tmp_path / "ckpt"
     oeqx.save(path, item, pack=False, **options)
     store = arrays_dir(epath.Path(path), oeqx.metadata(path).token)
