@@ -10,7 +10,7 @@ go through `epath`, one range at a time.
 
 import concurrent.futures
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 from etils import epath
@@ -100,11 +100,25 @@ def _pwritev_all(fd: int, views: list[memoryview], offset: int) -> int:
     return total
 
 
-def read(path: epath.Path, ranges: Sequence[tuple[int, int]]) -> list[np.ndarray]:
-    """Reads each byte range `[start, stop)` of `path` into its own aligned buffer."""
+def read(
+    path: epath.Path,
+    ranges: Sequence[tuple[int, int]],
+    *,
+    meanwhile: Callable[[list[np.ndarray], Callable[[int, int], None]], None]
+    | None = None,
+) -> list[np.ndarray]:
+    """Reads each byte range `[start, stop)` of `path` into its own aligned buffer.
+
+    `meanwhile(buffers, ready)`, if given, runs in this thread while the reads
+    are in flight (to check bytes as they arrive): `ready(i, stop)` returns
+    once the first `stop` bytes of `buffers[i]` are read, and raises what
+    their read raised.
+    """
     if not _is_local(path):
         buffers = [aligned_empty(stop - start) for start, stop in ranges]
         _read_remote(path, ranges, buffers)
+        if meanwhile is not None:
+            meanwhile(buffers, _all_ready)
         return buffers
     try:
         fd = os.open(os.fspath(path), os.O_RDONLY)
@@ -121,20 +135,42 @@ def read(path: epath.Path, ranges: Sequence[tuple[int, int]]) -> list[np.ndarray
             raise _damaged(path, f"has {size} bytes where {end} were written")
         buffers = [aligned_empty(stop - start) for start, stop in ranges]
         jobs = [
-            (memoryview(buf)[i : i + _PIECE], start + i)
-            for (start, _), buf in zip(ranges, buffers)
-            for i in range(0, buf.nbytes, _PIECE)
+            (i, memoryview(buf)[at : at + _PIECE], start + at)
+            for i, ((start, _), buf) in enumerate(zip(ranges, buffers))
+            for at in range(0, buf.nbytes, _PIECE)
         ]
-        if len(jobs) == 1:
-            _pread_exactly(fd, *jobs[0], path)
+        if len(jobs) <= 1:
+            for _, view, offset in jobs:
+                _pread_exactly(fd, view, offset, path)
+            if meanwhile is not None:
+                meanwhile(buffers, _all_ready)
         else:
             with concurrent.futures.ThreadPoolExecutor(_READERS) as pool:
-                done = [pool.submit(_pread_exactly, fd, *job, path) for job in jobs]
-                for future in done:
-                    future.result()
+                pieces: list[list[concurrent.futures.Future]] = [[] for _ in buffers]
+                for i, view, at in jobs:  # in file order
+                    pieces[i].append(pool.submit(_pread_exactly, fd, view, at, path))
+                try:
+                    if meanwhile is not None:
+                        seen = [0] * len(buffers)  # pieces known to be read
+
+                        def ready(i: int, stop: int) -> None:
+                            while seen[i] < -(-stop // _PIECE):
+                                pieces[i][seen[i]].result()
+                                seen[i] += 1
+
+                        meanwhile(buffers, ready)
+                    for piece in (p for ps in pieces for p in ps):
+                        piece.result()
+                finally:
+                    for piece in (p for ps in pieces for p in ps):
+                        piece.cancel()  # after an error: the rest is not wanted
     finally:
         os.close(fd)
     return buffers
+
+
+def _all_ready(i: int, stop: int) -> None:
+    """`ready` for reads that are all done."""
 
 
 def _pread_exactly(fd: int, view: memoryview, offset: int, path) -> None:

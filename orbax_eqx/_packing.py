@@ -38,7 +38,8 @@ from ._walk import (
 # Two wanted ranges closer than this are read as one: a read call costs more
 # than reading the bytes between them.
 MAX_GAP = 1 << 20
-_CHECKERS = 2  # threads computing CRCs on restore (zlib releases the GIL)
+# Bytes of a leaf checked at a time on restore, while later ones are read.
+_CHECK_PIECE = 16 << 20
 
 
 def packable(x: Any) -> bool:
@@ -128,47 +129,44 @@ def read(
     A request has the leaf's sidecar `record`, the target `dtype`, the
     `container` (jax or numpy) and, for jax arrays, the target `sharding`.
     Only the wanted leaves' bytes are read (see `plan`). With `verify`, each
-    leaf's bytes are checked against the CRC-32 its sidecar records, if any.
+    leaf's bytes are checked against the CRC-32 its sidecar records, if any,
+    in this thread while the reader threads go on reading.
     """
     by_pack: dict[int, dict[str, Any]] = {}
     for name, request in requests.items():
         by_pack.setdefault(request.record.pack, {})[name] = request
-    hosts = {}
+    hosts, problems = {}, []
     for pack, wanted in by_pack.items():
         spans = {name: _span(r.record) for name, r in wanted.items()}
         ranges, where = plan(spans)
-        buffers = _packfile.read(directory / packs[pack].file, ranges)
+        check = None
+        if verify:
+            records = {name: r.record for name, r in wanted.items()}
+            check = functools.partial(_check, records, where, problems)
+        buffers = _packfile.read(directory / packs[pack].file, ranges, meanwhile=check)
         for name, request in wanted.items():
             i, start = where[name]
             hosts[name] = _view(buffers[i], start, request.record)
-    if verify:
-        check(directory, {n: (requests[n].record, h) for n, h in hosts.items()})
+    if problems:
+        raise damaged(directory, problems)
     return _to_arrays(hosts, requests)
 
 
-def check(directory: epath.Path, read: dict[str, tuple[Any, np.ndarray]]) -> None:
-    """Raises if any leaf's bytes `read` differ from the CRC-32 its record holds."""
-    todo = [(r, x) for r, x in read.values() if r.crc32 is not None]
-    if not todo:
-        return
-    # A few groups of about equal bytes, one per thread: a task per leaf would
-    # cost more than the CRCs on a model of thousands of small arrays.
-    groups: list[list] = [[] for _ in range(_CHECKERS)]
-    sizes = [0] * _CHECKERS
-    for rx in sorted(todo, key=lambda rx: -rx[1].nbytes):
-        i = sizes.index(min(sizes))
-        groups[i].append(rx)
-        sizes[i] += rx[1].nbytes
-    with concurrent.futures.ThreadPoolExecutor(_CHECKERS) as pool:
-        done = pool.map(lambda group: [(r, crc32(x)) for r, x in group], groups)
-        found = [pair for group in done for pair in group]
-    problems = [
-        mismatch(record, "CRC-32", record.crc32, crc)
-        for record, crc in found
-        if crc != record.crc32
-    ]
-    if problems:
-        raise damaged(directory, problems)
+def _check(records, where, problems: list[str], buffers, ready) -> None:
+    """Checks each leaf's bytes against the CRC-32 its record holds, in file
+    order, as the reads bring them in (see `_packfile.read`); appends a line
+    to `problems` for each that differs."""
+    todo = [name for name in records if records[name].crc32 is not None]
+    for name in sorted(todo, key=lambda name: where[name]):
+        record = records[name]
+        i, start = where[name]
+        crc, stop = 0, start + record.nbytes
+        for at in range(start, stop, _CHECK_PIECE):
+            end = min(at + _CHECK_PIECE, stop)
+            ready(i, end)
+            crc = crc32(buffers[i][at:end], crc)
+        if crc != record.crc32:
+            problems.append(mismatch(record, "CRC-32", record.crc32, crc))
 
 
 def _span(record) -> tuple[int, int]:

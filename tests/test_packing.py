@@ -1,5 +1,6 @@
 """The packed layout: unsharded arrays as byte ranges of one pack file."""
 
+import errno
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 import zoo
+from etils import epath
 
 import orbax_eqx as oeqx
 from orbax_eqx import _packfile, _packing
@@ -130,9 +132,9 @@ def test_partial_restore_reads_only_the_wanted_leaves(tmp_path, monkeypatch):
     reads = []
     real_read = _packfile.read
 
-    def recording_read(path, ranges):
+    def recording_read(path, ranges, **options):
         reads.extend(ranges)
-        return real_read(path, ranges)
+        return real_read(path, ranges, **options)
 
     monkeypatch.setattr(_packfile, "read", recording_read)
     skeleton = {"b": jax.ShapeDtypeStruct((10,), jnp.int32)}
@@ -337,3 +339,45 @@ def test_sharded_arrays_stay_per_leaf_on_8_devices(tmp_path):
     assert oeqx.metadata(path).leaves["sharded"].sum32 is not None
     report = oeqx.verify(path)
     assert report.ok and "sharded" in report.checked
+
+
+def test_read_lets_bytes_be_checked_as_they_arrive(tmp_path, monkeypatch):
+    monkeypatch.setattr(_packfile, "_PIECE", 4096)  # many pieces, several threads
+    data = np.random.default_rng(0).integers(0, 256, 300_000, np.uint8)
+    path = tmp_path / "pack.bin"
+    path.write_bytes(data.tobytes())
+    ranges = [(0, 100_000), (150_000, 300_000)]
+    seen = []
+
+    def meanwhile(buffers, ready):
+        for i, (start, stop) in enumerate(ranges):
+            for upto in (1, 5000, stop - start):
+                ready(i, upto)  # then the first `upto` bytes are there
+                seen.append(
+                    bytes(buffers[i][:upto]) == data[start : start + upto].tobytes()
+                )
+
+    buffers = _packfile.read(epath.Path(path), ranges, meanwhile=meanwhile)
+    assert seen == [True] * 6
+    for (start, stop), buffer in zip(ranges, buffers):
+        np.testing.assert_array_equal(buffer, data[start:stop])
+    # A read that fails (an I/O error at byte 200,000) raises from `ready`.
+    pread = _packfile._pread_exactly
+
+    def failing_pread(fd, view, offset, path):
+        if offset >= 200_000:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        pread(fd, view, offset, path)
+
+    monkeypatch.setattr(_packfile, "_pread_exactly", failing_pread)
+    reached = []
+
+    def checking(buffers, ready):
+        ready(0, 100_000)
+        reached.append(100_000)
+        ready(0, 300_000)
+        reached.append(300_000)
+
+    with pytest.raises(OSError, match="Input/output error"):
+        _packfile.read(epath.Path(path), [(0, 300_000)], meanwhile=checking)
+    assert reached == [100_000]
