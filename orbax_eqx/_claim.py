@@ -168,8 +168,13 @@ def _gone_files(started: Started) -> list[str]:
         except FileNotFoundError:
             gone.append(os.path.basename(path))
             continue
-        if (st.st_dev, st.st_ino, st.st_size) != was:
-            gone.append(os.path.basename(path))
+        name = os.path.basename(path)
+        # A sidecar is also read: the other's may have got this one's inode
+        # number, and have the same size.
+        if (st.st_dev, st.st_ino, st.st_size) != was or (
+            name == FILE_NAME and not _is_sidecar_of(path, started.token)
+        ):
+            gone.append(name)
     return gone
 
 
@@ -234,15 +239,18 @@ def _remove_own_sidecar(started: Started) -> None:
     this one's, deleted with the directory.
     """
     path = started.directory / FILE_NAME
-    if os.fspath(path) not in started.written:
-        return
-    try:
-        with open(os.fspath(path), "rb") as f:
-            ours = f'"token": "{started.token}"'.encode() in f.read(1 << 20)
-    except OSError:
-        return
-    if ours:
+    if os.fspath(path) in started.written and _is_sidecar_of(path, started.token):
         _unlink(path)
+
+
+def _is_sidecar_of(sidecar: str | epath.Path, token: str) -> bool:
+    """Whether `sidecar` is the one of the save `token` (the token is near
+    its start)."""
+    try:
+        with open(os.fspath(sidecar), "rb") as f:
+            return f'"token": "{token}"'.encode() in f.read(1 << 16)
+    except OSError:
+        return False
 
 
 def _remove_others(started: Started) -> None:

@@ -125,6 +125,25 @@ def test_a_losing_save_removes_its_own_sidecar_only(tmp_path):
     assert oeqx.metadata(directory).token == oeqx.metadata(other).token
 
 
+def test_a_sidecar_replaced_in_place_is_not_taken_for_ones_own(tmp_path):
+    # The other save's sidecar at the same inode number, of the same size: as
+    # when the deleted one's inode is reused. Only its token tells.
+    directory = tmp_path / "5.orbax-checkpoint-tmp" / "default.orbax-checkpoint-tmp"
+    directory.mkdir(parents=True)
+    started = _claim.Started(epath.Path(directory), _claim.new_token())
+    _claim.begin(started)
+    sidecar = directory / "orbax_eqx.json"
+    sidecar.write_text(f'{{\n "token": "{started.token}"\n}}\n')
+    _claim.wrote(started, sidecar)
+    others = f'{{\n "token": "{_claim.new_token()}"\n}}\n'
+    with open(sidecar, "r+") as f:
+        f.write(others)
+    what = DELETED.format(gone=r"orbax_eqx\.json")
+    with pytest.raises(oeqx.ConcurrentSaveError, match=MESSAGE.format(what=what)):
+        _claim.before_sidecar(started)
+    assert sidecar.read_text() == others  # the other's, kept
+
+
 def test_a_save_whose_step_was_committed_meanwhile_stops(tmp_path, held):
     reached, release = held
     other = tmp_path / "other"
