@@ -197,7 +197,7 @@ _MISSING = (-1, -1)
 
 
 # How Orbax and TensorStore say that a file they wrote is gone.
-_MISSING_SIGNS = ("NOT_FOUND", "No ArrayMetadata found")
+_MISSING_SIGNS = ("NOT_FOUND", "No ArrayMetadata found", "params are missing")
 _DELETED = (
     "files this save had written were deleted while it ran (Orbax deletes an "
     "unfinished temporary directory when a save of the same step starts)"

@@ -4,6 +4,7 @@ at once, is in integration_tests/test_two_writers.py; here each way of losing
 is staged, deterministically, by holding a save at a known point."""
 
 import os
+import re
 import shutil
 import threading
 
@@ -142,6 +143,28 @@ def test_a_sidecar_replaced_in_place_is_not_taken_for_ones_own(tmp_path):
     with pytest.raises(oeqx.ConcurrentSaveError, match=MESSAGE.format(what=what)):
         _claim.before_sidecar(started)
     assert sidecar.read_text() == others  # the other's, kept
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        FileNotFoundError(2, "No such file or directory"),
+        ValueError('NOT_FOUND: Error reading "w/0" in OCDBT database'),
+        ValueError("No ArrayMetadata found for process_index=0"),
+        ValueError("Save failed: 1/8 params are missing .zarray in checkpoint"),
+    ],
+    ids=["FileNotFoundError", "NOT_FOUND", "ArrayMetadata", "zarray"],
+)
+def test_errors_of_files_gone_missing_are_explained(tmp_path, error):
+    # How Orbax and TensorStore fail when a save's files were deleted under it.
+    directory = tmp_path / "5.orbax-checkpoint-tmp" / "default.orbax-checkpoint-tmp"
+    directory.mkdir(parents=True)
+    started = _claim.Started(epath.Path(directory), _claim.new_token())
+    _claim.begin(started)
+    what = re.escape(_claim._DELETED)
+    with pytest.raises(oeqx.ConcurrentSaveError, match=MESSAGE.format(what=what)):
+        _claim.explain(started, error)
+    _claim.explain(started, ValueError("some other failure"))  # not explained
 
 
 def test_a_save_whose_step_was_committed_meanwhile_stops(tmp_path, held):
