@@ -69,13 +69,28 @@ DELETED = (
 )
 
 
-def test_a_save_whose_directory_was_replaced_stops(tmp_path):
-    # Staged on `_claim` itself: through a manager, Orbax's own background
-    # making of the directory races with the test's replacing it.
+def _begun(tmp_path):
+    """A save's item directory, and the save, begun in it: for staging on
+    `_claim` itself."""
     directory = tmp_path / "5.orbax-checkpoint-tmp" / "default.orbax-checkpoint-tmp"
     directory.mkdir(parents=True)
     started = _claim.Started(epath.Path(directory), _claim.new_token())
-    _claim.begin(started)  # as its writes start
+    _claim.begin(started)
+    return directory, started
+
+
+def _claimed_sidecar(directory, started):
+    """The save's sidecar, written (its token is all `_claim` reads of it)."""
+    sidecar = directory / "orbax_eqx.json"
+    sidecar.write_text(f'{{\n "token": "{started.token}"\n}}\n')
+    _claim.wrote(started, sidecar)
+    return sidecar
+
+
+def test_a_save_whose_directory_was_replaced_stops(tmp_path):
+    # Staged on `_claim` itself: through a manager, Orbax's own background
+    # making of the directory races with the test's replacing it.
+    directory, started = _begun(tmp_path)  # as its writes start
     # What a second save of step 5 does when it starts: delete, make anew.
     # (Made before the old one is deleted: a directory made after may get the
     # old one's inode number back, and only files this save wrote there would
@@ -92,10 +107,7 @@ def test_a_save_whose_directory_was_replaced_stops(tmp_path):
 
 
 def test_a_save_whose_written_file_was_deleted_stops_before_its_sidecar(tmp_path):
-    directory = tmp_path / "5.orbax-checkpoint-tmp" / "default.orbax-checkpoint-tmp"
-    directory.mkdir(parents=True)
-    started = _claim.Started(epath.Path(directory), _claim.new_token())
-    _claim.begin(started)
+    directory, started = _begun(tmp_path)
     pack = directory / f"orbax_eqx~packed.{started.token}.0.bin"
     pack.write_bytes(b"packed arrays")
     _claim.wrote(started, pack)
@@ -110,13 +122,8 @@ def test_a_save_whose_written_file_was_deleted_stops_before_its_sidecar(tmp_path
 def test_a_losing_save_removes_its_own_sidecar_only(tmp_path):
     other = tmp_path / "other"
     oeqx.save(other, _item(2.0))
-    directory = tmp_path / "5.orbax-checkpoint-tmp" / "default.orbax-checkpoint-tmp"
-    directory.mkdir(parents=True)
-    started = _claim.Started(epath.Path(directory), _claim.new_token())
-    _claim.begin(started)
-    sidecar = directory / "orbax_eqx.json"
-    sidecar.write_text(f'{{\n "token": "{started.token}"\n}}\n')
-    _claim.wrote(started, sidecar)
+    directory, started = _begun(tmp_path)
+    sidecar = _claimed_sidecar(directory, started)
     # The other save deleted this one's sidecar and put its own in its place
     # (which may even get the deleted one's inode number).
     sidecar.unlink()
@@ -129,13 +136,8 @@ def test_a_losing_save_removes_its_own_sidecar_only(tmp_path):
 def test_a_sidecar_replaced_in_place_is_not_taken_for_ones_own(tmp_path):
     # The other save's sidecar at the same inode number, of the same size: as
     # when the deleted one's inode is reused. Only its token tells.
-    directory = tmp_path / "5.orbax-checkpoint-tmp" / "default.orbax-checkpoint-tmp"
-    directory.mkdir(parents=True)
-    started = _claim.Started(epath.Path(directory), _claim.new_token())
-    _claim.begin(started)
-    sidecar = directory / "orbax_eqx.json"
-    sidecar.write_text(f'{{\n "token": "{started.token}"\n}}\n')
-    _claim.wrote(started, sidecar)
+    directory, started = _begun(tmp_path)
+    sidecar = _claimed_sidecar(directory, started)
     others = f'{{\n "token": "{_claim.new_token()}"\n}}\n'
     with open(sidecar, "r+") as f:
         f.write(others)
@@ -157,10 +159,7 @@ def test_a_sidecar_replaced_in_place_is_not_taken_for_ones_own(tmp_path):
 )
 def test_errors_of_files_gone_missing_are_explained(tmp_path, error):
     # How Orbax and TensorStore fail when a save's files were deleted under it.
-    directory = tmp_path / "5.orbax-checkpoint-tmp" / "default.orbax-checkpoint-tmp"
-    directory.mkdir(parents=True)
-    started = _claim.Started(epath.Path(directory), _claim.new_token())
-    _claim.begin(started)
+    directory, started = _begun(tmp_path)
     what = re.escape(_claim._DELETED)
     with pytest.raises(oeqx.ConcurrentSaveError, match=MESSAGE.format(what=what)):
         _claim.explain(started, error)
