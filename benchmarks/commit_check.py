@@ -27,9 +27,9 @@ import _models  # noqa: E402
 from etils import epath  # noqa: E402
 
 import orbax_eqx as oeqx  # noqa: E402
-from orbax_eqx._names import storage_key  # noqa: E402
-from orbax_eqx._sidecar import STORED, arrays_dir  # noqa: E402
-from orbax_eqx._stored_check import missing_in_store  # noqa: E402
+from orbax_eqx._format.sidecar import STORED, arrays_dir  # noqa: E402
+from orbax_eqx._storage.stored_check import missing_in_store  # noqa: E402
+from orbax_eqx._tree.names import storage_key  # noqa: E402
 
 
 def main() -> None:

@@ -27,7 +27,7 @@ import orbax_eqx as oeqx
 # carries that over from the parent through fork and exec.
 _PEAK = "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])"
 _EXPORT = (
-    "import sys; from orbax_eqx._cli import main; rc = main(sys.argv[1:]); "
+    "import sys; from orbax_eqx._tools.cli import main; rc = main(sys.argv[1:]); "
     f"{_PEAK}; sys.exit(rc)"
 )
 _RESTORE_THEN_SAVE = (

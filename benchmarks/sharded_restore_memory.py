@@ -137,8 +137,8 @@ def worker(args) -> None:
     before = status_kib("VmRSS")
     start = time.perf_counter()
     if args.way == "plain-orbax-8":
-        from orbax_eqx._names import storage_key  # the keys orbax_eqx stored under
-        from orbax_eqx._walk import walk
+        from orbax_eqx._tree.names import storage_key  # the keys orbax_eqx stored under
+        from orbax_eqx._tree.walk import walk
 
         leaves = walk(skeleton).leaves
         item = {

@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding, SingleDeviceSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import orbax_eqx as oeqx  # noqa: E402
-from orbax_eqx._walk import walk  # noqa: E402
+from orbax_eqx._tree.walk import walk  # noqa: E402
 
 ROOT = Path(args.root)
 FINGERPRINTS = ROOT.parent / "fingerprints.json"

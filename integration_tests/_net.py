@@ -18,7 +18,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import orbax_eqx as oeqx
-from orbax_eqx._walk import walk  # the leaf names the rules match
+from orbax_eqx._tree.walk import walk  # the leaf names the rules match
 
 DIM = 16
 ARRAY_LEAVES = 20  # jax arrays in `make_item`

@@ -1,6 +1,6 @@
 """`python -m orbax_eqx ...`: see `orbax_eqx._cli`."""
 
-from ._cli import main
+from ._tools.cli import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -3,7 +3,7 @@
 import pytest
 from etils import epath
 
-from orbax_eqx._background import target
+from orbax_eqx._save.background import target
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import orbax_eqx as oeqx
-from orbax_eqx._cli import main
+from orbax_eqx._tools.cli import main
 
 
 def run_cli(*args, cwd):

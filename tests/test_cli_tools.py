@@ -13,9 +13,9 @@ from safetensors import safe_open
 from test_cli import run_cli
 
 import orbax_eqx as oeqx
-from orbax_eqx._cli import main
-from orbax_eqx._diff import compare
-from orbax_eqx._progress import Progress
+from orbax_eqx._tools.cli import main
+from orbax_eqx._tools.diff import compare
+from orbax_eqx._tools.progress import Progress
 
 # The user's code: `module:function` skeletons for diff and import.
 MODELS_PY = """
@@ -402,7 +402,7 @@ def test_compare(a, b, rtol, atol, expected):
     ids=["not-callable", "import-fails", "no-file", "no-function-name"],
 )
 def test_skeleton_errors(tmp_path, monkeypatch, source, spec, message):
-    from orbax_eqx._skeleton import SkeletonError, load
+    from orbax_eqx._tools.skeleton import SkeletonError, load
 
     (tmp_path / "m.py").write_text(source)
     monkeypatch.chdir(tmp_path)
@@ -411,7 +411,7 @@ def test_skeleton_errors(tmp_path, monkeypatch, source, spec, message):
 
 
 def test_skeleton_from_file(tmp_path, monkeypatch):
-    from orbax_eqx._skeleton import load, looks_like_spec
+    from orbax_eqx._tools.skeleton import load, looks_like_spec
 
     (tmp_path / "m.py").write_text("def f():\n    return {'a': 1}\n")
     monkeypatch.chdir(tmp_path)

@@ -28,8 +28,8 @@ import tensorstore as ts
 import zoo
 
 import orbax_eqx as oeqx
-from orbax_eqx._names import storage_key
-from orbax_eqx._sidecar import arrays_dir
+from orbax_eqx._format.sidecar import arrays_dir
+from orbax_eqx._tree.names import storage_key
 
 KEY_SAVE = jax.random.key(1)
 KEY_SKELETON = jax.random.key(2)

@@ -7,8 +7,8 @@ import pytest
 import zoo
 
 import orbax_eqx as oeqx
-from orbax_eqx._names import MAX_STORAGE_KEY, storage_key
-from orbax_eqx._walk import walk
+from orbax_eqx._tree.names import MAX_STORAGE_KEY, storage_key
+from orbax_eqx._tree.walk import walk
 
 
 def names(tree):

@@ -18,7 +18,8 @@ import zoo
 from etils import epath
 
 import orbax_eqx as oeqx
-from orbax_eqx import _packfile, _packing
+from orbax_eqx._storage import packfile as _packfile
+from orbax_eqx._storage import packing as _packing
 
 KEY_SAVE = jax.random.key(1)
 KEY_SKELETON = jax.random.key(2)

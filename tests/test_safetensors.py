@@ -21,10 +21,10 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 import orbax_eqx as oeqx
-from orbax_eqx import _safetensors as st
-from orbax_eqx._export import ExportError, export
-from orbax_eqx._import import ImportMismatchError, import_
-from orbax_eqx._rename_map import RenameError, load
+from orbax_eqx._restore.rename_map import RenameError, load
+from orbax_eqx._tools import safetensors_io as st
+from orbax_eqx._tools.export import ExportError, export
+from orbax_eqx._tools.importing import ImportMismatchError, import_
 
 KEY = jax.random.key(1)
 KEY_SKELETON = jax.random.key(2)
@@ -185,7 +185,7 @@ def test_export_streams_in_bounded_memory(tmp_path):
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent (this
     # pytest process) through fork and exec.
     code = (
-        "import sys; from orbax_eqx._cli import main; rc = main(sys.argv[1:]); "
+        "import sys; from orbax_eqx._tools.cli import main; rc = main(sys.argv[1:]); "
         "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]); "
         "sys.exit(rc)"
     )
@@ -492,7 +492,7 @@ def test_export_into_a_file(tmp_path):
     ids=["unit", "zero"],
 )
 def test_export_size_arguments(tmp_path, capsys, args, message):
-    from orbax_eqx._cli import main
+    from orbax_eqx._tools.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["export", str(tmp_path), "--to", "safetensors", "out", *args])

@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 
-from orbax_eqx._values import (
+from orbax_eqx._tree.values import (
     clean_repr,
     decode_scalar,
     describe,

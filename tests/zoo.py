@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from orbax_eqx._values import describe_callable
+from orbax_eqx._tree.values import describe_callable
 
 
 def mlp(key):

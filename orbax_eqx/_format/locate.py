@@ -1,0 +1,69 @@
+"""Finds the item directory of a checkpoint from a path a user gives."""
+
+import os
+
+from etils import epath
+
+from .._errors import CheckpointNotFoundError, permission_denied
+from .sidecar import FILE_NAME
+
+
+def as_path(directory: str | os.PathLike) -> epath.Path:
+    """An absolute `epath.Path`; relative local paths are resolved here."""
+    text = os.fspath(directory)
+    if "://" in text:
+        return epath.Path(text)
+    return epath.Path(os.path.abspath(text))
+
+
+def is_item(path: epath.Path) -> bool:
+    return (path / FILE_NAME).exists()
+
+
+def items_in(path: epath.Path) -> list[epath.Path]:
+    return sorted(p for p in path.iterdir() if p.is_dir() and is_item(p))
+
+
+def steps_in(path: epath.Path) -> list[tuple[int, epath.Path]]:
+    """Finished CheckpointManager steps (named by integers) under a root."""
+    steps = []
+    for p in path.iterdir():
+        if p.is_dir() and p.name.isdigit() and items_in(p):
+            steps.append((int(p.name), p))
+    return sorted(steps)
+
+
+def find_item(directory: str | os.PathLike) -> epath.Path:
+    """The item directory at `directory`: itself, or the one item of a step."""
+    path = as_path(directory)
+    if not path.exists():
+        raise CheckpointNotFoundError(f"{path} does not exist.")
+    if not path.is_dir():
+        raise CheckpointNotFoundError(
+            f"{path} is a file; pass the directory of a checkpoint."
+        )
+    if "://" not in os.fspath(path) and not os.access(path, os.R_OK | os.X_OK):
+        # Else the sidecar looks absent, and the error would say "no checkpoint".
+        raise permission_denied(path)
+    if is_item(path):
+        return path
+    items = items_in(path)
+    if len(items) == 1:
+        return items[0]
+    if items:
+        names = ", ".join(p.name for p in items)
+        raise CheckpointNotFoundError(
+            f"{path} holds several orbax_eqx items ({names}); pass one of them, "
+            f"such as {items[0]}."
+        )
+    steps = steps_in(path)
+    if steps:
+        numbers = ", ".join(str(s) for s, _ in steps[-10:])
+        raise CheckpointNotFoundError(
+            f"{path} is a CheckpointManager root (steps {numbers}), not a "
+            f"checkpoint; pass a step directory such as {steps[-1][1]}."
+        )
+    raise CheckpointNotFoundError(
+        f"{path} holds no orbax_eqx checkpoint (no {FILE_NAME} in it or in its "
+        "subdirectories)."
+    )

@@ -1,0 +1,335 @@
+"""The sidecar: a small, versioned JSON file beside the arrays of a checkpoint.
+
+It records every leaf (name, kind, shape, dtype, Python values, where its
+bytes are), each module's class and static fields, the pack files, and the
+package versions that wrote it. Reading it is pure data: nothing named in it
+is imported or called.
+
+Format version 3 (versions 1 and 2 are still read: 1 has no packs, neither
+has a token):
+
+```
+{
+ "format": "orbax_eqx", "format_version": 3, "versions": {...},
+ "token": "9f2c41d07a3be865",
+ "packs": [{"file": "orbax_eqx~packed.9f2c41d07a3be865.0.bin",
+            "nbytes": 17310080, "byteorder": "little", "alignment": 64}],
+ "leaves": {
+  "layers.0.weight": {"path": ".layers[0].weight", "kind": "array",
+      "shape": [8, 3], "dtype": "float32", "container": "jax", "nbytes": 96,
+      "data": "packed", "pack": 0, "offset": 128, "crc32": 2351671402},
+  "embed.weight": {..., "data": "orbax", "key": "embed.weight",
+      "sum32": 180337513},
+  "head.weight": {..., "data": "alias", "alias_of": "embed.weight"},
+  "empty": {..., "data": "none"},
+  "step": {"path": "['step']", "kind": "scalar", "value": 3},
+  ...
+ },
+ "modules": {"layers.0": {"path": ".layers[0]", "class": "...", "static": {}}}
+}
+```
+
+An array leaf's `data` says where its bytes are:
+
+- `"packed"`: bytes `[offset, offset + nbytes)` of pack file `packs[pack]`: the
+  array in C order, native (`byteorder`) numpy layout of its dtype (one byte
+  per element for 4-bit and bool dtypes, as numpy holds them; a typed PRNG
+  key array as its `jax.random.key_data`). Offsets are multiples of
+  `alignment`, so that a restore can hand the bytes to `jax.device_put`
+  without a copy. Unsharded arrays (one device, fully replicated, numpy) are
+  packed: written and read at disk speed, with no per-leaf cost.
+- `"orbax"`: one stored array in Orbax's array store under `key` (always
+  derived from the name): sharded arrays, or every array with `pack=False`.
+  The store is the directory `orbax_eqx~arrays.<token>` (before version 3: the
+  item directory itself).
+- `"alias"`: the very same array object as leaf `alias_of` (tied weights).
+- `"none"`: zero-size: shape and dtype say everything.
+
+Packed leaves record the CRC-32 of their bytes (`crc32`), Orbax-stored ones a
+sum over their 32-bit words that does not depend on the sharding (`sum32`;
+both defined in `_checksum`). Sidecars written before checksums have neither;
+such leaves are read unchecked.
+
+The `token` is drawn at random for each save and names every file the save
+writes, so that two processes saving the same step into one directory (which
+Orbax allows) never write to the same file: the sidecar, claimed by whichever
+finishes first, names the files of one save only (see `_claim`). File names
+are derived from the token, never read from the sidecar.
+"""
+
+import dataclasses
+import errno
+import functools
+import importlib.metadata
+import json
+import math
+import os
+import platform
+import re
+import sys
+from typing import Any
+
+import numpy as np
+from etils import epath
+
+from .._tree.names import storage_key
+from .._tree.values import describe, encode, scalar_type
+from .._tree.walk import (
+    ARRAY,
+    CALLABLE,
+    JAX,
+    NUMPY,
+    NUMPY_SCALAR,
+    OBJECT,
+    SCALAR,
+    SHARED,
+    ModuleInfo,
+    Walked,
+    container,
+    dtype_str,
+    is_key_dtype,
+    key_data_struct,
+)
+
+FILE_NAME = "orbax_eqx.json"
+FORMAT = "orbax_eqx"
+FORMAT_VERSION = 3
+# `~` never appears in a storage key except before a 16-digit hash, so these
+# names cannot collide with a directory Orbax makes for a leaf.
+PACK_FILE = "orbax_eqx~packed.{token}.{index}.bin"
+ARRAYS_DIR = "orbax_eqx~arrays.{token}"  # Orbax's array store
+_OLD_PACK_FILE = "orbax_eqx~packed.{index}.bin"  # format 2
+TOKEN = re.compile(r"[0-9a-f]{16}")  # a save's token: 16 hex digits
+PACK_ALIGNMENT = 64  # what `jax.device_put` needs on CPU to take a buffer as is
+
+# Where an array leaf's data lives.
+STORED = "orbax"  # in Orbax's array store, under the leaf's storage key
+PACKED = "packed"  # a byte range of a pack file
+EMPTY = "none"  # a zero-size array: shape and dtype say everything
+ALIAS = "alias"  # the very same array object as another leaf (tied weights)
+
+KINDS = (ARRAY, SCALAR, CALLABLE, SHARED, OBJECT)
+CONTAINERS = (JAX, NUMPY, NUMPY_SCALAR)
+_PACKAGES = ("orbax_eqx", "jax", "jaxlib", "equinox", "orbax-checkpoint", "numpy")
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafMetadata:
+    """What the sidecar says about one leaf."""
+
+    name: str
+    path: str
+    kind: str
+    shape: tuple[int, ...] | None = None
+    dtype: str | None = None
+    container: str | None = None
+    data: str | None = None
+    alias_of: str | None = None
+    nbytes: int = 0
+    value: Any = None  # encoded value or description, for non-array leaves
+    pack: int | None = None  # for packed leaves: which pack file...
+    offset: int | None = None  # ...and where in it
+    crc32: int | None = None  # packed leaves' checksum (see `_checksum`)
+    sum32: int | None = None  # Orbax-stored leaves' checksum
+
+    def describe(self) -> str:
+        if self.kind == ARRAY:
+            return f"array {self.dtype}{list(self.shape or ())}"
+        if self.kind == SCALAR:
+            if self.value is None:
+                return "None"
+            return f"{scalar_type(self.value)} {describe(self.value)}"
+        if self.kind == SHARED:
+            return "shared-node marker"
+        return f"{self.kind} {describe(self.value)}"
+
+
+@dataclasses.dataclass(frozen=True)
+class PackMetadata:
+    """One pack file: packed leaves' bytes, end to end."""
+
+    file: str
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Metadata:
+    """The contents of a checkpoint's sidecar, as returned by `orbax_eqx.metadata`."""
+
+    directory: str
+    format_version: int
+    versions: dict[str, str]
+    leaves: dict[str, LeafMetadata]
+    modules: dict[str, ModuleInfo]
+    packs: tuple[PackMetadata, ...] = ()
+    token: str | None = None  # names the save's files (format 3 on)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of array data stored; tied weights count once."""
+        return sum(
+            leaf.nbytes
+            for leaf in self.leaves.values()
+            if leaf.data in (STORED, PACKED)
+        )
+
+
+def pack_file(token: str | None, index: int) -> str:
+    """The name of pack file `index` of the save `token` (None: format 2)."""
+    if token is None:
+        return _OLD_PACK_FILE.format(index=index)
+    return PACK_FILE.format(token=token, index=index)
+
+
+def arrays_dir(directory: epath.Path, token: str | None) -> epath.Path:
+    """Where Orbax's array store of the save `token` is (None: before format 3)."""
+    directory = epath.Path(directory)
+    return directory if token is None else directory / ARRAYS_DIR.format(token=token)
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in _PACKAGES:
+        try:
+            versions[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            versions[name] = "unknown"
+    return versions
+
+
+def build(
+    walked: Walked,
+    aliases: dict[str, str],
+    packed: dict[str, int],
+    pack_nbytes: int,
+    token: str,
+) -> dict[str, Any]:
+    """The sidecar's JSON for a walked item, saved with `token`.
+
+    `aliases` maps a leaf to its twin; `packed` maps each packed leaf to its
+    offset in pack 0, which is `pack_nbytes` long. Other arrays are stored
+    through Orbax.
+    """
+    leaves = {}
+    for leaf in walked.leaves:
+        record: dict[str, Any] = {"path": leaf.path_str, "kind": leaf.kind}
+        if leaf.kind == ARRAY:
+            x = leaf.value
+            record["shape"] = list(x.shape)
+            record["dtype"] = dtype_str(x)
+            record["container"] = container(x)
+            record["nbytes"] = nbytes(x)
+            if leaf.name in aliases:
+                record["data"] = ALIAS
+                record["alias_of"] = aliases[leaf.name]
+            elif record["nbytes"] == 0:
+                record["data"] = EMPTY
+            elif leaf.name in packed:
+                record["data"] = PACKED
+                record["pack"] = 0
+                record["offset"] = packed[leaf.name]
+            else:
+                record["data"] = STORED
+                record["key"] = storage_key(leaf.name)
+        elif leaf.kind != SHARED:
+            record["value"] = encode(leaf.value)
+        leaves[leaf.name] = record
+    modules = {
+        name: {"path": m.path, "class": m.cls, "static": m.static}
+        for name, m in walked.modules.items()
+    }
+    packs = []
+    if packed:
+        packs.append(
+            {
+                "file": pack_file(token, 0),
+                "nbytes": pack_nbytes,
+                "byteorder": sys.byteorder,
+                "alignment": PACK_ALIGNMENT,
+            }
+        )
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "versions": package_versions(),
+        "token": token,
+        "packs": packs,
+        "leaves": leaves,
+        "modules": modules,
+    }
+
+
+def record_checksums(content: dict[str, Any], crc32: dict, sum32: dict) -> None:
+    """Adds `{leaf name: checksum}` to the sidecar's JSON `content`, in place."""
+    leaves = content["leaves"]
+    for name, value in crc32.items():
+        leaves[name]["crc32"] = value
+    for name, value in sum32.items():
+        leaves[name]["sum32"] = value
+
+
+def nbytes(x: Any) -> int:
+    """Bytes of an array leaf's data as stored (a PRNG key array: its key data)."""
+    return math.prod(x.shape) * itemsize(x.dtype)
+
+
+@functools.cache
+def itemsize(dtype: Any) -> int:
+    if is_key_dtype(dtype):
+        data = key_data_struct(dtype)
+        return math.prod(data.shape) * data.dtype.itemsize
+    # numpy's itemsize: one byte per element for int4 and bool, as numpy and
+    # the pack files hold them.
+    return np.dtype(dtype).itemsize
+
+
+def write(directory: epath.Path, content: dict[str, Any]) -> None:
+    """Writes the sidecar atomically and only if there is none yet.
+
+    A reader sees no sidecar, or all of it. If another save put one there
+    first, this raises `FileExistsError` and leaves that one alone: the
+    sidecar is how a save claims its directory (see `_claim`).
+    """
+    text = _dump(content)
+    path = directory / FILE_NAME
+    if not _is_local(directory):
+        path.write_text(text)  # object stores replace whole objects atomically
+        return
+    tmp = os.fspath(path) + f".tmp-{content.get('token') or os.getpid()}"
+    with open(tmp, "w", encoding="utf-8", errors="surrogatepass") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    try:
+        os.link(tmp, os.fspath(path))  # unlike a rename, fails if it exists
+    except FileExistsError:
+        if os.path.isdir(path):  # not another save's sidecar: something odd
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        raise
+    finally:
+        os.unlink(tmp)
+    fd = os.open(os.fspath(directory), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _dump(content: dict[str, Any]) -> str:
+    """JSON with one line per leaf and per module: easy to read and to diff."""
+
+    def line(value: Any) -> str:
+        return json.dumps(value, allow_nan=False, ensure_ascii=False)
+
+    parts = []
+    for key, value in content.items():
+        if isinstance(value, dict) and key in ("leaves", "modules") and value:
+            rows = ",\n".join(f"  {line(k)}: {line(v)}" for k, v in value.items())
+            parts.append(f" {line(key)}: {{\n{rows}\n }}")
+        else:
+            parts.append(f" {line(key)}: {line(value)}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
+def _is_local(path: epath.Path) -> bool:
+    return "://" not in os.fspath(path)

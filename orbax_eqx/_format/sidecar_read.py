@@ -1,0 +1,226 @@
+"""Reading the sidecar: validating its JSON and turning it into `Metadata`.
+
+Pure data: nothing named in the file is imported or called, and every file
+name and storage key is derived (from the token, from leaf names) and only
+compared with what the file says. The format is described in `_sidecar`.
+"""
+
+import json
+import math
+import sys
+from typing import Any
+
+from etils import epath
+
+from .._errors import SidecarError, permission_denied
+from .._tree.names import storage_key
+from .._tree.values import scalar_type
+from .._tree.walk import ARRAY, SCALAR, ModuleInfo, parse_dtype
+from .sidecar import (
+    ALIAS,
+    CONTAINERS,
+    EMPTY,
+    FILE_NAME,
+    FORMAT,
+    FORMAT_VERSION,
+    KINDS,
+    PACKED,
+    STORED,
+    TOKEN,
+    LeafMetadata,
+    Metadata,
+    PackMetadata,
+    itemsize,
+    pack_file,
+)
+
+
+def read(directory: epath.Path) -> Metadata:
+    """Reads and validates the sidecar of the checkpoint in `directory`."""
+    path = directory / FILE_NAME
+    if not path.exists():
+        raise SidecarError(
+            f"{path} is missing, so {directory} is not an orbax_eqx checkpoint "
+            "or is incomplete. Pass the item directory of a checkpoint saved "
+            "with orbax_eqx (for a CheckpointManager: <root>/<step>/<item>)."
+        )
+    try:
+        content = json.loads(path.read_text())
+    except PermissionError:
+        raise permission_denied(path) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise SidecarError(
+            f"The sidecar {path} is not valid JSON ({e}); the checkpoint is "
+            "damaged. Restore an earlier step."
+        ) from None
+    return parse(content, str(directory))
+
+
+def parse(content: Any, where: str) -> Metadata:
+    """Validates sidecar JSON and turns it into `Metadata`."""
+
+    def bad(what: str) -> SidecarError:
+        return SidecarError(
+            f"The sidecar in {where} is damaged: {what}. Restore an earlier step, "
+            "or re-save the checkpoint."
+        )
+
+    if not isinstance(content, dict) or content.get("format") != FORMAT:
+        raise bad(f'expected a JSON object with "format": "{FORMAT}"')
+    version = content.get("format_version")
+    if type(version) is not int:
+        raise bad('"format_version" is not an integer')
+    if version > FORMAT_VERSION:
+        raise SidecarError(
+            f"The checkpoint in {where} has sidecar format version {version}, but "
+            f"this orbax_eqx reads versions up to {FORMAT_VERSION}. Upgrade "
+            "orbax_eqx to restore it."
+        )
+    versions = content.get("versions", {})
+    leaves_json = content.get("leaves")
+    modules_json = content.get("modules", {})
+    if not isinstance(versions, dict) or not isinstance(leaves_json, dict):
+        raise bad('"leaves" and "versions" must be JSON objects')
+    if not isinstance(modules_json, dict):
+        raise bad('"modules" must be a JSON object')
+    token = content.get("token")
+    if version >= 3 and not (isinstance(token, str) and TOKEN.fullmatch(token)):
+        raise bad(f"token {token!r} is not 16 hexadecimal digits")
+    if version < 3:
+        token = None
+    packs = _parse_packs(content.get("packs", []), token, where, bad)
+    leaves = {
+        name: _parse_leaf(name, rec, packs, bad) for name, rec in leaves_json.items()
+    }
+    for leaf in leaves.values():
+        target = leaves.get(leaf.alias_of) if leaf.data == ALIAS else None
+        if leaf.data == ALIAS and (
+            target is None
+            or target.data not in (STORED, PACKED)
+            or (target.shape, target.dtype) != (leaf.shape, leaf.dtype)
+        ):
+            raise bad(
+                f"leaf {leaf.name!r} is an alias of {leaf.alias_of!r}, "
+                "which is no stored array of the same shape and dtype"
+            )
+    modules = {}
+    for name, rec in modules_json.items():
+        if not (
+            isinstance(rec, dict)
+            and isinstance(rec.get("class"), str)
+            and isinstance(rec.get("static", {}), dict)
+        ):
+            raise bad(f"module {name!r} has no class or static fields")
+        modules[name] = ModuleInfo(
+            str(rec.get("path", name)), rec["class"], rec.get("static", {})
+        )
+    return Metadata(
+        where,
+        version,
+        {str(k): str(v) for k, v in versions.items()},
+        leaves,
+        modules,
+        packs,
+        token,
+    )
+
+
+def _parse_packs(packs_json: Any, token, where, bad) -> tuple[PackMetadata, ...]:
+    if not isinstance(packs_json, list):
+        raise bad('"packs" must be a JSON list')
+    packs = []
+    for i, rec in enumerate(packs_json):
+        if not isinstance(rec, dict) or not _is_size(rec.get("nbytes")):
+            raise bad(f"pack {i} has no size")
+        if rec.get("file") != pack_file(token, i):
+            # Like storage keys, file names are derived, never read from the file.
+            raise bad(
+                f"pack {i} is in file {rec.get('file')!r}, expected "
+                f"{pack_file(token, i)!r}"
+            )
+        if rec.get("byteorder", sys.byteorder) != sys.byteorder:
+            raise SidecarError(
+                f"The arrays of the checkpoint in {where} were packed on a "
+                f"{rec['byteorder']}-endian machine; this one is {sys.byteorder}-"
+                "endian, which orbax_eqx does not convert."
+            )
+        packs.append(PackMetadata(rec["file"], rec["nbytes"]))
+    return tuple(packs)
+
+
+def _is_size(x: Any) -> bool:
+    return type(x) is int and x >= 0
+
+
+def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
+    if not isinstance(rec, dict):
+        raise bad(f"leaf {name!r} is not a JSON object")
+    kind = rec.get("kind")
+    if kind not in KINDS:
+        raise bad(f"leaf {name!r} has unknown kind {kind!r}")
+    path = rec.get("path", name)
+    if kind != ARRAY:
+        if kind == SCALAR and scalar_type(rec.get("value", ...)) is None:
+            raise bad(f"leaf {name!r} has no valid Python value")
+        return LeafMetadata(name, str(path), kind, value=rec.get("value"))
+    shape = rec.get("shape")
+    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+        raise bad(f"leaf {name!r} has shape {shape!r}, not a list of sizes")
+    dtype, cont, data = rec.get("dtype"), rec.get("container"), rec.get("data")
+    if not isinstance(dtype, str) or cont not in CONTAINERS:
+        raise bad(f"leaf {name!r} has no valid dtype or container")
+    if data == STORED and rec.get("key") != storage_key(name):
+        # On-disk keys are always derived from names, never read from the file.
+        raise bad(
+            f"leaf {name!r} has storage key {rec.get('key')!r}, expected "
+            f"{storage_key(name)!r}"
+        )
+    if data == ALIAS and not isinstance(rec.get("alias_of"), str):
+        raise bad(f"leaf {name!r} is an alias of nothing")
+    if data not in (STORED, PACKED, EMPTY, ALIAS):
+        raise bad(f"leaf {name!r} has unknown data location {data!r}")
+    size = rec.get("nbytes", 0)
+    pack, offset = rec.get("pack"), rec.get("offset")
+    if data == PACKED:
+        _check_packed(name, tuple(shape), dtype, size, pack, offset, packs, bad)
+    sums = {k: rec.get(k) for k in ("crc32", "sum32")}
+    for k, v in sums.items():
+        if v is not None and not (_is_size(v) and v < 2**32):
+            raise bad(f"leaf {name!r} has {k} {v!r}, not a 32-bit checksum")
+    return LeafMetadata(
+        name,
+        str(path),
+        kind,
+        tuple(shape),
+        dtype,
+        cont,
+        data,
+        rec.get("alias_of"),
+        size if type(size) is int else 0,
+        pack=pack if data == PACKED else None,
+        offset=offset if data == PACKED else None,
+        crc32=sums["crc32"] if data == PACKED else None,
+        sum32=sums["sum32"] if data == STORED else None,
+    )
+
+
+def _check_packed(name, shape, dtype, size, pack, offset, packs, bad) -> None:
+    """A packed leaf's bytes must lie inside its pack and fit its shape exactly."""
+    if not (_is_size(pack) and pack < len(packs)):
+        raise bad(f"leaf {name!r} is in pack {pack!r}, which is not listed")
+    if not (_is_size(offset) and _is_size(size)):
+        raise bad(f"leaf {name!r} has no valid offset and size in its pack")
+    if offset + size > packs[pack].nbytes:
+        raise bad(
+            f"leaf {name!r} ends at byte {offset + size} of pack {pack}, which "
+            f"holds {packs[pack].nbytes}"
+        )
+    try:
+        expected = math.prod(shape) * itemsize(parse_dtype(dtype))
+    except (TypeError, ValueError):
+        raise bad(f"leaf {name!r} has unknown dtype {dtype!r}") from None
+    if size != expected:
+        raise bad(
+            f"leaf {name!r} has {size} bytes in its pack, but a {dtype} array of "
+            f"shape {shape} has {expected}"
+        )

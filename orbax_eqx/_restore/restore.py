@@ -1,0 +1,221 @@
+"""Restore: check the skeleton, read exactly the arrays it needs, rebuild the tree."""
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.tree_util as jtu
+import numpy as np
+from etils import epath
+
+from .._format.sidecar import (
+    ALIAS,
+    EMPTY,
+    PACKED,
+    STORED,
+    LeafMetadata,
+    Metadata,
+)
+from .._storage import packing as _packing
+from .._storage import stored_read as _stored_read
+from .._tree.values import decode_scalar, describe
+from .._tree.walk import (
+    ARRAY,
+    JAX,
+    NUMPY_SCALAR,
+    SCALAR,
+    container,
+    is_key_dtype,
+    key_data_struct,
+    key_impl,
+    parse_dtype,
+    walk,
+)
+from .check import check
+from .select import select, warn_kept
+from .shardings import resolve
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordedLeaf:
+    """A leaf that a checkpoint records but cannot rebuild without a skeleton.
+
+    Returned by a restore without a skeleton for callables, other objects and
+    `eqx.nn.Shared` markers: `kind` is `"callable"`, `"object"` or `"shared"`,
+    `description` what the sidecar says of it (a qualified name or a repr).
+    """
+
+    kind: str
+    description: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Request:
+    """One array to read: where it is stored and what to turn it into."""
+
+    record: LeafMetadata
+    dtype: Any  # target dtype
+    container: str
+    sharding: Any  # target sharding, for jax arrays
+
+
+def restore_tree(inner, directory, saved: Metadata, args) -> Any:
+    """Restores into `args.skeleton`; see `EqxRestore`."""
+    skeleton = args.skeleton
+    walked = walk(skeleton)
+    selection = select(
+        saved,
+        walked,
+        prefix=args.prefix,
+        renames=args.renames,
+        renames_must_match=args.renames_must_match,
+    )
+    view = selection.saved  # keyed by `selection.target(skeleton leaf name)`
+    kept = check(
+        walked,
+        view,
+        cast=args.cast,
+        strict=args.strict,
+        on_static_mismatch=args.on_static_mismatch,
+        missing=args.missing,
+        target=selection.target if selection.prefix else None,
+    )
+    kept_names = {leaf.name for leaf in kept}
+    shardings = resolve(args.shardings, walked)
+    requests = {}
+    for leaf in walked.leaves:
+        if leaf.kind == ARRAY and leaf.name not in kept_names:
+            x = leaf.value
+            requests[leaf.name] = _Request(
+                view.leaves[selection.target(leaf.name)],
+                x.dtype,
+                container(x),
+                shardings.get(leaf.name),
+            )
+    # The full sidecar, not the view: aliases name their source by its saved name.
+    arrays = read_arrays(inner, directory, saved, requests, verify=args.verify)
+    values = []
+    for leaf in walked.leaves:
+        if leaf.name in kept_names:
+            values.append(_kept(leaf, shardings.get(leaf.name)))
+        elif leaf.kind == ARRAY:
+            values.append(arrays[leaf.name])
+        elif leaf.kind == SCALAR:
+            values.append(decode_scalar(view.leaves[selection.target(leaf.name)].value))
+        else:  # callables, objects, shared markers: the skeleton's own
+            values.append(leaf.value)
+    tree = jtu.tree_unflatten(walked.treedef, values)
+    report = selection.report(walked, kept)
+    if args.report:
+        return tree, report
+    if kept:
+        warn_kept(report, saved.directory, stacklevel=4)  # the caller of `restore`
+    return tree
+
+
+def _kept(leaf, sharding) -> Any:
+    """A skeleton leaf kept as it is; a jax array goes where `shardings=` says."""
+    x = leaf.value
+    if (
+        leaf.kind == ARRAY
+        and isinstance(x, jax.Array)
+        and sharding is not None
+        and not x.sharding.is_equivalent_to(sharding, x.ndim)
+    ):
+        return jax.device_put(x, sharding)
+    return x
+
+
+def restore_flat(
+    inner, directory, saved: Metadata, *, verify: bool = True
+) -> dict[str, Any]:
+    """Restores every leaf into a flat `{leaf name: value}` dict, without a skeleton."""
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    requests = {
+        name: _Request(
+            record,
+            parse_dtype(record.dtype),
+            record.container,
+            device,
+        )
+        for name, record in saved.leaves.items()
+        if record.kind == ARRAY
+    }
+    arrays = read_arrays(inner, directory, saved, requests, verify=verify)
+    result = {}
+    for name, record in saved.leaves.items():
+        if record.kind == ARRAY:
+            result[name] = arrays[name]
+        elif record.kind == SCALAR:
+            result[name] = decode_scalar(record.value)
+        else:
+            text = describe(record.value) if record.value is not None else record.kind
+            result[name] = RecordedLeaf(record.kind, text)
+    return result
+
+
+def read_arrays(
+    inner,
+    directory,
+    saved: Metadata,
+    requests: dict[str, _Request],
+    *,
+    verify: bool = True,
+):
+    """Reads each requested array once, from its pack or from Orbax; builds empty
+    ones and aliases. With `verify`, checks each against its recorded checksum."""
+    to_read: dict[str, _Request] = {}
+    for request in requests.values():
+        source = request.record
+        if source.data == ALIAS:
+            source = saved.leaves[source.alias_of]
+            request = dataclasses.replace(request, record=source)
+        if source.data != EMPTY:
+            to_read.setdefault(source.name, request)
+    packed = {n: r for n, r in to_read.items() if r.record.data == PACKED}
+    stored = {n: r for n, r in to_read.items() if r.record.data == STORED}
+    loaded = {}
+    if stored:
+        loaded = _stored_read.read(inner, directory, saved, stored, verify=verify)
+    if packed:
+        loaded.update(
+            _packing.read(epath.Path(directory), saved.packs, packed, verify=verify)
+        )
+    result = {}
+    for name, request in requests.items():
+        record = request.record
+        if record.data == EMPTY:
+            result[name] = _empty(request)
+            continue
+        source = record.alias_of if record.data == ALIAS else record.name
+        value = loaded[source]
+        if request.container == JAX and not value.sharding.is_equivalent_to(
+            request.sharding, value.ndim
+        ):
+            # The same stored array wanted twice (tied weights), placed elsewhere.
+            # (Equivalence, not `==`: Orbax may spell P() as P(None,); a needless
+            # device_put copies, and fails for keys on a multi-host mesh.)
+            value = jax.device_put(value, request.sharding)
+        result[name] = _finish(value, request)
+    return result
+
+
+def _finish(value: Any, request: _Request) -> Any:
+    if request.container == JAX:
+        return value
+    value = np.asarray(value)
+    return value[()] if request.container == NUMPY_SCALAR else value
+
+
+def _empty(request: _Request) -> Any:
+    shape = request.record.shape
+    if request.container != JAX:
+        return _finish(np.zeros(shape, request.dtype), request)
+    if is_key_dtype(request.dtype):
+        data = key_data_struct(request.dtype)
+        zeros = np.zeros(shape + data.shape, data.dtype)
+        return jax.random.wrap_key_data(
+            jax.device_put(zeros, request.sharding), impl=key_impl(request.dtype)
+        )
+    zeros = np.zeros(shape, request.dtype)
+    return jax.make_array_from_callback(shape, request.sharding, lambda i: zeros[i])

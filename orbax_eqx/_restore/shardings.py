@@ -1,0 +1,107 @@
+"""Where each restored array goes: the target sharding of every array leaf.
+
+Taken from, in order: an explicit `shardings=` (one Sharding for all, a PyTree
+of shardings shaped like the skeleton, or a function of (name, leaf)); the
+skeleton leaf's own sharding; one local device. An explicit sharding is always
+handed to Orbax, so a checkpoint saved on 8 devices restores on 1.
+"""
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.tree_util as jtu
+
+from .._errors import CheckpointMismatchError, ShardingRuleError, bullet_list
+from .._tree.walk import ARRAY, JAX, Walked, container
+
+Shardings = jax.sharding.Sharding | Callable[[str, Any], Any] | Any
+
+
+def resolve(shardings: Shardings, walked: Walked) -> dict[str, Any]:
+    """Maps the name of every jax array leaf of the skeleton to its sharding."""
+    wanted = [
+        leaf
+        for leaf in walked.leaves
+        if leaf.kind == ARRAY and container(leaf.value) == JAX
+    ]
+    if shardings is None:
+        return {leaf.name: _own_sharding(leaf.value) for leaf in wanted}
+    if isinstance(shardings, jax.sharding.Sharding):
+        return {leaf.name: shardings for leaf in wanted}
+    # A module is callable too, but a module of shardings is a tree of them.
+    if callable(shardings) and not isinstance(shardings, eqx.Module):
+        result, problems, fixes = {}, [], []
+        for leaf in wanted:
+            try:
+                sharding = shardings(leaf.name, leaf.value)
+            except ShardingRuleError as e:  # collect them all, then report once
+                problems.extend(e.problems)
+                fixes.extend(f for f in [e.fix] if f not in fixes)
+                continue
+            result[leaf.name] = (
+                sharding if sharding is not None else _own_sharding(leaf.value)
+            )
+        if problems:
+            raise ShardingRuleError(problems, "\n".join(fixes))
+        _check_types(result, walked, "the `shardings=` function returned")
+        return result
+    return _from_tree(shardings, walked, wanted)
+
+
+def _from_tree(shardings, walked, wanted) -> dict[str, Any]:
+    def is_leaf(x):
+        return x is None or isinstance(x, jax.sharding.Sharding)
+
+    given, given_def = jtu.tree_flatten(shardings, is_leaf=is_leaf)
+    if given_def != walked.treedef:
+        raise CheckpointMismatchError(
+            "`shardings=` is a PyTree that does not match the skeleton: it has "
+            f"{given_def.num_leaves} leaves where the skeleton has "
+            f"{walked.treedef.num_leaves}.\n  shardings: {given_def}\n  skeleton: "
+            f"{walked.treedef}\nPass one Sharding for every array, a function "
+            "`(name, leaf) -> Sharding`, or a tree shaped like the skeleton with a "
+            "Sharding (or None) at each leaf."
+        )
+    by_name = {leaf.name: s for leaf, s in zip(walked.leaves, given)}
+    result = {
+        leaf.name: by_name[leaf.name]
+        if by_name[leaf.name] is not None
+        else _own_sharding(leaf.value)
+        for leaf in wanted
+    }
+    _check_types(result, walked, "`shardings=` holds")
+    return result
+
+
+def _check_types(result: dict[str, Any], walked: Walked, source: str) -> None:
+    paths = {leaf.name: leaf.path_str for leaf in walked.leaves}
+    bad = [
+        f"Leaf `{paths[name]}`: {source} {type(s).__name__}, not a "
+        "jax.sharding.Sharding."
+        for name, s in result.items()
+        if not isinstance(s, jax.sharding.Sharding)
+    ]
+    if bad:
+        raise CheckpointMismatchError(
+            "Some target shardings are not shardings:\n"
+            + bullet_list(bad)
+            + "\nGive a jax.sharding.Sharding (for example NamedSharding(mesh, P())) "
+            "for every array leaf."
+        )
+
+
+def _own_sharding(x: Any) -> jax.sharding.Sharding:
+    sharding = getattr(x, "sharding", None)
+    if isinstance(sharding, jax.sharding.Sharding):
+        return sharding
+    return _first_device()
+
+
+@functools.cache
+def _first_device() -> jax.sharding.Sharding:
+    # One object for every leaf: asking JAX for its devices costs microseconds
+    # per leaf, and restore batches its transfers by sharding.
+    return jax.sharding.SingleDeviceSharding(jax.local_devices()[0])

@@ -1,0 +1,287 @@
+"""One save per step: two processes saving the same step never mix their files.
+
+Orbax lets two processes save the same step into one directory (two jobs
+pointed at one checkpoint root, or a restarted job whose old self still
+runs): both write into `<step>.orbax-checkpoint-tmp`, and a save that starts
+while the other is under way deletes that directory and makes it anew. Plain
+Orbax can then commit a step holding files of both. Here:
+
+- every save draws a token that names each file it writes (its pack files,
+  its Orbax array store: see `_sidecar.pack_file`, `_sidecar.arrays_dir`), so
+  the two never write to one file;
+- the sidecar, which names the token, is claimed: it is linked into place,
+  which fails if the other save's is there (`_sidecar.write`);
+- a save remembers the directory it writes in (device and inode; Orbax makes
+  it in the background, so this is taken when the writes start) and the
+  files it writes, and checks that the path still names that directory and
+  every file is still there before it claims the sidecar and again before
+  Orbax commits (then also that every array in Orbax's store still reads),
+  and that nobody committed the step meanwhile. The files are what counts:
+  the other save's Orbax may delete some and fail to delete the directory,
+  and a directory made anew may get the old one's inode number back.
+
+The save that loses raises `ConcurrentSaveError`, and removes the files its
+token names; Orbax then does not commit it. The other commits whole.
+"""
+
+import dataclasses
+import os
+import secrets
+import shutil
+
+import jax
+import numpy as np
+from etils import epath
+
+from .._errors import OrbaxEqxError
+from .._format.sidecar import ARRAYS_DIR, FILE_NAME, PACK_FILE, TOKEN, arrays_dir
+from .._storage.stored_check import missing_in_store
+from .background import final_directory
+
+
+class ConcurrentSaveError(OrbaxEqxError, RuntimeError):
+    """Another process saved the same step into the same directory at once."""
+
+
+@dataclasses.dataclass
+class Started:
+    """One save under way: its token and the directory it started in."""
+
+    directory: epath.Path
+    token: str
+    # The directory's (st_dev, st_ino) once the writes start; None before, and
+    # for paths that are not local.
+    identity: tuple[int, int] | None = None
+    # The files this save wrote itself: {path: (st_dev, st_ino, st_size)}.
+    written: dict[str, tuple[int, int, int]] = dataclasses.field(default_factory=dict)
+    # The storage keys of the arrays it gave Orbax to store.
+    stored_keys: tuple[str, ...] = ()
+
+
+def new_token() -> str:
+    """16 random hex digits, the same in every process of a multi-host run.
+
+    Every process must call this at the same point (it is a collective when
+    there are several).
+    """
+    words = np.frombuffer(secrets.token_bytes(8), np.uint32)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        words = np.asarray(multihost_utils.broadcast_one_to_all(words))
+    return words.astype("<u4").tobytes().hex()
+
+
+def begin(started: Started) -> None:
+    """Records the directory: when `save` is called if it exists by then, else
+    as the writes start (Orbax makes directories in the background by default)."""
+    started.identity = _identity(started.directory)
+
+
+def before_sidecar(started: Started) -> None:
+    """Raises if the directory is no longer the one this save started in, or
+    a file this save wrote in it is gone.
+
+    Both are looked at: a directory deleted and made anew may get the old
+    one's inode number back.
+    """
+    if started.identity is not None and _identity(started.directory) != (
+        started.identity
+    ):
+        _lose(started, _REPLACED)
+    gone = _gone_files(started)
+    if gone:
+        _lose(started, f"{_DELETED}; gone: {_some(gone)}")
+
+
+def explain(started: Started | None, error: BaseException) -> None:
+    """Raises `ConcurrentSaveError` from `error` if another save took this one's
+    directory away, which is then why a write failed; else returns."""
+    if started is None:
+        return
+    now = _identity(started.directory)
+    if now is None:
+        return
+    replaced = now == _MISSING or (
+        started.identity is not None and now != started.identity
+    )
+    # Orbax makes the directory in the background, and this save notes it only
+    # when its writes start: the other save may have replaced it before. Its
+    # files are then the sign; or files of this save gone missing, which in a
+    # save's temporary directory only another save's Orbax deletes (it may
+    # fail to delete the directory itself, which then keeps its inode).
+    missing = isinstance(error, FileNotFoundError) or any(
+        sign in str(error) for sign in _MISSING_SIGNS
+    )
+    if replaced or _others(started) or missing:
+        try:
+            _lose(started, _REPLACED if replaced else _DELETED)
+        except ConcurrentSaveError as lost:
+            raise lost from error
+
+
+def wrote(started: Started, path: epath.Path) -> None:
+    """Notes a file this save wrote, for `before_commit` to find it unchanged."""
+    if started.identity is not None:
+        st = os.stat(os.fspath(path))
+        started.written[os.fspath(path)] = (st.st_dev, st.st_ino, st.st_size)
+
+
+def claim_failed(started: Started) -> None:
+    """The sidecar was there already: another save claimed the directory."""
+    _lose(started, "the other save's sidecar was already in it")
+
+
+def before_commit(started: Started) -> None:
+    """Raises unless this save's files are still the step's; tidies up others'.
+
+    Called from `finalize`, after Orbax's store is finalized and just before
+    Orbax renames the directory into place. A save of the same step that
+    started meanwhile may have failed to delete the directory, yet deleted
+    some of this save's files: they are all looked for.
+    """
+    before_sidecar(started)
+    final = final_directory(started.directory)
+    if final is not None and (final / FILE_NAME).exists():
+        _lose(started, f"the other save committed the step first, at {final}")
+    gone = _gone_arrays(started)
+    if gone:
+        _lose(started, f"{_DELETED}; gone: {_some(gone)}")
+    _remove_others(started)
+
+
+def _gone_arrays(started: Started) -> list[str]:
+    """The arrays this save gave Orbax's store that no longer read."""
+    if started.identity is None or not started.stored_keys:
+        return []
+    arrays = arrays_dir(started.directory, started.token)
+    missing = missing_in_store(arrays, started.stored_keys)
+    return [f"array `{key}` in {arrays.name}" for key in missing]
+
+
+def _gone_files(started: Started) -> list[str]:
+    """The files this save wrote itself that are gone, or not as written."""
+    gone = []
+    for path, was in started.written.items():
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            gone.append(os.path.basename(path))
+            continue
+        name = os.path.basename(path)
+        # A sidecar is also read: the other's may have got this one's inode
+        # number, and have the same size.
+        if (st.st_dev, st.st_ino, st.st_size) != was or (
+            name == FILE_NAME and not _is_sidecar_of(path, started.token)
+        ):
+            gone.append(name)
+    return gone
+
+
+def _some(names: list[str], shown: int = 3) -> str:
+    more = len(names) - shown
+    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
+
+
+def _identity(path: epath.Path) -> tuple[int, int] | None:
+    if "://" in os.fspath(path):
+        return None
+    try:
+        st = os.stat(os.fspath(path))
+    except FileNotFoundError:
+        return _MISSING
+    return st.st_dev, st.st_ino
+
+
+_MISSING = (-1, -1)
+
+
+# How Orbax and TensorStore say that a file they wrote is gone.
+_MISSING_SIGNS = ("NOT_FOUND", "No ArrayMetadata found", "params are missing")
+_DELETED = (
+    "files this save had written were deleted while it ran (Orbax deletes an "
+    "unfinished temporary directory when a save of the same step starts)"
+)
+_REPLACED = (
+    "its directory was deleted and made anew by the other save (Orbax does so "
+    "when a save of a step starts while one is unfinished)"
+)
+
+
+def _lose(started: Started, what: str) -> None:
+    remove(started.directory, started.token)
+    _remove_own_sidecar(started)
+    where = started.directory
+    raise ConcurrentSaveError(
+        f"Another save of the same step ran into {where} at the same time: {what}. "
+        f"This save (token {started.token}) stopped and removed its files, and "
+        "is not committed; the other save's step is kept whole. Two jobs, or two "
+        "CheckpointManagers, are saving to one checkpoint directory: give each "
+        "its own."
+    )
+
+
+def remove(directory: epath.Path, token: str) -> None:
+    """Removes the files of the save `token` from `directory`, if there."""
+    if "://" in os.fspath(directory):
+        return
+    shutil.rmtree(os.fspath(arrays_dir(directory, token)), ignore_errors=True)
+    prefix = PACK_FILE.split("{token}")[0] + token + "."
+    for name in _names(directory):
+        if name.startswith(prefix):
+            _unlink(directory / name)
+
+
+def _remove_own_sidecar(started: Started) -> None:
+    """Removes the sidecar, if this save claimed it: if it names its token.
+
+    Not by inode: the other save's sidecar may have got the inode number of
+    this one's, deleted with the directory.
+    """
+    path = started.directory / FILE_NAME
+    if os.fspath(path) in started.written and _is_sidecar_of(path, started.token):
+        _unlink(path)
+
+
+def _is_sidecar_of(sidecar: str | epath.Path, token: str) -> bool:
+    """Whether `sidecar` is the one of the save `token` (the token is near
+    its start)."""
+    try:
+        with open(os.fspath(sidecar), "rb") as f:
+            return f'"token": "{token}"'.encode() in f.read(1 << 16)
+    except OSError:
+        return False
+
+
+def _remove_others(started: Started) -> None:
+    """Removes files of other saves' tokens: a losing save's leftovers."""
+    if started.identity is not None:
+        for token in _others(started):
+            remove(started.directory, token)
+
+
+def _others(started: Started) -> set[str]:
+    """Tokens of other saves that have files in this save's directory."""
+    pack, arrays = PACK_FILE.split("{token}")[0], ARRAYS_DIR.split("{token}")[0]
+    found = set()
+    for name in _names(started.directory):
+        for prefix in (pack, arrays):
+            if name.startswith(prefix):
+                token = name[len(prefix) :].split(".")[0]
+                if TOKEN.fullmatch(token) and token != started.token:
+                    found.add(token)
+    return found
+
+
+def _names(directory: epath.Path) -> list[str]:
+    try:
+        return os.listdir(os.fspath(directory))
+    except OSError:
+        return []
+
+
+def _unlink(path: epath.Path) -> None:
+    try:
+        os.unlink(os.fspath(path))
+    except OSError:
+        pass

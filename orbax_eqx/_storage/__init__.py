@@ -1,0 +1,9 @@
+"""Storage: where array bytes live on disk, and how they are checked.
+
+Owns pack files (`packfile`: aligned records written and read with
+pwritev/preadv; `packing`: which arrays go there and where), shard packs
+(`shards`: per-process files of sharded arrays' chunks with their index),
+checksums (`checksum`), and arrays kept in Orbax's own store (`stored_read`,
+`stored_check`). Nothing here runs a computation on a device.
+May import: `_format`, `_tree`, `_errors`.
+"""

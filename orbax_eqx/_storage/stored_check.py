@@ -1,0 +1,226 @@
+"""Checks the sidecar's Orbax-stored leaves against Orbax's own array metadata.
+
+Before any array is read: a sidecar and an array store that disagree (an
+edited or swapped sidecar, a store from another save, tampered metadata) would
+otherwise read wrong values, or ask for absurd allocations. Orbax's public
+`PyTreeCheckpointHandler.metadata` opens every stored array, which costs as
+much as half a restore of small arrays; reading each array's small zarr
+metadata record straight from the store (one batch of key reads through
+TensorStore, Orbax's own storage layer) costs a few percent, and reads only
+the leaves being restored.
+"""
+
+import json
+import math
+import os
+import re
+from collections.abc import Sequence
+
+import jax.numpy as jnp
+import orbax.checkpoint as ocp
+import tensorstore as ts
+from etils import epath
+
+from .._errors import (
+    CheckpointDamagedError,
+    CheckpointPermissionError,
+    bullet_list,
+    permission_denied,
+)
+from .._format.sidecar import LeafMetadata
+from .._tree.names import storage_key
+from .._tree.walk import is_key_dtype, key_data_struct, parse_dtype
+
+_ZARR2 = ".zarray"
+_ZARR3 = "zarr.json"
+_FIX = (
+    "The sidecar and the arrays do not belong together (an edited sidecar, files "
+    "mixed from two saves, or a damaged store). Restore an earlier step, or "
+    "re-save the checkpoint."
+)
+
+
+def check_stored(
+    directory: epath.Path, records: Sequence[LeafMetadata], listed: set[str]
+) -> None:
+    """Raises `CheckpointDamagedError` unless Orbax's store holds `records` as said.
+
+    **Arguments:**
+
+    - `directory`: the item directory.
+    - `records`: the sidecar records of the Orbax-stored leaves about to be read.
+    - `listed`: the storage keys of every Orbax-stored leaf the sidecar lists;
+        an array in the store outside it is an error too.
+    """
+    store = _open(directory)
+    keys = [storage_key(r.name) for r in records]
+    found = _read_all(store, [f"{k}/{_ZARR2}" for k in keys], directory)
+    if any(v is None for v in found):  # Zarr v3 (`use_zarr3=True`), or missing
+        v3 = _read_all(store, [f"{k}/{_ZARR3}" for k in keys], directory)
+        found = [a if a is not None else b for a, b in zip(found, v3)]
+    problems = []
+    for record, key, meta in zip(records, keys, found):
+        problem = _compare(record, key, meta)
+        if problem is not None:
+            problems.append(problem)
+    if not problems and ocp.type_handlers.is_ocdbt_checkpoint(directory):
+        # Listing an OCDBT store reads its index, already in memory: cheap.
+        stored = {
+            k.decode("utf-8", "surrogateescape").rsplit("/", 1)[0]
+            for k in store.list().result()
+            if k.endswith(b"/" + _ZARR2.encode()) or k.endswith(b"/" + _ZARR3.encode())
+        }
+        for key in sorted(stored - listed):
+            problems.append(
+                f"Orbax's array store holds an array under key `{key}`, which the "
+                "sidecar does not list."
+            )
+    if problems:
+        n = len(problems)
+        raise CheckpointDamagedError(
+            f"The checkpoint at {directory} is damaged: its sidecar and Orbax's "
+            f"array store disagree ({n} difference{'s' if n != 1 else ''}):\n"
+            f"{bullet_list(problems)}\n{_FIX}"
+        )
+
+
+def missing_in_store(directory: epath.Path, keys: Sequence[str]) -> list[str]:
+    """Those of `keys` whose arrays Orbax's store at `directory` no longer holds
+    whole: their metadata record, or a data file of theirs, gone.
+
+    For a save to check, before it commits, that nobody deleted what it wrote
+    (see `_claim.before_commit`). Reads the store's index and the first byte
+    of every value: a value whose data file is gone reads as empty.
+    """
+    try:
+        store = _open(directory)
+        listed = store.list().result()
+        firsts = [store.read(k, byte_range=slice(0, 1)) for k in listed]
+        whole, broken = set(), set()
+        for k, first in zip(listed, firsts):
+            # `<storage key>/<zarr metadata or chunk>`: storage keys hold no `/`.
+            key, _, rest = k.decode("utf-8", "surrogateescape").partition("/")
+            if rest in (_ZARR2, _ZARR3):
+                whole.add(key)
+            if first.result().state != "value" or not first.result().value:
+                broken.add(key)
+    except Exception:  # the store, or its index, is gone
+        return list(keys)
+    return [k for k in keys if k not in whole or k in broken]
+
+
+def _open(directory: epath.Path) -> ts.KvStore:
+    text = os.fspath(directory).rstrip("/") + "/"
+    base = text if "://" in text else "file://" + text
+    # As Orbax decides it, so that both read the same store.
+    ocdbt = ocp.type_handlers.is_ocdbt_checkpoint(directory)
+    spec = {"driver": "ocdbt", "base": base} if ocdbt else base
+    try:
+        return ts.KvStore.open(spec).result()
+    except Exception as e:
+        denied = permission_error(e, directory)
+        if denied is not None:
+            raise denied from None
+        raise CheckpointDamagedError(
+            f"Orbax's array store of the checkpoint at {directory} cannot be "
+            f"opened ({first_line(e)}): the checkpoint is damaged. Restore an "
+            "earlier step, or re-save the checkpoint."
+        ) from e
+
+
+def _read_all(store: ts.KvStore, keys: list[str], directory) -> list[dict | None]:
+    futures = [store.read(k) for k in keys]  # all in flight at once
+    out = []
+    for future in futures:
+        try:
+            result = future.result()
+        except Exception as e:
+            denied = permission_error(e, directory)
+            if denied is not None:
+                raise denied from None
+            raise CheckpointDamagedError(
+                f"Orbax's array store of the checkpoint at {directory} cannot be "
+                f"read ({first_line(e)}): the checkpoint is damaged. Restore an "
+                "earlier step, or re-save the checkpoint."
+            ) from e
+        if result.state != "value":
+            out.append(None)
+            continue
+        try:
+            meta = json.loads(result.value)
+        except (UnicodeDecodeError, json.JSONDecodeError):
+            meta = {}
+        out.append(meta if isinstance(meta, dict) else {})
+    return out
+
+
+def _compare(record: LeafMetadata, key: str, meta: dict | None) -> str | None:
+    where = f"Leaf `{record.path}` (leaf name `{record.name}`)"
+    if meta is None:
+        return (
+            f"{where} is stored in Orbax's array store, says the sidecar, but the "
+            f"store holds no array under key `{key}`."
+        )
+    shape, dtype = tuple(record.shape or ()), parse_dtype(record.dtype)
+    if is_key_dtype(dtype):  # stored as its key data
+        data = key_data_struct(dtype)
+        shape, dtype = shape + tuple(data.shape), data.dtype
+    stored_shape = meta.get("shape")
+    stored_dtype = meta.get("dtype", meta.get("data_type"))
+    chunks = meta.get("chunks")
+    if chunks is None:
+        grid = meta.get("chunk_grid")
+        chunks = grid.get("configuration", {}).get("chunk_shape") if grid else None
+    if not _is_shape(stored_shape):
+        return f"{where} has no readable shape in Orbax's array store."
+    try:
+        same_dtype = jnp.dtype(stored_dtype) == dtype
+    except (TypeError, ValueError):
+        same_dtype = False
+    if tuple(stored_shape) != shape or not same_dtype:
+        return (
+            f"{where} is {dtype}{list(shape)} in the sidecar but "
+            f"{stored_dtype}{list(stored_shape)} in Orbax's array store."
+        )
+    # A chunk is allocated whole when read: one larger than the array is absurd.
+    if not _is_shape(chunks) or len(chunks) != len(shape):
+        return f"{where} has no readable chunk shape in Orbax's array store."
+    if any(c > max(d, 1) for c, d in zip(chunks, shape)):
+        return (
+            f"{where} is {dtype}{list(shape)} but its chunks in Orbax's array "
+            f"store are {list(chunks)} ({math.prod(chunks)} elements), larger than "
+            "the array."
+        )
+    return None
+
+
+def _is_shape(x) -> bool:
+    return isinstance(x, list) and all(type(d) is int and d >= 0 for d in x)
+
+
+def first_line(e: BaseException) -> str:
+    """The gist of a TensorStore error, without the pages of spec it appends."""
+    text = str(e).split("\n", 1)[0]
+    for tail in (" [tensorstore_spec", ". See full TensorStore details"):
+        text = text.split(tail, 1)[0]
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+# How TensorStore names a file it may not open.
+_DENIED = re.compile(r'"([^"]+)": Permission denied')
+
+
+def permission_error(
+    error: BaseException | None, where: object
+) -> CheckpointPermissionError | None:
+    """`permission_denied` for a TensorStore error in `error`'s chain that says
+    a file may not be read, naming that file (else `where`); None if none does."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        if "PERMISSION_DENIED" in text:
+            named = _DENIED.search(text)
+            return permission_denied(named.group(1) if named else where)
+        error = error.__cause__ or error.__context__
+    return None

@@ -1,0 +1,167 @@
+"""Reads arrays from Orbax's array store: one partial restore, checked.
+
+Before reading, the sidecar's records are compared with Orbax's own metadata
+(`_stored_check`); Orbax's and TensorStore's errors about missing, short or
+corrupt files become one `CheckpointDamagedError` naming the leaves; after
+reading, each array is checked against its recorded `sum32` (`_checksum`).
+"""
+
+import gc
+import inspect
+import sys
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from .._errors import CheckpointDamagedError, inline_list
+from .._format.sidecar import STORED, Metadata, arrays_dir
+from .._tree.names import storage_key
+from .._tree.walk import JAX, parse_dtype
+from .checksum import damaged, device_sum32, host_sum32, mismatch
+from .stored_check import check_stored, first_line, permission_error
+
+
+def read(inner, directory, saved: Metadata, requests: dict, *, verify: bool):
+    """Reads the Orbax-stored leaves `{name: request}` of the checkpoint in
+    `directory` (see `_restore._Request`); returns `{name: array}`."""
+    listed = {storage_key(r.name) for r in saved.leaves.values() if r.data == STORED}
+    store = arrays_dir(directory, saved.token)
+    check_stored(store, [r.record for r in requests.values()], listed)
+    loaded = _orbax_read(inner, store, requests)
+    if verify:
+        _check_sums(directory, requests, loaded)
+    return loaded
+
+
+def _orbax_read(inner, directory, to_read: dict) -> dict[str, Any]:
+    item, restore_args = {}, {}
+    for name, request in to_read.items():
+        record = request.record
+        key = storage_key(name)  # derived from the name, never read from the file
+        cast = None if _same_dtype(record.dtype, request.dtype) else request.dtype
+        if request.container == JAX:
+            item[key] = jax.ShapeDtypeStruct(
+                record.shape,
+                _saved_dtype(record.dtype, request.dtype),
+                sharding=request.sharding,
+            )
+            restore_args[key] = ocp.ArrayRestoreArgs(
+                sharding=request.sharding, dtype=cast
+            )
+        else:
+            item[key] = jax.ShapeDtypeStruct(record.shape, parse_dtype(record.dtype))
+            restore_args[key] = ocp.RestoreArgs(restore_type=np.ndarray, dtype=cast)
+    try:
+        restored = inner.restore(
+            directory,
+            args=ocp.args.PyTreeRestore(
+                item=item, restore_args=restore_args, partial_restore=True
+            ),
+        )
+    except Exception as e:  # Orbax raises bare `Exception`s for TensorStore's
+        cause = _storage_error(e)
+        denied = permission_error(e, directory)
+        if cause is None and denied is None:
+            raise
+        records = [request.record for request in to_read.values()]
+        error = denied or unreadable(directory, records, cause)
+        _drop_tracebacks(e)  # they hold the reads Orbax abandoned
+        error.__cause__ = e  # the whole of Orbax's message, for --debug
+    else:
+        return {name: restored[storage_key(name)] for name in to_read}
+    _collect_quietly()
+    raise error
+
+
+def _drop_tracebacks(error: BaseException | None) -> None:
+    todo, seen = [error], set()
+    while todo:
+        error = todo.pop()
+        if error is not None and id(error) not in seen:
+            seen.add(id(error))
+            error.__traceback__ = None
+            todo += [error.__cause__, error.__context__]
+
+
+def _collect_quietly() -> None:
+    """Collects the reads Orbax abandons when one fails, without their noise.
+
+    Orbax's array reads turn the `GeneratorExit` of their collection into an
+    `Exception`, which Python prints as "Exception ignored in <coroutine ...>"
+    long after the error; our error already says what went wrong.
+    """
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not inspect.iscoroutine(unraisable.object):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = previous
+
+
+# What TensorStore says when files are missing, short or corrupt.
+_STORAGE_SIGNS = ("DATA_LOSS", "FAILED_PRECONDITION", "NOT_FOUND", "OUT_OF_RANGE")
+
+
+def _storage_error(error: BaseException) -> str | None:
+    """The first line of a TensorStore error in `error`'s chain, if any."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        text = str(error)
+        if any(sign in text for sign in _STORAGE_SIGNS):
+            return first_line(error)
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def unreadable(directory, records, cause: str) -> CheckpointDamagedError:
+    names = [f"`{r.path}` ({r.name})" for r in records]
+    return CheckpointDamagedError(
+        f"Reading leaves {inline_list(names, 5)} from Orbax's array store of the "
+        f"checkpoint at {directory} failed ({cause}): the checkpoint is damaged "
+        "(a file deleted, cut short or changed). Restore an earlier step, or "
+        "re-save the checkpoint; `python -m orbax_eqx verify PATH` lists each "
+        "damaged leaf."
+    )
+
+
+def _check_sums(directory, requests: dict, loaded: dict) -> None:
+    """Raises if an array read through Orbax differs from its recorded `sum32`.
+
+    A cast array (`cast=True`) is unchecked: Orbax casts it as it reads, and
+    the checksum is of the saved dtype's bits.
+    """
+    on_device, on_host = {}, {}
+    for name, request in requests.items():
+        record = request.record
+        if record.sum32 is None or not _same_dtype(record.dtype, request.dtype):
+            continue
+        if request.container == JAX:
+            on_device[name] = loaded[name]
+        else:
+            on_host[name] = host_sum32(np.asarray(loaded[name]))
+    # Every process computes the device sums: they are global computations.
+    found = dict(zip(on_device, device_sum32(list(on_device.values()))))
+    found.update(on_host)
+    problems = [
+        mismatch(requests[name].record, "sum32", requests[name].record.sum32, int(s))
+        for name, s in found.items()
+        if int(s) != requests[name].record.sum32
+    ]
+    if problems:
+        raise damaged(directory, problems)
+
+
+def _same_dtype(saved: str, target: Any) -> bool:
+    return saved == str(target)
+
+
+def _saved_dtype(saved: str, target: Any) -> Any:
+    return target if _same_dtype(saved, target) else parse_dtype(saved)

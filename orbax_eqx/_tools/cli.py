@@ -1,0 +1,465 @@
+"""The command line: `python -m orbax_eqx {inspect,diff,verify,export,import,demo}`.
+
+Also installed as the `orbax-eqx` script. Errors are one line on stderr and a
+non-zero exit; `--debug` shows the traceback instead. Long commands draw a
+progress bar on stderr when it is a terminal, and nothing in a pipe.
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+from collections.abc import Sequence
+
+from .._errors import OrbaxEqxError
+
+PROG = "orbax_eqx"
+
+_INSPECT_HELP = """\
+Shows what a checkpoint holds, from its sidecar alone (no array data is read):
+every leaf with its shape, dtype and size, or its Python value; every module
+with its class and static fields; totals; and the versions that wrote it.
+
+The leaves are shown as a tree by module path: each module with its class,
+static fields and the bytes stored under it; each array with its dtype, shape,
+bytes and the sharding it was saved with (from Orbax's metadata, where it
+recorded one); each Python leaf with its value. --flat shows one row per leaf
+name instead.
+
+PATH may be an item directory (it holds orbax_eqx.json), a step directory
+(every orbax_eqx item in it is shown), or a CheckpointManager root (its steps
+and their metrics are listed, the best and latest marked, then the latest step
+is shown). Orbax does not record which metric made a step best: --best and
+--mode say it (default: the lowest "loss").
+
+With --json, prints one JSON object: {"path", "steps": [{"step", "path",
+"metrics"}], "step", "latest", "best": {"step", "metric", "mode"}, "items":
+[{"path", "format_version", "versions", "leaves": {name: {...}}, "modules":
+{name: {...}}, "totals"}]}. Non-array values are given as the sidecar encodes
+them ("value") and as text ("text"); arrays have "sharding" where known.
+"""
+
+_DIFF_HELP = """\
+Compares two checkpoints, or a checkpoint and a skeleton, and lists every
+difference: leaves only in A or only in B, and leaves whose kind, shape, dtype,
+Python value or tying differs; modules whose class or static fields differ.
+Against a skeleton, Python values are compared by type only, as restore does.
+
+A and B are checkpoints (item or step directories), or skeletons given as
+`module:function` (or `path/to/file.py:function`): a function of no arguments
+that returns the skeleton, such as `eqx.filter_eval_shape(make_model, key)`.
+The module is imported from the current directory or PYTHONPATH.
+
+With --values, the arrays both checkpoints hold with the same shape are read,
+a few at a time (--buffer), and compared: integers and booleans exactly,
+floats as numpy.isclose(a, b, rtol, atol) with B as the reference. Each leaf's
+largest absolute and relative (|a - b| / max(|a|, |b|)) difference is shown.
+
+Exit status: 0 if A and B do not differ, 1 if they do, 2 on an error.
+"""
+
+_EXPORT_HELP = """\
+Writes the arrays of a checkpoint as Hugging Face safetensors, reading and
+writing a few arrays at a time, so memory stays near --buffer whatever the
+size of the checkpoint.
+
+Tensors are named by leaf name (layers.0.weight), or through --rename. Static
+fields, Python leaves and class names go into the files' __metadata__ (under
+"orbax_eqx", as JSON), with "format": "pt". Typed PRNG keys are written as
+their key data (uint32). Tied weights are written once per leaf.
+
+OUT is a directory: model.safetensors, or past --max-shard-size
+model-00001-of-0000N.safetensors ... with model.safetensors.index.json, as
+transformers' save_pretrained writes them. An OUT ending in .safetensors is
+one file, whatever its size.
+
+--rename names a JSON file: an object {"leaf name": "tensor name" or null}, or
+a list of rules [["regex", "replacement" or null], ...] where the first rule
+whose regex matches the whole leaf name applies (\\1 for groups). null leaves
+the tensor out. An entry that matches nothing is an error.
+
+Needs the safetensors package: pip install 'orbax_eqx[safetensors]'.
+"""
+
+_IMPORT_HELP = """\
+Saves an orbax_eqx checkpoint at OUT with the tensors of SOURCE, a .safetensors
+file or a directory of them (with or without model.safetensors.index.json),
+filling the skeleton given by --skeleton module:function (see diff --help).
+
+Tensors are matched to leaves by name, or through --rename (as for export,
+from tensor names to leaf names). Everything is checked before any tensor is
+read: every array leaf needs a tensor of its shape and dtype (--cast casts to
+the skeleton's dtypes), and every tensor must fill a leaf (--allow-unused
+leaves the others out). Files written by export carry the saved static fields,
+checked against the skeleton's (--ignore-static keeps the skeleton's), and
+Python leaves, which are restored from them; otherwise Python leaves, static
+fields and callables are the skeleton's.
+
+Needs the safetensors package: pip install 'orbax_eqx[safetensors]'.
+"""
+
+_VERIFY_HELP = """\
+Reads every array of a checkpoint and checks it against the checksum recorded
+when it was saved (a CRC-32 for packed arrays, a 32-bit weighted sum for
+arrays stored through Orbax). Each leaf whose data does not match, or cannot
+be read, is listed with its leaf path. Arrays are read one at a time (packed
+ones in 64 MiB pieces), so memory stays near the largest sharded array.
+
+Exit status: 0 if every array matches, 1 if any leaf is damaged, 2 if the
+checkpoint cannot be read at all (no sidecar, or a damaged one).
+"""
+
+_DEMO_HELP = """\
+Trains a small Equinox model (an MLP with BatchNorm and eqx.nn.State) for a
+few steps with optax, saves every step asynchronously through an Orbax
+CheckpointManager with orbax_eqx.EqxHandler, keeps the 3 best by loss, then
+restores the best step into a skeleton from eqx.filter_eval_shape and checks
+that the restored model has the same loss and parameters as the saved one.
+Needs optax.
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the command line.
+
+    **Arguments:**
+
+    - `argv`: the arguments, without the program name; default `sys.argv[1:]`.
+
+    **Returns:** the exit status: 0 on success, 1 if the demo's checks fail
+    or `diff` finds differences, 2 on a bad path, a damaged checkpoint or bad
+    usage.
+    """
+    args = _parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except BrokenPipeError:
+        # The reader went away (`... | head`): not an error worth a message.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+    except (OrbaxEqxError, OSError) as e:
+        if args.debug:
+            raise
+        print(f"{PROG}: error: {_first_line(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    from .. import __version__
+
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Inspect, compare, export and import orbax_eqx checkpoints, "
+        "or run a short demo.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}"
+    )
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug", action="store_true", help="show the full traceback of an error"
+    )
+    commands = parser.add_subparsers(title="commands", dest="command", required=True)
+
+    inspect = commands.add_parser(
+        "inspect",
+        parents=[common],
+        help="show what a checkpoint holds, without reading array data",
+        description=_INSPECT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    inspect.add_argument("path", metavar="PATH", help="item, step or manager root")
+    inspect.add_argument("--json", action="store_true", help="print JSON")
+    inspect.add_argument(
+        "--flat", action="store_true", help="one row per leaf name, not a tree"
+    )
+    inspect.add_argument(
+        "--best",
+        metavar="METRIC",
+        default="loss",
+        help="the metric that picks the best step of a manager root (default: loss)",
+    )
+    inspect.add_argument(
+        "--mode",
+        choices=("min", "max"),
+        default="min",
+        help="whether the best step has the lowest or highest METRIC (default: min)",
+    )
+    inspect.set_defaults(run=_run_inspect)
+
+    diff = commands.add_parser(
+        "diff",
+        parents=[common],
+        help="compare two checkpoints, or a checkpoint and a skeleton",
+        description=_DIFF_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    diff.add_argument("a", metavar="A", help="checkpoint, or module:function")
+    diff.add_argument("b", metavar="B", help="checkpoint, or module:function")
+    diff.add_argument("--values", action="store_true", help="compare array data too")
+    diff.add_argument(
+        "--rtol", type=_tolerance, default=1e-5, help="relative tolerance (1e-5)"
+    )
+    diff.add_argument(
+        "--atol", type=_tolerance, default=1e-8, help="absolute tolerance (1e-8)"
+    )
+    diff.add_argument(
+        "--buffer",
+        metavar="SIZE",
+        type=_size,
+        default="256MiB",
+        help="array data held at once, such as 512MiB (default: 256MiB)",
+    )
+    diff.add_argument("--json", action="store_true", help="print JSON")
+    diff.set_defaults(run=_run_diff)
+
+    export = commands.add_parser(
+        "export",
+        parents=[common],
+        help="write a checkpoint's arrays as safetensors",
+        description=_EXPORT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    export.add_argument("path", metavar="PATH", help="checkpoint (item or step)")
+    export.add_argument(
+        "--to", required=True, choices=("safetensors",), help="the format"
+    )
+    export.add_argument("out", metavar="OUT", help="directory, or file.safetensors")
+    export.add_argument("--rename", metavar="MAP", help="JSON rename map")
+    export.add_argument(
+        "--max-shard-size",
+        metavar="SIZE",
+        type=_size,
+        default="5GB",
+        help="most bytes per file, such as 2GB or 500MiB (default: 5GB)",
+    )
+    export.add_argument(
+        "--buffer",
+        metavar="SIZE",
+        type=_size,
+        default="256MiB",
+        help="array data held at once (default: 256MiB)",
+    )
+    export.add_argument(
+        "--overwrite", action="store_true", help="replace safetensors files in OUT"
+    )
+    export.set_defaults(run=_run_export)
+
+    import_ = commands.add_parser(
+        "import",
+        parents=[common],
+        help="save a checkpoint from safetensors, given a skeleton",
+        description=_IMPORT_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    import_.add_argument("source", metavar="SOURCE", help="file or directory")
+    import_.add_argument("out", metavar="OUT", help="where to save the checkpoint")
+    import_.add_argument(
+        "--skeleton", required=True, metavar="MODULE:FUNCTION", help="the skeleton"
+    )
+    import_.add_argument("--rename", metavar="MAP", help="JSON rename map")
+    import_.add_argument(
+        "--cast", action="store_true", help="cast tensors to the skeleton's dtypes"
+    )
+    import_.add_argument(
+        "--allow-unused",
+        action="store_true",
+        help="leave out tensors that fill no leaf",
+    )
+    import_.add_argument(
+        "--ignore-static",
+        action="store_true",
+        help="keep the skeleton's static fields where the files record others",
+    )
+    import_.add_argument(
+        "--overwrite", action="store_true", help="replace a checkpoint at OUT"
+    )
+    import_.set_defaults(run=_run_import)
+
+    verify = commands.add_parser(
+        "verify",
+        parents=[common],
+        help="check every array of a checkpoint against its checksum",
+        description=_VERIFY_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    verify.add_argument("path", metavar="PATH", help="checkpoint (item or step)")
+    verify.add_argument("--json", action="store_true", help="print JSON")
+    verify.set_defaults(run=_run_verify)
+
+    demo = commands.add_parser(
+        "demo",
+        parents=[common],
+        help="train, checkpoint and restore a small model",
+        description=_DEMO_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    demo.add_argument(
+        "--dir",
+        default="demo_checkpoints",
+        help="where to save (default: ./demo_checkpoints); an earlier demo's "
+        "checkpoints there are replaced, anything else is left alone",
+    )
+    demo.add_argument(
+        "--steps", type=_positive_int, default=10, help="training steps (default: 10)"
+    )
+    demo.set_defaults(run=_run_demo)
+    return parser
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    from .inspect import gather, to_json
+    from .inspect_text import to_text
+
+    report = gather(args.path, args.best, args.mode)
+    if args.json:
+        print(json.dumps(to_json(report), indent=2, ensure_ascii=False))
+    else:
+        print(to_text(report, flat=args.flat), end="")
+    return 0
+
+
+def _run_diff(args: argparse.Namespace) -> int:
+    from .diff_text import run
+
+    return run(args)
+
+
+def _run_export(args: argparse.Namespace) -> int:
+    _need_safetensors("export")
+    from .._restore.rename_map import load
+    from .export import export
+    from .text import human_bytes
+
+    result = export(
+        args.path,
+        args.out,
+        renames=load(args.rename),
+        max_shard_size=args.max_shard_size,
+        buffer=args.buffer,
+        overwrite=args.overwrite,
+    )
+    files = result.files
+    where = files[0] if len(files) == 1 else f"{len(files) - 1} files and {files[-1]}"
+    print(
+        f"Exported {result.tensors} tensors ({human_bytes(result.nbytes)}) to {where}."
+    )
+    if result.modules or result.in_metadata:
+        print(
+            f"The __metadata__ of each file holds the static fields of "
+            f"{result.modules} modules and {result.in_metadata} non-array leaves."
+        )
+    if result.left_out:
+        print(f"The rename map left out {result.left_out} arrays.")
+    return 0
+
+
+def _run_import(args: argparse.Namespace) -> int:
+    _need_safetensors("import")
+    from .._restore.rename_map import load
+    from . import skeleton as _skeleton
+    from .importing import import_
+    from .text import human_bytes
+
+    renames = load(args.rename)
+    skeleton = _skeleton.load(args.skeleton)
+    result = import_(
+        args.source,
+        args.out,
+        skeleton,
+        renames=renames,
+        cast=args.cast,
+        allow_unused=args.allow_unused,
+        ignore_static=args.ignore_static,
+        overwrite=args.overwrite,
+    )
+    print(
+        f"Imported {result.tensors} tensors ({human_bytes(result.nbytes)}) from "
+        f"{len(result.files)} file(s) into {result.path} ({result.leaves} leaves)."
+    )
+    return 0
+
+
+def _need_safetensors(command: str) -> None:
+    try:
+        import safetensors  # noqa: F401
+    except ImportError:
+        raise _UsageError(
+            f"{command} needs the safetensors package, which is not installed: "
+            "pip install 'orbax_eqx[safetensors]' (or pip install safetensors)."
+        ) from None
+
+
+class _UsageError(OrbaxEqxError):
+    """Something the command line cannot do as asked."""
+
+
+def _run_verify(args: argparse.Namespace) -> int:
+    from .verify_text import run
+
+    return run(args)
+
+
+def _run_demo(args: argparse.Namespace) -> int:
+    try:
+        from . import demo as _demo
+    except ModuleNotFoundError as e:
+        if e.name != "optax":
+            raise
+        print(
+            f"{PROG}: error: the demo trains with optax, which is not installed; "
+            "`pip install optax` and run it again.",
+            file=sys.stderr,
+        )
+        return 2
+    return 0 if _demo.run(args.dir, args.steps) else 1
+
+
+_SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([KMGT]?)(i?)B?\s*", re.I)
+
+
+def _size(text: str) -> int:
+    """`5GB` (10**9 bytes), `256MiB` (2**20), `1000`: a size in bytes."""
+    match = _SIZE.fullmatch(text)
+    if not match or (match.group(3) and not match.group(2)):
+        raise argparse.ArgumentTypeError(
+            f"expected a size such as 5GB, 500MB, 256MiB or 1000000, got {text!r}"
+        )
+    number, unit, binary = match.groups()
+    power = "KMGT".find(unit.upper()) + 1 if unit else 0
+    value = int(float(number) * (1024 if binary else 1000) ** power)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    return value
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (value >= 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(
+            f"expected a tolerance, a number >= 0, got {text!r}"
+        )
+    return value
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else type(error).__name__

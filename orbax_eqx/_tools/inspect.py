@@ -1,0 +1,271 @@
+"""`inspect`: what a checkpoint holds, told from its sidecar alone.
+
+Nothing here reads array data: a leaf's shape, dtype and size, its Python value
+or description, and each module's class and static fields all come from the
+sidecar; the sharding an array was saved with from Orbax's own metadata; and a
+CheckpointManager's metrics from the small JSON files Orbax writes in each step
+directory.
+"""
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+import orbax.checkpoint as ocp
+from etils import epath
+
+from .._format.locate import as_path, find_item, is_item, items_in, steps_in
+from .._format.sidecar import ALIAS, PACKED, STORED, Metadata, arrays_dir
+from .._format.sidecar_read import read
+from .._tree.names import storage_key
+from .._tree.values import describe
+from .._tree.walk import ARRAY, JAX
+from .tree_view import type_text, value_text
+
+# Where Orbax keeps a step's metrics: the step metadata (newer Orbax), or the
+# `metrics` item that CheckpointManager writes with its JSON handler (0.12.x).
+_STEP_METADATA = "_CHECKPOINT_METADATA"
+_METRICS_FILE = ("metrics", "metrics")
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One finished step of a CheckpointManager root."""
+
+    step: int
+    path: epath.Path
+    metrics: dict[str, Any] | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Best:
+    """The best step of a CheckpointManager root by one metric."""
+
+    step: int
+    metric: str
+    mode: str  # "min" or "max"
+
+
+@dataclasses.dataclass(frozen=True)
+class Report:
+    """Everything `inspect` shows about a path."""
+
+    path: epath.Path
+    steps: list[Step]  # a CheckpointManager root's steps; empty otherwise
+    step: int | None  # the step inspected, for a CheckpointManager root
+    items: list[Metadata]
+    shardings: list[dict[str, str]]  # per item: leaf name -> saved sharding
+    best: Best | None = None
+
+
+def gather(
+    directory: str | os.PathLike, best_metric: str = "loss", best_mode: str = "min"
+) -> Report:
+    """Reads the sidecars (and step metrics) of the checkpoint at `directory`.
+
+    **Arguments:**
+
+    - `directory`: an item directory, a step directory (every orbax_eqx item in
+        it is inspected), or a CheckpointManager root (its latest step is).
+    - `best_metric`, `best_mode`: on a CheckpointManager root, the best step is
+        the one whose metric `best_metric` is lowest (`"min"`) or highest
+        (`"max"`). Orbax does not record its `best_fn`, so this is asked.
+
+    **Returns:** a `Report`. Raises `CheckpointNotFoundError` if `directory`
+    holds no orbax_eqx checkpoint, `SidecarError` if a sidecar is damaged.
+    """
+    path = as_path(directory)
+    steps: list[Step] = []
+    step = best = None
+    items = None
+    if path.is_dir() and not is_item(path):
+        items = items_in(path)
+        found = [] if items else steps_in(path)
+        if found:
+            steps = [Step(n, p, _metrics(p)) for n, p in found]
+            step, latest_path = found[-1]
+            items = items_in(latest_path)
+            best = _best(steps, best_metric, best_mode)
+    # An item, or nothing we know: `find_item` raises the error that says which.
+    items = items or [find_item(path)]
+    saved = [read(p) for p in items]
+    shardings = [saved_shardings(p, m) for p, m in zip(items, saved)]
+    return Report(path, steps, step, saved, shardings, best)
+
+
+def _best(steps: list[Step], metric: str, mode: str) -> Best | None:
+    scored = [
+        (s.metrics[metric], s.step)
+        for s in steps
+        if s.metrics
+        and isinstance(s.metrics.get(metric), int | float)
+        and not isinstance(s.metrics.get(metric), bool)
+        and math.isfinite(s.metrics[metric])
+    ]
+    if not scored:
+        return None
+    # Ties go to the latest step, the one CheckpointManager would keep.
+    if mode == "min":
+        _, step = min(scored, key=lambda v: (v[0], -v[1]))
+    else:
+        _, step = max(scored)
+    return Best(step, metric, mode)
+
+
+def saved_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
+    """The sharding each array was saved with, as Orbax recorded it, as text.
+
+    A nicety: leaves Orbax recorded nothing for are left out, and a checkpoint
+    whose Orbax metadata cannot be read gives `{}`. Packed leaves were saved
+    unsharded (one device, fully replicated, or numpy): they say `packed`.
+    """
+    packed = {
+        name: "packed"
+        for name, leaf in saved.leaves.items()
+        if leaf.container == JAX
+        and (
+            leaf.data == PACKED
+            or (leaf.data == ALIAS and saved.leaves[leaf.alias_of].data == PACKED)
+        )
+    }
+    if not any(leaf.data == STORED for leaf in saved.leaves.values()):
+        return packed
+    handler = ocp.PyTreeCheckpointHandler()
+    try:
+        tree = handler.metadata(arrays_dir(directory, saved.token)).tree
+    except Exception:  # any failure here only costs the sharding column
+        return packed
+    finally:
+        handler.close()
+    if not isinstance(tree, dict):
+        return packed
+    result = packed
+    for name, leaf in saved.leaves.items():
+        source = leaf.alias_of if leaf.data == ALIAS else name
+        if leaf.data in (STORED, ALIAS):
+            text = _sharding_text(
+                getattr(tree.get(storage_key(source)), "sharding", None)
+            )
+            if text:
+                result[name] = text
+    return result
+
+
+def _sharding_text(sharding) -> str:
+    if sharding is None:
+        return ""
+    device = getattr(sharding, "device_str", None)
+    if device is not None:
+        return str(device)
+    spec = getattr(sharding, "partition_spec", None)
+    axes = getattr(sharding, "axis_names", None)
+    shape = getattr(sharding, "shape", None)
+    if spec is not None and axes is not None and shape is not None:
+        parts = ", ".join(
+            repr(p) if not isinstance(p, list) else repr(tuple(p)) for p in spec
+        )
+        mesh = ", ".join(f"{a}={int(n)}" for a, n in zip(axes, list(shape)))
+        return f"P({parts}) over {mesh}"
+    return type(sharding).__name__
+
+
+def _metrics(step_dir: epath.Path) -> dict[str, Any] | None:
+    # Plain JSON reads: metrics are a nicety, so a missing or odd file is
+    # skipped rather than reported.
+    sources = (
+        (step_dir / _STEP_METADATA, "metrics"),
+        (step_dir.joinpath(*_METRICS_FILE), None),
+    )
+    for file, key in sources:
+        try:
+            content = json.loads(file.read_text())
+        except (OSError, ValueError):
+            continue
+        if key is not None and isinstance(content, dict):
+            content = content.get(key)
+        if isinstance(content, dict) and content:
+            return content
+    return None
+
+
+# ---------------------------------------------------------------- JSON output
+
+
+def to_json(report: Report) -> dict[str, Any]:
+    """The report as a JSON document (see `python -m orbax_eqx inspect --help`)."""
+    return {
+        "path": os.fspath(report.path),
+        "steps": [
+            {"step": s.step, "path": os.fspath(s.path), "metrics": _finite(s.metrics)}
+            for s in report.steps
+        ],
+        "step": report.step,
+        "latest": report.steps[-1].step if report.steps else None,
+        "best": dataclasses.asdict(report.best) if report.best else None,
+        "items": [_item_json(m, s) for m, s in zip(report.items, report.shardings)],
+    }
+
+
+def _item_json(saved: Metadata, shardings: dict[str, str]) -> dict[str, Any]:
+    leaves = {}
+    for name, leaf in saved.leaves.items():
+        record: dict[str, Any] = {"path": leaf.path, "kind": leaf.kind}
+        if leaf.kind == ARRAY:
+            record.update(
+                shape=list(leaf.shape or ()),
+                dtype=leaf.dtype,
+                nbytes=leaf.nbytes,
+                container=leaf.container,
+                data=leaf.data,
+            )
+            if leaf.data == ALIAS:
+                record["alias_of"] = leaf.alias_of
+            elif leaf.data == PACKED:
+                record.update(pack=leaf.pack, offset=leaf.offset)
+            if name in shardings:
+                record["sharding"] = shardings[name]
+        else:
+            record.update(type=type_text(leaf), value=leaf.value, text=value_text(leaf))
+        leaves[name] = record
+    modules = {
+        name: {
+            "path": m.path,
+            "class": m.cls,
+            "static": m.static,
+            "static_text": {k: describe(v) for k, v in m.static.items()},
+        }
+        for name, m in saved.modules.items()
+    }
+    arrays, nbytes = totals(saved)
+    return {
+        "path": saved.directory,
+        "format_version": saved.format_version,
+        "versions": saved.versions,
+        "packs": [{"file": p.file, "nbytes": p.nbytes} for p in saved.packs],
+        "leaves": leaves,
+        "modules": modules,
+        "totals": {"leaves": len(saved.leaves), "arrays": arrays, "nbytes": nbytes},
+    }
+
+
+def _finite(value: Any) -> Any:
+    # Metrics may hold nan or inf, which strict JSON cannot; say them as text.
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def totals(saved: Metadata) -> tuple[int, int]:
+    """Arrays and their bytes, counting tied weights once, as they are stored."""
+    stored = [
+        leaf
+        for leaf in saved.leaves.values()
+        if leaf.kind == ARRAY and leaf.data != ALIAS
+    ]
+    return len(stored), sum(leaf.nbytes for leaf in stored)

@@ -1,0 +1,133 @@
+"""`inspect`'s text output: steps of a manager root, then each item as a tree
+(or, with `flat=True`, one row per leaf name and one per module)."""
+
+import json
+from typing import Any
+
+from .._format.sidecar import ALIAS, Metadata
+from .._tree.values import describe
+from .._tree.walk import ARRAY, display_path
+from .inspect import Report, totals
+from .text import cut, human_bytes, table
+from .tree_view import rows as tree_rows
+from .tree_view import type_text, value_text
+
+
+def to_text(report: Report, flat: bool = False) -> str:
+    """The report as text for a person: a tree of modules and leaves, or with
+    `flat=True` one row per leaf (by leaf name) and one per module."""
+    parts = []
+    if report.steps:
+        best = report.best.step if report.best else None
+        rows = [
+            [str(s.step), _metrics_text(s.metrics), _marks(s.step, best, report.step)]
+            for s in report.steps
+        ]
+        note = ""
+        if report.best:
+            word = "lowest" if report.best.mode == "min" else "highest"
+            note = f" The best step has the {word} {report.best.metric}."
+        parts.append(
+            f"CheckpointManager root {report.path}: {len(report.steps)} step(s)\n"
+            + table(["step", "metrics", ""], rows, right=(0,))
+            + f"\nShowing the latest step, {report.step}.{note}\n"
+        )
+    for saved, shardings in zip(report.items, report.shardings):
+        parts.append(_item_text(saved) if flat else _tree_text(saved, shardings))
+    return "\n".join(parts)
+
+
+def _marks(step: int, best: int | None, latest: int | None) -> str:
+    return ", ".join(
+        word
+        for word, hit in (("best", step == best), ("latest", step == latest))
+        if hit
+    )
+
+
+def _tree_text(saved: Metadata, shardings: dict[str, str]) -> str:
+    header = [
+        "name",
+        "type",
+        "shape",
+        "bytes",
+        "saved sharding",
+        "value / static fields",
+    ]
+    rows = tree_rows(saved, shardings)
+    if not shardings:  # nothing recorded: no empty column
+        header.pop(4)
+        rows = [r[:4] + r[5:] for r in rows]
+    lines = [
+        f"Checkpoint {saved.directory}",
+        "",
+        table(header, rows, right=(3,)) if rows else "  (no leaves)",
+        "",
+        _total_line(saved),
+        _writer_line(saved),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _item_text(saved: Metadata) -> str:
+    rows = []
+    for name, leaf in saved.leaves.items():
+        if leaf.kind == ARRAY:
+            shape, size = str(tuple(leaf.shape or ())), human_bytes(leaf.nbytes)
+        else:
+            shape, size = "-", "-"
+        rows.append(
+            [display_path(name), shape, type_text(leaf), size, cut(value_text(leaf))]
+        )
+    modules = [
+        [
+            display_path(name),
+            m.cls,
+            ", ".join(f"{k}={describe(v)}" for k, v in m.static.items()),
+        ]
+        for name, m in saved.modules.items()
+    ]
+    lines = [
+        f"Checkpoint {saved.directory}",
+        "",
+        f"Leaves ({len(saved.leaves)}):",
+        table(["name", "shape", "type", "bytes", "value"], rows, right=(3,)),
+        "",
+        f"Modules ({len(saved.modules)}):",
+        table(["name", "class", "static fields"], modules) if modules else "  (none)",
+        "",
+        _total_line(saved),
+        _writer_line(saved),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _total_line(saved: Metadata) -> str:
+    arrays, nbytes = totals(saved)
+    tied = sum(leaf.data == ALIAS for leaf in saved.leaves.values())
+    return (
+        f"Total: {len(saved.leaves)} leaves, {arrays} arrays"
+        + (f" (plus {tied} tied to another leaf)" if tied else "")
+        + f", {human_bytes(nbytes)}."
+    )
+
+
+def _writer_line(saved: Metadata) -> str:
+    versions = dict(saved.versions)
+    writer = versions.pop("orbax_eqx", "unknown")
+    others = ", ".join(f"{k} {v}" for k, v in versions.items())
+    return f"Written by orbax_eqx {writer} (sidecar format {saved.format_version})" + (
+        f" with {others}." if others else "."
+    )
+
+
+def _metrics_text(metrics: dict[str, Any] | None) -> str:
+    if not metrics:
+        return "-"
+
+    def one(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.6g}"
+        return json.dumps(value)
+
+    return ", ".join(f"{k}={one(v)}" for k, v in metrics.items())

@@ -1,0 +1,152 @@
+"""Skeletons named on the command line as `module:function`, and what they hold.
+
+`diff` and `import` take a skeleton as `module:function` (or
+`path/to/file.py:function`): a function of no arguments that returns the
+skeleton, usually `eqx.filter_eval_shape(make_model, key)`. Unlike a
+checkpoint, this runs the user's code, which is the point.
+"""
+
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Any
+
+import jax
+
+from .._errors import OrbaxEqxError
+from .._format.sidecar import EMPTY, STORED, LeafMetadata, Metadata
+from .._tree.values import encode
+from .._tree.walk import ARRAY, SHARED, container, dtype_str, is_key_dtype, walk
+
+
+class SkeletonError(OrbaxEqxError, ValueError):
+    """A `module:function` skeleton cannot be imported or built."""
+
+
+def looks_like_spec(text: str) -> bool:
+    """Whether `text` names a skeleton (`module:function`) rather than a path."""
+    if "://" in text or os.path.exists(text):
+        return False
+    module, sep, function = text.rpartition(":")
+    return bool(sep and module and function)
+
+
+def load(spec: str) -> Any:
+    """Imports `module:function` (or `file.py:function`) and returns `function()`."""
+    module_name, _, function_name = spec.rpartition(":")
+    if not module_name or not function_name:
+        raise SkeletonError(
+            f"{spec!r} is not a skeleton: expected `module:function`, such as "
+            "`my_model:skeleton`, naming a function of no arguments."
+        )
+    module = _import(spec, module_name)
+    target: Any = module
+    for part in function_name.split("."):
+        if not hasattr(target, part):
+            raise SkeletonError(
+                f"Module `{module_name}` ({getattr(module, '__file__', '?')}) has no "
+                f"`{function_name}`, asked for by the skeleton {spec!r}. Check the "
+                "name after the colon."
+            )
+        target = getattr(target, part)
+    if not callable(target):
+        raise SkeletonError(
+            f"`{spec}` names a value of type {type(target).__name__}, not a "
+            "function; the skeleton must be given by a function of no arguments "
+            "that returns it."
+        )
+    try:
+        return target()
+    except Exception as e:
+        raise _failed(f"Calling `{spec}()`", e) from e
+
+
+def _import(spec: str, module_name: str):
+    if module_name.endswith(".py"):
+        path = os.path.abspath(module_name)
+        if not os.path.isfile(path):
+            raise SkeletonError(
+                f"{path}, named by the skeleton {spec!r}, does not exist."
+            )
+        name = "_orbax_eqx_skeleton_" + os.path.basename(path)[:-3]
+        loader = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(loader)
+        sys.modules[name] = module
+        try:
+            loader.loader.exec_module(module)
+        except Exception as e:
+            raise _failed(f"Importing {path}", e) from e
+        return module
+    # As `python -m` does, so that `module:function` finds modules in the
+    # current directory under the `orbax-eqx` script too.
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name is not None and module_name.startswith(e.name):
+            raise SkeletonError(
+                f"Cannot import module `{module_name}` for the skeleton {spec!r} (no "
+                f"module named {e.name!r}). Run from the directory that holds it, "
+                "add that directory to PYTHONPATH, or give a file: "
+                "`path/to/file.py:function`."
+            ) from None
+        raise _failed(f"Importing `{module_name}`", e) from e
+    except Exception as e:
+        raise _failed(f"Importing `{module_name}`", e) from e
+
+
+def _failed(what: str, error: BaseException) -> SkeletonError:
+    return SkeletonError(
+        f"{what} for the skeleton failed: {type(error).__name__}: "
+        f"{_first_line(error)} (--debug shows where)."
+    )
+
+
+def _first_line(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return lines[0] if lines else ""
+
+
+def metadata(tree: Any, where: str) -> Metadata:
+    """What a checkpoint of `tree` would record, without saving (or reading) data.
+
+    Every array is taken as stored on its own: a skeleton has no tied arrays.
+    """
+    walked = walk(tree)
+    leaves = {}
+    for leaf in walked.leaves:
+        if leaf.kind == ARRAY:
+            x = leaf.value
+            nbytes = _nbytes(x)
+            leaves[leaf.name] = LeafMetadata(
+                leaf.name,
+                leaf.path_str,
+                ARRAY,
+                tuple(x.shape),
+                dtype_str(x),
+                container(x),
+                STORED if nbytes else EMPTY,
+                None,
+                nbytes,
+            )
+        else:
+            value = None if leaf.kind == SHARED else encode(leaf.value)
+            leaves[leaf.name] = LeafMetadata(
+                leaf.name, leaf.path_str, leaf.kind, value=value
+            )
+    return Metadata(where, 0, {}, leaves, dict(walked.modules))
+
+
+def _nbytes(x: Any) -> int:
+    dtype = x.dtype
+    if is_key_dtype(dtype):
+        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype))
+        itemsize = data.dtype.itemsize * int(data.size)
+    else:
+        itemsize = dtype.itemsize
+    size = 1
+    for d in x.shape:
+        size *= d
+    return size * itemsize

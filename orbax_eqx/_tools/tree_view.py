@@ -1,0 +1,137 @@
+"""`inspect`'s tree view: a checkpoint's leaves grouped by module path.
+
+Each module shows its class, static fields and the bytes stored under it;
+each array its dtype, shape, bytes and (where Orbax recorded it) the sharding
+it was saved with; each Python leaf its value.
+"""
+
+import dataclasses
+
+from .._format.sidecar import ALIAS, EMPTY, PACKED, STORED, LeafMetadata, Metadata
+from .._tree.names import ESCAPE, SEPARATOR
+from .._tree.values import describe, scalar_type
+from .._tree.walk import ARRAY, NUMPY, NUMPY_SCALAR, SCALAR, SHARED
+from .text import cut, human_bytes
+
+_INDENT = "  "
+_MAX_FIELD = 40  # longer static field values are cut
+
+
+def split(name: str) -> list[str]:
+    """The parts of a leaf name, split at unescaped separators (kept escaped)."""
+    parts, current, chars = [], [], iter(name)
+    for c in chars:
+        if c == ESCAPE:
+            current.append(c + next(chars, ""))
+        elif c == SEPARATOR:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(c)
+    parts.append("".join(current))
+    return parts
+
+
+@dataclasses.dataclass
+class _Node:
+    part: str
+    children: dict[str, "_Node"] = dataclasses.field(default_factory=dict)
+    leaf: LeafMetadata | None = None
+    module: str | None = None  # the module's name in the sidecar
+    nbytes: int = 0
+
+
+def build(saved: Metadata) -> _Node:
+    """The tree of leaves and modules, in the order the sidecar lists leaves."""
+    root = _Node("")
+    modules = {tuple(split(n)) if n else (): n for n in saved.modules}
+    if () in modules:
+        root.module = modules[()]
+    for name, leaf in saved.leaves.items():
+        node = root
+        parts = split(name) if name else []
+        stored = (
+            leaf.nbytes if leaf.kind == ARRAY and leaf.data in (STORED, PACKED) else 0
+        )
+        root.nbytes += stored
+        for i, part in enumerate(parts):
+            node = node.children.setdefault(part, _Node(part))
+            node.nbytes += stored
+            node.module = modules.get(tuple(parts[: i + 1]), node.module)
+        node.leaf = leaf
+    return root
+
+
+def rows(saved: Metadata, shardings: dict[str, str]) -> list[list[str]]:
+    """Rows of `[name, type, shape, bytes, sharding, value]`, names indented."""
+    root = build(saved)
+    out: list[list[str]] = []
+
+    def module_row(node: _Node, label: str, depth: int) -> list[str]:
+        cls, static = "", ""
+        if node.module is not None:
+            info = saved.modules[node.module]
+            cls = info.cls.rsplit(".", 1)[-1]
+            # Every field, each cut short: a static field is what tells two
+            # models apart (`num_heads=2` or 4), so none is dropped.
+            static = ", ".join(
+                f"{k}={cut(describe(v), _MAX_FIELD)}" for k, v in info.static.items()
+            )
+        size = human_bytes(node.nbytes) if node.nbytes else ""
+        return [_INDENT * depth + label, cls, "", size, "", static]
+
+    def visit(node: _Node, depth: int) -> None:
+        for part, child in node.children.items():
+            if child.leaf is not None and not child.children:
+                out.append(_leaf_row(child.leaf, depth, part, shardings))
+            else:
+                out.append(module_row(child, part, depth))
+                visit(child, depth + 1)
+
+    if root.leaf is not None:  # the whole tree is one leaf
+        out.append(_leaf_row(root.leaf, 0, "<root>", shardings))
+    elif root.module is not None:
+        out.append(module_row(root, "<root>", 0))
+        visit(root, 1)
+    else:
+        visit(root, 0)
+    return out
+
+
+def _leaf_row(leaf, depth, label, shardings) -> list[str]:
+    indent = _INDENT * depth + label
+    if leaf.kind == ARRAY:
+        return [
+            indent,
+            str(leaf.dtype),
+            str(tuple(leaf.shape or ())),
+            human_bytes(leaf.nbytes),
+            shardings.get(leaf.name, ""),
+            value_text(leaf),
+        ]
+    return [indent, type_text(leaf), "", "", "", cut(value_text(leaf))]
+
+
+def type_text(leaf: LeafMetadata) -> str:
+    if leaf.kind == ARRAY:
+        return str(leaf.dtype)
+    if leaf.kind == SCALAR:
+        return scalar_type(leaf.value) or SCALAR
+    return leaf.kind
+
+
+def value_text(leaf: LeafMetadata) -> str:
+    if leaf.kind == ARRAY:
+        notes = []
+        if leaf.container == NUMPY:
+            notes.append("numpy array")
+        elif leaf.container == NUMPY_SCALAR:
+            notes.append("numpy scalar")
+        if leaf.data == EMPTY:
+            notes.append("zero-size")
+        elif leaf.data == ALIAS:
+            notes.append(f"same array as {leaf.alias_of}")
+        return ", ".join(notes)
+    if leaf.kind == SHARED:
+        return "placeholder for a node tied by eqx.nn.Shared"
+    return describe(leaf.value)

@@ -1,0 +1,149 @@
+"""`verify`: read every array of a checkpoint and check it against its checksum."""
+
+import dataclasses
+import os
+from collections.abc import Callable
+
+from etils import epath
+
+from .._errors import OrbaxEqxError
+from .._format.locate import find_item
+from .._format.sidecar import PACKED, STORED, LeafMetadata, Metadata
+from .._format.sidecar_read import read
+from .._restore.read import LeafReader, release_memory
+from .._storage import packfile as _packfile
+from .._storage.checksum import crc32, host_sum32
+
+_CHUNK = 64 << 20  # bytes of a packed leaf read at a time
+
+
+@dataclasses.dataclass(frozen=True)
+class DamagedLeaf:
+    """A leaf whose data does not match its checksum, or could not be read."""
+
+    name: str
+    path: str  # the leaf path, as `jax.tree_util.keystr` prints it
+    problem: str
+
+
+@dataclasses.dataclass(frozen=True)
+class VerifyReport:
+    """What `oeqx.verify` found.
+
+    - `directory`: the item directory checked.
+    - `checked`: names of the array leaves whose data matched its checksum.
+    - `damaged`: a `DamagedLeaf` for each leaf whose data did not match, or
+        could not be read at all (a missing or short file).
+    - `unchecked`: names of array leaves that record no checksum (saved by
+        an orbax_eqx before checksums); their data was read, not checked.
+    - `nbytes`: bytes of array data read.
+    """
+
+    directory: str
+    checked: tuple[str, ...]
+    damaged: tuple[DamagedLeaf, ...]
+    unchecked: tuple[str, ...]
+    nbytes: int
+
+    @property
+    def ok(self) -> bool:
+        """True if no leaf is damaged."""
+        return not self.damaged
+
+
+def verify(
+    directory: str | os.PathLike, *, progress: Callable[[int], None] | None = None
+) -> VerifyReport:
+    """Reads every array of a checkpoint and checks it against its checksum.
+
+    Every array leaf with data on disk is read, one at a time (a packed leaf in
+    pieces of 64 MiB, an Orbax-stored one whole, on the host), so memory stays
+    near the largest Orbax-stored leaf. Tied weights are read once.
+
+    **Arguments:**
+
+    - `directory`: a checkpoint: an item directory, or a step with one item.
+    - `progress`: called with the bytes of each piece read (for a progress bar).
+
+    **Returns:** a `VerifyReport`; `report.ok` is False if any leaf is damaged.
+    Raises if the sidecar itself cannot be read (without it nothing can be
+    checked), and `CheckpointPermissionError` if any file may not be read by
+    this user: that is no damage, and says nothing of the data.
+    """
+    path = find_item(directory)
+    saved = read(path)
+    checked, damaged, unchecked = [], [], []
+    total = 0
+    note = progress or (lambda n: None)
+    stored = []
+    for record in saved.leaves.values():
+        if record.data == PACKED:
+            result, n = _check_packed(path, saved, record, note)
+            _sort(record, result, checked, damaged, unchecked)
+            total += n
+        elif record.data == STORED:
+            stored.append(record)
+    if stored:
+        with LeafReader(path, saved) as reader:
+            for record in stored:
+                result = _check_stored(reader, record)
+                _sort(record, result, checked, damaged, unchecked)
+                total += record.nbytes
+                note(record.nbytes)
+                release_memory()
+    return VerifyReport(
+        str(path), tuple(checked), tuple(damaged), tuple(unchecked), total
+    )
+
+
+def _sort(record: LeafMetadata, result, checked, damaged, unchecked) -> None:
+    """`result`: None if unchecked, True if it matched, else the problem."""
+    if result is None:
+        unchecked.append(record.name)
+    elif result is True:
+        checked.append(record.name)
+    else:
+        damaged.append(DamagedLeaf(record.name, record.path, result))
+
+
+def _check_packed(path: epath.Path, saved: Metadata, record, note):
+    file = path / saved.packs[record.pack].file
+    start, stop = record.offset, record.offset + record.nbytes
+    crc, done = 0, 0
+    try:
+        for piece in range(start, stop, _CHUNK):
+            (data,) = _packfile.read(file, [(piece, min(piece + _CHUNK, stop))])
+            crc = crc32(data, crc)
+            done += data.nbytes
+            note(data.nbytes)
+    except PermissionError:  # not damage: nothing can be said of the data
+        raise
+    except (OrbaxEqxError, OSError) as e:
+        return str(e).split("\n")[0], done
+    if record.crc32 is None:
+        return None, done
+    if crc != record.crc32:
+        return _differs("CRC-32", record.crc32, crc), done
+    return True, done
+
+
+def _check_stored(reader: LeafReader, record):
+    try:
+        (data,) = reader.read([record.name], verify=False).values()
+    except PermissionError:  # not damage: nothing can be said of the data
+        raise
+    except Exception as e:  # whatever Orbax or TensorStore raise on bad files
+        return f"cannot be read: {str(e).splitlines()[0] if str(e) else e!r}"
+    if record.sum32 is None:
+        return None
+    found = host_sum32(data)
+    if found != record.sum32:
+        return _differs("sum32", record.sum32, found)
+    return True
+
+
+def _differs(kind: str, recorded: int, found: int) -> str:
+    return (
+        f"data does not match its {kind}: {recorded:#010x} recorded at save, "
+        f"{found:#010x} computed now"
+    )

@@ -1,0 +1,6 @@
+"""The tree: Equinox PyTrees walked into named leaves.
+
+Owns leaf names (`names`), how Python values are written as JSON (`values`)
+and the walk of a tree into (leaf path, leaf name, kind) records (`walk`).
+May import: `orbax_eqx._errors` and nothing else of ours.
+"""
