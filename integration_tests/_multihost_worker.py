@@ -32,7 +32,8 @@ from jax.sharding import NamedSharding, SingleDeviceSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import orbax_eqx as oeqx  # noqa: E402
-from orbax_eqx import _handler, _sidecar  # noqa: E402
+from orbax_eqx._format import sidecar as _sidecar  # noqa: E402
+from orbax_eqx._orbax import handler as _handler  # noqa: E402
 
 ROOT = Path(args.root)
 HOSTS = ROOT.parent / "hosts"

@@ -23,7 +23,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.text import sidecar as _sidecar
+from orbax_eqx._format import sidecar as _sidecar
 
 from ._models import assert_trees_equal
 
