@@ -273,7 +273,7 @@ _SHARDED_WORKER = textwrap.dedent(
     oeqx.save(path, item)
     data = {n: r.data for n, r in oeqx.metadata(path).leaves.items()}
     assert data == {
-        "sharded": "orbax", "replicated": "packed", "single": "packed",
+        "sharded": "shards", "replicated": "packed", "single": "packed",
         "np": "packed", "key": "packed", "tied": "alias", "step": None,
     }, data
 
@@ -315,7 +315,7 @@ _SHARDED_WORKER = textwrap.dedent(
 )
 
 
-def test_sharded_arrays_stay_per_leaf_on_8_devices(tmp_path):
+def test_sharded_arrays_go_to_shard_packs_on_8_devices(tmp_path):
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
     env["JAX_PLATFORMS"] = "cpu"
@@ -335,9 +335,9 @@ def test_sharded_arrays_stay_per_leaf_on_8_devices(tmp_path):
     np.testing.assert_array_equal(flat["replicated"], np.arange(32).reshape(8, 4))
     assert flat["tied"] is flat["sharded"]
     assert flat["np"].dtype == np.int16
-    # The sharded leaf's checksum was summed over 8 devices and checked after
-    # restores onto other layouts (above); here on one device, and by verify.
-    assert oeqx.metadata(path).leaves["sharded"].sum32 is not None
+    # The sharded leaf's chunks were checked after restores onto other layouts
+    # (above); here on one device, and by verify.
+    assert oeqx.metadata(path).leaves["sharded"].sharding == "P('x') over x=8"
     report = oeqx.verify(path)
     assert report.ok and "sharded" in report.checked
 

@@ -5,8 +5,8 @@ bytes are), each module's class and static fields, the pack files, and the
 package versions that wrote it. Reading it is pure data: nothing named in it
 is imported or called.
 
-Format version 3 (versions 1 and 2 are still read: 1 has no packs, neither
-has a token):
+Format version 4 (versions 1-3 are still read: 1 has no packs, 1 and 2 have
+no token, before 4 there are no shard packs):
 
 ```
 {
@@ -14,10 +14,13 @@ has a token):
  "token": "9f2c41d07a3be865",
  "packs": [{"file": "orbax_eqx~packed.9f2c41d07a3be865.0.bin",
             "nbytes": 17310080, "byteorder": "little", "alignment": 64}],
+ "shard_files": 2,
  "leaves": {
   "layers.0.weight": {"path": ".layers[0].weight", "kind": "array",
       "shape": [8, 3], "dtype": "float32", "container": "jax", "nbytes": 96,
       "data": "packed", "pack": 0, "offset": 128, "crc32": 2351671402},
+  "blocks.0.mlp.weight": {..., "data": "shards",
+      "sharding": "P('fsdp', None) over fsdp=8"},
   "embed.weight": {..., "data": "orbax", "key": "embed.weight",
       "sum32": 180337513},
   "head.weight": {..., "data": "alias", "alias_of": "embed.weight"},
@@ -38,8 +41,12 @@ An array leaf's `data` says where its bytes are:
   `alignment`, so that a restore can hand the bytes to `jax.device_put`
   without a copy. Unsharded arrays (one device, fully replicated, numpy) are
   packed: written and read at disk speed, with no per-leaf cost.
+- `"shards"`: chunks of shard packs, one pack per process of the save
+  (`shard_files` of them): a sharded array's distinct shards, each written
+  once, by the process holding its first replica. Each process's index file
+  says where each chunk is and its CRC-32s (see `_storage/shard_index.py`).
 - `"orbax"`: one stored array in Orbax's array store under `key` (always
-  derived from the name): sharded arrays, or every array with `pack=False`.
+  derived from the name): every array with `pack=False`.
   The store is the directory `orbax_eqx~arrays.<token>` (before version 3: the
   item directory itself).
 - `"alias"`: the very same array object as leaf `alias_of` (tied weights).
@@ -93,11 +100,16 @@ from .._tree.walk import (
 
 FILE_NAME = "orbax_eqx.json"
 FORMAT = "orbax_eqx"
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # `~` never appears in a storage key except before a 16-digit hash, so these
 # names cannot collide with a directory Orbax makes for a leaf.
 PACK_FILE = "orbax_eqx~packed.{token}.{index}.bin"
 ARRAYS_DIR = "orbax_eqx~arrays.{token}"  # Orbax's array store
+# One shard pack per process of a save: its chunks, and their index.
+SHARD_FILE = "orbax_eqx~shards.{token}.{process}.bin"
+SHARD_INDEX = "orbax_eqx~shards.{token}.{process}.json"
+# Files named by a save's token, each starting with one of these and the token.
+TOKEN_FILE_PREFIXES = ("orbax_eqx~packed.", "orbax_eqx~shards.")
 _OLD_PACK_FILE = "orbax_eqx~packed.{index}.bin"  # format 2
 TOKEN = re.compile(r"[0-9a-f]{16}")  # a save's token: 16 hex digits
 PACK_ALIGNMENT = 64  # what `jax.device_put` needs on CPU to take a buffer as is
@@ -105,6 +117,7 @@ PACK_ALIGNMENT = 64  # what `jax.device_put` needs on CPU to take a buffer as is
 # Where an array leaf's data lives.
 STORED = "orbax"  # in Orbax's array store, under the leaf's storage key
 PACKED = "packed"  # a byte range of a pack file
+SHARDS = "shards"  # chunks of the shard packs, one per process
 EMPTY = "none"  # a zero-size array: shape and dtype say everything
 ALIAS = "alias"  # the very same array object as another leaf (tied weights)
 
@@ -131,6 +144,7 @@ class LeafMetadata:
     offset: int | None = None  # ...and where in it
     crc32: int | None = None  # packed leaves' checksum (see `_checksum`)
     sum32: int | None = None  # Orbax-stored leaves' checksum
+    sharding: str | None = None  # shard-pack leaves: the saved sharding, as text
 
     def describe(self) -> str:
         if self.kind == ARRAY:
@@ -163,6 +177,7 @@ class Metadata:
     modules: dict[str, ModuleInfo]
     packs: tuple[PackMetadata, ...] = ()
     token: str | None = None  # names the save's files (format 3 on)
+    shard_files: int = 0  # shard packs: one per process of the save (format 4)
 
     @property
     def nbytes(self) -> int:
@@ -170,7 +185,7 @@ class Metadata:
         return sum(
             leaf.nbytes
             for leaf in self.leaves.values()
-            if leaf.data in (STORED, PACKED)
+            if leaf.data in (STORED, PACKED, SHARDS)
         )
 
 
@@ -179,6 +194,16 @@ def pack_file(token: str | None, index: int) -> str:
     if token is None:
         return _OLD_PACK_FILE.format(index=index)
     return PACK_FILE.format(token=token, index=index)
+
+
+def shard_file(token: str, process: int) -> str:
+    """The name of the shard pack of process `process` of the save `token`."""
+    return SHARD_FILE.format(token=token, process=process)
+
+
+def shard_index(token: str, process: int) -> str:
+    """The name of the index of that shard pack."""
+    return SHARD_INDEX.format(token=token, process=process)
 
 
 def arrays_dir(directory: epath.Path, token: str | None) -> epath.Path:
@@ -203,13 +228,17 @@ def build(
     packed: dict[str, int],
     pack_nbytes: int,
     token: str,
+    sharded: dict[str, str] | None = None,
+    shard_files: int = 0,
 ) -> dict[str, Any]:
     """The sidecar's JSON for a walked item, saved with `token`.
 
     `aliases` maps a leaf to its twin; `packed` maps each packed leaf to its
-    offset in pack 0, which is `pack_nbytes` long. Other arrays are stored
-    through Orbax.
+    offset in pack 0, which is `pack_nbytes` long; leaves in `sharded` (to
+    their saved sharding, as text) go to the `shard_files` shard packs. Other
+    arrays are stored through Orbax.
     """
+    sharded = sharded or {}
     leaves = {}
     for leaf in walked.leaves:
         record: dict[str, Any] = {"path": leaf.path_str, "kind": leaf.kind}
@@ -228,6 +257,9 @@ def build(
                 record["data"] = PACKED
                 record["pack"] = 0
                 record["offset"] = packed[leaf.name]
+            elif leaf.name in sharded:
+                record["data"] = SHARDS
+                record["sharding"] = sharded[leaf.name]
             else:
                 record["data"] = STORED
                 record["key"] = storage_key(leaf.name)
@@ -254,6 +286,7 @@ def build(
         "versions": package_versions(),
         "token": token,
         "packs": packs,
+        "shard_files": shard_files,
         "leaves": leaves,
         "modules": modules,
     }

@@ -25,6 +25,7 @@ from .sidecar import (
     FORMAT_VERSION,
     KINDS,
     PACKED,
+    SHARDS,
     STORED,
     TOKEN,
     LeafMetadata,
@@ -89,6 +90,9 @@ def parse(content: Any, where: str) -> Metadata:
     if version < 3:
         token = None
     packs = _parse_packs(content.get("packs", []), token, where, bad)
+    shard_files = content.get("shard_files", 0)
+    if not _is_size(shard_files):
+        raise bad(f'"shard_files" is {shard_files!r}, not a count of files')
     leaves = {
         name: _parse_leaf(name, rec, packs, bad) for name, rec in leaves_json.items()
     }
@@ -96,12 +100,17 @@ def parse(content: Any, where: str) -> Metadata:
         target = leaves.get(leaf.alias_of) if leaf.data == ALIAS else None
         if leaf.data == ALIAS and (
             target is None
-            or target.data not in (STORED, PACKED)
+            or target.data not in (STORED, PACKED, SHARDS)
             or (target.shape, target.dtype) != (leaf.shape, leaf.dtype)
         ):
             raise bad(
                 f"leaf {leaf.name!r} is an alias of {leaf.alias_of!r}, "
                 "which is no stored array of the same shape and dtype"
+            )
+        if leaf.data == SHARDS and (token is None or shard_files == 0):
+            raise bad(
+                f"leaf {leaf.name!r} is in shard packs, but the sidecar lists "
+                'none (no token, or "shard_files": 0)'
             )
     modules = {}
     for name, rec in modules_json.items():
@@ -122,6 +131,7 @@ def parse(content: Any, where: str) -> Metadata:
         modules,
         packs,
         token,
+        shard_files,
     )
 
 
@@ -177,7 +187,7 @@ def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
         )
     if data == ALIAS and not isinstance(rec.get("alias_of"), str):
         raise bad(f"leaf {name!r} is an alias of nothing")
-    if data not in (STORED, PACKED, EMPTY, ALIAS):
+    if data not in (STORED, PACKED, SHARDS, EMPTY, ALIAS):
         raise bad(f"leaf {name!r} has unknown data location {data!r}")
     size = rec.get("nbytes", 0)
     pack, offset = rec.get("pack"), rec.get("offset")
@@ -201,6 +211,7 @@ def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
         offset=offset if data == PACKED else None,
         crc32=sums["crc32"] if data == PACKED else None,
         sum32=sums["sum32"] if data == STORED else None,
+        sharding=str(rec["sharding"]) if data == SHARDS and "sharding" in rec else None,
     )
 
 

@@ -7,6 +7,7 @@ import functools
 import os
 from typing import Any, Literal
 
+import jax
 import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
@@ -21,6 +22,7 @@ from .._save import claim as _claim
 from .._save.hosts import check_global
 from .._save.prepare import check_has_data, prepare
 from .._storage import packing as _packing
+from .._storage import shards as _shards
 from .._storage.checksum import host_sum32
 
 TYPESTR = "orbax_eqx.EqxHandler"
@@ -31,8 +33,12 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
 
     Unsharded arrays (numpy, on one device, or fully replicated) are packed end
     to end into one pack file, written and read at disk speed with no cost per
-    leaf; sharded arrays go, one stored array per leaf, through Orbax's own
-    array machinery (OCDBT, sharded and multi-host writes). Everything else
+    leaf; sharded arrays go to shard packs: each process writes the distinct
+    shards it holds into a file of its own, with an index of chunk boxes, and
+    a restore onto any sharding reads just the byte ranges each device needs.
+    No computation runs on a device, and processes meet only at Orbax's own
+    barriers. With `pack=False`, every array goes, one stored array per
+    leaf, through Orbax's own array machinery (OCDBT). Everything else
     (static fields, Python scalars, callables, tied-weight markers) and where
     every array is goes into a JSON sidecar, which restore checks against a
     skeleton before reading any array. Every leaf restores on its own: a
@@ -40,8 +46,10 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
 
     **Arguments:**
 
-    - `pack`: pack unsharded arrays (the default). `False` stores every array
-        through Orbax, one stored array per leaf, as orbax_eqx 0.1 did.
+    - `pack`: pack unsharded arrays and write sharded ones to shard packs (the
+        default). `False` stores every array through Orbax, one stored array
+        per leaf, as orbax_eqx 0.1 did: for storage that pack files cannot be
+        written to (object stores without ranged writes).
     - `use_ocdbt`: store Orbax's arrays in its OCDBT format (fewer, larger files).
     - `use_zarr3`: use the Zarr v3 array format for Orbax's arrays.
     - `use_compression`: compress Orbax's array chunks with zstd (packed arrays
@@ -52,11 +60,14 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         Orbax's array data in flight at once, to bound host memory. Packed
         arrays are all held in host memory from `save` until written.
     - `multiprocessing_options`: Orbax's options for multi-host runs; the
-        sidecar and the pack file are written by `primary_host` only.
+        sidecar and the pack file are written by `primary_host` only, each
+        process writes its own shard pack.
     - `checksums`: record a checksum of every array (the default), which
-        restores and `oeqx.verify` check: a CRC-32 of packed arrays, computed
-        while the pack file is written, and for Orbax-stored arrays a sum
-        computed where they are (see `_checksum`). Costs a few percent of the
+        restores and `oeqx.verify` check: CRC-32s of packed arrays and of
+        every 1 MiB of shard-pack chunks, computed on host while the files are
+        written; for Orbax-stored arrays (`pack=False`) a sum computed on host
+        where one process holds the whole array (multi-host `pack=False`
+        saves are not summed; see `_checksum`). Costs a few percent of the
         save time (BENCHMARKS.md); False saves without them.
 
     !!! example
@@ -131,7 +142,12 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             started.stored_keys = tuple(prepared.stored)
         if started is not None and directory.exists():
             _claim.begin(started)  # else Orbax makes it later, in the background
-        self._saving[os.fspath(directory)] = (token, started, bool(prepared.stored))
+        self._saving[os.fspath(directory)] = (
+            token,
+            started,
+            bool(prepared.stored),
+            prepared.content["shard_files"],
+        )
         futures = []
         where = _background.target(directory)  # named by errors of the writes
         if prepared.stored:
@@ -154,16 +170,23 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         return futures
 
     async def _write_files(self, directory: epath.Path, prepared, started) -> None:
-        # Every host has this future; only the primary took host copies, and
-        # writes. It runs in a thread of its own (Orbax's commit future), so
+        # Every host has this future and writes its shard pack; only the
+        # primary took host copies of packed arrays, and writes them and the
+        # sidecar. It runs in a thread of its own (Orbax's commit future), so
         # the blocking writes hold up nothing else. The sidecar goes last: it
         # records the checksums, and a step without it is no checkpoint.
-        if not ocp.multihost.is_primary_host(self._primary_host):
-            return
-        if started.identity is None:
+        primary = ocp.multihost.is_primary_host(self._primary_host)
+        if primary and started.identity is None:
             _claim.begin(started)
         try:
-            self._write_pack_and_sidecar(directory, prepared, started)
+            if prepared.local is not None:
+                token = prepared.content["token"]
+                process = jax.process_index()
+                for path in _shards.write(directory, token, process, prepared.local):
+                    if primary:
+                        _claim.wrote(started, path)
+            if primary:
+                self._write_pack_and_sidecar(directory, prepared, started)
         except OSError as e:  # perhaps because another save took the directory
             _claim.explain(started, e)
             raise
@@ -181,10 +204,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             # Lets go of the host copies now, not after the sidecar: a view of
             # a CPU array's buffer keeps donating that array from reusing it.
             prepared.pieces = []
-        sums = {
-            name: host_sum32(x) if isinstance(x, np.ndarray) else int(x)
-            for name, x in prepared.sums.items()
-        }
+        sums = {name: host_sum32(np.asarray(x)) for name, x in prepared.sums.items()}
         _sidecar.record_checksums(prepared.content, crcs, sums)
         _claim.before_sidecar(started)
         try:
@@ -229,7 +249,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         saving = self._saving.pop(os.fspath(directory), None)
         if saving is None:
             saving = _saved_here(epath.Path(directory))
-        token, started, stored = saving
+        token, started, stored, shard_files = saving
         with _background.noted(_background.target(directory)):
             if stored:
                 try:
@@ -237,6 +257,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                 except Exception as e:
                     _claim.explain(started, e)
                     raise
+            # Orbax's barrier has passed: every process's writes are done.
+            _check_shard_files(epath.Path(directory), token, shard_files, started)
             if started is not None:
                 _claim.before_commit(started)
 
@@ -244,14 +266,36 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         self._inner.close()
 
 
-def _saved_here(directory: epath.Path) -> tuple[str | None, None, bool]:
+def _saved_here(directory: epath.Path) -> tuple[str | None, None, bool, int]:
     """What `finalize` needs, from the sidecar, for a save this handler did not
     start (Orbax finalizing with a new handler)."""
     if not (directory / _sidecar.FILE_NAME).exists():
-        return None, None, True
+        return None, None, True, 0
     saved = _sidecar_read.read(directory)
     stored = any(leaf.data == _sidecar.STORED for leaf in saved.leaves.values())
-    return saved.token, None, stored
+    return saved.token, None, stored, saved.shard_files
+
+
+def _check_shard_files(directory: epath.Path, token, shard_files: int, started):
+    """Every process's shard pack and index must be there before the commit."""
+    if token is None or not shard_files:
+        return
+    missing = [
+        name
+        for process in range(shard_files)
+        for name in (
+            _sidecar.shard_file(token, process),
+            _sidecar.shard_index(token, process),
+        )
+        if not (directory / name).exists()
+    ]
+    if missing:
+        error = FileNotFoundError(
+            f"Before committing the save in {directory}: the shard-pack files "
+            f"{', '.join(missing[:4])} of {shard_files} process(es) are missing."
+        )
+        _claim.explain(started, error)  # another save of the step deleted them?
+        raise error
 
 
 def _run_sync(coro) -> Any:

@@ -12,11 +12,13 @@ from .._format.sidecar import (
     ALIAS,
     EMPTY,
     PACKED,
+    SHARDS,
     STORED,
     LeafMetadata,
     Metadata,
 )
 from .._storage import packing as _packing
+from .._storage import shard_read as _shard_read
 from .._storage import stored_read as _stored_read
 from .._tree.values import decode_scalar, describe
 from .._tree.walk import (
@@ -162,8 +164,9 @@ def read_arrays(
     *,
     verify: bool = True,
 ):
-    """Reads each requested array once, from its pack or from Orbax; builds empty
-    ones and aliases. With `verify`, checks each against its recorded checksum."""
+    """Reads each requested array once, from its pack, the shard packs or Orbax;
+    builds empty ones and aliases. With `verify`, checks each against its
+    recorded checksum."""
     to_read: dict[str, _Request] = {}
     for request in requests.values():
         source = request.record
@@ -174,12 +177,17 @@ def read_arrays(
             to_read.setdefault(source.name, request)
     packed = {n: r for n, r in to_read.items() if r.record.data == PACKED}
     stored = {n: r for n, r in to_read.items() if r.record.data == STORED}
+    sharded = {n: r for n, r in to_read.items() if r.record.data == SHARDS}
     loaded = {}
     if stored:
         loaded = _stored_read.read(inner, directory, saved, stored, verify=verify)
     if packed:
         loaded.update(
             _packing.read(epath.Path(directory), saved.packs, packed, verify=verify)
+        )
+    if sharded:
+        loaded.update(
+            _shard_read.read(epath.Path(directory), saved, sharded, verify=verify)
         )
     result = {}
     for name, request in requests.items():

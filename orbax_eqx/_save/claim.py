@@ -25,16 +25,23 @@ token names; Orbax then does not commit it. The other commits whole.
 """
 
 import dataclasses
+import itertools
 import os
 import secrets
 import shutil
 
 import jax
-import numpy as np
+import orbax.checkpoint as ocp
 from etils import epath
 
 from .._errors import OrbaxEqxError
-from .._format.sidecar import ARRAYS_DIR, FILE_NAME, PACK_FILE, TOKEN, arrays_dir
+from .._format.sidecar import (
+    ARRAYS_DIR,
+    FILE_NAME,
+    TOKEN,
+    TOKEN_FILE_PREFIXES,
+    arrays_dir,
+)
 from .._storage.stored_check import missing_in_store
 from .background import final_directory
 
@@ -61,15 +68,25 @@ class Started:
 def new_token() -> str:
     """16 random hex digits, the same in every process of a multi-host run.
 
-    Every process must call this at the same point (it is a collective when
-    there are several).
+    Every process calls this once per save, in the same order. Process 0
+    draws the token and hands it to the others through the key-value store of
+    JAX's distributed client (the coordinator Orbax's barriers use): no
+    computation on any device, so no collective that could interleave with
+    Orbax's own in its background threads.
     """
-    words = np.frombuffer(secrets.token_bytes(8), np.uint32)
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
+    token = secrets.token_hex(8)
+    if jax.process_count() == 1:
+        return token
+    key = f"orbax_eqx/token/{next(_SAVES)}"
+    client = ocp.multihost.get_jax_distributed_client()
+    if jax.process_index() == 0:
+        client.key_value_set(key, token)
+        return token
+    timeout_ms = ocp.multihost.coordination_timeout() * 1000
+    return client.blocking_key_value_get(key, timeout_ms)
 
-        words = np.asarray(multihost_utils.broadcast_one_to_all(words))
-    return words.astype("<u4").tobytes().hex()
+
+_SAVES = itertools.count()  # this process's saves, numbered alike in every process
 
 
 def begin(started: Started) -> None:
@@ -226,9 +243,9 @@ def remove(directory: epath.Path, token: str) -> None:
     if "://" in os.fspath(directory):
         return
     shutil.rmtree(os.fspath(arrays_dir(directory, token)), ignore_errors=True)
-    prefix = PACK_FILE.split("{token}")[0] + token + "."
+    prefixes = tuple(prefix + token + "." for prefix in TOKEN_FILE_PREFIXES)
     for name in _names(directory):
-        if name.startswith(prefix):
+        if name.startswith(prefixes):
             _unlink(directory / name)
 
 
@@ -262,10 +279,10 @@ def _remove_others(started: Started) -> None:
 
 def _others(started: Started) -> set[str]:
     """Tokens of other saves that have files in this save's directory."""
-    pack, arrays = PACK_FILE.split("{token}")[0], ARRAYS_DIR.split("{token}")[0]
+    arrays = ARRAYS_DIR.split("{token}")[0]
     found = set()
     for name in _names(started.directory):
-        for prefix in (pack, arrays):
+        for prefix in (*TOKEN_FILE_PREFIXES, arrays):
             if name.startswith(prefix):
                 token = name[len(prefix) :].split(".")[0]
                 if TOKEN.fullmatch(token) and token != started.token:

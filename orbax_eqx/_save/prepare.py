@@ -1,4 +1,4 @@
-"""Splits an item into the sidecar, the packed arrays and the arrays Orbax stores."""
+"""Splits an item into the sidecar, the pack, the shard packs and Orbax's store."""
 
 import dataclasses
 from typing import Any
@@ -8,7 +8,7 @@ import numpy as np
 
 from .._errors import UnsupportedLeafError, bullet_list
 from .._format.sidecar import STORED, build, nbytes
-from .._storage.checksum import device_sum32
+from .._storage import shards as _shards
 from .._storage.packing import host_copies, layout, packable
 from .._tree.names import storage_key
 from .._tree.walk import ARRAY, JAX, Walked, container, walk
@@ -23,9 +23,11 @@ class Prepared:
     pieces: list[tuple[int, np.ndarray]]  # (offset, host copy), for pack 0
     pack_nbytes: int
     packed_names: list[str]  # the leaf of each piece
-    # {leaf name: its `sum32`}, for arrays Orbax stores: a jax scalar being
-    # computed, or a host copy of a numpy array, to sum in the background.
+    # {leaf name: host copy}, for arrays Orbax stores whose every byte this
+    # process holds: summed (`sum32`) in the background.
     sums: dict[str, Any]
+    # This process's chunks of sharded arrays, for its shard pack (or None).
+    local: _shards.Local | None = None
 
 
 def prepare(
@@ -42,40 +44,55 @@ def prepare(
     item first and raises one error listing every leaf that cannot be saved,
     before anything is written. With `pack`, unsharded arrays are packed (see
     `_packing`); `copy_packed=False` (hosts other than the primary, which do
-    not write the pack) skips their host copies.
-    With `checksums`, the sums of Orbax-stored jax arrays are started here.
+    not write the pack) skips their host copies. Sharded arrays go to the
+    shard packs: every process copies its distinct shards to host here (see
+    `_storage/shards.py`). Nothing here computes on a device.
+    With `checksums`, Orbax-stored arrays that this process holds whole are
+    copied to host, to be summed in the background.
     """
     walked = walk(item)
     _check_savable(walked)
     aliases = _aliases(walked)
-    to_pack = []
+    to_pack, to_shard = [], []
     for leaf in walked.leaves:
         if leaf.kind == ARRAY and leaf.name not in aliases and pack:
             size = nbytes(leaf.value)
             if size and packable(leaf.value):
                 to_pack.append((leaf, size))
+            elif size:
+                to_shard.append((leaf.name, leaf.value))
     offsets, pack_nbytes = layout((leaf.name, size) for leaf, size in to_pack)
-    content = build(walked, aliases, offsets, pack_nbytes, token)
-    stored, sums, on_device = {}, {}, {}
+    content = build(
+        walked,
+        aliases,
+        offsets,
+        pack_nbytes,
+        token,
+        sharded={name: _shards.describe(x.sharding) for name, x in to_shard},
+        shard_files=jax.process_count() if to_shard else 0,
+    )
+    stored, sums = {}, {}
     for leaf in walked.leaves:
         record = content["leaves"][leaf.name]
         if leaf.kind == ARRAY and record["data"] == STORED:
             x = _host_safe(leaf.value)
             stored[storage_key(leaf.name)] = x
-            if not checksums:
-                continue
-            if container(x) == JAX:
-                on_device[leaf.name] = x
-            else:
-                sums[leaf.name] = x
-    # Dispatched now, while the arrays surely exist; read in the background.
-    sums.update(zip(on_device, device_sum32(list(on_device.values()))))
+            if checksums and _held_whole(x):
+                # Now: the caller may donate or change the array once `save`
+                # returns. (Orbax copies it too; the pack path needs neither.)
+                sums[leaf.name] = _shards.gather(x) if container(x) == JAX else x
+    local = _shards.take(to_shard) if to_shard else None
     pieces, names = [], []
     if copy_packed and to_pack:
         copies = host_copies([leaf.value for leaf, _ in to_pack])
         pieces = [(offsets[leaf.name], x) for (leaf, _), x in zip(to_pack, copies)]
         names = [leaf.name for leaf, _ in to_pack]
-    return Prepared(content, stored, pieces, pack_nbytes, names, sums)
+    return Prepared(content, stored, pieces, pack_nbytes, names, sums, local)
+
+
+def _held_whole(x: Any) -> bool:
+    """Whether this process holds every byte of an array (so can sum it)."""
+    return container(x) != JAX or x.is_fully_addressable
 
 
 def check_has_data(item: Any) -> None:

@@ -5,30 +5,32 @@ Two kinds, by where the bytes are when they can be summed without a copy:
 - `crc32` (zlib's CRC-32) for packed arrays: computed from the host copies in
   the pack writer's thread, and from the read buffers on restore. A CRC
   catches every single-bit error, and every burst of up to 32 bits.
-- `sum32` for arrays Orbax stores (sharded, maybe across hosts, so that no
-  process holds all the bytes): `sum((2 * i + 1) * word_i) mod 2**32` over the
-  array's 32-bit words `word_i` in C order (each element as the unsigned
-  integer of its bits, zero-extended to 32 bits; 64-bit and complex elements
-  as two words, low first). It is computed where the array is, by a small
-  jitted reduction per array, dispatched when `save` is called and read back
-  in the background; the same sum over the restored
-  array checks it. A single-bit flip changes it by an odd multiple of a power
-  of two below 2**32, so every one is caught; it does not depend on the
-  sharding, so a restore onto another mesh checks it too. `host_sum32` is
-  the same sum in numpy, for `verify`.
+- `crc32` of every 1 MiB block of each chunk of a shard pack (sharded
+  arrays), computed the same way by the process that writes the chunk.
+- `sum32` for arrays Orbax stores (`pack=False`): `sum((2 * i + 1) * word_i)
+  mod 2**32` over the array's 32-bit words `word_i` in C order (each element
+  as the unsigned integer of its bits, zero-extended to 32 bits; 64-bit and
+  complex elements as two words, low first), computed on host (`host_sum32`)
+  from a copy taken when `save` is called, where one process holds the whole
+  array, and from the restored array the same way. A single-bit flip changes
+  it by an odd multiple of a power of two below 2**32, so every one is
+  caught; it does not depend on the sharding, so a restore onto another mesh
+  checks it too. (Before orbax_eqx 0.2 it was computed on the devices; the
+  value is the same.)
+
+Nothing here runs on a device: a checkpoint library that dispatches
+computations over sharded arrays issues collectives per leaf, which on CPU
+devices can deadlock and across hosts adds a lock-step Orbax does not have.
 """
 
 import zlib
 from collections.abc import Sequence
 from typing import Any
 
-import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
 from .._errors import CheckpointDamagedError, bullet_list
-from .._tree.walk import is_key_dtype
 
 _CHUNK = 1 << 22  # elements summed at a time by numpy
 
@@ -38,49 +40,6 @@ def crc32(data: np.ndarray | memoryview, start: int = 0) -> int:
     if isinstance(data, np.ndarray):
         data = memoryview(data.reshape(-1).view(np.uint8))
     return zlib.crc32(data, start)
-
-
-def device_sum32(arrays: Sequence[jax.Array]) -> list[jax.Array]:
-    """Starts `sum32` of each array, where it lives; returns uint32 scalars.
-
-    Every process of a multi-host run must call this with the same arrays (it
-    is one computation over global arrays). Nothing waits for the result.
-    """
-    # One small computation per array, not one over all of them: jit compiles
-    # once per shape, dtype and sharding, a few dozen on a large model, where
-    # one computation over 6,313 arrays took 37 s to compile here.
-    return [_sum32(x) for x in arrays]
-
-
-@jax.jit
-def _sum32(x: jax.Array) -> jax.Array:
-    words = _words(x)
-    index = jnp.zeros(words.shape, jnp.uint32)
-    stride = 1
-    for axis in reversed(range(words.ndim)):
-        iota = jax.lax.broadcasted_iota(jnp.uint32, words.shape, axis)
-        index = index + iota * jnp.uint32(stride % 2**32)
-        stride *= words.shape[axis]
-    weights = index * jnp.uint32(2) + jnp.uint32(1)
-    return jnp.sum(words * weights, dtype=jnp.uint32)
-
-
-def _words(x: jax.Array) -> jax.Array:
-    """The array's bits as uint32 words; 64-bit and complex elements as two."""
-    if is_key_dtype(x.dtype):
-        x = jax.random.key_data(x)
-    if jnp.issubdtype(x.dtype, jnp.complexfloating):
-        x = jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
-    name = jnp.dtype(x.dtype).name
-    if x.dtype == jnp.bool_:
-        x = x.astype(jnp.uint8)
-    elif name in _SUB_BYTE_FLOATS:
-        x = jax.lax.bitcast_convert_type(x, jnp.uint4).astype(jnp.uint8)
-    elif name in _SUB_BYTE_INTS:
-        x = x.astype(jnp.int8 if name.startswith("int") else jnp.uint8)
-    size = jnp.dtype(x.dtype).itemsize
-    unsigned = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint32}[size]
-    return jax.lax.bitcast_convert_type(x, unsigned).astype(jnp.uint32)
 
 
 # Held one per byte by numpy: integers by value, floats by their 4-bit pattern.

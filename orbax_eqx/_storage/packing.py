@@ -94,11 +94,14 @@ def host_copies(values: list[Any]) -> list[np.ndarray]:
       `tests/test_packing.py`). Orbax relies on the same;
     - other jax arrays are copied to host memory, all transfers started first.
     """
-    on_host = [container(x) != JAX or _on_cpu(x.sharding) for x in values]
-    for x, host in zip(values, on_host):
-        if not host and not is_key_dtype(x.dtype):
+    # Fully replicated: this host's first copy is the whole array. Taken from
+    # its own device, so that nothing is computed over the others (nor, for
+    # keys, across hosts), and only one copy is transferred.
+    firsts = [x.addressable_data(0) if container(x) == JAX else x for x in values]
+    for x in firsts:
+        if container(x) == JAX and not is_key_dtype(x.dtype) and not on_cpu(x.sharding):
             x.copy_to_host_async()
-    return [_host_copy(x) for x in values]
+    return [_host_copy(x) for x in firsts]
 
 
 def _host_copy(x: Any) -> np.ndarray:
@@ -106,14 +109,12 @@ def _host_copy(x: Any) -> np.ndarray:
         return np.array(x, order="C", copy=True)
     if is_key_dtype(x.dtype):
         x = jax.random.key_data(x)
-    if not x.is_fully_addressable:
-        # Fully replicated across hosts: this host's copy is the whole array.
-        x = x.addressable_data(0)
     return np.asarray(x)
 
 
 @functools.cache
-def _on_cpu(sharding: jax.sharding.Sharding) -> bool:
+def on_cpu(sharding: jax.sharding.Sharding) -> bool:
+    """Whether every device of `sharding` is a CPU (host memory)."""
     return all(d.platform == "cpu" for d in sharding.device_set)
 
 

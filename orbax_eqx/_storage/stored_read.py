@@ -19,7 +19,8 @@ from .._errors import CheckpointDamagedError, inline_list
 from .._format.sidecar import STORED, Metadata, arrays_dir
 from .._tree.names import storage_key
 from .._tree.walk import JAX, parse_dtype
-from .checksum import damaged, device_sum32, host_sum32, mismatch
+from .checksum import damaged, host_sum32, mismatch
+from .shards import gather
 from .stored_check import check_stored, first_line, permission_error
 
 
@@ -136,20 +137,20 @@ def _check_sums(directory, requests: dict, loaded: dict) -> None:
     """Raises if an array read through Orbax differs from its recorded `sum32`.
 
     A cast array (`cast=True`) is unchecked: Orbax casts it as it reads, and
-    the checksum is of the saved dtype's bits.
+    the checksum is of the saved dtype's bits. So is an array restored across
+    processes (no process holds all of it): summing it would take a
+    computation over the array, which a restore never runs.
     """
-    on_device, on_host = {}, {}
+    found = {}
     for name, request in requests.items():
         record = request.record
         if record.sum32 is None or not _same_dtype(record.dtype, request.dtype):
             continue
-        if request.container == JAX:
-            on_device[name] = loaded[name]
-        else:
-            on_host[name] = host_sum32(np.asarray(loaded[name]))
-    # Every process computes the device sums: they are global computations.
-    found = dict(zip(on_device, device_sum32(list(on_device.values()))))
-    found.update(on_host)
+        x = loaded[name]
+        if request.container != JAX:
+            found[name] = host_sum32(np.asarray(x))
+        elif x.is_fully_addressable:
+            found[name] = host_sum32(gather(x))
     problems = [
         mismatch(requests[name].record, "sum32", requests[name].record.sum32, int(s))
         for name, s in found.items()

@@ -17,7 +17,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from .._format.locate import as_path, find_item, is_item, items_in, steps_in
-from .._format.sidecar import ALIAS, PACKED, STORED, Metadata, arrays_dir
+from .._format.sidecar import ALIAS, PACKED, SHARDS, STORED, Metadata, arrays_dir
 from .._format.sidecar_read import read
 from .._tree.names import storage_key
 from .._tree.values import describe
@@ -130,6 +130,10 @@ def saved_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
             or (leaf.data == ALIAS and saved.leaves[leaf.alias_of].data == PACKED)
         )
     }
+    for name, leaf in saved.leaves.items():
+        source = saved.leaves[leaf.alias_of] if leaf.data == ALIAS else leaf
+        if source.data == SHARDS and source.sharding:
+            packed[name] = source.sharding  # recorded by the save itself
     if not any(leaf.data == STORED for leaf in saved.leaves.values()):
         return packed
     handler = ocp.PyTreeCheckpointHandler()

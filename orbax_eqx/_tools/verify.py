@@ -8,11 +8,19 @@ from etils import epath
 
 from .._errors import OrbaxEqxError
 from .._format.locate import find_item
-from .._format.sidecar import PACKED, STORED, LeafMetadata, Metadata
+from .._format.sidecar import (
+    PACKED,
+    SHARDS,
+    STORED,
+    LeafMetadata,
+    Metadata,
+    shard_file,
+)
 from .._format.sidecar_read import read
 from .._restore.read import LeafReader, release_memory
 from .._storage import packfile as _packfile
 from .._storage.checksum import crc32, host_sum32
+from .._storage.shard_index import CRC_BLOCK, read_all
 
 _CHUNK = 64 << 20  # bytes of a packed leaf read at a time
 
@@ -56,9 +64,12 @@ def verify(
 ) -> VerifyReport:
     """Reads every array of a checkpoint and checks it against its checksum.
 
-    Every array leaf with data on disk is read, one at a time (a packed leaf in
-    pieces of 64 MiB, an Orbax-stored one whole, on the host), so memory stays
-    near the largest Orbax-stored leaf. Tied weights are read once.
+    Every array leaf with data on disk is read, one at a time (a packed leaf,
+    and each chunk of a sharded one in the shard packs, in pieces of 64 MiB; an
+    Orbax-stored one whole, on the host), so memory stays near the largest
+    Orbax-stored leaf. Tied weights are read once. The shard packs' indexes
+    are checked too: a chunk outside its array or its file, or chunks that do
+    not tile their array, make every sharded leaf damaged.
 
     **Arguments:**
 
@@ -76,6 +87,11 @@ def verify(
     total = 0
     note = progress or (lambda n: None)
     stored = []
+    sharded = [r for r in saved.leaves.values() if r.data == SHARDS]
+    if sharded:
+        for record, result, n in _check_sharded(path, saved, sharded, note):
+            _sort(record, result, checked, damaged, unchecked)
+            total += n
     for record in saved.leaves.values():
         if record.data == PACKED:
             result, n = _check_packed(path, saved, record, note)
@@ -125,6 +141,44 @@ def _check_packed(path: epath.Path, saved: Metadata, record, note):
     if crc != record.crc32:
         return _differs("CRC-32", record.crc32, crc), done
     return True, done
+
+
+def _check_sharded(path: epath.Path, saved: Metadata, records, note):
+    """Yields `(record, result, bytes read)` for each leaf in the shard packs."""
+    try:
+        chunks = read_all(path, saved)
+    except PermissionError:
+        raise
+    except (OrbaxEqxError, OSError) as e:
+        problem = str(e).split("\n")[0]
+        for record in records:
+            yield record, problem, 0
+        return
+    for record in records:
+        done, problem = 0, None
+        for chunk in chunks[record.name]:
+            file = path / shard_file(saved.token, chunk.process)
+            step = _CHUNK // CRC_BLOCK * CRC_BLOCK
+            try:
+                for at in range(0, chunk.nbytes, step):
+                    stop = min(at + step, chunk.nbytes)
+                    start = chunk.offset + at
+                    (data,) = _packfile.read(file, [(start, chunk.offset + stop)])
+                    done += data.nbytes
+                    note(data.nbytes)
+                    for block in range(0, data.nbytes, CRC_BLOCK):
+                        i = (at + block) // CRC_BLOCK
+                        found = crc32(data[block : block + CRC_BLOCK])
+                        if found != chunk.crcs[i] and problem is None:
+                            problem = (
+                                f"chunk {chunk.box()} in {file.name}: "
+                                + _differs("CRC-32", chunk.crcs[i], found)
+                            )
+            except PermissionError:
+                raise
+            except (OrbaxEqxError, OSError) as e:
+                problem = problem or str(e).split("\n")[0]
+        yield record, problem or True, done
 
 
 def _check_stored(reader: LeafReader, record):

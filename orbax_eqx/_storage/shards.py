@@ -1,0 +1,155 @@
+"""Shard packs, written: each process's distinct shards of sharded arrays, in one file.
+
+A sharded array is never gathered: every process takes the shards it holds
+whose `replica_id` is 0 (so each distinct box is written once, by exactly
+one process, whatever the replication), copies them to host memory before
+`save` returns, and writes them end to end, 64-byte aligned, into its own
+shard pack with `pwritev`, then the pack's index (see `shard_index`). The
+CRC-32s are computed on host from the bytes being written, in a second thread:
+no computation runs on any device, and no process waits for another (Orbax's
+own barrier, before the step is committed, is the only meeting point).
+"""
+
+import concurrent.futures
+import dataclasses
+import os
+import zlib
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from etils import epath
+
+from .._format.sidecar import shard_file, shard_index
+from .._tree.walk import is_key_dtype
+from . import packfile as _packfile
+from .packing import layout, on_cpu
+from .shard_index import CRC_BLOCK, Chunk, to_json
+
+
+@dataclasses.dataclass
+class Local:
+    """The chunks one process writes: boxes with their host copies."""
+
+    names: list[str]
+    starts: list[tuple[int, ...]]
+    stops: list[tuple[int, ...]]
+    hosts: list[np.ndarray]  # emptied once written
+
+
+def box(index: tuple[slice, ...], shape: Sequence[int]):
+    """`(start, stop)` of a shard's index (a tuple of slices) in `shape`."""
+    start, stop = [], []
+    for s, n in zip(index, shape):
+        a, b, _ = s.indices(n)
+        start.append(a)
+        stop.append(b)
+    return tuple(start), tuple(stop)
+
+
+def take(items: Sequence[tuple[str, jax.Array]]) -> Local:
+    """Host copies of this process's distinct shards of `items` (name, array).
+
+    Transfers from accelerators all start before the first is waited for. On
+    CPU the host copy is a view of the device buffer, as for pack files (see
+    `packing.host_copies`): JAX then copies instead of reusing a donated
+    buffer that numpy still holds.
+    """
+    chosen = []
+    for name, x in items:
+        for shard in x.addressable_shards:
+            if shard.replica_id == 0 and shard.data.size:
+                chosen.append((name, *box(shard.index, x.shape), shard.data))
+    for *_, data in chosen:
+        if not is_key_dtype(data.dtype) and not on_cpu(data.sharding):
+            data.copy_to_host_async()
+    hosts = []
+    for *_, data in chosen:
+        if is_key_dtype(data.dtype):
+            data = jax.random.key_data(data)  # on the shard's own device
+        hosts.append(np.asarray(data))
+    return Local(
+        [c[0] for c in chosen], [c[1] for c in chosen], [c[2] for c in chosen], hosts
+    )
+
+
+def write(directory: epath.Path, token: str, process: int, local: Local) -> list:
+    """Writes this process's shard pack and its index; returns their paths.
+
+    The pack is fsync'd before the index is written, and the index is written
+    whole under a temporary name, fsync'd and renamed: an index names only
+    bytes that are on disk.
+    """
+    sizes = [h.nbytes for h in local.hosts]
+    offsets, nbytes = layout((str(i), size) for i, size in enumerate(sizes))
+    pieces = [(offsets[str(i)], h) for i, h in enumerate(local.hosts)]
+    pack = directory / shard_file(token, process)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        crcs = pool.submit(lambda: [block_crcs(h) for h in local.hosts])
+        _packfile.write(pack, pieces, nbytes)
+        crcs = crcs.result()
+    chunks = [
+        Chunk(name, process, start, stop, offsets[str(i)], sizes[i], tuple(crcs[i]))
+        for i, (name, start, stop) in enumerate(
+            zip(local.names, local.starts, local.stops)
+        )
+    ]
+    local.hosts = []  # let go of device buffers' views (see `take`)
+    index = directory / shard_index(token, process)
+    _write_whole(index, to_json(token, process, nbytes, chunks).encode())
+    return [pack, index]
+
+
+def block_crcs(host: np.ndarray) -> list[int]:
+    """CRC-32 of each `CRC_BLOCK` bytes of an array's bytes in C order."""
+    data = memoryview(np.ascontiguousarray(host).reshape(-1).view(np.uint8))
+    return [
+        zlib.crc32(data[at : at + CRC_BLOCK]) for at in range(0, len(data), CRC_BLOCK)
+    ]
+
+
+def _write_whole(path: epath.Path, data: bytes) -> None:
+    if "://" in os.fspath(path):
+        path.write_bytes(data)  # object stores replace whole objects atomically
+        return
+    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    fd = os.open(tmp, flags, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, os.fspath(path))
+
+
+def describe(sharding: jax.sharding.Sharding) -> str:
+    """A sharding as text for the sidecar: `P('data', None) over data=2, model=4`."""
+    if isinstance(sharding, jax.sharding.NamedSharding):
+        spec = ", ".join(
+            repr(tuple(p)) if isinstance(p, (list, tuple)) else repr(p)
+            for p in sharding.spec
+        )
+        mesh = ", ".join(f"{a}={n}" for a, n in sharding.mesh.shape.items())
+        return f"P({spec}) over {mesh}"
+    devices = len(sharding.device_set)
+    return f"{type(sharding).__name__} over {devices} devices"
+
+
+def gather(x: jax.Array) -> np.ndarray:
+    """A host copy of a jax array this process holds whole (typed PRNG keys: of
+    their key data), assembled shard by shard: no computation over the array."""
+    out = None
+    for shard in x.addressable_shards:
+        if shard.replica_id != 0:
+            continue
+        data = shard.data
+        if is_key_dtype(data.dtype):
+            data = jax.random.key_data(data)  # on the shard's own device
+        host = np.asarray(data)
+        if out is None:
+            out = np.empty(tuple(x.shape) + host.shape[x.ndim :], host.dtype)
+        out[shard.index] = host
+    return out
