@@ -8,8 +8,9 @@ checked), with few large `preadv`s into aligned buffers (see `packfile`).
 A box that is exactly one stored chunk (restoring onto the saving mesh) is a
 view of the bytes read, handed to `jax.device_put` without a copy on CPU;
 other boxes are assembled in an aligned buffer of their own. Boxes held by
-several devices (replication) are read once. Arrays are then made with
-`jax.make_array_from_single_device_arrays`: no computation, no collective.
+several devices (replication) are read once. Each array is then made with
+one `jax.make_array_from_callback` (a batched transfer of every box to its
+devices): no computation, no collective.
 
 Leaves are read a batch at a time: a batch stops growing once its reads
 reach `window` bytes, so the bytes read but not yet handed to a device stay
@@ -79,7 +80,10 @@ def read(
     for name, request in requests.items():
         boxes = _boxes(request, chunks[name])
         batch[name] = boxes
-        staged += sum(_span_bytes(p, request.record) for b in boxes for p in b.parts)
+        size = itemsize(parse_dtype(request.record.dtype))
+        staged += (
+            sum(math.prod(_shape(p.lo, p.hi)) for b in boxes for p in b.parts) * size
+        )
         if staged >= window:
             out.update(_read_batch(directory, saved.token, batch, requests, verify))
             batch, staged = {}, 0
@@ -102,7 +106,12 @@ def _boxes(request, chunks: Sequence[Chunk]) -> list[_Box]:
         boxes = list(by_box.values())
     else:
         boxes = [_Box((0,) * len(shape), shape, [], [])]
+    exact = {(c.start, c.stop): c for c in chunks}
     for b in boxes:
+        c = exact.get((b.start, b.stop))
+        if c is not None:  # the saving layout: the box is one stored chunk
+            b.parts.append(_Part(c, c.start, c.stop))
+            continue
         for c in chunks:
             lo = tuple(max(a, s) for a, s in zip(b.start, c.start))
             hi = tuple(min(a, s) for a, s in zip(b.stop, c.stop))
@@ -140,11 +149,6 @@ def _span(part: _Part, size: int) -> tuple[int, int]:
     first = sum((lo - s) * st for lo, s, st in zip(part.lo, c.start, strides))
     last = sum((hi - 1 - s) * st for hi, s, st in zip(part.hi, c.start, strides))
     return first, last + size
-
-
-def _span_bytes(part: _Part, record) -> int:
-    a, b = _span(part, itemsize(parse_dtype(record.dtype)))
-    return b - a
 
 
 def _read_batch(directory, token, batch: dict[str, list[_Box]], requests, verify):
@@ -249,12 +253,15 @@ def _assemble(name, boxes: list[_Box], request, wanted, got) -> Any:
         hosts = [h.astype(request.dtype) for h in hosts]  # `cast=True`
     if request.container != JAX:
         return hosts[0]
-    devices = [d for b in boxes for d in b.devices]
-    placed = jax.device_put(
-        [h for b, h in zip(boxes, hosts) for _ in b.devices], devices
+    shape = tuple(record.shape)
+    by_box = {(b.start, b.stop): h for b, h in zip(boxes, hosts)}
+    # One batched transfer of every device's box (on CPU, aligned buffers are
+    # taken as they are). The index has no entries for key data's own axes.
+    array = jax.make_array_from_callback(
+        shape + tail,
+        request.sharding,
+        lambda index: by_box[_box(index[: len(shape)], shape)],
     )
-    shape = tuple(record.shape) + tail
-    array = jax.make_array_from_single_device_arrays(shape, request.sharding, placed)
     if key:
         return jax.random.wrap_key_data(array, impl=key_impl(saved))
     return array
