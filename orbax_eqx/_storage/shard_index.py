@@ -138,6 +138,7 @@ def read_all(directory: epath.Path, saved: Metadata) -> dict[str, list[Chunk]]:
                 )
             _check_chunk(directory, pack, record, chunk)
             chunks[chunk.name].append(chunk)
+        _check_file(directory, pack, records)
     for name, record in records.items():
         _check_tiling(directory, saved, record, chunks[name])
     return chunks
@@ -254,6 +255,35 @@ def _parse(directory, name: str, content: Any, token: str, process: int) -> Shar
                 )
             )
     return ShardPack(process, shard_file(token, process), nbytes, block, tuple(chunks))
+
+
+def _check_file(directory, pack: ShardPack, records) -> None:
+    """The shard pack must be there, with the size its index records."""
+    path = epath.Path(directory) / pack.file
+    if "://" in os.fspath(path):
+        return  # checked by the reads
+    try:
+        st = os.stat(os.fspath(path))
+    except FileNotFoundError:
+        found = "it is missing"
+    except PermissionError:
+        raise permission_denied(path) from None
+    else:
+        if not stat.S_ISREG(st.st_mode):
+            found = "it is not a regular file"
+        elif st.st_size != pack.nbytes:
+            found = f"it has {st.st_size} bytes where its index records {pack.nbytes}"
+        else:
+            return
+    names = sorted({f"`{records[c.name].path}`" for c in pack.chunks})
+    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
+    raise CheckpointDamagedError(
+        f"The shard pack {pack.file} of the checkpoint in {directory} is damaged: "
+        f"{found} (a copy cut short, or a file deleted). It holds chunks of the "
+        f"sharded leaves {', '.join(names[:3])}{more}. Restore an earlier step "
+        "(`oeqx.restore_latest` falls back past damaged steps); `python -m "
+        "orbax_eqx verify PATH` checks every leaf."
+    )
 
 
 def _is_size(x: Any) -> bool:
