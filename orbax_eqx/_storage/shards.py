@@ -57,12 +57,12 @@ def take(items: Sequence[tuple[str, jax.Array]]) -> Local:
     """
     chosen = []
     for name, x in items:
-        for shard in x.addressable_shards:
-            if shard.replica_id == 0 and shard.data.size:
-                chosen.append((name, *box(shard.index, x.shape), shard.data))
-    for *_, data in chosen:
-        if not is_key_dtype(data.dtype) and not on_cpu(data.sharding):
-            data.copy_to_host_async()
+        copy = not (is_key_dtype(x.dtype) or on_cpu(x.sharding))
+        for i, start, stop in _owned(x):
+            data = x.addressable_data(i)
+            if copy:
+                data.copy_to_host_async()
+            chosen.append((name, start, stop, data))
     hosts = []
     for *_, data in chosen:
         if is_key_dtype(data.dtype):
@@ -71,6 +71,29 @@ def take(items: Sequence[tuple[str, jax.Array]]) -> Local:
     return Local(
         [c[0] for c in chosen], [c[1] for c in chosen], [c[2] for c in chosen], hosts
     )
+
+
+_PLANS: dict = {}  # (sharding, shape) -> what `_owned` returns
+
+
+def _owned(x: jax.Array) -> tuple:
+    """`(i, start, stop)` of each shard of `x` this process writes: the first
+    replica of each distinct non-empty box, `i` its place in `x`'s addressable
+    data. Arrays placed alike share the answer: `addressable_shards` costs
+    about ten times `addressable_data` (measured: 0.14 s against 0.013 s for
+    3,200 shards), and a deep model has few distinct placements."""
+    key = (x.sharding, x.shape)
+    plan = _PLANS.get(key)
+    if plan is None:
+        plan = tuple(
+            (i, *box(shard.index, x.shape))
+            for i, shard in enumerate(x.addressable_shards)
+            if shard.replica_id == 0 and shard.data.size
+        )
+        if len(_PLANS) > 4096:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
 
 
 def write(directory: epath.Path, token: str, process: int, local: Local) -> list:
