@@ -26,6 +26,7 @@ index.
 """
 
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -307,7 +308,7 @@ def _check_chunk(directory, pack: ShardPack, record: LeafMetadata, chunk: Chunk)
         not 0 <= a < b <= n for a, b, n in zip(chunk.start, chunk.stop, shape)
     ):
         raise bad(f"lies outside the array, of shape {tuple(shape)}")
-    expected = math.prod(chunk.shape) * itemsize(parse_dtype(record.dtype))
+    expected = math.prod(chunk.shape) * _item_bytes(record.dtype)
     if chunk.nbytes != expected:
         raise bad(f"has {chunk.nbytes} bytes where its box needs {expected}")
     if chunk.offset + chunk.nbytes > pack.nbytes:
@@ -319,6 +320,11 @@ def _check_chunk(directory, pack: ShardPack, record: LeafMetadata, chunk: Chunk)
         raise bad(f"has {len(chunk.crcs)} CRC-32s for {chunk.nbytes} bytes")
     if pack.crc_block != CRC_BLOCK:
         raise bad(f"has CRC-32s of {pack.crc_block}-byte blocks, not {CRC_BLOCK}")
+
+
+@functools.cache
+def _item_bytes(dtype: str) -> int:
+    return itemsize(parse_dtype(dtype))
 
 
 def _check_tiling(directory, saved: Metadata, record: LeafMetadata, chunks) -> None:

@@ -17,7 +17,9 @@ reach `window` bytes, so the bytes read but not yet handed to a device stay
 bounded whatever the model's size (a single larger leaf is one batch).
 """
 
+import bisect
 import dataclasses
+import itertools
 import math
 import zlib
 from collections.abc import Sequence
@@ -29,13 +31,7 @@ from etils import epath
 
 from .._errors import CheckpointDamagedError, bullet_list
 from .._format.sidecar import Metadata, itemsize, shard_file
-from .._tree.walk import (
-    JAX,
-    is_key_dtype,
-    key_data_struct,
-    key_impl,
-    parse_dtype,
-)
+from .._tree.walk import JAX, is_key_dtype, key_data_struct, key_impl, parse_dtype
 from . import packfile as _packfile
 from .packing import plan
 from .shard_index import CRC_BLOCK, Chunk, read_all
@@ -43,21 +39,27 @@ from .shard_index import CRC_BLOCK, Chunk, read_all
 DEFAULT_WINDOW = 1 << 30
 
 
-@dataclasses.dataclass
-class _Part:
-    """One chunk's overlap with one target box."""
+@dataclasses.dataclass(frozen=True)
+class _Piece:
+    """One stored chunk's overlap with one target box."""
 
-    chunk: Chunk
-    lo: tuple[int, ...]  # the overlap, in the array's coordinates
-    hi: tuple[int, ...]
+    k: int  # the chunk's place in its leaf's chunks, sorted by box
+    dst: tuple[slice, ...]  # where the overlap lies in the box
+    first: int  # bytes into the chunk of the overlap's first element
+    last: int  # ... and just past its last
+    shape: tuple[int, ...]  # the overlap's shape
+    strides: tuple[int, ...]  # the chunk's strides, in bytes
 
 
-@dataclasses.dataclass
-class _Box:
+@dataclasses.dataclass(frozen=True)
+class _Target:
+    """One distinct box of the target sharding, and the devices that hold it."""
+
     start: tuple[int, ...]
-    stop: tuple[int, ...]
-    devices: list[Any]  # target devices holding this box; [] for numpy
-    parts: list[_Part]
+    shape: tuple[int, ...]
+    devices: tuple[Any, ...]  # () for a numpy leaf: one box, the whole array
+    pieces: tuple[_Piece, ...]
+    whole: bool  # one piece, which is its whole chunk: no copy needed
 
 
 def read(
@@ -75,15 +77,20 @@ def read(
     """
     chunks = read_all(epath.Path(directory), saved)
     out: dict[str, Any] = {}
-    batch: dict[str, list[_Box]] = {}
+    batch: dict[str, tuple] = {}
     staged = 0
     for name, request in requests.items():
-        boxes = _boxes(request, chunks[name])
-        batch[name] = boxes
+        ordered = sorted(chunks[name], key=lambda c: c.start)
         size = itemsize(parse_dtype(request.record.dtype))
-        staged += (
-            sum(math.prod(_shape(p.lo, p.hi)) for b in boxes for p in b.parts) * size
+        sharding = request.sharding if request.container == JAX else None
+        targets = _geometry(
+            tuple(request.record.shape),
+            size,
+            tuple((c.start, c.stop) for c in ordered),
+            sharding,
         )
+        batch[name] = (ordered, targets, size)
+        staged += sum(p.last - p.first for t in targets for p in t.pieces)
         if staged >= window:
             out.update(_read_batch(directory, saved.token, batch, requests, verify))
             batch, staged = {}, 0
@@ -92,32 +99,57 @@ def read(
     return out
 
 
-def _boxes(request, chunks: Sequence[Chunk]) -> list[_Box]:
-    shape = tuple(request.record.shape)
-    if request.container == JAX:
-        by_box: dict[tuple, _Box] = {}
-        indices = request.sharding.addressable_devices_indices_map(shape)
-        for device, index in indices.items():
-            start, stop = _box(index, shape)
-            key = (start, stop)
-            if key not in by_box:
-                by_box[key] = _Box(start, stop, [], [])
-            by_box[key].devices.append(device)
-        boxes = list(by_box.values())
+_GEOMETRY: dict = {}
+
+
+def _geometry(shape, size: int, boxes: tuple, sharding) -> tuple[_Target, ...]:
+    """The target boxes of a leaf and how each is made of its stored chunks.
+
+    Worked out once per (shape, item size, chunk boxes, target sharding):
+    the leaves of a deep model share a few layouts.
+    """
+    key = (shape, size, boxes, sharding)
+    found = _GEOMETRY.get(key)
+    if found is None:
+        found = _work_out(shape, size, boxes, sharding)
+        if len(_GEOMETRY) > 4096:
+            _GEOMETRY.clear()
+        _GEOMETRY[key] = found
+    return found
+
+
+def _work_out(shape, size, boxes, sharding) -> tuple[_Target, ...]:
+    wanted: dict[tuple, list] = {}  # (start, stop) -> devices
+    if sharding is None:
+        wanted[((0,) * len(shape), shape)] = []
     else:
-        boxes = [_Box((0,) * len(shape), shape, [], [])]
-    exact = {(c.start, c.stop): c for c in chunks}
-    for b in boxes:
-        c = exact.get((b.start, b.stop))
-        if c is not None:  # the saving layout: the box is one stored chunk
-            b.parts.append(_Part(c, c.start, c.stop))
-            continue
-        for c in chunks:
-            lo = tuple(max(a, s) for a, s in zip(b.start, c.start))
-            hi = tuple(min(a, s) for a, s in zip(b.stop, c.stop))
-            if all(x < y for x, y in zip(lo, hi)):
-                b.parts.append(_Part(c, lo, hi))
-    return boxes
+        for device, index in sharding.addressable_devices_indices_map(shape).items():
+            wanted.setdefault(_box(index, shape), []).append(device)
+    # The chunks form a grid: per dimension, sorted cuts; a chunk by its start.
+    cuts = [sorted({(a[d], b[d]) for a, b in boxes}) for d in range(len(shape))]
+    at = {a: k for k, (a, _) in enumerate(boxes)}
+    targets = []
+    for (start, stop), devices in wanted.items():
+        spans = []
+        for d, (lo, hi) in enumerate(zip(start, stop)):
+            ends = [b for _, b in cuts[d]]
+            i = bisect.bisect_right(ends, lo)
+            spans.append([c for c in cuts[d][i:] if c[0] < hi])
+        pieces = []
+        for cell in itertools.product(*spans):
+            k = at[tuple(a for a, _ in cell)]
+            c_start, c_stop = boxes[k]
+            lo = tuple(max(a, s) for a, s in zip(start, c_start))
+            hi = tuple(min(a, s) for a, s in zip(stop, c_stop))
+            strides = _strides(_shape(c_start, c_stop), size)
+            first = sum((x - s) * st for x, s, st in zip(lo, c_start, strides))
+            last = sum((y - 1 - s) * st for y, s, st in zip(hi, c_start, strides))
+            dst = tuple(slice(x - s, y - s) for x, y, s in zip(lo, hi, start))
+            pieces.append(_Piece(k, dst, first, last + size, _shape(lo, hi), strides))
+        whole = len(pieces) == 1 and boxes[pieces[0].k] == (start, stop)
+        box_shape = _shape(start, stop)
+        targets.append(_Target(start, box_shape, tuple(devices), tuple(pieces), whole))
+    return tuple(targets)
 
 
 def _box(index, shape):
@@ -141,38 +173,27 @@ def _strides(shape: Sequence[int], size: int) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _span(part: _Part, size: int) -> tuple[int, int]:
-    """The byte range of `part.chunk` from the overlap's first element to just
-    past its last, widened to whole CRC blocks (within the chunk)."""
-    c = part.chunk
-    strides = _strides(c.shape, size)
-    first = sum((lo - s) * st for lo, s, st in zip(part.lo, c.start, strides))
-    last = sum((hi - 1 - s) * st for hi, s, st in zip(part.hi, c.start, strides))
-    return first, last + size
-
-
-def _read_batch(directory, token, batch: dict[str, list[_Box]], requests, verify):
+def _read_batch(directory, token, batch: dict[str, tuple], requests, verify: bool):
     # Per chunk, one byte range covering what every box of the batch wants of it.
-    wanted: dict[tuple, tuple[Chunk, int, int]] = {}
-    for name, boxes in batch.items():
-        size = itemsize(parse_dtype(requests[name].record.dtype))
-        for b in boxes:
-            for p in b.parts:
-                a, z = _span(p, size)
+    wanted: dict[tuple, list] = {}  # (name, k) -> [chunk, a, z]
+    for name, (ordered, targets, _) in batch.items():
+        for t in targets:
+            for p in t.pieces:
+                a, z = p.first, p.last
                 if verify:
                     a = a // CRC_BLOCK * CRC_BLOCK
-                    z = min(-(-z // CRC_BLOCK) * CRC_BLOCK, p.chunk.nbytes)
-                key = _key(name, p.chunk)
-                if key in wanted:
-                    _, a0, z0 = wanted[key]
-                    a, z = min(a, a0), max(z, z0)
-                wanted[key] = (p.chunk, a, z)
+                    z = min(-(-z // CRC_BLOCK) * CRC_BLOCK, ordered[p.k].nbytes)
+                span = wanted.get((name, p.k))
+                if span is None:
+                    wanted[(name, p.k)] = [ordered[p.k], a, z]
+                else:
+                    span[1], span[2] = min(a, span[1]), max(z, span[2])
     # Per file, few large reads.
-    got: dict[tuple, np.ndarray] = {}  # chunk key -> its bytes [a, z)
     by_file: dict[int, dict[tuple, tuple[int, int]]] = {}
     for key, (chunk, a, z) in wanted.items():
         spans = by_file.setdefault(chunk.process, {})
         spans[key] = (chunk.offset + a, chunk.offset + z)
+    got: dict[tuple, np.ndarray] = {}  # (name, k) -> the chunk's bytes [a, z)
     problems = []
     for process, spans in by_file.items():
         ranges, where = plan(spans)
@@ -192,13 +213,9 @@ def _read_batch(directory, token, batch: dict[str, list[_Box]], requests, verify
             "steps); `python -m orbax_eqx verify PATH` checks every leaf."
         )
     return {
-        name: _assemble(name, boxes, requests[name], wanted, got)
-        for name, boxes in batch.items()
+        name: _assemble(name, targets, requests[name], wanted, got)
+        for name, (_, targets, _) in batch.items()
     }
-
-
-def _key(name: str, chunk: Chunk) -> tuple:
-    return name, chunk.process, chunk.start
 
 
 def _check(chunk: Chunk, a: int, data: np.ndarray, record, path) -> list[str]:
@@ -219,34 +236,32 @@ def _check(chunk: Chunk, a: int, data: np.ndarray, record, path) -> list[str]:
     return problems
 
 
-def _assemble(name, boxes: list[_Box], request, wanted, got) -> Any:
+def _assemble(name, targets: tuple[_Target, ...], request, wanted, got) -> Any:
     record = request.record
     saved = parse_dtype(record.dtype)
     key = is_key_dtype(saved)
     data = key_data_struct(saved) if key else None
     elem = np.dtype(data.dtype) if key else np.dtype(saved)
     tail = tuple(data.shape) if key else ()
-    size = itemsize(saved)
+    tail_strides = _strides(tail, elem.itemsize)
     hosts = []
-    for b in boxes:
-        shape = _shape(b.start, b.stop)
-        only = b.parts[0] if len(b.parts) == 1 else None
-        if only is not None and (only.chunk.start, only.chunk.stop) == (
-            b.start,
-            b.stop,
-        ):
-            _, a, _ = wanted[_key(name, only.chunk)]
-            if a == 0:  # the chunk is the box: its bytes as read, no copy
-                raw = got[_key(name, only.chunk)][: only.chunk.nbytes]
-                hosts.append(raw.view(elem).reshape(shape + tail))
-                continue
-        out = _packfile.aligned_empty(math.prod(shape) * size).view(elem)
-        out = out.reshape(shape + tail)
-        for p in b.parts:
-            _, a, _ = wanted[_key(name, p.chunk)]
-            src = _overlap(got[_key(name, p.chunk)], a, p, size, elem, tail)
-            out[tuple(slice(x - s, y - s) for x, y, s in zip(p.lo, p.hi, b.start))] = (
-                src
+    for t in targets:
+        if t.whole and wanted[(name, t.pieces[0].k)][1] == 0:
+            # The chunk is the box: its bytes as read, no copy.
+            p = t.pieces[0]
+            raw = got[(name, p.k)][: p.last]
+            hosts.append(raw.view(elem).reshape(t.shape + tail))
+            continue
+        size = math.prod(t.shape) * math.prod(tail) * elem.itemsize
+        out = _packfile.aligned_empty(size).view(elem).reshape(t.shape + tail)
+        for p in t.pieces:
+            a = wanted[(name, p.k)][1]
+            out[p.dst] = np.ndarray(
+                p.shape + tail,
+                dtype=elem,
+                buffer=got[(name, p.k)],
+                offset=p.first - a,
+                strides=p.strides + tail_strides,
             )
         hosts.append(out)
     if not key and np.dtype(request.dtype) != elem:
@@ -254,29 +269,14 @@ def _assemble(name, boxes: list[_Box], request, wanted, got) -> Any:
     if request.container != JAX:
         return hosts[0]
     shape = tuple(record.shape)
-    by_box = {(b.start, b.stop): h for b, h in zip(boxes, hosts)}
+    by_start = {t.start: h for t, h in zip(targets, hosts)}
     # One batched transfer of every device's box (on CPU, aligned buffers are
     # taken as they are). The index has no entries for key data's own axes.
     array = jax.make_array_from_callback(
         shape + tail,
         request.sharding,
-        lambda index: by_box[_box(index[: len(shape)], shape)],
+        lambda index: by_start[_box(index[: len(shape)], shape)[0]],
     )
     if key:
         return jax.random.wrap_key_data(array, impl=key_impl(saved))
     return array
-
-
-def _overlap(raw: np.ndarray, a: int, p: _Part, size: int, elem, tail) -> np.ndarray:
-    """The overlap `p` as a view of `raw`, which holds bytes `[a, ...)` of its
-    chunk in C order (no copy; read only)."""
-    c = p.chunk
-    strides = _strides(c.shape, size)
-    first = sum((lo - s) * st for lo, s, st in zip(p.lo, c.start, strides))
-    return np.ndarray(
-        _shape(p.lo, p.hi) + tail,
-        dtype=elem,
-        buffer=raw,
-        offset=first - a,
-        strides=strides + _strides(tail, elem.itemsize),
-    )
