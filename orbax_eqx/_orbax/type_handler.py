@@ -201,10 +201,11 @@ def _check_savable(values: Sequence[Any], paths: Sequence[str]) -> None:
                 "not a jax.Array."
             )
         elif multihost and x.is_fully_addressable and x.size:
-            devices = ", ".join(str(d.id) for d in sorted(x.sharding.device_set))
+            ids = sorted(d.id for d in x.sharding.device_set)
             local.append(
                 f"Leaf `{path}` is a host-local jax.Array (shape {x.shape}, on "
-                f"devices {devices} of process {jax.process_index()} only)."
+                f"device{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))} "
+                f"of process {jax.process_index()} only)."
             )
     if problems:
         raise UnsupportedLeafError(
@@ -370,10 +371,10 @@ def _target_sharding(arg: Any, stored: Any) -> Any:
         return "none was given, and none was saved"
     try:
         return meta.to_jax_sharding()
-    except Exception as e:  # devices this process does not have, in any form
-        text = stored.get("text", "the saved one")
+    except Exception:  # Orbax's reasons name every device: too long per leaf
         return (
-            f"none was given, and the saved one ({text}) cannot be rebuilt here ({e})"
+            f"none was given, and the saved one ({stored.get('text')}) cannot be "
+            f"rebuilt on this process's {jax.device_count()} device(s)"
         )
 
 
