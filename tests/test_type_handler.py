@@ -5,6 +5,7 @@ is wrong when something is."""
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import jax
@@ -179,8 +180,9 @@ def test_a_restore_casts_to_the_dtype_asked_for(tmp_path):
 
 
 def test_save_args_dtype_stores_the_cast_values(tmp_path):
-    saved = {"w": jnp.linspace(-3.0, 3.0, 96).reshape(8, 12)}
-    save_args = {"w": ocp.SaveArgs(dtype=jnp.bfloat16)}
+    saved = {"w": jnp.linspace(-3.0, 3.0, 96).reshape(8, 12), "rng": jax.random.key(4)}
+    # Typed PRNG keys have no other dtype: kept as they are.
+    save_args = {"w": ocp.SaveArgs(dtype=jnp.bfloat16), "rng": ocp.SaveArgs(jnp.int8)}
     with ocp.Checkpointer(_pytree_handler()) as ckptr:
         ckptr.save(tmp_path / "c", args=ocp.args.PyTreeSave(saved, save_args=save_args))
     record = _index(tmp_path / "c")["leaves"]["w"]
@@ -189,6 +191,7 @@ def test_save_args_dtype_stores_the_cast_values(tmp_path):
         restored = ckptr.restore(tmp_path / "c")
     assert restored["w"].dtype == jnp.bfloat16
     np.testing.assert_array_equal(restored["w"], saved["w"].astype(jnp.bfloat16))
+    _assert_bitwise(restored["rng"], saved["rng"])
 
 
 def test_partial_restore_reads_only_the_leaves_asked_for(tmp_path):
@@ -325,17 +328,19 @@ def _one_device():
 
 def test_a_damaged_or_missing_index_is_named(tmp_path):
     path = _save_pytree(tmp_path / "ckpt", {"w": jnp.ones(3), "v": jnp.ones(2)})
-    index = _group(path) / "orbax_eqx~typed.json"
+    group = _group(path)
+    index = group / "orbax_eqx~typed.json"
     target = _abstract({"w": jnp.ones(3), "v": jnp.ones(2)})
-    content = json.loads(index.read_text())
+    original = index.read_text()
+    content = json.loads(original)
     del content["leaves"]["v"]
     index.write_text(json.dumps(content))
     with pytest.raises(
         oeqx.CheckpointDamagedError,
         match=re.escape(
-            f"No index of arrays saved with orbax_eqx's type handler in {path} "
-            f"lists these leaves (it has {_group(path).name}):\n  - Leaf `['v']`\n"
-            "The checkpoint is damaged"
+            f"The index {index} of arrays saved with orbax_eqx's type handler is "
+            "damaged: its leaves are not those its group was named for. Restore an "
+            "earlier step, or re-save this one."
         ),
     ):
         _restore_pytree(path, target)
@@ -348,6 +353,20 @@ def test_a_damaged_or_missing_index_is_named(tmp_path):
         _restore_pytree(path, target)
     index.unlink()
     with pytest.raises(oeqx.CheckpointDamagedError, match="is damaged: it is missing"):
+        _restore_pytree(path, target)
+    # The group replaced by another checkpoint's, which lacks a leaf.
+    other = _save_pytree(tmp_path / "other", {"w": jnp.zeros(3)})
+    shutil.rmtree(group)
+    _group(other).rename(path / _group(other).name)
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=re.escape(
+            f"No index of arrays saved with orbax_eqx's type handler in {path} "
+            f"lists these leaves (it has {_group(path).name}):\n  - Leaf `['v']`\n"
+            "The checkpoint is damaged, or they were saved by another handler into "
+            "the same directory. Restore an earlier step."
+        ),
+    ):
         _restore_pytree(path, target)
 
 
@@ -395,3 +414,29 @@ def test_primary_host_none_is_refused():
         )
     with pytest.raises(ValueError, match=r"primary_host=-1\)"):
         oeqx.type_handler_registry(primary_host=-1)
+
+
+def test_registered_globally_it_says_what_a_plain_checkpoint_lacks(tmp_path):
+    """Against the advice, registered in Orbax's global registry: a checkpoint
+    of Orbax's own handler has no handler left to read it, which is said."""
+    saved = {"w": jnp.ones(3)}
+    with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
+        ckptr.save(tmp_path / "plain", args=ocp.args.PyTreeSave(saved))
+    original = ocp.type_handlers.get_type_handler(jax.Array)
+    ocp.type_handlers.register_type_handler(
+        jax.Array, oeqx.PackedArrayHandler(), override=True
+    )
+    try:
+        with pytest.raises(
+            oeqx.CheckpointDamagedError,
+            match=re.escape(
+                f"{tmp_path / 'plain'} holds no orbax_eqx~typed.* directory, so none "
+                "of its arrays was saved with orbax_eqx's type handler (or they were "
+                "deleted), and Orbax's global handler for jax.Array is that handler "
+                "too. Restore an earlier step."
+            ),
+        ):
+            _restore_pytree(tmp_path / "plain", _abstract(saved))
+    finally:
+        ocp.type_handlers.register_type_handler(jax.Array, original, override=True)
+    assert ocp.type_handlers.get_type_handler(jax.Array) is original

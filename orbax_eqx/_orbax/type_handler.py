@@ -3,7 +3,7 @@
 For users of Orbax's own handlers (`ocp.PyTreeCheckpointHandler`,
 `ocp.StandardCheckpointHandler`): Orbax hands a `TypeHandler` all the leaves of
 its type in one `serialize` call, so they can be written as one group of
-files (see `_storage/typed.py`) instead of one stored array each: fully
+files (see `_storage/typed.py`, `typed_read.py`) instead of one stored array each: fully
 replicated arrays into one pack, sharded ones into a shard pack per process.
 Registered in a local registry (`type_registry`), never in Orbax's global one.
 """
@@ -14,21 +14,20 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.tree_util as jtu
-import numpy as np
 import orbax.checkpoint as ocp
 
 from .._errors import (
     CheckpointDamagedError,
-    CheckpointMismatchError,
     HostLocalArrayError,
     OrbaxEqxError,
     UnsupportedLeafError,
     bullet_list,
 )
 from .._storage import typed as _typed
+from .._storage import typed_read as _typed_read
 from .._storage.shards import describe
-from .._tree.walk import JAX, NUMPY, is_key_dtype, parse_dtype
+from . import type_restore as _restore
+from .type_restore import SHARDING_METADATA, leaf_path
 
 # Pinned: checkpoints record it for every leaf this handler saved, and Orbax
 # finds the handler to restore them by it.
@@ -37,19 +36,6 @@ TYPESTR = "orbax_eqx.PackedArray"
 
 class TypeHandlerOptionError(OrbaxEqxError, ValueError):
     """Options that the pack's type handler cannot work with."""
-
-
-# The shardings Orbax has metadata for, by the name the index stores.
-_SHARDING_METADATA = {
-    "NamedSharding": (
-        jax.sharding.NamedSharding,
-        ocp.metadata.NamedShardingMetadata,
-    ),
-    "SingleDeviceSharding": (
-        jax.sharding.SingleDeviceSharding,
-        ocp.metadata.SingleDeviceShardingMetadata,
-    ),
-}
 
 
 class PackedArrayHandler(ocp.type_handlers.TypeHandler):
@@ -109,7 +95,7 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
         directory.
         """
         names = [info.name for info in infos]
-        paths = [_path(info) for info in infos]
+        paths = [leaf_path(info) for info in infos]
         _check_savable(values, paths)
         casts = [getattr(a, "dtype", None) for a in args or [None] * len(values)]
         cache: dict[Any, Any] = {}
@@ -146,13 +132,12 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
         """
         await asyncio.gather(*(info.await_path_creation() for info in infos))
         directory = infos[0].parent_dir
-        groups = await asyncio.to_thread(_typed.find, directory)
-        if not groups:  # saved by Orbax's own handler
-            orbax = ocp.type_handlers.get_type_handler(jax.Array)
-            return await orbax.deserialize(infos, args)
+        groups = await asyncio.to_thread(_typed_read.find, directory)
+        if not groups:
+            return await _orbax_handler(directory).deserialize(infos, args)
         args = args or [ocp.type_handlers.RestoreArgs() for _ in infos]
-        plans = _plan(directory, groups, infos, args)
-        return await asyncio.to_thread(_read, plans, self._verify)
+        plans = _restore.plan(directory, groups, infos, args)
+        return await asyncio.to_thread(_restore.read, plans, self._verify)
 
     async def metadata(
         self, infos: Sequence[ocp.type_handlers.ParamInfo]
@@ -160,35 +145,23 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
         """Shape, dtype and saved sharding of each leaf, from the group indexes."""
         await asyncio.gather(*(info.await_path_creation() for info in infos))
         directory = infos[0].parent_dir
-        groups = await asyncio.to_thread(_typed.find, directory)
+        groups = await asyncio.to_thread(_typed_read.find, directory)
         if not groups:
-            orbax = ocp.type_handlers.get_type_handler(jax.Array)
-            return await orbax.metadata(infos)
-        _check_listed(directory, groups, infos)
-        result = []
-        for info in infos:
-            group = groups[info.name]
-            record = group.saved.leaves[info.name]
-            result.append(
-                ocp.metadata.ArrayMetadata(
-                    name=info.name,
-                    directory=directory,
-                    shape=record.shape,
-                    sharding=_sharding_metadata(group.shardings.get(info.name)),
-                    dtype=parse_dtype(record.dtype),
-                )
-            )
-        return result
+            return await _orbax_handler(directory).metadata(infos)
+        return _restore.array_metadata(directory, groups, infos)
 
 
-def _path(info) -> str:
-    """The leaf path for messages: `['params']['w']`, else the leaf name."""
-    if info.keypath is not None:
-        try:
-            return jtu.keystr(tuple(info.keypath))
-        except (TypeError, ValueError):
-            pass
-    return info.name
+def _orbax_handler(directory) -> ocp.type_handlers.TypeHandler:
+    """Orbax's global handler of jax arrays, for a checkpoint it saved."""
+    handler = ocp.type_handlers.get_type_handler(jax.Array)
+    if isinstance(handler, PackedArrayHandler):  # registered globally after all
+        raise CheckpointDamagedError(
+            f"{directory} holds no orbax_eqx~typed.* directory, so none of its "
+            "arrays was saved with orbax_eqx's type handler (or they were "
+            "deleted), and Orbax's global handler for jax.Array is that handler "
+            "too. Restore an earlier step."
+        )
+    return handler
 
 
 def _check_savable(values: Sequence[Any], paths: Sequence[str]) -> None:
@@ -230,7 +203,7 @@ def _sharding_json(sharding: Any, cache: dict) -> Any:
     if sharding in cache:
         return cache[sharding]
     result = None
-    for name, (cls, kind) in _SHARDING_METADATA.items():
+    for name, (cls, kind) in SHARDING_METADATA.items():
         if isinstance(sharding, cls):
             meta = kind.from_jax_sharding(sharding)
             result = {
@@ -240,161 +213,3 @@ def _sharding_json(sharding: Any, cache: dict) -> Any:
             result["text"] = describe(sharding)
     cache[sharding] = result
     return result
-
-
-def _sharding_metadata(stored: Any) -> Any:
-    """The stored sharding as Orbax's `ShardingMetadata`, or None."""
-    if not isinstance(stored, dict) or stored.get("class") not in _SHARDING_METADATA:
-        return None
-    try:
-        return _SHARDING_METADATA[stored["class"]][1].from_deserialized_dict(
-            stored["metadata"]
-        )
-    except (KeyError, TypeError, ValueError):
-        return None
-
-
-def _check_listed(directory, groups, infos) -> None:
-    missing = [_path(i) for i in infos if i.name not in groups]
-    if missing:
-        found = ", ".join(sorted({g.directory.name for g in groups.values()}))
-        raise CheckpointDamagedError(
-            f"No index of arrays saved with orbax_eqx's type handler in "
-            f"{directory} lists these leaves (it has {found}):\n"
-            + bullet_list([f"Leaf `{p}`" for p in missing])
-            + "\nThe checkpoint is damaged, or they were saved by another handler "
-            "into the same directory. Restore an earlier step."
-        )
-
-
-class _Plan:
-    """How one leaf is read: a request of its group, and an optional resize."""
-
-    def __init__(self, name, group, request, resize_to=None, sharding=None):
-        self.name = name
-        self.group = group
-        self.request = request
-        self.resize_to = resize_to  # a new global shape (`strict=False`)
-        self.sharding = sharding  # where the resized array goes
-
-
-def _plan(directory, groups, infos, args) -> list[_Plan]:
-    """Checks every leaf's restore args against its record, then plans reads.
-
-    Every problem is reported at once, before any array byte is read.
-    """
-    _check_listed(directory, groups, infos)
-    problems: list[str] = []
-    fixes: dict[str, None] = {}  # in order, once each
-    plans = []
-    for info, arg in zip(infos, args):
-        group = groups[info.name]
-        record = group.saved.leaves[info.name]
-        path = _path(info)
-        saved = parse_dtype(record.dtype)
-        dtype = getattr(arg, "dtype", None)
-        if dtype is None or is_key_dtype(saved) and str(dtype) == str(saved):
-            dtype = saved
-        elif is_key_dtype(saved) or is_key_dtype(dtype):
-            asked = dtype if is_key_dtype(dtype) else np.dtype(dtype)
-            problems.append(
-                f"Leaf `{path}` is {record.dtype} in the checkpoint; the restore "
-                f"asks for {asked}."
-            )
-            fixes[
-                "Typed PRNG keys restore as the keys they are: ask for their "
-                "saved dtype."
-            ] = None
-            continue
-        else:
-            dtype = np.dtype(dtype)
-        sharding = _target_sharding(arg, group.shardings.get(info.name))
-        if isinstance(sharding, str):
-            problems.append(f"Leaf `{path}` has no target sharding: {sharding}.")
-            fixes[
-                "Give each jax array a sharding of this process's devices: "
-                "`ArrayRestoreArgs(sharding=...)`, or a target leaf with one "
-                "(`jax.ShapeDtypeStruct(shape, dtype, sharding=...)`)."
-            ] = None
-            continue
-        shape = getattr(arg, "global_shape", None)
-        shape = record.shape if shape is None else tuple(shape)
-        if shape == record.shape:
-            request = _typed.Request(record, dtype, JAX, sharding)
-            plans.append(_Plan(info.name, group, request))
-            continue
-        if getattr(arg, "strict", True) or len(shape) != len(record.shape):
-            problems.append(
-                f"Leaf `{path}` has shape {record.shape} in the checkpoint; the "
-                f"restore asks for {shape}."
-            )
-            fixes[
-                "Restore into a target of the saved shape (`metadata()` lists "
-                "them); to truncate or zero-pad along the same dimensions, pass "
-                "`ArrayRestoreArgs(..., strict=False)` (`StandardRestore(..., "
-                "strict=False)`)."
-            ] = None
-            continue
-        if is_key_dtype(saved):
-            problems.append(
-                f"Leaf `{path}` holds typed PRNG keys of shape {record.shape}; "
-                f"the restore asks for {shape}."
-            )
-            fixes["Typed PRNG keys cannot be truncated or padded."] = None
-            continue
-        request = _typed.Request(record, dtype, NUMPY, None)
-        plans.append(_Plan(info.name, group, request, shape, sharding))
-    if problems:
-        raise CheckpointMismatchError(
-            f"Cannot restore these leaves from the checkpoint in {directory}:\n"
-            + bullet_list(problems)
-            + "\n"
-            + " ".join(fixes)
-        )
-    return plans
-
-
-def _target_sharding(arg: Any, stored: Any) -> Any:
-    """The sharding a leaf goes to, or a string saying why there is none."""
-    mesh, axes = getattr(arg, "mesh", None), getattr(arg, "mesh_axes", None)
-    if mesh is not None and axes is not None:
-        return jax.sharding.NamedSharding(mesh, axes)
-    sharding = getattr(arg, "sharding", None)
-    if isinstance(sharding, ocp.metadata.ShardingMetadata):
-        return sharding.to_jax_sharding()
-    if sharding is not None and not isinstance(sharding, jax.sharding.Sharding):
-        sharding = getattr(sharding, "sharding", None)  # a `Format`: its sharding
-    if isinstance(sharding, jax.sharding.Sharding):
-        return sharding
-    meta = _sharding_metadata(stored)
-    if meta is None:
-        return "none was given, and none was saved"
-    try:
-        return meta.to_jax_sharding()
-    except Exception:  # Orbax's reasons name every device: too long per leaf
-        return (
-            f"none was given, and the saved one ({stored.get('text')}) cannot be "
-            f"rebuilt on this process's {jax.device_count()} device(s)"
-        )
-
-
-def _read(plans: list[_Plan], verify: bool) -> list[Any]:
-    by_group: dict[int, list[_Plan]] = {}
-    for plan in plans:
-        by_group.setdefault(id(plan.group), []).append(plan)
-    out: dict[str, Any] = {}
-    for batch in by_group.values():
-        requests = {p.name: p.request for p in batch}
-        out.update(_typed.read(batch[0].group, requests, verify=verify))
-    for plan in plans:
-        if plan.resize_to is not None:
-            out[plan.name] = _resized(out[plan.name], plan.resize_to, plan.sharding)
-    return [out[p.name] for p in plans]
-
-
-def _resized(host: np.ndarray, shape: tuple[int, ...], sharding) -> jax.Array:
-    """`host` truncated or zero-padded to `shape`, placed on `sharding`."""
-    out = np.zeros(shape, host.dtype)
-    common = tuple(slice(0, min(a, b)) for a, b in zip(host.shape, shape))
-    out[common] = host[common]
-    return jax.make_array_from_callback(shape, sharding, lambda i: out[i])
