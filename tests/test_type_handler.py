@@ -179,6 +179,67 @@ def test_a_restore_casts_to_the_dtype_asked_for(tmp_path):
     np.testing.assert_array_equal(restored["n"], np.arange(7, dtype=np.float32))
 
 
+def test_restore_args_name_the_sharding_in_each_of_orbax_ways(tmp_path):
+    saved = {k: jnp.arange(6.0) + i for i, k in enumerate("abcd")}
+    _save_pytree(tmp_path / "ckpt", saved)
+    device = jax.devices()[0]
+    mesh = jax.sharding.Mesh(np.array([device]), ("x",))
+    args = {
+        "a": ocp.ArrayRestoreArgs(mesh=mesh, mesh_axes=jax.sharding.PartitionSpec()),
+        "b": ocp.ArrayRestoreArgs(
+            sharding=ocp.metadata.SingleDeviceShardingMetadata(str(device))
+        ),
+        "c": ocp.ArrayRestoreArgs(sharding=jax.sharding.SingleDeviceSharding(device)),
+        "d": ocp.RestoreArgs(),  # the saved sharding
+    }
+    with ocp.Checkpointer(_pytree_handler()) as ckptr:
+        restored = ckptr.restore(
+            tmp_path / "ckpt", args=ocp.args.PyTreeRestore(restore_args=args)
+        )
+    assert restored["a"].sharding == jax.sharding.NamedSharding(
+        mesh, jax.sharding.PartitionSpec()
+    )
+    for k in "bcd":
+        assert restored[k].sharding == jax.sharding.SingleDeviceSharding(device)
+    _assert_bitwise(restored, saved)
+
+
+def test_leaves_restore_as_numpy_when_asked(tmp_path):
+    saved = _state(1)
+    _save_pytree(tmp_path / "ckpt", saved)
+    args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), saved)
+    args["params"]["b"] = ocp.RestoreArgs(restore_type=np.ndarray, dtype=np.float32)
+    args["rng"] = ocp.ArrayRestoreArgs(sharding=_one_device())
+    args["step"] = ocp.RestoreArgs()
+    with ocp.Checkpointer(_pytree_handler()) as ckptr:
+        restored = ckptr.restore(
+            tmp_path / "ckpt", args=ocp.args.PyTreeRestore(restore_args=args)
+        )
+    for name in ("w", "ids", "mask"):
+        got, want = restored["params"][name], saved["params"][name]
+        assert type(got) is np.ndarray, (name, type(got))
+        np.testing.assert_array_equal(got, np.asarray(want), strict=True)
+    b = restored["params"]["b"]
+    assert type(b) is np.ndarray and b.dtype == np.float32
+    np.testing.assert_array_equal(b, np.asarray(saved["params"]["b"], np.float32))
+    assert type(restored["empty"]) is np.ndarray and restored["empty"].shape == (0, 4)
+    np.testing.assert_array_equal(restored["stats"], saved["stats"])  # Orbax's own
+    _assert_bitwise(restored["rng"], saved["rng"])
+    args["rng"] = ocp.RestoreArgs(restore_type=np.ndarray)
+    with ocp.Checkpointer(_pytree_handler()) as ckptr:
+        with pytest.raises(
+            oeqx.CheckpointMismatchError,
+            match=re.escape(
+                "  - Leaf `['rng']` holds typed PRNG keys; the restore asks for "
+                "numpy.\nTyped PRNG keys restore as jax arrays only: ask for "
+                "`jax.Array`."
+            ),
+        ):
+            ckptr.restore(
+                tmp_path / "ckpt", args=ocp.args.PyTreeRestore(restore_args=args)
+            )
+
+
 def test_save_args_dtype_stores_the_cast_values(tmp_path):
     saved = {"w": jnp.linspace(-3.0, 3.0, 96).reshape(8, 12), "rng": jax.random.key(4)}
     # Typed PRNG keys have no other dtype: kept as they are.
@@ -258,7 +319,9 @@ def test_the_global_registry_is_left_alone():
     registry = oeqx.type_handler_registry()
     assert isinstance(registry.get(jax.Array), oeqx.PackedArrayHandler)
     assert isinstance(registry.get(type(jnp.ones(2))), oeqx.PackedArrayHandler)
-    assert registry.get(np.ndarray) is ocp.type_handlers.get_type_handler(np.ndarray)
+    assert registry.get(str) is ocp.type_handlers.get_type_handler(str)
+    numpy_handler = ocp.type_handlers.get_type_handler(np.ndarray)
+    assert registry.get(np.ndarray).typestr() == numpy_handler.typestr()
     assert ocp.type_handlers.get_type_handler(jax.Array) is before
     assert not isinstance(before, oeqx.PackedArrayHandler)
     # A handler added to the registry comes first, and stays local.

@@ -139,6 +139,40 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
         plans = _restore.plan(directory, groups, infos, args)
         return await asyncio.to_thread(_restore.read, plans, self._verify)
 
+    async def deserialize_numpy(
+        self,
+        infos: Sequence[ocp.type_handlers.ParamInfo],
+        args: Sequence[ocp.type_handlers.RestoreArgs] | None,
+        orbax: ocp.type_handlers.TypeHandler,
+    ) -> list[Any]:
+        """Restores as numpy arrays (`restore_type=np.ndarray`): this handler's
+        leaves from its groups, the others with `orbax` (Orbax's own)."""
+        await asyncio.gather(*(info.await_path_creation() for info in infos))
+        directory = infos[0].parent_dir
+        groups = await asyncio.to_thread(_typed_read.find, directory)
+        args = list(args or [ocp.type_handlers.RestoreArgs() for _ in infos])
+        ours = [i for i, info in enumerate(infos) if info.name in groups]
+        theirs = [i for i, info in enumerate(infos) if info.name not in groups]
+        out: list[Any] = [None] * len(infos)
+        if theirs:
+            got = await orbax.deserialize(
+                [infos[i] for i in theirs], [args[i] for i in theirs]
+            )
+            for i, x in zip(theirs, got):
+                out[i] = x
+        if ours:
+            plans = _restore.plan(
+                directory,
+                groups,
+                [infos[i] for i in ours],
+                [args[i] for i in ours],
+                numpy=True,
+            )
+            got = await asyncio.to_thread(_restore.read, plans, self._verify)
+            for i, x in zip(ours, got):
+                out[i] = x
+        return out
+
     async def metadata(
         self, infos: Sequence[ocp.type_handlers.ParamInfo]
     ) -> list[ocp.metadata.ArrayMetadata]:

@@ -10,6 +10,7 @@ globally work as before).
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from .type_handler import TYPESTR, PackedArrayHandler, TypeHandlerOptionError
@@ -19,11 +20,14 @@ class _PackedRegistry:
     """`ocp.type_handlers.TypeHandlerRegistry` with jax arrays in packs.
 
     Handlers `add`ed to it come first; then `PackedArrayHandler` for
-    `jax.Array` (and its typestr); then Orbax's global registry, read only.
+    `jax.Array` (and its typestr); for `np.ndarray`, Orbax's own handler that
+    also restores packed leaves as numpy; then Orbax's global registry, read
+    only.
     """
 
     def __init__(self, handler: PackedArrayHandler):
         self._handler = handler
+        self._numpy = _NumpyHandler(handler)
         self._added = ocp.type_handlers.create_type_handler_registry()
 
     def add(
@@ -39,8 +43,10 @@ class _PackedRegistry:
     def get(self, ty: Any) -> ocp.type_handlers.TypeHandler:
         if self._added.has(ty):
             return self._added.get(ty)
-        if ty == TYPESTR or _is_jax_array_type(ty):
+        if ty == TYPESTR or _is_subclass(ty, jax.Array):
             return self._handler
+        if _is_subclass(ty, np.ndarray):
+            return self._numpy
         return ocp.type_handlers.get_type_handler(ty)
 
     def has(self, ty: Any) -> bool:
@@ -54,11 +60,36 @@ class _PackedRegistry:
         return f"oeqx.type_handler_registry(primary_host={self._handler._primary_host})"
 
 
-def _is_jax_array_type(ty: Any) -> bool:
+def _is_subclass(ty: Any, cls: type) -> bool:
     try:
-        return isinstance(ty, type) and issubclass(ty, jax.Array)
+        return isinstance(ty, type) and issubclass(ty, cls)
     except TypeError:
         return False
+
+
+class _NumpyHandler(ocp.type_handlers.TypeHandler):
+    """Orbax's global handler of numpy arrays (saves as it does), which also
+    restores leaves of `PackedArrayHandler` asked for as numpy arrays
+    (`RestoreArgs(restore_type=np.ndarray)`)."""
+
+    def __init__(self, packed: PackedArrayHandler):
+        self._packed = packed
+
+    @staticmethod
+    def _orbax() -> ocp.type_handlers.TypeHandler:
+        return ocp.type_handlers.get_type_handler(np.ndarray)
+
+    def typestr(self) -> str:
+        return self._orbax().typestr()
+
+    async def serialize(self, values, infos, args=None):
+        return await self._orbax().serialize(values, infos, args)
+
+    async def metadata(self, infos):
+        return await self._orbax().metadata(infos)
+
+    async def deserialize(self, infos, args=None):
+        return await self._packed.deserialize_numpy(infos, args, self._orbax())
 
 
 def type_handler_registry(

@@ -50,7 +50,7 @@ def sharding_metadata(stored: Any) -> Any:
         return SHARDING_METADATA[stored["class"]][1].from_deserialized_dict(
             stored["metadata"]
         )
-    except (KeyError, TypeError, ValueError):
+    except Exception:  # a damaged entry: as if none was saved
         return None
 
 
@@ -97,8 +97,9 @@ class _Plan:
         self.sharding = sharding  # where the resized array goes
 
 
-def plan(directory, groups, infos, args) -> list[_Plan]:
-    """Checks every leaf's restore args against its record, then plans reads.
+def plan(directory, groups, infos, args, *, numpy: bool = False) -> list[_Plan]:
+    """Checks every leaf's restore args against its record, then plans reads:
+    onto jax arrays, or with `numpy` (`restore_type=np.ndarray`) to numpy.
 
     Every problem is reported at once, before any array byte is read.
     """
@@ -108,61 +109,12 @@ def plan(directory, groups, infos, args) -> list[_Plan]:
     plans = []
     for info, arg in zip(infos, args):
         group = groups[info.name]
-        record = group.saved.leaves[info.name]
-        path = leaf_path(info)
-        saved = parse_dtype(record.dtype)
-        dtype = getattr(arg, "dtype", None)
-        if dtype is None or is_key_dtype(saved) and str(dtype) == str(saved):
-            dtype = saved
-        elif is_key_dtype(saved) or is_key_dtype(dtype):
-            asked = dtype if is_key_dtype(dtype) else np.dtype(dtype)
-            problems.append(
-                f"Leaf `{path}` is {record.dtype} in the checkpoint; the restore "
-                f"asks for {asked}."
-            )
-            fixes[
-                "Typed PRNG keys restore as the keys they are: ask for their "
-                "saved dtype."
-            ] = None
-            continue
+        found = _plan_one(info, arg, group, numpy)
+        if isinstance(found, _Plan):
+            plans.append(found)
         else:
-            dtype = np.dtype(dtype)
-        sharding = _target_sharding(arg, group.shardings.get(info.name))
-        if isinstance(sharding, str):
-            problems.append(f"Leaf `{path}` has no target sharding: {sharding}.")
-            fixes[
-                "Give each jax array a sharding of this process's devices: "
-                "`ArrayRestoreArgs(sharding=...)`, or a target leaf with one "
-                "(`jax.ShapeDtypeStruct(shape, dtype, sharding=...)`)."
-            ] = None
-            continue
-        shape = getattr(arg, "global_shape", None)
-        shape = record.shape if shape is None else tuple(shape)
-        if shape == record.shape:
-            request = _typed.Request(record, dtype, JAX, sharding)
-            plans.append(_Plan(info.name, group, request))
-            continue
-        if getattr(arg, "strict", True) or len(shape) != len(record.shape):
-            problems.append(
-                f"Leaf `{path}` has shape {record.shape} in the checkpoint; the "
-                f"restore asks for {shape}."
-            )
-            fixes[
-                "Restore into a target of the saved shape (`metadata()` lists "
-                "them); to truncate or zero-pad along the same dimensions, pass "
-                "`ArrayRestoreArgs(..., strict=False)` (`StandardRestore(..., "
-                "strict=False)`)."
-            ] = None
-            continue
-        if is_key_dtype(saved):
-            problems.append(
-                f"Leaf `{path}` holds typed PRNG keys of shape {record.shape}; "
-                f"the restore asks for {shape}."
-            )
-            fixes["Typed PRNG keys cannot be truncated or padded."] = None
-            continue
-        request = _typed.Request(record, dtype, NUMPY, None)
-        plans.append(_Plan(info.name, group, request, shape, sharding))
+            problems.append(found[0])
+            fixes[found[1]] = None
     if problems:
         raise CheckpointMismatchError(
             f"Cannot restore these leaves from the checkpoint in {directory}:\n"
@@ -171,6 +123,71 @@ def plan(directory, groups, infos, args) -> list[_Plan]:
             + " ".join(fixes)
         )
     return plans
+
+
+_KEYS_AS_KEYS = (
+    "Typed PRNG keys restore as the keys they are: ask for their saved dtype."
+)
+_KEYS_AS_JAX = "Typed PRNG keys restore as jax arrays only: ask for `jax.Array`."
+_SHARDINGS = (
+    "Give each jax array a sharding of this process's devices: "
+    "`ArrayRestoreArgs(sharding=...)`, or a target leaf with one "
+    "(`jax.ShapeDtypeStruct(shape, dtype, sharding=...)`)."
+)
+_SHAPES = (
+    "Restore into a target of the saved shape (`metadata()` lists them); to "
+    "truncate or zero-pad along the same dimensions, pass "
+    "`ArrayRestoreArgs(..., strict=False)` (`StandardRestore(..., strict=False)`)."
+)
+_KEY_SHAPES = "Typed PRNG keys cannot be truncated or padded."
+
+
+def _plan_one(info, arg, group, numpy: bool) -> "_Plan | tuple[str, str]":
+    """One leaf's plan, or `(problem, fix)`."""
+    record = group.saved.leaves[info.name]
+    path = leaf_path(info)
+    saved = parse_dtype(record.dtype)
+    key = is_key_dtype(saved)
+    dtype = getattr(arg, "dtype", None)
+    if dtype is None or key and str(dtype) == str(saved):
+        dtype = saved
+    elif key or is_key_dtype(dtype):
+        asked = dtype if is_key_dtype(dtype) else np.dtype(dtype)
+        return (
+            f"Leaf `{path}` is {record.dtype} in the checkpoint; the restore asks "
+            f"for {asked}.",
+            _KEYS_AS_KEYS,
+        )
+    else:
+        dtype = np.dtype(dtype)
+    if key and numpy:
+        return f"Leaf `{path}` holds typed PRNG keys; the restore asks for numpy.", (
+            _KEYS_AS_JAX
+        )
+    sharding = None
+    if not numpy:
+        sharding = _target_sharding(arg, group.shardings.get(info.name))
+        if isinstance(sharding, str):
+            return f"Leaf `{path}` has no target sharding: {sharding}.", _SHARDINGS
+    shape = getattr(arg, "global_shape", None)
+    shape = record.shape if shape is None else tuple(shape)
+    if shape == record.shape:
+        request = _typed.Request(record, dtype, NUMPY if numpy else JAX, sharding)
+        return _Plan(info.name, group, request)
+    if getattr(arg, "strict", True) or len(shape) != len(record.shape):
+        return (
+            f"Leaf `{path}` has shape {record.shape} in the checkpoint; the "
+            f"restore asks for {shape}.",
+            _SHAPES,
+        )
+    if key:
+        return (
+            f"Leaf `{path}` holds typed PRNG keys of shape {record.shape}; the "
+            f"restore asks for {shape}.",
+            _KEY_SHAPES,
+        )
+    request = _typed.Request(record, dtype, NUMPY, None)
+    return _Plan(info.name, group, request, shape, sharding)
 
 
 def _target_sharding(arg: Any, stored: Any) -> Any:
@@ -217,9 +234,11 @@ def read(plans: list[_Plan], verify: bool) -> list[Any]:
     return [out[p.name] for p in plans]
 
 
-def _resized(host: np.ndarray, shape: tuple[int, ...], sharding) -> jax.Array:
-    """`host` truncated or zero-padded to `shape`, placed on `sharding`."""
+def _resized(host: np.ndarray, shape: tuple[int, ...], sharding) -> Any:
+    """`host` truncated or zero-padded to `shape`, placed on `sharding` (if any)."""
     out = np.zeros(shape, host.dtype)
     common = tuple(slice(0, min(a, b)) for a, b in zip(host.shape, shape))
     out[common] = host[common]
+    if sharding is None:
+        return out
     return jax.make_array_from_callback(shape, sharding, lambda i: out[i])
