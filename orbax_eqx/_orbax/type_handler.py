@@ -61,6 +61,15 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
         as `MultiprocessingOptions(primary_host=...)` of the checkpoint handler.
     - `verify`: check every byte read against its recorded CRC-32 (a mismatch
         is a `CheckpointDamagedError` naming the leaf).
+
+    !!! example
+
+        ```python
+        # A registry of your own: jax arrays in packs, your handler for Foo.
+        registry = oeqx.type_handler_registry(primary_host=0)
+        registry.add(Foo, FooHandler())
+        handler = ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
+        ```
     """
 
     # Orbax looks for an array metadata store on the handler of `jax.Array`,
