@@ -1,0 +1,48 @@
+"""Orbax's own PyTreeCheckpointHandler with `oeqx.type_handler_registry()`, on
+8 fake CPU devices and on 2 processes x 4 devices (`jax.distributed` on
+loopback): sharded arrays saved as shard packs, each process writing its own,
+then restored onto another mesh, onto fewer devices and onto one device.
+
+Each topology is a new set of processes (see `_procs`); the worker is
+`_type_handler_worker.py`.
+"""
+
+from . import _procs
+
+WORKER = "_type_handler_worker.py"
+TIMEOUT_S = 150
+
+
+def _run(mode, root, *, processes, devices, logs):
+    texts = _procs.run(
+        WORKER,
+        mode,
+        root,
+        processes=processes,
+        devices=devices,
+        log_dir=logs,
+        timeout=TIMEOUT_S,
+    )
+    for text in texts:
+        assert text.rstrip().endswith("ok"), text
+        assert f"of {processes}: {devices} local devices" in text, text
+    return texts
+
+
+def test_sharded_save_restores_onto_another_mesh_and_one_device(tmp_path):
+    root = tmp_path / "ckpt"
+    (saved,) = _run("save", root, processes=1, devices=8, logs=tmp_path / "save")
+    # Restored in the saving process onto a (2, 4) mesh across the chunks.
+    assert "equal: 29 arrays, on NamedSharding(mesh=Mesh('a': 2, 'b': 4" in saved
+    (loaded,) = _run("restore", root, processes=1, devices=1, logs=tmp_path / "load")
+    assert "equal: 29 arrays, on SingleDeviceSharding(" in loaded
+
+
+def test_two_processes_save_their_own_shards_and_one_restores(tmp_path):
+    root = tmp_path / "ckpt"
+    texts = _run("save", root, processes=2, devices=4, logs=tmp_path / "save")
+    for text in texts:  # each process saw both processes' shard packs
+        assert ".0.json', " in text and ".1.json', " in text, text
+    (loaded,) = _run("restore", root, processes=1, devices=4, logs=tmp_path / "load")
+    assert "equal: 29 arrays, on NamedSharding(mesh=Mesh('x': 4" in loaded
+    assert "equal: 29 arrays, on SingleDeviceSharding(" in loaded

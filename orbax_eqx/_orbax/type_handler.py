@@ -1,0 +1,258 @@
+"""`PackedArrayHandler`: an Orbax `TypeHandler` that stores jax arrays in packs.
+
+For users of Orbax's own handlers (`ocp.PyTreeCheckpointHandler`,
+`ocp.StandardCheckpointHandler`): Orbax hands a `TypeHandler` all the leaves of
+its type in one `serialize` call, so they can be written as one group of
+files (see `_storage/typed.py`, `typed_read.py`) instead of one stored array each: fully
+replicated arrays into one pack, sharded ones into a shard pack per process.
+Registered in a local registry (`type_registry`), never in Orbax's global one.
+"""
+
+import asyncio
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+from .._errors import (
+    CheckpointDamagedError,
+    HostLocalArrayError,
+    OrbaxEqxError,
+    UnsupportedLeafError,
+    bullet_list,
+)
+from .._storage import typed as _typed
+from .._storage import typed_read as _typed_read
+from .._storage.shards import describe
+from . import type_restore as _restore
+from .type_restore import SHARDING_METADATA, leaf_path
+
+# Pinned: checkpoints record it for every leaf this handler saved, and Orbax
+# finds the handler to restore them by it.
+TYPESTR = "orbax_eqx.PackedArray"
+
+
+class TypeHandlerOptionError(OrbaxEqxError, ValueError):
+    """Options that the pack's type handler cannot work with."""
+
+
+class PackedArrayHandler(ocp.type_handlers.TypeHandler):
+    """Saves the jax arrays of one Orbax save in packs, at disk speed.
+
+    Fully replicated arrays (on one device, or a copy on every device) go end
+    to end into one pack file, written by the primary host; sharded arrays go
+    to shard packs: each process writes the distinct shards it holds into a
+    file of its own, with an index of chunk boxes. A restore onto any
+    sharding, mesh or device count reads just the byte ranges each device
+    needs, checked against CRC-32s recorded at save. No computation runs on a
+    device; processes meet only at Orbax's own barrier before the commit.
+
+    Checkpoints of Orbax's own `ArrayHandler` (saved before switching) still
+    restore: this handler hands them to it.
+
+    Use it through `oeqx.type_handler_registry()`, which leaves Orbax's global
+    handler for `jax.Array` alone.
+
+    **Arguments:**
+
+    - `primary_host`: the process that writes the pack and the index; the same
+        as `MultiprocessingOptions(primary_host=...)` of the checkpoint handler.
+    - `verify`: check every byte read against its recorded CRC-32 (a mismatch
+        is a `CheckpointDamagedError` naming the leaf).
+
+    !!! example
+
+        ```python
+        # A registry of your own: jax arrays in packs, your handler for Foo.
+        registry = oeqx.type_handler_registry(primary_host=0)
+        registry.add(Foo, FooHandler())
+        handler = ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
+        ```
+    """
+
+    # Orbax looks for an array metadata store on the handler of `jax.Array`,
+    # and logs a warning at every handler's construction if there is none.
+    # This handler keeps shapes, dtypes and shardings in its own index.
+    _array_metadata_store = None
+
+    def __init__(self, *, primary_host: int = 0, verify: bool = True):
+        if type(primary_host) is not int or primary_host < 0:
+            raise TypeHandlerOptionError(
+                f"PackedArrayHandler(primary_host={primary_host!r}): expected the "
+                "index of the process that writes the pack and the index (an int, "
+                "usually 0). Orbax's `primary_host=None` (every process writes its "
+                "own copy) is not supported; use Orbax's own ArrayHandler for it."
+            )
+        self._primary_host = primary_host
+        self._verify = verify
+
+    def typestr(self) -> str:
+        return TYPESTR
+
+    async def serialize(
+        self,
+        values: Sequence[jax.Array],
+        infos: Sequence[ocp.type_handlers.ParamInfo],
+        args: Sequence[ocp.type_handlers.SaveArgs] | None = None,
+    ) -> list[ocp.future.Future]:
+        """Copies this process's part of `values` to host; returns the writes.
+
+        The copies are taken before this returns (the caller may donate the
+        arrays then); the returned future writes them once Orbax has made the
+        directory.
+        """
+        names = [info.name for info in infos]
+        paths = [leaf_path(info) for info in infos]
+        _check_savable(values, paths)
+        casts = [getattr(a, "dtype", None) for a in args or [None] * len(values)]
+        cache: dict[Any, Any] = {}
+        shardings = [_sharding_json(x.sharding, cache) for x in values]
+        taken = _typed.take(
+            names, paths, values, shardings, casts, primary_host=self._primary_host
+        )
+        process = jax.process_index()
+        primary = process == self._primary_host
+        if taken.local is None and not primary:
+            return []
+
+        async def write() -> None:
+            await asyncio.gather(*(info.await_path_creation() for info in infos))
+            _typed.write(infos[0].parent_dir, taken, process, primary)
+
+        return [
+            ocp.future.CommitFutureAwaitingContractedSignals(
+                write(), name="orbax_eqx_typed"
+            )
+        ]
+
+    async def deserialize(
+        self,
+        infos: Sequence[ocp.type_handlers.ParamInfo],
+        args: Sequence[ocp.type_handlers.RestoreArgs] | None = None,
+    ) -> list[Any]:
+        """Reads the leaves of `infos`, onto the shardings and dtypes `args` ask.
+
+        `ArrayRestoreArgs` are honoured: `sharding` (or `mesh` and
+        `mesh_axes`), `dtype` (a cast), `global_shape` with `strict` (False
+        truncates or zero-pads). Without a sharding, the saved one is used if
+        this process can rebuild it.
+        """
+        await asyncio.gather(*(info.await_path_creation() for info in infos))
+        directory = infos[0].parent_dir
+        groups = await asyncio.to_thread(_typed_read.find, directory)
+        if not groups:
+            return await _orbax_handler(directory).deserialize(infos, args)
+        args = args or [ocp.type_handlers.RestoreArgs() for _ in infos]
+        plans = _restore.plan(directory, groups, infos, args)
+        return await asyncio.to_thread(_restore.read, plans, self._verify)
+
+    async def deserialize_numpy(
+        self,
+        infos: Sequence[ocp.type_handlers.ParamInfo],
+        args: Sequence[ocp.type_handlers.RestoreArgs] | None,
+        orbax: ocp.type_handlers.TypeHandler,
+    ) -> list[Any]:
+        """Restores as numpy arrays (`restore_type=np.ndarray`): this handler's
+        leaves from its groups, the others with `orbax` (Orbax's own)."""
+        await asyncio.gather(*(info.await_path_creation() for info in infos))
+        directory = infos[0].parent_dir
+        groups = await asyncio.to_thread(_typed_read.find, directory)
+        args = list(args or [ocp.type_handlers.RestoreArgs() for _ in infos])
+        ours = [i for i, info in enumerate(infos) if info.name in groups]
+        theirs = [i for i, info in enumerate(infos) if info.name not in groups]
+        out: list[Any] = [None] * len(infos)
+        if theirs:
+            got = await orbax.deserialize(
+                [infos[i] for i in theirs], [args[i] for i in theirs]
+            )
+            for i, x in zip(theirs, got):
+                out[i] = x
+        if ours:
+            plans = _restore.plan(
+                directory,
+                groups,
+                [infos[i] for i in ours],
+                [args[i] for i in ours],
+                numpy=True,
+            )
+            got = await asyncio.to_thread(_restore.read, plans, self._verify)
+            for i, x in zip(ours, got):
+                out[i] = x
+        return out
+
+    async def metadata(
+        self, infos: Sequence[ocp.type_handlers.ParamInfo]
+    ) -> list[ocp.metadata.ArrayMetadata]:
+        """Shape, dtype and saved sharding of each leaf, from the group indexes."""
+        await asyncio.gather(*(info.await_path_creation() for info in infos))
+        directory = infos[0].parent_dir
+        groups = await asyncio.to_thread(_typed_read.find, directory)
+        if not groups:
+            return await _orbax_handler(directory).metadata(infos)
+        return _restore.array_metadata(directory, groups, infos)
+
+
+def _orbax_handler(directory) -> ocp.type_handlers.TypeHandler:
+    """Orbax's global handler of jax arrays, for a checkpoint it saved."""
+    handler = ocp.type_handlers.get_type_handler(jax.Array)
+    if isinstance(handler, PackedArrayHandler):  # registered globally after all
+        raise CheckpointDamagedError(
+            f"{directory} holds no orbax_eqx~typed.* directory, so none of its "
+            "arrays was saved with orbax_eqx's type handler (or they were "
+            "deleted), and Orbax's global handler for jax.Array is that handler "
+            "too. Restore an earlier step."
+        )
+    return handler
+
+
+def _check_savable(values: Sequence[Any], paths: Sequence[str]) -> None:
+    problems, local = [], []
+    multihost = jax.process_count() > 1
+    for path, x in zip(paths, values):
+        if not isinstance(x, jax.Array):
+            problems.append(
+                f"Leaf `{path}` is a {type(x).__module__}.{type(x).__qualname__}, "
+                "not a jax.Array."
+            )
+        elif multihost and x.is_fully_addressable and x.size:
+            ids = sorted(d.id for d in x.sharding.device_set)
+            local.append(
+                f"Leaf `{path}` is a host-local jax.Array (shape {x.shape}, on "
+                f"device{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))} "
+                f"of process {jax.process_index()} only)."
+            )
+    if problems:
+        raise UnsupportedLeafError(
+            "PackedArrayHandler saves jax arrays only:\n"
+            + bullet_list(problems)
+            + "\nRegister it for jax.Array alone: use `oeqx.type_handler_registry()`."
+        )
+    if local:
+        raise HostLocalArrayError(
+            f"Cannot save: this save runs on {jax.process_count()} processes, and "
+            "a multi-host checkpoint holds only global arrays.\n"
+            + bullet_list(local)
+            + "\nMake each a global array before saving, on a mesh of every "
+            "process's devices: `jax.make_array_from_process_local_data("
+            "NamedSharding(mesh, P()), x)` for a value that is the same on every "
+            "process."
+        )
+
+
+def _sharding_json(sharding: Any, cache: dict) -> Any:
+    """Orbax's metadata of a sharding, as JSON (None where Orbax has none)."""
+    if sharding in cache:
+        return cache[sharding]
+    result = None
+    for name, (cls, kind) in SHARDING_METADATA.items():
+        if isinstance(sharding, cls):
+            meta = kind.from_jax_sharding(sharding)
+            result = {
+                "class": name,
+                "metadata": json.loads(meta.to_serialized_string()),
+            }
+            result["text"] = describe(sharding)
+    cache[sharding] = result
+    return result
