@@ -20,9 +20,6 @@ from ._orbax.handler import EqxHandler as EqxHandler
 from ._orbax.handler import EqxRestore as EqxRestore
 from ._orbax.handler import EqxSave as EqxSave
 from ._orbax.type_handler import PackedArrayHandler as PackedArrayHandler
-from ._orbax.type_registry import (
-    standard_checkpoint_handler as standard_checkpoint_handler,
-)
 from ._orbax.type_registry import type_handler_registry as type_handler_registry
 from ._restore.check import StaticMismatchWarning as StaticMismatchWarning
 from ._restore.fallback import FallbackWarning as FallbackWarning

@@ -135,37 +135,6 @@ def test_pytree_handler_in_a_manager_round_trips_bitwise(tmp_path):
     mngr.close()
 
 
-@pytest.mark.parametrize("spelling", ["item_handlers", "handler_registry"])
-def test_standard_handler_in_a_manager_round_trips_bitwise(tmp_path, spelling):
-    saved = {k: v for k, v in _state(1).items() if k != "empty"}  # as Orbax wants
-    if spelling == "item_handlers":
-        mngr = ocp.CheckpointManager(
-            tmp_path, item_handlers=oeqx.standard_checkpoint_handler()
-        )
-    else:
-        registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
-        handler = oeqx.standard_checkpoint_handler()
-        registry.add("state", ocp.args.StandardSave, handler)
-        registry.add("state", ocp.args.StandardRestore, handler)
-        mngr = ocp.CheckpointManager(tmp_path, handler_registry=registry)
-    item = "default" if spelling == "item_handlers" else "state"
-
-    def args(a):
-        return a if spelling == "item_handlers" else ocp.args.Composite(state=a)
-
-    for step in (1, 2):
-        assert mngr.save(step, args=args(ocp.args.StandardSave(saved)))
-    mngr.wait_until_finished()
-    assert _index(tmp_path / "2" / item)["leaves"]["params.w"]["data"] == "packed"
-    target = _abstract(_state(7))
-    target.pop("empty")
-    restored = mngr.restore(2, args=args(ocp.args.StandardRestore(target)))
-    if spelling == "handler_registry":
-        restored = restored.state
-    _assert_bitwise(restored, saved)
-    mngr.close()
-
-
 def test_a_restore_casts_to_the_dtype_asked_for(tmp_path):
     saved = {"w": jnp.linspace(-3.0, 3.0, 96).reshape(8, 12), "n": jnp.arange(7)}
     _save_pytree(tmp_path / "ckpt", saved)
@@ -478,11 +447,7 @@ def test_primary_host_none_is_refused():
             "process that writes the pack and the index"
         ),
     ):
-        oeqx.standard_checkpoint_handler(
-            multiprocessing_options=ocp.options.MultiprocessingOptions(
-                primary_host=None
-            )
-        )
+        oeqx.type_handler_registry(primary_host=None)
     with pytest.raises(ValueError, match=r"primary_host=-1\)"):
         oeqx.type_handler_registry(primary_host=-1)
 

@@ -1,5 +1,7 @@
 """A local type-handler registry that stores jax arrays in packs, for Orbax's
-own handlers; and a `StandardCheckpointHandler` that uses it.
+own `PyTreeCheckpointHandler`. (Orbax 0.12's `StandardCheckpointHandler` takes
+no registry, and reaching into its internals would tie us to private Orbax
+code: use the PyTree handler, which `StandardSave` users can switch to as is.)
 
 Orbax's global registry is never changed: the registry made here answers for
 `jax.Array` with `PackedArrayHandler` and asks the global one for every other
@@ -13,7 +15,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from .type_handler import TYPESTR, PackedArrayHandler, TypeHandlerOptionError
+from .type_handler import TYPESTR, PackedArrayHandler
 
 
 class _PackedRegistry:
@@ -132,61 +134,3 @@ def type_handler_registry(
         ```
     """
     return _PackedRegistry(PackedArrayHandler(primary_host=primary_host, verify=verify))
-
-
-def standard_checkpoint_handler(
-    *,
-    save_concurrent_gb: int = 96,
-    restore_concurrent_gb: int = 96,
-    multiprocessing_options: ocp.options.MultiprocessingOptions | None = None,
-    pytree_metadata_options: Any = None,
-    use_ocdbt: bool = True,
-    verify: bool = True,
-) -> ocp.StandardCheckpointHandler:
-    """An `ocp.StandardCheckpointHandler` whose jax arrays are stored in packs.
-
-    Orbax's `StandardCheckpointHandler` takes no type-handler registry, so
-    this builds one and gives its inner `PyTreeCheckpointHandler` the
-    registry of `oeqx.type_handler_registry()`. It is Orbax's own class, so
-    `ocp.args.StandardSave` / `StandardRestore` work with it as before.
-
-    **Arguments:** those of `ocp.StandardCheckpointHandler`, and `verify` (see
-    `oeqx.type_handler_registry`).
-
-    **Returns:** an `ocp.StandardCheckpointHandler`.
-
-    !!! example
-
-        ```python
-        mngr = ocp.CheckpointManager(
-            path, item_handlers=oeqx.standard_checkpoint_handler()
-        )
-        mngr.save(step, args=ocp.args.StandardSave(state))
-        state = mngr.restore(step, args=ocp.args.StandardRestore(abstract_state))
-        ```
-    """
-    mp = multiprocessing_options or ocp.options.MultiprocessingOptions()
-    options: dict[str, Any] = dict(
-        save_concurrent_gb=save_concurrent_gb,
-        restore_concurrent_gb=restore_concurrent_gb,
-        multiprocessing_options=mp,
-        use_ocdbt=use_ocdbt,
-    )
-    if pytree_metadata_options is not None:
-        options["pytree_metadata_options"] = pytree_metadata_options
-    registry = type_handler_registry(primary_host=mp.primary_host, verify=verify)
-    handler = ocp.StandardCheckpointHandler(**options)
-    # Its one PyTree handler, which does all its work, made again with the
-    # registry. (Orbax offers no argument for it; checked, so that another
-    # Orbax version fails here, loudly, rather than save without packs.)
-    if not isinstance(getattr(handler, "_impl", None), ocp.PyTreeCheckpointHandler):
-        raise TypeHandlerOptionError(
-            "This version of Orbax's StandardCheckpointHandler does not keep its "
-            "work in a PyTreeCheckpointHandler, so orbax_eqx cannot give it a "
-            "type-handler registry. Use `ocp.PyTreeCheckpointHandler("
-            "type_handler_registry=oeqx.type_handler_registry())` instead."
-        )
-    handler._impl = ocp.PyTreeCheckpointHandler(
-        **options, type_handler_registry=registry
-    )
-    return handler
