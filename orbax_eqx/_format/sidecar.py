@@ -131,6 +131,7 @@ class LeafMetadata:
     offset: int | None = None  # ...and where in it
     crc32: int | None = None  # packed leaves' checksum (see `_checksum`)
     sum32: int | None = None  # Orbax-stored leaves' checksum
+    key: str | None = None  # Orbax-stored leaves' storage key (`_names`)
 
     def describe(self) -> str:
         if self.kind == ARRAY:
