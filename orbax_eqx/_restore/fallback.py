@@ -9,7 +9,7 @@ from .._errors import CheckpointMismatchError, CheckpointNotFoundError, bullet_l
 
 # Steps deleted under a restore that are followed by a new listing, at most: a
 # manager that deletes steps faster than they can be read would otherwise keep
-# this going forever.
+# this going forever. After that, the steps listed last are tried in turn.
 MAX_DELETED = 10
 
 
@@ -62,10 +62,11 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
         except CheckpointMismatchError:
             raise
         except Exception as e:  # any damage: missing, truncated, unreadable
-            steps = _reread(manager, steps)
-            if step not in steps and len(deleted) < MAX_DELETED:
-                deleted.append(step)  # not damage: gone; try what is there now
-                continue
+            if len(deleted) < MAX_DELETED:
+                steps = _reread(manager, steps)
+                if step not in steps:
+                    deleted.append(step)  # not damage: gone; try what is there now
+                    continue
             failures.append(f"step {step}: {type(e).__name__}: {_first_line(e)}")
             damaged.add(step)
             continue
@@ -78,14 +79,24 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
             )
         return RestoredStep(step, item)
     if not failures:
-        gone = f" (steps {_steps(deleted)} were deleted meanwhile)" if deleted else ""
+        gone = ""
+        if deleted:
+            were = "was" if len(deleted) == 1 else "were"
+            gone = f" ({_steps(deleted)} {were} deleted meanwhile)"
         raise CheckpointNotFoundError(
             f"{manager.directory} holds no finished step to restore{gone}."
+        )
+    why = "The checkpoints are damaged; check the storage, or start afresh."
+    if len(deleted) >= MAX_DELETED:
+        why = (
+            f"Steps were deleted as fast as they were read ({_steps(deleted)} "
+            "first): restore while the manager that saves is idle, or have it keep "
+            "more steps (`max_to_keep`)."
         )
     raise CheckpointNotFoundError(
         f"No step of {manager.directory} could be restored:\n"
         + bullet_list(failures)
-        + "\nThe checkpoints are damaged; check the storage, or start afresh."
+        + f"\n{why}"
     )
 
 
@@ -102,7 +113,7 @@ def _reread(manager: ocp.CheckpointManager, steps: list[int]) -> list[int]:
 
 
 def _steps(steps: list[int]) -> str:
-    return ", ".join(str(s) for s in steps)
+    return ("step " if len(steps) == 1 else "steps ") + ", ".join(map(str, steps))
 
 
 def _first_line(e: BaseException) -> str:
