@@ -205,8 +205,10 @@ def select(
     }
     if prefix and not leaves:
         raise _nothing_under(prefix, saved, new_names)
-    # Old names of State entries moved no module: leave them out of the guess.
-    moved = {n: n if old_names.get(n) == new else new for n, new in new_names.items()}
+    # Leaves read by the name they had before: no rename was asked for, and no
+    # module moved (State entries are in none).
+    by_old_name = {n for n, new in new_names.items() if old_names.get(n, n) == new}
+    moved = {n: n if n in by_old_name else new for n, new in new_names.items()}
     modules = {}
     for name, new in _module_names(saved, moved).items():
         if new is not None and _under(prefix, new):
@@ -215,7 +217,7 @@ def select(
     renamed = {
         old: new
         for old, new in new_names.items()
-        if new != old and old_names.get(old) != new  # not asked for: no report
+        if new != old and old not in by_old_name
     }
     return Selection(view, prefix or None, renamed, target, tuple(saved.leaves))
 

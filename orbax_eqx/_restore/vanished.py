@@ -30,11 +30,13 @@ class CheckpointDeletedError(CheckpointNotFoundError):
 @contextlib.contextmanager
 def noticed(directory: epath.Path | str) -> Iterator[None]:
     """Turns a failure of a restore of `directory` into `CheckpointDeletedError`
-    if `directory` (or its sidecar) is gone afterwards."""
+    if `directory` and its sidecar were there before and are not afterwards."""
+    directory = epath.Path(directory)
+    there = _still_there(directory)  # else the failure says what is missing
     try:
         yield
     except Exception as e:
-        if not _ours_to_explain(e) or _still_there(epath.Path(directory)):
+        if not there or not _ours_to_explain(e) or _still_there(directory):
             raise
         raise deleted(directory) from e
 
