@@ -118,6 +118,25 @@ def test_restore_latest_when_the_listed_steps_are_gone_before_it_starts(run):
     zoo.assert_same(restored, _model(4))
 
 
+def test_restore_latest_skips_a_step_caught_half_deleted(run, recwarn):
+    # Caught while the deletion is under way: the manager still lists the step
+    # (its directory is there), but its item is gone.
+    _, reader = run()
+    item = reader.directory / "2" / "default"
+
+    def shardings(name, leaf):
+        if item.exists():
+            shutil.rmtree(item)
+        return DEVICE
+
+    skeleton = zoo.skeleton(zoo.mlp, jax.random.key(9))
+    args = oeqx.EqxRestore(skeleton, shardings=shardings)
+    step, restored = oeqx.restore_latest(reader, args)
+    assert step == 1
+    zoo.assert_same(restored, _model(1))
+    assert not recwarn.list  # deleted, not damaged: no FallbackWarning
+
+
 def test_restore_latest_gives_up_on_a_manager_deleting_faster_than_it_reads(
     run, monkeypatch
 ):

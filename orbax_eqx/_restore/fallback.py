@@ -6,6 +6,7 @@ from typing import Any, NamedTuple
 import orbax.checkpoint as ocp
 
 from .._errors import CheckpointMismatchError, CheckpointNotFoundError, bullet_list
+from .vanished import CheckpointDeletedError
 
 # Steps deleted under a restore that are followed by a new listing, at most: a
 # manager that deletes steps faster than they can be read would otherwise keep
@@ -64,8 +65,9 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
         except Exception as e:  # any damage: missing, truncated, unreadable
             if len(deleted) < MAX_DELETED:
                 steps = _reread(manager, steps)
-                if step not in steps:
+                if step not in steps or isinstance(e, CheckpointDeletedError):
                     deleted.append(step)  # not damage: gone; try what is there now
+                    steps = [s for s in steps if s != step]  # (if half deleted)
                     continue
             failures.append(f"step {step}: {type(e).__name__}: {_first_line(e)}")
             damaged.add(step)
