@@ -79,7 +79,7 @@ def test_step_deleted_during_restore_is_said_so(run, pack):
     shardings = _saving_meanwhile(writer, [3, 4])
     skeleton = zoo.skeleton(zoo.mlp, jax.random.key(9))
     with pytest.raises(
-        oeqx.CheckpointNotFoundError,
+        oeqx.CheckpointDeletedError,  # a CheckpointNotFoundError, FileNotFoundError
         match=r"The checkpoint at .*run/2/default was deleted while it was being "
         r"restored, as a CheckpointManager with `max_to_keep` \(perhaps in another "
         r"process\) deletes old steps when it saves new ones\. Restore a step that "

@@ -10,6 +10,7 @@ import json
 import shutil
 from pathlib import Path
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,6 +19,7 @@ import zoo
 
 import orbax_eqx as oeqx
 from orbax_eqx._tree.names import old_storage_key, storage_key
+from orbax_eqx._tree.walk import walk
 
 DATA = Path(__file__).parent / "data"
 KEY_SAVE = jax.random.key(0)
@@ -183,3 +185,26 @@ def test_a_storage_key_that_is_neither_derivation_is_refused(tmp_path):
         r"'_METADATA~[0-9a-f]{16}'",
     ):
         oeqx.restore(tmp_path / "ckpt")
+
+
+class _Counter(eqx.Module):
+    index: eqx.nn.StateIndex
+
+    def __init__(self):
+        self.index = eqx.nn.StateIndex(jnp.zeros(3))
+
+
+def test_state_made_without_make_with_state_is_named_after_its_owner(tmp_path):
+    # Its markers are bare objects, which say nothing: the owner's name is used,
+    # as before.
+    model = {"counter": _Counter()}
+    state = eqx.nn.State(model)
+    state = state.set(model["counter"].index, jnp.arange(3.0))
+    names = [leaf.name for leaf in walk({"model": model, "state": state}).leaves]
+    assert "state.model.counter.index" in names
+    oeqx.save(tmp_path / "ckpt", {"model": model, "state": state})
+    skeleton_model = {"counter": _Counter()}
+    skeleton = {"model": skeleton_model, "state": eqx.nn.State(skeleton_model)}
+    restored = oeqx.restore(tmp_path / "ckpt", skeleton)
+    value = restored["state"].get(skeleton_model["counter"].index)
+    np.testing.assert_array_equal(value, np.arange(3.0))

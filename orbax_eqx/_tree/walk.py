@@ -165,22 +165,21 @@ def walk(tree: Any) -> Walked:
     states: dict[tuple, tuple] = {}
     _collect_nodes(tree, (), modules, states)
     name_of = _Namer(states, modules)
-    leaves = [
-        Leaf(path, name_of(path), leaf_kind(value), value)
-        for path, value in path_leaves
-    ]
+    leaves = []
+    old_names = {}  # only for leaves in a State
+    for path, value in path_leaves:
+        name = name_of(path)
+        leaves.append(Leaf(path, name, leaf_kind(value), value))
+        if states and name_of.crossed_state:
+            old = name_of(path, old=True)
+            if old != name:
+                old_names[name] = old
     infos = {
         name_of(path): ModuleInfo(
             display_path(jtu.keystr(path)), _class_name(type(m)), _static_fields(m)
         )
         for path, m in modules
     }
-    old_names = {}
-    if states:
-        for leaf in leaves:
-            old = name_of(leaf.path, old=True)
-            if old != leaf.name:
-                old_names[leaf.name] = old
     return Walked(leaves, treedef, infos, old_names)
 
 
@@ -284,6 +283,7 @@ class _Namer:
 
     def __init__(self, states: dict[tuple, tuple], modules: list):
         self._states = states
+        self.crossed_state = False  # whether the last path named went through one
         owners = {}
         if states:
             for path, m in modules:
@@ -295,15 +295,18 @@ class _Namer:
     def __call__(self, path: tuple, old: bool = False) -> str:
         if not self._states:
             return join([key_part(entry) for entry in path])
-        parts = []
+        parts, crossed = [], False
         for i, entry in enumerate(path):
             markers = self._states.get(path[:i])
             if markers is None or not isinstance(entry, jtu.FlattenedIndexKey):
                 parts.append(key_part(entry))
-            elif not old and self._relative[path[:i]] is not None:
+                continue
+            crossed = True
+            if not old and self._relative[path[:i]] is not None:
                 parts.extend(self._relative[path[:i]][entry.key])
             else:
                 parts.append(self._old_part(markers[entry.key], entry.key, old))
+        self.crossed_state = crossed  # (after `_old_part`, which names an owner)
         return join(parts)
 
     def _old_part(self, marker: Any, index: int, old: bool) -> str:
