@@ -198,9 +198,19 @@ def test_missing_leaves_advice_works(tmp_path):
         r"for fine-tuning\), pass `EqxRestore\(\.\.\., missing=\"keep\"\)`\.",
     ):
         oeqx.restore(tmp_path / "ckpt", skeleton)
-    restored, report = oeqx.restore(
-        tmp_path / "ckpt", skeleton, missing="keep", report=True
-    )
+    with pytest.warns(
+        oeqx.KeptLeavesWarning,
+        match=r"Pass `report=True` to get this list as a `RestoreReport` instead "
+        r"of this warning\.",
+    ):
+        oeqx.restore(tmp_path / "ckpt", skeleton, missing="keep")
+    # Both pieces of advice, followed: kept, and listed in the report instead.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        restored, report = oeqx.restore(
+            tmp_path / "ckpt", skeleton, missing="keep", report=True
+        )
+    assert not [w for w in caught if w.category is oeqx.KeptLeavesWarning]
     assert restored["head"].weight is head.weight
     assert report.kept == ("['head'].weight", "['head'].bias")
 
