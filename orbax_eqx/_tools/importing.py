@@ -279,7 +279,7 @@ def _static_problems(walked, saved_modules: dict) -> list[str]:
         if isinstance(cls, str) and cls != module.cls:
             problems.append(
                 f"module `{module.path}` is `{module.cls}` in the skeleton but "
-                f"`{cls}` in the files{explain(module.cls, cls, 'the files')}"
+                f"`{cls}` in the files{explain(module.cls, cls, 'what they came from')}"
             )
         theirs = saved.get("static", {})
         if not isinstance(theirs, dict):
