@@ -30,6 +30,7 @@ from ._restore.restore import RecordedLeaf as RecordedLeaf
 from ._restore.rules import shardings_from_rules as shardings_from_rules
 from ._restore.select import KeptLeavesWarning as KeptLeavesWarning
 from ._restore.select import RestoreReport as RestoreReport
+from ._restore.vanished import CheckpointDeletedError as CheckpointDeletedError
 from ._save.claim import ConcurrentSaveError as ConcurrentSaveError
 from ._tools.verify import DamagedLeaf as DamagedLeaf
 from ._tools.verify import VerifyReport as VerifyReport

@@ -37,7 +37,7 @@ def find_item(directory: str | os.PathLike) -> epath.Path:
     """The item directory at `directory`: itself, or the one item of a step."""
     path = as_path(directory)
     if not path.exists():
-        raise CheckpointNotFoundError(f"{path} does not exist.")
+        raise CheckpointNotFoundError(f"{path} does not exist.{_other_steps(path)}")
     if not path.is_dir():
         raise CheckpointNotFoundError(
             f"{path} is a file; pass the directory of a checkpoint."
@@ -66,4 +66,28 @@ def find_item(directory: str | os.PathLike) -> epath.Path:
     raise CheckpointNotFoundError(
         f"{path} holds no orbax_eqx checkpoint (no {FILE_NAME} in it or in its "
         "subdirectories)."
+    )
+
+
+def _other_steps(path: epath.Path) -> str:
+    """For a missing step (`<root>/99` or `<root>/99/<item>`) of a manager root:
+    the steps there are."""
+    if "://" in os.fspath(path):
+        return ""
+    root, rest = path.parent, ()
+    if not root.exists():  # perhaps `<root>/99/<item>`
+        root, rest = root.parent, (path.name,)
+    try:
+        steps = steps_in(root) if root.is_dir() else []
+    except OSError:  # unreadable: then the error says no more than before
+        return ""
+    if not steps:
+        return ""
+    shown = "steps " + ", ".join(str(s) for s, _ in steps[-10:])
+    if len(steps) > 10:
+        shown = f"{len(steps)} steps, the newest {shown}"
+    latest = steps[-1][1].joinpath(*rest)
+    return (
+        f" {root} holds {shown}; the latest is {steps[-1][0]}. Pass a step that "
+        f"is there, such as {latest}."
     )

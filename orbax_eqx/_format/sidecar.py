@@ -145,6 +145,7 @@ class LeafMetadata:
     crc32: int | None = None  # packed leaves' checksum (see `_checksum`)
     sum32: int | None = None  # Orbax-stored leaves' checksum
     sharding: str | None = None  # shard-pack leaves: the saved sharding, as text
+    key: str | None = None  # Orbax-stored leaves' storage key (`_names`)
 
     def describe(self) -> str:
         if self.kind == ARRAY:

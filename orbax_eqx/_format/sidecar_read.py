@@ -13,7 +13,7 @@ from typing import Any
 from etils import epath
 
 from .._errors import SidecarError, permission_denied
-from .._tree.names import storage_key
+from .._tree.names import old_storage_key, storage_key
 from .._tree.values import scalar_type
 from .._tree.walk import ARRAY, SCALAR, ModuleInfo, parse_dtype
 from .sidecar import (
@@ -179,8 +179,12 @@ def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
     dtype, cont, data = rec.get("dtype"), rec.get("container"), rec.get("data")
     if not isinstance(dtype, str) or cont not in CONTAINERS:
         raise bad(f"leaf {name!r} has no valid dtype or container")
-    if data == STORED and rec.get("key") != storage_key(name):
-        # On-disk keys are always derived from names, never read from the file.
+    if data == STORED and rec.get("key") not in (
+        storage_key(name),
+        old_storage_key(name),
+    ):
+        # On-disk keys are always derived from names, never read from the file:
+        # the file only says which of the two derivations its saver used.
         raise bad(
             f"leaf {name!r} has storage key {rec.get('key')!r}, expected "
             f"{storage_key(name)!r}"
@@ -212,6 +216,7 @@ def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
         crc32=sums["crc32"] if data == PACKED else None,
         sum32=sums["sum32"] if data == STORED else None,
         sharding=str(rec["sharding"]) if data == SHARDS and "sharding" in rec else None,
+        key=rec["key"] if data == STORED else None,
     )
 
 

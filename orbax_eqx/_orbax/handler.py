@@ -17,6 +17,7 @@ from .._format import sidecar_read as _sidecar_read
 from .._restore.renames import Renames
 from .._restore.restore import restore_flat, restore_tree
 from .._restore.select import check_options
+from .._restore.vanished import noticed
 from .._save import background as _background
 from .._save import claim as _claim
 from .._save.hosts import check_global
@@ -233,10 +234,11 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         """Restores into `args.skeleton`, or into a flat `{name: value}` dict."""
         if args is None:
             args = EqxRestore(item)
-        saved = _sidecar_read.read(epath.Path(directory))
-        if args.skeleton is None:
-            return restore_flat(self._inner, directory, saved, verify=args.verify)
-        return restore_tree(self._inner, directory, saved, args)
+        with noticed(directory):  # says so if the step is deleted meanwhile
+            saved = _sidecar_read.read(epath.Path(directory))
+            if args.skeleton is None:
+                return restore_flat(self._inner, directory, saved, verify=args.verify)
+            return restore_tree(self._inner, directory, saved, args)
 
     def metadata(self, directory: epath.Path) -> _sidecar.Metadata:
         """What the sidecar records: every leaf, module and static field."""

@@ -15,6 +15,7 @@ from .._tree.values import SCALAR_TYPES, describe, encode, scalar_type
 from .._tree.walk import (
     ARRAY,
     CALLABLE,
+    JAX,
     OBJECT,
     SCALAR,
     SHARED,
@@ -22,6 +23,8 @@ from .._tree.walk import (
     Walked,
     is_key_dtype,
 )
+from . import wide
+from .classes import explain
 from .select import suggest_prefix
 
 StaticPolicy = Literal["error", "warn"]
@@ -36,6 +39,17 @@ _FIX_INSPECT = (
     "If you changed hyperparameters, rebuild the skeleton with the saved ones "
     "(see `python -m orbax_eqx inspect {where}`)."
 )
+_FIX_KIND = (
+    "Give each such skeleton leaf the kind the checkpoint holds there: a Python "
+    "value of the saved type for a Python value (any value: the saved one is "
+    "restored), an array of the saved shape and dtype for an array (see `python -m "
+    "orbax_eqx inspect {where}`)."
+)
+_FIX_KEY = (
+    "PRNG keys are never cast: build those skeleton leaves with the saved key "
+    'type, e.g. `jax.random.key(0, impl="rbg")` for key<rbg> (key<fry> is the '
+    "default, threefry2x32)."
+)
 _FIX_NONE = (
     "The skeleton has None where the checkpoint has arrays: a skeleton needs each "
     "array's shape and dtype. Pass the whole model, or "
@@ -46,8 +60,10 @@ _FIX_CAST = (
     "To cast arrays to the skeleton's dtypes, pass `EqxRestore(..., cast=True)`."
 )
 _FIX_STATIC = (
-    'To restore anyway, pass `EqxRestore(..., on_static_mismatch="warn")`: '
-    "the skeleton's static fields, callables and classes are kept."
+    "To restore into the skeleton as it is (the same class under another module "
+    "name, a deliberate change of a static field or callable), pass "
+    '`EqxRestore(..., on_static_mismatch="warn")`: the skeleton\'s classes, static '
+    "fields and callables are kept."
 )
 _FIX_STRICT = (
     "To leave out checkpoint leaves that the skeleton lacks, pass "
@@ -70,6 +86,10 @@ _FIX_ABSTRACT = (
     "skeleton as concrete arrays (e.g. with a real key instead of "
     "`eqx.filter_eval_shape`), or map a checkpoint leaf to them with `renames=`."
 )
+# Fixes of differences that only a new skeleton mends: while one of those is
+# listed, no option makes the restore work, so `on_static_mismatch="warn"` is
+# not offered.
+_REBUILD = (_FIX_INSPECT, _FIX_KIND, _FIX_KEY, _FIX_NONE)
 
 
 def check(
@@ -87,6 +107,9 @@ def check(
     `saved.leaves` and `saved.modules` are keyed by the name `target(skeleton
     name)` (`_select.Selection`). Returns the skeleton leaves to keep as they
     are: those that the checkpoint lacks, with `missing="keep"`.
+
+    Each fix offered is one that works: `on_static_mismatch="warn"` only when
+    no difference that needs a new skeleton (a shape, a kind) is listed.
     """
     target = target or _same
     errors: list[str] = []
@@ -97,6 +120,7 @@ def check(
         if text not in fixes:
             fixes.append(text)
 
+    rebuild = False  # whether only a new skeleton mends some difference
     names = set()
     kept: list[Leaf] = []
     absent: list[Leaf] = []
@@ -116,6 +140,7 @@ def check(
                     'value to keep with `missing="keep"`.'
                 )
                 fix(_FIX_ABSTRACT)
+                rebuild = True
             else:
                 errors.append(
                     f"Leaf `{leaf.path_str}` is in the skeleton but not in the "
@@ -124,14 +149,17 @@ def check(
                 absent.append(leaf)
                 fix(_FIX_MISSING)
             continue
-        problem, fixer = _compare_leaf(leaf, record, cast)
+        problem, fixers = _compare_leaf(leaf, record, cast)
         if problem is None:
             continue
-        if fixer is _FIX_STATIC:
+        if _FIX_STATIC in fixers:
             statics.append(problem)
         else:
             errors.append(problem)
-            fix(fixer)
+            rebuild = rebuild or any(text in _REBUILD for text in fixers)
+        for text in fixers:
+            if text is not _FIX_STATIC:
+                fix(text)
     if strict:
         unexpected = [(n, r) for n, r in saved.leaves.items() if n not in names]
         for name, record in unexpected:
@@ -156,7 +184,7 @@ def check(
         if module.cls != other.cls:
             statics.append(
                 f"Module `{module.path}` is `{module.cls}` in the skeleton "
-                f"but `{other.cls}` in the checkpoint."
+                f"but `{other.cls}` in the checkpoint{explain(module.cls, other.cls)}."
             )
         for field in sorted(set(module.static) | set(other.static)):
             mine = _describe_field(module.static, field)
@@ -166,16 +194,17 @@ def check(
                     f"Static field `{field}` of module `{module.path}` is "
                     f"{mine} in the skeleton but {theirs} in the checkpoint."
                 )
-    if statics:
-        fix(_FIX_INSPECT)
-        if on_static_mismatch == "warn":
+                fix(_FIX_INSPECT)
+    if statics and on_static_mismatch == "warn":
+        if not errors:  # else nothing is restored, and the errors say why
             warnings.warn(
                 _message(statics, saved.directory, [], "restoring anyway"),
                 StaticMismatchWarning,
                 stacklevel=4,
             )
-        else:
-            errors.extend(statics)
+    elif statics:
+        errors.extend(statics)
+        if not rebuild:
             fix(_FIX_STATIC)
     if errors:
         fixes = [f.format(where=saved.directory) for f in fixes]
@@ -205,7 +234,7 @@ def _describe_field(static: dict, field: str) -> str:
 
 
 def _compare_leaf(leaf: Leaf, record, cast: bool):
-    """One leaf against its record: (problem or None, the fix to suggest)."""
+    """One leaf against its record: (problem or None, the fixes to suggest)."""
     where = f"Leaf `{leaf.path_str}`"
     if record.name != leaf.name:  # found through `prefix=` or `renames=`
         where += f" (checkpoint leaf `{record.name}`)"
@@ -216,7 +245,7 @@ def _compare_leaf(leaf: Leaf, record, cast: bool):
         return (
             f"{where} is {_describe_mine(leaf)} in the skeleton but "
             f"{record.describe()} in the checkpoint.",
-            _FIX_NONE if none else _FIX_INSPECT,
+            (_FIX_NONE,) if none else (_FIX_KIND,),
         )
     if leaf.kind == ARRAY:
         shape = tuple(leaf.value.shape)
@@ -224,19 +253,34 @@ def _compare_leaf(leaf: Leaf, record, cast: bool):
             return (
                 f"{where} has shape {shape} in the skeleton but {record.shape} "
                 "in the checkpoint.",
-                _FIX_INSPECT,
+                (_FIX_INSPECT,),
             )
         dtype = str(leaf.value.dtype)
         if dtype != record.dtype:
             keys = is_key_dtype(leaf.value.dtype) or record.dtype.startswith("key<")
-            if cast and not keys:
-                return None, None
+            if keys:
+                return (
+                    f"{where} has dtype {dtype} in the skeleton but {record.dtype} "
+                    "in the checkpoint.",
+                    (_FIX_KEY,),
+                )
+            if wide.wanted_container(leaf.value, record) is None:
+                return _too_wide(where, dtype, record)
+            if cast:
+                return None, ()
+            theirs, fixers = record.dtype, (_FIX_CAST,)
+            if wide.narrowed_stand_in(leaf.value.dtype, record.dtype):
+                fixers = (_FIX_CAST, wide.FIX_EVAL_SHAPE)
+                if record.container != JAX:  # else only x64 restores it as it was
+                    theirs = f"{record.dtype} (a numpy array)"
             return (
-                f"{where} has dtype {dtype} in the skeleton but {record.dtype} "
-                "in the checkpoint.",
-                _FIX_INSPECT if keys else _FIX_CAST,
+                f"{where} has dtype {dtype} in the skeleton but {theirs} in the "
+                "checkpoint.",
+                fixers,
             )
-        return None, None
+        if wide.wanted_container(leaf.value, record) is None:
+            return _too_wide(where, dtype, record)
+        return None, ()
     if leaf.kind == SCALAR:
         mine = SCALAR_TYPES[type(leaf.value)]
         theirs = scalar_type(record.value)
@@ -244,18 +288,34 @@ def _compare_leaf(leaf: Leaf, record, cast: bool):
             return (
                 f"{where} is a Python {mine} in the skeleton but a Python "
                 f"{theirs} in the checkpoint.",
-                _FIX_INSPECT,
+                (_FIX_KIND,),
             )
-        return None, None
+        return None, ()
     if leaf.kind in (CALLABLE, OBJECT):
         mine = encode(leaf.value)
         if mine != record.value:
+            moved = ""
+            if isinstance(mine, dict) and isinstance(record.value, dict):
+                a, b = mine.get("callable"), record.value.get("callable")
+                if isinstance(a, str) and isinstance(b, str):
+                    moved = explain(a, b)
             return (
                 f"{where} is {leaf.kind} {describe(mine)} in the skeleton but "
-                f"{describe(record.value)} in the checkpoint.",
-                _FIX_STATIC,
+                f"{describe(record.value)} in the checkpoint{moved}.",
+                (_FIX_STATIC,) if moved else (_FIX_STATIC, _FIX_INSPECT),
             )
-    return None, None
+    return None, ()
+
+
+def _too_wide(where: str, dtype: str, record):
+    """A skeleton leaf that asks for a 64-bit jax array while x64 is off."""
+    saved = "a jax" if record.container == JAX else "a numpy"
+    return (
+        f"{where} is a {dtype} jax.ShapeDtypeStruct in the skeleton, and {saved} "
+        f"{record.dtype} array in the checkpoint, but JAX makes no {dtype} "
+        "arrays while `jax_enable_x64` is off (it would narrow them).",
+        (wide.FIX,),
+    )
 
 
 def _describe_mine(leaf: Leaf) -> str:

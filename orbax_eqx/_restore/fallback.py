@@ -1,4 +1,4 @@
-"""Restoring "the latest" when the newest steps are damaged."""
+"""Restoring "the latest" when the newest steps are damaged, or deleted meanwhile."""
 
 import warnings
 from typing import Any, NamedTuple
@@ -6,6 +6,12 @@ from typing import Any, NamedTuple
 import orbax.checkpoint as ocp
 
 from .._errors import CheckpointMismatchError, CheckpointNotFoundError, bullet_list
+from .vanished import CheckpointDeletedError
+
+# Steps deleted under a restore that are followed by a new listing, at most: a
+# manager that deletes steps faster than they can be read would otherwise keep
+# this going forever. After that, the steps listed last are tried in turn.
+MAX_DELETED = 10
 
 
 class FallbackWarning(UserWarning):
@@ -22,9 +28,12 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
 
     A step whose files were deleted, truncated or corrupted after it was saved
     raises when restored; this skips it, warns with a `FallbackWarning` that
-    names it and why, and tries the next older step. A skeleton that does not
-    match (`CheckpointMismatchError`) is the caller's to fix, so it is raised
-    at once rather than skipped.
+    names it and why, and tries the next older step. A step that a manager
+    deletes while it is being restored (`max_to_keep`, perhaps in another
+    process) is no damage: the manager's list of steps is read again
+    (`manager.reload()`) and the newest step now there is restored. A skeleton
+    that does not match (`CheckpointMismatchError`) is the caller's to fix, so
+    it is raised at once rather than skipped.
 
     **Arguments:**
 
@@ -40,19 +49,28 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
         step, model = oeqx.restore_latest(mngr, oeqx.EqxRestore(skeleton))
         ```
     """
-    steps = sorted(manager.all_steps(), reverse=True)
-    if not steps:
-        raise CheckpointNotFoundError(
-            f"{manager.directory} holds no finished step to restore."
-        )
-    failures = []
-    for step in steps:
+    steps = list(manager.all_steps())
+    failures: list[str] = []  # of damaged steps, for the warning
+    damaged: set[int] = set()
+    deleted: list[int] = []
+    while True:
+        left = sorted(set(steps) - damaged, reverse=True)
+        if not left:
+            break
+        step = left[0]
         try:
             item = manager.restore(step, args=args)
         except CheckpointMismatchError:
             raise
         except Exception as e:  # any damage: missing, truncated, unreadable
+            if len(deleted) < MAX_DELETED:
+                steps = _reread(manager, steps)
+                if step not in steps or isinstance(e, CheckpointDeletedError):
+                    deleted.append(step)  # not damage: gone; try what is there now
+                    steps = [s for s in steps if s != step]  # (if half deleted)
+                    continue
             failures.append(f"step {step}: {type(e).__name__}: {_first_line(e)}")
+            damaged.add(step)
             continue
         if failures:
             warnings.warn(
@@ -62,11 +80,42 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
                 stacklevel=2,
             )
         return RestoredStep(step, item)
+    if not failures:
+        gone = ""
+        if deleted:
+            were = "was" if len(deleted) == 1 else "were"
+            gone = f" ({_steps(deleted)} {were} deleted meanwhile)"
+        raise CheckpointNotFoundError(
+            f"{manager.directory} holds no finished step to restore{gone}."
+        )
+    why = "The checkpoints are damaged; check the storage, or start afresh."
+    if len(deleted) >= MAX_DELETED:
+        why = (
+            f"Steps were deleted as fast as they were read ({_steps(deleted)} "
+            "first): restore while the manager that saves is idle, or have it keep "
+            "more steps (`max_to_keep`)."
+        )
     raise CheckpointNotFoundError(
         f"No step of {manager.directory} could be restored:\n"
         + bullet_list(failures)
-        + "\nThe checkpoints are damaged; check the storage, or start afresh."
+        + f"\n{why}"
     )
+
+
+def _reread(manager: ocp.CheckpointManager, steps: list[int]) -> list[int]:
+    """The manager's steps, read from storage again (its cache may be stale)."""
+    try:
+        manager.reload()
+    except Exception:  # a step deleted while it was listed: once more
+        try:
+            manager.reload()
+        except Exception:
+            return steps
+    return list(manager.all_steps())
+
+
+def _steps(steps: list[int]) -> str:
+    return ("step " if len(steps) == 1 else "steps ") + ", ".join(map(str, steps))
 
 
 def _first_line(e: BaseException) -> str:

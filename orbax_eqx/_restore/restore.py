@@ -26,7 +26,6 @@ from .._tree.walk import (
     JAX,
     NUMPY_SCALAR,
     SCALAR,
-    container,
     is_key_dtype,
     key_data_struct,
     key_impl,
@@ -36,6 +35,7 @@ from .._tree.walk import (
 from .check import check
 from .select import select, warn_kept
 from .shardings import resolve
+from .wide import flat_container, wanted_container
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,10 +88,11 @@ def restore_tree(inner, directory, saved: Metadata, args) -> Any:
     for leaf in walked.leaves:
         if leaf.kind == ARRAY and leaf.name not in kept_names:
             x = leaf.value
+            record = view.leaves[selection.target(leaf.name)]
             requests[leaf.name] = _Request(
-                view.leaves[selection.target(leaf.name)],
+                record,
                 x.dtype,
-                container(x),
+                wanted_container(x, record),  # never narrows a 64-bit array
                 shardings.get(leaf.name),
             )
     # The full sidecar, not the view: aliases name their source by its saved name.
@@ -137,7 +138,7 @@ def restore_flat(
         name: _Request(
             record,
             parse_dtype(record.dtype),
-            record.container,
+            flat_container(record),  # 64-bit arrays as numpy while x64 is off
             device,
         )
         for name, record in saved.leaves.items()

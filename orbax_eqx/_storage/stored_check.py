@@ -28,7 +28,6 @@ from .._errors import (
     permission_denied,
 )
 from .._format.sidecar import LeafMetadata
-from .._tree.names import storage_key
 from .._tree.walk import is_key_dtype, key_data_struct, parse_dtype
 
 _ZARR2 = ".zarray"
@@ -53,7 +52,7 @@ def check_stored(
         an array in the store outside it is an error too.
     """
     store = _open(directory)
-    keys = [storage_key(r.name) for r in records]
+    keys = [r.key for r in records]
     found = _read_all(store, [f"{k}/{_ZARR2}" for k in keys], directory)
     if any(v is None for v in found):  # Zarr v3 (`use_zarr3=True`), or missing
         v3 = _read_all(store, [f"{k}/{_ZARR3}" for k in keys], directory)

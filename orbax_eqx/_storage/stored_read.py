@@ -17,7 +17,6 @@ import orbax.checkpoint as ocp
 
 from .._errors import CheckpointDamagedError, inline_list
 from .._format.sidecar import STORED, Metadata, arrays_dir
-from .._tree.names import storage_key
 from .._tree.walk import JAX, parse_dtype
 from .checksum import damaged, host_sum32, mismatch
 from .shards import gather
@@ -27,7 +26,7 @@ from .stored_check import check_stored, first_line, permission_error
 def read(inner, directory, saved: Metadata, requests: dict, *, verify: bool):
     """Reads the Orbax-stored leaves `{name: request}` of the checkpoint in
     `directory` (see `_restore._Request`); returns `{name: array}`."""
-    listed = {storage_key(r.name) for r in saved.leaves.values() if r.data == STORED}
+    listed = {r.key for r in saved.leaves.values() if r.data == STORED}
     store = arrays_dir(directory, saved.token)
     check_stored(store, [r.record for r in requests.values()], listed)
     loaded = _orbax_read(inner, store, requests)
@@ -40,7 +39,7 @@ def _orbax_read(inner, directory, to_read: dict) -> dict[str, Any]:
     item, restore_args = {}, {}
     for name, request in to_read.items():
         record = request.record
-        key = storage_key(name)  # derived from the name, never read from the file
+        key = record.key  # derived from the name (see `_sidecar_read`)
         cast = None if _same_dtype(record.dtype, request.dtype) else request.dtype
         if request.container == JAX:
             item[key] = jax.ShapeDtypeStruct(
@@ -71,7 +70,7 @@ def _orbax_read(inner, directory, to_read: dict) -> dict[str, Any]:
         _drop_tracebacks(e)  # they hold the reads Orbax abandoned
         error.__cause__ = e  # the whole of Orbax's message, for --debug
     else:
-        return {name: restored[storage_key(name)] for name in to_read}
+        return {name: restored[r.record.key] for name, r in to_read.items()}
     _collect_quietly()
     raise error
 

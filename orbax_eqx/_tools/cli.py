@@ -92,8 +92,8 @@ Tensors are matched to leaves by name, or through --rename (as for export,
 from tensor names to leaf names). Everything is checked before any tensor is
 read: every array leaf needs a tensor of its shape and dtype (--cast casts to
 the skeleton's dtypes), and every tensor must fill a leaf (--allow-unused
-leaves the others out). Files written by export carry the saved static fields,
-checked against the skeleton's (--ignore-static keeps the skeleton's), and
+leaves the others out). Files written by export carry the saved static fields and
+classes, checked against the skeleton's (--ignore-static keeps the skeleton's), and
 Python leaves, which are restored from them; otherwise Python leaves, static
 fields and callables are the skeleton's.
 
@@ -274,7 +274,8 @@ def _parser() -> argparse.ArgumentParser:
     import_.add_argument(
         "--ignore-static",
         action="store_true",
-        help="keep the skeleton's static fields where the files record others",
+        help="keep the skeleton's static fields and classes where the files "
+        "record others",
     )
     import_.add_argument(
         "--overwrite", action="store_true", help="replace a checkpoint at OUT"

@@ -22,6 +22,7 @@ import numpy as np
 from .._errors import OrbaxEqxError, inline_list
 from .._format.locate import as_path
 from .._orbax.api import save
+from .._restore.classes import explain
 from .._restore.rename_map import RenameMap, identity
 from .._tree.values import SCALAR_TYPES, decode_scalar, describe, scalar_type
 from .._tree.walk import (
@@ -78,8 +79,8 @@ def import_(
     - `renames`: a `RenameMap` from tensor names to leaf names.
     - `cast`: cast tensors to the skeleton's dtypes where they differ.
     - `allow_unused`: let tensors that fill no leaf be left out.
-    - `ignore_static`: keep the skeleton's static fields where the files (from
-        `export`) record others.
+    - `ignore_static`: keep the skeleton's static fields and classes where the
+        files (from `export`) record others.
     - `progress`: where to draw a progress bar (only if it is a terminal).
 
     **Returns:** an `Imported`.
@@ -274,6 +275,12 @@ def _static_problems(walked, saved_modules: dict) -> list[str]:
         saved = saved_modules.get(name)
         if not isinstance(saved, dict):
             continue
+        cls = saved.get("class")  # checked as `restore` checks it
+        if isinstance(cls, str) and cls != module.cls:
+            problems.append(
+                f"module `{module.path}` is `{module.cls}` in the skeleton but "
+                f"`{cls}` in the files{explain(module.cls, cls, 'what they came from')}"
+            )
         theirs = saved.get("static", {})
         if not isinstance(theirs, dict):
             continue

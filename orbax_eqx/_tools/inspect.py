@@ -19,7 +19,6 @@ from etils import epath
 from .._format.locate import as_path, find_item, is_item, items_in, steps_in
 from .._format.sidecar import ALIAS, PACKED, SHARDS, STORED, Metadata, arrays_dir
 from .._format.sidecar_read import read
-from .._tree.names import storage_key
 from .._tree.values import describe
 from .._tree.walk import ARRAY, JAX
 from .tree_view import type_text, value_text
@@ -147,11 +146,9 @@ def saved_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
         return packed
     result = packed
     for name, leaf in saved.leaves.items():
-        source = leaf.alias_of if leaf.data == ALIAS else name
-        if leaf.data in (STORED, ALIAS):
-            text = _sharding_text(
-                getattr(tree.get(storage_key(source)), "sharding", None)
-            )
+        source = saved.leaves[leaf.alias_of] if leaf.data == ALIAS else leaf
+        if leaf.data in (STORED, ALIAS) and source.key is not None:
+            text = _sharding_text(getattr(tree.get(source.key), "sharding", None))
             if text:
                 result[name] = text
     return result

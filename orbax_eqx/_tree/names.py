@@ -5,8 +5,11 @@ Dict keys that contain `.` or `\\` are escaped, and string keys that would read
 like an integer key are marked, so that two different paths never share a name.
 
 A *storage key* is what Orbax stores the array under. It is the leaf name
-itself when that name is short and made of safe characters, which is almost
-always; otherwise it is a sanitised prefix plus a hash of the full name.
+itself when that name is short, made of safe characters and not a name Orbax
+gives its own files, which is almost always; otherwise it is a sanitised prefix
+plus a hash of the full name. Before names of Orbax's files were avoided, the
+same rule without that condition gave the key (`old_storage_key`); a
+checkpoint's sidecar records which of the two it used.
 """
 
 import hashlib
@@ -22,6 +25,35 @@ MAX_STORAGE_KEY = 120
 _INT_LIKE = re.compile(r"-?[0-9]+")
 _SAFE_KEY = re.compile(r"[A-Za-z0-9_\-][A-Za-z0-9_.\-]*")
 _UNSAFE_CHAR = re.compile(r"[^A-Za-z0-9_.\-]")
+# What Orbax and TensorStore name their own files and directories beside the
+# stored arrays (orbax-checkpoint 0.12: `PYTREE_METADATA_FILE`, the sharding
+# file, the array metadata store, the legacy msgpack `checkpoint`, OCDBT's
+# manifest, data and per-process directories, the step's metadata and commit
+# files, TensorStore's lock files), and our sidecar. With `use_ocdbt=False`
+# each stored array is a directory named by its storage key, so a leaf named
+# `_METADATA` would meet Orbax's file of that name. Compared ignoring case, for
+# file systems that do.
+_ORBAX_FILES = frozenset(
+    name.casefold()
+    for name in (
+        "_METADATA",
+        "_sharding",
+        "array_metadatas",
+        "checkpoint",
+        "manifest.ocdbt",
+        "d",
+        "descriptor",
+        "_CHECKPOINT_METADATA",
+        "_ROOT_METADATA",
+        "metadata",
+        "commit_success.txt",
+        "zarr.json",
+        "orbax_eqx.json",
+    )
+)
+_ORBAX_PATTERNS = re.compile(
+    r"ocdbt\.process_.*|.*\.__lock|.*\.orbax-checkpoint-tmp", re.IGNORECASE
+)
 
 
 def escape_part(text: str) -> str:
@@ -66,9 +98,33 @@ def join(parts: list[str] | tuple[str, ...]) -> str:
 
 def storage_key(name: str) -> str:
     """The key Orbax stores a leaf under: the name, or a safe, short stand-in."""
+    if (
+        len(name) <= MAX_STORAGE_KEY
+        and _SAFE_KEY.fullmatch(name)
+        and not _is_orbax_file(name)
+    ):
+        return name
+    return _stand_in(name)
+
+
+def old_storage_key(name: str) -> str:
+    """The key orbax_eqx stored a leaf under before it avoided Orbax's file names.
+
+    Only names of Orbax's files got another key since, and only with OCDBT
+    (the default) did such a leaf save and restore.
+    """
     if len(name) <= MAX_STORAGE_KEY and _SAFE_KEY.fullmatch(name):
         return name
+    return _stand_in(name)
+
+
+def _is_orbax_file(name: str) -> bool:
+    return name.casefold() in _ORBAX_FILES or bool(_ORBAX_PATTERNS.fullmatch(name))
+
+
+def _stand_in(name: str) -> str:
     digest = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
-    # `~` never appears in a safe name, so stand-ins cannot collide with names.
+    # `~` never appears in a safe name, so stand-ins cannot collide with names,
+    # nor with Orbax's files.
     prefix = _UNSAFE_CHAR.sub("_", name)[: MAX_STORAGE_KEY - 17]
     return f"{prefix}~{digest}"

@@ -4,8 +4,10 @@ Both save and restore walk their tree (the item, or the skeleton) the same
 way, so the same model always yields the same names.
 """
 
+import ast
 import dataclasses
 import functools
+import re
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -55,6 +57,9 @@ class Walked:
     leaves: list[Leaf]
     treedef: Any
     modules: dict[str, ModuleInfo]  # module name -> info
+    # Leaf name -> the name orbax_eqx gave it before `eqx.nn.State` entries were
+    # named relative to their State, where the two differ (see `_Namer`).
+    old_names: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def display_path(path: str) -> str:
@@ -160,17 +165,22 @@ def walk(tree: Any) -> Walked:
     states: dict[tuple, tuple] = {}
     _collect_nodes(tree, (), modules, states)
     name_of = _Namer(states, modules)
-    leaves = [
-        Leaf(path, name_of(path), leaf_kind(value), value)
-        for path, value in path_leaves
-    ]
+    leaves = []
+    old_names = {}  # only for leaves in a State
+    for path, value in path_leaves:
+        name = name_of(path)
+        leaves.append(Leaf(path, name, leaf_kind(value), value))
+        if states and name_of.crossed_state:
+            old = name_of(path, old=True)
+            if old != name:
+                old_names[name] = old
     infos = {
         name_of(path): ModuleInfo(
             display_path(jtu.keystr(path)), _class_name(type(m)), _static_fields(m)
         )
         for path, m in modules
     }
-    return Walked(leaves, treedef, infos)
+    return Walked(leaves, treedef, infos, old_names)
 
 
 # What a node's type says about it. Decided once per type: `isinstance` on an
@@ -260,38 +270,97 @@ def _static_fields(module: eqx.Module) -> dict[str, Any]:
 class _Namer:
     """Turns key paths into leaf names.
 
-    Entries of an `eqx.nn.State` are named after the `StateIndex` that owns
-    them (`state.model.bn.state_index.0`), not by their position.
+    An `eqx.nn.State` entry is named after the layer that owns it, by its path
+    relative to the model that `eqx.nn.make_with_state` made, which is what
+    the entry's marker records (`BNModel.bn.state_index` names the entry
+    `bn.state_index`): the same wherever the State is, alone or beside its
+    model, so a State saved in one tree restores alone. Markers that are not
+    such paths (a State made without `make_with_state`), or paths that would
+    give two entries one name, fall back to the names orbax_eqx gave before
+    (`old=True`): the owner's full name in the tree if the owner is there,
+    else the marker as one escaped part, else the entry's position.
     """
 
     def __init__(self, states: dict[tuple, tuple], modules: list):
         self._states = states
+        self.crossed_state = False  # whether the last path named went through one
         owners = {}
         if states:
             for path, m in modules:
                 if isinstance(m, eqx.nn.StateIndex):
                     owners.setdefault(_hashable(m.marker), path)
         self._owners = owners
+        self._relative = {path: _relative_parts(m) for path, m in states.items()}
 
-    def __call__(self, path: tuple) -> str:
+    def __call__(self, path: tuple, old: bool = False) -> str:
         if not self._states:
             return join([key_part(entry) for entry in path])
-        parts = []
+        parts, crossed = [], False
         for i, entry in enumerate(path):
-            markers = self._states.get(path[:i]) if self._states else None
-            if markers is not None and isinstance(entry, jtu.FlattenedIndexKey):
-                parts.append(self._state_part(markers[entry.key], entry.key))
-            else:
+            markers = self._states.get(path[:i])
+            if markers is None or not isinstance(entry, jtu.FlattenedIndexKey):
                 parts.append(key_part(entry))
+                continue
+            crossed = True
+            if not old and self._relative[path[:i]] is not None:
+                parts.extend(self._relative[path[:i]][entry.key])
+            else:
+                parts.append(self._old_part(markers[entry.key], entry.key, old))
+        self.crossed_state = crossed  # (after `_old_part`, which names an owner)
         return join(parts)
 
-    def _state_part(self, marker: Any, index: int) -> str:
+    def _old_part(self, marker: Any, index: int, old: bool) -> str:
         owner = self._owners.get(_hashable(marker))
-        if owner is not None:
-            return self(owner)
+        if owner is not None and (old or not isinstance(marker, str)):
+            return self(owner, old)
         if isinstance(marker, str):
             return key_part(jtu.DictKey(marker))
         return str(index)
+
+
+# One step of a key path as `jtu.keystr` prints it: `.name`, `[3]`, `['key']`.
+_KEY_STEP = re.compile(
+    r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(-?[0-9]+)\]"
+    r"|\[('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")\]"
+)
+
+
+def _relative_parts(markers: tuple) -> list[list[str]] | None:
+    """Each entry's name parts from its marker, or None if some marker is not a
+    path `eqx.nn.make_with_state` wrote or two entries would share a name."""
+    found = []
+    for marker in markers:
+        parts = _marker_parts(marker) if isinstance(marker, str) else None
+        if parts is None:
+            return None
+        found.append(parts)
+    # Injective: no entry's name is another's, or a prefix of another's.
+    ordered = sorted(tuple(p) for p in found)
+    for a, b in zip(ordered, ordered[1:]):
+        if b[: len(a)] == a:
+            return None
+    return found
+
+
+def _marker_parts(marker: str) -> list[str] | None:
+    """`BNModel.bn.state_index` -> [`bn`, `state_index`]: the class name that
+    `make_with_state` puts first dropped, the key path's steps named as a
+    walk names them."""
+    start = re.match(r"[^.\[]*", marker).end()
+    parts, at = [], start
+    while at < len(marker):
+        step = _KEY_STEP.match(marker, at)
+        if step is None:
+            return None
+        attr, index, key = step.groups()
+        if attr is not None:
+            parts.append(attr)
+        elif index is not None:
+            parts.append(str(int(index)))
+        else:
+            parts.append(key_part(jtu.DictKey(ast.literal_eval(key))))
+        at = step.end()
+    return parts or None
 
 
 def _hashable(marker: Any) -> Any:
