@@ -63,6 +63,12 @@ def save(
     owner = _leftovers.new_owner()  # with several processes: after the tidy
     _replace.check_target(path, overwrite)
     _check_writable(path)
+    with _leftovers.saving(owner):
+        _save_beside(path, args, owner, overwrite, primary, options)
+
+
+def _save_beside(path, args, owner, overwrite, primary, options) -> None:
+    """Saves beside `path` and swaps the new checkpoint in."""
     new = _leftovers.beside(path, owner, _leftovers.NEW)
     try:
         with ocp.Checkpointer(EqxHandler(**options)) as checkpointer:

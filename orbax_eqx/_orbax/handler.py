@@ -203,8 +203,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         """Saves and waits until every write is done."""
 
         async def save_and_wait():
-            for f in await self.async_save(directory, item, args):
-                f.result()
+            _background.wait_all(await self.async_save(directory, item, args))
 
         _run_sync(save_and_wait())
 

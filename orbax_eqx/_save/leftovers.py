@@ -10,13 +10,15 @@ the save that owns them:
 
 A save killed part way leaves them behind. A later save to the same target
 deletes those of owners that are dead: on this host (by its name), with no
-process of that pid. It never deletes a live save's, nor one from another
-host, whose liveness it cannot see. If the target is missing and an `old` is
-there, a crash came between the two renames of a swap: the `old` is renamed
-back (by a save or a restore). If its owner still runs, it is mid-swap; it
-gets a moment to finish first (`SWAP_WAIT_S`).
+process of that pid, or saves of this very process that ended. It never
+deletes a live save's, nor one from another host, whose liveness it cannot
+see. If the target is missing and an `old` is there, a crash came between the
+two renames of a swap: the `old` is renamed back (by a save or a restore). If
+its owner still runs, it is mid-swap; it gets a moment to finish first
+(`SWAP_WAIT_S`).
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -25,6 +27,7 @@ import secrets
 import shutil
 import socket
 import time
+from collections.abc import Iterator
 
 import jax
 import numpy as np
@@ -62,6 +65,8 @@ class Owner:
         """Whether the owner still runs; None if it is on another host."""
         if self.host != HOST:
             return None
+        if self.pid == os.getpid():  # this process: a save of it under way?
+            return self.token in _SAVING
         try:
             os.kill(self.pid, 0)
         except ProcessLookupError:
@@ -73,6 +78,21 @@ class Owner:
                 return f.read().rsplit(b")", 1)[1].split()[0] not in (b"Z", b"X")
         except (OSError, IndexError):
             return True
+
+
+# The tokens of this process's saves under way (threads may save at once).
+_SAVING: set[str] = set()
+
+
+@contextlib.contextmanager
+def saving(owner: Owner) -> Iterator[None]:
+    """Marks `owner`'s save as under way in this process: what it leaves
+    beside its target is deleted by later saves only once the block ends."""
+    _SAVING.add(owner.token)
+    try:
+        yield
+    finally:
+        _SAVING.discard(owner.token)
 
 
 def new_owner() -> Owner:

@@ -26,11 +26,12 @@ import ctypes
 import errno
 import functools
 import os
+import time
 
 from etils import epath
 
 from .._errors import OrbaxEqxError
-from .._format.locate import is_item, items_in
+from .._format.locate import is_item, items_in, steps_in
 from .._format.sidecar import FILE_NAME
 from . import leftovers as _leftovers
 from .claim import ConcurrentSaveError
@@ -74,21 +75,46 @@ def _not_a_checkpoint(path: epath.Path) -> str | None:
         return "a file"
     if is_item(path) or items_in(path):
         return None
+    steps = steps_in(path)
+    if steps:
+        numbers = ", ".join(str(step) for step, _ in steps[-10:])
+        return f"a CheckpointManager root (steps {numbers})"
     names = sorted(p.name for p in path.iterdir())
     if not names:
         return None
     shown = ", ".join(names[:3]) + (
         f" and {len(names) - 3} more" if len(names) > 3 else ""
     )
-    return f"a directory of other files ({shown}; no {FILE_NAME} in it or below)"
+    return (
+        f"a directory of other files ({shown}; no {FILE_NAME} in it or its "
+        "subdirectories)"
+    )
 
 
-def publish(new: epath.Path, path: epath.Path, owner, overwrite: bool) -> None:
+def publish(
+    new: epath.Path,
+    path: epath.Path,
+    owner: _leftovers.Owner,
+    overwrite: bool,
+    *,
+    exchange: bool = True,
+) -> None:
     """Puts the committed checkpoint `new` at `path` (see the module docstring).
 
+    **Arguments:**
+
+    - `new`: the new checkpoint, committed beside `path`.
+    - `path`: where it goes.
+    - `owner`: the save's owner, which names the replaced one while it is
+        deleted.
+    - `overwrite`: whether a checkpoint at `path` is replaced; else one put
+        there meanwhile is kept.
+    - `exchange`: exchange the two names in one call where the system can;
+        False always swaps with two renames (as elsewhere; for tests).
+
     Raises `ConcurrentSaveError` if another save put its checkpoint at `path`
-    meanwhile (where that can be seen); `new` is then left for the caller to
-    remove, and `path` holds the other save's checkpoint, whole.
+    meanwhile where that shows; `new` is then left for the caller to remove,
+    and `path` holds the other save's checkpoint, whole.
     """
     if not overwrite or not _lexists(path):
         _rename_into_place(new, path, overwrite)
@@ -102,7 +128,7 @@ def publish(new: epath.Path, path: epath.Path, owner, overwrite: bool) -> None:
         )
     old = _leftovers.beside(path, owner, _leftovers.OLD)
     try:
-        exchanged = _exchange(new, path)
+        exchanged = exchange and _exchange(new, path)
     except FileNotFoundError:  # another save is swapping it: path is missing
         _rename_into_place(new, path, overwrite)
         return
@@ -151,13 +177,24 @@ def _lost(path: epath.Path, what: str) -> ConcurrentSaveError:
     )
 
 
+# After an error, Orbax stops waiting for the array writes it had started, but
+# TensorStore goes on with them and makes their directories again: a failed
+# save's directory is deleted until it stays gone this long (at most 50 times).
+_QUIET_S = 0.2
+
+
 def discard(new: epath.Path) -> None:
     """Removes the new checkpoint of a save that failed, and Orbax's temporary
     directory of it."""
     if "://" in os.fspath(new):
         return
-    _leftovers.remove(new.parent / (new.name + _leftovers.ORBAX_TMP))
-    _leftovers.remove(new)
+    paths = [new.parent / (new.name + _leftovers.ORBAX_TMP), new]
+    for _ in range(50):
+        for path in paths:
+            _leftovers.remove(path)
+        time.sleep(_QUIET_S)
+        if not any(os.path.lexists(os.fspath(p)) for p in paths):
+            return
 
 
 def _lexists(path: epath.Path) -> bool:
