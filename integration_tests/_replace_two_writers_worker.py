@@ -5,10 +5,12 @@ the same moments.
 
 Trial `i` saves `item(WHO)` to BASE/trial-<i>/ckpt with `oeqx.save`, with
 `overwrite=True` in even trials (the test put a checkpoint there first) and
-without in odd ones, starting at wall-clock START_AT + i * PERIOD plus a
-delay of 0 to 60 ms drawn from SEED (the same draws in both writers: one of
-them gets the delay). Writes what happened in each trial to
-BASE/outcome-<WHO>.json: {"ok": true}, or the error's type and message.
+without in odd ones; trials 2 and 3 of every 4 swap with two renames, as where
+the kernel cannot exchange two names in one call. Trial `i` starts at
+wall-clock START_AT + i * PERIOD plus a delay of 0 to 60 ms drawn from SEED
+(the same draws in both writers: one of them gets the delay). Writes what
+happened in each trial to BASE/outcome-<WHO>.json: {"ok": true}, or the
+error's type and message.
 """
 
 import json
@@ -29,7 +31,9 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import orbax_eqx as oeqx  # noqa: E402
+from orbax_eqx._save import replace  # noqa: E402
 
+EXCHANGE = replace._renameat2
 WHO = int(args.who)
 BASE = Path(args.base)
 
@@ -60,6 +64,7 @@ def main() -> None:
         at = float(args.start_at) + trial * float(args.period) + delays[WHO]
         time.sleep(max(0.0, at - time.time()))
         path = BASE / f"trial-{trial}" / "ckpt"
+        replace._renameat2 = EXCHANGE if trial % 4 < 2 else lambda: None
         try:
             oeqx.save(path, tree, overwrite=trial % 2 == 0)
             outcome = {"ok": True}

@@ -67,7 +67,17 @@ def check_target(path: epath.Path, overwrite: bool) -> None:
 
 
 def _not_a_checkpoint(path: epath.Path) -> str | None:
-    """What is at `path` if it is no checkpoint (or empty directory), else None."""
+    """What is at `path` if it is no checkpoint (or empty directory), else None
+    (also if nothing is there: another save may be swapping it)."""
+    try:
+        return _what_else(path)
+    except FileNotFoundError:
+        return None
+
+
+def _what_else(path: epath.Path) -> str | None:
+    if not _lexists(path):
+        return None
     local = "://" not in os.fspath(path)
     if local and os.path.islink(os.fspath(path)):
         return f"a symbolic link (to {os.readlink(os.fspath(path))})"
