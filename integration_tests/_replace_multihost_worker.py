@@ -23,7 +23,6 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import orbax_eqx as oeqx  # noqa: E402
-from orbax_eqx._save.replace import NotACheckpointError  # noqa: E402
 
 BASE = Path(args.base)
 MESH = jax.make_mesh((jax.device_count(),), ("x",))
@@ -67,7 +66,7 @@ def main() -> None:
     oeqx.save(BASE / "sync", {"w": jax.device_put(jnp.ones(2), ALL)})  # a barrier
     try:
         oeqx.save(user, item(3), overwrite=True)
-    except NotACheckpointError:
+    except oeqx.NotACheckpointError:
         pass
     else:
         raise AssertionError("user files replaced")

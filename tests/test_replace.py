@@ -33,7 +33,7 @@ from orbax_eqx._save.leftovers import (
     new_owner,
     saving,
 )
-from orbax_eqx._save.replace import NotACheckpointError, publish
+from orbax_eqx._save.replace import publish
 from orbax_eqx._tools.cli import main
 from orbax_eqx._tools.importing import ImportMismatchError, import_
 
@@ -194,11 +194,11 @@ def test_overwrite_refuses_what_is_not_a_checkpoint(tmp_path, make):
     path = tmp_path / "target"
     found = make(tmp_path, path)
     before = _listing(tmp_path)
-    with pytest.raises(NotACheckpointError, match=_refusal(path, found)):
+    with pytest.raises(oeqx.NotACheckpointError, match=_refusal(path, found)):
         oeqx.save(path, _item(1), overwrite=True)
     assert _listing(tmp_path) == before
     assert isinstance(
-        NotACheckpointError("x"), (oeqx.CheckpointExistsError, FileExistsError)
+        oeqx.NotACheckpointError("x"), (oeqx.CheckpointExistsError, FileExistsError)
     )
 
 
