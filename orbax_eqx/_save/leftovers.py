@@ -42,7 +42,7 @@ SWAP_WAIT_S = 2.0
 _LONGEST_STEM = 120
 _FIELDS = re.compile(
     r"(?P<kind>new|old)-(?P<token>[0-9a-f]{8})-(?P<pid>[0-9]{1,10})-"
-    r"(?P<host>[A-Za-z0-9-]{1,32})(?P<orbax>\.orbax-checkpoint-tmp.*)?"
+    r"(?P<host>[A-Za-z0-9-]{1,32})(\.orbax-checkpoint-tmp.*)?"
 )
 
 
@@ -130,13 +130,12 @@ def _prefix(target: epath.Path) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Leftover:
-    """A directory beside a target: its path, kind (`NEW`/`OLD`), owner, and
-    whether it is Orbax's temporary directory of a `NEW`."""
+    """A directory beside a target: its path, kind (`NEW`, also for Orbax's
+    temporary directory of one, or `OLD`) and owner."""
 
     path: epath.Path
     kind: str
     owner: Owner
-    orbax: bool
 
 
 def leftovers(target: epath.Path) -> list[Leftover]:
@@ -152,7 +151,7 @@ def leftovers(target: epath.Path) -> list[Leftover]:
         if match:
             owner = Owner(match["token"], int(match["pid"]), match["host"])
             path = target.parent / name
-            found.append(Leftover(path, match["kind"], owner, bool(match["orbax"])))
+            found.append(Leftover(path, match["kind"], owner))
     return sorted(found, key=lambda x: _changed(x.path))
 
 

@@ -127,7 +127,7 @@ def publish(
     and `path` holds the other save's checkpoint, whole.
     """
     if not overwrite or not _lexists(path):
-        _rename_into_place(new, path, overwrite)
+        _rename_into_place(new, path)
         return
     found = _not_a_checkpoint(path)
     if found is not None:  # put there while this save ran
@@ -140,7 +140,7 @@ def publish(
     try:
         exchanged = exchange and _exchange(new, path)
     except FileNotFoundError:  # another save is swapping it: path is missing
-        _rename_into_place(new, path, overwrite)
+        _rename_into_place(new, path)
         return
     if exchanged:
         try:  # `new` names the old checkpoint now: named as what it is
@@ -151,7 +151,7 @@ def publish(
         try:
             os.rename(os.fspath(path), os.fspath(old))
         except FileNotFoundError:  # another save moved it away just now
-            _rename_into_place(new, path, overwrite)
+            _rename_into_place(new, path)
             return
         try:
             os.rename(os.fspath(new), os.fspath(path))
@@ -167,7 +167,7 @@ def publish(
     _leftovers.remove(old)
 
 
-def _rename_into_place(new: epath.Path, path: epath.Path, overwrite: bool) -> None:
+def _rename_into_place(new: epath.Path, path: epath.Path) -> None:
     """`new` -> `path`, where `path` is missing (or an empty directory)."""
     try:
         os.rename(os.fspath(new), os.fspath(path))
