@@ -133,6 +133,24 @@ def test_a_checkpoint_another_save_put_there_meanwhile_is_kept(tmp_path):
     _assert_holds(path, 2)
 
 
+def test_user_files_put_at_the_path_while_a_save_ran_are_kept(tmp_path):
+    path = tmp_path / "ckpt"
+    owner = new_owner()
+    new = beside(path, owner, NEW)
+    oeqx.save(new, _item(1))
+    path.mkdir()  # after the save checked the path, before it swaps
+    (path / "notes.txt").write_text("mine")
+    with pytest.raises(
+        oeqx.NotACheckpointError,
+        match=rf"Cannot replace {path}: while this save ran it became a directory "
+        r"of other files \(notes\.txt; no orbax_eqx\.json in it or its "
+        r"subdirectories\); nothing was changed\. Choose another directory, or "
+        r"move or delete it yourself if it is not needed\.",
+    ):
+        publish(new, path, owner, overwrite=True)
+    assert os.listdir(path) == ["notes.txt"]
+
+
 def _user_files(tmp_path, path):
     path.mkdir()
     (path / "notes.txt").write_text("mine")
