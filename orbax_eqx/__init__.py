@@ -12,6 +12,7 @@ from ._errors import UnsupportedLeafError as UnsupportedLeafError
 from ._format.sidecar import LeafMetadata as LeafMetadata
 from ._format.sidecar import Metadata as Metadata
 from ._orbax.api import CheckpointExistsError as CheckpointExistsError
+from ._orbax.api import NotACheckpointError as NotACheckpointError
 from ._orbax.api import NotWritableError as NotWritableError
 from ._orbax.api import metadata as metadata
 from ._orbax.api import restore as restore

@@ -3,17 +3,20 @@
 import os
 from typing import Any
 
+import jax
+import numpy as np
 import orbax.checkpoint as ocp
 
 from .._errors import OrbaxEqxError
 from .._format.locate import as_path, find_item
 from .._format.sidecar import Metadata
 from .._format.sidecar_read import read
+from .._save import leftovers as _leftovers
+from .._save import replace as _replace
+from .._save.claim import ConcurrentSaveError
+from .._save.replace import CheckpointExistsError as CheckpointExistsError
+from .._save.replace import NotACheckpointError as NotACheckpointError
 from .handler import EqxHandler, EqxRestore, EqxSave
-
-
-class CheckpointExistsError(OrbaxEqxError, FileExistsError):
-    """`save` was asked to write where a checkpoint already is."""
 
 
 class NotWritableError(OrbaxEqxError, PermissionError):
@@ -30,8 +33,15 @@ def save(
     - `directory`: where to save; relative paths are fine. Must not exist
         unless `overwrite=True`.
     - `item`: any PyTree of Equinox modules, arrays and Python values.
-    - `overwrite`: replace an existing checkpoint at `directory`.
+    - `overwrite`: replace an existing checkpoint at `directory`, atomically:
+        the new one is written beside it and swapped in, so that at every
+        instant `directory` holds the old checkpoint or the new one, whole;
+        a save that fails leaves the old one. Only a checkpoint (or an empty
+        directory) is replaced: anything else is a `CheckpointExistsError`.
     - `**options`: passed to `EqxHandler` (`use_ocdbt=`, `use_compression=`...).
+
+    A save killed part way leaves its temporary directories beside
+    `directory` (`.<name>.oeqx-*`); the next save to `directory` deletes them.
 
     !!! example
 
@@ -41,14 +51,58 @@ def save(
         ```
     """
     path = as_path(directory)
-    if path.exists() and not overwrite:
-        raise CheckpointExistsError(
-            f"{path} already exists. Pass `overwrite=True` to replace it, or "
-            "choose another directory."
-        )
+    args = EqxSave(item)  # checks the item before anything is touched
+    if "://" in os.fspath(path):  # object stores have no atomic rename
+        _replace.check_target(path, overwrite)
+        with ocp.Checkpointer(EqxHandler(**options)) as checkpointer:
+            checkpointer.save(path, args=args, force=overwrite)
+        return
+    primary = jax.process_index() == 0
+    if primary:
+        _leftovers.tidy(path)
+    owner = _leftovers.new_owner()  # with several processes: after the tidy
+    _replace.check_target(path, overwrite)
     _check_writable(path)
-    with ocp.Checkpointer(EqxHandler(**options)) as checkpointer:
-        checkpointer.save(path, args=EqxSave(item), force=overwrite)
+    with _leftovers.saving(owner):
+        _save_beside(path, args, owner, overwrite, primary, options)
+
+
+def _save_beside(path, args, owner, overwrite, primary, options) -> None:
+    """Saves beside `path` and swaps the new checkpoint in."""
+    new = _leftovers.beside(path, owner, _leftovers.NEW)
+    try:
+        with ocp.Checkpointer(EqxHandler(**options)) as checkpointer:
+            checkpointer.save(new, args=args)
+    except BaseException as e:
+        if primary:
+            _replace.discard(new)
+        e.add_note(
+            f"orbax_eqx: this save did not change {path}; its temporary files "
+            "were removed."
+        )
+        raise
+    failed = None
+    if primary:
+        try:
+            _replace.publish(new, path, owner, overwrite)
+        except BaseException as e:
+            _replace.discard(new)
+            failed = e
+    if not _all_agree(failed is None):
+        raise failed or ConcurrentSaveError(
+            f"Process 0 could not put the new checkpoint in place at {path} (its "
+            "error says why); this save did not change it."
+        )
+
+
+def _all_agree(ok: bool) -> bool:
+    """Process 0's `ok`, in every process (a collective if there are several)."""
+    if jax.process_count() == 1:
+        return ok
+    from jax.experimental import multihost_utils
+
+    flag = np.asarray([int(ok)], np.int32)
+    return bool(np.asarray(multihost_utils.broadcast_one_to_all(flag))[0])
 
 
 def _check_writable(path) -> None:
@@ -79,7 +133,7 @@ def restore(directory: str | os.PathLike, skeleton: Any = None, **options) -> An
 
     **Returns:** the restored PyTree; with `report=True`, `(tree, RestoreReport)`.
     """
-    path = find_item(directory)
+    path = find_item(_leftovers.recover(as_path(directory)))
     handler = EqxHandler()
     try:
         return handler.restore(path, args=EqxRestore(skeleton, **options))
@@ -89,4 +143,4 @@ def restore(directory: str | os.PathLike, skeleton: Any = None, **options) -> An
 
 def metadata(directory: str | os.PathLike) -> Metadata:
     """Reads what a checkpoint holds (leaves, modules, static fields), no array data."""
-    return read(find_item(directory))
+    return read(find_item(_leftovers.recover(as_path(directory))))

@@ -20,6 +20,7 @@ from .._restore.select import check_options
 from .._restore.vanished import noticed
 from .._save import background as _background
 from .._save import claim as _claim
+from .._save import released as _released
 from .._save.hosts import check_global
 from .._save.prepare import check_has_data, prepare
 from .._storage import packing as _packing
@@ -152,16 +153,19 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         futures = []
         where = _background.target(directory)  # named by errors of the writes
         if prepared.stored:
-            inner = await self._inner.async_save(
-                _sidecar.arrays_dir(directory, token),
-                args=ocp.args.PyTreeSave(prepared.stored),
+            inner = await _released.run(
+                self._inner.async_save(
+                    _sidecar.arrays_dir(directory, token),
+                    args=ocp.args.PyTreeSave(prepared.stored),
+                ),
+                name="orbax_eqx_arrays",
             )
             explain = functools.partial(_claim.explain, started)
             futures.extend(
                 _background.NotedFuture(f, where, explain) for f in inner or []
             )
         futures.append(
-            ocp.future.CommitFutureAwaitingContractedSignals(
+            _released.commit_future(
                 _background.noted_coroutine(
                     self._write_files(directory, prepared, started), where
                 ),
@@ -220,8 +224,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         """Saves and waits until every write is done."""
 
         async def save_and_wait():
-            for f in await self.async_save(directory, item, args):
-                f.result()
+            _background.wait_all(await self.async_save(directory, item, args))
 
         _run_sync(save_and_wait())
 

@@ -94,3 +94,19 @@ class NotedFuture:
     def cancel(self) -> bool | None:
         cancel = getattr(self._future, "cancel", None)
         return cancel() if cancel is not None else None
+
+
+def wait_all(futures: list[Any]) -> None:
+    """Waits for every future, then raises the first error, if any.
+
+    A save that fails must not return while other writes of it go on: they
+    would write into a directory its caller then deletes.
+    """
+    first = None
+    for f in futures:
+        try:
+            f.result()
+        except Exception as e:
+            first = first or e
+    if first is not None:
+        raise first

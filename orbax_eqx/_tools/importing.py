@@ -24,6 +24,8 @@ from .._format.locate import as_path
 from .._orbax.api import save
 from .._restore.classes import explain
 from .._restore.rename_map import RenameMap, identity
+from .._save.leftovers import recover
+from .._save.replace import check_target
 from .._tree.values import SCALAR_TYPES, decode_scalar, describe, scalar_type
 from .._tree.walk import (
     ARRAY,
@@ -75,6 +77,8 @@ def import_(
     - `source`: a `.safetensors` file, or a directory holding them (with a
         `model.safetensors.index.json`, or without one: every file is read).
     - `out`: where to save the checkpoint; must not exist unless `overwrite`.
+    - `overwrite`: replace a checkpoint at `out`, atomically (as
+        `orbax_eqx.save` does); anything else there is refused.
     - `skeleton`: the PyTree to fill, as for `orbax_eqx.restore`.
     - `renames`: a `RenameMap` from tensor names to leaf names.
     - `cast`: cast tensors to the skeleton's dtypes where they differ.
@@ -86,11 +90,14 @@ def import_(
     **Returns:** an `Imported`.
     """
     out_path = as_path(out)
+    recover(out_path)  # an earlier save killed mid-swap: its checkpoint counts
     if out_path.exists() and not overwrite:
         raise ImportMismatchError(
             f"{out_path} already exists. Pass --overwrite to replace it, or choose "
             "another output."
         )
+    if overwrite:  # refuses a file or a directory of other files, before any read
+        check_target(out_path, overwrite)
     headers = _headers(os.fspath(source))
     tensors = {name: (h, t) for h in headers for name, t in h.tensors.items()}
     new_names = (renames or identity()).apply(list(tensors))

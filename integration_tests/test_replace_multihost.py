@@ -1,0 +1,19 @@
+"""Standalone saves in a multi-host run: every process calls `oeqx.save`, the
+new checkpoint is written beside the old by all of them and swapped in by
+process 0, and every process returns (or fails) with the same outcome."""
+
+from . import _procs
+
+
+def test_overwrite_of_global_arrays_by_two_processes(tmp_path):
+    texts = _procs.run(
+        "_replace_multihost_worker.py",
+        "overwrite",
+        tmp_path / "base",
+        processes=2,
+        devices=2,
+        log_dir=tmp_path / "logs",
+        timeout=180,
+    )
+    for text in texts:
+        assert text.rstrip().endswith("ok"), text

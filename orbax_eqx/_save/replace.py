@@ -1,0 +1,265 @@
+"""Replacing a standalone checkpoint whole: never a moment without one.
+
+`oeqx.save(path, item, overwrite=True)` writes the new checkpoint beside the
+old one (a `leftovers.NEW` directory, committed there by Orbax), then swaps it
+in:
+
+- where the kernel can exchange two names at once (Linux's `renameat2` with
+  `RENAME_EXCHANGE`: ext4, xfs, btrfs, tmpfs...), one call exchanges the new
+  and the old: `path` names the old checkpoint, then the new one, never
+  nothing. The old one, now under the new one's name, is renamed to its
+  `leftovers.OLD` name and deleted.
+- elsewhere: `path` -> `OLD`, `NEW` -> `path`, then `OLD` is deleted. Between
+  the two renames `path` is missing. A restore that finds it missing with an
+  `OLD` beside it waits for the swap to end (`leftovers.SWAP_WAIT_S`), and
+  after a crash renames the `OLD` back (`leftovers.recover`).
+
+Killed at any instant, a save leaves `path` holding the old checkpoint or the
+new one, whole (the new one only once Orbax committed it beside); the next
+save to `path` deletes what the dead save left beside it (`leftovers.tidy`).
+
+It only ever replaces a checkpoint: a file, a link, or a directory of other
+files at `path` is refused before anything is written (`check_target`).
+"""
+
+import ctypes
+import errno
+import functools
+import os
+import time
+
+from etils import epath
+
+from .._errors import OrbaxEqxError
+from .._format.locate import is_item, items_in, steps_in
+from .._format.sidecar import FILE_NAME
+from . import leftovers as _leftovers
+from .claim import ConcurrentSaveError
+
+
+class CheckpointExistsError(OrbaxEqxError, FileExistsError):
+    """`save` was asked to write where a checkpoint already is."""
+
+
+class NotACheckpointError(CheckpointExistsError):
+    """`save(..., overwrite=True)` was asked to replace something that is not
+    an orbax_eqx checkpoint (a file, a link, a directory of other files)."""
+
+
+def check_target(path: epath.Path, overwrite: bool) -> None:
+    """Raises unless a save may write `path`: missing, or a checkpoint (or an
+    empty directory) when `overwrite`."""
+    if not _lexists(path):
+        return
+    if not overwrite:
+        raise CheckpointExistsError(
+            f"{path} already exists. Pass `overwrite=True` to replace it, or "
+            "choose another directory."
+        )
+    found = _not_a_checkpoint(path)
+    if found is not None:
+        raise NotACheckpointError(
+            f"Cannot replace {path}: it is {found}, not an orbax_eqx checkpoint, "
+            "and overwriting replaces only checkpoints; nothing was changed. "
+            "Choose another directory, or move or delete it yourself if it is "
+            "not needed."
+        )
+
+
+def _not_a_checkpoint(path: epath.Path) -> str | None:
+    """What is at `path` if it is no checkpoint (or empty directory), else None
+    (also if nothing is there: another save may be swapping it)."""
+    try:
+        return _what_else(path)
+    except FileNotFoundError:
+        return None
+
+
+def _what_else(path: epath.Path) -> str | None:
+    if not _lexists(path):
+        return None
+    local = "://" not in os.fspath(path)
+    if local and os.path.islink(os.fspath(path)):
+        return f"a symbolic link (to {os.readlink(os.fspath(path))})"
+    if not path.is_dir():
+        return "a file"
+    if is_item(path) or items_in(path):
+        return None
+    steps = steps_in(path)
+    if steps:
+        numbers = ", ".join(str(step) for step, _ in steps[-10:])
+        return f"a CheckpointManager root (steps {numbers})"
+    names = sorted(p.name for p in path.iterdir())
+    if not names:
+        return None
+    shown = ", ".join(names[:3]) + (
+        f" and {len(names) - 3} more" if len(names) > 3 else ""
+    )
+    return (
+        f"a directory of other files ({shown}; no {FILE_NAME} in it or its "
+        "subdirectories)"
+    )
+
+
+def publish(
+    new: epath.Path,
+    path: epath.Path,
+    owner: _leftovers.Owner,
+    overwrite: bool,
+    *,
+    exchange: bool = True,
+) -> None:
+    """Puts the committed checkpoint `new` at `path` (see the module docstring).
+
+    **Arguments:**
+
+    - `new`: the new checkpoint, committed beside `path`.
+    - `path`: where it goes.
+    - `owner`: the save's owner, which names the replaced one while it is
+        deleted.
+    - `overwrite`: whether a checkpoint at `path` is replaced; else one put
+        there meanwhile is kept.
+    - `exchange`: exchange the two names in one call where the system can;
+        False always swaps with two renames (as elsewhere; for tests).
+
+    Raises `ConcurrentSaveError` if another save put its checkpoint at `path`
+    meanwhile where that shows; `new` is then left for the caller to remove,
+    and `path` holds the other save's checkpoint, whole.
+    """
+    if not overwrite or not _lexists(path):
+        _rename_into_place(new, path)
+        return
+    found = _not_a_checkpoint(path)
+    if found is not None:  # put there while this save ran
+        raise NotACheckpointError(
+            f"Cannot replace {path}: while this save ran it became {found}; "
+            "nothing was changed. Choose another directory, or move or delete "
+            "it yourself if it is not needed."
+        )
+    old = _leftovers.beside(path, owner, _leftovers.OLD)
+    try:
+        exchanged = exchange and _exchange(new, path)
+    except FileNotFoundError:  # another save is swapping it: path is missing
+        _rename_into_place(new, path)
+        return
+    if exchanged:
+        try:  # `new` names the old checkpoint now: named as what it is
+            os.rename(os.fspath(new), os.fspath(old))
+        except OSError:
+            old = new
+    else:
+        try:
+            os.rename(os.fspath(path), os.fspath(old))
+        except FileNotFoundError:  # another save moved it away just now
+            _rename_into_place(new, path)
+            return
+        try:
+            os.rename(os.fspath(new), os.fspath(path))
+        except OSError as e:
+            if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                os.rename(os.fspath(old), os.fspath(path))  # put the old one back
+                raise
+            _leftovers.remove(old)  # replaced already by the other save's
+            raise _lost(
+                path, "put its checkpoint there between this save's two renames"
+            ) from None
+    _sync_directory(path.parent)
+    _leftovers.remove(old)
+
+
+def _rename_into_place(new: epath.Path, path: epath.Path) -> None:
+    """`new` -> `path`, where `path` is missing (or an empty directory)."""
+    try:
+        os.rename(os.fspath(new), os.fspath(path))
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+            raise
+        raise _lost(path, "saved a checkpoint there while this one ran") from None
+    _sync_directory(path.parent)
+
+
+def _lost(path: epath.Path, what: str) -> ConcurrentSaveError:
+    return ConcurrentSaveError(
+        f"Another save to {path} {what}, so this save was not put in its place "
+        "and its files were removed; the other save's checkpoint is kept whole. "
+        "Two processes are saving to one path: give each its own, or save one "
+        "after the other."
+    )
+
+
+# After an error, Orbax stops waiting for the array writes it had started, but
+# TensorStore goes on with them and makes their directories again: a failed
+# save's directory is deleted until it stays gone this long (at most 50 times).
+_QUIET_S = 0.2
+
+
+def discard(new: epath.Path) -> None:
+    """Removes the new checkpoint of a save that failed, and Orbax's temporary
+    directory of it."""
+    if "://" in os.fspath(new):
+        return
+    paths = [new.parent / (new.name + _leftovers.ORBAX_TMP), new]
+    for _ in range(50):
+        for path in paths:
+            _leftovers.remove(path)
+        time.sleep(_QUIET_S)
+        if not any(os.path.lexists(os.fspath(p)) for p in paths):
+            return
+
+
+def _lexists(path: epath.Path) -> bool:
+    if "://" in os.fspath(path):
+        return path.exists()
+    return os.path.lexists(os.fspath(path))
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: epath.Path, b: epath.Path) -> bool:
+    """Exchanges the names `a` and `b` at once; False where the system cannot."""
+    renameat2 = _renameat2()
+    if renameat2 is None:
+        return False
+    result = renameat2(
+        _AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE
+    )
+    if result == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # not here
+        return False
+    raise OSError(code, os.strerror(code), os.fspath(a), None, os.fspath(b))
+
+
+@functools.cache
+def _renameat2():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function = libc.renameat2  # glibc 2.28 and later
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
+    function.restype = ctypes.c_int
+    return function
+
+
+def _sync_directory(directory: epath.Path) -> None:
+    """Makes the renames in `directory` durable (a power cut, not only a kill)."""
+    try:
+        fd = os.open(os.fspath(directory), os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot sync a directory
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,322 @@
+"""`save(..., overwrite=True)` and `import --overwrite` replace a checkpoint
+whole, or not at all, and replace nothing that is not a checkpoint.
+
+Crashes at every point of an overwrite, a full disk and two processes at once
+are in `integration_tests/test_replace_*.py`; here, single-process: failed
+saves, the states a crash leaves (made on disk as a crash leaves them), and
+what a later save or restore does with them.
+"""
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+from safetensors.numpy import save_file
+
+import orbax_eqx as oeqx
+from orbax_eqx._save.claim import ConcurrentSaveError
+from orbax_eqx._save.leftovers import (
+    HOST,
+    NEW,
+    OLD,
+    ORBAX_TMP,
+    SWAP_WAIT_S,
+    Owner,
+    beside,
+    new_owner,
+    saving,
+)
+from orbax_eqx._save.replace import publish
+from orbax_eqx._tools.cli import main
+from orbax_eqx._tools.importing import ImportMismatchError, import_
+
+
+def _item(seed: int) -> dict:
+    """Several leaves of every kind a save writes, different for every seed."""
+    key = jax.random.key(seed)
+    return {
+        "layers": [
+            jax.random.normal(jax.random.fold_in(key, i), (32, 16)) for i in range(4)
+        ],
+        "bias": np.arange(8, dtype=np.int32) + seed,
+        "half": jnp.full((5,), seed, jnp.bfloat16),
+        "step": seed,
+        "tag": f"seed-{seed}",
+    }
+
+
+def _assert_holds(path, seed: int) -> None:
+    """`path` restores to exactly `_item(seed)`, bit for bit."""
+    flat = oeqx.restore(path)
+    expected = {
+        **{f"layers.{i}": x for i, x in enumerate(_item(seed)["layers"])},
+        **{k: v for k, v in _item(seed).items() if k != "layers"},
+    }
+    assert set(flat) == set(expected)
+    for name, value in expected.items():
+        if isinstance(value, (int, str)):
+            assert flat[name] == value, name
+        else:
+            got, want = np.asarray(flat[name]), np.asarray(value)
+            assert got.dtype == want.dtype and got.shape == want.shape, name
+            assert got.tobytes() == want.tobytes(), name
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+BAD = {"bad": jnp.zeros(4, jnp.float8_e4m3)}  # Orbax's store refuses the dtype
+BAD_MESSAGE = r'Unsupported data type: "float8_e4m3"'
+
+
+def test_a_failed_overwrite_keeps_the_old_checkpoint_whole(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, _item(0))
+    with pytest.raises(
+        ValueError,
+        match=BAD_MESSAGE + r"[\s\S]*orbax_eqx: this save did not change "
+        rf"{path}; its temporary files were removed\.",
+    ):
+        oeqx.save(path, {**_item(1), **BAD}, overwrite=True, pack=False)
+    _assert_holds(path, 0)
+    assert os.listdir(tmp_path) == ["ckpt"]
+    # And the next overwrite goes through.
+    oeqx.save(path, _item(2), overwrite=True)
+    _assert_holds(path, 2)
+    assert os.listdir(tmp_path) == ["ckpt"]
+
+
+def test_a_failed_save_leaves_nothing_behind(tmp_path):
+    with pytest.raises(ValueError, match=BAD_MESSAGE):
+        oeqx.save(tmp_path / "ckpt", {**_item(1), **BAD}, pack=False)
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "two-renames"])
+def test_overwrite_swaps_in_the_new_checkpoint(tmp_path, exchange):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, _item(0))
+    owner = new_owner()
+    new = beside(path, owner, NEW)
+    oeqx.save(new, _item(1))  # as the save commits it, beside the old one
+    publish(new, path, owner, overwrite=True, exchange=exchange)
+    _assert_holds(path, 1)
+    assert os.listdir(tmp_path) == ["ckpt"]
+
+
+def test_a_checkpoint_another_save_put_there_meanwhile_is_kept(tmp_path):
+    path = tmp_path / "ckpt"
+    owner = new_owner()
+    new = beside(path, owner, NEW)
+    oeqx.save(new, _item(1))
+    with saving(owner):  # while this save runs, the other one saves
+        oeqx.save(path, _item(2))
+    with pytest.raises(
+        ConcurrentSaveError,
+        match=rf"Another save to {path} saved a checkpoint there while this one "
+        r"ran, so this save was not put in its place and its files were removed; "
+        r"the other save's checkpoint is kept whole\. Two processes are saving to "
+        r"one path: give each its own, or save one after the other\.",
+    ):
+        publish(new, path, owner, overwrite=False)
+    _assert_holds(path, 2)
+
+
+def test_user_files_put_at_the_path_while_a_save_ran_are_kept(tmp_path):
+    path = tmp_path / "ckpt"
+    owner = new_owner()
+    new = beside(path, owner, NEW)
+    oeqx.save(new, _item(1))
+    path.mkdir()  # after the save checked the path, before it swaps
+    (path / "notes.txt").write_text("mine")
+    with pytest.raises(
+        oeqx.NotACheckpointError,
+        match=rf"Cannot replace {path}: while this save ran it became a directory "
+        r"of other files \(notes\.txt; no orbax_eqx\.json in it or its "
+        r"subdirectories\); nothing was changed\. Choose another directory, or "
+        r"move or delete it yourself if it is not needed\.",
+    ):
+        publish(new, path, owner, overwrite=True)
+    assert os.listdir(path) == ["notes.txt"]
+
+
+def _user_files(tmp_path, path):
+    path.mkdir()
+    (path / "notes.txt").write_text("mine")
+    (path / "data").mkdir()
+    return (
+        r"a directory of other files \(data, notes\.txt; no orbax_eqx\.json in "
+        r"it or its subdirectories\)"
+    )
+
+
+def _a_file(tmp_path, path):
+    path.write_text("mine")
+    return r"a file"
+
+
+def _a_link(tmp_path, path):
+    oeqx.save(tmp_path / "real", _item(0))
+    path.symlink_to(tmp_path / "real")
+    return rf"a symbolic link \(to {tmp_path}/real\)"
+
+
+def _a_manager_root(tmp_path, path):
+    with ocp.CheckpointManager(path, item_handlers=oeqx.EqxHandler()) as mngr:
+        for step in (0, 1):
+            mngr.save(step, args=oeqx.EqxSave({"w": jnp.ones(2)}))
+        mngr.wait_until_finished()
+    return r"a CheckpointManager root \(steps 0, 1\)"
+
+
+NOT_CHECKPOINTS = {
+    "user-files": _user_files,
+    "file": _a_file,
+    "link": _a_link,
+    "manager-root": _a_manager_root,
+}
+
+
+def _listing(tmp_path):
+    return sorted(
+        (
+            os.path.relpath(os.path.join(d, f), tmp_path),
+            os.path.getsize(os.path.join(d, f)),
+        )
+        for d, _, files in os.walk(tmp_path)
+        for f in files
+    )
+
+
+def _refusal(path, found):
+    return (
+        rf"Cannot replace {path}: it is {found}, not an orbax_eqx checkpoint, and "
+        r"overwriting replaces only checkpoints; nothing was changed\. Choose "
+        r"another directory, or move or delete it yourself if it is not needed\."
+    )
+
+
+@pytest.mark.parametrize("make", NOT_CHECKPOINTS.values(), ids=NOT_CHECKPOINTS)
+def test_overwrite_refuses_what_is_not_a_checkpoint(tmp_path, make):
+    path = tmp_path / "target"
+    found = make(tmp_path, path)
+    before = _listing(tmp_path)
+    with pytest.raises(oeqx.NotACheckpointError, match=_refusal(path, found)):
+        oeqx.save(path, _item(1), overwrite=True)
+    assert _listing(tmp_path) == before
+    assert isinstance(
+        oeqx.NotACheckpointError("x"), (oeqx.CheckpointExistsError, FileExistsError)
+    )
+
+
+def test_a_save_deletes_what_dead_saves_left_beside_it_and_nothing_else(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, _item(0))
+    dead = Owner("0badc0de", _dead_pid(), HOST)
+    ended = Owner("0badf00d", os.getpid(), HOST)  # an earlier save of this process
+    live = Owner("0000beef", os.getpid(), HOST)  # a save under way (below)
+    elsewhere = Owner("12345678", 1, "another-host")  # cannot tell: kept
+    for owner in (dead, ended, live, elsewhere):
+        for made in (
+            beside(path, owner, NEW),
+            beside(path, owner, OLD),
+            path.parent / (beside(path, owner, NEW).name + ORBAX_TMP),
+        ):
+            made.mkdir()
+            (made / "orbax_eqx.json").write_text("{}")
+    (tmp_path / ".ckpt.notes").write_text("the user's")
+    kept = sorted(
+        n for n in os.listdir(tmp_path) if dead.token not in n and ended.token not in n
+    )
+    assert len(kept) == 2 * 3 + 2
+    with saving(live):
+        oeqx.save(path, _item(1), overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == kept
+    _assert_holds(path, 1)
+
+
+def _cut_swap(tmp_path, path, owner):
+    """The state a save killed between `path -> OLD` and `NEW -> path` leaves."""
+    oeqx.save(tmp_path / "a", _item(0))
+    os.rename(tmp_path / "a", beside(path, owner, OLD))
+    oeqx.save(tmp_path / "b", _item(1))
+    os.rename(tmp_path / "b", beside(path, owner, NEW))
+
+
+@pytest.mark.parametrize("by", ["restore", "metadata", "save", "overwrite"])
+def test_a_swap_cut_between_its_renames_is_undone(tmp_path, by):
+    path = tmp_path / "ckpt"
+    _cut_swap(tmp_path, path, Owner("0badc0de", _dead_pid(), HOST))
+    if by == "restore":
+        _assert_holds(path, 0)
+    elif by == "metadata":
+        assert oeqx.metadata(path).leaves["tag"].value == "seed-0"
+        _assert_holds(path, 0)
+    elif by == "save":
+        with pytest.raises(oeqx.CheckpointExistsError, match="already exists"):
+            oeqx.save(path, _item(2))
+        _assert_holds(path, 0)
+        assert os.listdir(tmp_path) == ["ckpt"]  # the dead save's NEW: deleted
+    else:
+        oeqx.save(path, _item(2), overwrite=True)
+        _assert_holds(path, 2)
+        assert os.listdir(tmp_path) == ["ckpt"]
+
+
+def test_a_restore_gives_a_live_save_a_moment_to_finish_its_swap(tmp_path):
+    # Its owner runs (this process), yet the swap never finishes: after the
+    # moment, the replaced checkpoint is put back all the same.
+    path = tmp_path / "ckpt"
+    live = Owner("0000beef", os.getpid(), HOST)
+    _cut_swap(tmp_path, path, live)
+    start = time.monotonic()
+    with saving(live):
+        _assert_holds(path, 0)
+    assert time.monotonic() - start >= SWAP_WAIT_S
+
+
+def _safetensors(tmp_path):
+    save_file({"w": np.arange(4, dtype=np.float32)}, tmp_path / "t.safetensors")
+    (tmp_path / "models.py").write_text(
+        "import jax, jax.numpy as jnp\n"
+        "def skeleton():\n"
+        "    return {'w': jax.ShapeDtypeStruct((4,), jnp.float32)}\n"
+    )
+    return str(tmp_path / "t.safetensors"), f"{tmp_path / 'models.py'}:skeleton"
+
+
+def test_import_overwrite_first_undoes_what_a_killed_one_left(tmp_path):
+    source, _ = _safetensors(tmp_path)
+    out = tmp_path / "out"
+    _cut_swap(tmp_path, out, Owner("0badc0de", _dead_pid(), HOST))
+    skeleton = {"w": jax.ShapeDtypeStruct((4,), jnp.float32)}
+    with pytest.raises(ImportMismatchError, match=rf"{out} already exists\. Pass --"):
+        import_(source, out, skeleton)  # the killed one's old checkpoint is back
+    import_(source, out, skeleton, overwrite=True)
+    np.testing.assert_array_equal(oeqx.restore(out)["w"], np.arange(4.0))
+    assert sorted(os.listdir(tmp_path)) == ["models.py", "out", "t.safetensors"]
+
+
+@pytest.mark.parametrize("make", [_user_files, _a_file], ids=["user-files", "file"])
+def test_import_overwrite_refuses_what_is_not_a_checkpoint(tmp_path, capsys, make):
+    source, skeleton = _safetensors(tmp_path)
+    out = tmp_path / "out"
+    found = make(tmp_path, out)
+    before = _listing(tmp_path)
+    code = main(["import", source, str(out), "--skeleton", skeleton, "--overwrite"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert re.fullmatch("orbax_eqx: error: " + _refusal(out, found) + "\n", err), err
+    assert _listing(tmp_path) == before
