@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import site
 import subprocess
 import sys
 
@@ -46,8 +47,35 @@ def step_dir(tmp_path):
     return tmp_path / "run" / "7"
 
 
+def _venv_in(directory):
+    """`directory/.venv`, a venv that sees this one's packages, as the README's
+    set-up makes (`python3 -m venv .venv`, then `.venv/bin/pip install ...`)."""
+    venv = directory / ".venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)],
+        check=True,
+        timeout=120,
+    )
+    (site_packages,) = venv.glob("lib/python*/site-packages")
+    (site_packages / "this_venv.pth").write_text(
+        "".join(
+            f"import site; site.addsitedir({p!r})\n" for p in site.getsitepackages()
+        )
+    )
+    return venv / "bin" / "python"
+
+
 def test_demo_then_inspect_root(tmp_path):
-    result = run_cli("demo", "--steps", "5", cwd=tmp_path)
+    # The README's set-up: the demo run by the venv's python, never activated.
+    python = _venv_in(tmp_path)
+    result = subprocess.run(
+        [str(python), "-m", "orbax_eqx", "demo", "--steps", "5"],
+        cwd=tmp_path,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     best = re.search(r"^Best step: (\d+), loss ([0-9.]+)\.$", result.stdout, re.M)
     assert best, result.stdout
@@ -57,11 +85,22 @@ def test_demo_then_inspect_root(tmp_path):
         rf"^Restored step {best.group(1)} .* \d+ leaves", result.stdout, re.M
     )
     assert "Checked: same loss as recorded" in result.stdout
-    assert "python -m orbax_eqx inspect demo_checkpoints" in result.stdout
     root = tmp_path / "demo_checkpoints"
     assert sorted(p.name for p in root.iterdir()) == sorted(kept)
 
-    result = run_cli("inspect", "demo_checkpoints", cwd=tmp_path)
+    # The last line is a command that works as printed, in a shell whose PATH
+    # knows nothing of the venv (a bare `python` there has no orbax_eqx).
+    last = result.stdout.splitlines()[-1]
+    assert last == "Next: .venv/bin/python -m orbax_eqx inspect demo_checkpoints"
+    result = subprocess.run(
+        last.removeprefix("Next: "),
+        shell=True,
+        cwd=tmp_path,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "PATH": os.defpath},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith(f"CheckpointManager root {root}: {len(kept)} step(s)\n")
