@@ -24,9 +24,10 @@ with its class and static fields; totals; and the versions that wrote it.
 
 The leaves are shown as a tree by module path: each module with its class,
 static fields and the bytes stored under it; each array with its dtype, shape,
-bytes and the sharding it was saved with (from Orbax's metadata, where it
-recorded one); each Python leaf with its value. --flat shows one row per leaf
-name instead.
+bytes, where its bytes are stored (the pack file, or Orbax's array store) and
+the sharding it was saved with ("unsharded" for packed arrays: one device or
+fully replicated; Orbax's record for arrays in its store); each Python leaf
+with its value. --flat shows one row per leaf name instead.
 
 PATH may be an item directory (it holds orbax_eqx.json), a step directory
 (every orbax_eqx item in it is shown), or a CheckpointManager root (its steps
