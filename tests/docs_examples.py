@@ -18,11 +18,13 @@ Run one page by hand: `python tests/docs_examples.py docs/guides/cli.md` (in
 an empty directory, as the tests do).
 """
 
+import atexit
 import difflib
 import doctest
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -128,6 +130,7 @@ def _python_dir() -> str:
     """A directory whose `python` runs this interpreter, for console commands."""
     if not _PYTHON_DIR:
         directory = tempfile.mkdtemp(prefix="docs-python-")
+        atexit.register(shutil.rmtree, directory, ignore_errors=True)
         script = os.path.join(directory, "python")
         with open(script, "w") as f:
             f.write(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
