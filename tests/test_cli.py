@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import site
 import subprocess
 import sys
 
@@ -46,8 +47,35 @@ def step_dir(tmp_path):
     return tmp_path / "run" / "7"
 
 
+def _venv_in(directory):
+    """`directory/.venv`, a venv that sees this one's packages, as the README's
+    set-up makes (`python3 -m venv .venv`, then `.venv/bin/pip install ...`)."""
+    venv = directory / ".venv"
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--without-pip", str(venv)],
+        check=True,
+        timeout=120,
+    )
+    (site_packages,) = venv.glob("lib/python*/site-packages")
+    (site_packages / "this_venv.pth").write_text(
+        "".join(
+            f"import site; site.addsitedir({p!r})\n" for p in site.getsitepackages()
+        )
+    )
+    return venv / "bin" / "python"
+
+
 def test_demo_then_inspect_root(tmp_path):
-    result = run_cli("demo", "--steps", "5", cwd=tmp_path)
+    # The README's set-up: the demo run by the venv's python, never activated.
+    python = _venv_in(tmp_path)
+    result = subprocess.run(
+        [str(python), "-m", "orbax_eqx", "demo", "--steps", "5"],
+        cwd=tmp_path,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     best = re.search(r"^Best step: (\d+), loss ([0-9.]+)\.$", result.stdout, re.M)
     assert best, result.stdout
@@ -57,11 +85,22 @@ def test_demo_then_inspect_root(tmp_path):
         rf"^Restored step {best.group(1)} .* \d+ leaves", result.stdout, re.M
     )
     assert "Checked: same loss as recorded" in result.stdout
-    assert "python -m orbax_eqx inspect demo_checkpoints" in result.stdout
     root = tmp_path / "demo_checkpoints"
     assert sorted(p.name for p in root.iterdir()) == sorted(kept)
 
-    result = run_cli("inspect", "demo_checkpoints", cwd=tmp_path)
+    # The last line is a command that works as printed, in a shell whose PATH
+    # knows nothing of the venv (a bare `python` there has no orbax_eqx).
+    last = result.stdout.splitlines()[-1]
+    assert last == "Next: .venv/bin/python -m orbax_eqx inspect demo_checkpoints"
+    result = subprocess.run(
+        last.removeprefix("Next: "),
+        shell=True,
+        cwd=tmp_path,
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "PATH": os.defpath},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert out.startswith(f"CheckpointManager root {root}: {len(kept)} step(s)\n")
@@ -79,7 +118,7 @@ def test_demo_then_inspect_root(tmp_path):
     assert re.search(
         r"^  model +Sequential +1\.5 KiB$\n^    layers +1\.5 KiB$\n"
         r"^      0 +Linear +1\.1 KiB +in_features=8, out_features=32, use_bias=True$\n"
-        r"^        weight +float32 +\(32, 8\) +1\.0 KiB +packed$",
+        r"^        weight +float32 +\(32, 8\) +1\.0 KiB +pack +unsharded$",
         out,
         re.M,
     )
@@ -184,7 +223,9 @@ def test_inspect_json_in_process(tmp_path, capsys):
     assert re.search(r"^ +3  -$", out, re.M)
     assert re.search(r"^ +10  loss=nan +latest$", out, re.M)  # nan is never best
     assert re.search(
-        r"^  b +float32 +\(2, 2\) +16 B +numpy array, same array as a$", out, re.M
+        r"^  b +float32 +\(2, 2\) +16 B +pack +numpy array, same array as a$",
+        out,
+        re.M,
     )
     assert "Total: 3 leaves, 2 arrays (plus 1 tied to another leaf), 16 B." in out
 
@@ -257,6 +298,7 @@ mesh = jax.make_mesh((2, 2), ("data", "model"))
 w = jax.device_put(jnp.ones((8, 4)), NamedSharding(mesh, P("data", "model")))
 b = jax.device_put(jnp.ones(4), NamedSharding(mesh, P()))
 oeqx.save("sharded", {"w": w, "b": b, "n": np.ones(2), "t": w})
+oeqx.save("unpacked", {"r": b, "s": jnp.ones(2)}, pack=False)
 """
 
 
@@ -272,31 +314,44 @@ def test_inspect_shows_saved_sharding(tmp_path):
     result = run_cli("inspect", "sharded", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     out = result.stdout
+    # Where the bytes are stored (a layout) and the sharding are two columns.
     assert re.search(
-        r"^  name +type +shape +bytes +saved sharding +value / static fields$",
+        r"^  name +type +shape +bytes +stored in +sharding +value / static fields$",
         out,
         re.M,
     )
+    sharded = r"P\('data', 'model'\) over data=2, model=2"
+    assert re.search(rf"^  t +float32 +\(8, 4\) +128 B +Orbax +{sharded}$", out, re.M)
+    # Replicated arrays are packed, and the sidecar does not say over how many
+    # devices; numpy arrays have no sharding; a tied leaf has its twin's.
+    assert re.search(r"^  b +float32 +\(4,\) +16 B +pack +unsharded$", out, re.M)
+    assert re.search(r"^  n +float64 +\(2,\) +16 B +pack +numpy array$", out, re.M)
     assert re.search(
-        r"^  t +float32 +\(8, 4\) +128 B +P\('data', 'model'\) over data=2, model=2$",
+        rf"^  w +float32 +\(8, 4\) +128 B +Orbax +{sharded} +same array as t$",
         out,
         re.M,
     )
-    assert re.search(r"^  b +float32 +\(4,\) +16 B +packed$", out, re.M)
-    # Unsharded arrays are packed; numpy arrays have no sharding; a tied leaf
-    # has its twin's.
-    assert re.search(r"^  n +float64 +\(2,\) +16 B +numpy array$", out, re.M)
-    assert re.search(
-        r"^  w +float32 +\(8, 4\) +128 B +P\('data', 'model'\) over data=2, model=2 "
-        r"+same array as t$",
-        out,
-        re.M,
-    )
+    assert "packed" not in out
 
     result = run_cli("inspect", "--json", "sharded", cwd=tmp_path)
     leaves = json.loads(result.stdout)["items"][0]["leaves"]
     assert leaves["w"]["sharding"] == "P('data', 'model') over data=2, model=2"
+    assert (leaves["b"]["sharding"], leaves["b"]["data"]) == ("unsharded", "packed")
     assert "sharding" not in leaves["n"]
+
+    # In Orbax's store, Orbax's record says what the sharding was.
+    result = run_cli("inspect", "unpacked", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert re.search(
+        r"^  r +float32 +\(4,\) +16 B +Orbax +replicated over data=2, model=2$",
+        result.stdout,
+        re.M,
+    )
+    assert re.search(
+        r"^  s +float32 +\(2,\) +8 B +Orbax +single device \(\S+\)$",
+        result.stdout,
+        re.M,
+    )
 
 
 def test_inspect_best_step_by_metric(tmp_path, capsys):

@@ -66,7 +66,11 @@ def test_diff(work):
     )
     assert re.search(r"^  value +step +int 3 -> int 9$", out, re.M)
     assert re.search(r"^  added +extra +\(absent\) -> array float32\[2\]$", out, re.M)
-    assert out.endswith("\nA and B differ: 2 in structure.\n")
+    # Without --values, the verdict says that values were not compared.
+    assert out.endswith(
+        "\nA and B differ: 2 in structure. Array values were not compared: pass "
+        "--values to compare them.\n"
+    )
 
     result = run_cli("diff", "a", "b", "--values", "--atol", "1e-4", cwd=work)
     assert result.returncode == 1 and result.stderr == ""
@@ -90,6 +94,20 @@ def test_diff(work):
     result = run_cli("diff", "a", "a", "--values", cwd=work)
     assert result.returncode == 0, result.stderr
     assert result.stdout.endswith("A and B do not differ (values within tolerance).\n")
+
+    # a and a copy of it with one value changed: the same structure, which is
+    # all a diff without --values compares, and it says so.
+    item = make()
+    bias = item["model"].layers[0].bias
+    model = eqx.tree_at(lambda m: m.layers[0].bias, item["model"], bias + 1)
+    oeqx.save(work / "c", item | {"model": model})
+    result = run_cli("diff", "a", "c", cwd=work)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.endswith(
+        "\nA and B do not differ in structure. Array values were not compared: "
+        "pass --values to compare them.\n"
+    )
+    assert run_cli("diff", "a", "c", "--values", cwd=work).returncode == 1
 
 
 def test_diff_against_skeletons(work):
@@ -433,4 +451,7 @@ def test_diff_checkpoint_against_its_own_skeleton(tmp_path, capsys, name):
     code = main(["diff", str(tmp_path / "ckpt"), f"{tmp_path / 'skel.py'}:skeleton"])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "A and B do not differ in structure." in out
+    assert out.endswith(
+        "\nA and B do not differ in structure. Array values were not compared: B "
+        "is a skeleton, which holds none.\n"
+    )

@@ -33,6 +33,26 @@ def steps_in(path: epath.Path) -> list[tuple[int, epath.Path]]:
     return sorted(steps)
 
 
+def items_under(directory: str | os.PathLike) -> list[tuple[int | None, epath.Path]]:
+    """Every item directory that `directory` names, as `inspect` reads paths.
+
+    An item directory is itself; a step directory gives each orbax_eqx item in
+    it; a CheckpointManager root gives each item of each finished step, oldest
+    first. Each comes with its step (None when `directory` is no root). A path
+    that names none raises what `find_item` raises.
+    """
+    path = as_path(directory)
+    readable = "://" in os.fspath(path) or os.access(path, os.R_OK | os.X_OK)
+    if path.is_dir() and readable and not is_item(path):
+        items = items_in(path)
+        if items:
+            return [(None, p) for p in items]
+        found = [(n, p) for n, step in steps_in(path) for p in items_in(step)]
+        if found:
+            return found
+    return [(None, find_item(path))]
+
+
 def find_item(directory: str | os.PathLike) -> epath.Path:
     """The item directory at `directory`: itself, or the one item of a step."""
     path = as_path(directory)

@@ -24,9 +24,10 @@ with its class and static fields; totals; and the versions that wrote it.
 
 The leaves are shown as a tree by module path: each module with its class,
 static fields and the bytes stored under it; each array with its dtype, shape,
-bytes and the sharding it was saved with (from Orbax's metadata, where it
-recorded one); each Python leaf with its value. --flat shows one row per leaf
-name instead.
+bytes, where its bytes are stored (the pack file, or Orbax's array store) and
+the sharding it was saved with ("unsharded" for packed arrays: one device or
+fully replicated; Orbax's record for arrays in its store); each Python leaf
+with its value. --flat shows one row per leaf name instead.
 
 PATH may be an item directory (it holds orbax_eqx.json), a step directory
 (every orbax_eqx item in it is shown), or a CheckpointManager root (its steps
@@ -107,8 +108,15 @@ arrays stored through Orbax). Each leaf whose data does not match, or cannot
 be read, is listed with its leaf path. Arrays are read one at a time (packed
 ones in 64 MiB pieces), so memory stays near the largest sharded array.
 
-Exit status: 0 if every array matches, 1 if any leaf is damaged, 2 if the
-checkpoint cannot be read at all (no sidecar, or a damaged one).
+PATH may be an item directory, a step directory (every orbax_eqx item in it
+is checked) or a CheckpointManager root: every finished step is checked, each
+reported as it would be alone, then which steps are damaged and which is the
+newest sound one (--latest checks the latest step only). A step whose sidecar
+cannot be read counts as damaged there, and the other steps are still checked.
+
+Exit status: 0 if every array matches, 1 if any leaf (or a root's step) is
+damaged, 2 if the checkpoint cannot be read at all (no sidecar, or a damaged
+one) or a file may not be read by this user.
 """
 
 _DEMO_HELP = """\
@@ -289,8 +297,13 @@ def _parser() -> argparse.ArgumentParser:
         description=_VERIFY_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    verify.add_argument("path", metavar="PATH", help="checkpoint (item or step)")
+    verify.add_argument("path", metavar="PATH", help="item, step or manager root")
     verify.add_argument("--json", action="store_true", help="print JSON")
+    verify.add_argument(
+        "--latest",
+        action="store_true",
+        help="on a CheckpointManager root, check the latest step only",
+    )
     verify.set_defaults(run=_run_verify)
 
     demo = commands.add_parser(

@@ -192,8 +192,26 @@ def run(directory: str = "demo_checkpoints", steps: int = 10) -> bool:
         "Checked: same loss as recorded, and every array and Python leaf "
         "(model, BatchNorm state, optimizer state, step) equals the one saved."
     )
-    print(f"Next: python -m orbax_eqx inspect {shlex.quote(directory)}")
+    print(f"Next: {_python()} -m orbax_eqx inspect {shlex.quote(directory)}")
     return True
+
+
+def _python() -> str:
+    """This interpreter, as a command that works from the current directory.
+
+    Not `python`: after the README's set-up (`python3 -m venv .venv` and
+    `.venv/bin/python -m orbax_eqx demo`) the venv is never activated, so a
+    bare `python` is another interpreter, without orbax_eqx.
+    """
+    executable = os.path.abspath(sys.executable or "python")
+    relative = os.path.relpath(executable)
+    if not relative.startswith(os.pardir + os.sep):
+        # Inside the current directory: `.venv/bin/python`; a path with a
+        # slash, so that the shell does not look it up on PATH.
+        executable = (
+            os.path.join(os.curdir, relative) if os.sep not in relative else relative
+        )
+    return shlex.quote(executable)
 
 
 def _fresh_directory(directory: str) -> str:

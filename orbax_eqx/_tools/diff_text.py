@@ -72,7 +72,7 @@ def _text(a, b, diffs: list[Difference], found, args) -> str:
                     right=(1, 2),
                 )
             )
-    lines += ["", _verdict(diffs, found)]
+    lines += ["", _verdict(a, b, diffs, found)]
     return "\n".join(lines) + "\n"
 
 
@@ -103,18 +103,35 @@ def _status(v: ValueDiff) -> str:
     return f"DIFFERENT ({v.mismatched} of {v.size} elements)"
 
 
-def _verdict(diffs, found) -> str:
+def _verdict(a, b, diffs, found) -> str:
     bad = sum(not v.equal for v in found or [])
     if not diffs and not bad:
-        return "A and B do not differ" + (
+        verdict = "A and B do not differ" + (
             " (values within tolerance)." if found else " in structure."
         )
-    parts = []
-    if diffs:
-        parts.append(f"{len(diffs)} in structure")
-    if bad:
-        parts.append(f"{bad} in values")
-    return f"A and B differ: {', '.join(parts)}."
+    else:
+        parts = []
+        if diffs:
+            parts.append(f"{len(diffs)} in structure")
+        if bad:
+            parts.append(f"{bad} in values")
+        verdict = f"A and B differ: {', '.join(parts)}."
+    if found is None:
+        # "Do not differ" must not read as "hold the same values".
+        verdict += " " + _not_compared(a, b)
+    return verdict
+
+
+def _not_compared(a, b) -> str:
+    skeletons = [name for name, side in (("A", a), ("B", b)) if side.directory is None]
+    if not skeletons:
+        return "Array values were not compared: pass --values to compare them."
+    if len(skeletons) == 2:
+        return "Array values were not compared: A and B are skeletons, which hold none."
+    return (
+        f"Array values were not compared: {skeletons[0]} is a skeleton, which "
+        "holds none."
+    )
 
 
 def _json(a, b, diffs, found, args) -> dict:

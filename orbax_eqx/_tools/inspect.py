@@ -117,11 +117,13 @@ def saved_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
     """The sharding each array was saved with, as Orbax recorded it, as text.
 
     A nicety: leaves Orbax recorded nothing for are left out, and a checkpoint
-    whose Orbax metadata cannot be read gives `{}`. Packed leaves were saved
-    unsharded (one device, fully replicated, or numpy): they say `packed`.
+    whose Orbax metadata cannot be read gives `{}`. Packed jax arrays were
+    saved unsharded (on one device, or fully replicated: the sidecar does not
+    say which): they say `unsharded`. Where the bytes are is the sidecar's
+    `data`, not a sharding.
     """
     packed = {
-        name: "packed"
+        name: "unsharded"
         for name, leaf in saved.leaves.items()
         if leaf.container == JAX
         and (
@@ -159,15 +161,17 @@ def _sharding_text(sharding) -> str:
         return ""
     device = getattr(sharding, "device_str", None)
     if device is not None:
-        return str(device)
+        return f"single device ({device})"
     spec = getattr(sharding, "partition_spec", None)
     axes = getattr(sharding, "axis_names", None)
     shape = getattr(sharding, "shape", None)
     if spec is not None and axes is not None and shape is not None:
+        mesh = ", ".join(f"{a}={int(n)}" for a, n in zip(axes, list(shape)))
+        if all(p is None or p == [] for p in spec):
+            return f"replicated over {mesh}"
         parts = ", ".join(
             repr(p) if not isinstance(p, list) else repr(tuple(p)) for p in spec
         )
-        mesh = ", ".join(f"{a}={int(n)}" for a, n in zip(axes, list(shape)))
         return f"P({parts}) over {mesh}"
     return type(sharding).__name__
 

@@ -51,13 +51,15 @@ def _tree_text(saved: Metadata, shardings: dict[str, str]) -> str:
         "type",
         "shape",
         "bytes",
-        "saved sharding",
+        "stored in",
+        "sharding",
         "value / static fields",
     ]
     rows = tree_rows(saved, shardings)
-    if not shardings:  # nothing recorded: no empty column
-        header.pop(4)
-        rows = [r[:4] + r[5:] for r in rows]
+    # A column with nothing in it (no arrays; no sharding recorded) is left out.
+    empty = [i for i in (4, 5) if not any(r[i] for r in rows)]
+    header = [h for i, h in enumerate(header) if i not in empty]
+    rows = [[c for i, c in enumerate(r) if i not in empty] for r in rows]
     lines = [
         f"Checkpoint {saved.directory}",
         "",

@@ -1,8 +1,9 @@
 """`inspect`'s tree view: a checkpoint's leaves grouped by module path.
 
 Each module shows its class, static fields and the bytes stored under it;
-each array its dtype, shape, bytes and (where Orbax recorded it) the sharding
-it was saved with; each Python leaf its value.
+each array its dtype, shape, bytes, where its bytes are stored (the pack file
+or Orbax's array store: a storage layout, which says nothing of sharding) and
+the sharding it was saved with (where known); each Python leaf its value.
 """
 
 import dataclasses
@@ -62,8 +63,14 @@ def build(saved: Metadata) -> _Node:
     return root
 
 
+# Where an array's bytes are, by the sidecar's `data`, as the "stored in"
+# column says it.
+STORED_IN = {PACKED: "pack", STORED: "Orbax"}
+
+
 def rows(saved: Metadata, shardings: dict[str, str]) -> list[list[str]]:
-    """Rows of `[name, type, shape, bytes, sharding, value]`, names indented."""
+    """Rows of `[name, type, shape, bytes, stored in, sharding, value]`, names
+    indented."""
     root = build(saved)
     out: list[list[str]] = []
 
@@ -78,18 +85,18 @@ def rows(saved: Metadata, shardings: dict[str, str]) -> list[list[str]]:
                 f"{k}={cut(describe(v), _MAX_FIELD)}" for k, v in info.static.items()
             )
         size = human_bytes(node.nbytes) if node.nbytes else ""
-        return [_INDENT * depth + label, cls, "", size, "", static]
+        return [_INDENT * depth + label, cls, "", size, "", "", static]
 
     def visit(node: _Node, depth: int) -> None:
         for part, child in node.children.items():
             if child.leaf is not None and not child.children:
-                out.append(_leaf_row(child.leaf, depth, part, shardings))
+                out.append(_leaf_row(child.leaf, depth, part, saved, shardings))
             else:
                 out.append(module_row(child, part, depth))
                 visit(child, depth + 1)
 
     if root.leaf is not None:  # the whole tree is one leaf
-        out.append(_leaf_row(root.leaf, 0, "<root>", shardings))
+        out.append(_leaf_row(root.leaf, 0, "<root>", saved, shardings))
     elif root.module is not None:
         out.append(module_row(root, "<root>", 0))
         visit(root, 1)
@@ -98,7 +105,7 @@ def rows(saved: Metadata, shardings: dict[str, str]) -> list[list[str]]:
     return out
 
 
-def _leaf_row(leaf, depth, label, shardings) -> list[str]:
+def _leaf_row(leaf, depth, label, saved, shardings) -> list[str]:
     indent = _INDENT * depth + label
     if leaf.kind == ARRAY:
         return [
@@ -106,10 +113,19 @@ def _leaf_row(leaf, depth, label, shardings) -> list[str]:
             str(leaf.dtype),
             str(tuple(leaf.shape or ())),
             human_bytes(leaf.nbytes),
+            stored_in(leaf, saved),
             shardings.get(leaf.name, ""),
             value_text(leaf),
         ]
-    return [indent, type_text(leaf), "", "", "", cut(value_text(leaf))]
+    return [indent, type_text(leaf), "", "", "", "", cut(value_text(leaf))]
+
+
+def stored_in(leaf: LeafMetadata, saved: Metadata) -> str:
+    """Where an array leaf's bytes are: `pack`, `Orbax`, or "" (zero-size);
+    a tied leaf's are its twin's."""
+    if leaf.data == ALIAS and leaf.alias_of in saved.leaves:
+        leaf = saved.leaves[leaf.alias_of]
+    return STORED_IN.get(leaf.data, "")
 
 
 def type_text(leaf: LeafMetadata) -> str:

@@ -1,42 +1,156 @@
-"""`python -m orbax_eqx verify`: runs `_verify` and shows what it found."""
+"""`python -m orbax_eqx verify`: runs `verify` on what a path names, and shows
+what it found.
+
+A path names what it names for `inspect`: an item directory, a step directory
+(each orbax_eqx item in it) or a CheckpointManager root (every finished step,
+or with `--latest` the latest only).
+"""
 
 import argparse
 import dataclasses
 import json
 
-from .._format.locate import find_item
+from .._errors import CheckpointPermissionError, OrbaxEqxError
+from .._format.locate import as_path, items_under
 from .._format.sidecar import PACKED, STORED
 from .._format.sidecar_read import read
 from .progress import Progress
 from .text import human_bytes
-from .verify import verify
+from .verify import VerifyReport, verify
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs `verify` for parsed arguments; returns the exit status (0 sound, 1 not)."""
-    saved = read(find_item(args.path))
-    total = sum(r.nbytes for r in saved.leaves.values() if r.data in (PACKED, STORED))
-    with Progress("verify", total) as bar:
-        report = verify(args.path, progress=bar.advance)
+    items = items_under(args.path)
+    steps = sorted({step for step, _ in items if step is not None})
+    if args.latest and steps:
+        items = [(step, item) for step, item in items if step == steps[-1]]
+    if len(items) == 1 and not steps:
+        return _one(args, items[0][1])
+    return _several(args, items, steps)
+
+
+def _one(args: argparse.Namespace, item) -> int:
+    """One item: its damaged leaves, then one line (the format of old)."""
+    saved = read(item)
+    with Progress("verify", _nbytes(saved)) as bar:
+        report = verify(item, progress=bar.advance)
     if args.json:
-        print(json.dumps(dataclasses.asdict(report) | {"ok": report.ok}, indent=2))
-        return 0 if report.ok else 1
-    for leaf in report.damaged:
-        print(f"DAMAGED {leaf.path} ({leaf.name}): {leaf.problem}")
+        print(json.dumps(_json(report), indent=2))
+    else:
+        print(_text(report), end="")
+    return 0 if report.ok else 1
+
+
+def _several(args: argparse.Namespace, items, steps) -> int:
+    """A root's steps, or a step's items: each as one item, then a verdict.
+
+    A step whose sidecar cannot be read counts as damaged, and the others are
+    still checked: which step is sound is what a root is verified for. A file
+    this user may not read is no damage, and ends it (exit status 2).
+    """
+    sidecars = {}
+    for _, item in items:
+        try:
+            sidecars[item] = read(item)
+        except CheckpointPermissionError:
+            raise
+        except OrbaxEqxError as e:
+            sidecars[item] = e
+    total = sum(_nbytes(s) for s in sidecars.values() if not isinstance(s, Exception))
+    results = []
+    with Progress("verify", total) as bar:
+        for step, item in items:
+            found = sidecars[item]
+            if not isinstance(found, Exception):
+                found = verify(item, progress=bar.advance)
+            results.append((step, item, found))
+    root = as_path(args.path)
+    if args.json:
+        doc = {"path": str(root), "steps": steps, "checkpoints": []}
+        for step, item, found in results:
+            entry = {"step": step}
+            if isinstance(found, Exception):
+                entry |= {"directory": str(item), "ok": False, "error": str(found)}
+            else:
+                entry |= _json(found)
+            doc["checkpoints"].append(entry)
+        doc["ok"] = all(entry["ok"] for entry in doc["checkpoints"])
+        print(json.dumps(doc, indent=2))
+        return 0 if doc["ok"] else 1
+    if steps:
+        which = "the latest only" if args.latest else "every step"
+        print(f"CheckpointManager root {root}: {len(steps)} step(s); checking {which}.")
+    for _, item, found in results:
+        if isinstance(found, Exception):
+            print(f"UNREADABLE {item}: {str(found).strip().splitlines()[0]}")
+        else:
+            print(_text(found), end="")
+    bad = [(step, item) for step, item, found in results if not _ok(found)]
+    print(_verdict(root, results, bad, bool(steps)))
+    return 1 if bad else 0
+
+
+def _ok(found) -> bool:
+    return not isinstance(found, Exception) and found.ok
+
+
+def _verdict(root, results, bad, by_step: bool) -> str:
+    if by_step:
+        checked = sorted({step for step, _, _ in results})
+        damaged = sorted({step for step, _ in bad})
+        sound = [s for s in checked if s not in damaged]
+        if not damaged:
+            return f"{_count(checked, 'step')} of {root}: every array matches."
+        newest = (
+            f"The newest sound step is {sound[-1]}"
+            if sound
+            else "No step checked is sound"
+        )
+        return (
+            f"Damaged: {_count(damaged, 'step')} of {len(checked)} "
+            f"({', '.join(map(str, damaged))}). {newest}; `oeqx.restore_latest` "
+            "falls back past damaged steps."
+        )
+    names = [item.name for _, item in bad]
+    if not bad:
+        return f"{_count(results, 'item')} of {root}: every array matches."
+    return (
+        f"Damaged: {_count(bad, 'item')} of {len(results)} ({', '.join(names)}). "
+        "Restore an earlier step, or re-save this one."
+    )
+
+
+def _count(things, word: str) -> str:
+    return f"{len(things)} {word}{'s' if len(things) != 1 else ''}"
+
+
+def _nbytes(saved) -> int:
+    return sum(r.nbytes for r in saved.leaves.values() if r.data in (PACKED, STORED))
+
+
+def _json(report: VerifyReport) -> dict:
+    return dataclasses.asdict(report) | {"ok": report.ok}
+
+
+def _text(report: VerifyReport) -> str:
+    lines = [
+        f"DAMAGED {leaf.path} ({leaf.name}): {leaf.problem}" for leaf in report.damaged
+    ]
     arrays = len(report.checked) + len(report.damaged) + len(report.unchecked)
     if report.unchecked:
-        print(
+        lines.append(
             f"{len(report.unchecked)} leaves record no checksum (saved before "
             "orbax_eqx recorded them): read, not checked."
         )
     if report.ok:
-        print(
+        lines.append(
             f"{len(report.checked)} of {arrays} arrays ({human_bytes(report.nbytes)}) "
             f"in {report.directory} match their checksums."
         )
-        return 0
-    print(
-        f"{len(report.damaged)} of {arrays} arrays in {report.directory} are "
-        "damaged. Restore an earlier step, or re-save this one."
-    )
-    return 1
+    else:
+        lines.append(
+            f"{len(report.damaged)} of {arrays} arrays in {report.directory} are "
+            "damaged. Restore an earlier step, or re-save this one."
+        )
+    return "\n".join(lines) + "\n"
