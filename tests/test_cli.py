@@ -321,13 +321,16 @@ def test_inspect_shows_saved_sharding(tmp_path):
         re.M,
     )
     sharded = r"P\('data', 'model'\) over data=2, model=2"
-    assert re.search(rf"^  t +float32 +\(8, 4\) +128 B +Orbax +{sharded}$", out, re.M)
+    # Sharded arrays are in shard packs, which record the saving sharding.
+    assert re.search(
+        rf"^  t +float32 +\(8, 4\) +128 B +shard packs +{sharded}$", out, re.M
+    )
     # Replicated arrays are packed, and the sidecar does not say over how many
     # devices; numpy arrays have no sharding; a tied leaf has its twin's.
     assert re.search(r"^  b +float32 +\(4,\) +16 B +pack +unsharded$", out, re.M)
     assert re.search(r"^  n +float64 +\(2,\) +16 B +pack +numpy array$", out, re.M)
     assert re.search(
-        rf"^  w +float32 +\(8, 4\) +128 B +Orbax +{sharded} +same array as t$",
+        rf"^  w +float32 +\(8, 4\) +128 B +shard packs +{sharded} +same array as t$",
         out,
         re.M,
     )

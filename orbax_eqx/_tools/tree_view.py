@@ -8,7 +8,15 @@ the sharding it was saved with (where known); each Python leaf its value.
 
 import dataclasses
 
-from .._format.sidecar import ALIAS, EMPTY, PACKED, STORED, LeafMetadata, Metadata
+from .._format.sidecar import (
+    ALIAS,
+    EMPTY,
+    PACKED,
+    SHARDS,
+    STORED,
+    LeafMetadata,
+    Metadata,
+)
 from .._tree.names import ESCAPE, SEPARATOR
 from .._tree.values import describe, scalar_type
 from .._tree.walk import ARRAY, NUMPY, NUMPY_SCALAR, SCALAR, SHARED
@@ -65,7 +73,7 @@ def build(saved: Metadata) -> _Node:
 
 # Where an array's bytes are, by the sidecar's `data`, as the "stored in"
 # column says it.
-STORED_IN = {PACKED: "pack", STORED: "Orbax"}
+STORED_IN = {PACKED: "pack", SHARDS: "shard packs", STORED: "Orbax"}
 
 
 def rows(saved: Metadata, shardings: dict[str, str]) -> list[list[str]]:
