@@ -19,6 +19,7 @@ from ._orbax.api import save as save
 from ._orbax.handler import EqxHandler as EqxHandler
 from ._orbax.handler import EqxRestore as EqxRestore
 from ._orbax.handler import EqxSave as EqxSave
+from ._orbax.v1 import EqxCheckpointableHandler as EqxCheckpointableHandler
 from ._restore.check import StaticMismatchWarning as StaticMismatchWarning
 from ._restore.fallback import FallbackWarning as FallbackWarning
 from ._restore.fallback import RestoredStep as RestoredStep
