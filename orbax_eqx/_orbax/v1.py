@@ -18,18 +18,24 @@ from .handler import TYPESTR, EqxHandler, EqxRestore, EqxSave
 class EqxCheckpointableHandler:
     """Saves and loads checkpointables that hold an Equinox module, for Orbax v1.
 
-    Orbax picks it by itself for every checkpointable that contains an
-    `eqx.Module` (or, to load, a skeleton of one): `ocp.save_checkpointables`,
-    `ocp.load_checkpointables` and `ocp.training.Checkpointer` need no set-up.
-    Anything else (a dict of arrays, an optax state, a single array) stays with
-    Orbax's own handlers. The files are `EqxHandler`'s: a checkpoint written
-    through either API is read by both, and by `python -m orbax_eqx`.
+    Registered in Orbax's global v1 registry when `orbax_eqx` is imported, so
+    `ocp.save_checkpointables`, `ocp.load_checkpointables` and
+    `ocp.training.Checkpointer` pick it with no set-up for every checkpointable
+    that holds an `eqx.Module` outside an optax state (or, to load, a skeleton
+    of one). Anything else (a dict of arrays, an optax state, a single array)
+    stays with Orbax's own handlers, as does anything named `state`: Orbax
+    keeps that name for its `PyTreeHandler`. The files are `EqxHandler`'s: a
+    checkpoint written through either API is read by both, and by
+    `python -m orbax_eqx`. Saves use `EqxHandler()`'s default options.
 
-    To save a tree without modules through orbax_eqx too, wrap it:
-    `oeqx.EqxSave(tree)`. To pass restore options, give
-    `oeqx.EqxRestore(skeleton, ...)` as the abstract checkpointable; a bare
-    skeleton is `oeqx.EqxRestore(skeleton)`, and `None` restores a flat
-    `{leaf name: value}` dict.
+    What Orbax hands the handler:
+
+    - to save: the tree, or `oeqx.EqxSave(tree)`, which sends any tree
+        through orbax_eqx, modules or not;
+    - to load: a skeleton (as for `oeqx.EqxRestore`), or
+        `oeqx.EqxRestore(skeleton, ...)` to use its options (`strict`,
+        `prefix`, `renames`, `missing`, `cast`, `shardings`, `report`, ...),
+        or `None` for a flat `{leaf name: value}` dict.
 
     !!! example
 
@@ -61,7 +67,11 @@ class EqxCheckpointableHandler:
             checkpointable = EqxSave(checkpointable)
         handler = EqxHandler()
         path = directory.path
-        futures = await handler.async_save(path, args=checkpointable)
+        try:
+            futures = await handler.async_save(path, args=checkpointable)
+        except BaseException:
+            handler.close()
+            raise
         return _finish_save(handler, path, futures)
 
     async def load(self, directory, abstract_checkpointable: Any = None):
@@ -80,8 +90,9 @@ class EqxCheckpointableHandler:
             args = EqxRestore(args)
         # The whole restore runs here, not in the awaitable: Orbax reports an
         # error raised by the awaitable as "incompatible handler", hiding our
-        # message, while one raised here reaches the caller as it is. In a
-        # thread, since the restore runs event loops of its own.
+        # message, while one raised here reaches the caller as it is (and
+        # Orbax 0.12.8 has no asynchronous load that this would hold up). In
+        # a thread, since the restore runs event loops of its own.
         tree = await asyncio.to_thread(_restore, directory, args)
         return _value(tree)
 
@@ -144,7 +155,9 @@ async def _finish_save(handler: EqxHandler, path, futures) -> None:
         handler.close()
 
 
-# Orbax records a v1 handler as `module.qualname`; pinned to the public name,
-# so that moving the class never orphans a checkpoint.
+# Orbax records a v1 handler as `module.qualname` (it has no `typestr` to
+# override); set to the public name, as NumPy's `set_module` does, so that
+# moving the class never orphans a checkpoint. `TYPESTR` lets Orbax resolve
+# checkpoints that `EqxHandler` saved to this handler as well.
 EqxCheckpointableHandler.__module__ = "orbax_eqx"
 ocp.handlers.register_handler(EqxCheckpointableHandler, secondary_typestrs=[TYPESTR])
