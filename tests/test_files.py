@@ -110,7 +110,7 @@ def test_reads_are_bounded(tmp_path):
     path.write_bytes(b"x" * 100)
     assert files.read_bounded(path, 100) == b"x" * 100
     with pytest.raises(
-        files.FileCheckError, match=r"big has 100 bytes, more than the 99 this reads"
+        files.FileCheckError, match=r"big has 100 bytes, more than the 99 allowed"
     ):
         files.read_bounded(path, 99)
 

@@ -1,7 +1,8 @@
 """Saving: an item split into what each storage gets, and a save's safety.
 
 Owns preparing a save (`prepare`: sidecar content, packed pieces, arrays for
-Orbax), the multi-host checks before any write (`hosts`), claiming the item
+Orbax), refusing what the sidecar could not read back (`recordable`), the
+multi-host checks before any write (`hosts`), claiming the item
 directory against a concurrent save of the same step (`claim`) and naming the
 save in errors from background writes (`background`).
 May import: `_storage`, `_format`, `_tree`, `_errors`.

@@ -12,6 +12,7 @@ from .._storage.checksum import device_sum32
 from .._storage.packing import host_copies, layout, packable
 from .._tree.names import storage_key
 from .._tree.walk import ARRAY, JAX, Walked, container, walk
+from . import recordable
 
 
 @dataclasses.dataclass
@@ -47,6 +48,7 @@ def prepare(
     """
     walked = walk(item)
     _check_savable(walked)
+    recordable.check(walked)
     aliases = _aliases(walked)
     to_pack = []
     for leaf in walked.leaves:
@@ -56,6 +58,8 @@ def prepare(
                 to_pack.append((leaf, size))
     offsets, pack_nbytes = layout((leaf.name, size) for leaf, size in to_pack)
     content = build(walked, aliases, offsets, pack_nbytes, token)
+    if not checksums:
+        content["checksums"] = False  # so that `verify` tells it from damage
     stored, sums, on_device = {}, {}, {}
     for leaf in walked.leaves:
         record = content["leaves"][leaf.name]

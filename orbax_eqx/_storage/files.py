@@ -137,7 +137,7 @@ def read_bounded(path: Any, limit: int, error: ErrorFor | None = None) -> bytes:
     error = error or _default_error(path)
 
     def too_big(found: str) -> Exception:
-        return error(f"has {found} bytes, more than the {limit} this reads")
+        return error(f"has {found} bytes, more than the {limit} allowed")
 
     if is_remote(path):
         with path.open("rb") as f:

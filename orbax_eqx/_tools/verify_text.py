@@ -25,9 +25,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"DAMAGED {leaf.path} ({leaf.name}): {leaf.problem}")
     arrays = len(report.checked) + len(report.damaged) + len(report.unchecked)
     if report.unchecked:
+        why = (
+            "saved with checksums=False"
+            if not saved.checksums
+            else "saved before orbax_eqx recorded them"
+        )
         print(
-            f"{len(report.unchecked)} leaves record no checksum (saved before "
-            "orbax_eqx recorded them): read, not checked."
+            f"{len(report.unchecked)} leaves record no checksum ({why}): read, not "
+            "checked."
         )
     if report.ok:
         print(
