@@ -261,8 +261,9 @@ def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
     if data == EMPTY and math.prod(shape) != 0:
         # Else a restore would invent zeros for it, as many as it claims.
         raise bad(
-            f'leaf {name!r} is stored as zero-size ("data": "none") but has '
-            f"shape {tuple(shape)}, which holds {math.prod(shape)} elements"
+            f'leaf `{path}` (leaf name {name!r}) is stored as zero-size ("data": '
+            f'"none") but has shape {tuple(shape)}, which holds '
+            f"{math.prod(shape)} elements"
         )
     size = rec.get("nbytes", 0)
     pack, offset = rec.get("pack"), rec.get("offset")

@@ -1,0 +1,146 @@
+"""Strings that are not valid Unicode (lone surrogates, as `os.fsdecode` makes of
+a file name that is not UTF-8), and values nested too deep: a save refuses
+them, naming the leaf or field, instead of writing a sidecar that never reads
+back. The fix the error gives (bytes) saves them exactly.
+"""
+
+import json
+import os
+import re
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import orbax_eqx as oeqx
+from orbax_eqx._tools.cli import main
+
+NOT_UTF8 = os.fsdecode(b"caf\xe9")  # 'caf\udce9'
+SURROGATE = (
+    "holds a lone surrogate, as `os.fsdecode` makes of a file name that is not UTF-8"
+)
+TEXT_FIX = (
+    "The sidecar (UTF-8 JSON) cannot hold text that is not valid Unicode: store it "
+    "as bytes (`os.fsencode(text)`: bytes leaves, static fields and dict keys are "
+    "saved exactly), or decode it first "
+    "(`os.fsencode(text).decode('utf-8', 'replace')`)."
+)
+
+
+class Tagged(eqx.Module):
+    weight: jax.Array
+    tag: tuple = eqx.field(static=True)
+
+
+@pytest.mark.parametrize(
+    "item, problem",
+    [
+        (
+            {"files": {NOT_UTF8: jnp.ones(2)}},
+            rf"Leaf `\['files'\]\['caf\\udce9'\]` is under a dict key that is not "
+            rf"valid Unicode: 'caf\\udce9' {SURROGATE}\.",
+        ),
+        (
+            {"name": NOT_UTF8, "w": jnp.ones(2)},
+            rf"Leaf `\['name'\]` is a str that is not valid Unicode: 'caf\\udce9' "
+            rf"{SURROGATE}\.",
+        ),
+        (
+            Tagged(jnp.ones(2), ("ok", NOT_UTF8)),
+            r"Static field `tag` of module `<root>` \(test_hostile_strings\.Tagged\) "
+            rf"holds text that is not valid Unicode: 'caf\\udce9' {SURROGATE}\.",
+        ),
+    ],
+    ids=["dict_key", "str_value", "static_field"],
+)
+def test_text_that_is_not_unicode_is_refused_at_save(tmp_path, item, problem):
+    path = tmp_path / "ckpt"
+    message = (
+        "Cannot save this item: its sidecar would not read back.\n"
+        f"  - {problem}\n{re.escape(TEXT_FIX)}"
+    )
+    with pytest.raises(oeqx.UnsupportedLeafError, match=f"^{message}$"):
+        oeqx.save(path, item)
+    assert not path.exists()  # refused before writing: no checkpoint there
+
+
+def test_the_fix_given_saves_such_names_exactly(tmp_path):
+    raw = os.fsencode(NOT_UTF8)
+    item = {
+        "files": {raw: jnp.arange(3.0)},
+        "name": raw,
+        "t": Tagged(jnp.ones(1), (raw,)),
+    }
+    oeqx.save(tmp_path / "ckpt", item)
+    restored = oeqx.restore(tmp_path / "ckpt", eqx.filter_eval_shape(lambda: item))
+    assert restored["name"] == raw and restored["t"].tag == (raw,)
+    (key,) = restored["files"]
+    assert key == raw and os.fsdecode(key) == NOT_UTF8
+
+
+def test_descriptions_escape_such_text(tmp_path):
+    class Named:  # an object leaf: recorded by its repr, which may hold anything
+        def __repr__(self):
+            return f"Named({NOT_UTF8})"
+
+    oeqx.save(tmp_path / "ckpt", {"n": Named(), "w": jnp.ones(1)})
+    value = oeqx.metadata(tmp_path / "ckpt").leaves["n"].value
+    assert value["repr"] == "Named(caf\\udce9)"
+
+
+def test_checkpoints_saved_before_the_refusal_restore_exactly(tmp_path, capsys):
+    # Written as orbax_eqx used to write them: lone surrogates UTF-8-encoded
+    # (`surrogatepass`), which a strict reader called damage.
+    path = tmp_path / "ckpt"
+    item = {"files": {"KEY_": jnp.arange(3.0)}, "name": "VALUE_"}
+    oeqx.save(path, item)
+    sidecar = path / "orbax_eqx.json"
+    raw = sidecar.read_bytes()
+    bad = NOT_UTF8.encode("utf-8", "surrogatepass")
+    sidecar.write_bytes(raw.replace(b"KEY_", bad).replace(b"VALUE_", bad))
+    restored = oeqx.restore(path)
+    assert restored["name"] == NOT_UTF8
+    np.testing.assert_array_equal(restored[f"files.{NOT_UTF8}"], np.arange(3.0))
+    skeleton = {
+        "files": {NOT_UTF8: jax.ShapeDtypeStruct((3,), jnp.float32)},
+        "name": "",
+    }
+    restored = oeqx.restore(path, skeleton)
+    assert restored["name"] == NOT_UTF8 and list(restored["files"]) == [NOT_UTF8]
+    # inspect shows them escaped rather than failing to print them.
+    assert main(["inspect", str(path), "--flat"]) == 0
+    assert "files.caf\\udce9" in capsys.readouterr().out
+
+
+# --- values nested too deep ---------------------------------------------------------
+
+
+def _nested(depth):
+    value = "leaf"
+    for _ in range(depth):
+        value = (value,)
+    return value
+
+
+def test_static_field_nested_too_deep_is_refused_at_save(tmp_path):
+    with pytest.raises(
+        oeqx.UnsupportedLeafError,
+        match=r"^Cannot save this item: its sidecar would not read back\.\n  - Static "
+        r"field `tag` of module `<root>` \(test_hostile_strings\.Tagged\) nests "
+        r"more than 128 levels deep\.\nA recorded value may nest 128 JSON levels "
+        r"deep \(each tuple, list or dict takes two\): make it shallower, or keep "
+        r"it out of the saved item\.$",
+    ):
+        oeqx.save(tmp_path / "ckpt", Tagged(jnp.ones(2), _nested(65)))
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_static_field_nested_as_deep_as_allowed_round_trips(tmp_path):
+    model = Tagged(jnp.ones(2), _nested(64))
+    oeqx.save(tmp_path / "ckpt", model)
+    restored = oeqx.restore(tmp_path / "ckpt", eqx.filter_eval_shape(lambda: model))
+    assert restored.tag == model.tag
+    content = json.loads((tmp_path / "ckpt" / "orbax_eqx.json").read_text())
+    assert content["modules"][""]["static"]["tag"]["tuple"][0]["tuple"]
