@@ -4,6 +4,7 @@ them, naming the leaf or field, instead of writing a sidecar that never reads
 back. The fix the error gives (bytes) saves them exactly.
 """
 
+import json
 import os
 import re
 
@@ -12,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from safetensors import safe_open
 
 import orbax_eqx as oeqx
 from orbax_eqx._tools.cli import main
@@ -87,15 +89,19 @@ def test_descriptions_escape_such_text(tmp_path):
 
 
 def test_checkpoints_saved_before_the_refusal_restore_exactly(tmp_path, capsys):
-    # Written as orbax_eqx used to write them: lone surrogates UTF-8-encoded
-    # (`surrogatepass`), which a strict reader called damage.
+    # Written as orbax_eqx used to write them: names and values as they are,
+    # lone surrogates UTF-8-encoded (`surrogatepass`), which a strict reader
+    # called damage; paths escaped, as `jax.tree_util.keystr` prints them.
     path = tmp_path / "ckpt"
-    item = {"files": {"KEY_": jnp.arange(3.0)}, "name": "VALUE_"}
-    oeqx.save(path, item)
+    oeqx.save(path, {"files": {"KEY": jnp.arange(3.0)}, "name": "VALUE"})
     sidecar = path / "orbax_eqx.json"
-    raw = sidecar.read_bytes()
-    bad = NOT_UTF8.encode("utf-8", "surrogatepass")
-    sidecar.write_bytes(raw.replace(b"KEY_", bad).replace(b"VALUE_", bad))
+    content = json.loads(sidecar.read_text())
+    leaves = content["leaves"]
+    leaves[f"files.{NOT_UTF8}"] = leaves.pop("files.KEY")
+    leaves[f"files.{NOT_UTF8}"]["path"] = "['files']['caf\\udce9']"
+    leaves["name"]["value"] = NOT_UTF8
+    text = json.dumps(content, ensure_ascii=False)
+    sidecar.write_bytes(text.encode("utf-8", "surrogatepass"))
     restored = oeqx.restore(path)
     assert restored["name"] == NOT_UTF8
     np.testing.assert_array_equal(restored[f"files.{NOT_UTF8}"], np.arange(3.0))
@@ -108,6 +114,23 @@ def test_checkpoints_saved_before_the_refusal_restore_exactly(tmp_path, capsys):
     # inspect shows them escaped rather than failing to print them.
     assert main(["inspect", str(path), "--flat"]) == 0
     assert "files.caf\\udce9" in capsys.readouterr().out
+    # export: a tensor name must be UTF-8; the rule the error suggests works,
+    # and the str leaf goes into the metadata escaped, so it reads back exact.
+    out = tmp_path / "hf"
+    assert main(["export", str(path), "--to", "safetensors", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "orbax_eqx: error: Leaf `['files']['caf\\udce9']` would be the tensor "
+        "'files.caf\\udce9', which is not valid Unicode (a lone surrogate); "
+        "safetensors names are UTF-8. Rename it with a --rename rule whose regex "
+        'matches it (`[["<regex>", "<new name>"]]`).\n'
+    )
+    (tmp_path / "rules.json").write_text('[["files\\\\.caf.", "files.cafe"]]')
+    argv = ["export", str(path), "--to", "safetensors", str(out)]
+    assert main([*argv, "--rename", str(tmp_path / "rules.json")]) == 0
+    with safe_open(out / "model.safetensors", framework="numpy") as f:
+        assert list(f.keys()) == ["files.cafe"]
+        ours = json.loads(f.metadata()["orbax_eqx"])
+    assert ours["leaves"]["name"]["value"] == NOT_UTF8
 
 
 # --- values nested too deep ---------------------------------------------------------

@@ -136,6 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     args = _parser().parse_args(argv)
     _escape_unprintable(sys.stdout)
+    _escape_unprintable(sys.stderr)
     try:
         return args.run(args)
     except BrokenPipeError:

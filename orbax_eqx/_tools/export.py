@@ -154,7 +154,8 @@ def _plan(saved: Metadata, renames: RenameMap) -> tuple[list[_Tensor], int]:
             raise ExportError(
                 f"Leaf `{record.path}` would be the tensor {name!r}, which is not "
                 "valid Unicode (a lone surrogate); safetensors names are UTF-8. "
-                "Rename it with --rename."
+                "Rename it with a --rename rule whose regex matches it "
+                '(`[["<regex>", "<new name>"]]`).'
             )
         if name == st.METADATA_KEY:
             raise ExportError(

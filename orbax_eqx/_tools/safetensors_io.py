@@ -144,7 +144,7 @@ def read_header(path: str | os.PathLike) -> Header:
     try:
         content = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as e:  # an int too long, nested too deep
-        raise bad(f"the header is not JSON ({type(e).__name__}: {e})") from None
+        raise bad(f"the header is not JSON ({e})") from None
     if not isinstance(content, dict):
         raise bad("the header is not a JSON object")
     metadata = content.pop(METADATA_KEY, None) or {}

@@ -41,7 +41,7 @@ _HEX_INT = re.compile(r"-?0x[0-9a-f]+")
 # decimal digits, which every Python converts whatever its limit.
 DECIMAL_BITS = 2048
 # How deep an encoded value may nest (JSON arrays and objects, the value
-# itself being level 1): about 60 nested containers. Readers refuse deeper
+# itself being level 1): 64 nested tuples, lists or dicts. Readers refuse deeper
 # values: reading, comparing or printing them would recurse without bound.
 MAX_DEPTH = 128
 # For showing malformed values in messages: a few levels, a few items.
