@@ -57,21 +57,22 @@ def _damaged_sidecar(what):
     )
 
 
-# Runs restore, verify and export, through the API and the command line, on
-# one checkpoint; prints one JSON line per run as it ends.
+# Runs restore, verify and export through the API on `spec["path"]` (if
+# given), then each command line of `spec["cli"]`; prints one JSON line per
+# run as it ends.
 _CHILD = textwrap.dedent(
     """
     import contextlib, faulthandler, io, json, resource, sys
     # A hang prints every thread's stack and ends the child: the test shows it.
-    faulthandler.dump_traceback_later(float(sys.argv[3]), exit=True)
+    faulthandler.dump_traceback_later(float(sys.argv[1]), exit=True)
     # An endless read ends in MemoryError here, not with the machine's memory.
-    memory = int(sys.argv[4])
+    memory = int(sys.argv[2])
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
     import orbax_eqx as oeqx
     from orbax_eqx._tools.cli import main
     from orbax_eqx._tools.export import export
 
-    path, out = sys.argv[1], sys.argv[2]
+    spec = json.loads(sys.argv[3])
 
     def report(name, **result):
         print(json.dumps({"run": name, **result}), flush=True)
@@ -84,25 +85,27 @@ _CHILD = textwrap.dedent(
         else:
             report(name, type=None, value=value)
 
-    attempt("restore", lambda: sorted(oeqx.restore(path)))
-    attempt("verify", lambda: [d.problem for d in oeqx.verify(path).damaged])
-    attempt("export", lambda: export(path, out + "/api").files)
-    for args in (["verify"], ["export", "--to", "safetensors", out + "/cli"]):
+    if "path" in spec:
+        path, out = spec["path"], spec["out"]
+        attempt("restore", lambda: sorted(oeqx.restore(path)))
+        attempt("verify", lambda: [d.problem for d in oeqx.verify(path).damaged])
+        attempt("export", lambda: export(path, out).files)
+    for name, argv in spec["cli"].items():
         err, printed = io.StringIO(), io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(printed):
-            code = main([args[0], path, *args[1:]])
-        report("cli " + args[0], code=code, stderr=err.getvalue(),
-               stdout=printed.getvalue())
+            code = main(argv)
+        report(name, code=code, stderr=err.getvalue(), stdout=printed.getvalue())
     """
 )
 
 
-def _run_child(path, out) -> dict:
-    """Runs `_CHILD` on `path`; returns {run: result}. Fails on a hang or crash."""
+def _run_child(**spec) -> dict:
+    """Runs `_CHILD` with `spec`; returns {run: result}. Fails on a hang or crash."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": PACKAGE_ROOT}
+    argv = [str(LIMIT_S - 20), str(MEMORY), json.dumps(spec)]
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", _CHILD, path, out, str(LIMIT_S - 20), str(MEMORY)],
+            [sys.executable, "-c", _CHILD, *argv],
             capture_output=True,
             text=True,
             env=env,
@@ -115,12 +118,30 @@ def _run_child(path, out) -> dict:
     return {r.pop("run"): r for r in runs}
 
 
+def _on_checkpoint(path, out) -> dict:
+    """Restore, verify and export of `path`, by the API and the command line."""
+    return _run_child(
+        path=str(path),
+        out=str(out / "api"),
+        cli={
+            "cli verify": ["verify", str(path)],
+            "cli export": [
+                "export",
+                str(path),
+                "--to",
+                "safetensors",
+                str(out / "cli"),
+            ],
+        },
+    )
+
+
 def test_fifo_in_place_of_the_pack_fails_fast(tmp_path):
     path = _checkpoint(tmp_path)
     pack = _pack(path)
     pack.unlink()
     os.mkfifo(pack)
-    runs = _run_child(path, tmp_path / "out")
+    runs = _on_checkpoint(path, tmp_path / "out")
     damaged = _damaged_pack(r"is a FIFO \(named pipe\), not a regular file")
     for name in ("restore", "export"):
         assert runs[name]["type"] == "CheckpointDamagedError", runs[name]
@@ -154,7 +175,7 @@ def test_sidecar_that_would_never_end_fails_fast(tmp_path, plant, what):
     path = _checkpoint(tmp_path)
     (path / SIDECAR).unlink()
     plant(path / SIDECAR)
-    runs = _run_child(path, tmp_path / "out")
+    runs = _on_checkpoint(path, tmp_path / "out")
     message = _damaged_sidecar(what)
     for name in ("restore", "verify", "export"):
         assert runs[name]["type"] == "SidecarError", runs[name]
@@ -212,6 +233,46 @@ def test_pack_longer_than_written_is_damaged(tmp_path):
     with pytest.raises(oeqx.CheckpointDamagedError, match=message):
         oeqx.restore(path)
     assert all(re.fullmatch(message, d.problem) for d in oeqx.verify(path).damaged)
+
+
+SKELETON_PY = """
+import jax, jax.numpy as jnp
+
+def skeleton():
+    return {"w": jax.ShapeDtypeStruct((3,), jnp.float32)}
+"""
+
+
+def test_import_from_a_fifo_fails_fast(tmp_path):
+    (tmp_path / "skeletons.py").write_text(SKELETON_PY)
+    skeleton = f"{tmp_path / 'skeletons.py'}:skeleton"
+    single = tmp_path / "one.safetensors"
+    os.mkfifo(single)
+    (tmp_path / "hf").mkdir()
+    listed = tmp_path / "hf" / "model.safetensors"  # found by listing `hf`
+    os.mkfifo(listed)
+    runs = _run_child(
+        cli={
+            "file": [
+                "import",
+                str(single),
+                str(tmp_path / "a"),
+                "--skeleton",
+                skeleton,
+            ],
+            "directory": [
+                *("import", str(tmp_path / "hf"), str(tmp_path / "b")),
+                *("--skeleton", skeleton),
+            ],
+        }
+    )
+    for name, fifo in (("file", single), ("directory", listed)):
+        assert runs[name]["code"] == 2 and runs[name]["stdout"] == ""
+        assert runs[name]["stderr"] == (
+            f"orbax_eqx: error: {fifo} is not a valid safetensors file: it is a FIFO "
+            "(named pipe), not a regular file. Re-download or re-export it.\n"
+        )
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
 
 
 # --- export through a planted symlink ---------------------------------------------
