@@ -83,8 +83,7 @@ def test_verify_without_checksums_says_so(tmp_path):
     result = run_cli("verify", path, cwd=tmp_path)
     assert result.returncode == 0
     assert result.stdout.splitlines() == [
-        "1 leaves record no checksum (saved before orbax_eqx recorded them): "
-        "read, not checked.",
+        "1 leaves record no checksum (saved with checksums=False): read, not checked.",
         f"0 of 1 arrays (12 B) in {path} match their checksums.",
     ]
 

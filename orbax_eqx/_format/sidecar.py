@@ -55,7 +55,8 @@ An array leaf's `data` says where its bytes are:
 Packed leaves record the CRC-32 of their bytes (`crc32`), Orbax-stored ones a
 sum over their 32-bit words that does not depend on the sharding (`sum32`;
 both defined in `_checksum`). Sidecars written before checksums have neither;
-such leaves are read unchecked.
+such leaves are read unchecked. From format 3 on, every array with data has
+one, unless the save says `"checksums": false` (saved with `checksums=False`).
 
 The `token` is drawn at random for each save and names every file the save
 writes, so that two processes saving the same step into one directory (which
@@ -79,6 +80,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from .._errors import UnsupportedLeafError
 from .._tree.names import storage_key
 from .._tree.values import describe, encode, scalar_type
 from .._tree.walk import (
@@ -99,6 +101,10 @@ from .._tree.walk import (
 )
 
 FILE_NAME = "orbax_eqx.json"
+# The largest sidecar read (or written): a model of 100,000 leaves has one of
+# ~30 MB. Reads stop here, so that a sidecar that is a link to an endless
+# stream fails at once (no size of it is recorded anywhere to check against).
+MAX_BYTES = 256 << 20
 FORMAT = "orbax_eqx"
 FORMAT_VERSION = 4
 # `~` never appears in a storage key except before a 16-digit hash, so these
@@ -179,6 +185,9 @@ class Metadata:
     packs: tuple[PackMetadata, ...] = ()
     token: str | None = None  # names the save's files (format 3 on)
     shard_files: int = 0  # shard packs: one per process of the save (format 4)
+    # False: saved with `checksums=False` (format 3 saves record a checksum
+    # for every array otherwise; see `oeqx.verify`).
+    checksums: bool = True
 
     @property
     def nbytes(self) -> int:
@@ -325,6 +334,7 @@ def write(directory: epath.Path, content: dict[str, Any]) -> None:
     sidecar is how a save claims its directory (see `_claim`).
     """
     text = _dump(content)
+    _check_size(text, content)
     path = directory / FILE_NAME
     if not _is_local(directory):
         path.write_text(text)  # object stores replace whole objects atomically
@@ -347,6 +357,25 @@ def write(directory: epath.Path, content: dict[str, Any]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _check_size(text: str, content: dict[str, Any]) -> None:
+    """Refuses a sidecar larger than readers read (`MAX_BYTES`)."""
+    if len(text) * 4 <= MAX_BYTES:  # UTF-8 takes at most 4 bytes a character
+        return
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size <= MAX_BYTES:
+        return
+    records = [("leaf", n, r) for n, r in content["leaves"].items()]
+    records += [("module", n, r) for n, r in content["modules"].items()]
+    kind, name, _ = max(records, key=lambda r: len(json.dumps(r[2], default=str)))
+    raise UnsupportedLeafError(
+        f"Cannot save this item: its sidecar would be {size} bytes, more than "
+        f"the {MAX_BYTES} orbax_eqx reads back. The largest record is "
+        f"that of {kind} `{name}`. Keep large Python values (str, bytes, static "
+        "fields) out of the item, or store them as arrays "
+        "(`np.frombuffer(data, np.uint8)`)."
+    )
 
 
 def _dump(content: dict[str, Any]) -> str:

@@ -3,6 +3,14 @@
 Pure data: nothing named in the file is imported or called, and every file
 name and storage key is derived (from the token, from leaf names) and only
 compared with what the file says. The format is described in `_sidecar`.
+
+Reading is bounded: the file must be a regular file (a FIFO would block the
+read forever, a link to `/dev/zero` would never end) of at most `MAX_BYTES`;
+its JSON may hold no `NaN`/`Infinity` (which orbax_eqx never writes) and no
+integer of more digits than Python converts, and its values may nest at most
+`values.MAX_DEPTH` levels deep, so that reading, comparing or printing them
+never recurses without bound. Any of these is damage, said in one
+`SidecarError`.
 """
 
 import json
@@ -13,8 +21,12 @@ from typing import Any
 from etils import epath
 
 from .._errors import SidecarError, permission_denied
+
+# The one module of a later stage read here: it imports nothing of ours but
+# `_errors`, and opening files safely is the same job for every file.
+from .._storage import files as _files
 from .._tree.names import old_storage_key, storage_key
-from .._tree.values import scalar_type
+from .._tree.values import decode_scalar, scalar_type, too_deep
 from .._tree.walk import ARRAY, SCALAR, ModuleInfo, parse_dtype
 from .sidecar import (
     ALIAS,
@@ -24,6 +36,7 @@ from .sidecar import (
     FORMAT,
     FORMAT_VERSION,
     KINDS,
+    MAX_BYTES,
     PACKED,
     SHARDS,
     STORED,
@@ -35,26 +48,72 @@ from .sidecar import (
     pack_file,
 )
 
+_MAX_DIM = 2**62  # past this, a shape is no array any numpy can make
+
+
+class _NotJSON(ValueError):
+    """`NaN` or `Infinity`, which Python's reader takes but JSON has not."""
+
 
 def read(directory: epath.Path) -> Metadata:
     """Reads and validates the sidecar of the checkpoint in `directory`."""
     path = directory / FILE_NAME
+    missing = SidecarError(
+        f"{path} is missing, so {directory} is not an orbax_eqx checkpoint "
+        "or is incomplete. Pass the item directory of a checkpoint saved "
+        "with orbax_eqx (for a CheckpointManager: <root>/<step>/<item>)."
+    )
     if not path.exists():
-        raise SidecarError(
-            f"{path} is missing, so {directory} is not an orbax_eqx checkpoint "
-            "or is incomplete. Pass the item directory of a checkpoint saved "
-            "with orbax_eqx (for a CheckpointManager: <root>/<step>/<item>)."
-        )
+        raise missing
     try:
-        content = json.loads(path.read_text())
+        raw = _files.read_bounded(path, MAX_BYTES, lambda what: _damaged(path, what))
+    except FileNotFoundError:  # deleted since, or a link to nothing
+        raise missing from None
     except PermissionError:
         raise permission_denied(path) from None
+    try:
+        return parse(_loads(raw, path), str(directory))
+    except RecursionError:  # printing a value in an error, say
+        raise _damaged(path, _TOO_DEEP) from None
+
+
+_TOO_DEEP = "nests values deeper than orbax_eqx writes them"
+
+
+def _damaged(path, what: str) -> SidecarError:
+    return SidecarError(
+        f"The sidecar {path} {what}; the checkpoint is damaged (or something "
+        "else was put in its place). Restore an earlier step, or re-save it."
+    )
+
+
+def _loads(raw: bytes, path) -> Any:
+    try:
+        # `surrogatepass`: sidecars from before such text was refused at save
+        # hold lone surrogates, UTF-8-encoded; they read back exactly.
+        return json.loads(
+            raw.decode("utf-8", "surrogatepass"), parse_constant=_no_constant
+        )
+    except RecursionError:
+        raise _damaged(path, _TOO_DEEP) from None
+    except _NotJSON as e:
+        raise _damaged(path, f"holds {e}, which JSON does not have") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise SidecarError(
             f"The sidecar {path} is not valid JSON ({e}); the checkpoint is "
             "damaged. Restore an earlier step."
         ) from None
-    return parse(content, str(directory))
+    except ValueError:  # the only other: an int past Python's digit limit
+        raise _damaged(
+            path,
+            "holds an integer of more than "
+            f"{sys.get_int_max_str_digits()} digits, which orbax_eqx never "
+            "writes (it writes long integers in hexadecimal)",
+        ) from None
+
+
+def _no_constant(name: str) -> Any:
+    raise _NotJSON(name)
 
 
 def parse(content: Any, where: str) -> Metadata:
@@ -82,8 +141,13 @@ def parse(content: Any, where: str) -> Metadata:
     modules_json = content.get("modules", {})
     if not isinstance(versions, dict) or not isinstance(leaves_json, dict):
         raise bad('"leaves" and "versions" must be JSON objects')
+    if not all(isinstance(v, str) for v in versions.values()):
+        raise bad('"versions" must map package names to version strings')
     if not isinstance(modules_json, dict):
         raise bad('"modules" must be a JSON object')
+    checksums = content.get("checksums", True)
+    if type(checksums) is not bool:
+        raise bad('"checksums" must be true or false')
     token = content.get("token")
     if version >= 3 and not (isinstance(token, str) and TOKEN.fullmatch(token)):
         raise bad(f"token {token!r} is not 16 hexadecimal digits")
@@ -118,20 +182,24 @@ def parse(content: Any, where: str) -> Metadata:
             isinstance(rec, dict)
             and isinstance(rec.get("class"), str)
             and isinstance(rec.get("static", {}), dict)
+            and isinstance(rec.get("path", name), str)
         ):
-            raise bad(f"module {name!r} has no class or static fields")
-        modules[name] = ModuleInfo(
-            str(rec.get("path", name)), rec["class"], rec.get("static", {})
-        )
+            raise bad(f"module {name!r} has no class, path or static fields")
+        static = rec.get("static", {})
+        for field, value in static.items():
+            if too_deep(value):
+                raise bad(f"static field {field!r} of module {name!r} {_TOO_DEEP}")
+        modules[name] = ModuleInfo(rec.get("path", name), rec["class"], static)
     return Metadata(
         where,
         version,
-        {str(k): str(v) for k, v in versions.items()},
+        dict(versions),
         leaves,
         modules,
         packs,
         token,
         shard_files,
+        checksums,
     )
 
 
@@ -162,6 +230,16 @@ def _is_size(x: Any) -> bool:
     return type(x) is int and x >= 0
 
 
+def _is_scalar(encoded: Any) -> bool:
+    if scalar_type(encoded) is None:
+        return False
+    try:
+        decode_scalar(encoded)
+    except ValueError:
+        return False
+    return True
+
+
 def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
     if not isinstance(rec, dict):
         raise bad(f"leaf {name!r} is not a JSON object")
@@ -169,12 +247,20 @@ def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
     if kind not in KINDS:
         raise bad(f"leaf {name!r} has unknown kind {kind!r}")
     path = rec.get("path", name)
+    if not isinstance(path, str):
+        raise bad(f"leaf {name!r} has a path that is not a string")
     if kind != ARRAY:
-        if kind == SCALAR and scalar_type(rec.get("value", ...)) is None:
+        value = rec.get("value")
+        if too_deep(value):
+            raise bad(f"leaf {name!r} {_TOO_DEEP}")
+        if kind == SCALAR and not _is_scalar(rec.get("value", ...)):
             raise bad(f"leaf {name!r} has no valid Python value")
-        return LeafMetadata(name, str(path), kind, value=rec.get("value"))
+        return LeafMetadata(name, path, kind, value=value)
     shape = rec.get("shape")
-    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+    if not (
+        isinstance(shape, list)
+        and all(type(d) is int and 0 <= d <= _MAX_DIM for d in shape)
+    ):
         raise bad(f"leaf {name!r} has shape {shape!r}, not a list of sizes")
     dtype, cont, data = rec.get("dtype"), rec.get("container"), rec.get("data")
     if not isinstance(dtype, str) or cont not in CONTAINERS:
@@ -193,6 +279,13 @@ def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
         raise bad(f"leaf {name!r} is an alias of nothing")
     if data not in (STORED, PACKED, SHARDS, EMPTY, ALIAS):
         raise bad(f"leaf {name!r} has unknown data location {data!r}")
+    if data == EMPTY and math.prod(shape) != 0:
+        # Else a restore would invent zeros for it, as many as it claims.
+        raise bad(
+            f'leaf `{path}` (leaf name {name!r}) is stored as zero-size ("data": '
+            f'"none") but has shape {tuple(shape)}, which holds '
+            f"{math.prod(shape)} elements"
+        )
     size = rec.get("nbytes", 0)
     pack, offset = rec.get("pack"), rec.get("offset")
     if data == PACKED:
@@ -203,7 +296,7 @@ def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
             raise bad(f"leaf {name!r} has {k} {v!r}, not a 32-bit checksum")
     return LeafMetadata(
         name,
-        str(path),
+        path,
         kind,
         tuple(shape),
         dtype,

@@ -12,6 +12,7 @@ from .._storage import shards as _shards
 from .._storage.packing import host_copies, layout, packable
 from .._tree.names import storage_key
 from .._tree.walk import ARRAY, JAX, Walked, container, walk
+from . import recordable
 
 
 @dataclasses.dataclass
@@ -52,6 +53,7 @@ def prepare(
     """
     walked = walk(item)
     _check_savable(walked)
+    recordable.check(walked)
     aliases = _aliases(walked)
     to_pack, to_shard = [], []
     for leaf in walked.leaves:
@@ -71,6 +73,8 @@ def prepare(
         sharded={name: _shards.describe(x.sharding) for name, x in to_shard},
         shard_files=jax.process_count() if to_shard else 0,
     )
+    if not checksums:
+        content["checksums"] = False  # so that `verify` tells it from damage
     stored, sums = {}, {}
     for leaf in walked.leaves:
         record = content["leaves"][leaf.name]

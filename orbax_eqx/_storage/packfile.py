@@ -6,6 +6,10 @@ pieces at once in threads (a virtual disk serves parallel reads faster than
 one stream), so that `jax.device_put` takes the buffers as they are on CPU and
 a restore holds each byte once. Paths that are not local files (`gs://...`)
 go through `epath`, one range at a time.
+
+A pack is read only if it is a regular file (see `files`: a FIFO there would
+block a plain read forever, a directory reads as 4096 bytes of nothing) no
+longer than its sidecar records, and only the byte ranges asked for.
 """
 
 import concurrent.futures
@@ -17,6 +21,7 @@ from etils import epath
 
 from .._errors import CheckpointDamagedError, permission_denied
 from .._format.sidecar import PACK_ALIGNMENT as ALIGNMENT
+from . import files as _files
 
 _PIECE = 16 << 20  # bytes per read call; a few are in flight at once
 _WRITE_BATCH = 64 << 20  # bytes per write call
@@ -33,7 +38,7 @@ def aligned_empty(nbytes: int) -> np.ndarray:
 
 
 def _is_local(path: epath.Path) -> bool:
-    return "://" not in os.fspath(path)
+    return not _files.is_remote(path)
 
 
 def _as_bytes(x: np.ndarray) -> memoryview:
@@ -69,7 +74,10 @@ def write(
             for part in parts:
                 f.write(part)
         return
-    fd = os.open(os.fspath(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    # Never through a link: the name is the save's own (its token), so one
+    # there was put there by someone else.
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(os.fspath(path), flags, 0o644)
     try:
         offset, batch, size = 0, [], 0
         for part in parts:
@@ -106,33 +114,39 @@ def read(
     *,
     meanwhile: Callable[[list[np.ndarray], Callable[[int, int], None]], None]
     | None = None,
+    nbytes: int | None = None,
 ) -> list[np.ndarray]:
     """Reads each byte range `[start, stop)` of `path` into its own aligned buffer.
 
     `meanwhile(buffers, ready)`, if given, runs in this thread while the reads
     are in flight (to check bytes as they arrive): `ready(i, stop)` returns
     once the first `stop` bytes of `buffers[i]` are read, and raises what
-    their read raised.
+    their read raised. `nbytes`: the size the sidecar records for the file.
+    A file longer than that is damaged; one too short for the ranges is
+    damaged (ranges it still holds are read: what was written before a cut
+    can be saved). A path that is not a regular file is damaged too.
     """
+    end = max((stop for _, stop in ranges), default=0)
     if not _is_local(path):
+        _check_remote_size(path, end, nbytes)
         buffers = [aligned_empty(stop - start) for start, stop in ranges]
         _read_remote(path, ranges, buffers)
         if meanwhile is not None:
             meanwhile(buffers, _all_ready)
         return buffers
     try:
-        fd = os.open(os.fspath(path), os.O_RDONLY)
+        fd = _files.open_regular(path, lambda what: _damaged(path, what))
     except FileNotFoundError:
         raise _damaged(path, "is missing") from None
     except PermissionError:
         raise permission_denied(path) from None
     try:
-        size = os.fstat(fd).st_size
-        end = max((stop for _, stop in ranges), default=0)
         # Before allocating: a sidecar claiming absurd sizes must not get to
         # ask for terabytes of memory.
-        if size < end:
-            raise _damaged(path, f"has {size} bytes where {end} were written")
+        size = os.fstat(fd).st_size
+        if (nbytes is not None and size > nbytes) or size < end:
+            written = end if nbytes is None else nbytes
+            raise _damaged(path, f"has {size} bytes where {written} were written")
         buffers = [aligned_empty(stop - start) for start, stop in ranges]
         jobs = [
             (i, memoryview(buf)[at : at + _PIECE], start + at)
@@ -181,9 +195,16 @@ def _pread_exactly(fd: int, view: memoryview, offset: int, path) -> None:
         view, offset = view[n:], offset + n
 
 
-def _read_remote(path, ranges, buffers) -> None:
+def _check_remote_size(path, end: int, nbytes: int | None) -> None:
     if not path.exists():
         raise _damaged(path, "is missing")
+    size = path.stat().length
+    if (nbytes is not None and size > nbytes) or size < end:
+        written = end if nbytes is None else nbytes
+        raise _damaged(path, f"has {size} bytes where {written} were written")
+
+
+def _read_remote(path, ranges, buffers) -> None:
     with path.open("rb") as f:
         for (start, stop), buf in zip(ranges, buffers):
             f.seek(start)

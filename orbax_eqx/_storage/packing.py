@@ -144,7 +144,12 @@ def read(
         if verify:
             records = {name: r.record for name, r in wanted.items()}
             check = functools.partial(_check, records, where, problems)
-        buffers = _packfile.read(directory / packs[pack].file, ranges, meanwhile=check)
+        buffers = _packfile.read(
+            directory / packs[pack].file,
+            ranges,
+            meanwhile=check,
+            nbytes=packs[pack].nbytes,
+        )
         for name, request in wanted.items():
             i, start = where[name]
             hosts[name] = _view(buffers[i], start, request.record)

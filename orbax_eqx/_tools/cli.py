@@ -1,8 +1,10 @@
 """The command line: `python -m orbax_eqx {inspect,diff,verify,export,import,demo}`.
 
-Also installed as the `orbax-eqx` script. Errors are one line on stderr and a
-non-zero exit; `--debug` shows the traceback instead. Long commands draw a
-progress bar on stderr when it is a terminal, and nothing in a pipe.
+Also installed as the `orbax-eqx` script. Every failure is one line on stderr
+and exit status 2, whatever raised it (a damaged checkpoint says what is wrong;
+anything unforeseen is named with its command); `--debug` shows the traceback
+instead. Long commands draw a progress bar on stderr when it is a terminal,
+and nothing in a pipe.
 """
 
 import argparse
@@ -141,6 +143,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     usage.
     """
     args = _parser().parse_args(argv)
+    _escape_unprintable(sys.stdout)
+    _escape_unprintable(sys.stderr)
     try:
         return args.run(args)
     except BrokenPipeError:
@@ -155,6 +159,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except Exception as e:
+        # The last line of defence: whatever else went wrong is still one line.
+        if args.debug:
+            raise
+        print(
+            f"{PROG}: error: {args.command} failed: {type(e).__name__}: "
+            f"{_first_line(e)} (--debug shows the traceback)",
+            file=sys.stderr,
+        )
+        return 2
+
+
+def _escape_unprintable(stream) -> None:
+    """Prints text the terminal's encoding cannot hold as escapes, not an error.
+
+    Leaf names from old checkpoints can hold lone surrogates (from
+    `os.fsdecode`), which no encoding prints.
+    """
+    reconfigure = getattr(stream, "reconfigure", None)
+    if reconfigure is not None:
+        try:
+            reconfigure(errors="backslashreplace")
+        except (ValueError, OSError):  # already written to, or not a real stream
+            pass
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -475,5 +503,9 @@ def _positive_int(text: str) -> int:
 
 
 def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
+    try:
+        text = str(error)
+    except Exception:  # a message that cannot be made: an int too long, say
+        text = ""
+    lines = text.strip().splitlines()
     return lines[0] if lines else type(error).__name__

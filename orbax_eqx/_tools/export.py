@@ -7,6 +7,10 @@ Arrays are read a batch at a time and written straight out, so memory stays
 near one batch whatever the checkpoint's size. Past `max_shard_size`, the
 tensors are split over `model-0000i-of-0000n.safetensors` files with a
 `model.safetensors.index.json`, as Hugging Face `save_pretrained` does.
+
+Files are written under fresh random names beside their final ones (created
+with `O_EXCL | O_NOFOLLOW`: a symlink planted there is never written through)
+and renamed into place once checked.
 """
 
 import dataclasses
@@ -23,6 +27,8 @@ from .._format.sidecar import LeafMetadata, Metadata
 from .._format.sidecar_read import read
 from .._restore.read import LeafReader
 from .._restore.rename_map import RenameMap, identity
+from .._storage import files as _files
+from .._tree.values import is_text
 from .._tree.walk import ARRAY, parse_dtype
 from . import safetensors_io as st
 from .progress import Progress
@@ -100,21 +106,23 @@ def export(
     os.makedirs(out_dir, exist_ok=True)
     total = sum(t.nbytes for t in tensors)
     finals = [os.path.join(out_dir, name) for name in names]
-    temps = [f"{final}.tmp-{os.getpid()}" for final in finals]
+    temps: list[str] = []
     try:
         with (
             LeafReader(directory, saved) as reader,
             Progress("export", total, progress) as bar,
         ):
-            for shard, tmp in zip(shards, temps):
-                _write_shard(tmp, shard, metadata, reader, buffer, bar)
+            for shard, final in zip(shards, finals):
+                fd, tmp = _files.create_new(final)
+                temps.append(tmp)
+                _write_shard(fd, tmp, shard, metadata, reader, buffer, bar)
         for shard, tmp in zip(shards, temps):
             st.check_with_library(tmp, [t.name for t in shard], metadata)
         for tmp, final in zip(temps, finals):
             os.replace(tmp, final)
     finally:
         for tmp in temps:
-            if os.path.exists(tmp):
+            if os.path.lexists(tmp):
                 os.remove(tmp)
     for name in stale:
         old = os.path.join(out_dir, name)
@@ -142,6 +150,13 @@ def _plan(saved: Metadata, renames: RenameMap) -> tuple[list[_Tensor], int]:
                 jax.random.key_data, jax.ShapeDtypeStruct(shape, parse_dtype(dtype))
             )
             dtype, shape = str(data.dtype), tuple(data.shape)
+        if not is_text(name):
+            raise ExportError(
+                f"Leaf `{record.path}` would be the tensor {name!r}, which is not "
+                "valid Unicode (a lone surrogate); safetensors names are UTF-8. "
+                "Rename it with a --rename rule whose regex matches it "
+                '(`[["<regex>", "<new name>"]]`).'
+            )
         if name == st.METADATA_KEY:
             raise ExportError(
                 f"Leaf `{record.path}` would be the tensor `{name}`, a name "
@@ -243,16 +258,20 @@ def _metadata(saved: Metadata, tensors: list[_Tensor]) -> dict[str, str]:
         },
     }
     text = json.dumps(content, ensure_ascii=False, allow_nan=False)
+    if not is_text(text):  # lone surrogates, from an old sidecar: escaped
+        text = json.dumps(content, allow_nan=False)
     return {"format": "pt", METADATA_ENTRY: text}
 
 
-def _write_shard(tmp, shard, metadata, reader: LeafReader, buffer, bar) -> None:
-    # Largest items first, as the reference writer does, so that every tensor
-    # starts at a multiple of its item size.
-    order = sorted(shard, key=lambda t: -st.numpy_dtype(t.dtype).itemsize)
-    header = st.encode_header([(t.name, t.dtype, t.shape) for t in order], metadata)
-    by_leaf = {t.record.name: t for t in order}
-    with open(tmp, "wb") as f:
+def _write_shard(fd, tmp, shard, metadata, reader: LeafReader, buffer, bar) -> None:
+    """Writes one file through `fd`, new at `tmp`, and closes it."""
+    with os.fdopen(fd, "wb") as f:
+        # Largest items first, as the reference writer does, so that every
+        # tensor starts at a multiple of its item size.
+        order = sorted(shard, key=lambda t: -st.numpy_dtype(t.dtype).itemsize)
+        entries = [(t.name, t.dtype, t.shape) for t in order]
+        header = st.encode_header(entries, metadata)
+        by_leaf = {t.record.name: t for t in order}
         f.write(header)
         for record, array in reader.stream([t.record for t in order], buffer):
             t = by_leaf[record.name]
@@ -281,9 +300,13 @@ def _write_index(out_dir, shards, names, total) -> str:
         },
     }
     final = os.path.join(out_dir, st.INDEX_FILE)
-    tmp = f"{final}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(index, f, indent=2, ensure_ascii=False)
-        f.write("\n")
-    os.replace(tmp, final)
+    fd, tmp = _files.create_new(final)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(index, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+        os.replace(tmp, final)
+    finally:
+        if os.path.lexists(tmp):
+            os.remove(tmp)
     return final

@@ -114,7 +114,7 @@ def import_(
             for leaf in wanted:
                 header, info = tensors[by_leaf[leaf.name]]
                 if header.path not in files:
-                    files[header.path] = open(header.path, "rb")
+                    files[header.path] = st.open_data(header)
                 data = st.read_tensor(files[header.path], info)
                 arrays[leaf.name] = _to_leaf(data, leaf.value)
                 bar.advance(info.nbytes)
@@ -141,8 +141,8 @@ def import_(
 
 
 def _headers(source: str) -> list[st.Header]:
-    if os.path.isfile(source):
-        return [st.read_header(source)]
+    if os.path.lexists(source) and not os.path.isdir(source):
+        return [st.read_header(source)]  # which refuses a FIFO, a device...
     if not os.path.isdir(source):
         raise ImportMismatchError(f"{os.path.abspath(source)} does not exist.")
     index = os.path.join(source, st.INDEX_FILE)

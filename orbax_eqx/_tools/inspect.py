@@ -19,6 +19,7 @@ from etils import epath
 from .._format.locate import as_path, find_item, is_item, items_in, steps_in
 from .._format.sidecar import ALIAS, PACKED, SHARDS, STORED, Metadata, arrays_dir
 from .._format.sidecar_read import read
+from .._storage.files import read_bounded
 from .._tree.values import describe
 from .._tree.walk import ARRAY, JAX
 from .tree_view import type_text, value_text
@@ -27,6 +28,7 @@ from .tree_view import type_text, value_text
 # `metrics` item that CheckpointManager writes with its JSON handler (0.12.x).
 _STEP_METADATA = "_CHECKPOINT_METADATA"
 _METRICS_FILE = ("metrics", "metrics")
+_METRICS_MAX = 16 << 20  # bytes read of a metrics file, at most
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,8 +187,9 @@ def _metrics(step_dir: epath.Path) -> dict[str, Any] | None:
     )
     for file, key in sources:
         try:
-            content = json.loads(file.read_text())
-        except (OSError, ValueError):
+            # Bounded, and never from a FIFO or a device (which would block).
+            content = json.loads(read_bounded(file, _METRICS_MAX))
+        except (OSError, ValueError, RecursionError):
             continue
         if key is not None and isinstance(content, dict):
             content = content.get(key)

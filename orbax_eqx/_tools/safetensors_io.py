@@ -20,6 +20,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from .._errors import OrbaxEqxError
+from .._storage import files as _files
 
 # safetensors dtype codes and the numpy dtypes (numpy and ml_dtypes) they hold.
 DTYPES = {
@@ -74,6 +75,7 @@ class Header:
     path: str
     tensors: dict[str, TensorInfo]  # in the order of their data
     metadata: dict[str, str]
+    size: int = 0  # of the whole file, in bytes
 
 
 def numpy_dtype(name: str) -> np.dtype:
@@ -128,8 +130,10 @@ def read_header(path: str | os.PathLike) -> Header:
             "re-export it."
         )
 
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
+    # Only a regular file: a FIFO would block the read, a device never end it.
+    fd = _files.open_regular(path, lambda what: bad(f"it {what}"))
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(fd).st_size
         head = f.read(8)
         if len(head) < 8:
             raise bad(f"it is {size} bytes long, too short for a header")
@@ -139,7 +143,7 @@ def read_header(path: str | os.PathLike) -> Header:
         raw = f.read(length)
     try:
         content = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # an int too long, nested too deep
         raise bad(f"the header is not JSON ({e})") from None
     if not isinstance(content, dict):
         raise bad("the header is not a JSON object")
@@ -161,7 +165,26 @@ def read_header(path: str | os.PathLike) -> Header:
         end += t.nbytes
     if end != size:
         raise bad(f"the header describes {end} bytes of file, but it has {size}")
-    return Header(path, {t.name: t for t in tensors}, dict(metadata))
+    return Header(path, {t.name: t for t in tensors}, dict(metadata), size)
+
+
+def open_data(header: Header) -> BinaryIO:
+    """Opens the file of `header` to read its tensors: the same regular file,
+    of the size its header was read from."""
+
+    def bad(what: str) -> SafetensorsError:
+        return SafetensorsError(
+            f"{header.path} {what} (its header was read from a {header.size}-byte "
+            "file); it was replaced while being read. Import it again."
+        )
+
+    fd = _files.open_regular(header.path, bad)
+    try:
+        _files.check_size(fd, header.size, bad)
+    except BaseException:
+        os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
 
 
 def _tensor_info(name: str, rec: Any, data_start: int, bad) -> TensorInfo:

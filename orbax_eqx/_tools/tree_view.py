@@ -96,12 +96,20 @@ def rows(saved: Metadata, shardings: dict[str, str]) -> list[list[str]]:
         return [_INDENT * depth + label, cls, "", size, "", "", static]
 
     def visit(node: _Node, depth: int) -> None:
-        for part, child in node.children.items():
-            if child.leaf is not None and not child.children:
-                out.append(_leaf_row(child.leaf, depth, part, saved, shardings))
+        # Depth first with a stack, not recursion: modules nest as deep as a
+        # model does, and a chain of 1,000 modules is a model.
+        stack = [(iter(node.children.items()), depth)]
+        while stack:
+            children, depth = stack[-1]
+            for part, child in children:
+                if child.leaf is not None and not child.children:
+                    out.append(_leaf_row(child.leaf, depth, part, saved, shardings))
+                else:
+                    out.append(module_row(child, part, depth))
+                    stack.append((iter(child.children.items()), depth + 1))
+                    break
             else:
-                out.append(module_row(child, part, depth))
-                visit(child, depth + 1)
+                stack.pop()
 
     if root.leaf is not None:  # the whole tree is one leaf
         out.append(_leaf_row(root.leaf, 0, "<root>", saved, shardings))

@@ -43,7 +43,10 @@ class VerifyReport:
     - `damaged`: a `DamagedLeaf` for each leaf whose data did not match, or
         could not be read at all (a missing or short file).
     - `unchecked`: names of array leaves that record no checksum (saved by
-        an orbax_eqx before checksums); their data was read, not checked.
+        an orbax_eqx before checksums, or with `checksums=False`); their data
+        was read, not checked. A leaf of a format-3 sidecar that records none
+        though the save did not turn them off is damaged: its sidecar was
+        edited.
     - `nbytes`: bytes of array data read.
     """
 
@@ -95,7 +98,7 @@ def verify(
     for record in saved.leaves.values():
         if record.data == PACKED:
             result, n = _check_packed(path, saved, record, note)
-            _sort(record, result, checked, damaged, unchecked)
+            _sort(saved, record, result, checked, damaged, unchecked)
             total += n
         elif record.data == STORED:
             stored.append(record)
@@ -103,7 +106,7 @@ def verify(
         with LeafReader(path, saved) as reader:
             for record in stored:
                 result = _check_stored(reader, record)
-                _sort(record, result, checked, damaged, unchecked)
+                _sort(saved, record, result, checked, damaged, unchecked)
                 total += record.nbytes
                 note(record.nbytes)
                 release_memory()
@@ -112,8 +115,18 @@ def verify(
     )
 
 
-def _sort(record: LeafMetadata, result, checked, damaged, unchecked) -> None:
+def _sort(saved: Metadata, record: LeafMetadata, result, *lists) -> None:
     """`result`: None if unchecked, True if it matched, else the problem."""
+    checked, damaged, unchecked = lists
+    # From format 4 on, a save without checksums says so (`"checksums": false`);
+    # format 3 did not, so there a missing checksum may be `checksums=False`.
+    if result is None and saved.checksums and saved.format_version >= 4:
+        result = (
+            f"records no checksum, though a format-{saved.format_version} "
+            "sidecar records one for every array unless saved with "
+            "checksums=False, which this one does not say: its sidecar was "
+            "edited or damaged"
+        )
     if result is None:
         unchecked.append(record.name)
     elif result is True:
@@ -123,12 +136,16 @@ def _sort(record: LeafMetadata, result, checked, damaged, unchecked) -> None:
 
 
 def _check_packed(path: epath.Path, saved: Metadata, record, note):
-    file = path / saved.packs[record.pack].file
+    pack = saved.packs[record.pack]
     start, stop = record.offset, record.offset + record.nbytes
     crc, done = 0, 0
     try:
         for piece in range(start, stop, _CHUNK):
-            (data,) = _packfile.read(file, [(piece, min(piece + _CHUNK, stop))])
+            (data,) = _packfile.read(
+                path / pack.file,
+                [(piece, min(piece + _CHUNK, stop))],
+                nbytes=pack.nbytes,
+            )
             crc = crc32(data, crc)
             done += data.nbytes
             note(data.nbytes)

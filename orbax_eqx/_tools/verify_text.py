@@ -12,7 +12,7 @@ import json
 
 from .._errors import CheckpointPermissionError, OrbaxEqxError
 from .._format.locate import as_path, items_under
-from .._format.sidecar import PACKED, STORED
+from .._format.sidecar import PACKED, SHARDS, STORED
 from .._format.sidecar_read import read
 from .progress import Progress
 from .text import human_bytes
@@ -38,7 +38,7 @@ def _one(args: argparse.Namespace, item) -> int:
     if args.json:
         print(json.dumps(_json(report), indent=2))
     else:
-        print(_text(report), end="")
+        print(_text(report, saved), end="")
     return 0 if report.ok else 1
 
 
@@ -85,7 +85,7 @@ def _several(args: argparse.Namespace, items, steps) -> int:
         if isinstance(found, Exception):
             print(f"UNREADABLE {item}: {str(found).strip().splitlines()[0]}")
         else:
-            print(_text(found), end="")
+            print(_text(found, sidecars[item]), end="")
     bad = [(step, item) for step, item, found in results if not _ok(found)]
     print(_verdict(root, results, bad, bool(steps)))
     return 1 if bad else 0
@@ -126,22 +126,29 @@ def _count(things, word: str) -> str:
 
 
 def _nbytes(saved) -> int:
-    return sum(r.nbytes for r in saved.leaves.values() if r.data in (PACKED, STORED))
+    return sum(
+        r.nbytes for r in saved.leaves.values() if r.data in (PACKED, SHARDS, STORED)
+    )
 
 
 def _json(report: VerifyReport) -> dict:
     return dataclasses.asdict(report) | {"ok": report.ok}
 
 
-def _text(report: VerifyReport) -> str:
+def _text(report: VerifyReport, saved) -> str:
     lines = [
         f"DAMAGED {leaf.path} ({leaf.name}): {leaf.problem}" for leaf in report.damaged
     ]
     arrays = len(report.checked) + len(report.damaged) + len(report.unchecked)
     if report.unchecked:
+        why = (
+            "saved with checksums=False"
+            if not saved.checksums
+            else "saved with checksums=False, or before orbax_eqx recorded them"
+        )
         lines.append(
-            f"{len(report.unchecked)} leaves record no checksum (saved before "
-            "orbax_eqx recorded them): read, not checked."
+            f"{len(report.unchecked)} leaves record no checksum ({why}): read, not "
+            "checked."
         )
     if report.ok:
         lines.append(

@@ -5,12 +5,20 @@ Python-scalar leaves are stored by value and decoded back exactly (`nan`,
 fields, callables, other objects) is stored as a *description*: enough to
 compare it with the skeleton's value and to show it to a person, never enough
 to rebuild it. Decoding never imports or calls anything named in the file.
+
+Integers longer than `DECIMAL_BITS` are written in hexadecimal
+(`{"int": "0x..."}`): Python turns decimal text of more than
+`sys.get_int_max_str_digits()` digits (4300 by default, 640 at least) into an
+int, or an int into such text, only if that limit is raised for the whole
+process, and a sidecar must read back whatever the reader's limit.
+Encoded values nest at most `MAX_DEPTH` JSON levels deep (see `too_deep`).
 """
 
 import base64
 import enum
 import functools
 import re
+import reprlib
 from typing import Any
 
 import numpy as np
@@ -27,6 +35,18 @@ SCALAR_TYPES = {
 }
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_HEX_INT = re.compile(r"-?0x[0-9a-f]+")
+
+# Past this many bits an int is written in hexadecimal: fewer than 640
+# decimal digits, which every Python converts whatever its limit.
+DECIMAL_BITS = 2048
+# How deep an encoded value may nest (JSON arrays and objects, the value
+# itself being level 1): 64 nested tuples, lists or dicts. Readers refuse deeper
+# values: reading, comparing or printing them would recurse without bound.
+MAX_DEPTH = 128
+# For showing malformed values in messages: a few levels, a few items.
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 60, 60
 
 
 def qualified_name(obj: Any) -> str:
@@ -50,12 +70,17 @@ def clean_repr(obj: Any) -> str:
         text = repr(obj)
     except Exception:  # a broken __repr__ must not break a save
         text = f"<{qualified_name(type(obj))}>"
+    # A description only: a lone surrogate (a file name from `os.fsdecode`,
+    # shown with `str`) is written as its escape, which UTF-8 can hold.
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return _ADDRESS.sub("", text)
 
 
 def encode(value: Any) -> Any:
     """Encodes a value as JSON: exactly for literals, as a description otherwise."""
     kind = type(value)
+    if kind is int and value.bit_length() > DECIMAL_BITS:
+        return {"int": hex(value)}
     if value is None or kind in (bool, int, str):
         return value
     if kind is float:
@@ -102,7 +127,7 @@ def scalar_type(encoded: Any) -> str | None:
         return "str"
     if isinstance(encoded, dict) and len(encoded) == 1:
         (tag,) = encoded
-        if tag in ("float", "complex", "bytes"):
+        if tag in ("float", "complex", "bytes", "int"):
             return tag
     return None
 
@@ -110,6 +135,11 @@ def scalar_type(encoded: Any) -> str | None:
 def decode_scalar(encoded: Any) -> Any:
     """Decodes an encoded scalar exactly. Raises ValueError on anything else."""
     kind = scalar_type(encoded)
+    if kind == "int" and isinstance(encoded, dict):
+        text = _checked_str(encoded["int"])
+        if not _HEX_INT.fullmatch(text):
+            raise ValueError(f"not a hexadecimal integer: {_SHORT.repr(text)}")
+        return int(text, 16)
     if kind in ("None", "bool", "int", "str"):
         return encoded
     if kind == "float":
@@ -124,30 +154,91 @@ def decode_scalar(encoded: Any) -> Any:
 
 def _checked_str(text: Any) -> str:
     if not isinstance(text, str):
-        raise ValueError(f"expected a string, found {text!r}")
+        raise ValueError(f"expected a string, found {_SHORT.repr(text)}")
     return text
 
 
+def is_text(text: str) -> bool:
+    """Whether `text` is valid Unicode, which UTF-8 can hold: no lone surrogate.
+
+    `os.fsdecode` makes such strings of file names that are not UTF-8.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def bad_text(encoded: Any) -> str | None:
+    """The first string of an encoded value (keys too) that is not valid Unicode."""
+    stack = [encoded]
+    while stack:
+        node = stack.pop()
+        if type(node) is str:
+            if not is_text(node):
+                return node
+        elif type(node) is dict:
+            stack.extend(node)
+            stack.extend(node.values())
+        elif type(node) is list:
+            stack.extend(node)
+    return None
+
+
+def too_deep(encoded: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether an encoded value nests more than `limit` JSON levels deep.
+
+    Without recursing, and quickly for the usual scalars.
+    """
+    if type(encoded) not in (dict, list):
+        return False
+    stack = [(encoded, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = node.values() if type(node) is dict else node
+        stack.extend((c, depth + 1) for c in children if type(c) in (dict, list))
+    return False
+
+
 def describe(encoded: Any) -> str:
-    """Human-readable text for an encoded value, for messages and `inspect`."""
+    """Human-readable text for an encoded value, for messages and `inspect`.
+
+    Never fails: a malformed value (from a damaged sidecar) is shown as the
+    JSON it is, cut short.
+    """
+    try:
+        return _describe(encoded)
+    except (ValueError, TypeError, KeyError, IndexError, RecursionError):
+        return _SHORT.repr(encoded)
+
+
+def _describe(encoded: Any) -> str:
     if scalar_type(encoded) is not None:
-        return repr(decode_scalar(encoded))
+        value = decode_scalar(encoded)
+        if type(value) is int and value.bit_length() > DECIMAL_BITS:
+            return f"<int of {value.bit_length()} bits>"
+        return repr(value)
     if isinstance(encoded, dict) and len(encoded) >= 1:
         tag = next(iter(encoded))
         body = encoded[tag]
         if tag == "tuple":
-            items = [describe(v) for v in body]
+            items = [_describe(v) for v in body]
             return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
         if tag == "list":
-            return "[" + ", ".join(describe(v) for v in body) + "]"
+            return "[" + ", ".join(_describe(v) for v in body) + "]"
         if tag == "dict":
             return (
-                "{" + ", ".join(f"{describe(k)}: {describe(v)}" for k, v in body) + "}"
+                "{"
+                + ", ".join(f"{_describe(k)}: {_describe(v)}" for k, v in body)
+                + "}"
             )
         if tag == "dtype":
             return f"dtype({body!r})"
         if tag == "numpy":
-            return f"{body[0]}({describe(body[1])})"
+            return f"{body[0]}({_describe(body[1])})"
         if tag in ("enum", "callable"):
             return str(body)
         if tag == "object":

@@ -1,0 +1,311 @@
+"""Files that are not files: a FIFO, a directory or a device where a checkpoint
+file should be, a sidecar without end, a pack longer than written, and a
+symlink planted where export writes.
+
+Whatever could block (a FIFO) or read without end (`/dev/zero`) runs in a
+fresh interpreter with a time limit and a memory limit, so that a regression
+fails the test (with the stack of the hang, from `faulthandler`) instead of
+hanging it or filling the machine's memory.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import pytest
+
+import orbax_eqx as oeqx
+from orbax_eqx._format.sidecar import MAX_BYTES
+from orbax_eqx._tools.cli import main
+from orbax_eqx._tools.export import export
+
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
+SIDECAR = "orbax_eqx.json"
+LIMIT_S = 120  # for a child that imports JAX and runs a few commands
+MEMORY = 3 << 30  # a child's address space: reading /dev/zero ends here
+
+
+def _checkpoint(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"model": eqx.nn.MLP(3, 2, 8, 1, key=jax.random.key(0)), "n": 3})
+    return path
+
+
+def _pack(path):
+    return path / oeqx.metadata(path).packs[0].file
+
+
+def _damaged_pack(what):
+    return (
+        rf"The pack file \S+/orbax_eqx~packed\.[0-9a-f]{{16}}\.0\.bin {what}: the "
+        r"checkpoint is damaged \(a copy cut short, or a file deleted\)\. Restore an "
+        r"earlier step, or re-save it\."
+    )
+
+
+def _damaged_sidecar(what):
+    return (
+        rf"The sidecar \S+/orbax_eqx\.json {what}; the checkpoint is damaged \(or "
+        r"something else was put in its place\)\. Restore an earlier step, or "
+        r"re-save it\."
+    )
+
+
+# Runs restore, verify and export through the API on `spec["path"]` (if
+# given), then each command line of `spec["cli"]`; prints one JSON line per
+# run as it ends.
+_CHILD = textwrap.dedent(
+    """
+    import contextlib, faulthandler, io, json, resource, sys
+    # A hang prints every thread's stack and ends the child: the test shows it.
+    faulthandler.dump_traceback_later(float(sys.argv[1]), exit=True)
+    # An endless read ends in MemoryError here, not with the machine's memory.
+    memory = int(sys.argv[2])
+    resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    import orbax_eqx as oeqx
+    from orbax_eqx._tools.cli import main
+    from orbax_eqx._tools.export import export
+
+    spec = json.loads(sys.argv[3])
+
+    def report(name, **result):
+        print(json.dumps({"run": name, **result}), flush=True)
+
+    def attempt(name, fn):
+        try:
+            value = fn()
+        except Exception as e:
+            report(name, type=type(e).__name__, message=str(e))
+        else:
+            report(name, type=None, value=value)
+
+    if "path" in spec:
+        path, out = spec["path"], spec["out"]
+        attempt("restore", lambda: sorted(oeqx.restore(path)))
+        attempt("verify", lambda: [d.problem for d in oeqx.verify(path).damaged])
+        attempt("export", lambda: export(path, out).files)
+    for name, argv in spec["cli"].items():
+        err, printed = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(printed):
+            code = main(argv)
+        report(name, code=code, stderr=err.getvalue(), stdout=printed.getvalue())
+    """
+)
+
+
+def _run_child(**spec) -> dict:
+    """Runs `_CHILD` with `spec`; returns {run: result}. Fails on a hang or crash."""
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": PACKAGE_ROOT}
+    argv = [str(LIMIT_S - 20), str(MEMORY), json.dumps(spec)]
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD, *argv],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=LIMIT_S,  # then SIGKILL: a stuck read ignores anything else
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"blocked past {LIMIT_S} s:\n{e.stdout}\n{e.stderr}")
+    assert proc.returncode == 0, f"the child failed:\n{proc.stdout}\n{proc.stderr}"
+    runs = [json.loads(line) for line in proc.stdout.splitlines() if line]
+    return {r.pop("run"): r for r in runs}
+
+
+def _on_checkpoint(path, out) -> dict:
+    """Restore, verify and export of `path`, by the API and the command line."""
+    return _run_child(
+        path=str(path),
+        out=str(out / "api"),
+        cli={
+            "cli verify": ["verify", str(path)],
+            "cli export": [
+                "export",
+                str(path),
+                "--to",
+                "safetensors",
+                str(out / "cli"),
+            ],
+        },
+    )
+
+
+def test_fifo_in_place_of_the_pack_fails_fast(tmp_path):
+    path = _checkpoint(tmp_path)
+    pack = _pack(path)
+    pack.unlink()
+    os.mkfifo(pack)
+    runs = _on_checkpoint(path, tmp_path / "out")
+    damaged = _damaged_pack(r"is a FIFO \(named pipe\), not a regular file")
+    for name in ("restore", "export"):
+        assert runs[name]["type"] == "CheckpointDamagedError", runs[name]
+        assert re.fullmatch(damaged, runs[name]["message"]), runs[name]["message"]
+    # verify: every packed leaf is damaged, and says why.
+    problems = runs["verify"]["value"]
+    assert len(problems) == 4 and all(re.fullmatch(damaged, p) for p in problems)
+    assert runs["cli verify"]["code"] == 1
+    assert runs["cli verify"]["stdout"].count("DAMAGED") == 4
+    cli = runs["cli export"]
+    assert cli["code"] == 2 and cli["stdout"] == ""
+    assert re.fullmatch(f"orbax_eqx: error: {damaged}\n", cli["stderr"]), cli
+    # Export left nothing behind: its temporary files are gone.
+    assert os.listdir(tmp_path / "out" / "api") == []
+    assert os.listdir(tmp_path / "out" / "cli") == []
+
+
+@pytest.mark.parametrize(
+    "plant, what",
+    [
+        (os.mkfifo, r"is a FIFO \(named pipe\), not a regular file"),
+        # A link to an endless stream: refused as the device it is, unread.
+        (
+            lambda p: os.symlink("/dev/zero", p),
+            "is a character device, not a regular file",
+        ),
+    ],
+    ids=["fifo", "dev_zero"],
+)
+def test_sidecar_that_would_never_end_fails_fast(tmp_path, plant, what):
+    path = _checkpoint(tmp_path)
+    (path / SIDECAR).unlink()
+    plant(path / SIDECAR)
+    runs = _on_checkpoint(path, tmp_path / "out")
+    message = _damaged_sidecar(what)
+    for name in ("restore", "verify", "export"):
+        assert runs[name]["type"] == "SidecarError", runs[name]
+        assert re.fullmatch(message, runs[name]["message"]), runs[name]["message"]
+    for name in ("cli verify", "cli export"):
+        assert runs[name]["code"] == 2 and runs[name]["stdout"] == ""
+        assert re.fullmatch(f"orbax_eqx: error: {message}\n", runs[name]["stderr"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_directory_in_place_of_the_pack(tmp_path):
+    path = _checkpoint(tmp_path)
+    pack = _pack(path)
+    pack.unlink()
+    pack.mkdir()
+    message = _damaged_pack("is a directory, not a regular file")
+    with pytest.raises(oeqx.CheckpointDamagedError, match=message):
+        oeqx.restore(path)
+    report = oeqx.verify(path)
+    assert len(report.damaged) == 4
+    assert all(re.fullmatch(message, d.problem) for d in report.damaged)
+
+
+def test_directory_in_place_of_the_sidecar(tmp_path, capsys):
+    path = _checkpoint(tmp_path)
+    (path / SIDECAR).unlink()
+    (path / SIDECAR).mkdir()
+    message = _damaged_sidecar("is a directory, not a regular file")
+    for run in (oeqx.restore, oeqx.verify, oeqx.metadata):
+        with pytest.raises(oeqx.SidecarError, match=message):
+            run(path)
+    assert main(["inspect", str(path)]) == 2
+    assert re.fullmatch(f"orbax_eqx: error: {message}\n", capsys.readouterr().err)
+
+
+def test_sidecar_larger_than_any_sidecar_is_refused_unread(tmp_path):
+    path = _checkpoint(tmp_path)
+    with open(path / SIDECAR, "r+b") as f:
+        f.truncate(MAX_BYTES + 1)  # sparse: no disk, and never read
+    with pytest.raises(
+        oeqx.SidecarError,
+        match=_damaged_sidecar(
+            f"has {MAX_BYTES + 1} bytes, more than the {MAX_BYTES} allowed"
+        ),
+    ):
+        oeqx.restore(path)
+
+
+def test_pack_longer_than_written_is_damaged(tmp_path):
+    path = _checkpoint(tmp_path)
+    written = oeqx.metadata(path).packs[0].nbytes
+    with open(_pack(path), "ab") as f:
+        f.write(b"\0" * 100)
+    message = _damaged_pack(f"has {written + 100} bytes where {written} were written")
+    with pytest.raises(oeqx.CheckpointDamagedError, match=message):
+        oeqx.restore(path)
+    assert all(re.fullmatch(message, d.problem) for d in oeqx.verify(path).damaged)
+
+
+SKELETON_PY = """
+import jax, jax.numpy as jnp
+
+def skeleton():
+    return {"w": jax.ShapeDtypeStruct((3,), jnp.float32)}
+"""
+
+
+def test_import_from_a_fifo_fails_fast(tmp_path):
+    (tmp_path / "skeletons.py").write_text(SKELETON_PY)
+    skeleton = f"{tmp_path / 'skeletons.py'}:skeleton"
+    single = tmp_path / "one.safetensors"
+    os.mkfifo(single)
+    (tmp_path / "hf").mkdir()
+    listed = tmp_path / "hf" / "model.safetensors"  # found by listing `hf`
+    os.mkfifo(listed)
+    runs = _run_child(
+        cli={
+            "file": [
+                "import",
+                str(single),
+                str(tmp_path / "a"),
+                "--skeleton",
+                skeleton,
+            ],
+            "directory": [
+                *("import", str(tmp_path / "hf"), str(tmp_path / "b")),
+                *("--skeleton", skeleton),
+            ],
+        }
+    )
+    for name, fifo in (("file", single), ("directory", listed)):
+        assert runs[name]["code"] == 2 and runs[name]["stdout"] == ""
+        assert runs[name]["stderr"] == (
+            f"orbax_eqx: error: {fifo} is not a valid safetensors file: it is a FIFO "
+            "(named pipe), not a regular file. Re-download or re-export it.\n"
+        )
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+# --- export through a planted symlink ---------------------------------------------
+
+
+@pytest.mark.parametrize("sharded", [False, True], ids=["one_file", "sharded"])
+def test_export_never_writes_through_a_planted_symlink(tmp_path, sharded):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"a": jnp.arange(1000.0), "b": jnp.ones(300)})
+    out = tmp_path / "hf"
+    out.mkdir()
+    names = (
+        ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+        if sharded
+        else ["model.safetensors"]
+    )
+    if sharded:
+        names.append("model.safetensors.index.json")
+    # What export used to write through: `{final}.tmp-{pid}`, here a link to a
+    # file outside the output directory, which must stay as it is.
+    victims = []
+    for i, name in enumerate(names):
+        victim = tmp_path / f"victim-{i}"
+        victim.write_bytes(b"precious")
+        os.symlink(victim, out / f"{name}.tmp-{os.getpid()}")
+        victims.append(victim)
+    result = export(path, out, max_shard_size=2000 if sharded else 10**9)
+    assert [os.path.basename(f) for f in result.files] == names
+    for victim in victims:
+        assert victim.read_bytes() == b"precious"
+    for name in names:  # the planted links are left alone, not written or removed
+        assert os.path.islink(out / f"{name}.tmp-{os.getpid()}")
+        assert not os.path.islink(out / name)
+    assert sorted(os.listdir(out)) == sorted(
+        names + [f"{name}.tmp-{os.getpid()}" for name in names]
+    )

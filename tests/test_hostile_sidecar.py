@@ -1,0 +1,249 @@
+"""Sidecars that lie: a zero-size leaf claiming a shape, checksums stripped, JSON
+that Python reads but orbax_eqx never writes (NaN, endless integers, endless
+nesting). Each is damage, said in one clear error, before any array is read.
+"""
+
+import json
+import re
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import orbax_eqx as oeqx
+from orbax_eqx._tools.cli import main
+
+SIDECAR = "orbax_eqx.json"
+
+
+def _edit(path, edit) -> None:
+    content = json.loads((path / SIDECAR).read_text())
+    edit(content)
+    (path / SIDECAR).write_text(json.dumps(content))
+
+
+def _replace(path, old: str, new: str) -> None:
+    text = (path / SIDECAR).read_text()
+    assert old in text
+    (path / SIDECAR).write_text(text.replace(old, new, 1))
+
+
+def _damaged(what: str) -> str:
+    return (
+        rf"The sidecar in \S+ is damaged: {what}\. Restore an earlier step, or "
+        r"re-save the checkpoint\."
+    )
+
+
+def _one_line_error(argv, capsys, message) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert re.fullmatch(f"orbax_eqx: error: {message}\n", captured.err), captured.err
+
+
+# --- a zero-size leaf claiming a shape --------------------------------------------
+
+
+@pytest.fixture
+def with_empty(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"e": jnp.zeros((0, 3)), "w": jnp.ones(2)})
+    assert oeqx.metadata(path).leaves["e"].data == "none"
+    return path
+
+
+@pytest.mark.parametrize(
+    "shape, elements",
+    [((5, 3), 15), ((2**40, 2**40), 2**80)],
+    ids=["small", "huge"],
+)
+def test_zero_size_leaf_claiming_a_shape_is_damage(with_empty, capsys, shape, elements):
+    def claim(content):
+        content["leaves"]["e"]["shape"] = list(shape)
+
+    _edit(with_empty, claim)
+    message = _damaged(
+        rf"""leaf `\['e'\]` \(leaf name 'e'\) is stored as zero-size \("data": """
+        rf""""none"\) but has shape \({shape[0]}, {shape[1]}\), which holds """
+        rf"{elements} elements"
+    )
+    # Refused before anything is made: a huge one is never allocated.
+    with pytest.raises(oeqx.SidecarError, match=message):
+        oeqx.restore(with_empty)
+    with pytest.raises(oeqx.SidecarError, match=message):
+        oeqx.verify(with_empty)
+    _one_line_error(["verify", str(with_empty)], capsys, message)
+    # A shape of zero elements, however large its other sides, is no lie.
+    _edit(with_empty, lambda c: c["leaves"]["e"].update(shape=[3, 0, 2**40]))
+    assert oeqx.restore(with_empty)["e"].shape == (3, 0, 2**40)
+
+
+def test_dimension_no_array_can_have_is_damage(with_empty):
+    _edit(with_empty, lambda c: c["leaves"]["e"].update(shape=[0, 2**63]))
+    with pytest.raises(
+        oeqx.SidecarError,
+        match=_damaged(rf"leaf 'e' has shape \[0, {2**63}\], not a list of sizes"),
+    ):
+        oeqx.restore(with_empty)
+
+
+# --- checksums stripped -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "orbax"])
+def test_stripped_checksums_are_damage(tmp_path, capsys, pack):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"a": jnp.arange(10.0), "b": jnp.ones(3)}, pack=pack)
+
+    def strip(content):
+        for record in content["leaves"].values():
+            record.pop("crc32" if pack else "sum32")
+
+    _edit(path, strip)
+    report = oeqx.verify(path)
+    assert not report.ok and report.unchecked == ()
+    assert sorted(d.name for d in report.damaged) == ["a", "b"]
+    for leaf in report.damaged:
+        assert leaf.problem == (
+            "records no checksum, though a format-4 sidecar records one for every "
+            "array unless saved with checksums=False, which this one does not say: "
+            "its sidecar was edited or damaged"
+        )
+    assert main(["verify", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert "DAMAGED ['a'] (a): records no checksum, though a format-4" in out
+    assert "saved before orbax_eqx recorded them" not in out
+
+
+def test_a_format_3_sidecar_without_checksums_is_unchecked_not_damaged(tmp_path):
+    # Format 3 did not record `checksums=False`: a sidecar without checksums
+    # may be a sound checkpoint saved so, which `verify` must not call damaged.
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"a": jnp.arange(10.0)}, checksums=False)
+
+    def as_format_3(content):
+        content.update(format_version=3)
+        content.pop("checksums")
+        content.pop("shard_files")
+
+    _edit(path, as_format_3)
+    report = oeqx.verify(path)
+    assert report.ok and report.unchecked == ("a",)
+
+
+def test_saved_without_checksums_says_so_and_is_no_damage(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"a": jnp.arange(10.0)}, checksums=False)
+    assert json.loads((path / SIDECAR).read_text())["checksums"] is False
+    assert oeqx.metadata(path).checksums is False
+    report = oeqx.verify(path)
+    assert report.ok and report.unchecked == ("a",)
+
+
+def test_checksums_flag_that_is_no_bool_is_damage(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"a": jnp.arange(10.0)}, checksums=False)
+    _edit(path, lambda c: c.update(checksums="no"))
+    with pytest.raises(
+        oeqx.SidecarError, match=_damaged('"checksums" must be true or false')
+    ):
+        oeqx.verify(path)
+
+
+# --- JSON that orbax_eqx never writes ---------------------------------------------
+
+
+def _sidecar_damaged(what: str) -> str:
+    return (
+        rf"The sidecar \S+/orbax_eqx\.json {what}; the checkpoint is damaged \(or "
+        r"something else was put in its place\)\. Restore an earlier step, or "
+        r"re-save it\."
+    )
+
+
+@pytest.fixture
+def with_scalar(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"n": 12345, "w": jnp.ones(2)})
+    return path
+
+
+_NEVER_WRITTEN = [
+    (
+        "1" * 100_000,
+        _sidecar_damaged(
+            "holds an integer of more than 4300 digits, which orbax_eqx never "
+            r"writes \(it writes long integers in hexadecimal\)"
+        ),
+    ),
+    (
+        "[" * 100_000 + "]" * 100_000,
+        _sidecar_damaged("nests values deeper than orbax_eqx writes them"),
+    ),
+    # Not too deep for Python's JSON reader, too deep to print or compare safely.
+    (
+        "[" * 200 + "]" * 200,
+        _damaged("leaf 'n' nests values deeper than orbax_eqx writes them"),
+    ),
+    ("NaN", _sidecar_damaged("holds NaN, which JSON does not have")),
+    ("-Infinity", _sidecar_damaged("holds -Infinity, which JSON does not have")),
+]
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    _NEVER_WRITTEN,
+    ids=["long_int", "endless_nesting", "deep_nesting", "nan", "infinity"],
+)
+def test_json_orbax_eqx_never_writes(with_scalar, capsys, value, message):
+    _replace(with_scalar, '"value": 12345', f'"value": {value}')
+    with pytest.raises(oeqx.SidecarError, match=message):
+        oeqx.restore(with_scalar)
+    out = str(with_scalar) + ".st"
+    for argv in (
+        ["inspect", str(with_scalar)],
+        ["verify", str(with_scalar)],
+        ["export", str(with_scalar), "--to", "safetensors", out],
+    ):
+        _one_line_error(argv, capsys, message)
+
+
+class Scaled(eqx.Module):
+    weight: jax.Array
+    scale: float = eqx.field(static=True)
+
+
+def test_infinite_static_field_is_refused_by_export_in_one_line(tmp_path, capsys):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, Scaled(jnp.ones(2), 0.5))
+    _replace(path, '"scale": {"float": "0.5"}', '"scale": Infinity')
+    _one_line_error(
+        ["export", str(path), "--to", "safetensors", str(tmp_path / "hf")],
+        capsys,
+        _sidecar_damaged("holds Infinity, which JSON does not have"),
+    )
+    assert not (tmp_path / "hf").exists()
+
+
+# --- long integers ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "n", [10**5000, -(7**20000), 2**2048], ids=["huge", "negative", "just_past"]
+)
+def test_long_integers_round_trip_whatever_the_digit_limit(tmp_path, capsys, n):
+    path = tmp_path / "ckpt"
+    # 2048 bits: 617 digits, under the lowest limit Python allows (640), so
+    # still decimal, as orbax_eqx always wrote integers.
+    short = (2**2048 - 1) * (1 if n > 0 else -1)
+    oeqx.save(path, {"n": n, "short": short, "w": np.ones(2, np.float32)})
+    leaves = json.loads((path / SIDECAR).read_text())["leaves"]
+    assert leaves["n"]["value"] == {"int": hex(n)}
+    assert leaves["short"]["value"] == short
+    restored = oeqx.restore(path)
+    assert restored["n"] == n and restored["short"] == short
+    assert main(["inspect", str(path)]) == 0
+    assert f"<int of {n.bit_length()} bits>" in capsys.readouterr().out

@@ -1,0 +1,161 @@
+"""Strings that are not valid Unicode (lone surrogates, as `os.fsdecode` makes of
+a file name that is not UTF-8), and values nested too deep: a save refuses
+them, naming the leaf or field, instead of writing a sidecar that never reads
+back. The fix the error gives (bytes) saves them exactly.
+"""
+
+import json
+import os
+import re
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+import orbax_eqx as oeqx
+from orbax_eqx._tools.cli import main
+
+NOT_UTF8 = os.fsdecode(b"caf\xe9")  # 'caf\udce9'
+SURROGATE = (
+    "holds a lone surrogate, as `os.fsdecode` makes of a file name that is not UTF-8"
+)
+TEXT_FIX = (
+    "The sidecar (UTF-8 JSON) cannot hold text that is not valid Unicode: store it "
+    "as bytes (`os.fsencode(text)`: bytes leaves, static fields and dict keys are "
+    "saved exactly), or decode it first "
+    "(`os.fsencode(text).decode('utf-8', 'replace')`)."
+)
+
+
+class Tagged(eqx.Module):
+    weight: jax.Array
+    tag: tuple = eqx.field(static=True)
+
+
+RAW = os.fsencode(NOT_UTF8)  # b"caf\xe9": what the error says to store
+
+
+@pytest.mark.parametrize(
+    "item, fixed, problem",
+    [
+        (
+            {"files": {NOT_UTF8: jnp.ones(2)}},
+            {"files": {RAW: jnp.ones(2)}},
+            rf"Leaf `\['files'\]\['caf\\udce9'\]` is under a dict key that is not "
+            rf"valid Unicode: 'caf\\udce9' {SURROGATE}\.",
+        ),
+        (
+            {"name": NOT_UTF8, "w": jnp.ones(2)},
+            {"name": RAW, "w": jnp.ones(2)},
+            rf"Leaf `\['name'\]` is a str that is not valid Unicode: 'caf\\udce9' "
+            rf"{SURROGATE}\.",
+        ),
+        (
+            Tagged(jnp.ones(2), ("ok", NOT_UTF8)),
+            Tagged(jnp.ones(2), ("ok", RAW)),
+            r"Static field `tag` of module `<root>` \(test_hostile_strings\.Tagged\) "
+            rf"holds text that is not valid Unicode: 'caf\\udce9' {SURROGATE}\.",
+        ),
+    ],
+    ids=["dict_key", "str_value", "static_field"],
+)
+def test_text_that_is_not_unicode_is_refused_at_save(tmp_path, item, fixed, problem):
+    path = tmp_path / "ckpt"
+    message = (
+        "Cannot save this item: its sidecar would not read back.\n"
+        f"  - {problem}\n{re.escape(TEXT_FIX)}"
+    )
+    with pytest.raises(oeqx.UnsupportedLeafError, match=f"^{message}$"):
+        oeqx.save(path, item)
+    assert not path.exists()  # refused before writing: no checkpoint there
+    # The fix the error gives works: bytes are saved, and restored, exactly.
+    oeqx.save(path, fixed)
+    restored = oeqx.restore(path, eqx.filter_eval_shape(lambda: fixed))
+    assert jax.tree.structure(restored) == jax.tree.structure(fixed)
+    assert eqx.tree_equal(restored, fixed)
+
+
+def test_descriptions_escape_such_text(tmp_path):
+    class Named:  # an object leaf: recorded by its repr, which may hold anything
+        def __repr__(self):
+            return f"Named({NOT_UTF8})"
+
+    oeqx.save(tmp_path / "ckpt", {"n": Named(), "w": jnp.ones(1)})
+    value = oeqx.metadata(tmp_path / "ckpt").leaves["n"].value
+    assert value["repr"] == "Named(caf\\udce9)"
+
+
+def test_checkpoints_saved_before_the_refusal_restore_exactly(tmp_path, capsys):
+    # Written as orbax_eqx used to write them: names and values as they are,
+    # lone surrogates UTF-8-encoded (`surrogatepass`), which a strict reader
+    # called damage; paths escaped, as `jax.tree_util.keystr` prints them.
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"files": {"KEY": jnp.arange(3.0)}, "name": "VALUE"})
+    sidecar = path / "orbax_eqx.json"
+    content = json.loads(sidecar.read_text())
+    leaves = content["leaves"]
+    leaves[f"files.{NOT_UTF8}"] = leaves.pop("files.KEY")
+    leaves[f"files.{NOT_UTF8}"]["path"] = "['files']['caf\\udce9']"
+    leaves["name"]["value"] = NOT_UTF8
+    text = json.dumps(content, ensure_ascii=False)
+    sidecar.write_bytes(text.encode("utf-8", "surrogatepass"))
+    restored = oeqx.restore(path)
+    assert restored["name"] == NOT_UTF8
+    np.testing.assert_array_equal(restored[f"files.{NOT_UTF8}"], np.arange(3.0))
+    skeleton = {
+        "files": {NOT_UTF8: jax.ShapeDtypeStruct((3,), jnp.float32)},
+        "name": "",
+    }
+    restored = oeqx.restore(path, skeleton)
+    assert restored["name"] == NOT_UTF8 and list(restored["files"]) == [NOT_UTF8]
+    # inspect shows them escaped rather than failing to print them.
+    assert main(["inspect", str(path), "--flat"]) == 0
+    assert "files.caf\\udce9" in capsys.readouterr().out
+    # export: a tensor name must be UTF-8; the rule the error suggests works,
+    # and the str leaf goes into the metadata escaped, so it reads back exact.
+    out = tmp_path / "hf"
+    assert main(["export", str(path), "--to", "safetensors", str(out)]) == 2
+    assert capsys.readouterr().err == (
+        "orbax_eqx: error: Leaf `['files']['caf\\udce9']` would be the tensor "
+        "'files.caf\\udce9', which is not valid Unicode (a lone surrogate); "
+        "safetensors names are UTF-8. Rename it with a --rename rule whose regex "
+        'matches it (`[["<regex>", "<new name>"]]`).\n'
+    )
+    (tmp_path / "rules.json").write_text('[["files\\\\.caf.", "files.cafe"]]')
+    argv = ["export", str(path), "--to", "safetensors", str(out)]
+    assert main([*argv, "--rename", str(tmp_path / "rules.json")]) == 0
+    with safe_open(out / "model.safetensors", framework="numpy") as f:
+        assert list(f.keys()) == ["files.cafe"]
+        ours = json.loads(f.metadata()["orbax_eqx"])
+    assert ours["leaves"]["name"]["value"] == NOT_UTF8
+
+
+# --- values nested too deep ---------------------------------------------------------
+
+
+def _nested(depth):
+    value = "leaf"
+    for _ in range(depth):
+        value = (value,)
+    return value
+
+
+def test_static_field_nested_too_deep_is_refused_at_save(tmp_path):
+    with pytest.raises(
+        oeqx.UnsupportedLeafError,
+        match=r"^Cannot save this item: its sidecar would not read back\.\n  - Static "
+        r"field `tag` of module `<root>` \(test_hostile_strings\.Tagged\) nests "
+        r"more than 128 levels deep\.\nA recorded value may nest 128 JSON levels "
+        r"deep \(each tuple, list or dict takes two\): make it shallower, or keep "
+        r"it out of the saved item\.$",
+    ):
+        oeqx.save(tmp_path / "ckpt", Tagged(jnp.ones(2), _nested(65)))
+    assert not (tmp_path / "ckpt").exists()
+    # One tuple less is as deep as readers read: it saves and restores.
+    model = Tagged(jnp.ones(2), _nested(64))
+    oeqx.save(tmp_path / "ckpt", model)
+    restored = oeqx.restore(tmp_path / "ckpt", eqx.filter_eval_shape(lambda: model))
+    assert restored.tag == model.tag
