@@ -46,6 +46,7 @@ from .._format.sidecar import (
     shard_index,
 )
 from .._tree.walk import parse_dtype
+from .files import read_bounded
 
 INDEX_FORMAT = "orbax_eqx.shards"
 INDEX_VERSION = 1
@@ -162,46 +163,16 @@ def _read_one(directory: epath.Path, token: str, process: int) -> ShardPack:
 
 def _read_bounded(path: epath.Path) -> bytes:
     """The file's bytes; refuses what is not a regular file, and huge files."""
-    if "://" in os.fspath(path):
-        if not path.exists():
-            raise _damaged(path.parent, path.name, "it is missing")
-        with path.open("rb") as f:
-            data = f.read(MAX_INDEX_BYTES + 1)
-        if len(data) > MAX_INDEX_BYTES:
-            raise _damaged(path.parent, path.name, _too_big())
-        return data
-    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(os.fspath(path), flags)
+        return read_bounded(
+            path,
+            MAX_INDEX_BYTES,
+            lambda what: _damaged(path.parent, path.name, f"it {what}"),
+        )
     except FileNotFoundError:
         raise _damaged(path.parent, path.name, "it is missing") from None
     except PermissionError:
         raise permission_denied(path) from None
-    except OSError as e:
-        raise _damaged(path.parent, path.name, f"it cannot be opened ({e})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise _damaged(path.parent, path.name, "it is not a regular file")
-        if st.st_size > MAX_INDEX_BYTES:
-            raise _damaged(path.parent, path.name, _too_big())
-        parts, left = [], st.st_size + 1  # one more: a file that grew is seen
-        while left > 0:
-            part = os.read(fd, left)
-            if not part:
-                break
-            parts.append(part)
-            left -= len(part)
-        data = b"".join(parts)
-        if len(data) > st.st_size:
-            raise _damaged(path.parent, path.name, "it grew while being read")
-        return data
-    finally:
-        os.close(fd)
-
-
-def _too_big() -> str:
-    return f"it is larger than {MAX_INDEX_BYTES >> 20} MiB, which no index is"
 
 
 def _parse(directory, name: str, content: Any, token: str, process: int) -> ShardPack:

@@ -93,7 +93,7 @@ def verify(
     sharded = [r for r in saved.leaves.values() if r.data == SHARDS]
     if sharded:
         for record, result, n in _check_sharded(path, saved, sharded, note):
-            _sort(record, result, checked, damaged, unchecked)
+            _sort(saved, record, result, checked, damaged, unchecked)
             total += n
     for record in saved.leaves.values():
         if record.data == PACKED:
