@@ -68,7 +68,7 @@ def test_text_that_is_not_unicode_is_refused_at_save(tmp_path, item, fixed, prob
         "Cannot save this item: its sidecar would not read back.\n"
         f"  - {problem}\n{re.escape(TEXT_FIX)}"
     )
-    with pytest.raises(oeqx.UnsupportedLeafError, match=f"^{message}$"):
+    with pytest.raises(oeqx.UnsupportedLeafError, match=f"^{message}\n{_UNCHANGED}$"):
         oeqx.save(path, item)
     assert not path.exists()  # refused before writing: no checkpoint there
     # The fix the error gives works: bytes are saved, and restored, exactly.
@@ -143,6 +143,12 @@ def _nested(depth):
     return value
 
 
+# The note a standalone save that failed adds: the checkpoint there is as it was.
+_UNCHANGED = (
+    r"orbax_eqx: this save did not change .*; its temporary files were removed\."
+)
+
+
 def test_static_field_nested_too_deep_is_refused_at_save(tmp_path):
     with pytest.raises(
         oeqx.UnsupportedLeafError,
@@ -150,7 +156,7 @@ def test_static_field_nested_too_deep_is_refused_at_save(tmp_path):
         r"field `tag` of module `<root>` \(test_hostile_strings\.Tagged\) nests "
         r"more than 128 levels deep\.\nA recorded value may nest 128 JSON levels "
         r"deep \(each tuple, list or dict takes two\): make it shallower, or keep "
-        r"it out of the saved item\.$",
+        r"it out of the saved item\.\n" + _UNCHANGED + "$",
     ):
         oeqx.save(tmp_path / "ckpt", Tagged(jnp.ones(2), _nested(65)))
     assert not (tmp_path / "ckpt").exists()

@@ -236,5 +236,7 @@ def test_an_index_that_is_not_json_or_not_a_file(ckpt):
         oeqx.restore(ckpt, _skeleton())
     index.unlink()
     index.mkdir()
-    with pytest.raises(oeqx.CheckpointDamagedError, match="it is a directory, not a regular file"):
+    with pytest.raises(
+        oeqx.CheckpointDamagedError, match="it is a directory, not a regular file"
+    ):
         oeqx.restore(ckpt, _skeleton())

@@ -4,7 +4,6 @@ import os
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 
 from .._errors import OrbaxEqxError
@@ -13,7 +12,7 @@ from .._format.sidecar import Metadata
 from .._format.sidecar_read import read
 from .._save import leftovers as _leftovers
 from .._save import replace as _replace
-from .._save.claim import ConcurrentSaveError
+from .._save.claim import ConcurrentSaveError, from_process_0
 from .._save.replace import CheckpointExistsError as CheckpointExistsError
 from .._save.replace import NotACheckpointError as NotACheckpointError
 from .handler import EqxHandler, EqxRestore, EqxSave
@@ -96,13 +95,9 @@ def _save_beside(path, args, owner, overwrite, primary, options) -> None:
 
 
 def _all_agree(ok: bool) -> bool:
-    """Process 0's `ok`, in every process (a collective if there are several)."""
-    if jax.process_count() == 1:
-        return ok
-    from jax.experimental import multihost_utils
-
-    flag = np.asarray([int(ok)], np.int32)
-    return bool(np.asarray(multihost_utils.broadcast_one_to_all(flag))[0])
+    """Process 0's `ok`, in every process (through the coordinator's key-value
+    store: no computation on a device)."""
+    return from_process_0("published", "1" if ok else "0") == "1"
 
 
 def _check_writable(path) -> None:

@@ -74,19 +74,29 @@ def new_token() -> str:
     computation on any device, so no collective that could interleave with
     Orbax's own in its background threads.
     """
-    token = secrets.token_hex(8)
+    return from_process_0("token", secrets.token_hex(8))
+
+
+def from_process_0(kind: str, value: str) -> str:
+    """Process 0's `value`, in every process; each process calls this once per
+    save for each `kind`, in the same order.
+
+    Through the key-value store of JAX's distributed client (the coordinator
+    Orbax's barriers use), never a computation on a device: no collective of
+    ours can interleave with Orbax's own, or deadlock on CPU devices.
+    """
     if jax.process_count() == 1:
-        return token
-    key = f"orbax_eqx/token/{next(_SAVES)}"
+        return value
+    key = f"orbax_eqx/{kind}/{next(_CALLS.setdefault(kind, itertools.count()))}"
     client = ocp.multihost.get_jax_distributed_client()
     if jax.process_index() == 0:
-        client.key_value_set(key, token)
-        return token
+        client.key_value_set(key, value)
+        return value
     timeout_ms = ocp.multihost.coordination_timeout() * 1000
     return client.blocking_key_value_get(key, timeout_ms)
 
 
-_SAVES = itertools.count()  # this process's saves, numbered alike in every process
+_CALLS: dict = {}  # per kind, this process's calls, numbered alike in every process
 
 
 def begin(started: Started) -> None:

@@ -30,8 +30,9 @@ import time
 from collections.abc import Iterator
 
 import jax
-import numpy as np
 from etils import epath
+
+from .claim import from_process_0
 
 NEW, OLD = "new", "old"
 ORBAX_TMP = ".orbax-checkpoint-tmp"  # what Orbax adds to a directory it writes
@@ -97,19 +98,13 @@ def saving(owner: Owner) -> Iterator[None]:
 
 def new_owner() -> Owner:
     """This save's owner: process 0's, the same in every process of a
-    multi-host run (every process must call this at the same point: it is a
-    collective when there are several)."""
+    multi-host run (every process calls this once per save, in the same order;
+    shared through the coordinator's key-value store, see `from_process_0`)."""
     owner = Owner(secrets.token_hex(4), os.getpid(), HOST)
     if jax.process_count() == 1:
         return owner
-    from jax.experimental import multihost_utils
-
-    text = f"{owner.token}-{owner.pid}-{owner.host}".encode()
-    words = np.frombuffer(text.ljust(64, b"\0"), np.uint32)
-    words = np.asarray(multihost_utils.broadcast_one_to_all(words))
-    token, pid, host = (
-        words.astype("<u4").tobytes().rstrip(b"\0").decode().split("-", 2)
-    )
+    text = from_process_0("owner", f"{owner.token}-{owner.pid}-{owner.host}")
+    token, pid, host = text.split("-", 2)
     return Owner(token, int(pid), host)
 
 
