@@ -168,7 +168,7 @@ def test_one_writer_wins_whole_and_the_other_fails_clearly(tmp_path):
                 _check_whole(root / "5" / "default")
             tally["neither"] += 1
             continue
-        if len(winners) == 1 and not (root / "5").exists():
+        if len(winners) == 1 and not (root / "5" / "default").is_dir():
             # The winner committed; the other job's manager (which saves with
             # force=True) then deleted the committed step and failed in its own
             # temporary directory: Orbax's doing, in the other process, which
