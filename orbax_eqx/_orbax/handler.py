@@ -23,6 +23,7 @@ from .._save.hosts import check_global
 from .._save.prepare import check_has_data, prepare
 from .._storage import packing as _packing
 from .._storage import shards as _shards
+from .._storage import staging as _staging
 from .._storage.checksum import host_sum32
 
 TYPESTR = "orbax_eqx.EqxHandler"
@@ -235,7 +236,13 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             args = EqxRestore(item)
         saved = _sidecar_read.read(epath.Path(directory))
         if args.skeleton is None:
-            return restore_flat(self._inner, directory, saved, verify=args.verify)
+            return restore_flat(
+                self._inner,
+                directory,
+                saved,
+                verify=args.verify,
+                max_staged_bytes=args.max_staged_bytes,
+            )
         return restore_tree(self._inner, directory, saved, args)
 
     def metadata(self, directory: epath.Path) -> _sidecar.Metadata:
@@ -399,6 +406,15 @@ class EqxRestore(ocp.args.CheckpointArgs):
         restored as a wrong value. Costs a few percent of the restore time
         (BENCHMARKS.md). Arrays cast by `cast=True` from Orbax's store, and
         checkpoints saved without checksums, are read unchecked.
+    - `max_staged_bytes`: the most host memory, in bytes, that array data takes
+        on its way to devices that copy it (GPUs, TPUs): bytes are read a job
+        at a time (at most half of this, and at most a 32nd of what is
+        restored), the next job read while this one is transferred, and let go
+        once it is on its devices; a leaf larger than a job is streamed into
+        place in parts. Default (None): the smaller of 1 GiB and a tenth of
+        the RAM; at least 8 MiB. On CPU devices aligned host buffers become
+        the arrays without a copy, so nothing is staged (the environment
+        variable `ORBAX_EQX_STAGING=copy` makes CPUs copy too, for tests).
 
     **Returns** (from `restore`): the skeleton's structure filled with the
     checkpoint's values; with `report=True`, `(tree, RestoreReport)`.
@@ -432,8 +448,10 @@ class EqxRestore(ocp.args.CheckpointArgs):
         default="error", kw_only=True
     )
     verify: bool = dataclasses.field(default=True, kw_only=True)
+    max_staged_bytes: int | None = dataclasses.field(default=None, kw_only=True)
 
     def __post_init__(self):
+        _staging.check_max_bytes(self.max_staged_bytes)
         if self.on_static_mismatch not in ("error", "warn"):
             raise ValueError(
                 f"EqxRestore(on_static_mismatch={self.on_static_mismatch!r}): expected "

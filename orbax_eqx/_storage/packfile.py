@@ -106,16 +106,18 @@ def read(
     *,
     meanwhile: Callable[[list[np.ndarray], Callable[[int, int], None]], None]
     | None = None,
+    empty: Callable[[int], np.ndarray] = aligned_empty,
 ) -> list[np.ndarray]:
     """Reads each byte range `[start, stop)` of `path` into its own aligned buffer.
 
     `meanwhile(buffers, ready)`, if given, runs in this thread while the reads
     are in flight (to check bytes as they arrive): `ready(i, stop)` returns
     once the first `stop` bytes of `buffers[i]` are read, and raises what
-    their read raised.
+    their read raised. `empty(nbytes)` makes the buffers (a staging window's,
+    to count them; see `staging`).
     """
     if not _is_local(path):
-        buffers = [aligned_empty(stop - start) for start, stop in ranges]
+        buffers = [empty(stop - start) for start, stop in ranges]
         _read_remote(path, ranges, buffers)
         if meanwhile is not None:
             meanwhile(buffers, _all_ready)
@@ -133,7 +135,7 @@ def read(
         # ask for terabytes of memory.
         if size < end:
             raise _damaged(path, f"has {size} bytes where {end} were written")
-        buffers = [aligned_empty(stop - start) for start, stop in ranges]
+        buffers = [empty(stop - start) for start, stop in ranges]
         jobs = [
             (i, memoryview(buf)[at : at + _PIECE], start + at)
             for i, ((start, _), buf) in enumerate(zip(ranges, buffers))
