@@ -38,7 +38,6 @@ from .shard_index import CRC_BLOCK, read_all
 from .shard_read import _check, _geometry, _strides, _Target, damaged_chunks, target
 from .staging import Job, Staging
 
-
 # The least a streamed slab of a shard pack may stage: its bytes, plus up to
 # two CRC blocks read only to check them. Half of `staging.MIN_WINDOW`.
 SLAB_FLOOR = 4 * CRC_BLOCK
