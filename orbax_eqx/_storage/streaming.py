@@ -36,6 +36,9 @@ def slabs(start, shape, budget: int, cost: Callable[[Box], int]) -> list[Box]:
         whole = cost(first)
         m = max(1, min(shape[k], shape[k] * budget // max(1, whole)))
         while True:
+            # Balanced: as few slabs as `m` allows, of lengths that overlap
+            # little (the last slab moves back over the one before it).
+            m = -(-shape[k] // -(-shape[k] // m))
             found = _cut(start, shape, k, m)
             if all(cost(s) <= budget for s in found):
                 return found
