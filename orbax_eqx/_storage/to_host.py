@@ -40,7 +40,7 @@ from .._tree.walk import is_key_dtype
 from . import staging as _staging
 
 SMALL = 1 << 20  # arrays under this many bytes are gathered
-STACK = 64  # arrays per stack at most (compile time grows with it)
+STACK = 32  # arrays per stack at most (compile time grows with it)
 BATCH = 64 << 20  # bytes per stack at most
 IN_FLIGHT = 256 << 20  # bytes of stacks on devices not yet copied to host
 MIN_GROUP = 4  # fewer arrays of a (device, dtype, shape) go one by one
@@ -69,19 +69,18 @@ def copies(xs: Sequence[jax.Array]) -> list[np.ndarray]:
     groups: dict[tuple, list[int]] = {}
     one_by_one = []
     for i, x in enumerate(xs):
-        if is_key_dtype(x.dtype):
+        if _is_key(x.dtype):
             xs[i] = x = jax.random.key_data(x)  # on the array's own device
-        if on_cpu(x.sharding) and not force:
-            out[i] = np.asarray(x)  # a view; see the module's docstring
-        elif _gatherable(x):
-            device = next(iter(x.sharding.device_set))
-            groups.setdefault((device, x.dtype, x.shape), []).append(i)
+        how = _how(x.sharding, x.dtype, force)
+        if how is _VIEW:
+            out[i] = np.asarray(x)  # no copy; see the module's docstring
+        elif how is not _ONE and 0 < x.size * how[1] < SMALL:
+            groups.setdefault((how[0], x.dtype, x.shape), []).append(i)
         else:
             one_by_one.append(i)
     batches, compiles = _batches(groups, one_by_one)
     for i in one_by_one:
-        if not on_cpu(xs[i].sharding):
-            xs[i].copy_to_host_async()
+        xs[i].copy_to_host_async()
     waiting: collections.deque = collections.deque()
     in_flight = 0
     for batch in batches:
@@ -103,14 +102,28 @@ def copies(xs: Sequence[jax.Array]) -> list[np.ndarray]:
     return out
 
 
-def _gatherable(x: jax.Array) -> bool:
-    if not 0 < x.nbytes < SMALL or jax.dtypes.itemsize_bits(x.dtype) < 8:
-        return False  # empty, large, or sub-byte (numpy holds those unpacked)
-    device = next(iter(x.sharding.device_set))
-    kind = x.sharding.memory_kind
-    return len(x.sharding.device_set) == 1 and (
-        kind is None or kind == device.default_memory().kind
-    )
+_VIEW, _ONE = object(), object()
+
+
+@functools.cache
+def _is_key(dtype) -> bool:
+    return is_key_dtype(dtype)
+
+
+@functools.cache
+def _how(sharding: jax.sharding.Sharding, dtype, force: bool):
+    """How arrays of `dtype` placed by `sharding` are copied to host: `_VIEW`
+    (seen by numpy where they are), `_ONE` (one by one), or `(device, bytes
+    per element)` (gathered if small)."""
+    if on_cpu(sharding) and not force:
+        return _VIEW
+    if len(sharding.device_set) != 1 or jax.dtypes.itemsize_bits(dtype) < 8:
+        return _ONE  # sub-byte dtypes: numpy holds them unpacked
+    device = next(iter(sharding.device_set))
+    kind = sharding.memory_kind
+    if kind is not None and kind != device.default_memory().kind:
+        return _ONE  # already in host memory, say
+    return device, np.dtype(dtype).itemsize
 
 
 def _batches(groups, one_by_one: list[int]) -> tuple[list[tuple[int, ...]], int]:
