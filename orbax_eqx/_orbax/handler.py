@@ -37,9 +37,12 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
     leaf; sharded arrays go to shard packs: each process writes the distinct
     shards it holds into a file of its own, with an index of chunk boxes, and
     a restore onto any sharding reads just the byte ranges each device needs.
-    No computation runs on a device, and processes meet only at Orbax's own
-    barriers. With `pack=False`, every array goes, one stored array per
-    leaf, through Orbax's own array machinery (OCDBT). Everything else
+    No computation runs over a sharded array (on accelerators, small arrays
+    are stacked on their own device before one copy to host, and a restore
+    streams large leaves into place on their device; see `max_staged_bytes`),
+    and processes meet only at Orbax's own barriers. With `pack=False`,
+    every array goes, one stored array per leaf, through Orbax's own array
+    machinery (OCDBT). Everything else
     (static fields, Python scalars, callables, tied-weight markers) and where
     every array is goes into a JSON sidecar, which restore checks against a
     skeleton before reading any array. Every leaf restores on its own: a
@@ -409,7 +412,8 @@ class EqxRestore(ocp.args.CheckpointArgs):
     - `max_staged_bytes`: the most host memory, in bytes, that array data takes
         on its way to devices that copy it (GPUs, TPUs): bytes are read a job
         at a time (at most half of this, and at most a 32nd of what is
-        restored), the next job read while this one is transferred, and let go
+        restored but at least 1 MiB), the next job read while this one is
+        transferred, and let go
         once it is on its devices; a leaf larger than a job is streamed into
         place in parts. Default (None): the smaller of 1 GiB and a tenth of
         the RAM; at least 8 MiB. On CPU devices aligned host buffers become

@@ -3,7 +3,12 @@
 Owns pack files (`packfile`: aligned records written and read with
 pwritev/preadv; `packing`: which arrays go there and where), shard packs
 (`shards`: per-process files of sharded arrays' chunks with their index),
-checksums (`checksum`), and arrays kept in Orbax's own store (`stored_read`,
-`stored_check`). Nothing here runs a computation on a device.
+checksums (`checksum`), arrays kept in Orbax's own store (`stored_read`,
+`stored_check`), and the way bytes cross between host and devices: host
+copies for a save (`to_host`), restores through a bounded staging window
+(`staging`, `staged_read`, `streaming`). Nothing here runs a computation over
+a sharded array; the only computations are on one device's own data (small
+arrays stacked before one copy to host, a large leaf streamed into a buffer
+on its device).
 May import: `_format`, `_tree`, `_errors`.
 """

@@ -10,8 +10,9 @@ model, 6.28x those of a model of 6,313 small leaves).
 
 So a restore that copies moves its bytes through a window instead (see
 `staged_read`): reads are grouped in jobs of at most half the window (and at
-most a 32nd of the bytes restored, so that staging stays a small part of
-them on small models too); while the devices take one job's bytes, the next
+most a 32nd of the bytes restored, though at least 1 MiB, so that staging
+stays a small part of them on small models too); while the devices take one
+job's bytes, the next
 job is read in a thread; once a job's transfers are done, its buffers are let
 go. A leaf (or a target box) larger than a job is streamed into place in
 parts. Every staging buffer comes from `Staging.empty` and is counted until
