@@ -20,6 +20,7 @@ over a sharded array, and no process waits for another.
 """
 
 import dataclasses
+import functools
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -105,31 +106,35 @@ def read(
 
 def _leaves(directory, saved, requests) -> list[_Leaf]:
     chunks = None
+    packs = [directory / pack.file for pack in saved.packs]
+    shard_files: dict[int, epath.Path] = {}
     packed, sharded = [], []
     for name, request in requests.items():
         record = request.record
-        saved_dtype = parse_dtype(record.dtype)
-        key = is_key_dtype(saved_dtype)
-        data = key_data_struct(saved_dtype) if key else None
-        elem = np.dtype(data.dtype) if key else np.dtype(saved_dtype)
+        elem, tail, size, key = _stored_type(record.dtype)
         shape = tuple(record.shape)
-        size = itemsize(saved_dtype)
         sharding = request.sharding if request.container == JAX else None
         if record.data == PACKED:
-            paths = [directory / saved.packs[record.pack].file]
+            paths = [packs[record.pack]]
             ordered = [None]
-            boxes = (((0,) * len(shape), shape),)
+            boxes = ((tuple(0 for _ in shape), shape),)
         else:
             if chunks is None:
                 chunks = read_all(directory, saved)  # checks every index first
             ordered = sorted(chunks[name], key=lambda c: c.start)
-            paths = [directory / shard_file(saved.token, c.process) for c in ordered]
+            paths = []
+            for c in ordered:
+                path = shard_files.get(c.process)
+                if path is None:
+                    path = directory / shard_file(saved.token, c.process)
+                    shard_files[c.process] = path
+                paths.append(path)
             boxes = tuple((c.start, c.stop) for c in ordered)
         leaf = _Leaf(
             name,
             request,
             shape,
-            tuple(data.shape) if key else (),
+            tail,
             elem,
             elem if key else np.dtype(request.dtype),
             size,
@@ -141,6 +146,17 @@ def _leaves(directory, saved, requests) -> list[_Leaf]:
         (packed if leaf.packed else sharded).append(leaf)
     packed.sort(key=lambda leaf: (leaf.request.record.pack, leaf.request.record.offset))
     return packed + sharded
+
+
+@functools.cache
+def _stored_type(text: str):
+    """`(element dtype, key data's own axes, bytes per element, is a key)` of
+    arrays stored with the dtype named `text`."""
+    saved = parse_dtype(text)
+    if is_key_dtype(saved):
+        data = key_data_struct(saved)
+        return np.dtype(data.dtype), tuple(data.shape), itemsize(saved), True
+    return np.dtype(saved), (), itemsize(saved), False
 
 
 @dataclasses.dataclass
