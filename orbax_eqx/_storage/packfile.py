@@ -171,6 +171,22 @@ def read(
     return buffers
 
 
+def check_size(path: epath.Path, end: int) -> None:
+    """Raises `CheckpointDamagedError` unless `path` exists and holds at least
+    `end` bytes, as `read` does: before a read is planned or allocated for
+    sizes that only a damaged sidecar claims."""
+    if not _is_local(path):
+        return  # checked as `read` reads
+    try:
+        size = os.stat(os.fspath(path)).st_size
+    except FileNotFoundError:
+        raise _damaged(path, "is missing") from None
+    except PermissionError:
+        raise permission_denied(path) from None
+    if size < end:
+        raise _damaged(path, f"has {size} bytes where {end} were written")
+
+
 def _all_ready(i: int, stop: int) -> None:
     """`ready` for reads that are all done."""
 

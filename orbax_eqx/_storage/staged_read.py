@@ -145,6 +145,13 @@ def _leaves(directory, saved, requests) -> list[_Leaf]:
         )
         (packed if leaf.packed else sharded).append(leaf)
     packed.sort(key=lambda leaf: (leaf.request.record.pack, leaf.request.record.offset))
+    ends: dict[int, int] = {}
+    for leaf in packed:
+        record = leaf.request.record
+        ends[record.pack] = max(ends.get(record.pack, 0), record.offset + record.nbytes)
+    for pack, end in ends.items():
+        # Now, before slabs are planned for sizes only a damaged sidecar claims.
+        _packfile.check_size(packs[pack], end)
     return packed + sharded
 
 
