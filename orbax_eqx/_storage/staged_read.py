@@ -44,7 +44,7 @@ from .staging import Job, Staging
 SLAB_FLOOR = 4 * CRC_BLOCK
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class _Leaf:
     """A leaf being restored: where its bytes are, where they go, what arrived."""
 
@@ -62,7 +62,8 @@ class _Leaf:
     left: int = 0  # units still to arrive
     crc: int = 0  # of a streamed packed leaf's bytes so far...
     summed: int = 0  # ... which are its first `summed` bytes
-    on_device: dict = dataclasses.field(default_factory=dict)  # (box, device) ->
+    # What is on devices: {None: the whole array} or {(box, device): its part}.
+    on_device: dict | None = None
     result: Any = None  # the whole array, once made
 
     @property
@@ -106,7 +107,7 @@ def read(
 
 def _leaves(directory, saved, requests) -> list[_Leaf]:
     chunks = None
-    packs = [directory / pack.file for pack in saved.packs]
+    packs = [[directory / pack.file] for pack in saved.packs]  # shared by leaves
     shard_files: dict[int, epath.Path] = {}
     packed, sharded = [], []
     for name, request in requests.items():
@@ -115,8 +116,8 @@ def _leaves(directory, saved, requests) -> list[_Leaf]:
         shape = tuple(record.shape)
         sharding = request.sharding if request.container == JAX else None
         if record.data == PACKED:
-            paths = [packs[record.pack]]
-            ordered = [None]
+            paths = packs[record.pack]
+            ordered = _ONE_CHUNK
             boxes = ((tuple(0 for _ in shape), shape),)
         else:
             if chunks is None:
@@ -151,8 +152,11 @@ def _leaves(directory, saved, requests) -> list[_Leaf]:
         ends[record.pack] = max(ends.get(record.pack, 0), record.offset + record.nbytes)
     for pack, end in ends.items():
         # Now, before slabs are planned for sizes only a damaged sidecar claims.
-        _packfile.check_size(packs[pack], end)
+        _packfile.check_size(packs[pack][0], end)
     return packed + sharded
+
+
+_ONE_CHUNK = [None]  # a packed leaf's: the whole array, in the pack file
 
 
 @functools.cache
@@ -191,6 +195,8 @@ class _Reading:
         for leaf in leaves:
             units = [None] if leaf.packed else range(len(leaf.targets))
             leaf.left = len(units)
+            if not units:  # no box of it is on this process's devices
+                _finish(leaf)
             for box in units:
                 step = _Step(leaf, box)
                 c = self._cost(step)
@@ -443,6 +449,8 @@ class _Reading:
         del xs
         started = []
         for (leaf, box, device, at), array in zip(sinks, arrays):
+            if leaf.on_device is None:
+                leaf.on_device = {}
             if device is None:
                 leaf.on_device[None] = array
             elif at is None:
@@ -482,17 +490,16 @@ def _into_host(leaf: _Leaf, box: int, at, host: np.ndarray) -> None:
 def _finish(leaf: _Leaf) -> None:
     if leaf.request.container != JAX:
         return
-    if None in leaf.on_device:
-        array = leaf.on_device.pop(None)
+    parts = leaf.on_device or {}  # none where this process holds no part
+    leaf.on_device = None
+    if None in parts:
+        array = parts[None]
     else:
         array = jax.make_array_from_single_device_arrays(
-            leaf.shape + leaf.tail,
-            leaf.request.sharding,
-            list(leaf.on_device.values()),
+            leaf.shape + leaf.tail, leaf.request.sharding, list(parts.values())
         )
-    leaf.on_device = {}
-    saved = parse_dtype(leaf.request.record.dtype)
-    if is_key_dtype(saved):
+    if _stored_type(leaf.request.record.dtype)[3]:  # typed PRNG keys
+        saved = parse_dtype(leaf.request.record.dtype)
         array = jax.random.wrap_key_data(array, impl=key_impl(saved))
     leaf.result = array
 
