@@ -13,6 +13,7 @@ TIMEOUT_S is Orbax's `AsyncOptions.timeout_secs`.
 
 import faulthandler
 import json
+import os
 import sys
 import time
 import traceback
@@ -74,7 +75,10 @@ try:
     mngr.close()
 except Exception as e:
     outcome.setdefault("close", f"{type(e).__name__}: {e}")
-(ROOT.parent / f"outcome-{WHO}.json").write_text(json.dumps(outcome))
+# Written whole, then renamed: the test reads it as soon as the name appears.
+written = ROOT.parent / f"outcome-{WHO}.json.part"
+written.write_text(json.dumps(outcome))
+os.replace(written, ROOT.parent / f"outcome-{WHO}.json")
 print("done", json.dumps({k: v for k, v in outcome.items() if k != "traceback"}))
 sys.stdout.flush()
 # If this process then fails to exit, the test will want to see where.
