@@ -1,15 +1,23 @@
 """orbax_eqx against plain Orbax, `eqx.tree_serialise_leaves` and the raw disk.
 
     python benchmarks/run.py [--big] [--repeats N] [--only a,b] [--json FILE]
+                             [--staging auto|copy]
 
 Measures, in one run and on the same arrays: save time, restore time (into a
 `filter_eval_shape` skeleton, from a cold page cache), the time
 `CheckpointManager.save` blocks its caller with async checkpointing on against
-the time to copy the arrays to host memory, and the peak host memory of a
-restore, each in a fresh process. Contenders take turns (A B C D, then
-B C D A, ...) and every figure is a median, because the machine is shared and
-noisy and only same-run ratios are stable. Prints the issue's targets with
+the time to copy the arrays to host memory (`np.array` and `jax.device_get`),
+the peak host memory of a restore, each in a fresh process, and the devices'
+peak memory during saves and restores (`device.memory_stats()`, where the
+backend has it: not on CPU). Contenders take turns (A B C D, then B C D A,
+...) and every figure is a median, because the machine is shared and noisy
+and only same-run ratios are stable. Prints the issue's targets with
 PASS/FAIL. See `_contenders.py` for exactly what each contender runs.
+
+`--staging copy` sets `ORBAX_EQX_STAGING=copy` for the run and its probes:
+CPU devices then copy host buffers as an accelerator does, so orbax_eqx
+restores through its staging window and saves gather small arrays on device
+before copying them (see `orbax_eqx/_storage/staging.py`).
 """
 
 import argparse
@@ -39,6 +47,7 @@ import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
 import orbax_eqx  # noqa: E402
+from orbax_eqx._storage.packing import host_copies  # noqa: E402
 
 GiB = 2**30
 ASYNC = ("orbax_eqx", "orbax")
@@ -152,6 +161,28 @@ def _copy_to_host(arrays):
     return [np.array(x, copy=True) for x in arrays]
 
 
+def _device_get(arrays):
+    return jax.device_get(arrays)
+
+
+def _host_copies(arrays):
+    # What orbax_eqx's save takes before it returns, and nothing else: the
+    # part of its blocked time that device-to-host copies cost.
+    return host_copies(arrays)
+
+
+def device_memory():
+    """`(bytes in use, peak bytes in use)` over local devices, or None where
+    the backend keeps no such figures (CPU)."""
+    stats = [d.memory_stats() for d in jax.local_devices()]
+    if not all(stats) or not all("peak_bytes_in_use" in s for s in stats):
+        return None
+    return (
+        sum(s["bytes_in_use"] for s in stats),
+        sum(s["peak_bytes_in_use"] for s in stats),
+    )
+
+
 def _bench_async(name, item, arrays, contenders, args, workdir):
     """`CheckpointManager.save` with async on: how long it blocks the caller."""
     managers = {}
@@ -162,24 +193,36 @@ def _bench_async(name, item, arrays, contenders, args, workdir):
             mngr.save(0, args=make_args(_TINY))  # warm: creates the root
             mngr.wait_until_finished()
             managers[c.name] = (mngr, make_args, root)
-    result = {"copy": [], **{n: [] for n in managers}}
+    baselines = {
+        "copy": _copy_to_host,
+        "device_get": _device_get,
+        "host_copies": _host_copies,
+    }
+    result = {**{n: [] for n in baselines}, **{n: [] for n in managers}}
     totals = {n: [] for n in managers}
-    lanes = ["copy", *managers]
+    device_peak = {n: None for n in managers}  # bytes above what was in use
+    lanes = [*baselines, *managers]
     for rep in range(args.repeats):
         for lane in _rotated(lanes, rep):
-            if lane == "copy":
-                t, copies = _timed(_copy_to_host, arrays)
-                del copies
-                result["copy"].append(t)
+            if lane in baselines:
+                t, held = _timed(baselines[lane], arrays)
+                del held
+                result[lane].append(t)
                 continue
             mngr, make_args, _ = managers[lane]
             gc.collect()
+            before = device_memory()
             start = time.perf_counter()
             mngr.save(rep + 1, args=make_args(item))
             blocked = time.perf_counter() - start
             mngr.wait_until_finished()
             totals[lane].append(time.perf_counter() - start)
             result[lane].append(blocked)
+            after = device_memory()
+            if before is not None and after[1] > before[1]:
+                # The peak rose during this save: its own peak is known.
+                extra = after[1] - before[0]
+                device_peak[lane] = max(device_peak[lane] or 0, extra)
         _log(
             f"   rep {rep} async block: "
             + "  ".join(f"{k} {v[-1]:.3f} s" for k, v in result.items())
@@ -188,6 +231,7 @@ def _bench_async(name, item, arrays, contenders, args, workdir):
         mngr.close()
         shutil.rmtree(root)
     result["total"] = totals
+    result["device_peak"] = device_peak
     return result
 
 
@@ -232,12 +276,24 @@ def _table(name, r):
         )
     a = r["async"]
     lines.append(
-        f"  async: copy to host {_med(a['copy']):.3f} s; CheckpointManager.save "
-        "blocks "
+        f"  async: copy to host {_med(a['copy']):.3f} s, jax.device_get "
+        f"{_med(a['device_get']):.3f} s, orbax_eqx's host copies "
+        f"{_med(a['host_copies']):.3f} s; CheckpointManager.save blocks "
         + ", ".join(
-            f"{n} {_med(a[n]):.3f} s (total {_med(a['total'][n]):.3f} s)"
+            f"{n} {_med(a[n]):.3f} s (first {a[n][0]:.3f} s, total "
+            f"{_med(a['total'][n]):.3f} s)"
             for n in ASYNC
             if n in a
+        )
+    )
+    lines.append(
+        "  device peak memory above the model's: save "
+        + ", ".join(f"{n} {_mib(a['device_peak'].get(n))}" for n in ASYNC if n in a)
+        + "; restore "
+        + ", ".join(
+            f"{c} {_mib(r['rss'][c].get('device_peak'))}"
+            for c in r["rss"]
+            if c in ASYNC
         )
     )
     lines.append(
@@ -250,6 +306,10 @@ def _table(name, r):
         )
     )
     return "\n".join(lines)
+
+
+def _mib(nbytes):
+    return "n/a" if nbytes is None else f"{nbytes / 2**20:.1f} MiB"
 
 
 def _ratio(times, other):
@@ -327,6 +387,22 @@ def targets(results):
                 at_most=True,
             )
         )
+        lines.append(
+            _verdict(
+                f"({name}) async: save() blocks / jax.device_get",
+                _med(a[me]) / _med(a["device_get"]),
+                0.5,
+                at_most=True,
+            )
+        )
+        lines.append(
+            _verdict(
+                f"({name}) async: its host copies alone / jax.device_get",
+                _med(a["host_copies"]) / _med(a["device_get"]),
+                0.5,
+                at_most=True,
+            )
+        )
     for name, r in results.items():
         p = r["rss"][me]
         lines.append(
@@ -350,11 +426,16 @@ def _machine():
     except (OSError, StopIteration):
         cpu = platform.processor()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GiB
+    device = jax.local_devices()[0]
+    staging = os.environ.get("ORBAX_EQX_STAGING") or "auto"
     return (
         f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB RAM, {platform.system()} "
-        f"{platform.release()}; Python {platform.python_version()}, jax "
+        f"{platform.release()}; backend {jax.default_backend()}, "
+        f"{jax.local_device_count()} x {device.device_kind}; "
+        f"Python {platform.python_version()}, jax "
         f"{jax.__version__}, orbax-checkpoint {getattr(ocp, '__version__', '?')}, "
-        f"equinox {eqx.__version__}, orbax_eqx {orbax_eqx.__version__}"
+        f"equinox {eqx.__version__}, orbax_eqx {orbax_eqx.__version__}; "
+        f"ORBAX_EQX_STAGING={staging}"
     )
 
 
@@ -369,7 +450,15 @@ def main(argv=None):
     parser.add_argument("--dir", default=None, help="where to write (local disk)")
     parser.add_argument("--warm", action="store_true", help="keep the page cache")
     parser.add_argument("--json", default=None, help="write all timings here")
+    parser.add_argument(
+        "--staging",
+        choices=("auto", "copy"),
+        default=None,
+        help="ORBAX_EQX_STAGING for the run: copy makes CPU devices copy",
+    )
     args = parser.parse_args(argv)
+    if args.staging is not None:
+        os.environ["ORBAX_EQX_STAGING"] = args.staging  # probes inherit it
     models = args.only.split(",") if args.only else ["a", "b"] + ["c"] * args.big
     names = args.contenders.split(",")
     for needed in ("orbax_eqx", "orbax", "raw"):

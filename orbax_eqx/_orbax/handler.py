@@ -25,6 +25,7 @@ from .._save.hosts import check_global
 from .._save.prepare import check_has_data, prepare
 from .._storage import packing as _packing
 from .._storage import shards as _shards
+from .._storage import staging as _staging
 from .._storage.checksum import host_sum32
 
 TYPESTR = "orbax_eqx.EqxHandler"
@@ -38,9 +39,12 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
     leaf; sharded arrays go to shard packs: each process writes the distinct
     shards it holds into a file of its own, with an index of chunk boxes, and
     a restore onto any sharding reads just the byte ranges each device needs.
-    No computation runs on a device, and processes meet only at Orbax's own
-    barriers. With `pack=False`, every array goes, one stored array per
-    leaf, through Orbax's own array machinery (OCDBT). Everything else
+    No computation runs over a sharded array (on accelerators, small arrays
+    are stacked on their own device before one copy to host, and a restore
+    streams large leaves into place on their device; see `max_staged_bytes`),
+    and processes meet only at Orbax's own barriers. With `pack=False`,
+    every array goes, one stored array per leaf, through Orbax's own array
+    machinery (OCDBT). Everything else
     (static fields, Python scalars, callables, tied-weight markers) and where
     every array is goes into a JSON sidecar, which restore checks against a
     skeleton before reading any array. Every leaf restores on its own: a
@@ -240,7 +244,13 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         with noticed(directory):  # says so if the step is deleted meanwhile
             saved = _sidecar_read.read(epath.Path(directory))
             if args.skeleton is None:
-                return restore_flat(self._inner, directory, saved, verify=args.verify)
+                return restore_flat(
+                    self._inner,
+                    directory,
+                    saved,
+                    verify=args.verify,
+                    max_staged_bytes=args.max_staged_bytes,
+                )
             return restore_tree(self._inner, directory, saved, args)
 
     def metadata(self, directory: epath.Path) -> _sidecar.Metadata:
@@ -404,6 +414,16 @@ class EqxRestore(ocp.args.CheckpointArgs):
         restored as a wrong value. Costs a few percent of the restore time
         (BENCHMARKS.md). Arrays cast by `cast=True` from Orbax's store, and
         checkpoints saved without checksums, are read unchecked.
+    - `max_staged_bytes`: the most host memory, in bytes, that array data takes
+        on its way to devices that copy it (GPUs, TPUs): bytes are read a job
+        at a time (at most half of this, and at most a 32nd of what is
+        restored but at least 1 MiB), the next job read while this one is
+        transferred, and let go
+        once it is on its devices; a leaf larger than a job is streamed into
+        place in parts. Default (None): the smaller of 1 GiB and a tenth of
+        the RAM; at least 8 MiB. On CPU devices aligned host buffers become
+        the arrays without a copy, so nothing is staged (the environment
+        variable `ORBAX_EQX_STAGING=copy` makes CPUs copy too, for tests).
 
     **Returns** (from `restore`): the skeleton's structure filled with the
     checkpoint's values; with `report=True`, `(tree, RestoreReport)`.
@@ -437,8 +457,10 @@ class EqxRestore(ocp.args.CheckpointArgs):
         default="error", kw_only=True
     )
     verify: bool = dataclasses.field(default=True, kw_only=True)
+    max_staged_bytes: int | None = dataclasses.field(default=None, kw_only=True)
 
     def __post_init__(self):
+        _staging.check_max_bytes(self.max_staged_bytes)
         if self.on_static_mismatch not in ("error", "warn"):
             raise ValueError(
                 f"EqxRestore(on_static_mismatch={self.on_static_mismatch!r}): expected "

@@ -19,6 +19,8 @@ from .._format.sidecar import (
 )
 from .._storage import packing as _packing
 from .._storage import shard_read as _shard_read
+from .._storage import staged_read as _staged_read
+from .._storage import staging as _staging
 from .._storage import stored_read as _stored_read
 from .._tree.values import decode_scalar, describe
 from .._tree.walk import (
@@ -96,7 +98,14 @@ def restore_tree(inner, directory, saved: Metadata, args) -> Any:
                 shardings.get(leaf.name),
             )
     # The full sidecar, not the view: aliases name their source by its saved name.
-    arrays = read_arrays(inner, directory, saved, requests, verify=args.verify)
+    arrays = read_arrays(
+        inner,
+        directory,
+        saved,
+        requests,
+        verify=args.verify,
+        max_staged_bytes=args.max_staged_bytes,
+    )
     values = []
     for leaf in walked.leaves:
         if leaf.name in kept_names:
@@ -130,7 +139,12 @@ def _kept(leaf, sharding) -> Any:
 
 
 def restore_flat(
-    inner, directory, saved: Metadata, *, verify: bool = True
+    inner,
+    directory,
+    saved: Metadata,
+    *,
+    verify: bool = True,
+    max_staged_bytes: int | None = None,
 ) -> dict[str, Any]:
     """Restores every leaf into a flat `{leaf name: value}` dict, without a skeleton."""
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -144,7 +158,14 @@ def restore_flat(
         for name, record in saved.leaves.items()
         if record.kind == ARRAY
     }
-    arrays = read_arrays(inner, directory, saved, requests, verify=verify)
+    arrays = read_arrays(
+        inner,
+        directory,
+        saved,
+        requests,
+        verify=verify,
+        max_staged_bytes=max_staged_bytes,
+    )
     result = {}
     for name, record in saved.leaves.items():
         if record.kind == ARRAY:
@@ -164,10 +185,12 @@ def read_arrays(
     requests: dict[str, _Request],
     *,
     verify: bool = True,
+    max_staged_bytes: int | None = None,
 ):
     """Reads each requested array once, from its pack, the shard packs or Orbax;
     builds empty ones and aliases. With `verify`, checks each against its
-    recorded checksum."""
+    recorded checksum. Packed and shard-packed bytes go to devices through a
+    window of `max_staged_bytes` where transfers copy (see `_staging`)."""
     to_read: dict[str, _Request] = {}
     for request in requests.values():
         source = request.record
@@ -182,14 +205,26 @@ def read_arrays(
     loaded = {}
     if stored:
         loaded = _stored_read.read(inner, directory, saved, stored, verify=verify)
-    if packed:
+    staging = _staging.for_restore(
+        max_staged_bytes, [r.sharding for r in (packed | sharded).values()]
+    )
+    path = epath.Path(directory)
+    if staging.copy and (packed or sharded):
         loaded.update(
-            _packing.read(epath.Path(directory), saved.packs, packed, verify=verify)
+            _staged_read.read(
+                path, saved, packed | sharded, verify=verify, staging=staging
+            )
         )
-    if sharded:
-        loaded.update(
-            _shard_read.read(epath.Path(directory), saved, sharded, verify=verify)
-        )
+    else:
+        # CPU devices take aligned host buffers as they are: nothing to stage.
+        if packed:
+            loaded.update(_packing.read(path, saved.packs, packed, verify=verify))
+        if sharded:
+            loaded.update(
+                _shard_read.read(
+                    path, saved, sharded, verify=verify, window=staging.max_bytes
+                )
+            )
     result = {}
     for name, request in requests.items():
         record = request.record

@@ -115,6 +115,7 @@ def read(
     meanwhile: Callable[[list[np.ndarray], Callable[[int, int], None]], None]
     | None = None,
     nbytes: int | None = None,
+    empty: Callable[[int], np.ndarray] = aligned_empty,
 ) -> list[np.ndarray]:
     """Reads each byte range `[start, stop)` of `path` into its own aligned buffer.
 
@@ -125,11 +126,13 @@ def read(
     A file longer than that is damaged; one too short for the ranges is
     damaged (ranges it still holds are read: what was written before a cut
     can be saved). A path that is not a regular file is damaged too.
+    `empty(nbytes)` makes the buffers (a staging window's, to count them; see
+    `staging`).
     """
     end = max((stop for _, stop in ranges), default=0)
     if not _is_local(path):
         _check_remote_size(path, end, nbytes)
-        buffers = [aligned_empty(stop - start) for start, stop in ranges]
+        buffers = [empty(stop - start) for start, stop in ranges]
         _read_remote(path, ranges, buffers)
         if meanwhile is not None:
             meanwhile(buffers, _all_ready)
@@ -147,7 +150,7 @@ def read(
         if (nbytes is not None and size > nbytes) or size < end:
             written = end if nbytes is None else nbytes
             raise _damaged(path, f"has {size} bytes where {written} were written")
-        buffers = [aligned_empty(stop - start) for start, stop in ranges]
+        buffers = [empty(stop - start) for start, stop in ranges]
         jobs = [
             (i, memoryview(buf)[at : at + _PIECE], start + at)
             for i, ((start, _), buf) in enumerate(zip(ranges, buffers))
@@ -181,6 +184,22 @@ def read(
     finally:
         os.close(fd)
     return buffers
+
+
+def check_size(path: epath.Path, end: int) -> None:
+    """Raises `CheckpointDamagedError` unless `path` exists and holds at least
+    `end` bytes, as `read` does: before a read is planned or allocated for
+    sizes that only a damaged sidecar claims."""
+    if not _is_local(path):
+        return  # checked as `read` reads
+    try:
+        size = os.stat(os.fspath(path)).st_size
+    except FileNotFoundError:
+        raise _damaged(path, "is missing") from None
+    except PermissionError:
+        raise permission_denied(path) from None
+    if size < end:
+        raise _damaged(path, f"has {size} bytes where {end} were written")
 
 
 def _all_ready(i: int, stop: int) -> None:

@@ -33,7 +33,9 @@ from .._tree.walk import (
     parse_dtype,
 )
 from . import packfile as _packfile
+from . import to_host as _to_host
 from .checksum import crc32, damaged, mismatch
+from .to_host import on_cpu as on_cpu
 
 # Two wanted ranges closer than this are read as one: a read call costs more
 # than reading the bytes between them.
@@ -92,30 +94,24 @@ def host_copies(values: list[Any]) -> list[np.ndarray]:
       buffer, and JAX does not reuse a buffer that numpy still holds, so
       donating the array later copies instead (tested in
       `tests/test_packing.py`). Orbax relies on the same;
-    - other jax arrays are copied to host memory, all transfers started first.
+    - other jax arrays are copied to host memory: small ones gathered on
+      their device first, a copy per batch, large ones one by one, all
+      transfers started first (see `to_host`).
     """
     # Fully replicated: this host's first copy is the whole array. Taken from
     # its own device, so that nothing is computed over the others (nor, for
     # keys, across hosts), and only one copy is transferred.
-    firsts = [x.addressable_data(0) if container(x) == JAX else x for x in values]
-    for x in firsts:
-        if container(x) == JAX and not is_key_dtype(x.dtype) and not on_cpu(x.sharding):
-            x.copy_to_host_async()
-    return [_host_copy(x) for x in firsts]
-
-
-def _host_copy(x: Any) -> np.ndarray:
-    if container(x) != JAX:
-        return np.array(x, order="C", copy=True)
-    if is_key_dtype(x.dtype):
-        x = jax.random.key_data(x)
-    return np.asarray(x)
-
-
-@functools.cache
-def on_cpu(sharding: jax.sharding.Sharding) -> bool:
-    """Whether every device of `sharding` is a CPU (host memory)."""
-    return all(d.platform == "cpu" for d in sharding.device_set)
+    out: list[Any] = [None] * len(values)
+    on_device = []
+    for i, x in enumerate(values):
+        if container(x) == JAX:
+            on_device.append(i)
+        else:
+            out[i] = np.array(x, order="C", copy=True)
+    hosts = _to_host.copies([values[i].addressable_data(0) for i in on_device])
+    for i, host in zip(on_device, hosts):
+        out[i] = host
+    return out
 
 
 def read(

@@ -125,31 +125,41 @@ def _work_out(shape, size, boxes, sharding) -> tuple[_Target, ...]:
     else:
         for device, index in sharding.addressable_devices_indices_map(shape).items():
             wanted.setdefault(_box(index, shape), []).append(device)
-    # The chunks form a grid: per dimension, sorted cuts; a chunk by its start.
-    cuts = [sorted({(a[d], b[d]) for a, b in boxes}) for d in range(len(shape))]
-    at = {a: k for k, (a, _) in enumerate(boxes)}
-    targets = []
-    for (start, stop), devices in wanted.items():
-        spans = []
-        for d, (lo, hi) in enumerate(zip(start, stop)):
-            ends = [b for _, b in cuts[d]]
-            i = bisect.bisect_right(ends, lo)
-            spans.append([c for c in cuts[d][i:] if c[0] < hi])
-        pieces = []
-        for cell in itertools.product(*spans):
-            k = at[tuple(a for a, _ in cell)]
-            c_start, c_stop = boxes[k]
-            lo = tuple(max(a, s) for a, s in zip(start, c_start))
-            hi = tuple(min(a, s) for a, s in zip(stop, c_stop))
-            strides = _strides(_shape(c_start, c_stop), size)
-            first = sum((x - s) * st for x, s, st in zip(lo, c_start, strides))
-            last = sum((y - 1 - s) * st for y, s, st in zip(hi, c_start, strides))
-            dst = tuple(slice(x - s, y - s) for x, y, s in zip(lo, hi, start))
-            pieces.append(_Piece(k, dst, first, last + size, _shape(lo, hi), strides))
-        whole = len(pieces) == 1 and boxes[pieces[0].k] == (start, stop)
-        box_shape = _shape(start, stop)
-        targets.append(_Target(start, box_shape, tuple(devices), tuple(pieces), whole))
-    return tuple(targets)
+    grid = _grid(boxes, len(shape))
+    return tuple(
+        target(start, stop, boxes, size, tuple(devices), grid)
+        for (start, stop), devices in wanted.items()
+    )
+
+
+def _grid(boxes, ndim: int):
+    """The chunks as a grid: per dimension, sorted cuts; a chunk by its start."""
+    cuts = [sorted({(a[d], b[d]) for a, b in boxes}) for d in range(ndim)]
+    return cuts, {a: k for k, (a, _) in enumerate(boxes)}
+
+
+def target(start, stop, boxes, size: int, devices=(), grid=None) -> _Target:
+    """The box `[start, stop)` and how it is made of the chunks `boxes` (each
+    `(start, stop)`) of an array of `size`-byte elements."""
+    cuts, at = grid or _grid(boxes, len(start))
+    spans = []
+    for d, (lo, hi) in enumerate(zip(start, stop)):
+        ends = [b for _, b in cuts[d]]
+        i = bisect.bisect_right(ends, lo)
+        spans.append([c for c in cuts[d][i:] if c[0] < hi])
+    pieces = []
+    for cell in itertools.product(*spans):
+        k = at[tuple(a for a, _ in cell)]
+        c_start, c_stop = boxes[k]
+        lo = tuple(max(a, s) for a, s in zip(start, c_start))
+        hi = tuple(min(a, s) for a, s in zip(stop, c_stop))
+        strides = _strides(_shape(c_start, c_stop), size)
+        first = sum((x - s) * st for x, s, st in zip(lo, c_start, strides))
+        last = sum((y - 1 - s) * st for y, s, st in zip(hi, c_start, strides))
+        dst = tuple(slice(x - s, y - s) for x, y, s in zip(lo, hi, start))
+        pieces.append(_Piece(k, dst, first, last + size, _shape(lo, hi), strides))
+    whole = len(pieces) == 1 and boxes[pieces[0].k] == (start, stop)
+    return _Target(start, _shape(start, stop), devices, tuple(pieces), whole)
 
 
 def _box(index, shape):
@@ -205,17 +215,22 @@ def _read_batch(directory, token, batch: dict[str, tuple], requests, verify: boo
             if verify:
                 problems += _check(chunk, a, got[key], requests[key[0]].record, path)
     if problems:
-        raise CheckpointDamagedError(
-            f"The data of {len(problems)} chunk(s) of the shard packs of the "
-            f"checkpoint in {directory} changed after it was saved (a flipped bit "
-            "on disk, or a damaged copy):\n" + bullet_list(problems) + "\nRestore "
-            "an earlier step (`oeqx.restore_latest` falls back past damaged "
-            "steps); `python -m orbax_eqx verify PATH` checks every leaf."
-        )
+        raise damaged_chunks(directory, problems)
     return {
         name: _assemble(name, targets, requests[name], wanted, got)
         for name, (_, targets, _) in batch.items()
     }
+
+
+def damaged_chunks(directory, problems: list[str]) -> CheckpointDamagedError:
+    """The error for chunks whose bytes differ from their CRC-32s."""
+    return CheckpointDamagedError(
+        f"The data of {len(problems)} chunk(s) of the shard packs of the "
+        f"checkpoint in {directory} changed after it was saved (a flipped bit "
+        "on disk, or a damaged copy):\n" + bullet_list(problems) + "\nRestore "
+        "an earlier step (`oeqx.restore_latest` falls back past damaged "
+        "steps); `python -m orbax_eqx verify PATH` checks every leaf."
+    )
 
 
 def _check(chunk: Chunk, a: int, data: np.ndarray, record, path) -> list[str]:

@@ -23,7 +23,8 @@ from etils import epath
 from .._format.sidecar import shard_file, shard_index
 from .._tree.walk import is_key_dtype
 from . import packfile as _packfile
-from .packing import layout, on_cpu
+from . import to_host as _to_host
+from .packing import layout
 from .shard_index import CRC_BLOCK, Chunk, to_json
 
 
@@ -50,24 +51,18 @@ def box(index: tuple[slice, ...], shape: Sequence[int]):
 def take(items: Sequence[tuple[str, jax.Array]]) -> Local:
     """Host copies of this process's distinct shards of `items` (name, array).
 
-    Transfers from accelerators all start before the first is waited for. On
-    CPU the host copy is a view of the device buffer, as for pack files (see
-    `packing.host_copies`): JAX then copies instead of reusing a donated
-    buffer that numpy still holds.
+    On CPU the host copy is a view of the device buffer, as for pack files
+    (see `packing.host_copies`): JAX then copies instead of reusing a donated
+    buffer that numpy still holds. From accelerators, small shards are
+    gathered on their device and copied a batch at a time, large ones one by
+    one, every transfer started before the first is waited for (see
+    `to_host`).
     """
     chosen = []
     for name, x in items:
-        copy = not (is_key_dtype(x.dtype) or on_cpu(x.sharding))
         for i, start, stop in _owned(x):
-            data = x.addressable_data(i)
-            if copy:
-                data.copy_to_host_async()
-            chosen.append((name, start, stop, data))
-    hosts = []
-    for *_, data in chosen:
-        if is_key_dtype(data.dtype):
-            data = jax.random.key_data(data)  # on the shard's own device
-        hosts.append(np.asarray(data))
+            chosen.append((name, start, stop, x.addressable_data(i)))
+    hosts = _to_host.copies([c[3] for c in chosen])
     return Local(
         [c[0] for c in chosen], [c[1] for c in chosen], [c[2] for c in chosen], hosts
     )

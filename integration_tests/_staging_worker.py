@@ -1,0 +1,110 @@
+"""Worker for test_staging_hosts.py: copies forced, several JAX processes.
+
+    python _staging_worker.py save ROOT       # one ("x",) mesh of every device
+    python _staging_worker.py restore ROOT    # onto a ("a", "b") mesh
+
+Runs with `ORBAX_EQX_STAGING=copy`, so CPU devices copy as accelerators do.
+`save` writes step 1 through a CheckpointManager: a 16 MiB and a 4 MiB array
+sharded over every device of every process, a replicated (packed) table, and
+100 small sharded arrays, whose shards each process gathers on its devices
+(it prints how many host copies that took). `restore` reads them through an
+8 MiB window onto shardings that cut across the saved chunks: the 16 MiB
+array replicated on every device (each device's box is larger than the
+window: streamed), the table split over both processes' devices (a packed
+leaf onto a sharding no process holds whole), and compares every shard with
+values regenerated here. `_procs.run` appends `--process-id`, `--processes`
+and `--port`. Prints `ok`.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+from _worker import start
+
+args = start("mode", "root")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import orbax.checkpoint as ocp  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+import orbax_eqx as oeqx  # noqa: E402
+from orbax_eqx._storage import staging  # noqa: E402
+
+ROOT = Path(args.root)
+WINDOW = 8 << 20
+
+
+def values():
+    rng = np.random.default_rng(11)
+    return {
+        "big": rng.standard_normal((4096, 1024)).astype(np.float32),
+        "rows": rng.standard_normal((2048, 512)).astype(np.float32),
+        "table": rng.standard_normal((512, 512)).astype(np.float32),
+        "small": [np.full((16, 8), i, np.float32) for i in range(100)],
+    }
+
+
+def place(tree, specs, mesh):
+    def put(x, spec):
+        sharding = NamedSharding(mesh, spec)
+        return jax.make_array_from_callback(x.shape, sharding, lambda i: x[i])
+
+    return {
+        name: [put(x, specs[name]) for x in v]
+        if isinstance(v, list)
+        else put(v, specs[name])
+        for name, v in tree.items()
+    }
+
+
+def save():
+    assert staging.forced()
+    mesh = jax.make_mesh((jax.device_count(),), ("x",))
+    specs = {"big": P("x"), "rows": P("x"), "table": P(), "small": P("x")}
+    item = place(values(), specs, mesh)
+    mngr = ocp.CheckpointManager(ROOT, item_handlers=oeqx.EqxHandler())
+    with staging.watch() as stats:
+        mngr.save(1, args=oeqx.EqxSave(item))
+    mngr.wait_until_finished()
+    mngr.close()
+    print(json.dumps({"transfers": stats.transfers, "gathered": stats.gathered}))
+
+
+def restore():
+    mesh = jax.make_mesh((4, jax.device_count() // 4), ("a", "b"))
+    specs = {"big": P(), "rows": P("b", "a"), "table": P("a"), "small": P("b")}
+    shardings = {
+        name: [NamedSharding(mesh, specs[name])] * 100
+        if name == "small"
+        else NamedSharding(mesh, specs[name])
+        for name in specs
+    }
+    want = values()
+    skeleton = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), want)
+    mngr = ocp.CheckpointManager(ROOT, item_handlers=oeqx.EqxHandler())
+    restore_args = oeqx.EqxRestore(
+        skeleton, shardings=shardings, max_staged_bytes=WINDOW
+    )
+    with staging.watch() as stats:
+        restored = jax.block_until_ready(mngr.restore(1, args=restore_args))
+    mngr.close()
+    assert stats.copy and 0 < stats.peak <= WINDOW, stats
+    assert stats.parts >= 4, stats  # the 16 MiB boxes, streamed
+    flat_want = jax.tree.leaves(want)
+    flat_shardings = jax.tree.leaves(shardings)
+    for x, full, sharding in zip(jax.tree.leaves(restored), flat_want, flat_shardings):
+        assert x.sharding.is_equivalent_to(sharding, x.ndim), x.sharding
+        for shard in x.addressable_shards:
+            np.testing.assert_array_equal(
+                np.asarray(shard.data), full[shard.index], strict=True
+            )
+    print(json.dumps({"peak": stats.peak, "parts": stats.parts}))
+
+
+if __name__ == "__main__":
+    {"save": save, "restore": restore}[args.mode]()
+    print("ok", flush=True)
+    sys.exit(0)

@@ -1,0 +1,285 @@
+"""Staging: host bytes on their way to the devices, through a bounded window.
+
+On CPU, `jax.device_put` takes a 64-byte-aligned host buffer as the device
+buffer, without a copy: a restore that reads the whole checkpoint into
+aligned buffers holds each byte once. Everywhere else (a GPU, a TPU) every
+host buffer is a staging copy: read, transferred, then of no more use.
+Holding all of them before transferring needs host memory for the whole
+checkpoint and more (measured on one H100: 2.04x the bytes of a 0.5 GiB
+model, 6.28x those of a model of 6,313 small leaves).
+
+So a restore that copies moves its bytes through a window instead (see
+`staged_read`): reads are grouped in jobs of at most half the window (and at
+most a 32nd of the bytes restored, though at least 1 MiB, so that staging
+stays a small part of them on small models too); while the devices take one
+job's bytes, the next
+job is read in a thread; once a job's transfers are done, its buffers are let
+go. A leaf (or a target box) larger than a job is streamed into place in
+parts. Every staging buffer comes from `Staging.empty` and is counted until
+it is freed (a weakref finalizer on its memory, not a promise), so
+`Staging.peak` is the true high-water mark of staged bytes; `watch()`
+gathers these figures for tests and benchmarks.
+
+`ORBAX_EQX_STAGING=copy` makes CPU devices behave like an accelerator: restores
+stage through the window into buffers 16 bytes off 64-byte alignment, which
+XLA's CPU client copies into memory of its own instead of aliasing, and saves
+gather small arrays on their device before copying them to host (see
+`to_host`). The host-memory bound can then be measured on a machine without
+an accelerator. `auto` (or unset) is the default.
+"""
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import os
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._errors import OrbaxEqxError
+from .._format.sidecar import PACK_ALIGNMENT
+
+ENV = "ORBAX_EQX_STAGING"
+_MODES = ("auto", "copy")
+# Jobs are at most this part of the bytes a restore reads (two are held at
+# once: one being read, one being transferred)...
+_SPLIT = 32
+# ...but not smaller than this: each job costs a read call and a transfer call.
+MIN_JOB = 1 << 20
+# A streamed slab of a shard pack reads whole 1 MiB CRC blocks, up to two more
+# than it needs: with less than 4 MiB a slab, most of what is read would be
+# read again for the next one. Two such slabs (one read, one transferred).
+MIN_WINDOW = 8 << 20
+_OFF_ALIGNMENT = 16  # bytes off 64-byte alignment, in forced-copy mode
+
+
+class StagingError(OrbaxEqxError, ValueError):
+    """A staging option (`max_staged_bytes`, `ORBAX_EQX_STAGING`) is invalid."""
+
+
+def mode() -> str:
+    """The staging mode `ORBAX_EQX_STAGING` asks for: `auto` or `copy`."""
+    value = os.environ.get(ENV, "").strip().lower() or "auto"
+    if value not in _MODES:
+        raise StagingError(
+            f"{ENV}={os.environ[ENV]!r} is not a staging mode: expected 'auto' "
+            "(the default: copy through the window only where devices are not "
+            "CPUs) or 'copy' (CPU devices too, for tests and benchmarks). "
+            f"Unset {ENV} or set it to one of these."
+        )
+    return value
+
+
+def forced() -> bool:
+    """Whether `ORBAX_EQX_STAGING=copy` makes CPU devices copy too."""
+    return mode() == "copy"
+
+
+def default_max_bytes() -> int:
+    """The default window: the smaller of 1 GiB and a tenth of the RAM."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 1 << 30
+    return max(MIN_WINDOW, min(1 << 30, ram // 10))
+
+
+def check_max_bytes(value: Any) -> None:
+    """Raises `StagingError` unless `value` is None or a window we can keep."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise StagingError(
+            f"EqxRestore(max_staged_bytes={value!r}): expected a number of bytes "
+            f"(an int, at least {MIN_WINDOW} = 8 MiB) or None for the default "
+            "(the smaller of 1 GiB and a tenth of the RAM)."
+        )
+    if value < MIN_WINDOW:
+        raise StagingError(
+            f"EqxRestore(max_staged_bytes={value}): the window must hold at least "
+            f"{MIN_WINDOW} bytes (8 MiB), found {value}: two jobs of a restore, "
+            "each with whole 1 MiB blocks of a shard pack, must fit in it. Pass "
+            f"max_staged_bytes={MIN_WINDOW} or more."
+        )
+
+
+@dataclasses.dataclass
+class Stats:
+    """What restores (staged) and saves (to host) did inside a `watch()`.
+
+    - `peak`: the most host bytes staged at once, over the watched restores;
+    - `window`: the smallest window among them;
+    - `jobs`: jobs run (each: one read, one batched `device_put`);
+    - `parts`: parts of leaves streamed into place (larger than a job);
+    - `copy`: whether any watched restore went through the window;
+    - `transfers`: device-to-host copies of saves;
+    - `gathered`: arrays a save copied to host in a gathered batch;
+    - `compiles`: gather functions a save had to compile.
+    """
+
+    peak: int = 0
+    window: int | None = None
+    jobs: int = 0
+    parts: int = 0
+    copy: bool = False
+    transfers: int = 0
+    gathered: int = 0
+    compiles: int = 0
+
+
+_WATCHERS: list[Stats] = []
+_WATCH_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def watch() -> Iterator[Stats]:
+    """Collects `Stats` of every restore and save that ends inside the block."""
+    stats = Stats()
+    with _WATCH_LOCK:
+        _WATCHERS.append(stats)
+    try:
+        yield stats
+    finally:
+        with _WATCH_LOCK:
+            _WATCHERS.remove(stats)
+
+
+def report(**figures: int) -> None:
+    """Adds a save's figures (`transfers=`, ...) to every watcher."""
+    with _WATCH_LOCK:
+        for stats in _WATCHERS:
+            for name, value in figures.items():
+                setattr(stats, name, getattr(stats, name) + value)
+
+
+class Staging:
+    """One restore's window: staging buffers, counted until they are freed.
+
+    **Arguments:**
+
+    - `max_bytes`: the window; None for `default_max_bytes()`.
+    - `copy`: whether transfers copy the host bytes (any device that is not a
+        CPU, or `ORBAX_EQX_STAGING=copy`), so that buffers are let go after.
+    - `off_alignment`: make buffers 16 bytes off 64-byte alignment, so that
+        CPU devices copy them (`ORBAX_EQX_STAGING=copy`).
+    """
+
+    def __init__(
+        self, max_bytes: int | None, *, copy: bool, off_alignment: bool = False
+    ):
+        self.max_bytes = default_max_bytes() if max_bytes is None else max_bytes
+        self.copy = copy
+        self._skew = _OFF_ALIGNMENT if off_alignment else 0
+        self.staged = 0
+        self.peak = 0
+        self.jobs = 0
+        self.parts = 0
+        self._lock = threading.Lock()
+
+    def job_bytes(self, total: int) -> int:
+        """The most bytes one job stages, for a restore that reads `total`."""
+        return max(1, min(self.max_bytes // 2, max(MIN_JOB, total // _SPLIT)))
+
+    def empty(self, nbytes: int) -> np.ndarray:
+        """A new uint8 staging buffer, counted until its memory is freed."""
+        raw = np.empty(nbytes + 2 * PACK_ALIGNMENT, np.uint8)
+        start = (-raw.ctypes.data) % PACK_ALIGNMENT + self._skew
+        with self._lock:
+            self.staged += nbytes
+            self.peak = max(self.peak, self.staged)
+        weakref.finalize(raw, self._freed, nbytes)
+        return raw[start : start + nbytes]
+
+    def handoff(self, host: np.ndarray) -> np.ndarray:
+        """`host`, or a copy of it where a CPU device would alias it (a view
+        that happens to be 64-byte aligned, in forced-copy mode)."""
+        if not self._skew or host.ctypes.data % PACK_ALIGNMENT:
+            return host
+        out = self.empty(host.nbytes).view(host.dtype).reshape(host.shape)
+        out[...] = host
+        return out
+
+    def _freed(self, nbytes: int) -> None:
+        with self._lock:
+            self.staged -= nbytes
+
+    def run(self, jobs: Iterable["Job"]) -> None:
+        """Runs `jobs` in order: reads one in a thread while the caller starts
+        the transfers of the one before and waits for them to be done."""
+        todo = iter(jobs)
+        job = next(todo, None)
+        if job is None:
+            return
+        with concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="orbax_eqx-staging"
+        ) as reader:
+            pending = reader.submit(job.read)
+            while job is not None:
+                host = pending.result()
+                self.jobs += 1
+                # Starting these transfers also lets JAX drop what it still
+                # held of the job before last, before the next read allocates.
+                started = job.put(host)
+                del host
+                job = next(todo, None)
+                if job is not None:
+                    pending = reader.submit(job.read)
+                jax.block_until_ready(started)
+                del started
+        self._done()
+
+    def _done(self) -> None:
+        with _WATCH_LOCK:
+            for stats in _WATCHERS:
+                stats.peak = max(stats.peak, self.peak)
+                if stats.window is None or self.max_bytes < stats.window:
+                    stats.window = self.max_bytes
+                stats.jobs += self.jobs
+                stats.parts += self.parts
+                stats.copy = stats.copy or self.copy
+
+
+@dataclasses.dataclass
+class Job:
+    """One step of a staged restore.
+
+    `read()` runs in the reader thread and returns host data (in buffers from
+    `Staging.empty`); `put(data)` runs in the caller's thread, starts the
+    transfers and returns what to wait for before the data is let go.
+    """
+
+    read: Callable[[], Any]
+    put: Callable[[Any], Any]
+
+
+def for_restore(
+    max_bytes: int | None, shardings: Sequence[Any], *, force: bool | None = None
+) -> Staging:
+    """The staging of a restore onto `shardings` (None for numpy leaves).
+
+    It copies (`Staging.copy`) if any target device is not a CPU, or if
+    `ORBAX_EQX_STAGING=copy` (`force`, when given, overrides the variable).
+    """
+    check_max_bytes(max_bytes)
+    force = forced() if force is None else force
+    devices = {d for s in shardings if s is not None for d in _devices(s)}
+    accelerated = any(d.platform != "cpu" for d in devices)
+    copy = bool(devices) and (accelerated or force)
+    return Staging(max_bytes, copy=copy, off_alignment=copy and not accelerated)
+
+
+_DEVICES: dict = {}
+
+
+def _devices(sharding: Any) -> frozenset:
+    found = _DEVICES.get(sharding)
+    if found is None:
+        found = frozenset(sharding.device_set)
+        if len(_DEVICES) > 4096:
+            _DEVICES.clear()
+        _DEVICES[sharding] = found
+    return found

@@ -1,0 +1,88 @@
+"""Streaming: a box larger than a staging job, put in place part by part.
+
+A box (a leaf, or the part of one that a device holds) is cut into slabs in
+C order, each costing no more than a job (see `slabs`); each slab is read,
+transferred and written into a buffer that already lives on the device with
+`jax.lax.dynamic_update_slice` on a donated buffer, so the device holds the
+box once and the host never holds more than a slab. This is a computation,
+but on one device's own data: no collective, nothing sharded.
+"""
+
+import functools
+import itertools
+import math
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Box = tuple[tuple[int, ...], tuple[int, ...]]  # (start, shape)
+
+
+def slabs(start, shape, budget: int, cost: Callable[[Box], int]) -> list[Box]:
+    """Cuts the box `(start, shape)` into slabs, in C order, of at most `budget`
+    bytes of `cost` each (where some can be made that small).
+
+    A slab is a box whose dimensions before some axis `k` are 1 and after it
+    whole, so that it is one contiguous range of the box's elements. `k` is
+    the first axis at which slabs fit; along it, all slabs have one length,
+    the last moved back to end where the box ends (overlapping the one before
+    it), so that a box's updates share one shape and one compiled function.
+    """
+    start, shape = tuple(start), tuple(shape)
+    for k in range(len(shape)):
+        first = (start, (1,) * k + shape[k:])  # a slab of the whole axis k
+        whole = cost(first)
+        m = max(1, min(shape[k], shape[k] * budget // max(1, whole)))
+        while True:
+            # Balanced: as few slabs as `m` allows, of lengths that overlap
+            # little (the last slab moves back over the one before it).
+            m = -(-shape[k] // -(-shape[k] // m))
+            found = _cut(start, shape, k, m)
+            if all(cost(s) <= budget for s in found):
+                return found
+            if m == 1:
+                break
+            m //= 2
+    return _cut(start, shape, len(shape) - 1, 1) if shape else [(start, shape)]
+
+
+def _cut(start, shape, k: int, m: int) -> list[Box]:
+    out = []
+    for lead in itertools.product(*(range(n) for n in shape[:k])):
+        for j in range(0, shape[k], m):
+            j = min(j, shape[k] - m)
+            at = tuple(a + i for a, i in zip(start, lead)) + (start[k] + j,)
+            size = (1,) * k + (m,) + shape[k + 1 :]
+            out.append((at + start[k + 1 :], size))
+    return out
+
+
+def contiguous(inner: tuple[int, ...], outer: tuple[int, ...]) -> bool:
+    """Whether a box of shape `inner` inside an array of shape `outer` is one
+    contiguous range of its bytes in C order (leading 1s, then one partial
+    axis, then whole ones)."""
+    d = 0
+    while d < len(inner) and inner[d] == 1:
+        d += 1
+    return inner[d + 1 :] == outer[d + 1 :]
+
+
+def nbytes(shape, itemsize: int) -> int:
+    return math.prod(shape) * itemsize
+
+
+def zeros(shape, dtype, device) -> jax.Array:
+    """A buffer on `device` to stream a box into."""
+    return jnp.zeros(shape, dtype, device=device)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _update(buffer, part, *start):
+    return jax.lax.dynamic_update_slice(buffer, part, start)
+
+
+def update(buffer: jax.Array, part: jax.Array, start) -> jax.Array:
+    """`buffer` with `part` written at `start`, in place (the buffer is donated)."""
+    return _update(buffer, part, *(np.int32(s) for s in start))

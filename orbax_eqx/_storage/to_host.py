@@ -1,0 +1,161 @@
+"""Host copies of a save's arrays: small ones gathered on their device first.
+
+`save` must hold every byte it writes before it returns (the caller may then
+donate or change its arrays), and the time it takes to copy them to host
+memory is time the training loop is blocked. A device-to-host copy costs a
+round trip whatever its size: on one H100, copying 6,313 small leaves one by
+one blocked a save 3.8x as long as one `jax.device_get` of them.
+
+So where host copies are real copies (a device that is not a CPU, or
+`ORBAX_EQX_STAGING=copy`), arrays under `SMALL` bytes are grouped by device,
+dtype and shape, stacked on their device (one jitted `jnp.stack` per group
+and batch length: a computation on one device's own data, no collective),
+copied to host once per batch, and split on host into views of that copy.
+Batches hold at most `STACK` arrays and `BATCH` bytes, and at most
+`IN_FLIGHT` bytes of stacks wait on devices at once, so the device memory
+this takes is bounded. Compiling a stack costs time in the number of arrays
+it takes; a group's batches share one length (the last is padded with a
+repeated array), so each group compiles once, and at most `NEW_COMPILES`
+groups are compiled per save (the largest first; the rest are copied one by
+one this time, gathered next time): a model of thousands of distinct shapes
+never compiles thousands of functions in one save. Larger arrays are copied
+one by one, every transfer started before the first is waited for.
+
+On CPU (by default) an array's host copy is numpy's view of its buffer, no
+copy at all: JAX does not reuse a buffer that numpy holds, so a later
+donation of the array copies instead (tested in `tests/test_packing.py`).
+"""
+
+import collections
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._tree.walk import is_key_dtype
+from . import staging as _staging
+
+SMALL = 1 << 20  # arrays under this many bytes are gathered
+STACK = 32  # arrays per stack at most (compile time grows with it)
+BATCH = 64 << 20  # bytes per stack at most
+IN_FLIGHT = 256 << 20  # bytes of stacks on devices not yet copied to host
+MIN_GROUP = 4  # fewer arrays of a (device, dtype, shape) go one by one
+NEW_COMPILES = 16  # stacks of new shapes compiled per save at most
+
+_COMPILED: set = set()  # (device, dtype, shape, length) of stacks compiled
+
+
+@functools.cache
+def on_cpu(sharding: jax.sharding.Sharding) -> bool:
+    """Whether every device of `sharding` is a CPU (host memory)."""
+    return all(d.platform == "cpu" for d in sharding.device_set)
+
+
+@jax.jit
+def _stack(*xs):
+    return jnp.stack(xs)
+
+
+def copies(xs: Sequence[jax.Array]) -> list[np.ndarray]:
+    """Host copies of single-device jax arrays (typed PRNG keys: of their key
+    data), safe from later changes to the arrays once this returns."""
+    force = _staging.forced()
+    out: list[Any] = [None] * len(xs)
+    xs = list(xs)
+    groups: dict[tuple, list[int]] = {}
+    one_by_one = []
+    for i, x in enumerate(xs):
+        if _is_key(x.dtype):
+            xs[i] = x = jax.random.key_data(x)  # on the array's own device
+        how = _how(x.sharding, x.dtype, force)
+        if how is _VIEW:
+            out[i] = np.asarray(x)  # no copy; see the module's docstring
+        elif how is not _ONE and 0 < x.size * how[1] < SMALL:
+            groups.setdefault((how[0], x.dtype, x.shape), []).append(i)
+        else:
+            one_by_one.append(i)
+    batches, compiles = _batches(groups, one_by_one)
+    for i in one_by_one:
+        xs[i].copy_to_host_async()
+    waiting: collections.deque = collections.deque()
+    in_flight = 0
+    for batch in batches:
+        stacked = _stack(*(xs[i] for i in batch))
+        stacked.copy_to_host_async()
+        waiting.append((batch, stacked))
+        in_flight += stacked.nbytes
+        while in_flight > IN_FLIGHT:
+            in_flight -= _split(*waiting.popleft(), out)
+    while waiting:
+        _split(*waiting.popleft(), out)
+    for i in one_by_one:
+        out[i] = np.asarray(xs[i])
+    _staging.report(
+        transfers=len(batches) + len(one_by_one),
+        gathered=sum(len(set(b)) for b in batches),
+        compiles=compiles,
+    )
+    return out
+
+
+_VIEW, _ONE = object(), object()
+
+
+@functools.cache
+def _is_key(dtype) -> bool:
+    return is_key_dtype(dtype)
+
+
+@functools.cache
+def _how(sharding: jax.sharding.Sharding, dtype, force: bool):
+    """How arrays of `dtype` placed by `sharding` are copied to host: `_VIEW`
+    (seen by numpy where they are), `_ONE` (one by one), or `(device, bytes
+    per element)` (gathered if small)."""
+    if on_cpu(sharding) and not force:
+        return _VIEW
+    if len(sharding.device_set) != 1 or jax.dtypes.itemsize_bits(dtype) < 8:
+        return _ONE  # sub-byte dtypes: numpy holds them unpacked
+    device = next(iter(sharding.device_set))
+    kind = sharding.memory_kind
+    if kind is not None and kind != device.default_memory().kind:
+        return _ONE  # already in host memory, say
+    return device, np.dtype(dtype).itemsize
+
+
+def _batches(groups, one_by_one: list[int]) -> tuple[list[tuple[int, ...]], int]:
+    """Batches of array indices to stack, each of its group's one length (the
+    last padded with its last array); groups too small, or past the compile
+    budget, join `one_by_one`."""
+    batches, compiles = [], 0
+    for (device, dtype, shape), members in sorted(
+        groups.items(), key=lambda kv: -len(kv[1])
+    ):
+        count = len(members)
+        each = math.prod(shape) * np.dtype(dtype).itemsize
+        most = max(1, min(STACK, BATCH // each))
+        length = -(-count // -(-count // most))  # balanced: few padded
+        signature = (device, dtype, shape, length)
+        if count < MIN_GROUP or (
+            signature not in _COMPILED and compiles >= NEW_COMPILES
+        ):
+            one_by_one.extend(members)
+            continue
+        if signature not in _COMPILED:
+            _COMPILED.add(signature)
+            compiles += 1
+        for at in range(0, count, length):
+            batch = members[at : at + length]
+            batches.append(tuple(batch) + (batch[-1],) * (length - len(batch)))
+    one_by_one.sort()
+    return batches, compiles
+
+
+def _split(batch: tuple[int, ...], stacked: jax.Array, out: list) -> int:
+    host = np.asarray(stacked)
+    for j, i in enumerate(batch):
+        out[i] = host[j, ...]  # a view, even of a 0-d array
+    return stacked.nbytes
