@@ -7,7 +7,9 @@ last is read (widened to whole CRC blocks, so that every byte read is
 checked), with few large `preadv`s into aligned buffers (see `packfile`).
 A box that is exactly one stored chunk (restoring onto the saving mesh) is a
 view of the bytes read, handed to `jax.device_put` without a copy on CPU;
-other boxes are assembled in an aligned buffer of their own. Boxes held by
+so is a box made of whole chunks stored one after the other along its first
+dimension (restoring onto fewer devices along it). Other boxes are assembled
+in an aligned buffer of their own. Boxes held by
 several devices (replication) are read once. Each array is then made with
 one `jax.make_array_from_callback` (a batched transfer of every box to its
 devices): no computation, no collective.
@@ -204,6 +206,7 @@ def _read_batch(directory, token, batch: dict[str, tuple], requests, verify: boo
         spans = by_file.setdefault(chunk.process, {})
         spans[key] = (chunk.offset + a, chunk.offset + z)
     got: dict[tuple, np.ndarray] = {}  # (name, k) -> the chunk's bytes [a, z)
+    placed: dict[tuple, tuple] = {}  # (name, k) -> (the buffer read, at)
     problems = []
     for process, spans in by_file.items():
         ranges, where = plan(spans)
@@ -212,12 +215,13 @@ def _read_batch(directory, token, batch: dict[str, tuple], requests, verify: boo
         for key, (i, at) in where.items():
             chunk, a, z = wanted[key]
             got[key] = buffers[i][at : at + z - a]
+            placed[key] = (buffers[i], at)
             if verify:
                 problems += _check(chunk, a, got[key], requests[key[0]].record, path)
     if problems:
         raise damaged_chunks(directory, problems)
     return {
-        name: _assemble(name, targets, requests[name], wanted, got)
+        name: _assemble(name, targets, requests[name], wanted, got, placed)
         for name, (_, targets, _) in batch.items()
     }
 
@@ -251,7 +255,37 @@ def _check(chunk: Chunk, a: int, data: np.ndarray, record, path) -> list[str]:
     return problems
 
 
-def _assemble(name, targets: tuple[_Target, ...], request, wanted, got) -> Any:
+def _joined(name, t: _Target, wanted, placed) -> np.ndarray | None:
+    """The bytes of box `t` as one view of a buffer read, if it is made of
+    whole chunks that follow one another along its first dimension and were
+    read one after the other into that buffer (a shard pack writes a
+    process's chunks of a leaf in order, so restoring onto fewer devices along
+    that dimension finds them so); else None."""
+    if len(t.pieces) < 2 or any(
+        d != slice(0, n) for d, n in zip(t.pieces[0].dst[1:], t.shape[1:])
+    ):
+        return None
+    buffer, begin = placed[(name, t.pieces[0].k)]
+    at, row = begin, 0
+    for p in sorted(t.pieces, key=lambda p: p.dst[0].start):
+        chunk, a, _ = wanted[(name, p.k)]
+        here, there = placed[(name, p.k)]
+        if (
+            a != 0
+            or here is not buffer
+            or there != at
+            or p.first != 0
+            or p.last != chunk.nbytes
+            or p.shape != chunk.shape
+            or p.dst[0].start != row
+            or p.dst[1:] != t.pieces[0].dst[1:]
+        ):
+            return None
+        at, row = at + chunk.nbytes, p.dst[0].stop
+    return buffer[begin:at] if row == t.shape[0] else None
+
+
+def _assemble(name, targets: tuple[_Target, ...], request, wanted, got, placed) -> Any:
     record = request.record
     saved = parse_dtype(record.dtype)
     key = is_key_dtype(saved)
@@ -266,6 +300,10 @@ def _assemble(name, targets: tuple[_Target, ...], request, wanted, got) -> Any:
             p = t.pieces[0]
             raw = got[(name, p.k)][: p.last]
             hosts.append(raw.view(elem).reshape(t.shape + tail))
+            continue
+        joined = _joined(name, t, wanted, placed)
+        if joined is not None:  # whole chunks, one after the other: no copy
+            hosts.append(joined.view(elem).reshape(t.shape + tail))
             continue
         size = math.prod(t.shape) * math.prod(tail) * elem.itemsize
         out = _packfile.aligned_empty(size).view(elem).reshape(t.shape + tail)
