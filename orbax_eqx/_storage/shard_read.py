@@ -62,6 +62,9 @@ class _Target:
     devices: tuple[Any, ...]  # () for a numpy leaf: one box, the whole array
     pieces: tuple[_Piece, ...]
     whole: bool  # one piece, which is its whole chunk: no copy needed
+    # Whole chunks stacked along the first dimension, in order: no copy
+    # needed either where they were stored and read one after the other.
+    stacked: bool
 
 
 def read(
@@ -161,7 +164,15 @@ def target(start, stop, boxes, size: int, devices=(), grid=None) -> _Target:
         dst = tuple(slice(x - s, y - s) for x, y, s in zip(lo, hi, start))
         pieces.append(_Piece(k, dst, first, last + size, _shape(lo, hi), strides))
     whole = len(pieces) == 1 and boxes[pieces[0].k] == (start, stop)
-    return _Target(start, _shape(start, stop), devices, tuple(pieces), whole)
+    shape = _shape(start, stop)
+    full = tuple(slice(0, n) for n in shape[1:])
+    stacked = (
+        len(pieces) > 1
+        and all(  # in order: `spans` are sorted
+            p.shape == _shape(*boxes[p.k]) and p.dst[1:] == full for p in pieces
+        )
+    )
+    return _Target(start, shape, devices, tuple(pieces), whole, stacked)
 
 
 def _box(index, shape):
@@ -171,6 +182,16 @@ def _box(index, shape):
         start.append(a)
         stop.append(b)
     return tuple(start), tuple(stop)
+
+
+def _start(index, shape) -> tuple[int, ...]:
+    """The first element of a device's box, from the index JAX gives (key
+    data's own axes left out). Its slices' starts are None or not negative;
+    anything else takes the long way."""
+    start = tuple(s.start or 0 for s in index[: len(shape)])
+    if min(start, default=0) < 0:
+        start = _box(index[: len(shape)], shape)[0]
+    return start
 
 
 def _shape(start, stop) -> tuple[int, ...]:
@@ -257,32 +278,21 @@ def _check(chunk: Chunk, a: int, data: np.ndarray, record, path) -> list[str]:
 
 def _joined(name, t: _Target, wanted, placed) -> np.ndarray | None:
     """The bytes of box `t` as one view of a buffer read, if it is made of
-    whole chunks that follow one another along its first dimension and were
-    read one after the other into that buffer (a shard pack writes a
-    process's chunks of a leaf in order, so restoring onto fewer devices along
-    that dimension finds them so); else None."""
-    if len(t.pieces) < 2 or any(
-        d != slice(0, n) for d, n in zip(t.pieces[0].dst[1:], t.shape[1:])
-    ):
+    whole chunks stacked along its first dimension (`t.stacked`) that were
+    read whole, one after the other, into that buffer (a shard pack holds a
+    process's chunks of a leaf in order, so restoring onto fewer devices
+    along that dimension finds them so); else None."""
+    if not t.stacked:
         return None
     buffer, begin = placed[(name, t.pieces[0].k)]
-    at, row = begin, 0
-    for p in sorted(t.pieces, key=lambda p: p.dst[0].start):
+    at = begin
+    for p in t.pieces:
         chunk, a, _ = wanted[(name, p.k)]
         here, there = placed[(name, p.k)]
-        if (
-            a != 0
-            or here is not buffer
-            or there != at
-            or p.first != 0
-            or p.last != chunk.nbytes
-            or p.shape != chunk.shape
-            or p.dst[0].start != row
-            or p.dst[1:] != t.pieces[0].dst[1:]
-        ):
+        if a != 0 or here is not buffer or there != at:
             return None
-        at, row = at + chunk.nbytes, p.dst[0].stop
-    return buffer[begin:at] if row == t.shape[0] else None
+        at += chunk.nbytes
+    return buffer[begin:at]
 
 
 def _assemble(name, targets: tuple[_Target, ...], request, wanted, got, placed) -> Any:
@@ -328,7 +338,7 @@ def _assemble(name, targets: tuple[_Target, ...], request, wanted, got, placed) 
     array = jax.make_array_from_callback(
         shape + tail,
         request.sharding,
-        lambda index: by_start[_box(index[: len(shape)], shape)[0]],
+        lambda index: by_start[_start(index, shape)],
     )
     if key:
         return jax.random.wrap_key_data(array, impl=key_impl(saved))
