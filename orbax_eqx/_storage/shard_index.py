@@ -55,7 +55,7 @@ CRC_BLOCK = 1 << 20  # bytes per CRC-32 of a chunk
 MAX_INDEX_BYTES = 256 << 20
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, slots=True)
 class Chunk:
     """One box of one array, as stored in one shard pack."""
 

@@ -16,7 +16,10 @@ devices): no computation, no collective.
 
 Leaves are read a batch at a time: a batch stops growing once its reads
 reach `window` bytes, so the bytes read but not yet handed to a device stay
-bounded whatever the model's size (a single larger leaf is one batch).
+bounded whatever the model's size (a single larger leaf is one batch), or
+once it has `PIECES` pieces, so that the bookkeeping of a read (a few hundred
+bytes of Python objects per piece) stays bounded too on models of many small
+sharded leaves.
 """
 
 import bisect
@@ -39,6 +42,7 @@ from .packing import plan
 from .shard_index import CRC_BLOCK, Chunk, read_all
 
 DEFAULT_WINDOW = 1 << 30
+PIECES = 4096  # pieces of chunks read in one batch at most
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,7 +87,7 @@ def read(
     chunks = read_all(epath.Path(directory), saved)
     out: dict[str, Any] = {}
     batch: dict[str, tuple] = {}
-    staged = 0
+    staged = pieces = 0
     for name, request in requests.items():
         ordered = sorted(chunks[name], key=lambda c: c.start)
         size = itemsize(parse_dtype(request.record.dtype))
@@ -96,9 +100,10 @@ def read(
         )
         batch[name] = (ordered, targets, size)
         staged += sum(p.last - p.first for t in targets for p in t.pieces)
-        if staged >= window:
+        pieces += sum(len(t.pieces) for t in targets)
+        if staged >= window or pieces >= PIECES:
             out.update(_read_batch(directory, saved.token, batch, requests, verify))
-            batch, staged = {}, 0
+            batch, staged, pieces = {}, 0, 0
     if batch:
         out.update(_read_batch(directory, saved.token, batch, requests, verify))
     return out
