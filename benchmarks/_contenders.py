@@ -15,6 +15,9 @@ Not run by default (`--contenders` adds them), for the compression decision:
 array per leaf, as orbax_eqx 0.1 did, uncompressed) and `orbax_eqx_zstd` (the
 same with zstd, 0.1's default).
 
+`arrays` is no contender but a floor for the peak-RSS probes: the arrays of
+the skeleton made from filled host buffers, nothing read (`ArraysAlone`).
+
 Async contenders (`manager`) go through `ocp.CheckpointManager` with async
 checkpointing on, as training loops do.
 """
@@ -221,6 +224,48 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     return raw[start : start + nbytes]
 
 
+class ArraysAlone:
+    """Not a restore: the least host memory any restore ends up holding. Every
+    array of the skeleton is made, on its target sharding, from host buffers
+    of its shards' sizes, filled, nothing read from disk: on CPU, aligned
+    buffers that the devices keep as they are (with `ORBAX_EQX_STAGING=copy`,
+    buffers off alignment, which the devices copy, each let go once put). For
+    the peak-RSS probes only (`arrays`)."""
+
+    name = "arrays"
+
+    def save(self, path, item):
+        raise NotImplementedError("`arrays` only restores (a floor for the probes)")
+
+    def restore(self, path, skeleton):
+        copy = os.environ.get("ORBAX_EQX_STAGING", "") == "copy"
+
+        def buffer(shape, dtype):
+            dtype = np.dtype(dtype)
+            nbytes = int(np.prod(shape)) * dtype.itemsize
+            raw = aligned_empty(nbytes + 16)
+            host = raw[16 if copy else 0 :][:nbytes]
+            host.fill(1)  # touched, as read bytes are
+            return host.view(dtype).reshape(shape)
+
+        def make(x):
+            if not _is_struct(x):
+                return x
+            if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+                raise ValueError("`arrays` does not make typed PRNG keys")
+            sharding = x.sharding if x.sharding is not None else _device()
+            return jax.make_array_from_callback(
+                x.shape,
+                sharding,
+                lambda index: buffer(
+                    tuple(len(range(*s.indices(n))) for s, n in zip(index, x.shape)),
+                    x.dtype,
+                ),
+            )
+
+        return jax.tree_util.tree_map(make, skeleton)
+
+
 CONTENDERS = {
     "orbax_eqx": OrbaxEqx,
     "orbax": Orbax,
@@ -231,6 +276,7 @@ EXTRA = {
     "orbax_eqx_perleaf": OrbaxEqxPerLeaf,
     "orbax_eqx_zstd": OrbaxEqxZstd,
     "orbax_eqx_nosum": OrbaxEqxNoChecksums,
+    "arrays": ArraysAlone,
 }
 
 

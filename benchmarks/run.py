@@ -7,7 +7,8 @@ Measures, in one run and on the same arrays: save time, restore time (into a
 `filter_eval_shape` skeleton, from a cold page cache), the time
 `CheckpointManager.save` blocks its caller with async checkpointing on against
 the time to copy the arrays to host memory (`np.array` and `jax.device_get`),
-the peak host memory of a restore, each in a fresh process, and the devices'
+the peak host memory of a restore, each in a fresh process (and, as a floor,
+that of making the same arrays from filled host buffers, nothing read), and the devices'
 peak memory during saves and restores (`device.memory_stats()`, where the
 backend has it: not on CPU). Contenders take turns (A B C D, then B C D A,
 ...) and every figure is a median, because the machine is shared and noisy
@@ -152,6 +153,10 @@ def bench_model(name, contenders, args, workdir):
             f"{(peak['peak'] - peak['baseline']) / nbytes:5.2f}x model bytes"
         )
         shutil.rmtree(kept[c.name])
+    # The floor: the arrays alone, from filled host buffers, nothing read.
+    out["rss_floor"] = _probe("arrays", name, workdir)
+    floor = out["rss_floor"]["peak"] - out["rss_floor"]["baseline"]
+    _log(f"   peak RSS of the arrays alone {floor / nbytes:5.2f}x model bytes")
     out["seconds"] = time.perf_counter() - began
     _log(f"   ({out['seconds']:.0f} s for this model)")
     return out
@@ -273,6 +278,15 @@ def _table(name, r):
             f"  {c:17s} {s:8.3f} {nb / GiB / s:6.2f} {t:10.3f} {nb / GiB / t:6.2f} "
             f"{(p['peak'] - p['baseline']) / nb:8.2f}x {r['disk'][c] / 2**20:9.1f}  "
             + ("-" if ok is None else "yes" if ok else "NO")
+        )
+    floor = r.get("rss_floor")
+    if floor:
+        ours = r["rss"]["orbax_eqx"]
+        least = floor["peak"] - floor["baseline"]
+        lines.append(
+            "  peak RSS of the arrays alone (made from filled host buffers, "
+            f"nothing read): {least / nb:.2f}x; orbax_eqx / that: "
+            f"{(ours['peak'] - ours['baseline']) / least:.2f}x"
         )
     a = r["async"]
     lines.append(

@@ -13,7 +13,9 @@ contenders taking turns (A B C, then B C A, ...), medians of the rounds:
   arrays sharded `P("x")`, so every restored shard is two saved chunks;
 - for the largest model, the raw disk: the same bytes written with
   `pwritev` + fsync from host memory (the bandwidth a save can reach);
-- peak host RSS of a restore in a fresh process, over the bytes restored.
+- peak host RSS of a restore in a fresh process, over the bytes restored,
+  and the same for the arrays alone, made from filled host buffers with
+  nothing read (`_contenders.ArraysAlone`): the least any restore holds.
 
 Models: `s400` is 100 blocks of `Linear(64, 64)` + `LayerNorm(64)` (400
 arrays), `b` the 6,313-leaf deep model + Adam state of `run.py`, `a` its
@@ -163,7 +165,7 @@ def _status(field: str) -> int:
 def probe(contender: str, model: str, kind: str, path: str) -> None:
     """Peak RSS of one restore, in this fresh process: one JSON line."""
     sk = skeleton(model, kind)
-    runner = CONTENDERS[contender]()
+    runner = {**CONTENDERS, "arrays": _contenders.ArraysAlone}[contender]()
     jax.block_until_ready(jax.device_put(np.zeros(4)))
     baseline = _status("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
@@ -287,6 +289,8 @@ def bench(name, workdir, repeats):
         r = _probe(c.name, name, "save", kept[c.name])
         rss[c.name] = (r["peak"] - r["baseline"]) / nbytes
         shutil.rmtree(kept[c.name])
+    r = _probe("arrays", name, "save", workdir)  # the floor: nothing read
+    rss["arrays"] = (r["peak"] - r["baseline"]) / nbytes
     med = {c: {k: statistics.median(v) for k, v in t.items()} for c, t in times.items()}
     return {
         "label": label,
@@ -316,6 +320,12 @@ def report(results) -> str:
             lines.append(
                 f"  {c:10s} {t['save']:8.3f} {t['restore']:10.3f} "
                 f"{t['other']:13.3f} {rss[c]:8.2f}x"
+            )
+        if "arrays" in rss:
+            lines.append(
+                f"  peak RSS of the arrays alone (made from filled host buffers, "
+                f"nothing read): {rss['arrays']:.2f}x; orbax_eqx / that: "
+                f"{rss['orbax_eqx'] / rss['arrays']:.2f}x"
             )
         me, them = m["orbax_eqx"], m["orbax"]
         lines.append(
