@@ -107,3 +107,23 @@ def test_same_model_same_names_from_skeleton_and_concrete():
     assert names(make(jax.random.key(0))) == names(
         eqx.filter_eval_shape(make, jax.random.key(1))
     )
+
+
+@pytest.mark.parametrize("make", sorted(zoo.ZOO), ids=str)
+def test_names_and_paths_built_on_parents_match_whole_paths(make):
+    """A walk builds each name and printed path on its parent's; the result
+    is what joining every part of the whole path gives."""
+    from orbax_eqx._tree.names import join, key_part
+
+    tree = {
+        "model": zoo.ZOO[make](jax.random.key(0)),
+        "keys": [{7: jnp.zeros(1), 8: jnp.ones(1)}, {(1, "x"): jnp.ones(1)}],
+        "7": [jnp.zeros(1), {"a.b": jnp.ones(1), "": jnp.ones(2)}],
+        "also": [zoo.mlp(jax.random.key(1)), zoo.mlp(jax.random.key(2))],
+    }
+    walked = walk(tree)
+    assert walked.leaves
+    for leaf in walked.leaves:
+        assert leaf.path_str == (jax.tree_util.keystr(leaf.path) or "<root>")
+        if make != "batchnorm_state":  # a State's entries are named by owner
+            assert leaf.name == join([key_part(e) for e in leaf.path])

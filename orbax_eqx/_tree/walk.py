@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from .names import join, key_part
+from .names import SEPARATOR, join, key_part
 from .values import SCALAR_TYPES, encode, is_named_callable, qualified_name
 
 # Leaf kinds.
@@ -39,10 +39,11 @@ class Leaf(NamedTuple):
     name: str
     kind: str
     value: Any
+    shown: str | None = None  # the key path as `jtu.keystr` prints it, if known
 
     @property
     def path_str(self) -> str:
-        return display_path(jtu.keystr(self.path))
+        return display_path(jtu.keystr(self.path) if self.shown is None else self.shown)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,11 +166,12 @@ def walk(tree: Any) -> Walked:
     states: dict[tuple, tuple] = {}
     _collect_nodes(tree, (), modules, states)
     name_of = _Namer(states, modules)
+    shown = _Shown()
     leaves = []
     old_names = {}  # only for leaves in a State
     for path, value in path_leaves:
         name = name_of(path)
-        leaves.append(Leaf(path, name, leaf_kind(value), value))
+        leaves.append(Leaf(path, name, leaf_kind(value), value, shown(path)))
         if states and name_of.crossed_state:
             old = name_of(path, old=True)
             if old != name:
@@ -267,6 +269,21 @@ def _static_fields(module: eqx.Module) -> dict[str, Any]:
     return {name: encode(getattr(module, name, None)) for name in static}
 
 
+class _Shown:
+    """Key paths as `jtu.keystr` prints them, each built on its parent's (for
+    one walk: see `_Namer._plain`)."""
+
+    def __init__(self):
+        self._memo: dict[tuple, str] = {(): ""}
+
+    def __call__(self, path: tuple) -> str:
+        text = self._memo.get(path)
+        if text is None:
+            text = self(path[:-1]) + str(path[-1])
+            self._memo[path] = text
+        return text
+
+
 class _Namer:
     """Turns key paths into leaf names.
 
@@ -291,10 +308,11 @@ class _Namer:
                     owners.setdefault(_hashable(m.marker), path)
         self._owners = owners
         self._relative = {path: _relative_parts(m) for path, m in states.items()}
+        self._memo: dict[tuple, str] = {}
 
     def __call__(self, path: tuple, old: bool = False) -> str:
         if not self._states:
-            return join([key_part(entry) for entry in path])
+            return self._plain(path)
         parts, crossed = [], False
         for i, entry in enumerate(path):
             markers = self._states.get(path[:i])
@@ -308,6 +326,20 @@ class _Namer:
                 parts.append(self._old_part(markers[entry.key], entry.key, old))
         self.crossed_state = crossed  # (after `_old_part`, which names an owner)
         return join(parts)
+
+    def _plain(self, path: tuple) -> str:
+        """The name of a path that crosses no State, built on its parent's:
+        the leaves of a module share all but their last part. (Within one
+        tree, equal paths are one node: a dict cannot hold both `1` and
+        `True`. So the memo lives for one walk only.)"""
+        name = self._memo.get(path)
+        if name is None:
+            if len(path) <= 1:
+                name = join([key_part(entry) for entry in path])
+            else:
+                name = self._plain(path[:-1]) + SEPARATOR + key_part(path[-1])
+            self._memo[path] = name
+        return name
 
     def _old_part(self, marker: Any, index: int, old: bool) -> str:
         owner = self._owners.get(_hashable(marker))
