@@ -58,7 +58,7 @@ class _Piece:
 
 
 @dataclasses.dataclass(frozen=True)
-class _Target:
+class Target:
     """One distinct box of the target sharding, and the devices that hold it."""
 
     start: tuple[int, ...]
@@ -92,7 +92,7 @@ def read(
         ordered = sorted(chunks[name], key=lambda c: c.start)
         size = itemsize(parse_dtype(request.record.dtype))
         sharding = request.sharding if request.container == JAX else None
-        targets = _geometry(
+        targets = geometry(
             tuple(request.record.shape),
             size,
             tuple((c.start, c.stop) for c in ordered),
@@ -112,7 +112,7 @@ def read(
 _GEOMETRY: dict = {}
 
 
-def _geometry(shape, size: int, boxes: tuple, sharding) -> tuple[_Target, ...]:
+def geometry(shape, size: int, boxes: tuple, sharding) -> tuple[Target, ...]:
     """The target boxes of a leaf and how each is made of its stored chunks.
 
     Worked out once per (shape, item size, chunk boxes, target sharding):
@@ -128,7 +128,7 @@ def _geometry(shape, size: int, boxes: tuple, sharding) -> tuple[_Target, ...]:
     return found
 
 
-def _work_out(shape, size, boxes, sharding) -> tuple[_Target, ...]:
+def _work_out(shape, size, boxes, sharding) -> tuple[Target, ...]:
     wanted: dict[tuple, list] = {}  # (start, stop) -> devices
     if sharding is None:
         wanted[((0,) * len(shape), shape)] = []
@@ -148,7 +148,7 @@ def _grid(boxes, ndim: int):
     return cuts, {a: k for k, (a, _) in enumerate(boxes)}
 
 
-def target(start, stop, boxes, size: int, devices=(), grid=None) -> _Target:
+def target(start, stop, boxes, size: int, devices=(), grid=None) -> Target:
     """The box `[start, stop)` and how it is made of the chunks `boxes` (each
     `(start, stop)`) of an array of `size`-byte elements."""
     cuts, at = grid or _grid(boxes, len(start))
@@ -163,7 +163,7 @@ def target(start, stop, boxes, size: int, devices=(), grid=None) -> _Target:
         c_start, c_stop = boxes[k]
         lo = tuple(max(a, s) for a, s in zip(start, c_start))
         hi = tuple(min(a, s) for a, s in zip(stop, c_stop))
-        strides = _strides(_shape(c_start, c_stop), size)
+        strides = strides_of(_shape(c_start, c_stop), size)
         first = sum((x - s) * st for x, s, st in zip(lo, c_start, strides))
         last = sum((y - 1 - s) * st for y, s, st in zip(hi, c_start, strides))
         dst = tuple(slice(x - s, y - s) for x, y, s in zip(lo, hi, start))
@@ -177,7 +177,7 @@ def target(start, stop, boxes, size: int, devices=(), grid=None) -> _Target:
             p.shape == _shape(*boxes[p.k]) and p.dst[1:] == full for p in pieces
         )
     )
-    return _Target(start, shape, devices, tuple(pieces), whole, stacked)
+    return Target(start, shape, devices, tuple(pieces), whole, stacked)
 
 
 def _box(index, shape):
@@ -203,7 +203,7 @@ def _shape(start, stop) -> tuple[int, ...]:
     return tuple(b - a for a, b in zip(start, stop))
 
 
-def _strides(shape: Sequence[int], size: int) -> tuple[int, ...]:
+def strides_of(shape: Sequence[int], size: int) -> tuple[int, ...]:
     strides, step = [], size
     for n in reversed(shape):
         strides.append(step)
@@ -243,7 +243,9 @@ def _read_batch(directory, token, batch: dict[str, tuple], requests, verify: boo
             got[key] = buffers[i][at : at + z - a]
             placed[key] = (buffers[i], at)
             if verify:
-                problems += _check(chunk, a, got[key], requests[key[0]].record, path)
+                problems += check_chunk(
+                    chunk, a, got[key], requests[key[0]].record, path
+                )
     if problems:
         raise damaged_chunks(directory, problems)
     return {
@@ -263,7 +265,7 @@ def damaged_chunks(directory, problems: list[str]) -> CheckpointDamagedError:
     )
 
 
-def _check(chunk: Chunk, a: int, data: np.ndarray, record, path) -> list[str]:
+def check_chunk(chunk: Chunk, a: int, data: np.ndarray, record, path) -> list[str]:
     """Checks bytes `[a, ...)` of `chunk` (whole CRC blocks) against its CRCs."""
     problems = []
     view = memoryview(data)
@@ -281,7 +283,7 @@ def _check(chunk: Chunk, a: int, data: np.ndarray, record, path) -> list[str]:
     return problems
 
 
-def _joined(name, t: _Target, wanted, placed) -> np.ndarray | None:
+def _joined(name, t: Target, wanted, placed) -> np.ndarray | None:
     """The bytes of box `t` as one view of a buffer read, if it is made of
     whole chunks stacked along its first dimension (`t.stacked`) that were
     read whole, one after the other, into that buffer (a shard pack holds a
@@ -300,14 +302,14 @@ def _joined(name, t: _Target, wanted, placed) -> np.ndarray | None:
     return buffer[begin:at]
 
 
-def _assemble(name, targets: tuple[_Target, ...], request, wanted, got, placed) -> Any:
+def _assemble(name, targets: tuple[Target, ...], request, wanted, got, placed) -> Any:
     record = request.record
     saved = parse_dtype(record.dtype)
     key = is_key_dtype(saved)
     data = key_data_struct(saved) if key else None
     elem = np.dtype(data.dtype) if key else np.dtype(saved)
     tail = tuple(data.shape) if key else ()
-    tail_strides = _strides(tail, elem.itemsize)
+    tail_strides = strides_of(tail, elem.itemsize)
     hosts = []
     for t in targets:
         if t.whole and wanted[(name, t.pieces[0].k)][1] == 0:

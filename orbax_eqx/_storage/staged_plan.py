@@ -24,7 +24,7 @@ from .._tree.walk import JAX, is_key_dtype, key_data_struct, parse_dtype
 from . import packfile as _packfile
 from . import streaming
 from .shard_index import CRC_BLOCK, read_all
-from .shard_read import _geometry, _strides, _Target, target
+from .shard_read import Target, geometry, strides_of, target
 
 # The least a streamed slab of a shard pack may stage: its bytes, plus up to
 # two CRC blocks read only to check them. Half of `staging.MIN_WINDOW`.
@@ -44,7 +44,7 @@ class Leaf:
     size: int  # bytes per stored element, key data's axes included
     paths: list[epath.Path]  # per chunk, its file
     chunks: list[Any]  # shard-pack chunks in box order; one for a packed leaf
-    targets: tuple[_Target, ...]
+    targets: tuple[Target, ...]
     packed: bool
     left: int = 0  # units still to arrive
     crc: int = 0  # of a streamed packed leaf's bytes so far...
@@ -106,7 +106,7 @@ def leaves(directory, saved: Metadata, requests: dict[str, Any]) -> list[Leaf]:
             size,
             paths,
             ordered,
-            _geometry(shape, size, boxes, sharding),
+            geometry(shape, size, boxes, sharding),
             record.data == PACKED,
         )
         (packed if leaf.packed else sharded).append(leaf)
@@ -224,7 +224,7 @@ class Plan:
             cost += leaf.box_bytes(t.shape)
         return cost + leaf.cast_bytes(t.shape)
 
-    def target(self, step: Step) -> _Target:
+    def target(self, step: Step) -> Target:
         """The box of a shard-packed leaf's step, with its pieces."""
         leaf = step.leaf
         t = leaf.targets[step.box]
@@ -235,7 +235,7 @@ class Plan:
         boxes = tuple((c.start, c.stop) for c in leaf.chunks)
         return target(start, stop, boxes, leaf.size)
 
-    def spans(self, step: Step, t: _Target):
+    def spans(self, step: Step, t: Target):
         """`(chunk index, first byte, end byte)` read of each piece of `t`."""
         out = []
         for p in t.pieces:
@@ -247,7 +247,7 @@ class Plan:
         return out
 
     @staticmethod
-    def viewable(leaf: Leaf, t: _Target) -> bool:
+    def viewable(leaf: Leaf, t: Target) -> bool:
         if len(t.pieces) != 1:
             return False
         chunk = leaf.chunks[t.pieces[0].k]
@@ -275,4 +275,4 @@ class Plan:
 
 def offset(start, shape, size: int) -> int:
     """Bytes into a C-order array of `shape` of the element at `start`."""
-    return sum(a * s for a, s in zip(start, _strides(shape, size)))
+    return sum(a * s for a, s in zip(start, strides_of(shape, size)))

@@ -30,7 +30,7 @@ from . import packfile as _packfile
 from . import streaming
 from .checksum import crc32, damaged, mismatch
 from .packing import plan
-from .shard_read import _check, _strides, _Target, damaged_chunks
+from .shard_read import Target, check_chunk, damaged_chunks, strides_of
 from .staged_plan import Leaf, Plan, Step, leaves, offset, stored_type
 from .staging import Job, Staging
 
@@ -140,16 +140,16 @@ class _Reading:
             entries.append((leaf, i, at if step.slab else None, part))
         return entries
 
-    def _sharded(self, step: Step, t: _Target, n: int, got) -> list:
+    def _sharded(self, step: Step, t: Target, n: int, got) -> list:
         leaf = step.leaf
         record = leaf.request.record
         spans = self.plan.spans(step, t)
         data = {k: got.pop((n, k)) for k, _, _ in spans}
         if self.verify:
             for k, a, _ in spans:
-                found = _check(leaf.chunks[k], a, data[k], record, leaf.paths[k])
+                found = check_chunk(leaf.chunks[k], a, data[k], record, leaf.paths[k])
                 self.problems["shards"] += found
-        tail_strides = _strides(leaf.tail, leaf.elem.itemsize)
+        tail_strides = strides_of(leaf.tail, leaf.elem.itemsize)
         starts = {k: a for k, a, _ in spans}
         if self.plan.viewable(leaf, t):
             p = t.pieces[0]
