@@ -53,11 +53,12 @@ def record_sidecars():
         # Before the primary adds the checksums, which only it computes.
         step = Path(directory).parent.name.split(".")[0]
         path = HOSTS / f"computed-{step}-p{PROCESS}.json"
+        prepared.finish()  # names the leaves and builds the content
         path.write_text(json.dumps(prepared.content, sort_keys=True))
         await compute(self, directory, prepared, *rest)
 
-    def written(directory, content):
-        write(directory, content)
+    def written(directory, content, *rest):
+        write(directory, content, *rest)
         with open(HOSTS / f"writes-p{PROCESS}.txt", "a") as f:
             f.write(f"{Path(directory).parent.name.split('.')[0]}\n")
 

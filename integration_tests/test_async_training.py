@@ -37,10 +37,10 @@ def gate(monkeypatch):
     event = threading.Event()
     write = _sidecar.write
 
-    def gated_write(directory, content):
+    def gated_write(directory, content, *rest):
         if not event.wait(LIMIT_S):
             raise TimeoutError("the test never opened the sidecar gate")
-        write(directory, content)
+        write(directory, content, *rest)
 
     monkeypatch.setattr(_sidecar, "write", gated_write)
     yield event

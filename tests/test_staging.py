@@ -226,6 +226,7 @@ def test_thousands_of_small_arrays_take_a_copy_per_batch(copying):
     item = _many_small()
     with staging.watch() as stats:
         prepared = prepare(item, token="0" * 16)
+    prepared.finish()  # the background's part: copies to host, names
     hosts = [host for _, host in prepared.pieces]
     assert len(hosts) == 3303
     copies = len({_root(h) for h in hosts})
@@ -262,6 +263,7 @@ def test_shapes_past_the_compile_budget_go_one_by_one(copying, monkeypatch):
     item = [jnp.full((5, 3 + n), n, jnp.float32) for n in range(5) for _ in range(8)]
     with staging.watch() as stats:
         prepared = prepare(item, token="0" * 16)
+    prepared.finish()
     assert stats.compiles == 2 and stats.gathered == 16
     assert len({_root(h) for _, h in prepared.pieces}) == 2 + 24
     with staging.watch() as again:  # the next save gathers two more

@@ -400,10 +400,10 @@ def sidecar_gate(monkeypatch):
     gate = threading.Event()
     write = _sidecar.write
 
-    def gated_write(directory, content):
+    def gated_write(directory, content, *rest):
         if not gate.wait(GATE_TIMEOUT_S):
             raise TimeoutError("the test never opened the sidecar gate")
-        write(directory, content)
+        write(directory, content, *rest)
 
     monkeypatch.setattr(_sidecar, "write", gated_write)
     yield gate

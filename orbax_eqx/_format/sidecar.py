@@ -75,6 +75,7 @@ import os
 import platform
 import re
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -240,17 +241,21 @@ def build(
     token: str,
     sharded: dict[str, str] | None = None,
     shard_files: int = 0,
+    pause: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """The sidecar's JSON for a walked item, saved with `token`.
 
     `aliases` maps a leaf to its twin; `packed` maps each packed leaf to its
     offset in pack 0, which is `pack_nbytes` long; leaves in `sharded` (to
     their saved sharding, as text) go to the `shard_files` shard packs. Other
-    arrays are stored through Orbax.
+    arrays are stored through Orbax. `pause` is called once per leaf (see
+    `walk`).
     """
     sharded = sharded or {}
     leaves = {}
     for leaf in walked.leaves:
+        if pause is not None:
+            pause()
         record: dict[str, Any] = {"path": leaf.path_str, "kind": leaf.kind}
         if leaf.kind == ARRAY:
             x = leaf.value
@@ -326,14 +331,19 @@ def itemsize(dtype: Any) -> int:
     return np.dtype(dtype).itemsize
 
 
-def write(directory: epath.Path, content: dict[str, Any]) -> None:
+def write(
+    directory: epath.Path,
+    content: dict[str, Any],
+    pause: Callable[[], None] | None = None,
+) -> None:
     """Writes the sidecar atomically and only if there is none yet.
 
     A reader sees no sidecar, or all of it. If another save put one there
     first, this raises `FileExistsError` and leaves that one alone: the
-    sidecar is how a save claims its directory (see `_claim`).
+    sidecar is how a save claims its directory (see `_claim`). `pause` is
+    called once per line of JSON (see `walk`).
     """
-    text = _dump(content)
+    text = _dump(content, pause)
     _check_size(text, content)
     path = directory / FILE_NAME
     if not _is_local(directory):
@@ -378,10 +388,12 @@ def _check_size(text: str, content: dict[str, Any]) -> None:
     )
 
 
-def _dump(content: dict[str, Any]) -> str:
+def _dump(content: dict[str, Any], pause: Callable[[], None] | None = None) -> str:
     """JSON with one line per leaf and per module: easy to read and to diff."""
 
     def line(value: Any) -> str:
+        if pause is not None:
+            pause()
         return json.dumps(value, allow_nan=False, ensure_ascii=False)
 
     parts = []

@@ -22,7 +22,8 @@ from .._save import background as _background
 from .._save import claim as _claim
 from .._save import released as _released
 from .._save.hosts import check_global
-from .._save.prepare import check_has_data, prepare
+from .._save.polite import Polite
+from .._save.prepare import check_has_data, flatten, prepare
 from .._storage import packing as _packing
 from .._storage import shards as _shards
 from .._storage import staging as _staging
@@ -131,8 +132,11 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         change them as soon as this returns; see `_packing.host_copies`);
         writing them happens in the background.
         """
+        flat = None
         if args is None:
             check_global(item)  # EqxSave checks its own item when made
+        else:
+            flat = args.take_flat()
         tree = args.item if args is not None else item
         primary = ocp.multihost.is_primary_host(self._primary_host)
         token = _claim.new_token()
@@ -142,6 +146,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             pack=self._pack,
             copy_packed=primary,
             checksums=self._checksums,
+            flat=flat,
         )
         started = _claim.Started(epath.Path(directory), token) if primary else None
         if started is not None:
@@ -152,7 +157,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             token,
             started,
             bool(prepared.stored),
-            prepared.content["shard_files"],
+            prepared.shard_files,
         )
         futures = []
         where = _background.target(directory)  # named by errors of the writes
@@ -188,6 +193,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         if primary and started.identity is None:
             _claim.begin(started)
         try:
+            # The leaves' names and the sidecar's content, and the rest of
+            # the host copies (see `_save/prepare.py`).
+            prepared.finish()
             if prepared.local is not None:
                 token = prepared.content["token"]
                 process = jax.process_index()
@@ -217,7 +225,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         _sidecar.record_checksums(prepared.content, crcs, sums)
         _claim.before_sidecar(started)
         try:
-            _sidecar.write(directory, prepared.content)
+            _sidecar.write(directory, prepared.content, Polite())
         except FileExistsError:
             _claim.claim_failed(started)
         _claim.wrote(started, directory / _sidecar.FILE_NAME)
@@ -339,12 +347,21 @@ class EqxSave(ocp.args.CheckpointArgs):
     """
 
     item: Any
+    # `item` flattened once, for the checks here and the handler's save.
+    _flat: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         # Here, not in the handler: the manager makes directories before the
         # handler runs, and a save that cannot happen should leave none.
-        check_has_data(self.item)
-        check_global(self.item)
+        self._flat = flatten(self.item)
+        check_has_data(self.item, self._flat[0])
+        check_global(self.item, self._flat)
+
+    def take_flat(self) -> Any:
+        """The flatten made here, once (a second save with these args, after
+        the item's dicts or lists changed, flattens anew)."""
+        flat, self._flat = self._flat, None
+        return flat
 
 
 @ocp.args.register_with_handler(EqxHandler, for_restore=True)

@@ -16,15 +16,17 @@ from .._errors import HostLocalArrayError, bullet_list
 from .._tree.walk import display_path
 
 
-def check_global(tree: Any) -> None:
-    """Raises `HostLocalArrayError` naming every host-local jax array in `tree`."""
+def check_global(tree: Any, flat: tuple[list[Any], Any] | None = None) -> None:
+    """Raises `HostLocalArrayError` naming every host-local jax array in `tree`
+    (`flat`: its leaves and treedef, if the caller has them)."""
     if jax.process_count() == 1:
         return
+    leaves = flat[0] if flat is not None else jtu.tree_leaves(tree, is_leaf=_is_none)
+    if not any(_host_local(x) for x in leaves):
+        return  # paths, which cost far more than the test, only for the message
     problems = []
     for path, x in jtu.tree_flatten_with_path(tree, is_leaf=_is_none)[0]:
-        # Orbax's own test, so nothing it would write is refused here; arrays
-        # of size zero are not given to Orbax at all.
-        if isinstance(x, jax.Array) and x.is_fully_addressable and x.size:
+        if _host_local(x):
             devices = sorted(d.id for d in x.sharding.device_set)
             problems.append(
                 f"Leaf `{display_path(jtu.keystr(path))}` is a host-local jax.Array "
@@ -44,6 +46,12 @@ def check_global(tree: Any) -> None:
             "create it inside `jax.jit(..., out_shardings=...)`. (A numpy array is "
             "saved as it is on the primary process.)"
         )
+
+
+def _host_local(x: Any) -> bool:
+    # Orbax's own test, so nothing it would write is refused here; arrays of
+    # size zero are not given to Orbax at all.
+    return isinstance(x, jax.Array) and x.is_fully_addressable and bool(x.size)
 
 
 def _is_none(x: Any) -> bool:

@@ -16,7 +16,7 @@ arrays made from the buffers without copying them on CPU.
 
 import concurrent.futures
 import functools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -98,6 +98,13 @@ def host_copies(values: list[Any]) -> list[np.ndarray]:
       their device first, a copy per batch, large ones one by one, all
       transfers started first (see `to_host`).
     """
+    return start_host_copies(values)()
+
+
+def start_host_copies(values: list[Any]) -> Callable[[], list[np.ndarray]]:
+    """Starts `host_copies(values)`; returns, once the caller may donate or
+    change the values, a function that waits for the copies and returns them
+    (stacks of small arrays are copied to host there; see `to_host.start`)."""
     # Fully replicated: this host's first copy is the whole array. Taken from
     # its own device, so that nothing is computed over the others (nor, for
     # keys, across hosts), and only one copy is transferred.
@@ -108,10 +115,22 @@ def host_copies(values: list[Any]) -> list[np.ndarray]:
             on_device.append(i)
         else:
             out[i] = np.array(x, order="C", copy=True)
-    hosts = _to_host.copies([values[i].addressable_data(0) for i in on_device])
-    for i, host in zip(on_device, hosts):
-        out[i] = host
-    return out
+    pending = _to_host.start([_one_copy(values[i]) for i in on_device])
+
+    def result() -> list[np.ndarray]:
+        for i, host in zip(on_device, pending.result()):
+            out[i] = host
+        return out
+
+    return result
+
+
+def _one_copy(x: jax.Array) -> jax.Array:
+    # An array on one device is its own first copy; `addressable_data(0)`
+    # would make a new array object (and sharding) for it.
+    if len(x.sharding.device_set) == 1:
+        return x
+    return x.addressable_data(0)
 
 
 def read(

@@ -15,6 +15,7 @@ import dataclasses
 import os
 import zlib
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -32,10 +33,16 @@ from .shard_index import CRC_BLOCK, Chunk, to_json
 class Local:
     """The chunks one process writes: boxes with their host copies."""
 
-    names: list[str]
+    names: list[Any]  # each chunk's leaf (its name, or a label to name later)
     starts: list[tuple[int, ...]]
     stops: list[tuple[int, ...]]
     hosts: list[np.ndarray]  # emptied once written
+    # Host copies still being made (`start_take`): `wait` fills `hosts`.
+    pending: Any = None
+
+    def wait(self) -> None:
+        if self.pending is not None:
+            self.hosts, self.pending = self.pending.result(), None
 
 
 def box(index: tuple[slice, ...], shape: Sequence[int]):
@@ -48,7 +55,7 @@ def box(index: tuple[slice, ...], shape: Sequence[int]):
     return tuple(start), tuple(stop)
 
 
-def take(items: Sequence[tuple[str, jax.Array]]) -> Local:
+def take(items: Sequence[tuple[Any, jax.Array]]) -> Local:
     """Host copies of this process's distinct shards of `items` (name, array).
 
     On CPU the host copy is a view of the device buffer, as for pack files
@@ -58,13 +65,25 @@ def take(items: Sequence[tuple[str, jax.Array]]) -> Local:
     one, every transfer started before the first is waited for (see
     `to_host`).
     """
+    local = start_take(items)
+    local.wait()
+    return local
+
+
+def start_take(items: Sequence[tuple[Any, jax.Array]]) -> Local:
+    """`take(items)`, returning once the caller may donate or change the
+    arrays; `Local.wait()` waits for the rest of the host copies."""
     chosen = []
     for name, x in items:
         for i, start, stop in _owned(x):
             chosen.append((name, start, stop, x.addressable_data(i)))
-    hosts = _to_host.copies([c[3] for c in chosen])
+    pending = _to_host.start([c[3] for c in chosen])
     return Local(
-        [c[0] for c in chosen], [c[1] for c in chosen], [c[2] for c in chosen], hosts
+        [c[0] for c in chosen],
+        [c[1] for c in chosen],
+        [c[2] for c in chosen],
+        [],
+        pending,
     )
 
 
@@ -98,6 +117,7 @@ def write(directory: epath.Path, token: str, process: int, local: Local) -> list
     whole under a temporary name, fsync'd and renamed: an index names only
     bytes that are on disk.
     """
+    local.wait()
     sizes = [h.nbytes for h in local.hosts]
     offsets, nbytes = layout((str(i), size) for i, size in enumerate(sizes))
     pieces = [(offsets[str(i)], h) for i, h in enumerate(local.hosts)]

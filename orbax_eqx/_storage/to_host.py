@@ -11,6 +11,9 @@ So where host copies are real copies (a device that is not a CPU, or
 dtype and shape, stacked on their device (one jitted `jnp.stack` per group
 and batch length: a computation on one device's own data, no collective),
 copied to host once per batch, and split on host into views of that copy.
+A save returns once the stacks are dispatched (`start`): a stack holds the
+arrays' values at that moment, so the copies to host can finish in the
+save's background thread while training goes on.
 Batches hold at most `STACK` arrays and `BATCH` bytes, and at most
 `IN_FLIGHT` bytes of stacks wait on devices at once, so the device memory
 this takes is bounded. Compiling a stack costs time in the number of arrays
@@ -63,19 +66,50 @@ def _stack(*xs):
 def copies(xs: Sequence[jax.Array]) -> list[np.ndarray]:
     """Host copies of single-device jax arrays (typed PRNG keys: of their key
     data), safe from later changes to the arrays once this returns."""
+    return start(xs).result()
+
+
+class Pending:
+    """Host copies being made; `result()` waits for the rest and returns them.
+
+    Stacks dispatched by `start` are the arrays' values at the call already:
+    JAX runs computations in the order they were dispatched, so a later
+    donation or change of an array waits for the stack that reads it. Only
+    the copies of the stacks to host are left, for whichever thread calls
+    `result()` (the save's background writer).
+    """
+
+    def __init__(self, out: list, waiting: collections.deque):
+        self._out = out
+        self._waiting = waiting
+
+    def result(self) -> list[np.ndarray]:
+        while self._waiting:
+            _split(*self._waiting.popleft(), self._out)
+        return self._out
+
+
+def start(xs: Sequence[jax.Array]) -> Pending:
+    """Starts host copies of single-device jax arrays, as `copies` makes them,
+    and returns once the caller may donate or change the arrays: views and
+    one-by-one copies are done, stacks of small arrays are dispatched on their
+    devices (at most `IN_FLIGHT` bytes of them not yet copied to host)."""
     force = _staging.forced()
     out: list[Any] = [None] * len(xs)
     xs = list(xs)
     groups: dict[tuple, list[int]] = {}
     one_by_one = []
     for i, x in enumerate(xs):
-        if _is_key(x.dtype):
+        aval = x.aval  # (one attribute: `x.shape`, `x.dtype` each cost more)
+        if _is_key(aval.dtype):
             xs[i] = x = jax.random.key_data(x)  # on the array's own device
-        how = _how(x.sharding, x.dtype, force)
+            aval = x.aval
+        dtype, shape = aval.dtype, aval.shape
+        how = _how(x.sharding, dtype, force)
         if how is _VIEW:
             out[i] = np.asarray(x)  # no copy; see the module's docstring
-        elif how is not _ONE and 0 < x.size * how[1] < SMALL:
-            groups.setdefault((how[0], x.dtype, x.shape), []).append(i)
+        elif how is not _ONE and 0 < math.prod(shape) * how[1] < SMALL:
+            groups.setdefault((how[0], dtype, shape), []).append(i)
         else:
             one_by_one.append(i)
     batches, compiles = _batches(groups, one_by_one)
@@ -90,8 +124,6 @@ def copies(xs: Sequence[jax.Array]) -> list[np.ndarray]:
         in_flight += stacked.nbytes
         while in_flight > IN_FLIGHT:
             in_flight -= _split(*waiting.popleft(), out)
-    while waiting:
-        _split(*waiting.popleft(), out)
     for i in one_by_one:
         out[i] = np.asarray(xs[i])
     _staging.report(
@@ -99,7 +131,7 @@ def copies(xs: Sequence[jax.Array]) -> list[np.ndarray]:
         gathered=sum(len(set(b)) for b in batches),
         compiles=compiles,
     )
-    return out
+    return Pending(out, waiting)
 
 
 _VIEW, _ONE = object(), object()

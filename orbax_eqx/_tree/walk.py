@@ -8,6 +8,7 @@ import ast
 import dataclasses
 import functools
 import re
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -73,6 +74,11 @@ def _is_none(x: Any) -> bool:
 
 def is_array_like(x: Any) -> bool:
     return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))
+
+
+def is_array_leaf(x: Any) -> bool:
+    """Whether a leaf is an array (`leaf_kind(x) == ARRAY`), quickly."""
+    return _category(type(x)) is _ARRAY_TYPE
 
 
 def leaf_kind(x: Any) -> str:
@@ -159,8 +165,12 @@ def parse_dtype(text: str) -> Any:
     return jnp.dtype(text)
 
 
-def walk(tree: Any) -> Walked:
-    """Flattens `tree` into leaves with names, plus every module's static fields."""
+def walk(tree: Any, pause: Callable[[], None] | None = None) -> Walked:
+    """Flattens `tree` into leaves with names, plus every module's static fields.
+
+    `pause`, if given, is called once per leaf and per module (a background
+    save passes one that lets other threads run now and then)."""
+    pause = pause or _no_pause
     path_leaves, treedef = jtu.tree_flatten_with_path(tree, is_leaf=_is_none)
     modules: list[tuple[tuple, eqx.Module]] = []
     states: dict[tuple, tuple] = {}
@@ -170,19 +180,24 @@ def walk(tree: Any) -> Walked:
     leaves = []
     old_names = {}  # only for leaves in a State
     for path, value in path_leaves:
+        pause()
         name = name_of(path)
         leaves.append(Leaf(path, name, leaf_kind(value), value, shown(path)))
         if states and name_of.crossed_state:
             old = name_of(path, old=True)
             if old != name:
                 old_names[name] = old
-    infos = {
-        name_of(path): ModuleInfo(
+    infos = {}
+    for path, m in modules:
+        pause()
+        infos[name_of(path)] = ModuleInfo(
             display_path(jtu.keystr(path)), _class_name(type(m)), _static_fields(m)
         )
-        for path, m in modules
-    }
     return Walked(leaves, treedef, infos, old_names)
+
+
+def _no_pause() -> None:
+    pass
 
 
 # What a node's type says about it. Decided once per type: `isinstance` on an
@@ -266,7 +281,16 @@ def _class_name(cls: type) -> str:
 
 def _static_fields(module: eqx.Module) -> dict[str, Any]:
     _, static = _fields(type(module))
-    return {name: encode(getattr(module, name, None)) for name in static}
+    if not static:
+        return {}
+    # Read from the instance's dict, as `_collect_nodes` reads dynamic fields:
+    # `getattr` goes through `Module.__getattribute__`, which on a model of
+    # thousands of modules cost more than the rest of the walk.
+    values = object.__getattribute__(module, "__dict__")
+    return {
+        name: encode(values[name] if name in values else getattr(module, name, None))
+        for name in static
+    }
 
 
 class _Shown:

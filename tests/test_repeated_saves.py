@@ -1,0 +1,94 @@
+"""A save of a tree structure saved before returns sooner: it takes the
+arrays' bytes and checks the leaves' values, and names the leaves in the
+background (see `_save/prepare.py`). These tests hold it to what a first save
+does: the same refusals before anything is written, the same names, and what
+the item was when `save` returned, whatever the caller does next.
+"""
+
+import os
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+import orbax_eqx as oeqx
+from orbax_eqx._format.sidecar_read import read
+
+NOT_UTF8 = os.fsdecode(b"caf\xe9")  # 'caf\udce9'
+
+
+def _manager(path):
+    return ocp.CheckpointManager(path, item_handlers=oeqx.EqxHandler())
+
+
+def test_text_that_is_not_unicode_is_refused_on_a_repeated_save(tmp_path):
+    item = {"name": "ok", "w": jnp.arange(4.0)}
+    mngr = _manager(tmp_path)
+    mngr.save(0, args=oeqx.EqxSave(item))
+    mngr.wait_until_finished()
+    bad = {"name": NOT_UTF8, "w": jnp.arange(4.0)}  # an equal structure
+    with pytest.raises(
+        oeqx.UnsupportedLeafError,
+        match=r"Leaf `\['name'\]` is a str that is not valid Unicode: 'caf\\udce9'",
+    ):
+        mngr.save(1, args=oeqx.EqxSave(bad))
+    mngr.wait_until_finished()
+    assert mngr.all_steps() == [0]
+    assert not (tmp_path / "1").exists()
+    restored = mngr.restore(0, args=oeqx.EqxRestore(item))
+    mngr.close()
+    assert restored["name"] == "ok"
+
+
+def test_a_skeleton_is_refused_on_a_repeated_save(tmp_path):
+    model = eqx.nn.Linear(3, 2, key=jax.random.key(0))
+    oeqx.save(tmp_path / "a", model)
+    skeleton = eqx.filter_eval_shape(lambda: model)
+    with pytest.raises(oeqx.UnsupportedLeafError, match="jax.ShapeDtypeStruct"):
+        oeqx.save(tmp_path / "b", skeleton)
+    assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("key", [True, 1, 1.0])
+def test_keys_that_compare_equal_keep_their_own_names(tmp_path, key):
+    # {True: x}, {1: x} and {1.0: x} have equal treedefs, but each is stored
+    # under its own name, as a first save would name it.
+    x = jnp.arange(3.0)
+    for earlier in (True, 1, 1.0):
+        if type(earlier) is not type(key):
+            oeqx.save(tmp_path / f"before-{earlier!r}", {earlier: x})
+    oeqx.save(tmp_path / "ckpt", {key: x})
+    expected = {bool: "\\(True)", int: "1", float: "\\(1\\.0)"}[type(key)]
+    assert list(read(tmp_path / "ckpt").leaves) == [expected]
+    restored = oeqx.restore(
+        tmp_path / "ckpt", {key: jax.ShapeDtypeStruct((3,), x.dtype)}
+    )
+    assert type(next(iter(restored))) is type(key)
+    np.testing.assert_array_equal(restored[key], x)
+
+
+def test_what_is_saved_is_the_item_as_save_returned(tmp_path):
+    # The names are made in the background from a snapshot of the item's
+    # structure: changing its dicts and lists, and donating its arrays, after
+    # `save` returns changes nothing of the checkpoint.
+    def item():
+        return {"layers": [jnp.full((8,), float(i)) for i in range(4)], "step": 3}
+
+    mngr = _manager(tmp_path)
+    mngr.save(0, args=oeqx.EqxSave(item()))
+    mngr.wait_until_finished()
+    live = item()
+    mngr.save(1, args=oeqx.EqxSave(live))
+    live["layers"].append(jnp.zeros(8))
+    live["layers"][0] = jnp.full((8,), -1.0)
+    live["step"] = 4
+    live["extra"] = jnp.ones(2)
+    clobber = jax.jit(lambda x: x * 0 - 5, donate_argnums=0)
+    jax.block_until_ready([clobber(x) for x in live["layers"][1:4]])
+    mngr.wait_until_finished()
+    restored = mngr.restore(1, args=oeqx.EqxRestore(item()))
+    mngr.close()
+    assert eqx.tree_equal(restored, item())
