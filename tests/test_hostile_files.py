@@ -1,6 +1,6 @@
 """Files that are not files: a FIFO, a directory or a device where a checkpoint
-file should be, a sidecar without end, a pack longer than written, and a
-symlink planted where export writes.
+file should be (in Orbax's array store too), a sidecar without end, a pack
+longer than written, and a symlink planted where export writes.
 
 Whatever could block (a FIFO) or read without end (`/dev/zero`) runs in a
 fresh interpreter with a time limit and a memory limit, so that a regression
@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 
 import equinox as eqx
 import jax
@@ -21,7 +22,8 @@ import jax.numpy as jnp
 import pytest
 
 import orbax_eqx as oeqx
-from orbax_eqx._format.sidecar import MAX_BYTES
+from orbax_eqx._format.sidecar import MAX_BYTES, arrays_dir
+from orbax_eqx._storage import store_files
 from orbax_eqx._tools.cli import main
 from orbax_eqx._tools.export import export
 
@@ -309,3 +311,166 @@ def test_export_never_writes_through_a_planted_symlink(tmp_path, sharded):
     assert sorted(os.listdir(out)) == sorted(
         names + [f"{name}.tmp-{os.getpid()}" for name in names]
     )
+
+
+# --- what is no file inside Orbax's array store (`pack=False`) ---------------------
+
+
+def _unpacked(tmp_path, **options):
+    path = tmp_path / "ckpt"
+    model = eqx.nn.MLP(3, 2, 8, 1, key=jax.random.key(0))
+    oeqx.save(path, {"model": model, "n": 3}, pack=False, **options)
+    return path
+
+
+def _store(path):
+    return arrays_dir(path, oeqx.metadata(path).token)
+
+
+def _damaged_store(path, planted, what):
+    return (
+        f"Orbax's array store of the checkpoint at {re.escape(str(path))} holds "
+        f"{re.escape(str(planted))}, which is {what} where Orbax writes only regular "
+        r"files and directories\. Reading it could block forever or without end, so "
+        r"nothing was read: the checkpoint is damaged \(or something else was put in "
+        r"its place\)\. Restore an earlier step, or re-save the checkpoint\."
+    )
+
+
+def _replace_with(planted, plant):
+    planted.unlink()
+    plant(planted)
+
+
+@pytest.mark.parametrize(
+    "where, plant, what",
+    [
+        # A chunk file of the OCDBT data: the reads of the arrays open it.
+        (
+            lambda store: sorted((store / "ocdbt.process_0" / "d").iterdir())[0],
+            os.mkfifo,
+            r"a FIFO \(named pipe\)",
+        ),
+        # Orbax's own metadata, read before any array.
+        (
+            lambda store: store / "_METADATA",
+            lambda p: os.symlink("/dev/zero", p),
+            "a symbolic link to a character device",
+        ),
+    ],
+    ids=["fifo_chunk", "dev_zero_metadata"],
+)
+def test_array_store_entry_that_would_never_end_fails_fast(
+    tmp_path, where, plant, what
+):
+    path = _unpacked(tmp_path)
+    planted = where(_store(path))
+    _replace_with(planted, plant)
+    runs = _run_child(
+        path=str(path),
+        out=str(tmp_path / "out" / "api"),
+        cli={
+            "cli verify": ["verify", str(path)],
+            "cli inspect": ["inspect", str(path)],
+        },
+    )
+    message = _damaged_store(path, planted, what)
+    for name in ("restore", "export"):
+        assert runs[name]["type"] == "CheckpointDamagedError", runs[name]
+        assert re.fullmatch(message, runs[name]["message"]), runs[name]["message"]
+    # verify: every Orbax-stored array is damaged, and says why.
+    problems = runs["verify"]["value"]
+    assert len(problems) == 4
+    assert all(re.fullmatch(f'cannot be read: "{message}"', p) for p in problems)
+    verified = runs["cli verify"]
+    assert verified["code"] == 1 and verified["stdout"].count("DAMAGED") == 4
+    assert re.search(message, verified["stdout"])
+    # inspect reads the sidecar only: the tree is shown whole, nothing blocks.
+    inspected = runs["cli inspect"]
+    assert inspected["code"] == 0 and inspected["stderr"] == "", inspected
+    assert inspected["stdout"].count("  Orbax") == 4
+    assert "Total: 7 leaves, 4 arrays, 200 B." in inspected["stdout"]
+
+
+def _unblocked(fifo, run, limit_s=30):
+    """Runs `run()` in a thread; fails if it is still running after `limit_s`
+    (then opens `fifo` for writing and closes it, so that a read blocked on it
+    ends, and the thread with it). Returns what `run` raised, or None."""
+    raised = []
+
+    def target():
+        try:
+            run()
+        except BaseException as e:
+            raised.append(e)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(limit_s)
+    if thread.is_alive():
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # EOF for the reader
+        thread.join(limit_s)
+        pytest.fail(f"blocked on {fifo} past {limit_s} s")
+    return raised[0] if raised else None
+
+
+def test_array_store_fifo_of_an_array_not_read_is_not_walked(tmp_path):
+    # Without OCDBT each array has its directory; a partial restore walks, and
+    # reads, only those of the arrays it asks for.
+    path = tmp_path / "ckpt"
+    oeqx.save(
+        path, {"a": jnp.arange(3.0), "b": jnp.ones(4)}, pack=False, use_ocdbt=False
+    )
+    store = _store(path)
+    fifo = store / "b" / "0"
+    _replace_with(fifo, os.mkfifo)
+    skeleton = jax.ShapeDtypeStruct((3,), jnp.float32)
+    got = []
+    assert (
+        _unblocked(fifo, lambda: got.append(oeqx.restore(path, skeleton, prefix="a")))
+        is None
+    )
+    assert got[0].tolist() == [0.0, 1.0, 2.0]
+    # Asked for, the array's FIFO is refused.
+    raised = _unblocked(fifo, lambda: oeqx.restore(path))
+    assert isinstance(raised, oeqx.CheckpointDamagedError)
+    assert re.fullmatch(
+        _damaged_store(path, fifo, r"a FIFO \(named pipe\)"), str(raised)
+    )
+
+
+def test_array_store_checked_before_a_commit_names_the_save(tmp_path):
+    # The check a save makes before its commit, on a store something else
+    # wrote into: the message is about the save, not a damaged checkpoint.
+    path = _unpacked(tmp_path)
+    store = _store(path)
+    fifo = store / "ocdbt.process_0" / "intruder"
+    os.mkfifo(fifo)
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=(
+            f"Orbax's array store of the save under way in {re.escape(str(path))} "
+            f"holds {re.escape(str(fifo))}, which is a FIFO \\(named pipe\\) where "
+            r"Orbax writes only regular files and directories: something other than "
+            r"this save wrote into its directory while it ran\. Reading it could "
+            r"block forever or without end, so the save stopped before its commit "
+            r"and no checkpoint was changed\. Find what writes into the checkpoint "
+            r"directory, then save again\.$"
+        ),
+    ):
+        store_files.check(store, saving=True)
+
+
+def test_array_store_with_more_entries_than_any_store_is_refused(tmp_path, monkeypatch):
+    path = _unpacked(tmp_path)
+    # A store of a few files stands for one of millions: the cap, lowered.
+    monkeypatch.setattr(store_files, "MAX_ENTRIES", 3)
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=(
+            f"Orbax's array store of the checkpoint at {re.escape(str(path))} holds "
+            r"more than 3 files and directories, far more than Orbax writes\. "
+            r"Reading it could block forever or without end, so nothing was read"
+        ),
+    ):
+        oeqx.restore(path)
