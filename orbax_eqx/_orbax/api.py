@@ -35,8 +35,10 @@ def save(
     - `overwrite`: replace an existing checkpoint at `directory`, atomically:
         the new one is written beside it and swapped in, so that at every
         instant `directory` holds the old checkpoint or the new one, whole;
-        a save that fails leaves the old one. Only a checkpoint (or an empty
-        directory) is replaced: anything else is a `CheckpointExistsError`.
+        a save that fails leaves the old one. Only a checkpoint (an item
+        directory, or a step of item directories and Orbax's files) or an
+        empty directory is replaced: anything else, a directory that holds a
+        checkpoint among other files too, is a `NotACheckpointError`.
     - `**options`: passed to `EqxHandler` (`use_ocdbt=`, `use_compression=`...).
 
     A save killed part way leaves its temporary directories beside
