@@ -23,7 +23,7 @@ import pytest
 
 import orbax_eqx as oeqx
 from orbax_eqx._format.sidecar import MAX_BYTES, arrays_dir
-from orbax_eqx._storage import store_files
+from orbax_eqx._storage import staging, store_files
 from orbax_eqx._tools.cli import main
 from orbax_eqx._tools.export import export
 
@@ -473,4 +473,49 @@ def test_array_store_with_more_entries_than_any_store_is_refused(tmp_path, monke
             r"Reading it could block forever or without end, so nothing was read"
         ),
     ):
+        oeqx.restore(path)
+
+
+# --- the staged restore refuses what the unstaged one refuses ----------------------
+
+
+def _staged_pack(tmp_path, monkeypatch):
+    """A checkpoint whose restores go through a staging window (as on an
+    accelerator), and its pack file. The window is checked to be used."""
+    monkeypatch.setenv("ORBAX_EQX_STAGING", "copy")
+    path = _checkpoint(tmp_path)
+    with staging.watch() as stats:
+        oeqx.restore(path)
+    assert stats.copy and stats.peak > 0
+    return path, _pack(path)
+
+
+def test_staged_restore_of_a_fifo_pack_fails_fast(tmp_path, monkeypatch):
+    path, pack = _staged_pack(tmp_path, monkeypatch)
+    pack.unlink()
+    os.mkfifo(pack)
+    raised = _unblocked(pack, lambda: oeqx.restore(path))
+    assert isinstance(raised, oeqx.CheckpointDamagedError), raised
+    message = _damaged_pack(r"is a FIFO \(named pipe\), not a regular file")
+    assert re.fullmatch(message, str(raised)), raised
+
+
+@pytest.mark.parametrize("change", [100, -100], ids=["longer", "shorter"])
+def test_staged_restore_of_a_pack_not_as_written_is_damaged(
+    tmp_path, monkeypatch, change
+):
+    path, pack = _staged_pack(tmp_path, monkeypatch)
+    saved = oeqx.metadata(path)
+    written = saved.packs[0].nbytes
+    with open(pack, "r+b") as f:
+        f.truncate(written + change)
+    # Longer than the sidecar records; or too short for the leaves' bytes.
+    needed = max(r.offset + r.nbytes for r in saved.leaves.values() if r.pack == 0)
+    if change < 0:
+        assert written + change < needed  # the last leaf is cut
+    expected = written if change > 0 else needed
+    message = _damaged_pack(
+        f"has {written + change} bytes where {expected} were written"
+    )
+    with pytest.raises(oeqx.CheckpointDamagedError, match=message):
         oeqx.restore(path)

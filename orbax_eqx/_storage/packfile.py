@@ -146,10 +146,7 @@ def read(
     try:
         # Before allocating: a sidecar claiming absurd sizes must not get to
         # ask for terabytes of memory.
-        size = os.fstat(fd).st_size
-        if (nbytes is not None and size > nbytes) or size < end:
-            written = end if nbytes is None else nbytes
-            raise _damaged(path, f"has {size} bytes where {written} were written")
+        _check_length(path, os.fstat(fd).st_size, end, nbytes)
         buffers = [empty(stop - start) for start, stop in ranges]
         jobs = [
             (i, memoryview(buf)[at : at + _PIECE], start + at)
@@ -186,20 +183,31 @@ def read(
     return buffers
 
 
-def check_size(path: epath.Path, end: int) -> None:
-    """Raises `CheckpointDamagedError` unless `path` exists and holds at least
-    `end` bytes, as `read` does: before a read is planned or allocated for
-    sizes that only a damaged sidecar claims."""
+def check_size(path: epath.Path, end: int, nbytes: int | None = None) -> None:
+    """Raises `CheckpointDamagedError` unless `path` is a regular file of at
+    least `end` bytes and at most `nbytes` (the size the sidecar records, if
+    given), as `read` does: before a read is planned or allocated for sizes
+    that only a damaged sidecar claims."""
     if not _is_local(path):
         return  # checked as `read` reads
     try:
-        size = os.stat(os.fspath(path)).st_size
+        fd = _files.open_regular(path, lambda what: _damaged(path, what))
     except FileNotFoundError:
         raise _damaged(path, "is missing") from None
     except PermissionError:
         raise permission_denied(path) from None
-    if size < end:
-        raise _damaged(path, f"has {size} bytes where {end} were written")
+    try:
+        _check_length(path, os.fstat(fd).st_size, end, nbytes)
+    finally:
+        os.close(fd)
+
+
+def _check_length(path, size: int, end: int, nbytes: int | None) -> None:
+    """A file of `size` bytes holding ranges up to `end`, recorded as `nbytes`
+    long: longer than recorded, or too short for the ranges, is damaged."""
+    if (nbytes is not None and size > nbytes) or size < end:
+        written = end if nbytes is None else nbytes
+        raise _damaged(path, f"has {size} bytes where {written} were written")
 
 
 def _all_ready(i: int, stop: int) -> None:
@@ -217,10 +225,7 @@ def _pread_exactly(fd: int, view: memoryview, offset: int, path) -> None:
 def _check_remote_size(path, end: int, nbytes: int | None) -> None:
     if not path.exists():
         raise _damaged(path, "is missing")
-    size = path.stat().length
-    if (nbytes is not None and size > nbytes) or size < end:
-        written = end if nbytes is None else nbytes
-        raise _damaged(path, f"has {size} bytes where {written} were written")
+    _check_length(path, path.stat().length, end, nbytes)
 
 
 def _read_remote(path, ranges, buffers) -> None:
