@@ -14,18 +14,21 @@ import re
 import subprocess
 import sys
 import textwrap
-import threading
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
+from unblock import raised_by
 
 import orbax_eqx as oeqx
 from orbax_eqx._format.sidecar import MAX_BYTES, arrays_dir
+from orbax_eqx._restore.rename_map import RenameError, load
+from orbax_eqx._save.claim import _is_sidecar_of
 from orbax_eqx._storage import staging, store_files
 from orbax_eqx._tools.cli import main
 from orbax_eqx._tools.export import export
+from orbax_eqx._tools.importing import ImportMismatchError, import_
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
 SIDECAR = "orbax_eqx.json"
@@ -392,28 +395,6 @@ def test_array_store_entry_that_would_never_end_fails_fast(
     assert "Total: 7 leaves, 4 arrays, 200 B." in inspected["stdout"]
 
 
-def _unblocked(fifo, run, limit_s=30):
-    """Runs `run()` in a thread; fails if it is still running after `limit_s`
-    (then opens `fifo` for writing and closes it, so that a read blocked on it
-    ends, and the thread with it). Returns what `run` raised, or None."""
-    raised = []
-
-    def target():
-        try:
-            run()
-        except BaseException as e:
-            raised.append(e)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(limit_s)
-    if thread.is_alive():
-        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))  # EOF for the reader
-        thread.join(limit_s)
-        pytest.fail(f"blocked on {fifo} past {limit_s} s")
-    return raised[0] if raised else None
-
-
 def test_array_store_fifo_of_an_array_not_read_is_not_walked(tmp_path):
     # Without OCDBT each array has its directory; a partial restore walks, and
     # reads, only those of the arrays it asks for.
@@ -426,13 +407,14 @@ def test_array_store_fifo_of_an_array_not_read_is_not_walked(tmp_path):
     _replace_with(fifo, os.mkfifo)
     skeleton = jax.ShapeDtypeStruct((3,), jnp.float32)
     got = []
-    assert (
-        _unblocked(fifo, lambda: got.append(oeqx.restore(path, skeleton, prefix="a")))
-        is None
-    )
+
+    def partial():
+        got.append(oeqx.restore(path, skeleton, prefix="a"))
+
+    assert raised_by(partial, fifo) is None
     assert got[0].tolist() == [0.0, 1.0, 2.0]
     # Asked for, the array's FIFO is refused.
-    raised = _unblocked(fifo, lambda: oeqx.restore(path))
+    raised = raised_by(lambda: oeqx.restore(path), fifo)
     assert isinstance(raised, oeqx.CheckpointDamagedError)
     assert re.fullmatch(
         _damaged_store(path, fifo, r"a FIFO \(named pipe\)"), str(raised)
@@ -494,7 +476,7 @@ def test_staged_restore_of_a_fifo_pack_fails_fast(tmp_path, monkeypatch):
     path, pack = _staged_pack(tmp_path, monkeypatch)
     pack.unlink()
     os.mkfifo(pack)
-    raised = _unblocked(pack, lambda: oeqx.restore(path))
+    raised = raised_by(lambda: oeqx.restore(path), pack)
     assert isinstance(raised, oeqx.CheckpointDamagedError), raised
     message = _damaged_pack(r"is a FIFO \(named pipe\), not a regular file")
     assert re.fullmatch(message, str(raised)), raised
@@ -519,3 +501,70 @@ def test_staged_restore_of_a_pack_not_as_written_is_damaged(
     )
     with pytest.raises(oeqx.CheckpointDamagedError, match=message):
         oeqx.restore(path)
+
+
+# --- the other files read: rename map, import index, type-handler index -----------
+
+
+def test_rename_map_that_would_never_end_is_refused_unread(tmp_path):
+    fifo = tmp_path / "renames.json"
+    os.mkfifo(fifo)
+    raised = raised_by(lambda: load(fifo), fifo)
+    assert isinstance(raised, RenameError), raised
+    assert str(raised) == (
+        f"The rename map {fifo} is a FIFO (named pipe), not a regular file. Pass "
+        "the path of the JSON file of renames."
+    )
+    endless = tmp_path / "zero.json"
+    os.symlink("/dev/zero", endless)
+    with pytest.raises(
+        RenameError,
+        match=rf"^The rename map {endless} is a character device, not a regular file\.",
+    ):
+        load(endless)
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as f:
+        f.truncate((64 << 20) + 1)  # sparse: no disk, and never read
+    with pytest.raises(
+        RenameError,
+        match=rf"^The rename map {huge} has {(64 << 20) + 1} bytes, more than the "
+        rf"{64 << 20} allowed\. Pass the path of the JSON file of renames\.$",
+    ):
+        load(huge)
+    with pytest.raises(
+        RenameError,
+        match=rf"^The rename map {tmp_path}/nope\.json does not exist\. Pass the "
+        r"path of the JSON file of renames\.$",
+    ):
+        load(tmp_path / "nope.json")
+
+
+def test_import_from_a_directory_whose_index_is_a_fifo_fails_fast(tmp_path):
+    (tmp_path / "skeletons.py").write_text(SKELETON_PY)
+    source = tmp_path / "hf"
+    source.mkdir()
+    fifo = source / "model.safetensors.index.json"
+    os.mkfifo(fifo)
+    skeleton = {"w": jax.ShapeDtypeStruct((3,), jnp.float32)}
+    raised = raised_by(lambda: import_(source, tmp_path / "out", skeleton), fifo)
+    assert isinstance(raised, ImportMismatchError), raised
+    assert str(raised) == (
+        f"{fifo} is not a safetensors index: it is a FIFO (named pipe), not a "
+        "regular file. Re-download or re-export the directory."
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_claim_reads_no_sidecar_that_is_a_fifo(tmp_path):
+    # Whether a sidecar is this save's, asked after a failure: a FIFO there is
+    # no save's (and a link is not followed), never waited on.
+    fifo = tmp_path / "orbax_eqx.json"
+    os.mkfifo(fifo)
+    got = []
+    assert raised_by(lambda: got.append(_is_sidecar_of(fifo, "0" * 16)), fifo) is None
+    assert got == [False]
+    real = tmp_path / "real.json"
+    real.write_text('{"token": "0123456789abcdef"}')
+    os.symlink(real, tmp_path / "link.json")
+    assert _is_sidecar_of(real, "0123456789abcdef")
+    assert not _is_sidecar_of(tmp_path / "link.json", "0123456789abcdef")
