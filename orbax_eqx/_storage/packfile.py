@@ -66,7 +66,8 @@ def write(
     """Writes a new file of `nbytes` bytes holding each array at its offset.
 
     `pieces` are `(offset, C-contiguous array)`, in increasing offset order
-    and not overlapping. The file is fsync'd before this returns.
+    and not overlapping. The file is fsync'd before this returns. A local file
+    is written under a new name beside `path` and renamed onto it.
     """
     parts = _gaps_and_arrays(pieces, nbytes)
     if not _is_local(path):
@@ -74,23 +75,28 @@ def write(
             for part in parts:
                 f.write(part)
         return
-    # Never through a link: the name is the save's own (its token), so one
-    # there was put there by someone else.
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(os.fspath(path), flags, 0o644)
+    # Never through a link or into a file already there: a new file beside
+    # it (`files.create_new`), renamed onto the name once written. Whatever is
+    # at the name (a link planted there) is replaced, never written through.
+    fd, tmp = _files.create_new(path)
     try:
-        offset, batch, size = 0, [], 0
-        for part in parts:
-            batch.append(part)
-            size += part.nbytes
-            if len(batch) >= _IOV_MAX or size >= _WRITE_BATCH:
-                offset += _pwritev_all(fd, batch, offset)
-                batch, size = [], 0
-        if batch:
-            _pwritev_all(fd, batch, offset)
-        os.fsync(fd)
+        try:
+            offset, batch, size = 0, [], 0
+            for part in parts:
+                batch.append(part)
+                size += part.nbytes
+                if len(batch) >= _IOV_MAX or size >= _WRITE_BATCH:
+                    offset += _pwritev_all(fd, batch, offset)
+                    batch, size = [], 0
+            if batch:
+                _pwritev_all(fd, batch, offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.fspath(path))
     finally:
-        os.close(fd)
+        if os.path.lexists(tmp):
+            os.remove(tmp)
 
 
 def _pwritev_all(fd: int, views: list[memoryview], offset: int) -> int:
