@@ -12,9 +12,11 @@ import socket
 import stat
 import threading
 
+import numpy as np
 import pytest
+from etils import epath
 
-from orbax_eqx._storage import files
+from orbax_eqx._storage import files, packfile, typed
 
 
 def _within(seconds, fn, *args, **kwargs):
@@ -174,3 +176,60 @@ def test_a_taken_name_is_never_written_through(tmp_path, monkeypatch):
     assert tmp == f"{final}.tmp-fresh"
     assert outside.read_bytes() == b"precious"
     assert not os.path.exists(tmp_path / "nowhere")
+
+
+def _planted(tmp_path, final):
+    """Links to a file outside, at `final` and at the temporary name the old
+    writers used (`{final}.tmp-{pid}`); returns the file they point to."""
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious")
+    os.symlink(outside, final)
+    os.symlink(outside, f"{final}.tmp-{os.getpid()}")
+    return outside
+
+
+def _written(final, data, planted):
+    """`final` holds `data` in a regular file of its own; the link at the old
+    temporary name is left alone; the file linked to is untouched."""
+    assert not os.path.islink(final)
+    with open(final, "rb") as f:
+        assert f.read() == data
+    assert os.path.islink(f"{final}.tmp-{os.getpid()}")
+    assert planted.read_bytes() == b"precious"
+    left = sorted(os.listdir(os.path.dirname(final)))
+    assert left == sorted([os.path.basename(final), f"{final.name}.tmp-{os.getpid()}"])
+
+
+def test_replace_whole_never_writes_through_a_planted_link(tmp_path):
+    (tmp_path / "d").mkdir()
+    final = tmp_path / "d" / "index.json"
+    planted = _planted(tmp_path, final)
+    files.replace_whole(final, b'{"new": 1}')
+    _written(final, b'{"new": 1}', planted)
+
+
+def test_a_pack_file_is_never_written_through_a_planted_link(tmp_path):
+    (tmp_path / "d").mkdir()
+    final = tmp_path / "d" / "orbax_eqx~packed.0123456789abcdef.0.bin"
+    planted = _planted(tmp_path, final)
+    x = np.arange(16, dtype=np.float32)
+    packfile.write(epath.Path(final), [(0, x), (128, x)], 192)
+    expected = x.tobytes() + bytes(64) + x.tobytes()
+    _written(final, expected, planted)
+    # A hard link at the name: its file (another name of it) is not written in
+    # place, as an `O_TRUNC` open of the name once did.
+    os.unlink(final)
+    os.link(planted, final)
+    packfile.write(epath.Path(final), [(0, x)], 64)
+    with open(final, "rb") as f:
+        assert f.read() == x.tobytes()
+    assert planted.read_bytes() == b"precious"
+
+
+def test_the_type_handlers_index_is_never_written_through_a_planted_link(tmp_path):
+    # `typed` once wrote its index through `{final}.tmp-{pid}`, a plain open.
+    (tmp_path / "d").mkdir()
+    final = tmp_path / "d" / "orbax_eqx~typed.json"
+    planted = _planted(tmp_path, final)
+    typed._write_whole(epath.Path(final), b"{}\n")
+    _written(final, b"{}\n", planted)

@@ -1,6 +1,6 @@
 """Files that are not files: a FIFO, a directory or a device where a checkpoint
-file should be, a sidecar without end, a pack longer than written, and a
-symlink planted where export writes.
+file should be (in Orbax's array store too), a sidecar without end, a pack
+longer than written, and a symlink planted where export writes.
 
 Whatever could block (a FIFO) or read without end (`/dev/zero`) runs in a
 fresh interpreter with a time limit and a memory limit, so that a regression
@@ -19,11 +19,16 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
+from unblock import raised_by
 
 import orbax_eqx as oeqx
-from orbax_eqx._format.sidecar import MAX_BYTES
+from orbax_eqx._format.sidecar import MAX_BYTES, arrays_dir
+from orbax_eqx._restore.rename_map import RenameError, load
+from orbax_eqx._save.claim import _is_sidecar_of
+from orbax_eqx._storage import staging, store_files
 from orbax_eqx._tools.cli import main
 from orbax_eqx._tools.export import export
+from orbax_eqx._tools.importing import ImportMismatchError, import_
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
 SIDECAR = "orbax_eqx.json"
@@ -309,3 +314,257 @@ def test_export_never_writes_through_a_planted_symlink(tmp_path, sharded):
     assert sorted(os.listdir(out)) == sorted(
         names + [f"{name}.tmp-{os.getpid()}" for name in names]
     )
+
+
+# --- what is no file inside Orbax's array store (`pack=False`) ---------------------
+
+
+def _unpacked(tmp_path, **options):
+    path = tmp_path / "ckpt"
+    model = eqx.nn.MLP(3, 2, 8, 1, key=jax.random.key(0))
+    oeqx.save(path, {"model": model, "n": 3}, pack=False, **options)
+    return path
+
+
+def _store(path):
+    return arrays_dir(path, oeqx.metadata(path).token)
+
+
+def _damaged_store(path, planted, what):
+    return (
+        f"Orbax's array store of the checkpoint at {re.escape(str(path))} holds "
+        f"{re.escape(str(planted))}, which is {what} where Orbax writes only regular "
+        r"files and directories\. Reading it could block forever or without end, so "
+        r"nothing was read: the checkpoint is damaged \(or something else was put in "
+        r"its place\)\. Restore an earlier step, or re-save the checkpoint\."
+    )
+
+
+def _replace_with(planted, plant):
+    planted.unlink()
+    plant(planted)
+
+
+@pytest.mark.parametrize(
+    "where, plant, what",
+    [
+        # A chunk file of the OCDBT data: the reads of the arrays open it.
+        (
+            lambda store: sorted((store / "ocdbt.process_0" / "d").iterdir())[0],
+            os.mkfifo,
+            r"a FIFO \(named pipe\)",
+        ),
+        # Orbax's own metadata, read before any array.
+        (
+            lambda store: store / "_METADATA",
+            lambda p: os.symlink("/dev/zero", p),
+            "a symbolic link to a character device",
+        ),
+    ],
+    ids=["fifo_chunk", "dev_zero_metadata"],
+)
+def test_array_store_entry_that_would_never_end_fails_fast(
+    tmp_path, where, plant, what
+):
+    path = _unpacked(tmp_path)
+    planted = where(_store(path))
+    _replace_with(planted, plant)
+    runs = _run_child(
+        path=str(path),
+        out=str(tmp_path / "out" / "api"),
+        cli={
+            "cli verify": ["verify", str(path)],
+            "cli inspect": ["inspect", str(path)],
+        },
+    )
+    message = _damaged_store(path, planted, what)
+    for name in ("restore", "export"):
+        assert runs[name]["type"] == "CheckpointDamagedError", runs[name]
+        assert re.fullmatch(message, runs[name]["message"]), runs[name]["message"]
+    # verify: every Orbax-stored array is damaged, and says why.
+    problems = runs["verify"]["value"]
+    assert len(problems) == 4
+    assert all(re.fullmatch(f'cannot be read: "{message}"', p) for p in problems)
+    verified = runs["cli verify"]
+    assert verified["code"] == 1 and verified["stdout"].count("DAMAGED") == 4
+    assert re.search(message, verified["stdout"])
+    # inspect reads the sidecar only: the tree is shown whole, nothing blocks.
+    inspected = runs["cli inspect"]
+    assert inspected["code"] == 0 and inspected["stderr"] == "", inspected
+    assert inspected["stdout"].count("  Orbax") == 4
+    assert "Total: 7 leaves, 4 arrays, 200 B." in inspected["stdout"]
+
+
+def test_array_store_fifo_of_an_array_not_read_is_not_walked(tmp_path):
+    # Without OCDBT each array has its directory; a partial restore walks, and
+    # reads, only those of the arrays it asks for.
+    path = tmp_path / "ckpt"
+    oeqx.save(
+        path, {"a": jnp.arange(3.0), "b": jnp.ones(4)}, pack=False, use_ocdbt=False
+    )
+    store = _store(path)
+    fifo = store / "b" / "0"
+    _replace_with(fifo, os.mkfifo)
+    skeleton = jax.ShapeDtypeStruct((3,), jnp.float32)
+    got = []
+
+    def partial():
+        got.append(oeqx.restore(path, skeleton, prefix="a"))
+
+    assert raised_by(partial, fifo) is None
+    assert got[0].tolist() == [0.0, 1.0, 2.0]
+    # Asked for, the array's FIFO is refused.
+    raised = raised_by(lambda: oeqx.restore(path), fifo)
+    assert isinstance(raised, oeqx.CheckpointDamagedError)
+    assert re.fullmatch(
+        _damaged_store(path, fifo, r"a FIFO \(named pipe\)"), str(raised)
+    )
+
+
+def test_array_store_checked_before_a_commit_names_the_save(tmp_path):
+    # The check a save makes before its commit, on a store something else
+    # wrote into: the message is about the save, not a damaged checkpoint.
+    path = _unpacked(tmp_path)
+    store = _store(path)
+    fifo = store / "ocdbt.process_0" / "intruder"
+    os.mkfifo(fifo)
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=(
+            f"Orbax's array store of the save under way in {re.escape(str(path))} "
+            f"holds {re.escape(str(fifo))}, which is a FIFO \\(named pipe\\) where "
+            r"Orbax writes only regular files and directories: something other than "
+            r"this save wrote into its directory while it ran\. Reading it could "
+            r"block forever or without end, so the save stopped before its commit "
+            r"and no checkpoint was changed\. Find what writes into the checkpoint "
+            r"directory, then save again\.$"
+        ),
+    ):
+        store_files.check(store, saving=True)
+
+
+def test_array_store_with_more_entries_than_any_store_is_refused(tmp_path, monkeypatch):
+    path = _unpacked(tmp_path)
+    # A store of a few files stands for one of millions: the cap, lowered.
+    monkeypatch.setattr(store_files, "MAX_ENTRIES", 3)
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=(
+            f"Orbax's array store of the checkpoint at {re.escape(str(path))} holds "
+            r"more than 3 files and directories, far more than Orbax writes\. "
+            r"Reading it could block forever or without end, so nothing was read"
+        ),
+    ):
+        oeqx.restore(path)
+
+
+# --- the staged restore refuses what the unstaged one refuses ----------------------
+
+
+def _staged_pack(tmp_path, monkeypatch):
+    """A checkpoint whose restores go through a staging window (as on an
+    accelerator), and its pack file. The window is checked to be used."""
+    monkeypatch.setenv("ORBAX_EQX_STAGING", "copy")
+    path = _checkpoint(tmp_path)
+    with staging.watch() as stats:
+        oeqx.restore(path)
+    assert stats.copy and stats.peak > 0
+    return path, _pack(path)
+
+
+def test_staged_restore_of_a_fifo_pack_fails_fast(tmp_path, monkeypatch):
+    path, pack = _staged_pack(tmp_path, monkeypatch)
+    pack.unlink()
+    os.mkfifo(pack)
+    raised = raised_by(lambda: oeqx.restore(path), pack)
+    assert isinstance(raised, oeqx.CheckpointDamagedError), raised
+    message = _damaged_pack(r"is a FIFO \(named pipe\), not a regular file")
+    assert re.fullmatch(message, str(raised)), raised
+
+
+@pytest.mark.parametrize("change", [100, -100], ids=["longer", "shorter"])
+def test_staged_restore_of_a_pack_not_as_written_is_damaged(
+    tmp_path, monkeypatch, change
+):
+    path, pack = _staged_pack(tmp_path, monkeypatch)
+    saved = oeqx.metadata(path)
+    written = saved.packs[0].nbytes
+    with open(pack, "r+b") as f:
+        f.truncate(written + change)
+    # Longer than the sidecar records; or too short for the leaves' bytes.
+    needed = max(r.offset + r.nbytes for r in saved.leaves.values() if r.pack == 0)
+    if change < 0:
+        assert written + change < needed  # the last leaf is cut
+    expected = written if change > 0 else needed
+    message = _damaged_pack(
+        f"has {written + change} bytes where {expected} were written"
+    )
+    with pytest.raises(oeqx.CheckpointDamagedError, match=message):
+        oeqx.restore(path)
+
+
+# --- the other files read: rename map, import index, type-handler index -----------
+
+
+def test_rename_map_that_would_never_end_is_refused_unread(tmp_path):
+    fifo = tmp_path / "renames.json"
+    os.mkfifo(fifo)
+    raised = raised_by(lambda: load(fifo), fifo)
+    assert isinstance(raised, RenameError), raised
+    assert str(raised) == (
+        f"The rename map {fifo} is a FIFO (named pipe), not a regular file. Pass "
+        "the path of the JSON file of renames."
+    )
+    endless = tmp_path / "zero.json"
+    os.symlink("/dev/zero", endless)
+    with pytest.raises(
+        RenameError,
+        match=rf"^The rename map {endless} is a character device, not a regular file\.",
+    ):
+        load(endless)
+    huge = tmp_path / "huge.json"
+    with open(huge, "wb") as f:
+        f.truncate((64 << 20) + 1)  # sparse: no disk, and never read
+    with pytest.raises(
+        RenameError,
+        match=rf"^The rename map {huge} has {(64 << 20) + 1} bytes, more than the "
+        rf"{64 << 20} allowed\. Pass the path of the JSON file of renames\.$",
+    ):
+        load(huge)
+    with pytest.raises(
+        RenameError,
+        match=rf"^The rename map {tmp_path}/nope\.json does not exist\. Pass the "
+        r"path of the JSON file of renames\.$",
+    ):
+        load(tmp_path / "nope.json")
+
+
+def test_import_from_a_directory_whose_index_is_a_fifo_fails_fast(tmp_path):
+    (tmp_path / "skeletons.py").write_text(SKELETON_PY)
+    source = tmp_path / "hf"
+    source.mkdir()
+    fifo = source / "model.safetensors.index.json"
+    os.mkfifo(fifo)
+    skeleton = {"w": jax.ShapeDtypeStruct((3,), jnp.float32)}
+    raised = raised_by(lambda: import_(source, tmp_path / "out", skeleton), fifo)
+    assert isinstance(raised, ImportMismatchError), raised
+    assert str(raised) == (
+        f"{fifo} is not a safetensors index: it is a FIFO (named pipe), not a "
+        "regular file. Re-download or re-export the directory."
+    )
+    assert not (tmp_path / "out").exists()
+
+
+def test_claim_reads_no_sidecar_that_is_a_fifo(tmp_path):
+    # Whether a sidecar is this save's, asked after a failure: a FIFO there is
+    # no save's (and a link is not followed), never waited on.
+    fifo = tmp_path / "orbax_eqx.json"
+    os.mkfifo(fifo)
+    got = []
+    assert raised_by(lambda: got.append(_is_sidecar_of(fifo, "0" * 16)), fifo) is None
+    assert got == [False]
+    real = tmp_path / "real.json"
+    real.write_text('{"token": "0123456789abcdef"}')
+    os.symlink(real, tmp_path / "link.json")
+    assert _is_sidecar_of(real, "0123456789abcdef")
+    assert not _is_sidecar_of(tmp_path / "link.json", "0123456789abcdef")

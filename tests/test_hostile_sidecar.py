@@ -118,7 +118,9 @@ def test_stripped_checksums_are_damage(tmp_path, capsys, pack):
     assert "saved before orbax_eqx recorded them" not in out
 
 
-def test_a_format_3_sidecar_without_checksums_is_unchecked_not_damaged(tmp_path):
+def test_a_format_3_sidecar_without_checksums_is_unchecked_not_damaged(
+    tmp_path, capsys
+):
     # Format 3 did not record `checksums=False`: a sidecar without checksums
     # may be a sound checkpoint saved so, which `verify` must not call damaged.
     path = tmp_path / "ckpt"
@@ -132,6 +134,33 @@ def test_a_format_3_sidecar_without_checksums_is_unchecked_not_damaged(tmp_path)
     _edit(path, as_format_3)
     report = oeqx.verify(path)
     assert report.ok and report.unchecked == ("a",)
+    assert main(["verify", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "1 leaves record no checksum (a format-3 sidecar has a checksum for every "
+        "array unless saved with checksums=False, which it does not record): read, "
+        "not checked."
+    )
+
+
+def test_a_format_2_sidecar_without_checksums_may_predate_them(tmp_path, capsys):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"a": jnp.arange(10.0)}, checksums=False)
+
+    pack = path / oeqx.metadata(path).packs[0].file
+    pack.rename(path / "orbax_eqx~packed.0.bin")  # format 2's name: no token
+
+    def as_format_2(content):
+        content.update(format_version=2)
+        for key in ("checksums", "shard_files", "token"):
+            content.pop(key)
+        content["packs"][0]["file"] = "orbax_eqx~packed.0.bin"
+
+    _edit(path, as_format_2)
+    assert main(["verify", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "1 leaves record no checksum (saved with checksums=False, or by an "
+        "orbax_eqx from before checksums): read, not checked."
+    )
 
 
 def test_saved_without_checksums_says_so_and_is_no_damage(tmp_path):

@@ -220,6 +220,115 @@ def test_overwrite_refuses_what_is_not_a_checkpoint(tmp_path, make):
     )
 
 
+def test_overwrite_never_replaces_a_directory_that_merely_holds_a_checkpoint(
+    tmp_path,
+):
+    # A project directory with a checkpoint in it: overwriting the project
+    # once deleted the user's notes and data with it.
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "notes.txt").write_text("mine")
+    (project / "data").mkdir()
+    (project / "data" / "table.csv").write_text("1,2\n")
+    oeqx.save(project / "model", _item(0))
+    before = _listing(tmp_path)
+    found = (
+        r"a directory holding the checkpoint model beside other entries \(data, "
+        r"notes\.txt\)"
+    )
+    fix = (
+        rf"To replace a checkpoint in it, save to its path \({project}/model\) "
+        r"instead; else choose another directory\."
+    )
+    refusal = (
+        rf"Cannot replace {project}: it is {found}, not an orbax_eqx checkpoint, "
+        rf"and overwriting replaces only checkpoints; nothing was changed\. {fix}"
+    )
+    with pytest.raises(oeqx.NotACheckpointError, match=f"^{refusal}$"):
+        oeqx.save(project, _item(1), overwrite=True)
+    assert _listing(tmp_path) == before
+    _assert_holds(project / "model", 0)
+    # Found only at the swap (put there while the save ran): refused the same.
+    owner = new_owner()
+    new = beside(project, owner, NEW)
+    oeqx.save(new, _item(1))
+    with pytest.raises(
+        oeqx.NotACheckpointError,
+        match=rf"^Cannot replace {project}: while this save ran it became {found}; "
+        rf"nothing was changed\. {fix}$",
+    ):
+        publish(new, project, owner, overwrite=True)
+    assert (project / "notes.txt").read_text() == "mine"
+    assert os.listdir(project / "data") == ["table.csv"]
+
+
+def test_overwrite_names_every_checkpoint_and_entry_of_a_mixed_directory(tmp_path):
+    path = tmp_path / "mixed"
+    for name in ("a", "b", "c", "d"):
+        oeqx.save(path / name, {"w": jnp.ones(2)})
+    for name in ("x.txt", "y.txt", "z.txt", ".hidden"):
+        (path / name).write_text("mine")
+    with pytest.raises(
+        oeqx.NotACheckpointError,
+        match=r"it is a directory holding the checkpoints a, b, c and 1 more beside "
+        r"other entries \(\.hidden, x\.txt, y\.txt and 1 more\), not an "
+        r".* To replace a checkpoint in it, save to its path \(such as "
+        rf"{path}/a\) instead; else choose another directory\.$",
+    ):
+        oeqx.save(path, _item(1), overwrite=True)
+    assert len(os.listdir(path)) == 8
+
+
+def _step(tmp_path, items):
+    """Step 0 of a CheckpointManager root with these orbax_eqx items: a
+    directory of item directories and the files Orbax writes beside them."""
+    root = tmp_path / "root"
+    handlers = {name: oeqx.EqxHandler() for name in items}
+    with ocp.CheckpointManager(
+        root, item_names=tuple(items), item_handlers=handlers
+    ) as mngr:
+        saved = {name: oeqx.EqxSave({"w": jnp.ones(2)}) for name in items}
+        mngr.save(0, args=ocp.args.Composite(**saved))
+        mngr.wait_until_finished()
+    return root / "0"
+
+
+@pytest.mark.parametrize("items", [["default"], ["model", "opt"]], ids=["1", "2"])
+def test_overwrite_replaces_a_step_of_checkpoints_whole(tmp_path, items):
+    step = _step(tmp_path, items)
+    # What Orbax writes beside the items, all of it known to the check.
+    assert sorted(os.listdir(step)) == sorted(
+        ["_CHECKPOINT_METADATA", "commit_success.txt", *items]
+    )
+    oeqx.save(step, _item(1), overwrite=True)
+    _assert_holds(step, 1)
+    assert os.listdir(tmp_path / "root") == ["0"]
+
+
+def test_overwrite_refuses_a_step_with_an_item_of_another_handler(tmp_path):
+    step = tmp_path / "root" / "0"
+    with ocp.CheckpointManager(
+        tmp_path / "root",
+        item_names=("model", "meta"),
+        item_handlers={"model": oeqx.EqxHandler(), "meta": ocp.JsonCheckpointHandler()},
+    ) as mngr:
+        mngr.save(
+            0,
+            args=ocp.args.Composite(
+                model=oeqx.EqxSave({"w": jnp.ones(2)}), meta=ocp.args.JsonSave({"a": 1})
+            ),
+        )
+        mngr.wait_until_finished()
+    before = _listing(tmp_path)
+    with pytest.raises(
+        oeqx.NotACheckpointError,
+        match=r"it is a directory holding the checkpoint model beside other entries "
+        r"\(meta\), not an orbax_eqx checkpoint",
+    ):
+        oeqx.save(step, _item(1), overwrite=True)
+    assert _listing(tmp_path) == before
+
+
 def test_a_save_deletes_what_dead_saves_left_beside_it_and_nothing_else(tmp_path):
     path = tmp_path / "ckpt"
     oeqx.save(path, _item(0))

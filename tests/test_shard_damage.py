@@ -6,6 +6,7 @@ a copy, then restores it here, onto one device, and runs `verify`.
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import textwrap
 import jax
 import numpy as np
 import pytest
+from unblock import raised_by
 
 import orbax_eqx as oeqx
 
@@ -240,3 +242,8 @@ def test_an_index_that_is_not_json_or_not_a_file(ckpt):
         oeqx.CheckpointDamagedError, match="it is a directory, not a regular file"
     ):
         oeqx.restore(ckpt, _skeleton())
+    index.rmdir()
+    os.mkfifo(index)  # refused, not waited on
+    raised = raised_by(lambda: oeqx.restore(ckpt, _skeleton()), index)
+    assert isinstance(raised, oeqx.CheckpointDamagedError), raised
+    assert "it is a FIFO (named pipe), not a regular file" in str(raised)

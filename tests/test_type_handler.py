@@ -4,6 +4,7 @@ arrays in orbax_eqx's pack files, restore them exactly, and say clearly what
 is wrong when something is."""
 
 import json
+import os
 import re
 import shutil
 from pathlib import Path
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from unblock import raised_by
 
 import orbax_eqx as oeqx
 
@@ -408,6 +410,30 @@ def test_a_damaged_or_missing_index_is_named(tmp_path):
         ),
     ):
         _restore_pytree(path, target)
+
+
+@pytest.mark.parametrize(
+    "plant, what",
+    [
+        (os.mkfifo, r"a FIFO \(named pipe\)"),
+        (lambda p: os.symlink("/dev/zero", p), "a character device"),
+    ],
+    ids=["fifo", "dev_zero"],
+)
+def test_an_index_that_would_never_end_is_refused_unread(tmp_path, plant, what):
+    path = _save_pytree(tmp_path / "ckpt", {"w": jnp.ones(3)})
+    index = _group(path) / "orbax_eqx~typed.json"
+    index.unlink()
+    plant(index)
+    target = _abstract({"w": jnp.ones(3)})
+    raised = raised_by(lambda: _restore_pytree(path, target), index)
+    assert isinstance(raised, oeqx.CheckpointDamagedError), raised
+    assert re.fullmatch(
+        re.escape(f"The index {index} of arrays saved with orbax_eqx's type handler ")
+        + f"is damaged: it is {what}, not a regular file\\. Restore an earlier step, "
+        r"or re-save this one\.",
+        str(raised),
+    ), raised
 
 
 def test_a_damaged_index_record_is_named(tmp_path):

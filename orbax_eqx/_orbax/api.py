@@ -25,22 +25,35 @@ class NotWritableError(OrbaxEqxError, PermissionError):
 def save(
     directory: str | os.PathLike, item: Any, *, overwrite: bool = False, **options
 ) -> None:
-    """Saves `item` to `directory`, atomically, and waits until it is on disk.
+    """Saves `item` to `directory`, atomically on local paths, and waits for the disk.
 
     **Arguments:**
 
     - `directory`: where to save; relative paths are fine. Must not exist
         unless `overwrite=True`.
     - `item`: any PyTree of Equinox modules, arrays and Python values.
-    - `overwrite`: replace an existing checkpoint at `directory`, atomically:
-        the new one is written beside it and swapped in, so that at every
-        instant `directory` holds the old checkpoint or the new one, whole;
-        a save that fails leaves the old one. Only a checkpoint (or an empty
-        directory) is replaced: anything else is a `CheckpointExistsError`.
+    - `overwrite`: replace an existing checkpoint at `directory`. On a local
+        path, atomically: the new one is written beside it and swapped in,
+        so that at every instant `directory` holds the old checkpoint or the
+        new one, whole; a save that fails leaves the old one. Only a
+        checkpoint (an item directory, or a step of item directories and
+        Orbax's files) or an empty directory is replaced: anything else, a
+        directory that holds a checkpoint among other files too, is a
+        `NotACheckpointError`.
     - `**options`: passed to `EqxHandler` (`use_ocdbt=`, `use_compression=`...).
 
     A save killed part way leaves its temporary directories beside
     `directory` (`.<name>.oeqx-*`); the next save to `directory` deletes them.
+
+    On a path that is not local (`gs://...`) an object store has no atomic
+    rename, so Orbax writes there itself (`force=overwrite`): with
+    `overwrite=True` it first deletes the old checkpoint, then writes the new
+    one, committed on `gs://` by its `commit_success.txt` written last
+    (elsewhere by renaming its temporary directory, a copy of every object).
+    Until the commit there is no whole checkpoint at `directory`: a save that
+    fails or is killed in between leaves neither the old one nor the new one
+    (on `gs://`, part of the new one, without its commit file), and restores
+    meanwhile fail.
 
     !!! example
 

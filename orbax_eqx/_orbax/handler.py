@@ -27,6 +27,7 @@ from .._save.prepare import check_has_data, flatten, prepare
 from .._storage import packing as _packing
 from .._storage import shards as _shards
 from .._storage import staging as _staging
+from .._storage import store_files as _store_files
 from .._storage.checksum import host_sum32
 
 TYPESTR = "orbax_eqx.EqxHandler"
@@ -275,8 +276,11 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         token, started, stored, shard_files = saving
         with _background.noted(_background.target(directory)):
             if stored:
+                arrays = _sidecar.arrays_dir(directory, token)
                 try:
-                    self._inner.finalize(_sidecar.arrays_dir(directory, token))
+                    # Orbax's merge and our commit check read the store.
+                    _store_files.check(arrays, saving=True)
+                    self._inner.finalize(arrays)
                 except Exception as e:
                     _claim.explain(started, e)
                     raise

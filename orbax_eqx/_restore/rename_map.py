@@ -18,7 +18,10 @@ import os
 import re
 from collections.abc import Callable
 
+from etils import epath
+
 from .._errors import OrbaxEqxError, inline_list
+from .._storage import files as _files
 
 
 class RenameError(OrbaxEqxError, ValueError):
@@ -50,6 +53,10 @@ class RenameMap:
         return result
 
 
+# Far more than any rename map: thousands of rules are a few hundred KiB.
+_MAX_BYTES = 64 << 20
+
+
 def identity() -> RenameMap:
     return RenameMap("(none)", lambda name: (name, None), [])
 
@@ -59,10 +66,22 @@ def load(path: str | os.PathLike | None) -> RenameMap:
     if path is None:
         return identity()
     source = os.fspath(path)
+
+    def refused(what: str) -> RenameError:
+        return RenameError(
+            f"The rename map {source} {what}. Pass the path of the JSON file of "
+            "renames."
+        )
+
+    # Bounded and never blocking: a FIFO or `/dev/zero` given by mistake.
+    where = epath.Path(source) if _files.is_remote(source) else source
     try:
-        with open(source, encoding="utf-8") as f:
-            content = json.load(f)
-    except json.JSONDecodeError as e:
+        data = _files.read_bounded(where, _MAX_BYTES, refused)
+    except FileNotFoundError:
+        raise refused("does not exist") from None
+    try:
+        content = json.loads(data.decode("utf-8"))
+    except ValueError as e:  # also bytes that are not UTF-8
         raise RenameError(f"The rename map {source} is not valid JSON ({e}).") from None
     if isinstance(content, dict) and all(
         isinstance(v, str | None) for v in content.values()

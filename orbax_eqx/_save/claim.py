@@ -42,6 +42,7 @@ from .._format.sidecar import (
     TOKEN_FILE_PREFIXES,
     arrays_dir,
 )
+from .._storage import files as _files
 from .._storage.stored_check import missing_in_store
 from .background import final_directory
 
@@ -274,10 +275,16 @@ def _is_sidecar_of(sidecar: str | epath.Path, token: str) -> bool:
     """Whether `sidecar` is the one of the save `token` (the token is near
     its start)."""
     try:
-        with open(os.fspath(sidecar), "rb") as f:
-            return f'"token": "{token}"'.encode() in f.read(1 << 16)
+        # Not through a link, and never blocking: only our own file counts.
+        fd = _files.open_regular(sidecar, follow=False)
+    except OSError:  # missing, or not a regular file: not this save's
+        return False
+    try:
+        return f'"token": "{token}"'.encode() in os.pread(fd, 1 << 16, 0)
     except OSError:
         return False
+    finally:
+        os.close(fd)
 
 
 def _remove_others(started: Started) -> None:

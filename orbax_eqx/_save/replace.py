@@ -18,8 +18,9 @@ Killed at any instant, a save leaves `path` holding the old checkpoint or the
 new one, whole (the new one only once Orbax committed it beside); the next
 save to `path` deletes what the dead save left beside it (`leftovers.tidy`).
 
-It only ever replaces a checkpoint: a file, a link, or a directory of other
-files at `path` is refused before anything is written (`check_target`).
+It only ever replaces a checkpoint: a file, a link, a directory of other
+files, or one that holds a checkpoint among other entries at `path` is refused
+before anything is written (`check_target`).
 """
 
 import ctypes
@@ -31,7 +32,7 @@ import time
 from etils import epath
 
 from .._errors import OrbaxEqxError
-from .._format.locate import is_item, items_in, steps_in
+from .._format.locate import is_item, steps_in
 from .._format.sidecar import FILE_NAME
 from . import leftovers as _leftovers
 from .claim import ConcurrentSaveError
@@ -58,47 +59,86 @@ def check_target(path: epath.Path, overwrite: bool) -> None:
         )
     found = _not_a_checkpoint(path)
     if found is not None:
+        what, fix = found
         raise NotACheckpointError(
-            f"Cannot replace {path}: it is {found}, not an orbax_eqx checkpoint, "
-            "and overwriting replaces only checkpoints; nothing was changed. "
-            "Choose another directory, or move or delete it yourself if it is "
-            "not needed."
+            f"Cannot replace {path}: it is {what}, not an orbax_eqx checkpoint, "
+            f"and overwriting replaces only checkpoints; nothing was changed. {fix}"
         )
 
 
-def _not_a_checkpoint(path: epath.Path) -> str | None:
-    """What is at `path` if it is no checkpoint (or empty directory), else None
-    (also if nothing is there: another save may be swapping it)."""
+# What Orbax writes at the top of a checkpoint, beside its item directories
+# (orbax-checkpoint 0.12: a step's metadata and commit marker, in a step of a
+# CheckpointManager and in a standalone save alike; `_METADATA`, a Composite
+# checkpoint's metadata in other versions).
+_ORBAX_TOP_FILES = frozenset(
+    {"_CHECKPOINT_METADATA", "_METADATA", "commit_success.txt"}
+)
+
+_ELSEWHERE = (
+    "Choose another directory, or move or delete it yourself if it is not needed."
+)
+
+
+def _not_a_checkpoint(path: epath.Path) -> tuple[str, str] | None:
+    """`(what is at path, the fix)` if it is no checkpoint (or empty
+    directory), else None (also if nothing is there: another save may be
+    swapping it)."""
     try:
         return _what_else(path)
     except FileNotFoundError:
         return None
 
 
-def _what_else(path: epath.Path) -> str | None:
+def _what_else(path: epath.Path) -> tuple[str, str] | None:
+    """A checkpoint is an item directory, or a directory of item directories
+    and Orbax's own files (a step, a Composite checkpoint): deleting it
+    deletes nothing else. A directory that merely holds a checkpoint among
+    other entries is no checkpoint."""
     if not _lexists(path):
         return None
     local = "://" not in os.fspath(path)
     if local and os.path.islink(os.fspath(path)):
-        return f"a symbolic link (to {os.readlink(os.fspath(path))})"
+        return f"a symbolic link (to {os.readlink(os.fspath(path))})", _ELSEWHERE
     if not path.is_dir():
-        return "a file"
-    if is_item(path) or items_in(path):
+        return "a file", _ELSEWHERE
+    if is_item(path):
         return None
+    entries = list(path.iterdir())
+    if not entries:
+        return None
+    items = sorted(p for p in entries if p.is_dir() and is_item(p))
+    others = sorted(
+        p.name
+        for p in entries
+        if p not in items and not (p.name in _ORBAX_TOP_FILES and p.is_file())
+    )
+    if items and not others:
+        return None
+    if items:
+        held = ", ".join(p.name for p in items[:3]) + _more(items)
+        plural = "s" if len(items) > 1 else ""
+        such = "" if len(items) == 1 else "such as "
+        return (
+            f"a directory holding the checkpoint{plural} {held} beside other "
+            f"entries ({', '.join(others[:3])}{_more(others)})",
+            f"To replace a checkpoint in it, save to its path ({such}{items[0]}) "
+            "instead; else choose another directory.",
+        )
     steps = steps_in(path)
     if steps:
         numbers = ", ".join(str(step) for step, _ in steps[-10:])
-        return f"a CheckpointManager root (steps {numbers})"
-    names = sorted(p.name for p in path.iterdir())
-    if not names:
-        return None
-    shown = ", ".join(names[:3]) + (
-        f" and {len(names) - 3} more" if len(names) > 3 else ""
-    )
+        return f"a CheckpointManager root (steps {numbers})", _ELSEWHERE
+    names = sorted(p.name for p in entries)
     return (
-        f"a directory of other files ({shown}; no {FILE_NAME} in it or its "
-        "subdirectories)"
+        f"a directory of other files ({', '.join(names[:3])}{_more(names)}; no "
+        f"{FILE_NAME} in it or its subdirectories)",
+        _ELSEWHERE,
     )
+
+
+def _more(shown: list) -> str:
+    """ " and N more" after the first three of `shown`, if it has more."""
+    return f" and {len(shown) - 3} more" if len(shown) > 3 else ""
 
 
 def publish(
@@ -131,10 +171,10 @@ def publish(
         return
     found = _not_a_checkpoint(path)
     if found is not None:  # put there while this save ran
+        what, fix = found
         raise NotACheckpointError(
-            f"Cannot replace {path}: while this save ran it became {found}; "
-            "nothing was changed. Choose another directory, or move or delete "
-            "it yourself if it is not needed."
+            f"Cannot replace {path}: while this save ran it became {what}; "
+            f"nothing was changed. {fix}"
         )
     old = _leftovers.beside(path, owner, _leftovers.OLD)
     try:

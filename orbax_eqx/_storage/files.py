@@ -9,7 +9,8 @@ descriptor, the very file that will be read, before a byte is read; a device
 is not even opened (a `stat` first refuses it). Reads are bounded by the size
 the sidecar expects, or by a cap. New files are created with `O_EXCL |
 O_NOFOLLOW` under a random name, so that a symlink planted at a predictable
-name cannot redirect a write.
+name cannot redirect a write (`create_new`; `replace_whole` writes a file
+whole that way and renames it into place).
 
 Paths that are not local (`gs://...`, through `epath`) have no descriptors:
 their reads are bounded by size where the API allows.
@@ -187,3 +188,22 @@ def create_new(final: Any) -> tuple[int, str]:
         f"{_NEW_NAME_TRIES} random temporary names beside {os.fspath(final)} "
         "were all taken; remove the *.tmp-* files there",
     )
+
+
+def replace_whole(final: Any, data: bytes) -> None:
+    """Writes `data` as the local file `final`, whole or not at all.
+
+    The bytes go to a new file beside it (`create_new`: never through a link
+    planted at a predictable name), are fsync'd, and the file is renamed onto
+    `final`; on any failure the new file is removed and `final` is as it was.
+    """
+    fd, tmp = create_new(final)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.fspath(final))
+    finally:
+        if os.path.lexists(tmp):
+            os.remove(tmp)

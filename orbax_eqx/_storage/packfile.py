@@ -66,7 +66,8 @@ def write(
     """Writes a new file of `nbytes` bytes holding each array at its offset.
 
     `pieces` are `(offset, C-contiguous array)`, in increasing offset order
-    and not overlapping. The file is fsync'd before this returns.
+    and not overlapping. The file is fsync'd before this returns. A local file
+    is written under a new name beside `path` and renamed onto it.
     """
     parts = _gaps_and_arrays(pieces, nbytes)
     if not _is_local(path):
@@ -74,23 +75,28 @@ def write(
             for part in parts:
                 f.write(part)
         return
-    # Never through a link: the name is the save's own (its token), so one
-    # there was put there by someone else.
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(os.fspath(path), flags, 0o644)
+    # Never through a link or into a file already there: a new file beside
+    # it (`files.create_new`), renamed onto the name once written. Whatever is
+    # at the name (a link planted there) is replaced, never written through.
+    fd, tmp = _files.create_new(path)
     try:
-        offset, batch, size = 0, [], 0
-        for part in parts:
-            batch.append(part)
-            size += part.nbytes
-            if len(batch) >= _IOV_MAX or size >= _WRITE_BATCH:
-                offset += _pwritev_all(fd, batch, offset)
-                batch, size = [], 0
-        if batch:
-            _pwritev_all(fd, batch, offset)
-        os.fsync(fd)
+        try:
+            offset, batch, size = 0, [], 0
+            for part in parts:
+                batch.append(part)
+                size += part.nbytes
+                if len(batch) >= _IOV_MAX or size >= _WRITE_BATCH:
+                    offset += _pwritev_all(fd, batch, offset)
+                    batch, size = [], 0
+            if batch:
+                _pwritev_all(fd, batch, offset)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, os.fspath(path))
     finally:
-        os.close(fd)
+        if os.path.lexists(tmp):
+            os.remove(tmp)
 
 
 def _pwritev_all(fd: int, views: list[memoryview], offset: int) -> int:
@@ -146,10 +152,7 @@ def read(
     try:
         # Before allocating: a sidecar claiming absurd sizes must not get to
         # ask for terabytes of memory.
-        size = os.fstat(fd).st_size
-        if (nbytes is not None and size > nbytes) or size < end:
-            written = end if nbytes is None else nbytes
-            raise _damaged(path, f"has {size} bytes where {written} were written")
+        _check_length(path, os.fstat(fd).st_size, end, nbytes)
         buffers = [empty(stop - start) for start, stop in ranges]
         jobs = [
             (i, memoryview(buf)[at : at + _PIECE], start + at)
@@ -186,20 +189,31 @@ def read(
     return buffers
 
 
-def check_size(path: epath.Path, end: int) -> None:
-    """Raises `CheckpointDamagedError` unless `path` exists and holds at least
-    `end` bytes, as `read` does: before a read is planned or allocated for
-    sizes that only a damaged sidecar claims."""
+def check_size(path: epath.Path, end: int, nbytes: int | None = None) -> None:
+    """Raises `CheckpointDamagedError` unless `path` is a regular file of at
+    least `end` bytes and at most `nbytes` (the size the sidecar records, if
+    given), as `read` does: before a read is planned or allocated for sizes
+    that only a damaged sidecar claims."""
     if not _is_local(path):
         return  # checked as `read` reads
     try:
-        size = os.stat(os.fspath(path)).st_size
+        fd = _files.open_regular(path, lambda what: _damaged(path, what))
     except FileNotFoundError:
         raise _damaged(path, "is missing") from None
     except PermissionError:
         raise permission_denied(path) from None
-    if size < end:
-        raise _damaged(path, f"has {size} bytes where {end} were written")
+    try:
+        _check_length(path, os.fstat(fd).st_size, end, nbytes)
+    finally:
+        os.close(fd)
+
+
+def _check_length(path, size: int, end: int, nbytes: int | None) -> None:
+    """A file of `size` bytes holding ranges up to `end`, recorded as `nbytes`
+    long: longer than recorded, or too short for the ranges, is damaged."""
+    if (nbytes is not None and size > nbytes) or size < end:
+        written = end if nbytes is None else nbytes
+        raise _damaged(path, f"has {size} bytes where {written} were written")
 
 
 def _all_ready(i: int, stop: int) -> None:
@@ -217,10 +231,7 @@ def _pread_exactly(fd: int, view: memoryview, offset: int, path) -> None:
 def _check_remote_size(path, end: int, nbytes: int | None) -> None:
     if not path.exists():
         raise _damaged(path, "is missing")
-    size = path.stat().length
-    if (nbytes is not None and size > nbytes) or size < end:
-        written = end if nbytes is None else nbytes
-        raise _damaged(path, f"has {size} bytes where {written} were written")
+    _check_length(path, path.stat().length, end, nbytes)
 
 
 def _read_remote(path, ranges, buffers) -> None:

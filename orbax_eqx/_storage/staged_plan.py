@@ -70,7 +70,8 @@ class Leaf:
 
 def leaves(directory, saved: Metadata, requests: dict[str, Any]) -> list[Leaf]:
     """The leaves of `requests` (packed ones first, in file order), each with
-    its chunks and target boxes; pack files checked to be long enough."""
+    its chunks and target boxes; pack files checked to be regular files of
+    the size recorded, long enough for the leaves."""
     chunks = None
     packs = [[directory / pack.file] for pack in saved.packs]  # shared by leaves
     shard_files: dict[int, epath.Path] = {}
@@ -117,7 +118,7 @@ def leaves(directory, saved: Metadata, requests: dict[str, Any]) -> list[Leaf]:
         ends[record.pack] = max(ends.get(record.pack, 0), record.offset + record.nbytes)
     for pack, end in ends.items():
         # Now, before slabs are planned for sizes only a damaged sidecar claims.
-        _packfile.check_size(packs[pack][0], end)
+        _packfile.check_size(packs[pack][0], end, saved.packs[pack].nbytes)
     return packed + sharded
 
 

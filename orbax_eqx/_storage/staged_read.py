@@ -50,7 +50,10 @@ def read(
     wanted = leaves(directory, saved, requests)
     total = sum(r.record.nbytes for r in requests.values())
     problems: dict[str, list[str]] = {"pack": [], "shards": []}
-    reading = _Reading(staging, verify, problems)
+    # The sizes recorded of pack files (shard packs record none): a pack
+    # longer than written is damaged, here as in `packing.read`.
+    recorded = {directory / pack.file: pack.nbytes for pack in saved.packs}
+    reading = _Reading(staging, verify, problems, recorded)
     steps = reading.plan.jobs(wanted, staging.job_bytes(total), staging)
     staging.run(reading.job(job) for job in steps)
     if problems["pack"]:
@@ -66,8 +69,9 @@ def read(
 class _Reading:
     """Reads and puts the steps of jobs; collects checksum problems."""
 
-    def __init__(self, staging: Staging, verify: bool, problems):
+    def __init__(self, staging: Staging, verify: bool, problems, recorded):
         self.staging = staging
+        self.recorded = recorded
         self.verify = verify
         self.problems = problems
         self.plan = Plan(verify)
@@ -98,7 +102,12 @@ class _Reading:
         got: dict[tuple, np.ndarray] = {}
         for path, wanted in spans.items():
             ranges, where = plan(wanted, max_gap=PACK_ALIGNMENT)
-            buffers = _packfile.read(path, ranges, empty=self.staging.empty)
+            buffers = _packfile.read(
+                path,
+                ranges,
+                nbytes=self.recorded.get(path),
+                empty=self.staging.empty,
+            )
             for key, (i, at) in where.items():
                 start, stop = wanted[key]
                 got[key] = buffers[i][at : at + stop - start]

@@ -1,9 +1,11 @@
 """Reads arrays from Orbax's array store: one partial restore, checked.
 
-Before reading, the sidecar's records are compared with Orbax's own metadata
-(`_stored_check`); Orbax's and TensorStore's errors about missing, short or
-corrupt files become one `CheckpointDamagedError` naming the leaves; after
-reading, each array is checked against its recorded `sum32` (`_checksum`).
+Before reading, the store is walked for what is no file (`store_files`: a
+FIFO would block the reads forever) and the sidecar's records are compared
+with Orbax's own metadata (`_stored_check`); Orbax's and TensorStore's errors
+about missing, short or corrupt files become one `CheckpointDamagedError`
+naming the leaves; after reading, each array is checked against its recorded
+`sum32` (`_checksum`).
 """
 
 import gc
@@ -18,6 +20,7 @@ import orbax.checkpoint as ocp
 from .._errors import CheckpointDamagedError, inline_list
 from .._format.sidecar import STORED, Metadata, arrays_dir
 from .._tree.walk import JAX, parse_dtype
+from . import store_files as _store_files
 from .checksum import damaged, host_sum32, mismatch
 from .shards import gather
 from .stored_check import check_stored, first_line, permission_error
@@ -28,6 +31,9 @@ def read(inner, directory, saved: Metadata, requests: dict, *, verify: bool):
     `directory` (see `_restore._Request`); returns `{name: array}`."""
     listed = {r.key for r in saved.leaves.values() if r.data == STORED}
     store = arrays_dir(directory, saved.token)
+    # Nothing may block: the files this read opens are files, first.
+    wanted = {r.record.key for r in requests.values()}
+    _store_files.check(store, skip=listed - wanted)
     check_stored(store, [r.record for r in requests.values()], listed)
     loaded = _orbax_read(inner, store, requests)
     if verify:

@@ -58,6 +58,7 @@ from .._format.sidecar import (
     package_versions,
 )
 from .._tree.walk import is_key_dtype
+from . import files as _files
 from . import packing as _packing
 from . import shards as _shards
 
@@ -216,9 +217,4 @@ def _write_whole(path: epath.Path, data: bytes) -> None:
     if "://" in os.fspath(path):
         path.write_bytes(data)  # object stores replace whole objects atomically
         return
-    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.fspath(path))
+    _files.replace_whole(path, data)

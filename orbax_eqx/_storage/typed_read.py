@@ -11,7 +11,6 @@ import dataclasses
 import json
 import math
 import os
-import stat
 from typing import Any
 
 import jax
@@ -37,6 +36,7 @@ from .._tree.walk import (
     key_impl,
     parse_dtype,
 )
+from . import files as _files
 from . import packing as _packing
 from . import shard_read as _shard_read
 from .typed import GROUP_PREFIX, INDEX_FILE, INDEX_FORMAT, INDEX_VERSION, group_of
@@ -185,29 +185,18 @@ def _is_size(x: Any) -> bool:
 
 
 def _read_bounded(path: epath.Path) -> bytes:
-    """The index's bytes; refuses what is missing, not a file, or huge."""
-    if "://" in os.fspath(path):
-        if not path.exists():
-            raise _damaged(path, "it is missing")
-        with path.open("rb") as f:
-            data = f.read(_MAX_INDEX_BYTES + 1)
-    else:
-        try:
-            fd = os.open(os.fspath(path), os.O_RDONLY | os.O_NONBLOCK)
-        except FileNotFoundError:
-            raise _damaged(path, "it is missing") from None
-        except PermissionError:
-            raise permission_denied(path) from None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise _damaged(path, "it is not a regular file")
-            with os.fdopen(os.dup(fd), "rb") as f:
-                data = f.read(_MAX_INDEX_BYTES + 1)
-        finally:
-            os.close(fd)
-    if len(data) > _MAX_INDEX_BYTES:
-        raise _damaged(path, f"it is larger than {_MAX_INDEX_BYTES >> 20} MiB")
-    return data
+    """The index's bytes; refuses what is missing, not a regular file (a FIFO
+    is refused, not waited on), or huge."""
+    if _files.is_remote(path) and not path.exists():
+        raise _damaged(path, "it is missing")
+    try:
+        return _files.read_bounded(
+            path, _MAX_INDEX_BYTES, lambda what: _damaged(path, f"it {what}")
+        )
+    except FileNotFoundError:
+        raise _damaged(path, "it is missing") from None
+    except PermissionError:
+        raise permission_denied(path) from None
 
 
 def _damaged(path: epath.Path, what: str) -> CheckpointDamagedError:

@@ -26,6 +26,7 @@ from .._restore.classes import explain
 from .._restore.rename_map import RenameMap, identity
 from .._save.leftovers import recover
 from .._save.replace import check_target
+from .._storage.files import read_bounded
 from .._tree.values import SCALAR_TYPES, decode_scalar, describe, scalar_type
 from .._tree.walk import (
     ARRAY,
@@ -146,10 +147,10 @@ def _headers(source: str) -> list[st.Header]:
     if not os.path.isdir(source):
         raise ImportMismatchError(f"{os.path.abspath(source)} does not exist.")
     index = os.path.join(source, st.INDEX_FILE)
-    if os.path.isfile(index):
+    if os.path.lexists(index):  # a FIFO or a link there too: refused, not skipped
+        data = _read_index(index)
         try:
-            with open(index, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
+            weight_map = json.loads(data.decode("utf-8"))["weight_map"]
             names = sorted(set(weight_map.values()))
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise ImportMismatchError(
@@ -191,6 +192,25 @@ def _headers(source: str) -> list[st.Header]:
                 )
             seen[name] = h.path
     return headers
+
+
+# Far more than any index: a line of JSON per tensor.
+_MAX_INDEX_BYTES = 64 << 20
+
+
+def _read_index(index: str) -> bytes:
+    """The index file's bytes: bounded, and never blocking (a FIFO is refused)."""
+
+    def refused(what: str) -> ImportMismatchError:
+        return ImportMismatchError(
+            f"{index} is not a safetensors index: it {what}. Re-download or "
+            "re-export the directory."
+        )
+
+    try:
+        return read_bounded(index, _MAX_INDEX_BYTES, refused)
+    except FileNotFoundError:  # a dangling link
+        raise refused("is a link to nothing") from None
 
 
 def _our_metadata(headers: list[st.Header]) -> dict[str, Any]:

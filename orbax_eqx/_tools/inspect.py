@@ -20,6 +20,7 @@ from .._format.locate import as_path, find_item, is_item, items_in, steps_in
 from .._format.sidecar import ALIAS, PACKED, SHARDS, STORED, Metadata, arrays_dir
 from .._format.sidecar_read import read
 from .._storage.files import read_bounded
+from .._storage.store_files import check as check_store_files
 from .._tree.values import describe
 from .._tree.walk import ARRAY, JAX
 from .tree_view import type_text, value_text
@@ -141,7 +142,9 @@ def saved_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
         return packed
     handler = ocp.PyTreeCheckpointHandler()
     try:
-        tree = handler.metadata(arrays_dir(directory, saved.token)).tree
+        store = arrays_dir(directory, saved.token)
+        check_store_files(store)  # Orbax's read would block on a FIFO there
+        tree = handler.metadata(store).tree
     except Exception:  # any failure here only costs the sharding column
         return packed
     finally:
