@@ -82,6 +82,7 @@ import numpy as np
 from etils import epath
 
 from .._errors import UnsupportedLeafError
+from .._storage import files as _files
 from .._tree.names import storage_key
 from .._tree.values import describe, encode, scalar_type
 from .._tree.walk import (
@@ -349,11 +350,18 @@ def write(
     if not _is_local(directory):
         path.write_text(text)  # object stores replace whole objects atomically
         return
-    tmp = os.fspath(path) + f".tmp-{content.get('token') or os.getpid()}"
-    with open(tmp, "w", encoding="utf-8", errors="surrogatepass") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    # A new file of a random name (never through a link planted at a
+    # predictable one), linked into place: unlike a rename, the link fails if
+    # a sidecar is there.
+    fd, tmp = _files.create_new(path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:
+        os.unlink(tmp)
+        raise
     try:
         os.link(tmp, os.fspath(path))  # unlike a rename, fails if it exists
     except FileExistsError:

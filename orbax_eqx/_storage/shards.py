@@ -23,6 +23,7 @@ from etils import epath
 
 from .._format.sidecar import shard_file, shard_index
 from .._tree.walk import is_key_dtype
+from . import files as _files
 from . import packfile as _packfile
 from . import to_host as _to_host
 from .packing import layout
@@ -150,17 +151,7 @@ def _write_whole(path: epath.Path, data: bytes) -> None:
     if "://" in os.fspath(path):
         path.write_bytes(data)  # object stores replace whole objects atomically
         return
-    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-    fd = os.open(tmp, flags, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, os.fspath(path))
+    _files.replace_whole(path, data)  # never through a planted link
 
 
 def describe(sharding: jax.sharding.Sharding) -> str:
