@@ -24,7 +24,12 @@ def _run(mode, root, *, processes, devices, logs):
         timeout=TIMEOUT_S,
     )
     for text in texts:
-        assert text.rstrip().endswith("ok"), text
+        # The worker prints `ok` after its last check and exits 0 (`_procs`
+        # checks the exit code). Not necessarily the last line: on Python 3.13
+        # a thread of Orbax's that outlives its event loop, after the restore
+        # the worker expects to fail, was seen once (in about 35 runs) to print
+        # "RuntimeError: Event loop is closed" at interpreter exit.
+        assert "ok" in text.splitlines(), text
         assert f"of {processes}: {devices} local devices" in text, text
     return texts
 
