@@ -34,6 +34,7 @@ from .._format.sidecar import build, nbytes
 from .._storage import shards as _shards
 from .._storage.packing import layout, packable, start_host_copies
 from .._tree.names import storage_key
+from .._tree.values import is_text
 from .._tree.walk import JAX, Walked, container, is_array_leaf, walk
 from . import recordable
 from .polite import Polite
@@ -216,17 +217,9 @@ def _bad_values(leaves: list[Any]) -> bool:
     refused: a skeleton's ShapeDtypeStruct, text that is not valid Unicode."""
     for x in leaves:
         kind = type(x)
-        if kind is jax.ShapeDtypeStruct or (kind is str and not _is_text(x)):
+        if kind is jax.ShapeDtypeStruct or (kind is str and not is_text(x)):
             return True
     return False
-
-
-def _is_text(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _checked(treedef: Any) -> bool:
