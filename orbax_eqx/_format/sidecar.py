@@ -108,7 +108,7 @@ FILE_NAME = "orbax_eqx.json"
 # stream fails at once (no size of it is recorded anywhere to check against).
 MAX_BYTES = 256 << 20
 FORMAT = "orbax_eqx"
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5  # 5: this turn (object stores, bound records, rebuilt modules)
 # `~` never appears in a storage key except before a 16-digit hash, so these
 # names cannot collide with a directory Orbax makes for a leaf.
 PACK_FILE = "orbax_eqx~packed.{token}.{index}.bin"
