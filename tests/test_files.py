@@ -1,4 +1,4 @@
-"""`_storage/files`: reading only regular files, never blocking, bounded; creating
+"""`_bytes/files`: reading only regular files, never blocking, bounded; creating
 new files never through a planted link. Real files, FIFOs, sockets, devices.
 
 Whatever end-to-end test a FIFO would hang (restore, verify, export) runs in a
@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 from etils import epath
 
-from orbax_eqx._storage import files, packfile, typed
+from orbax_eqx._bytes import files
+from orbax_eqx._storage import packfile, typed
 
 
 def _within(seconds, fn, *args, **kwargs):

@@ -18,6 +18,7 @@ import zoo
 from etils import epath
 
 import orbax_eqx as oeqx
+from orbax_eqx._bytes import local as _local
 from orbax_eqx._storage import packfile as _packfile
 from orbax_eqx._storage import packing as _packing
 
@@ -343,7 +344,7 @@ def test_sharded_arrays_go_to_shard_packs_on_8_devices(tmp_path):
 
 
 def test_read_lets_bytes_be_checked_as_they_arrive(tmp_path, monkeypatch):
-    monkeypatch.setattr(_packfile, "_PIECE", 4096)  # many pieces, several threads
+    monkeypatch.setattr(_local, "_PIECE", 4096)  # many pieces, several threads
     data = np.random.default_rng(0).integers(0, 256, 300_000, np.uint8)
     path = tmp_path / "pack.bin"
     path.write_bytes(data.tobytes())
@@ -363,14 +364,14 @@ def test_read_lets_bytes_be_checked_as_they_arrive(tmp_path, monkeypatch):
     for (start, stop), buffer in zip(ranges, buffers):
         np.testing.assert_array_equal(buffer, data[start:stop])
     # A read that fails (an I/O error at byte 200,000) raises from `ready`.
-    pread = _packfile._pread_exactly
+    pread = _local._pread_exactly
 
-    def failing_pread(fd, view, offset, path):
+    def failing_pread(fd, view, offset, at):
         if offset >= 200_000:
             raise OSError(errno.EIO, os.strerror(errno.EIO))
-        pread(fd, view, offset, path)
+        pread(fd, view, offset, at)
 
-    monkeypatch.setattr(_packfile, "_pread_exactly", failing_pread)
+    monkeypatch.setattr(_local, "_pread_exactly", failing_pread)
     reached = []
 
     def checking(buffers, ready):

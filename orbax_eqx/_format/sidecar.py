@@ -81,8 +81,9 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from .._bytes import files as _files
+from .._bytes import store as _store
 from .._errors import UnsupportedLeafError
-from .._storage import files as _files
 from .._tree.names import storage_key
 from .._tree.values import describe, encode, scalar_type
 from .._tree.walk import (
@@ -347,8 +348,9 @@ def write(
     text = _dump(content, pause)
     _check_size(text, content)
     path = directory / FILE_NAME
-    if not _is_local(directory):
-        path.write_text(text)  # object stores replace whole objects atomically
+    if _store.is_remote(directory):
+        # An object is replaced whole; there is no exclusive create to claim it.
+        _store.write_whole(path, text.encode("utf-8", "surrogatepass"))
         return
     # A new file of a random name (never through a link planted at a
     # predictable one), linked into place: unlike a rename, the link fails if
@@ -412,7 +414,3 @@ def _dump(content: dict[str, Any], pause: Callable[[], None] | None = None) -> s
         else:
             parts.append(f" {line(key)}: {line(value)}")
     return "{\n" + ",\n".join(parts) + "\n}\n"
-
-
-def _is_local(path: epath.Path) -> bool:
-    return "://" not in os.fspath(path)

@@ -20,11 +20,10 @@ from typing import Any
 
 from etils import epath
 
-from .._errors import SidecarError, permission_denied
-
 # The one module of a later stage read here: it imports nothing of ours but
 # `_errors`, and opening files safely is the same job for every file.
-from .._storage import files as _files
+from .._bytes import store as _store
+from .._errors import SidecarError, permission_denied
 from .._tree.names import old_storage_key, storage_key
 from .._tree.values import decode_scalar, scalar_type, too_deep
 from .._tree.walk import ARRAY, SCALAR, ModuleInfo, parse_dtype
@@ -66,7 +65,7 @@ def read(directory: epath.Path) -> Metadata:
     if not path.exists():
         raise missing
     try:
-        raw = _files.read_bounded(path, MAX_BYTES, lambda what: _damaged(path, what))
+        raw = _store.read_bounded(path, MAX_BYTES, lambda what: _damaged(path, what))
     except FileNotFoundError:  # deleted since, or a link to nothing
         raise missing from None
     except PermissionError:

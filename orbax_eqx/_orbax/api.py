@@ -17,6 +17,11 @@ from .._save.replace import CheckpointExistsError as CheckpointExistsError
 from .._save.replace import NotACheckpointError as NotACheckpointError
 from .handler import EqxHandler, EqxRestore, EqxSave
 
+# On object stores a checkpoint is committed by a file written last
+# (`commit_success.txt`), as Orbax does on gs://: renaming a "directory" there
+# copies every object, and S3 cannot rename what it lists as a prefix.
+COMMIT_FILE = ocp.path.atomicity.CommitFileTemporaryPath
+
 
 class NotWritableError(OrbaxEqxError, PermissionError):
     """`save` was asked to write where it cannot."""
@@ -66,7 +71,9 @@ def save(
     args = EqxSave(item)  # checks the item before anything is touched
     if "://" in os.fspath(path):  # object stores have no atomic rename
         _replace.check_target(path, overwrite)
-        with ocp.Checkpointer(EqxHandler(**options)) as checkpointer:
+        with ocp.Checkpointer(
+            EqxHandler(**options), temporary_path_class=COMMIT_FILE
+        ) as checkpointer:
             checkpointer.save(path, args=args, force=overwrite)
         return
     primary = jax.process_index() == 0

@@ -20,8 +20,8 @@ from collections.abc import Callable
 
 from etils import epath
 
+from .._bytes import files as _files
 from .._errors import OrbaxEqxError, inline_list
-from .._storage import files as _files
 
 
 class RenameError(OrbaxEqxError, ValueError):

@@ -34,6 +34,7 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from .._bytes import files as _files
 from .._errors import OrbaxEqxError
 from .._format.sidecar import (
     ARRAYS_DIR,
@@ -42,7 +43,6 @@ from .._format.sidecar import (
     TOKEN_FILE_PREFIXES,
     arrays_dir,
 )
-from .._storage import files as _files
 from .._storage.stored_check import missing_in_store
 from .background import final_directory
 

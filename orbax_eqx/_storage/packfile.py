@@ -1,32 +1,25 @@
-"""Pack files: byte ranges of one file, written and read at disk speed.
+"""Pack files: byte ranges of one file, written and read at the store's speed.
 
-Writing is `pwritev` of host arrays at their offsets (zero bytes in between)
-and one fsync. Reading fills 64-byte-aligned buffers with `preadv`, a few
-pieces at once in threads (a virtual disk serves parallel reads faster than
-one stream), so that `jax.device_put` takes the buffers as they are on CPU and
-a restore holds each byte once. Paths that are not local files (`gs://...`)
-go through `epath`, one range at a time.
+Writing streams host arrays at their offsets (zero bytes in between) through
+the byte layer (`_bytes`: `pwritev` and one fsync on a disk, concurrent part
+uploads on an object store). Reading fills 64-byte-aligned buffers, so that
+`jax.device_put` takes them as they are on CPU and a restore holds each byte
+once, with several ranged reads in flight.
 
-A pack is read only if it is a regular file (see `files`: a FIFO there would
+A pack is read only if it is a regular file (on a disk: a FIFO there would
 block a plain read forever, a directory reads as 4096 bytes of nothing) no
 longer than its sidecar records, and only the byte ranges asked for.
 """
 
-import concurrent.futures
-import os
 from collections.abc import Callable, Sequence
 
 import numpy as np
 from etils import epath
 
+from .._bytes import store as _store
 from .._errors import CheckpointDamagedError, permission_denied
 from .._format.sidecar import PACK_ALIGNMENT as ALIGNMENT
-from . import files as _files
 
-_PIECE = 16 << 20  # bytes per read call; a few are in flight at once
-_WRITE_BATCH = 64 << 20  # bytes per write call
-_IOV_MAX = 512  # buffers per write call (Linux allows 1024)
-_READERS = 4
 _ZEROS = np.zeros(ALIGNMENT, np.uint8)
 
 
@@ -35,10 +28,6 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     raw = np.empty(nbytes + ALIGNMENT, np.uint8)
     start = (-raw.ctypes.data) % ALIGNMENT
     return raw[start : start + nbytes]
-
-
-def _is_local(path: epath.Path) -> bool:
-    return not _files.is_remote(path)
 
 
 def _as_bytes(x: np.ndarray) -> memoryview:
@@ -66,52 +55,11 @@ def write(
     """Writes a new file of `nbytes` bytes holding each array at its offset.
 
     `pieces` are `(offset, C-contiguous array)`, in increasing offset order
-    and not overlapping. The file is fsync'd before this returns. A local file
-    is written under a new name beside `path` and renamed onto it.
+    and not overlapping. The file is durable before this returns. A local
+    file is written under a new name beside `path` and renamed onto it (never
+    through a link planted at the name); an object store gets it in parts.
     """
-    parts = _gaps_and_arrays(pieces, nbytes)
-    if not _is_local(path):
-        with path.open("wb") as f:
-            for part in parts:
-                f.write(part)
-        return
-    # Never through a link or into a file already there: a new file beside
-    # it (`files.create_new`), renamed onto the name once written. Whatever is
-    # at the name (a link planted there) is replaced, never written through.
-    fd, tmp = _files.create_new(path)
-    try:
-        try:
-            offset, batch, size = 0, [], 0
-            for part in parts:
-                batch.append(part)
-                size += part.nbytes
-                if len(batch) >= _IOV_MAX or size >= _WRITE_BATCH:
-                    offset += _pwritev_all(fd, batch, offset)
-                    batch, size = [], 0
-            if batch:
-                _pwritev_all(fd, batch, offset)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, os.fspath(path))
-    finally:
-        if os.path.lexists(tmp):
-            os.remove(tmp)
-
-
-def _pwritev_all(fd: int, views: list[memoryview], offset: int) -> int:
-    total = sum(v.nbytes for v in views)
-    done = 0
-    while done < total:
-        n = os.pwritev(fd, views, offset + done)
-        done += n
-        # A short write (a signal, a full disk's last bytes): skip what went out.
-        while views and n >= views[0].nbytes:
-            n -= views[0].nbytes
-            views = views[1:]
-        if n:
-            views = [views[0][n:], *views[1:]]
-    return total
+    _store.for_path(path).write_stream(path, _gaps_and_arrays(pieces, nbytes), nbytes)
 
 
 def read(
@@ -136,56 +84,17 @@ def read(
     `staging`).
     """
     end = max((stop for _, stop in ranges), default=0)
-    if not _is_local(path):
-        _check_remote_size(path, end, nbytes)
+    # Opened and checked before allocating: a sidecar claiming absurd sizes
+    # must not get to ask for terabytes of memory.
+    with _open(path, end, nbytes) as reader:
         buffers = [empty(stop - start) for start, stop in ranges]
-        _read_remote(path, ranges, buffers)
-        if meanwhile is not None:
-            meanwhile(buffers, _all_ready)
-        return buffers
-    try:
-        fd = _files.open_regular(path, lambda what: _damaged(path, what))
-    except FileNotFoundError:
-        raise _damaged(path, "is missing") from None
-    except PermissionError:
-        raise permission_denied(path) from None
-    try:
-        # Before allocating: a sidecar claiming absurd sizes must not get to
-        # ask for terabytes of memory.
-        _check_length(path, os.fstat(fd).st_size, end, nbytes)
-        buffers = [empty(stop - start) for start, stop in ranges]
-        jobs = [
-            (i, memoryview(buf)[at : at + _PIECE], start + at)
-            for i, ((start, _), buf) in enumerate(zip(ranges, buffers))
-            for at in range(0, buf.nbytes, _PIECE)
-        ]
-        if len(jobs) <= 1:
-            for _, view, offset in jobs:
-                _pread_exactly(fd, view, offset, path)
+        reads = reader.start(ranges, buffers)
+        try:
             if meanwhile is not None:
-                meanwhile(buffers, _all_ready)
-        else:
-            with concurrent.futures.ThreadPoolExecutor(_READERS) as pool:
-                pieces: list[list[concurrent.futures.Future]] = [[] for _ in buffers]
-                for i, view, at in jobs:  # in file order
-                    pieces[i].append(pool.submit(_pread_exactly, fd, view, at, path))
-                try:
-                    if meanwhile is not None:
-                        seen = [0] * len(buffers)  # pieces known to be read
-
-                        def ready(i: int, stop: int) -> None:
-                            while seen[i] < -(-stop // _PIECE):
-                                pieces[i][seen[i]].result()
-                                seen[i] += 1
-
-                        meanwhile(buffers, ready)
-                    for piece in (p for ps in pieces for p in ps):
-                        piece.result()
-                finally:
-                    for piece in (p for ps in pieces for p in ps):
-                        piece.cancel()  # after an error: the rest is not wanted
-    finally:
-        os.close(fd)
+                meanwhile(buffers, _worded(path, reads.ready))
+            _worded(path, lambda: reads.wait())()
+        finally:
+            reads.cancel()
     return buffers
 
 
@@ -194,54 +103,31 @@ def check_size(path: epath.Path, end: int, nbytes: int | None = None) -> None:
     least `end` bytes and at most `nbytes` (the size the sidecar records, if
     given), as `read` does: before a read is planned or allocated for sizes
     that only a damaged sidecar claims."""
-    if not _is_local(path):
-        return  # checked as `read` reads
+    with _open(path, end, nbytes):
+        pass
+
+
+def _open(path, end: int, nbytes: int | None):
     try:
-        fd = _files.open_regular(path, lambda what: _damaged(path, what))
+        return _store.for_path(path).open(path, end, nbytes)
+    except _store.BadFile as e:
+        raise _damaged(path, e.what) from None
     except FileNotFoundError:
         raise _damaged(path, "is missing") from None
     except PermissionError:
         raise permission_denied(path) from None
-    try:
-        _check_length(path, os.fstat(fd).st_size, end, nbytes)
-    finally:
-        os.close(fd)
 
 
-def _check_length(path, size: int, end: int, nbytes: int | None) -> None:
-    """A file of `size` bytes holding ranges up to `end`, recorded as `nbytes`
-    long: longer than recorded, or too short for the ranges, is damaged."""
-    if (nbytes is not None and size > nbytes) or size < end:
-        written = end if nbytes is None else nbytes
-        raise _damaged(path, f"has {size} bytes where {written} were written")
+def _worded(path, wait):
+    """`wait`, raising a `BadFile` as the pack's damage."""
 
+    def worded(*args):
+        try:
+            return wait(*args)
+        except _store.BadFile as e:
+            raise _damaged(path, e.what) from None
 
-def _all_ready(i: int, stop: int) -> None:
-    """`ready` for reads that are all done."""
-
-
-def _pread_exactly(fd: int, view: memoryview, offset: int, path) -> None:
-    while view.nbytes:
-        n = os.preadv(fd, [view], offset)
-        if n == 0:
-            raise _damaged(path, f"ends before byte {offset + view.nbytes}")
-        view, offset = view[n:], offset + n
-
-
-def _check_remote_size(path, end: int, nbytes: int | None) -> None:
-    if not path.exists():
-        raise _damaged(path, "is missing")
-    _check_length(path, path.stat().length, end, nbytes)
-
-
-def _read_remote(path, ranges, buffers) -> None:
-    with path.open("rb") as f:
-        for (start, stop), buf in zip(ranges, buffers):
-            f.seek(start)
-            data = f.read(stop - start)
-            if len(data) != stop - start:
-                raise _damaged(path, f"ends before byte {stop}")
-            buf[:] = np.frombuffer(data, np.uint8)
+    return worded
 
 
 def _damaged(path, what: str) -> CheckpointDamagedError:

@@ -36,6 +36,7 @@ from typing import Any
 
 from etils import epath
 
+from .._bytes.store import read_bounded
 from .._errors import CheckpointDamagedError, permission_denied
 from .._format.sidecar import (
     SHARDS,
@@ -46,7 +47,6 @@ from .._format.sidecar import (
     shard_index,
 )
 from .._tree.walk import parse_dtype
-from .files import read_bounded
 
 INDEX_FORMAT = "orbax_eqx.shards"
 INDEX_VERSION = 1

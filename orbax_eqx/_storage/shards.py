@@ -12,7 +12,6 @@ own barrier, before the step is committed, is the only meeting point).
 
 import concurrent.futures
 import dataclasses
-import os
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -21,9 +20,9 @@ import jax
 import numpy as np
 from etils import epath
 
+from .._bytes import store as _store
 from .._format.sidecar import shard_file, shard_index
 from .._tree.walk import is_key_dtype
-from . import files as _files
 from . import packfile as _packfile
 from . import to_host as _to_host
 from .packing import layout
@@ -135,7 +134,7 @@ def write(directory: epath.Path, token: str, process: int, local: Local) -> list
     ]
     local.hosts = []  # let go of device buffers' views (see `take`)
     index = directory / shard_index(token, process)
-    _write_whole(index, to_json(token, process, nbytes, chunks).encode())
+    _store.write_whole(index, to_json(token, process, nbytes, chunks).encode())
     return [pack, index]
 
 
@@ -145,13 +144,6 @@ def block_crcs(host: np.ndarray) -> list[int]:
     return [
         zlib.crc32(data[at : at + CRC_BLOCK]) for at in range(0, len(data), CRC_BLOCK)
     ]
-
-
-def _write_whole(path: epath.Path, data: bytes) -> None:
-    if "://" in os.fspath(path):
-        path.write_bytes(data)  # object stores replace whole objects atomically
-        return
-    _files.replace_whole(path, data)  # never through a planted link
 
 
 def describe(sharding: jax.sharding.Sharding) -> str:

@@ -21,8 +21,8 @@ from collections.abc import Collection
 
 from etils import epath
 
+from .._bytes import files as _files
 from .._errors import CheckpointDamagedError, permission_denied
-from . import files as _files
 
 # Far more than Orbax writes: a store without OCDBT has a directory, a
 # metadata file and a file per chunk for each array.

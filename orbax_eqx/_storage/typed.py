@@ -40,7 +40,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -49,6 +48,7 @@ import jax
 import numpy as np
 from etils import epath
 
+from .._bytes import store as _store
 from .._format.sidecar import (
     EMPTY,
     PACKED,
@@ -58,7 +58,6 @@ from .._format.sidecar import (
     package_versions,
 )
 from .._tree.walk import is_key_dtype
-from . import files as _files
 from . import packing as _packing
 from . import shards as _shards
 
@@ -200,7 +199,7 @@ def write(directory: epath.Path, taken: Taken, process: int, primary: bool) -> N
         taken.pieces = []  # let go of device buffers' views (see `packing`)
         for name, crc in zip(taken.packed, crcs):
             index["leaves"][name]["crc32"] = crc
-    _write_whole(where / INDEX_FILE, _dump(index).encode("utf-8"))
+    _store.write_whole(where / INDEX_FILE, _dump(index).encode("utf-8"))
 
 
 def _dump(index: dict[str, Any]) -> str:
@@ -211,10 +210,3 @@ def _dump(index: dict[str, Any]) -> str:
         for k, v in index["leaves"].items()
     )
     return head[:-1] + ', "leaves": {\n' + rows + "\n}}\n"
-
-
-def _write_whole(path: epath.Path, data: bytes) -> None:
-    if "://" in os.fspath(path):
-        path.write_bytes(data)  # object stores replace whole objects atomically
-        return
-    _files.replace_whole(path, data)

@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from etils import epath
 
+from .._bytes import store as _store
 from .._errors import CheckpointDamagedError, permission_denied
 from .._format.sidecar import (
     EMPTY,
@@ -36,7 +37,6 @@ from .._tree.walk import (
     key_impl,
     parse_dtype,
 )
-from . import files as _files
 from . import packing as _packing
 from . import shard_read as _shard_read
 from .typed import GROUP_PREFIX, INDEX_FILE, INDEX_FORMAT, INDEX_VERSION, group_of
@@ -187,10 +187,8 @@ def _is_size(x: Any) -> bool:
 def _read_bounded(path: epath.Path) -> bytes:
     """The index's bytes; refuses what is missing, not a regular file (a FIFO
     is refused, not waited on), or huge."""
-    if _files.is_remote(path) and not path.exists():
-        raise _damaged(path, "it is missing")
     try:
-        return _files.read_bounded(
+        return _store.read_bounded(
             path, _MAX_INDEX_BYTES, lambda what: _damaged(path, f"it {what}")
         )
     except FileNotFoundError:

@@ -21,13 +21,13 @@ from typing import TextIO
 
 import jax
 
+from .._bytes import files as _files
 from .._errors import OrbaxEqxError, inline_list
 from .._format.locate import find_item
 from .._format.sidecar import LeafMetadata, Metadata
 from .._format.sidecar_read import read
 from .._restore.read import LeafReader
 from .._restore.rename_map import RenameMap, identity
-from .._storage import files as _files
 from .._tree.values import is_text
 from .._tree.walk import ARRAY, parse_dtype
 from . import safetensors_io as st

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
+from .._bytes.files import read_bounded
 from .._errors import OrbaxEqxError, inline_list
 from .._format.locate import as_path
 from .._orbax.api import save
@@ -26,7 +27,6 @@ from .._restore.classes import explain
 from .._restore.rename_map import RenameMap, identity
 from .._save.leftovers import recover
 from .._save.replace import check_target
-from .._storage.files import read_bounded
 from .._tree.values import SCALAR_TYPES, decode_scalar, describe, scalar_type
 from .._tree.walk import (
     ARRAY,

@@ -16,10 +16,10 @@ from typing import Any
 import orbax.checkpoint as ocp
 from etils import epath
 
+from .._bytes.store import read_bounded
 from .._format.locate import as_path, find_item, is_item, items_in, steps_in
 from .._format.sidecar import ALIAS, PACKED, SHARDS, STORED, Metadata, arrays_dir
 from .._format.sidecar_read import read
-from .._storage.files import read_bounded
 from .._storage.store_files import check as check_store_files
 from .._tree.values import describe
 from .._tree.walk import ARRAY, JAX

@@ -19,8 +19,8 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from .._bytes import files as _files
 from .._errors import OrbaxEqxError
-from .._storage import files as _files
 
 # safetensors dtype codes and the numpy dtypes (numpy and ml_dtypes) they hold.
 DTYPES = {

@@ -12,8 +12,7 @@ O_NOFOLLOW` under a random name, so that a symlink planted at a predictable
 name cannot redirect a write (`create_new`; `replace_whole` writes a file
 whole that way and renames it into place).
 
-Paths that are not local (`gs://...`, through `epath`) have no descriptors:
-their reads are bounded by size where the API allows.
+Local files only: objects (`gs://...`) are read and written by `objects`.
 
 Callers word the errors: each function takes `error`, which turns what is
 wrong (`"is a FIFO (named pipe), not a regular file"`) into the exception to
@@ -131,8 +130,8 @@ def read_bounded(path: Any, limit: int, error: ErrorFor | None = None) -> bytes:
 
     A file that is not regular (see `open_regular`), or holds more than
     `limit` bytes (checked before reading, and while reading, in case it
-    grows), raises `error(...)`. Remote paths are read through `epath`, at
-    most `limit + 1` bytes. `FileNotFoundError` and `PermissionError` are
+    grows), raises `error(...)`. Local paths only (`_bytes.store.read_bounded`
+    reads any). `FileNotFoundError` and `PermissionError` are
     raised as opening raises them.
     """
     error = error or _default_error(path)
@@ -140,12 +139,6 @@ def read_bounded(path: Any, limit: int, error: ErrorFor | None = None) -> bytes:
     def too_big(found: str) -> Exception:
         return error(f"has {found} bytes, more than the {limit} allowed")
 
-    if is_remote(path):
-        with path.open("rb") as f:
-            data = f.read(limit + 1)
-        if len(data) > limit:
-            raise too_big("over " + str(limit))
-        return data
     fd = open_regular(path, error)
     try:
         size = os.fstat(fd).st_size

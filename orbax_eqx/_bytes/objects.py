@@ -1,0 +1,272 @@
+"""Object stores (`gs://`, `s3://`) through TensorStore's kvstore.
+
+TensorStore brings what an object store needs and orbax_eqx already depends
+on it: concurrent requests, bounded retries with backoff (throttling is
+retried, a dead server fails in seconds), credentials from the standard
+environment (see `endpoints`), and byte-range reads. Writes of large files
+go out as parts (see `parts`), a few uploads in flight at once, each part
+copied once into the bytes of its request: a save never holds more than
+`_WRITE_WINDOW` parts beyond the arrays. Reads go out as pieces of at most
+`_READ_PIECE` bytes, `_READ_WINDOW` in flight, each copied into the caller's
+buffer as it arrives.
+
+An object is replaced whole or not at all, so a whole-file write needs no
+temporary name. Every wait is bounded (`_TIMEOUT`): no request blocks
+forever.
+"""
+
+import collections
+import functools
+import json
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import tensorstore as ts
+
+from .._errors import OrbaxEqxError
+from . import endpoints as _endpoints
+from . import parts as _parts
+from .store import BadFile, ErrorFor, Reader, Reads, Store
+
+_READ_PIECE = 8 << 20
+_READ_WINDOW = 16
+_WRITE_WINDOW = 3
+_TIMEOUT = 300.0  # seconds one request may take, retries included
+
+
+class ObjectStoreError(OrbaxEqxError, OSError):
+    """A request to an object store failed (after its retries)."""
+
+
+class ObjectStore(Store):
+    """The objects of one bucket."""
+
+    def __init__(self, where: _endpoints.Where):
+        self.where = where
+        self._kv = ts.KvStore.open(where.spec()).result(timeout=_TIMEOUT)
+
+    def _key(self, path: Any) -> str:
+        return _endpoints.split(str(path))[1]
+
+    # -- requests, each bounded and with its errors worded ------------------
+
+    def _result(self, future: Any, what: str, path: Any) -> Any:
+        try:
+            return future.result(timeout=_TIMEOUT)
+        except TimeoutError:
+            future.cancel()
+            raise ObjectStoreError(
+                f"{what} {path} had no answer within {_TIMEOUT:.0f} s from "
+                f"{self.where.describe()}. Check the store is up and reachable."
+            ) from None
+        except ValueError as e:
+            text = str(e)
+            if text.startswith("OUT_OF_RANGE"):
+                raise
+            raise self._failed(what, path, text) from None
+
+    def _failed(self, what: str, path: Any, text: str) -> ObjectStoreError:
+        first = text.split("[http_response_body")[0].strip()
+        return ObjectStoreError(
+            f"{what} {path} failed at {self.where.describe()}: {first}. "
+            f"{self.where.setup_hint()}"
+        )
+
+    def _read(self, key: str, path: Any, byte_range: slice | None = None) -> Any:
+        future = self._kv.read(key, byte_range=byte_range)
+        return self._result(future, "Reading", path)
+
+    # -- the Store interface ------------------------------------------------
+
+    def read_whole(self, path: Any, limit: int, error: ErrorFor) -> bytes:
+        key = self._key(path)
+        try:
+            beyond = self._read(key, path, slice(limit, limit + 1))
+        except ValueError:  # OUT_OF_RANGE: no byte past the limit
+            beyond = None
+        if beyond is not None:
+            if beyond.state == "missing":
+                raise FileNotFoundError(2, "No such object", str(path))
+            raise error(f"has over {limit} bytes, more than the {limit} allowed")
+        got = self._read(key, path)
+        if got.state == "missing":
+            raise FileNotFoundError(2, "No such object", str(path))
+        if len(got.value) > limit:  # grew since
+            raise error(f"has over {limit} bytes, more than the {limit} allowed")
+        return got.value
+
+    def write_whole(self, path: Any, data: bytes) -> None:
+        self._result(self._kv.write(self._key(path), bytes(data)), "Writing", path)
+
+    def write_stream(self, path: Any, parts: Iterable[memoryview], nbytes: int) -> None:
+        key = self._key(path)
+        if not _parts.count(nbytes):
+            self.write_whole(path, b"".join(parts))
+            return
+        pending: collections.deque = collections.deque()
+        index, held, size = 0, [], 0
+        try:
+            for part in _cut(parts, _parts.PART_BYTES):
+                held.append(part)
+                size += part.nbytes
+                if size < _parts.PART_BYTES:
+                    continue
+                self._put(pending, key, path, index, held)
+                index, held, size = index + 1, [], 0
+            if held:
+                self._put(pending, key, path, index, held)
+            while pending:
+                self._result(pending.popleft(), "Writing", path)
+        finally:
+            for future in pending:
+                future.cancel()
+
+    def _put(self, pending, key: str, path: Any, index: int, held: list) -> None:
+        while len(pending) >= _WRITE_WINDOW:
+            self._result(pending.popleft(), "Writing", path)
+        data = b"".join(held)  # the one copy of these bytes
+        pending.append(self._kv.write(_parts.part_name(key, index), data))
+
+    def open(self, path: Any, end: int, nbytes: int | None) -> Reader:
+        key = self._key(path)
+        if nbytes is not None and _parts.count(nbytes):
+            head = self._read(key, path, slice(0, 0))
+            if head.state == "missing":
+                return _ObjectReader(
+                    self, path, key, self._check_parts(key, path, nbytes)
+                )
+        self._check_length(key, path, end, nbytes, "is missing")
+        return _ObjectReader(self, path, key, None)
+
+    def _check_length(self, key, path, end: int, nbytes: int | None, missing: str):
+        """Raises `BadFile` unless object `key` has `nbytes` bytes (if known),
+        else at least `end`: one small ranged read."""
+        probe = nbytes if nbytes is not None else max(end - 1, 0)
+        try:
+            got = self._read(key, path, slice(probe, probe + 1))
+        except ValueError:  # OUT_OF_RANGE: ends at or before `probe`
+            if nbytes is None and end > 0:
+                raise BadFile(f"ends before byte {end}") from None
+            return
+        if got.state == "missing":
+            raise BadFile(missing)
+        if nbytes is not None:
+            raise BadFile(f"has more bytes than the {nbytes} written")
+
+    def _check_parts(self, key: str, path: Any, nbytes: int) -> int:
+        count = _parts.count(nbytes)
+        for k in range(count):
+            size = min(_parts.PART_BYTES, nbytes - k * _parts.PART_BYTES)
+            self._check_length(
+                _parts.part_name(key, k), path, size, size, f"is missing its part {k}"
+            )
+        return count
+
+    def exists(self, path: Any) -> bool:
+        key = self._key(path)
+        if self._read(key, path, slice(0, 0)).state != "missing":
+            return True
+        first = _parts.part_name(key, 0)
+        return self._read(first, path, slice(0, 0)).state != "missing"
+
+
+def _cut(views: Iterable[memoryview], size: int) -> Iterable[memoryview]:
+    """The views, split where they cross a multiple of `size` bytes."""
+    at = 0
+    for view in views:
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        while view.nbytes:
+            room = size - at % size
+            head, view = view[:room], view[room:]
+            at += head.nbytes
+            yield head
+
+
+class _ObjectReader(Reader):
+    def __init__(self, store: ObjectStore, path: Any, key: str, parts: int | None):
+        self._store, self._path, self._key, self._parts = store, path, key, parts
+
+    def _where(self, start: int, stop: int) -> list[tuple[str, int, int]]:
+        if self._parts is None:
+            return [(self._key, start, stop)]
+        return [
+            (_parts.part_name(self._key, k), a, z)
+            for k, a, z in _parts.pieces(start, stop)
+        ]
+
+    def start(
+        self, ranges: Sequence[tuple[int, int]], buffers: Sequence[np.ndarray]
+    ) -> Reads:
+        jobs = []  # (buffer, its start, its stop, key, start, stop), in order
+        for i, ((start, stop), buf) in enumerate(zip(ranges, buffers)):
+            at = 0
+            for key, a, z in self._where(start, stop):
+                for piece in range(a, z, _READ_PIECE):
+                    n = min(_READ_PIECE, z - piece)
+                    jobs.append((i, at, at + n, key, piece, piece + n, start + at + n))
+                    at += n
+        return _ObjectReads(self._store, self._path, jobs, buffers)
+
+
+class _ObjectReads(Reads):
+    """Pieces read in order, at most `_READ_WINDOW` in flight; each copied
+    into its buffer as the caller waits for it."""
+
+    def __init__(self, store: ObjectStore, path: Any, jobs, buffers):
+        self._store, self._path, self._jobs, self._buffers = store, path, jobs, buffers
+        self._flight: collections.deque = collections.deque()
+        self._issued = self._done = 0
+        self._filled = [0] * len(buffers)
+        self._issue()
+
+    def _issue(self) -> None:
+        kv = self._store._kv
+        while self._issued < len(self._jobs) and len(self._flight) < _READ_WINDOW:
+            _, _, _, key, a, z, _ = self._jobs[self._issued]
+            self._flight.append(kv.read(key, byte_range=slice(a, z)))
+            self._issued += 1
+
+    def _next(self) -> None:
+        i, at, to, _, a, z, end = self._jobs[self._done]
+        future = self._flight.popleft()
+        try:
+            got = self._store._result(future, "Reading", self._path)
+        except ValueError:  # OUT_OF_RANGE
+            raise BadFile(f"ends before byte {end}") from None
+        if got.state == "missing":
+            raise BadFile("is missing")
+        if len(got.value) != z - a:
+            raise BadFile(f"ends before byte {end}")
+        self._buffers[i][at:to] = np.frombuffer(got.value, np.uint8)
+        self._filled[i] = to
+        self._done += 1
+        self._issue()
+
+    def ready(self, i: int, stop: int) -> None:
+        while self._filled[i] < stop and self._done < len(self._jobs):
+            self._next()
+
+    def wait(self) -> None:
+        try:
+            while self._done < len(self._jobs):
+                self._next()
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        for future in self._flight:
+            future.cancel()
+        self._flight.clear()
+
+
+@functools.lru_cache(maxsize=64)
+def _store(spec_json: str, where: _endpoints.Where) -> ObjectStore:
+    del spec_json  # part of the cache key: the environment it was made in
+    return ObjectStore(where)
+
+
+def store_for(url: str) -> ObjectStore:
+    """The store of the bucket `url` is in, reached as the environment says now."""
+    where, _ = _endpoints.split(url)
+    return _store(json.dumps(where.spec(), sort_keys=True), where)

@@ -1,0 +1,126 @@
+"""The interface between what is stored and where its bytes go.
+
+A `Store` reads and writes files named by full paths (`/ckpt/7/default/x`,
+`gs://bucket/run/7/default/x`). It knows nothing of what the bytes mean; the
+caller words every error about a file's contents. `for_path` picks the store
+once from the path: nothing else asks whether a path is local.
+"""
+
+import abc
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+ErrorFor = Callable[[str], Exception]
+
+
+class BadFile(Exception):
+    """A file that is missing, of the wrong length, or ends early.
+
+    `what` completes a sentence about the file ("is missing", "has 10 bytes
+    where 12 were written"); the caller turns it into its own error.
+    """
+
+    def __init__(self, what: str):
+        super().__init__(what)
+        self.what = what
+
+
+class Reads(abc.ABC):
+    """Ranged reads in flight into the caller's buffers."""
+
+    @abc.abstractmethod
+    def ready(self, i: int, stop: int) -> None:
+        """Returns once the first `stop` bytes of buffer `i` are read; raises
+        what their read raised (`BadFile` if the file ends before them)."""
+
+    @abc.abstractmethod
+    def wait(self) -> None:
+        """Returns once every buffer is filled; raises as `ready` does."""
+
+    @abc.abstractmethod
+    def cancel(self) -> None:
+        """Abandons the reads not yet done (after an error); never raises."""
+
+
+class Reader(abc.ABC):
+    """One file opened for ranged reads, its length already checked."""
+
+    @abc.abstractmethod
+    def start(
+        self, ranges: Sequence[tuple[int, int]], buffers: Sequence[np.ndarray]
+    ) -> Reads:
+        """Starts reading each byte range `[start, stop)` into its buffer."""
+
+    def close(self) -> None:
+        """Lets go of what the reader holds."""
+
+    def __enter__(self) -> "Reader":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class Store(abc.ABC):
+    """Files of one kind of storage."""
+
+    @abc.abstractmethod
+    def read_whole(self, path: Any, limit: int, error: ErrorFor) -> bytes:
+        """A whole file of at most `limit` bytes; more raises `error(...)`.
+
+        `FileNotFoundError` if there is none, `PermissionError` as the store
+        says.
+        """
+
+    @abc.abstractmethod
+    def write_whole(self, path: Any, data: bytes) -> None:
+        """Writes `data` as file `path`, whole or not at all, replacing it."""
+
+    @abc.abstractmethod
+    def write_stream(self, path: Any, parts: Iterable[memoryview], nbytes: int) -> None:
+        """Writes a new file of `nbytes` bytes given in order as `parts`,
+        never holding more than a bounded window of it; durable on return."""
+
+    @abc.abstractmethod
+    def open(self, path: Any, end: int, nbytes: int | None) -> Reader:
+        """Opens `path` for ranged reads up to byte `end`.
+
+        Raises `BadFile` if it is missing, shorter than `end`, or longer than
+        `nbytes` (the length recorded for it, if known): before the caller
+        allocates anything for sizes that only a damaged record claims.
+        """
+
+    @abc.abstractmethod
+    def exists(self, path: Any) -> bool:
+        """Whether there is a file at `path` (stored whole or in parts)."""
+
+
+def is_remote(path: Any) -> bool:
+    """Whether `path` names an object (`gs://...`, `s3://...`), not a local file."""
+    return "://" in os.fspath(path)
+
+
+def for_path(path: Any) -> Store:
+    """The store that holds `path`: local files, or objects of a bucket."""
+    if is_remote(path):
+        from . import objects  # TensorStore is only loaded for object stores
+
+        return objects.store_for(os.fspath(path))
+    from . import local
+
+    return local.STORE
+
+
+def read_bounded(path: Any, limit: int, error: ErrorFor) -> bytes:
+    """A whole file of at most `limit` bytes, wherever it is (see
+    `Store.read_whole`)."""
+    return for_path(path).read_whole(path, limit, error)
+
+
+def write_whole(path: Any, data: bytes) -> None:
+    """Writes file `path` whole or not at all, wherever it is (see
+    `Store.write_whole`)."""
+    for_path(path).write_whole(path, data)
