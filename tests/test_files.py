@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from etils import epath
 
-from orbax_eqx._bytes import files
-from orbax_eqx._storage import packfile, typed
+from orbax_eqx._bytes import files, store
+from orbax_eqx._storage import packfile
 
 
 def _within(seconds, fn, *args, **kwargs):
@@ -232,5 +232,5 @@ def test_the_type_handlers_index_is_never_written_through_a_planted_link(tmp_pat
     (tmp_path / "d").mkdir()
     final = tmp_path / "d" / "orbax_eqx~typed.json"
     planted = _planted(tmp_path, final)
-    typed._write_whole(epath.Path(final), b"{}\n")
+    store.write_whole(epath.Path(final), b"{}\n")  # as `typed` writes it
     _written(final, b"{}\n", planted)

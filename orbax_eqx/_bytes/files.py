@@ -66,7 +66,7 @@ def not_regular(mode: int) -> str:
     return f"is {kind(mode)}, not a regular file"
 
 
-def _default_error(path: Any) -> ErrorFor:
+def default_error(path: Any) -> ErrorFor:
     return lambda what: FileCheckError(
         f"{os.fspath(path)} {what}. Replace it with the file that belongs there."
     )
@@ -90,7 +90,7 @@ def open_regular(
     the caller closes it. `FileNotFoundError` and `PermissionError` are raised
     as `os.open` raises them, for the caller to word.
     """
-    error = error or _default_error(path)
+    error = error or default_error(path)
     text = os.fspath(path)
     # Before opening: opening a device can have effects of its own.
     mode = os.stat(text, follow_symlinks=follow).st_mode
@@ -134,7 +134,7 @@ def read_bounded(path: Any, limit: int, error: ErrorFor | None = None) -> bytes:
     reads any). `FileNotFoundError` and `PermissionError` are
     raised as opening raises them.
     """
-    error = error or _default_error(path)
+    error = error or default_error(path)
 
     def too_big(found: str) -> Exception:
         return error(f"has {found} bytes, more than the {limit} allowed")

@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from . import files as _files
+
 ErrorFor = Callable[[str], Exception]
 
 
@@ -114,10 +116,10 @@ def for_path(path: Any) -> Store:
     return local.STORE
 
 
-def read_bounded(path: Any, limit: int, error: ErrorFor) -> bytes:
+def read_bounded(path: Any, limit: int, error: ErrorFor | None = None) -> bytes:
     """A whole file of at most `limit` bytes, wherever it is (see
-    `Store.read_whole`)."""
-    return for_path(path).read_whole(path, limit, error)
+    `Store.read_whole`); `error` as for `files.read_bounded`."""
+    return for_path(path).read_whole(path, limit, error or _files.default_error(path))
 
 
 def write_whole(path: Any, data: bytes) -> None:
