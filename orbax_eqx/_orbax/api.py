@@ -16,11 +16,7 @@ from .._save.claim import ConcurrentSaveError, from_process_0
 from .._save.replace import CheckpointExistsError as CheckpointExistsError
 from .._save.replace import NotACheckpointError as NotACheckpointError
 from .handler import EqxHandler, EqxRestore, EqxSave
-
-# On object stores a checkpoint is committed by a file written last
-# (`commit_success.txt`), as Orbax does on gs://: renaming a "directory" there
-# copies every object, and S3 cannot rename what it lists as a prefix.
-COMMIT_FILE = ocp.path.atomicity.CommitFileTemporaryPath
+from .object_commit import COMMIT_FILE
 
 
 class NotWritableError(OrbaxEqxError, PermissionError):

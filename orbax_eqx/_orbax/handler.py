@@ -12,6 +12,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
+from .._bytes import store as _store
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
 from .._restore.renames import Renames
@@ -29,6 +30,7 @@ from .._storage import shards as _shards
 from .._storage import staging as _staging
 from .._storage import store_files as _store_files
 from .._storage.checksum import host_sum32
+from . import object_commit as _object_commit
 
 TYPESTR = "orbax_eqx.EqxHandler"
 
@@ -133,6 +135,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         change them as soon as this returns; see `_packing.host_copies`);
         writing them happens in the background.
         """
+        _object_commit.check(directory, self._pack)
         flat = None
         if args is None:
             check_global(item)  # EqxSave checks its own item when made
@@ -314,7 +317,7 @@ def _check_shard_files(directory: epath.Path, token, shard_files: int, started):
             _sidecar.shard_file(token, process),
             _sidecar.shard_index(token, process),
         )
-        if not (directory / name).exists()
+        if not _store.for_path(directory / name).exists(directory / name)
     ]
     if missing:
         error = FileNotFoundError(
