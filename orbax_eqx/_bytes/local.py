@@ -10,6 +10,7 @@ object store, see `parts`) reads as the file it was.
 """
 
 import concurrent.futures
+import errno
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -32,6 +33,34 @@ class LocalStore(Store):
 
     def write_whole(self, path: Any, data: bytes) -> None:
         _files.replace_whole(path, data)
+
+    def write_new(self, path: Any, data: bytes) -> None:
+        # A new file of a random name (never through a link planted at a
+        # predictable one), linked into place: unlike a rename, the link
+        # fails if a file is there.
+        text = os.fspath(path)
+        fd, tmp = _files.create_new(text)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            os.unlink(tmp)
+            raise
+        try:
+            os.link(tmp, text)
+        except FileExistsError:
+            if os.path.isdir(text):  # not another writer's file: something odd
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), text)
+            raise
+        finally:
+            os.unlink(tmp)
+        fd = os.open(os.path.dirname(text) or ".", os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def write_stream(self, path: Any, parts: Iterable[memoryview], nbytes: int) -> None:
         fd, tmp = _files.create_new(path)

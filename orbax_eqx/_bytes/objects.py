@@ -32,6 +32,7 @@ from .store import BadFile, ErrorFor, Reader, Reads, Store
 _READ_PIECE = 8 << 20
 _READ_WINDOW = 16
 _WRITE_WINDOW = 3
+_NO_VALUE = b"\x02"  # TensorStore's generation of a key that has no value
 _TIMEOUT = 300.0  # seconds one request may take, retries included
 
 
@@ -98,6 +99,14 @@ class ObjectStore(Store):
 
     def write_whole(self, path: Any, data: bytes) -> None:
         self._result(self._kv.write(self._key(path), bytes(data)), "Writing", path)
+
+    def write_new(self, path: Any, data: bytes) -> None:
+        # A write on condition that there is no object yet (GCS
+        # `ifGenerationMatch=0`, S3 `If-None-Match: *`); one refused resolves
+        # to an empty generation.
+        future = self._kv.write(self._key(path), bytes(data), if_equal=_NO_VALUE)
+        if not self._result(future, "Writing", path).generation:
+            raise FileExistsError(17, "Another writer's object is there", str(path))
 
     def write_stream(self, path: Any, parts: Iterable[memoryview], nbytes: int) -> None:
         key = self._key(path)

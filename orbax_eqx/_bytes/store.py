@@ -82,6 +82,11 @@ class Store(abc.ABC):
         """Writes `data` as file `path`, whole or not at all, replacing it."""
 
     @abc.abstractmethod
+    def write_new(self, path: Any, data: bytes) -> None:
+        """Writes `data` as file `path`, whole, only if there is none there:
+        `FileExistsError` if there is (another writer's file is left alone)."""
+
+    @abc.abstractmethod
     def write_stream(self, path: Any, parts: Iterable[memoryview], nbytes: int) -> None:
         """Writes a new file of `nbytes` bytes given in order as `parts`,
         never holding more than a bounded window of it; durable on return."""
@@ -120,6 +125,12 @@ def read_bounded(path: Any, limit: int, error: ErrorFor | None = None) -> bytes:
     """A whole file of at most `limit` bytes, wherever it is (see
     `Store.read_whole`); `error` as for `files.read_bounded`."""
     return for_path(path).read_whole(path, limit, error or _files.default_error(path))
+
+
+def write_new(path: Any, data: bytes) -> None:
+    """Writes file `path` whole if there is none yet, wherever it is (see
+    `Store.write_new`)."""
+    for_path(path).write_new(path, data)
 
 
 def write_whole(path: Any, data: bytes) -> None:

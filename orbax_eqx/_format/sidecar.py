@@ -66,12 +66,10 @@ are derived from the token, never read from the sidecar.
 """
 
 import dataclasses
-import errno
 import functools
 import importlib.metadata
 import json
 import math
-import os
 import platform
 import re
 import sys
@@ -81,7 +79,6 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from .._bytes import files as _files
 from .._bytes import store as _store
 from .._errors import UnsupportedLeafError
 from .._tree.names import storage_key
@@ -348,35 +345,7 @@ def write(
     text = _dump(content, pause)
     _check_size(text, content)
     path = directory / FILE_NAME
-    if _store.is_remote(directory):
-        # An object is replaced whole; there is no exclusive create to claim it.
-        _store.write_whole(path, text.encode("utf-8", "surrogatepass"))
-        return
-    # A new file of a random name (never through a link planted at a
-    # predictable one), linked into place: unlike a rename, the link fails if
-    # a sidecar is there.
-    fd, tmp = _files.create_new(path)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    try:
-        os.link(tmp, os.fspath(path))  # unlike a rename, fails if it exists
-    except FileExistsError:
-        if os.path.isdir(path):  # not another save's sidecar: something odd
-            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
-        raise
-    finally:
-        os.unlink(tmp)
-    fd = os.open(os.fspath(directory), os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    _store.write_new(path, text.encode("utf-8", "surrogatepass"))
 
 
 def _check_size(text: str, content: dict[str, Any]) -> None:
