@@ -1,0 +1,115 @@
+"""The loopback object-store fixtures work: TensorStore's kvstore and epath
+both reach moto_server (s3://) and fake-gcs-server (gs://) through them.
+
+These pin what the byte layer relies on (see OBJECT_STORE_FACTS.md): the
+kvstore specs that reach each server, ranged reads, prefix listing and
+deletion, and that epath sees the same objects.
+"""
+
+import os
+
+import pytest
+import tensorstore as ts
+from etils import epath
+
+from integration_tests import _object_servers
+
+DATA = bytes(range(256)) * 64  # 16 KiB, every byte value
+
+
+def kvstore(root: str) -> ts.KvStore:
+    """The kvstore of bucket `root`, as the byte layer opens it.
+
+    TensorStore's s3 driver ignores AWS_ENDPOINT_URL (without `endpoint` it
+    goes to AWS and retries for minutes), so the endpoint is in the spec; the
+    gcs driver follows TENSORSTORE_GCS_HTTP_URL from the environment.
+    """
+    scheme, bucket = root.split("://")
+    if scheme == "s3":
+        spec = {
+            "driver": "s3",
+            "bucket": bucket,
+            "endpoint": os.environ["AWS_ENDPOINT_URL"],
+            "aws_region": os.environ["AWS_REGION"],
+        }
+    else:
+        spec = {"driver": "gcs", "bucket": bucket}
+    # A few quick retries: a test must fail, not wait minutes, if a server dies.
+    retries = {"max_retries": 3, "initial_delay": "50ms", "max_delay": "200ms"}
+    spec["context"] = {f"{spec['driver']}_request_retries": retries}
+    return ts.KvStore.open(spec).result()
+
+
+@pytest.fixture(params=["s3", "gcs"], ids=["s3", "gcs"])
+def bucket(request):
+    """Each test runs on both servers."""
+    return request.getfixturevalue(f"{request.param}_bucket")
+
+
+def test_kvstore_write_ranged_read_list_delete(bucket):
+    kv = kvstore(bucket)
+    for key in ["run/a.bin", "run/sub/b.bin", "run/sub/c.bin", "runner.txt"]:
+        kv.write(key, DATA).result()
+
+    got = kv.read("run/a.bin", byte_range=slice(1000, 5000)).result()
+    assert got.state == "value" and bytes(got.value) == DATA[1000:5000]
+    tail = kv.read("run/a.bin", byte_range=slice(len(DATA) - 7, None)).result()
+    assert bytes(tail.value) == DATA[-7:]
+    assert kv.read("run/none.bin").result().state == "missing"
+
+    # A prefix is a key range, "run/" up to "run0" ("/" + 1); "runner.txt"
+    # shares the characters but not the directory.
+    run = ts.KvStore.KeyRange("run/", "run0")
+    assert sorted(kv.list(run).result()) == [
+        b"run/a.bin",
+        b"run/sub/b.bin",
+        b"run/sub/c.bin",
+    ]
+    kv.delete_range(ts.KvStore.KeyRange("run/sub/", "run/sub0")).result()
+    assert sorted(kv.list().result()) == [b"run/a.bin", b"runner.txt"]
+    kv.write("run/a.bin", None).result()
+    assert kv.list().result() == [b"runner.txt"]
+
+
+def test_epath_sees_kvstore_objects(bucket):
+    kv = kvstore(bucket)
+    kv.write("ckpt/0/data.bin", DATA).result()
+
+    root = epath.Path(bucket)
+    assert (root / "ckpt" / "0" / "data.bin").read_bytes() == DATA
+    assert [p.name for p in (root / "ckpt").iterdir()] == ["0"]
+    assert (root / "ckpt" / "0").is_dir()
+
+    (root / "ckpt" / "meta.json").write_text('{"step": 0}')
+    assert bytes(kv.read("ckpt/meta.json").result().value) == b'{"step": 0}'
+    with (root / "ckpt" / "0" / "data.bin").open("rb") as f:
+        f.seek(4096)
+        assert f.read(100) == DATA[4096:4196]
+
+    (root / "ckpt").rmtree()
+    assert kv.list().result() == []
+    assert not (root / "ckpt" / "meta.json").exists()
+
+
+def test_buckets_are_fresh_and_env_is_restored(s3_server, gcs_server):
+    """Each bucket fixture use gets an empty bucket; its env leaves with it."""
+    before = os.environ.get("AWS_ENDPOINT_URL")
+    for server in (s3_server, gcs_server):
+        url = server.create_bucket("fresh-" + server.kind)
+        with _object_servers.environ(server.env()):
+            assert kvstore(url).list().result() == []
+            for key, value in server.env().items():
+                assert os.environ.get(key) == value
+    assert os.environ.get("AWS_ENDPOINT_URL") == before
+
+
+def test_a_server_that_cannot_start_says_why(tmp_path):
+    """A server that exits at once fails with its own log, not a timeout."""
+    server = _object_servers.GCSServer(
+        [str(_object_servers.gcs_binary()), "-scheme", "nonsense"],
+        tmp_path / "bad.log",
+        _object_servers.free_port(),
+        None,
+    )
+    with pytest.raises(_object_servers.ServerError, match=r"exited with .*log"):
+        server._wait_ready("/storage/v1/b", timeout=10)
