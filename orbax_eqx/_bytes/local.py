@@ -88,7 +88,7 @@ class LocalStore(Store):
         try:
             fd = _files.open_regular(text, BadFile)
         except FileNotFoundError:
-            if nbytes is None or not _parts.count(nbytes):
+            if nbytes is not None and not _parts.count(nbytes):
                 raise BadFile("is missing") from None
             if not os.path.lexists(_parts.part_name(text, 0)):
                 raise BadFile("is missing") from None
@@ -146,19 +146,25 @@ class _FileReader(Reader):
 
 
 class _PartsReader(_FileReader):
-    def __init__(self, name: str, end: int, nbytes: int):
+    """A file stored in parts (see `parts`): each part a regular file of
+    `PART_BYTES`, the last of the rest; without a recorded length, the parts
+    that hold bytes up to `end`."""
+
+    def __init__(self, name: str, end: int, nbytes: int | None):
+        total = end if nbytes is None else nbytes
+        count = max(-(-total // _parts.PART_BYTES), 1)
         fds = []
         try:
-            last = _parts.count(nbytes) - 1
-            for k in range(last + 1):
+            for k in range(count):
                 try:
                     fd = _files.open_regular(_parts.part_name(name, k), BadFile)
                 except FileNotFoundError:
                     raise BadFile(f"is missing its part {k}") from None
                 fds.append(fd)
                 size = os.fstat(fd).st_size
-                want = _parts.PART_BYTES if k < last else nbytes - k * _parts.PART_BYTES
-                if size != want:
+                last = k == count - 1
+                want = total - k * _parts.PART_BYTES if last else _parts.PART_BYTES
+                if size < want or (size > want and (nbytes is not None or not last)):
                     raise BadFile(
                         f"has a part {k} of {size} bytes where {want} were written"
                     )

@@ -139,14 +139,20 @@ class ObjectStore(Store):
 
     def open(self, path: Any, end: int, nbytes: int | None) -> Reader:
         key = self._key(path)
-        if nbytes is not None and _parts.count(nbytes):
+        if nbytes is None or _parts.count(nbytes):
             head = self._read(key, path, slice(0, 0))
             if head.state == "missing":
-                return _ObjectReader(
-                    self, path, key, self._check_parts(key, path, nbytes)
-                )
+                if nbytes is not None:
+                    self._check_parts(key, path, nbytes)
+                elif (
+                    self._read(_parts.part_name(key, 0), path, slice(0, 0)).state
+                    == "missing"
+                ):
+                    raise BadFile("is missing")
+                # Without a recorded length, the reads check what they need.
+                return _ObjectReader(self, path, key, True)
         self._check_length(key, path, end, nbytes, "is missing")
-        return _ObjectReader(self, path, key, None)
+        return _ObjectReader(self, path, key, False)
 
     def _check_length(self, key, path, end: int, nbytes: int | None, missing: str):
         """Raises `BadFile` unless object `key` has `nbytes` bytes (if known),
@@ -163,14 +169,12 @@ class ObjectStore(Store):
         if nbytes is not None:
             raise BadFile(f"has more bytes than the {nbytes} written")
 
-    def _check_parts(self, key: str, path: Any, nbytes: int) -> int:
-        count = _parts.count(nbytes)
-        for k in range(count):
+    def _check_parts(self, key: str, path: Any, nbytes: int) -> None:
+        for k in range(_parts.count(nbytes)):
             size = min(_parts.PART_BYTES, nbytes - k * _parts.PART_BYTES)
             self._check_length(
                 _parts.part_name(key, k), path, size, size, f"is missing its part {k}"
             )
-        return count
 
     def exists(self, path: Any) -> bool:
         key = self._key(path)
@@ -193,11 +197,11 @@ def _cut(views: Iterable[memoryview], size: int) -> Iterable[memoryview]:
 
 
 class _ObjectReader(Reader):
-    def __init__(self, store: ObjectStore, path: Any, key: str, parts: int | None):
+    def __init__(self, store: ObjectStore, path: Any, key: str, parts: bool):
         self._store, self._path, self._key, self._parts = store, path, key, parts
 
     def _where(self, start: int, stop: int) -> list[tuple[str, int, int]]:
-        if self._parts is None:
+        if not self._parts:
             return [(self._key, start, stop)]
         return [
             (_parts.part_name(self._key, k), a, z)

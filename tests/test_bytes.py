@@ -1,0 +1,183 @@
+"""The byte layer (`orbax_eqx/_bytes`): the same behaviour from every store.
+
+Each test runs on a local directory, on moto_server (s3://) and on
+fake-gcs-server (gs://), all real, on loopback. Large files are cut into
+parts on object stores; `PART_BYTES` is made small here so that parts,
+ranges across parts and short last parts are exercised with little data.
+"""
+
+import os
+
+import numpy as np
+import pytest
+from etils import epath
+
+from orbax_eqx._bytes import objects, parts, store
+from orbax_eqx._storage import packfile
+
+DATA = np.random.default_rng(0).integers(0, 256, 10_000, np.uint8)
+
+
+@pytest.fixture(params=["local", "s3", "gcs"])
+def root(request, tmp_path):
+    """A directory (local) or a bucket's root URL, to write files under."""
+    if request.param == "local":
+        return str(tmp_path)
+    return request.getfixturevalue(f"{request.param}_bucket")
+
+
+@pytest.fixture
+def small_parts(monkeypatch):
+    monkeypatch.setattr(parts, "PART_BYTES", 1024)
+
+
+def _views(data: np.ndarray, size: int):
+    return [memoryview(data[i : i + size]) for i in range(0, data.nbytes, size)]
+
+
+def test_whole_files_round_trip_and_reads_are_bounded(root):
+    path = f"{root}/index.json"
+    store.write_whole(path, b'{"a": 1}')
+    assert store.read_bounded(path, 100) == b'{"a": 1}'
+    store.write_whole(path, b"[]")  # replaced whole
+    assert store.read_bounded(path, 2) == b"[]"
+
+    def error(what):
+        return ValueError(f"index {what}")
+
+    with pytest.raises(ValueError, match=r"index has .*more than the 1 allowed"):
+        store.read_bounded(path, 1, error)
+    with pytest.raises(FileNotFoundError):
+        store.read_bounded(f"{root}/none.json", 100)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_write_new_never_replaces_another_writers_file(where, request, tmp_path):
+    root = str(tmp_path) if where == "local" else request.getfixturevalue("s3_bucket")
+    path = f"{root}/sidecar.json"
+    store.write_new(path, b"first")
+    with pytest.raises(FileExistsError):
+        store.write_new(path, b"second")
+    assert store.read_bounded(path, 100) == b"first"
+
+
+@pytest.mark.parametrize("nbytes", [0, 1000, 1024, 1025, 10_000])
+def test_streamed_files_read_back_in_any_ranges(root, small_parts, nbytes):
+    data = DATA[:nbytes]
+    path = f"{root}/pack.bin"
+    store.for_path(path).write_stream(path, _views(data, 300), nbytes)
+    stored_in_parts = nbytes > parts.PART_BYTES
+    assert store.for_path(path).exists(path)
+    if root.startswith(("s3://", "gs://")):
+        # One object, or parts of PART_BYTES and a shorter last one.
+        whole = store.for_path(path).exists(f"{root}/pack.bin.part-00000")
+        assert whole == stored_in_parts
+    ranges = [(0, nbytes), (nbytes // 3, nbytes - 1), (1023, min(1030, nbytes))]
+    ranges = [(a, b) for a, b in ranges if a <= b]
+    buffers = packfile.read(epath.Path(path), ranges, nbytes=nbytes)
+    for (a, b), got in zip(ranges, buffers):
+        np.testing.assert_array_equal(got, data[a:b])
+        assert got.size == 0 or got.ctypes.data % 64 == 0  # for zero-copy device_put
+
+
+def test_bytes_can_be_checked_as_they_arrive(root, small_parts):
+    path = f"{root}/pack.bin"
+    store.for_path(path).write_stream(path, _views(DATA, 4096), DATA.nbytes)
+    seen = []
+
+    def meanwhile(buffers, ready):
+        for upto in (1, 1500, 7000, 9000):
+            ready(0, upto)
+            seen.append(bytes(buffers[0][:upto]) == DATA[1000 : 1000 + upto].tobytes())
+
+    # Without the recorded length too, as shard packs are read.
+    packfile.read(epath.Path(path), [(1000, 10_000)], meanwhile=meanwhile)
+    packfile.read(
+        epath.Path(path), [(1000, 10_000)], meanwhile=meanwhile, nbytes=10_000
+    )
+    assert seen == [True] * 8
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        ("missing", "is missing"),
+        ("longer", "has .*bytes"),
+        ("shorter", "ends before byte 10000|has 9000 bytes where 10000"),
+    ],
+)
+def test_damaged_files_are_damage_not_a_hang_nor_a_raw_error(root, damage, message):
+    path = f"{root}/pack.bin"
+    data = {"missing": None, "longer": DATA.tobytes() + b"x", "shorter": DATA[:9000]}
+    if data[damage] is not None:
+        store.write_whole(path, bytes(data[damage]))
+    with pytest.raises(
+        packfile.CheckpointDamagedError, match=f"pack file .*({message})"
+    ):
+        packfile.read(epath.Path(path), [(0, 10_000)], nbytes=10_000)
+
+
+@pytest.mark.parametrize("where", ["s3", "gcs"])
+def test_a_missing_part_is_damage(where, request, small_parts):
+    root = request.getfixturevalue(f"{where}_bucket")
+    path = f"{root}/pack.bin"
+    store.for_path(path).write_stream(path, _views(DATA, 4096), DATA.nbytes)
+    store.for_path(path)._kv.write("pack.bin.part-00003", None).result()
+    with pytest.raises(packfile.CheckpointDamagedError, match="is missing its part 3"):
+        packfile.read(epath.Path(path), [(0, 100)], nbytes=DATA.nbytes)
+
+
+@pytest.mark.parametrize("where", ["s3", "gcs"])
+def test_parts_copied_to_a_disk_read_as_the_file(where, request, small_parts, tmp_path):
+    root = request.getfixturevalue(f"{where}_bucket")
+    path = f"{root}/pack.bin"
+    store.for_path(path).write_stream(path, _views(DATA, 4096), DATA.nbytes)
+    kv = store.for_path(path)._kv
+    for k in range(parts.count(DATA.nbytes)):  # as `gsutil cp -r` brings them
+        name = parts.part_name("pack.bin", k)
+        (tmp_path / name).write_bytes(kv.read(name).result().value)
+    (got,) = packfile.read(
+        epath.Path(tmp_path / "pack.bin"), [(500, 9500)], nbytes=DATA.nbytes
+    )
+    np.testing.assert_array_equal(got, DATA[500:9500])
+
+
+def test_a_server_that_is_not_there_is_an_error_in_seconds(monkeypatch):
+    from integration_tests._object_servers import free_port
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with pytest.raises(objects.ObjectStoreError) as e:
+        store.read_bounded("s3://nowhere/ckpt/orbax_eqx.json", 100)
+    text = str(e.value)
+    assert "bucket 'nowhere' at http://127.0.0.1:" in text
+    assert "Could not connect" in text or "connect" in text.lower()
+    assert "AWS_ENDPOINT_URL" in text
+
+
+def test_paths_on_other_stores_are_refused():
+    with pytest.raises(ValueError, match="knows local paths, gs:// and s3://"):
+        store.for_path("hdfs://cluster/ckpt")
+    with pytest.raises(ValueError, match="names no bucket"):
+        store.for_path("s3:///ckpt")
+
+
+def test_environment_sets_endpoint_region_and_credentials(monkeypatch):
+    from orbax_eqx._bytes import endpoints
+
+    for name in ["AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_ACCESS_KEY_ID"]:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-3")
+    where, key = endpoints.split("s3://b/run/7")
+    spec = where.spec()
+    assert key == "run/7" and spec["endpoint"] == "http://127.0.0.1:9000"
+    assert spec["aws_region"] == "eu-west-3" and "aws_credentials" not in spec
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9001")  # wins
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    spec = endpoints.split("s3://b/x")[0].spec()
+    assert spec["endpoint"] == "http://127.0.0.1:9001"
+    assert spec["aws_credentials"] == {"type": "environment"}
+    assert os.environ.get("AWS_REGION") is None
