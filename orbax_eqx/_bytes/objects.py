@@ -32,6 +32,8 @@ from .store import BadFile, ErrorFor, Reader, Reads, Store
 _READ_PIECE = 8 << 20
 _READ_WINDOW = 16
 _WRITE_WINDOW = 3
+# Where the errors of Orbax's directory calls on object stores come from.
+_FSSPEC_MODULES = ("botocore", "aiobotocore", "s3fs", "gcsfs", "google")
 _NO_VALUE = b"\x02"  # TensorStore's generation of a key that has no value
 _TIMEOUT = 300.0  # seconds one request may take, retries included
 
@@ -175,6 +177,21 @@ class ObjectStore(Store):
             self._check_length(
                 _parts.part_name(key, k), path, size, size, f"is missing its part {k}"
             )
+
+    def check_reachable(self, path: Any) -> None:
+        """Raises `ObjectStoreError`, naming the bucket, the endpoint and what
+        to set, unless the store answers a read under `path` (one request)."""
+        key = self._key(path).rstrip("/") + "/orbax_eqx.json"
+        self._result(self._kv.read(key, byte_range=slice(0, 0)), "Reaching", path)
+
+    def wrap(self, error: BaseException, path: Any) -> BaseException:
+        """An error of the filesystem library Orbax makes directories with
+        (s3fs, gcsfs: no credentials, no endpoint), as an `ObjectStoreError`
+        that says what to set; other errors as they are."""
+        module = type(error).__module__.split(".")[0]
+        if module not in _FSSPEC_MODULES:
+            return error
+        return self._failed("Saving to", path, f"{type(error).__name__}: {error}")
 
     def exists(self, path: Any) -> bool:
         key = self._key(path)

@@ -100,6 +100,16 @@ class Store(abc.ABC):
         allocates anything for sizes that only a damaged record claims.
         """
 
+    def check_reachable(self, path: Any) -> None:
+        """Raises an error that says what to set if the store cannot be
+        reached at `path` (credentials, endpoint); before Orbax's own
+        directory calls, whose errors say less."""
+
+    def wrap(self, error: BaseException, path: Any) -> BaseException:
+        """`error`, raised by Orbax's own file calls at `path`, worded as this
+        store's errors are where that helps (see `objects`)."""
+        return error
+
     @abc.abstractmethod
     def exists(self, path: Any) -> bool:
         """Whether there is a file at `path` (stored whole or in parts)."""

@@ -6,6 +6,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from .._bytes import store as _store
 from .._errors import OrbaxEqxError
 from .._format.locate import as_path, find_item
 from .._format.sidecar import Metadata
@@ -65,12 +66,20 @@ def save(
     """
     path = as_path(directory)
     args = EqxSave(item)  # checks the item before anything is touched
-    if "://" in os.fspath(path):  # object stores have no atomic rename
-        _replace.check_target(path, overwrite)
-        with ocp.Checkpointer(
-            EqxHandler(**options), temporary_path_class=COMMIT_FILE
-        ) as checkpointer:
-            checkpointer.save(path, args=args, force=overwrite)
+    if _store.is_remote(path):  # object stores have no atomic rename
+        store = _store.for_path(path)
+        store.check_reachable(path)
+        try:
+            _replace.check_target(path, overwrite)
+            with ocp.Checkpointer(
+                EqxHandler(**options), temporary_path_class=COMMIT_FILE
+            ) as checkpointer:
+                checkpointer.save(path, args=args, force=overwrite)
+        except Exception as e:
+            wrapped = store.wrap(e, path)
+            if wrapped is e:
+                raise
+            raise wrapped from e
         return
     primary = jax.process_index() == 0
     if primary:
@@ -144,7 +153,7 @@ def restore(directory: str | os.PathLike, skeleton: Any = None, **options) -> An
 
     **Returns:** the restored PyTree; with `report=True`, `(tree, RestoreReport)`.
     """
-    path = find_item(_leftovers.recover(as_path(directory)))
+    path = _located(directory)
     handler = EqxHandler()
     try:
         return handler.restore(path, args=EqxRestore(skeleton, **options))
@@ -154,4 +163,12 @@ def restore(directory: str | os.PathLike, skeleton: Any = None, **options) -> An
 
 def metadata(directory: str | os.PathLike) -> Metadata:
     """Reads what a checkpoint holds (leaves, modules, static fields), no array data."""
-    return read(find_item(_leftovers.recover(as_path(directory))))
+    return read(_located(directory))
+
+
+def _located(directory: str | os.PathLike) -> Any:
+    """The item directory `directory` names (see `find_item`), its store
+    reached first."""
+    path = as_path(directory)
+    _store.for_path(path).check_reachable(path)
+    return find_item(_leftovers.recover(path))
