@@ -26,7 +26,7 @@ this process's devices is made with its dtype and no data.
 
 Leaves are read a batch at a time: a batch stops growing once its reads
 reach `window` bytes, or its reads that are copied (assembled boxes) reach
-`COPY_WINDOW`, so the bytes read but not yet handed to a device stay bounded
+an eighth of the bytes this process holds (at least 1 MiB, at most 64 MiB), so the bytes read but not yet handed to a device stay bounded
 whatever the model's size (a single larger leaf is one batch), or once it
 has `PIECES` pieces, so that the bookkeeping of a read (a few hundred bytes
 of Python objects per piece) stays bounded too on models of many small
@@ -34,6 +34,7 @@ sharded leaves.
 """
 
 import bisect
+import collections
 import dataclasses
 import itertools
 import math
@@ -54,7 +55,8 @@ from .shard_index import Chunk, check_blocks, read_all, widen
 
 DEFAULT_WINDOW = 1 << 30
 # Bytes read to be copied into assembled boxes, per batch: transient memory.
-COPY_WINDOW = 16 << 20
+COPY_WINDOW = 64 << 20
+MIN_COPY_WINDOW = 1 << 20
 PIECES = 4096  # pieces of chunks read in one batch at most
 GAP = PACK_ALIGNMENT  # the most bytes between ranges merged into one read
 
@@ -106,9 +108,7 @@ def read(
     `container` (jax or numpy) and, for jax arrays, the target `sharding`.
     """
     chunks = read_all(epath.Path(directory), saved)
-    out: dict[str, Any] = {}
-    batch: dict[str, tuple] = {}
-    staged = copied = pieces = 0
+    leaves: dict[str, tuple] = {}
     for name, request in requests.items():
         ordered = sorted(chunks[name], key=lambda c: c.start)
         size = itemsize(parse_dtype(request.record.dtype))
@@ -119,13 +119,22 @@ def read(
             tuple((c.start, c.stop) for c in ordered),
             sharding,
         )
-        batch[name] = (ordered, targets, size)
-        for t in targets:
-            size = sum(p.last - p.first for p in t.pieces)
-            staged += size
-            copied += 0 if t.viewed else size
-        pieces += sum(len(t.pieces) for t in targets)
-        if staged >= window or copied >= COPY_WINDOW or pieces >= PIECES:
+        leaves[name] = (ordered, targets, size)
+    # Bytes read only to be copied into assembled boxes are transient: at
+    # most an eighth of what this process holds, at a time (and a leaf).
+    held = sum(math.prod(t.shape) * s for _, ts, s in leaves.values() for t in ts)
+    copy_window = min(COPY_WINDOW, max(MIN_COPY_WINDOW, held // 8))
+    out: dict[str, Any] = {}
+    batch: dict[str, tuple] = {}
+    staged = copied = pieces = 0
+    for name, leaf in leaves.items():
+        batch[name] = leaf
+        for t in leaf[1]:
+            n = sum(p.last - p.first for p in t.pieces)
+            staged += n
+            copied += 0 if t.viewed else n
+            pieces += len(t.pieces)
+        if staged >= window or copied >= copy_window or pieces >= PIECES:
             out.update(_read_batch(directory, saved.token, batch, requests, verify))
             batch, staged, copied, pieces = {}, 0, 0, 0
     if batch:
@@ -373,12 +382,18 @@ def _assemble(name, targets: tuple[Target, ...], request, wanted, got, placed) -
     by_start = {t.start: h for t, h in zip(targets, hosts)}
     # One batched transfer of every device's box (on CPU, aligned buffers are
     # taken as they are). The index has no entries for key data's own axes.
-    # With no box here, JAX needs the dtype (it has no data to take it from).
+    # With no box here, JAX needs the dtype (it has no data to take it from),
+    # and for a sharding of one box asks for it anyway, to put on no device:
+    # it gets an array of no memory.
+    dtype = elem if key else np.dtype(request.dtype)
+    if not targets:
+        nothing = np.broadcast_to(np.zeros((), dtype), shape + tail)
+        by_start = collections.defaultdict(lambda: nothing)
     array = jax.make_array_from_callback(
         shape + tail,
         request.sharding,
         lambda index: by_start[_start(index, shape)],
-        dtype=elem if key else np.dtype(request.dtype),
+        dtype=dtype,
     )
     if key:
         return jax.random.wrap_key_data(array, impl=key_impl(saved))

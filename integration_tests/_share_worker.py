@@ -1,0 +1,150 @@
+"""Worker of `test_share.py`: what each process of a restore reads and holds.
+
+    python _share_worker.py save DIR                 # 2 processes x 4 devices
+    python _share_worker.py restore DIR TARGET       # any processes
+    python _share_worker.py fail DIR TARGET          # expects an error
+
+The model: `BLOCKS` blocks of `w1` (D, 4D) `P("fsdp")`, `w2` (4D, D)
+`P(None, "tp")` and `b` (4D,) `P("tp")`, plus a replicated `scale`; saved on
+a (2, 4) mesh over ("fsdp", "tp"), so stored chunks are 512 KiB, 256 KiB and
+512 bytes (well under the 1 MiB of the old CRC blocks). TARGET is a mesh
+shape over ("fsdp", "tp") (`8x1`, `4x2`, `2x4`, the specs as saved), `one`
+(every array on `jax.devices()[0]`) or `first4` (a mesh over
+`jax.devices()[:4]`). `restore` prints one `RESULT {json}` line: bytes read
+(`/proc/self/io` rchar), peak RSS growth (`VmHWM` after resetting it through
+`/proc/self/clear_refs`), and the distinct bytes this process's devices hold;
+every shard is checked bitwise. `fail` prints `ERROR {json}` with the error
+(DIR may differ per process: `DIR.p<process>` if it exists).
+"""
+
+import gc
+import json
+import os
+
+from _worker import start
+
+BLOCKS = 12
+D = 256
+
+
+def model_values(i: int, shape):
+    import numpy as np
+
+    return np.random.default_rng(i).standard_normal(shape).astype(np.float32)
+
+
+def specs():
+    from jax.sharding import PartitionSpec as P
+
+    out = {"scale": ((4,), P())}
+    for k in range(BLOCKS):
+        out[f"blocks.{k}.w1"] = ((D, 4 * D), P("fsdp"))
+        out[f"blocks.{k}.w2"] = ((4 * D, D), P(None, "tp"))
+        out[f"blocks.{k}.b"] = ((4 * D,), P("tp"))
+    return out
+
+
+def shardings(target: str):
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+
+    if target == "one":
+        one = SingleDeviceSharding(jax.devices()[0])
+        return {name: one for name in specs()}
+    if target == "first4":
+        mesh = Mesh(np.array(jax.devices()[:4]).reshape(2, 2), ("fsdp", "tp"))
+    else:
+        shape = tuple(int(n) for n in target.split("x"))
+        mesh = jax.make_mesh(shape, ("fsdp", "tp"))
+    return {name: NamedSharding(mesh, spec) for name, (_, spec) in specs().items()}
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def _rchar() -> int:
+    with open("/proc/self/io") as f:
+        for line in f:
+            if line.startswith("rchar:"):
+                return int(line.split()[1])
+    raise KeyError("rchar")
+
+
+def main() -> None:
+    args = start("mode", "dir", "target")
+    import jax
+    import numpy as np
+
+    import orbax_eqx as oeqx
+
+    names = list(specs())
+    if args.mode == "save":
+        put = shardings("2x4")
+        tree = {}
+        for i, name in enumerate(names):
+            shape, _ = specs()[name]
+            full = model_values(i, shape)
+            tree[name] = jax.make_array_from_callback(
+                shape, put[name], lambda index, full=full: full[index]
+            )
+        oeqx.save(args.dir, tree)
+        print("saved ok", flush=True)
+        return
+    skeleton = {
+        name: jax.ShapeDtypeStruct(shape, np.float32)
+        for name, (shape, _) in specs().items()
+    }
+    directory = args.dir
+    mine = f"{args.dir}.p{jax.process_index()}"
+    if os.path.exists(mine):
+        directory = mine
+    target = shardings(args.target)
+    gc.collect()
+    if args.mode == "fail":
+        try:
+            oeqx.restore(directory, skeleton, shardings=target)
+        except Exception as e:
+            print("ERROR " + json.dumps([type(e).__name__, str(e)]), flush=True)
+            return
+        raise SystemExit("the restore did not fail")
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # VmHWM := VmRSS
+    rss, rchar = _status("VmRSS"), _rchar()
+    restored = oeqx.restore(directory, skeleton, shardings=target)
+    jax.block_until_ready(restored)
+    read, peak = _rchar() - rchar, _status("VmHWM") - rss
+    held = 0
+    for i, name in enumerate(names):
+        x = restored[name]
+        assert x.sharding == target[name], (name, x.sharding)
+        full = model_values(i, specs()[name][0])
+        seen = set()
+        for shard in x.addressable_shards:
+            np.testing.assert_array_equal(np.asarray(shard.data), full[shard.index])
+            box = tuple((s.start, s.stop) for s in shard.index)
+            if box not in seen:
+                seen.add(box)
+                held += shard.data.nbytes
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "process": jax.process_index(),
+                "read": read,
+                "peak": peak,
+                "held": held,
+                "model": sum(4 * int(np.prod(s)) for s, _ in specs().values()),
+            }
+        ),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()
