@@ -6,9 +6,10 @@ by 2 or 4 processes onto several meshes. Each process must read at most
 rchar: the sidecar, indexes and Python's own reads included), all of them
 together at most 1.5x the model, and its peak RSS may grow by at most 1.5x
 what it holds. (Together they read what they hold: an array replicated
-over processes is read by each of them.) Targets that put every array on process 0's devices restore
-(process 1 holds nothing); a failure that only one process sees makes every
-process fail with the same message, in bounded time.
+over processes is read by each of them.) Targets that put every array on
+process 0's devices restore (process 1 holds nothing); a failure that only
+one process sees makes every process fail with the same message, in bounded
+time.
 """
 
 import json

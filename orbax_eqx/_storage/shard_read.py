@@ -26,9 +26,10 @@ this process's devices is made with its dtype and no data.
 
 Leaves are read a batch at a time: a batch stops growing once its reads
 reach `window` bytes, or its reads that are copied (assembled boxes) reach
-an eighth of the bytes this process holds (at least 1 MiB, at most 64 MiB), so the bytes read but not yet handed to a device stay bounded
-whatever the model's size (a single larger leaf is one batch), or once it
-has `PIECES` pieces, so that the bookkeeping of a read (a few hundred bytes
+an eighth of the bytes this process holds (at least 1 MiB, at most 64 MiB),
+so the bytes read but not yet handed to a device stay bounded whatever the
+model's size (a single larger leaf is one batch), or once it has `PIECES`
+pieces, so that the bookkeeping of a read (a few hundred bytes
 of Python objects per piece) stays bounded too on models of many small
 sharded leaves.
 """
