@@ -7,14 +7,16 @@
 The model: `BLOCKS` blocks of `w1` (D, 4D) `P("fsdp")`, `w2` (4D, D)
 `P(None, "tp")` and `b` (4D,) `P("tp")`, plus a replicated `scale`; saved on
 a (2, 4) mesh over ("fsdp", "tp"), so stored chunks are 512 KiB, 256 KiB and
-512 bytes (well under the 1 MiB of the old CRC blocks). TARGET is a mesh
+512 bytes (well under the 1 MiB of the old CRC blocks), and 16 typed PRNG
+keys `P("fsdp")`. TARGET is a mesh
 shape over ("fsdp", "tp") (`8x1`, `4x2`, `2x4`, the specs as saved), `one`
 (every array on `jax.devices()[0]`) or `first4` (a mesh over
 `jax.devices()[:4]`). `restore` prints one `RESULT {json}` line: bytes read
 (`/proc/self/io` rchar), peak RSS growth (`VmHWM` after resetting it through
 `/proc/self/clear_refs`), and the distinct bytes this process's devices hold;
 every shard is checked bitwise. `fail` prints `ERROR {json}` with the error
-(DIR may differ per process: `DIR.p<process>` if it exists).
+(DIR may differ per process: `DIR.p<process>` if it exists). `vanish`:
+process 1 exits without restoring; process 0 prints its `ERROR`.
 """
 
 import gc
@@ -30,13 +32,19 @@ D = 256
 def model_values(i: int, shape):
     import numpy as np
 
+    if shape == KEYS:  # key data
+        data = np.random.default_rng(i).integers(0, 2**32, KEYS + (2,))
+        return data.astype(np.uint32)
     return np.random.default_rng(i).standard_normal(shape).astype(np.float32)
+
+
+KEYS = (16,)
 
 
 def specs():
     from jax.sharding import PartitionSpec as P
 
-    out = {"scale": ((4,), P())}
+    out = {"scale": ((4,), P()), "keys": (KEYS, P("fsdp"))}
     for k in range(BLOCKS):
         out[f"blocks.{k}.w1"] = ((D, 4 * D), P("fsdp"))
         out[f"blocks.{k}.w2"] = ((4 * D, D), P(None, "tp"))
@@ -91,8 +99,10 @@ def main() -> None:
             shape, _ = specs()[name]
             full = model_values(i, shape)
             tree[name] = jax.make_array_from_callback(
-                shape, put[name], lambda index, full=full: full[index]
+                full.shape, put[name], lambda index, full=full: full[index]
             )
+            if name == "keys":
+                tree[name] = jax.random.wrap_key_data(tree[name])
         oeqx.save(args.dir, tree)
         print("saved ok", flush=True)
         return
@@ -100,17 +110,28 @@ def main() -> None:
         name: jax.ShapeDtypeStruct(shape, np.float32)
         for name, (shape, _) in specs().items()
     }
+    skeleton["keys"] = jax.eval_shape(lambda: jax.random.split(jax.random.key(0), 16))
     directory = args.dir
     mine = f"{args.dir}.p{jax.process_index()}"
     if os.path.exists(mine):
         directory = mine
     target = shardings(args.target)
     gc.collect()
+    vanish = args.mode == "vanish"
+    if vanish:
+        import orbax.checkpoint as ocp
+
+        ocp.multihost.coordination_timeout = lambda: 20  # bounded, and short
+        if jax.process_index() == 1:
+            os._exit(0)  # as a process that crashed before its part
+        args.mode = "fail"
     if args.mode == "fail":
         try:
             oeqx.restore(directory, skeleton, shardings=target)
         except Exception as e:
             print("ERROR " + json.dumps([type(e).__name__, str(e)]), flush=True)
+            if vanish:  # JAX's shutdown would wait for the vanished process
+                os._exit(0)
             return
         raise SystemExit("the restore did not fail")
     with open("/proc/self/clear_refs", "w") as f:
@@ -124,6 +145,9 @@ def main() -> None:
         x = restored[name]
         assert x.sharding == target[name], (name, x.sharding)
         full = model_values(i, specs()[name][0])
+        if name == "keys":
+            assert jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
+            x = jax.random.key_data(x)  # on each shard's own device
         seen = set()
         for shard in x.addressable_shards:
             np.testing.assert_array_equal(np.asarray(shard.data), full[shard.index])
@@ -139,7 +163,8 @@ def main() -> None:
                 "read": read,
                 "peak": peak,
                 "held": held,
-                "model": sum(4 * int(np.prod(s)) for s, _ in specs().values()),
+                "model": sum(4 * int(np.prod(s)) for s, _ in specs().values())
+                + 4 * int(np.prod(KEYS)),
             }
         ),
         flush=True,

@@ -13,6 +13,7 @@ time.
 """
 
 import json
+import re
 import shutil
 
 import pytest
@@ -79,8 +80,12 @@ def test_each_process_reads_and_holds_its_share(saved, tmp_path, processes, targ
         assert sum(r["read"] for r in results) <= 1.5 * model + processes * 2 * MIB
 
 
+@pytest.mark.parametrize("staging", ["auto", "copy"])
 @pytest.mark.parametrize("target", ["one", "first4"])
-def test_every_array_on_process_0s_devices_restores(saved, tmp_path, target):
+def test_every_array_on_process_0s_devices_restores(
+    saved, tmp_path, monkeypatch, target, staging
+):
+    monkeypatch.setenv("ORBAX_EQX_STAGING", staging)  # copy: as on accelerators
     logs = _procs.run(
         WORKER,
         "restore",
@@ -140,3 +145,25 @@ def test_a_failure_one_process_sees_stops_every_process(saved, tmp_path, fault):
     kind, message = errors[0]
     assert kind == "CheckpointDamagedError" and match in message, message
     assert "(Process 1 of 2 found this; every process of the restore stops" in message
+
+
+def test_a_process_that_never_reports_is_an_error_in_bounded_time(saved, tmp_path):
+    logs = _procs.run(
+        WORKER,
+        "vanish",
+        saved,
+        "2x4",
+        devices=4,
+        processes=2,
+        log_dir=tmp_path,
+        timeout=TIMEOUT_S,
+    )
+    errors = _results(logs[:1], "ERROR")
+    kind, message = errors[0]
+    assert kind == "RestoreFailedElsewhereError", message
+    assert re.match(
+        r"Process 1 of 2 did not finish its part of the restore of .* within 20 s "
+        r"\(Orbax's coordination timeout\): it crashed, was killed, or is still "
+        r"reading\. Look at that process's log; every process stops the restore\.",
+        message,
+    ), message
