@@ -15,7 +15,8 @@ their ratios to what it holds. Every restored shard is checked bitwise.
 `--code DIR` saves and restores with the `orbax_eqx` package under DIR (say,
 `git archive` of another commit) instead of this checkout's: the baseline.
 `(8,) one axis` maps both specs onto one axis (`P("x")`, `P(None, "x")`):
-`w2`'s target boxes are then column strips of its stored chunks.
+`w2`'s target boxes are then column strips of its stored chunks (with 8
+processes, half a chunk's columns each: the rows that hold them are read).
 
 Linux only. A benchmark, not a test: it prints.
 """
@@ -45,6 +46,7 @@ RESTORES = [
     (4, "4x2"),
     (4, "2x4"),
     (4, "8"),
+    (8, "8"),
 ]
 
 
