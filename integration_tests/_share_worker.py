@@ -3,6 +3,8 @@
     python _share_worker.py save DIR                 # 2 processes x 4 devices
     python _share_worker.py restore DIR TARGET       # any processes
     python _share_worker.py fail DIR TARGET          # expects an error
+    python _share_worker.py save DIR manager         # step 0 of a manager
+    python _share_worker.py fail-manager DIR TARGET  # through the manager
 
 The model: `BLOCKS` blocks of `w1` (D, 4D) `P("fsdp")`, `w2` (4D, D)
 `P(None, "tp")` and `b` (4D,) `P("tp")`, plus a replicated `scale`; saved on
@@ -138,7 +140,15 @@ def main() -> None:
             )
             if name == "keys":
                 tree[name] = jax.random.wrap_key_data(tree[name])
-        oeqx.save(args.dir, tree)
+        if args.target == "manager":  # step 0 of a CheckpointManager at DIR
+            import orbax.checkpoint as ocp
+
+            mngr = ocp.CheckpointManager(args.dir, item_handlers=oeqx.EqxHandler())
+            mngr.save(0, args=oeqx.EqxSave(tree))
+            mngr.wait_until_finished()
+            mngr.close()
+        else:
+            oeqx.save(args.dir, tree)
         print("saved ok", flush=True)
         return
     skeleton = {
@@ -160,6 +170,17 @@ def main() -> None:
         if jax.process_index() == 1:
             os._exit(0)  # as a process that crashed before its part
         args.mode = "fail"
+    if args.mode == "fail-manager":  # step 0 of a CheckpointManager at DIR
+        import orbax.checkpoint as ocp
+
+        mngr = ocp.CheckpointManager(directory, item_handlers=oeqx.EqxHandler())
+        try:
+            mngr.restore(0, args=oeqx.EqxRestore(skeleton, shardings=target))
+        except Exception as e:
+            print("ERROR " + json.dumps([type(e).__name__, str(e)]), flush=True)
+            mngr.close()
+            return
+        raise SystemExit("the restore did not fail")
     if args.mode == "fail":
         try:
             oeqx.restore(directory, skeleton, shardings=target)

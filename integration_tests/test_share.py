@@ -114,10 +114,42 @@ def _chunk(path, leaf, start):
     raise KeyError((leaf, start))
 
 
-@pytest.mark.parametrize("fault", ["damaged-chunk", "missing-file"])
-def test_a_failure_one_process_sees_stops_every_process(saved, tmp_path, fault):
-    path = tmp_path / "ckpt"
-    shutil.copytree(saved, path)
+@pytest.fixture(scope="module")
+def saved_step(tmp_path_factory):
+    base = tmp_path_factory.mktemp("share-manager")
+    root = base / "root"
+    _procs.run(
+        WORKER,
+        "save",
+        root,
+        "manager",
+        devices=4,
+        processes=2,
+        log_dir=base / "logs",
+        timeout=TIMEOUT_S,
+    )
+    return root
+
+
+@pytest.mark.parametrize(
+    "fault, through",
+    [
+        ("damaged-chunk", "restore"),
+        ("missing-file", "restore"),
+        ("damaged-chunk", "manager"),
+    ],
+    ids=["damaged-chunk", "missing-file", "damaged-chunk-manager"],
+)
+def test_a_failure_one_process_sees_stops_every_process(
+    saved, saved_step, tmp_path, fault, through
+):
+    if through == "manager":  # Orbax's barriers around the handler's restore
+        root = tmp_path / "root"
+        shutil.copytree(saved_step, root)
+        path = root / "0" / "default"
+    else:
+        root = path = tmp_path / "ckpt"
+        shutil.copytree(saved, path)
     if fault == "damaged-chunk":
         # Rows 128-256 of w1: on a (2, 4) mesh, only process 1's devices.
         pack, offset = _chunk(path, "blocks.3.w1", [128, 0])
@@ -135,8 +167,8 @@ def test_a_failure_one_process_sees_stops_every_process(saved, tmp_path, fault):
         match = "it is missing"
     logs = _procs.run(
         WORKER,
-        "fail",
-        path,
+        "fail-manager" if through == "manager" else "fail",
+        root,
         "2x4",
         devices=4,
         processes=2,
