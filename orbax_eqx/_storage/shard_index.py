@@ -24,11 +24,12 @@ a read of an eighth of a chunk or more reads at most a quarter more to check.
 
 Each block's CRC-32 starts from a value (`seed`) computed from what says
 where its bytes belong: the save's token, the process, the leaf name, the
-stored element type, the box, the offset, the length, the block size and
-the block's number. An index whose chunks swap boxes, point two chunks at one
-byte range, or was copied from another save with its token edited, makes
-every moved chunk fail its check, in `restore` and in `verify` alike
-(they check with the same function, `check_blocks`).
+stored element type (`leaf_seed`), then the box, the offset, the length and
+the block size (`binding`), and the block's number. An index whose chunks
+swap boxes, point two chunks at one byte range, or was copied from another
+save with its token edited, makes every moved chunk fail its check, in
+`restore` and in `verify` alike (one function checks for both,
+`check_blocks`).
 
 Version 1 (sidecar formats 4 and below) has one `"crc_block": 1048576` for the
 whole index, chunks `[start, stop, offset, nbytes, crc32s]` and CRC-32s that
@@ -120,25 +121,26 @@ def block_size(nbytes: int) -> int:
     return min(MAX_BLOCK, -(-per // MIN_BLOCK) * MIN_BLOCK)
 
 
+def leaf_seed(token: str, process: int, name: str, stored: str) -> int:
+    """The part of a chunk's `binding` shared by a leaf's chunks in one index:
+    a CRC-32 of the save's token, the process, the leaf name and `stored`
+    (`stored_text` of its element type)."""
+    text = json.dumps([token, process, name, stored], ensure_ascii=False)
+    return zlib.crc32(text.encode())
+
+
 def binding(
-    token: str,
-    process: int,
-    name: str,
-    stored: str,
-    start: Sequence[int],
-    stop: Sequence[int],
+    seed: int,
+    start: tuple[int, ...],
+    stop: tuple[int, ...],
     offset: int,
     nbytes: int,
     block: int,
 ) -> int:
-    """The seed of a chunk's CRC-32s: a CRC-32 of what says where it belongs.
-
-    `stored` is `stored_text` of its element type."""
-    text = json.dumps(
-        [token, process, name, stored, list(start), list(stop), offset, nbytes, block],
-        ensure_ascii=False,
-    )
-    return zlib.crc32(text.encode())
+    """The seed of a chunk's CRC-32s: the CRC-32 of what says where it belongs
+    (its box, offset, length and block size), continuing from its leaf's
+    `leaf_seed`. `start` and `stop` are tuples of Python ints."""
+    return zlib.crc32(f"{start}{stop}{offset},{nbytes},{block}".encode(), seed)
 
 
 def stored_text(elem: np.dtype, tail: Sequence[int]) -> str:
@@ -228,9 +230,11 @@ def read_all(directory: epath.Path, saved: Metadata) -> dict[str, list[Chunk]]:
     # Sidecar formats 5 on save version 2 (the type handler's groups, whose
     # own index has a version of its own, may hold either).
     versions = (INDEX_VERSION,) if saved.format_version >= 5 else (1, INDEX_VERSION)
+    # The element type the sidecar records is bound into each chunk's seed.
+    stored = {name: _stored_of(r.dtype) for name, r in records.items()}
     for process in range(saved.shard_files):
         try:
-            pack = _read_one(directory, saved.token, process, versions)
+            pack = _read_one(directory, saved.token, process, versions, stored)
         except CheckpointDamagedError as e:
             paths = [f"`{r.path}`" for r in records.values()]
             more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
@@ -249,21 +253,6 @@ def read_all(directory: epath.Path, saved: Metadata) -> dict[str, list[Chunk]]:
                     "the sidecar does not list as an array in shard packs",
                 )
             _check_chunk(directory, pack, record, chunk)
-            if pack.version >= 2:
-                chunk = dataclasses.replace(
-                    chunk,
-                    seed=binding(
-                        saved.token,
-                        process,
-                        chunk.name,
-                        _stored_of(record.dtype),
-                        chunk.start,
-                        chunk.stop,
-                        chunk.offset,
-                        chunk.nbytes,
-                        chunk.block,
-                    ),
-                )
             chunks[chunk.name].append(chunk)
         _check_file(directory, pack, records)
     for name, record in records.items():
@@ -272,20 +261,27 @@ def read_all(directory: epath.Path, saved: Metadata) -> dict[str, list[Chunk]]:
 
 
 def read_pack(
-    directory: epath.Path, token: str, process: int, versions=(1, INDEX_VERSION)
+    directory: epath.Path,
+    token: str,
+    process: int,
+    stored: dict[str, str],
+    versions=(1, INDEX_VERSION),
 ) -> ShardPack:
-    """One process's index, checked for form only (see `read_all`)."""
-    return _read_one(directory, token, process, versions)
+    """One process's index, checked for form only (see `read_all`); `stored`:
+    `stored_text` of each leaf's element type, as the sidecar records it."""
+    return _read_one(directory, token, process, versions, stored)
 
 
-def _read_one(directory: epath.Path, token: str, process: int, versions) -> ShardPack:
+def _read_one(
+    directory: epath.Path, token: str, process: int, versions, stored
+) -> ShardPack:
     name = shard_index(token, process)
     text = _read_bounded(directory / name)
     try:
         content = json.loads(text)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise _damaged(directory, name, f"it is not valid JSON ({e})") from None
-    return _parse(directory, name, content, token, process, versions)
+    return _parse(directory, name, content, token, process, versions, stored)
 
 
 def _read_bounded(path: epath.Path) -> bytes:
@@ -303,7 +299,7 @@ def _read_bounded(path: epath.Path) -> bytes:
 
 
 def _parse(
-    directory, name: str, content: Any, token: str, process: int, versions
+    directory, name: str, content: Any, token: str, process: int, versions, stored
 ) -> ShardPack:
     def bad(what: str) -> CheckpointDamagedError:
         return _damaged(directory, name, what)
@@ -345,6 +341,9 @@ def _parse(
     for leaf, leaf_rows in rows.items():
         if not isinstance(leaf_rows, list):
             raise bad(f"the chunks of `{leaf}` are not a list")
+        seed = None  # version 1, or a leaf the sidecar lacks (refused later)
+        if version >= 2 and leaf in stored:
+            seed = leaf_seed(token, process, leaf, stored[leaf])
         for row in leaf_rows:
             if not (
                 isinstance(row, list)
@@ -359,16 +358,21 @@ def _parse(
                 and all(_is_size(c) and c < 2**32 for c in row[-1])
             ):
                 raise bad(f"a chunk of `{leaf}` is not {form}")
+            start, stop, offset, size = tuple(row[0]), tuple(row[1]), row[2], row[3]
+            block = old_block or row[4]
             chunks.append(
                 Chunk(
                     leaf,
                     process,
-                    tuple(row[0]),
-                    tuple(row[1]),
-                    row[2],
-                    row[3],
-                    old_block or row[4],
+                    start,
+                    stop,
+                    offset,
+                    size,
+                    block,
                     tuple(row[-1]),
+                    None
+                    if seed is None
+                    else binding(seed, start, stop, offset, size, block),
                 )
             )
     return ShardPack(

@@ -28,7 +28,15 @@ from . import files as _files
 from . import packfile as _packfile
 from . import to_host as _to_host
 from .packing import layout
-from .shard_index import Chunk, binding, block_crcs, block_size, stored_text, to_json
+from .shard_index import (
+    Chunk,
+    binding,
+    block_crcs,
+    block_size,
+    leaf_seed,
+    stored_text,
+    to_json,
+)
 
 
 @dataclasses.dataclass
@@ -125,26 +133,19 @@ def write(directory: epath.Path, token: str, process: int, local: Local) -> list
     pieces = [(offsets[str(i)], h) for i, h in enumerate(local.hosts)]
     pack = directory / shard_file(token, process)
     chunks = []
+    seeds: dict[tuple, int] = {}  # (name, stored type) -> its `leaf_seed`
     for i, (name, start, stop) in enumerate(
         zip(local.names, local.starts, local.stops)
     ):
-        host = local.hosts[i]
-        block = block_size(sizes[i])
-        seed = binding(
-            token,
-            process,
-            name,
-            stored_text(host.dtype, host.shape[len(start) :]),
-            start,
-            stop,
-            offsets[str(i)],
-            sizes[i],
-            block,
-        )
+        host, offset, size = local.hosts[i], offsets[str(i)], sizes[i]
+        stored = stored_text(host.dtype, host.shape[len(start) :])
+        seed = seeds.get((name, stored))
+        if seed is None:
+            seed = seeds[(name, stored)] = leaf_seed(token, process, name, stored)
+        block = block_size(size)
+        seed = binding(seed, start, stop, offset, size, block)
         chunks.append(
-            Chunk(
-                name, process, start, stop, offsets[str(i)], sizes[i], block, (), seed
-            )
+            Chunk(name, process, start, stop, offset, size, block, (), seed)
         )
 
     def crcs_of() -> list[list[int]]:
