@@ -48,7 +48,15 @@ def old(tmp_path):
     return path
 
 
-def test_a_format_4_shard_index_still_restores_and_verifies(old):
+@pytest.fixture(params=["auto", "copy"])
+def staging(request, monkeypatch):
+    """Both read paths: buffers handed to CPU devices as they are, and the
+    staging window of accelerators (`ORBAX_EQX_STAGING=copy`)."""
+    monkeypatch.setenv("ORBAX_EQX_STAGING", request.param)
+    return request.param
+
+
+def test_a_format_4_shard_index_still_restores_and_verifies(old, staging):
     sidecar = json.loads((old / "orbax_eqx.json").read_text())
     assert sidecar["format_version"] == 4
     restored = oeqx.restore(old, _old_skeleton())
@@ -62,7 +70,7 @@ def test_a_format_4_shard_index_still_restores_and_verifies(old):
     assert report.ok and set(report.checked) == {"big", "rows", "ints", "scale"}
 
 
-def test_a_flipped_bit_in_a_format_4_chunk_is_found(old):
+def test_a_flipped_bit_in_a_format_4_chunk_is_found(old, staging):
     (pack,) = old.glob("orbax_eqx~shards.*.bin")
     raw = bytearray(pack.read_bytes())
     raw[1048640 + 1048576 + 3] ^= 1  # `big`'s second chunk, its second block
@@ -191,7 +199,7 @@ MOVED = r"\(its bytes changed, or the index moved the chunk to another box"
     ids=["chunks-swap-boxes", "two-chunks-one-range", "chunks-swap-leaves"],
 )
 def test_an_index_that_moves_chunks_is_found_by_restore_and_verify(
-    ckpt, change, leaves
+    ckpt, staging, change, leaves
 ):
     path, content = _index(ckpt)
     change(content)
@@ -270,3 +278,17 @@ def test_an_index_edited_otherwise_names_the_index_file(ckpt, change, problem):
     ):
         oeqx.restore(ckpt, _skeleton())
     assert not oeqx.verify(ckpt).ok
+
+
+def test_verify_stops_a_leaf_at_its_first_bad_chunk(ckpt):
+    whole = oeqx.verify(ckpt).nbytes
+    path, content = _index(ckpt)
+    pack = path.with_suffix(".bin")
+    offset = content["chunks"]["big"][0][2]
+    raw = bytearray(pack.read_bytes())
+    raw[offset] ^= 1  # the first block of `big`'s first chunk
+    pack.write_bytes(bytes(raw))
+    report = oeqx.verify(ckpt)
+    assert [d.name for d in report.damaged] == ["big"]
+    # `big`'s other three chunks (256 KiB each) are not read.
+    assert report.nbytes == whole - 3 * 262144
