@@ -7,13 +7,15 @@ the others would go on into Orbax's barriers (or JAX's shutdown) and wait
 there for it forever. So every process, once its own part is done or has
 failed, posts its outcome in the key-value store of JAX's distributed client
 (the coordinator Orbax's barriers use; never a computation on a device, see
-`_save/claim.py`), reads every other process's, and raises the first
-failure, by process number, on every process, with the same message. A
-process that posts nothing within Orbax's coordination timeout (it crashed,
-or was killed) is an error too: the wait is bounded.
+`_save/claim.py`), reads the others', and raises the first failure, by
+process number, on every process, with the same message (a process that
+failed waits only for those before it). A process that posts nothing within
+Orbax's coordination timeout (it crashed, or was killed) is an error too:
+the wait is bounded.
 """
 
 import itertools
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -49,15 +51,17 @@ def together(directory: Any, run: Callable[[], T]) -> T:
     mine = _OK if error is None else f"{type(error).__name__}\n{error}"
     client.key_value_set(f"{key}/{me}", mine)
     timeout_s = ocp.multihost.coordination_timeout()
-    for process in range(count):
+    deadline = time.monotonic() + timeout_s
+    # The first failure by process number wins: a process that failed waits
+    # only for those before it, and one that succeeded for every other.
+    for process in range(count if error is None else me + 1):
         if process == me:
             outcome = mine
         else:
+            left_ms = max(int((deadline - time.monotonic()) * 1000), 1)
             try:
-                outcome = client.blocking_key_value_get(
-                    f"{key}/{process}", timeout_s * 1000
-                )
-            except Exception:
+                outcome = client.blocking_key_value_get(f"{key}/{process}", left_ms)
+            except Exception:  # the timeout, or the coordinator gone
                 outcome = None
         if outcome == _OK:
             continue
