@@ -25,7 +25,7 @@ def _chunks(shape, cuts0, cuts1=None, gap=0):
     for a, b in zip(cuts0, cuts0[1:]):
         for c, d in zip(cuts1, cuts1[1:]):
             nbytes = (b - a) * (d - c) * SIZE
-            chunks.append(Chunk("w", 0, (a, c), (b, d), offset, nbytes, ()))
+            chunks.append(Chunk("w", 0, (a, c), (b, d), offset, nbytes, nbytes, ()))
             offset += nbytes + gap
     return chunks
 
@@ -40,7 +40,7 @@ def _read(values, chunks):
             values[c.start[0] : c.stop[0], c.start[1] : c.stop[1]]
         )
         buffer[c.offset : c.offset + c.nbytes] = part.view(np.uint8).ravel()
-        wanted[("w", k)] = [c, 0, c.nbytes]
+        wanted[("w", k)] = [c, 0, c.nbytes, True]
         placed[("w", k)] = (buffer, c.offset)
     return buffer, wanted, placed
 
@@ -87,3 +87,19 @@ def test_other_boxes_are_not_views(case):
         copy = buffer.copy()
         placed[("w", 1)] = (copy, placed[("w", 1)][1])
     assert _joined("w", _box(chunks, start, stop), wanted, placed) is None
+
+
+@pytest.mark.parametrize(
+    "start, stop, contiguous",
+    [
+        ((0, 0), (8, 16), True),  # the chunk
+        ((2, 0), (5, 16), True),  # some of its rows
+        ((3, 4), (4, 12), True),  # part of one row
+        ((0, 0), (8, 8), False),  # a column strip
+    ],
+    ids=["whole", "rows", "part-of-a-row", "columns"],
+)
+def test_a_box_that_is_one_range_of_a_chunk_is_a_view(start, stop, contiguous):
+    chunks = _chunks((8, 16), [0, 8])
+    t = _box(chunks, start, stop)
+    assert t.contiguous is contiguous and t.viewed is contiguous

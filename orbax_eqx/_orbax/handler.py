@@ -18,6 +18,7 @@ from .._format import sidecar_read as _sidecar_read
 from .._restore.renames import Renames
 from .._restore.restore import restore_flat, restore_tree
 from .._restore.select import check_options
+from .._restore.together import together
 from .._restore.vanished import noticed
 from .._save import background as _background
 from .._save import claim as _claim
@@ -253,6 +254,12 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         """Restores into `args.skeleton`, or into a flat `{name: value}` dict."""
         if args is None:
             args = EqxRestore(item)
+        # With several processes, all succeed or all raise one error (see
+        # `together`): one failing alone would leave the rest in Orbax's
+        # barriers for good.
+        return together(directory, lambda: self._restore(directory, args))
+
+    def _restore(self, directory: epath.Path, args: "EqxRestore") -> Any:
         with noticed(directory):  # says so if the step is deleted meanwhile
             saved = _sidecar_read.read(epath.Path(directory))
             if args.skeleton is None:

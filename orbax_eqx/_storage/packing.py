@@ -239,9 +239,13 @@ def _to_arrays(hosts: dict[str, np.ndarray], requests: dict[str, Any]):
             out[name] = host
         elif not request.sharding.is_fully_addressable:
             # Other hosts hold part of the target: each gives its own shards.
+            # With no shard here, JAX needs the dtype (it gets no data).
             out[name] = _wrap(
                 jax.make_array_from_callback(
-                    host.shape, request.sharding, lambda index, h=host: h[index]
+                    host.shape,
+                    request.sharding,
+                    lambda index, h=host: h[index],
+                    dtype=host.dtype,
                 ),
                 saved,
             )

@@ -3,30 +3,42 @@
 For each array, the target sharding says which box each of this process's
 devices holds. Each distinct box is built from the stored chunks it overlaps:
 of each chunk, only the byte range from the overlap's first element to its
-last is read (widened to whole CRC blocks, so that every byte read is
-checked), with few large `preadv`s into aligned buffers (see `packfile`).
-A box that is exactly one stored chunk (restoring onto the saving mesh) is a
-view of the bytes read, handed to `jax.device_put` without a copy on CPU;
-so is a box made of whole chunks stored one after the other along its first
-dimension (restoring onto fewer devices along it). Other boxes are assembled
-in an aligned buffer of their own. Boxes held by
-several devices (replication) are read once. Each array is then made with
-one `jax.make_array_from_callback` (a batched transfer of every box to its
-devices): no computation, no collective.
+last is read, widened to whole CRC blocks of that chunk (see
+`shard_index.block_size`: at most a 64th of the chunk, or 1 MiB, at each
+end) so that every byte read is checked. Ranges are merged only across the
+padding between chunks (`GAP` bytes): a process reads what its devices hold
+and little more, never a neighbour's chunk. (A box that splits a chunk along
+a later dimension than the first, a column strip of a row-major chunk, reads
+the chunk's rows that hold it: `[first, last]` of the overlap.)
+
+A box that is one contiguous range of a stored chunk (exactly the chunk, on
+the saving mesh, or a run of its leading rows, onto more devices along the
+first dimension) is a view of the bytes read, handed to `jax.device_put`
+without a copy on CPU; so is a box made of whole chunks stored one after the
+other along its first dimension (onto fewer devices along it). Other boxes
+are assembled in an aligned buffer of their own, from reads into buffers of
+their own, let go once the batch is assembled: no read buffer outlives the
+restore unless a restored array is a view of it. Boxes held by several
+devices (replication) are read once. Each array is then made with one
+`jax.make_array_from_callback` (a batched transfer of every box to its
+devices): no computation, no collective. An array none of whose boxes is on
+this process's devices is made with its dtype and no data.
 
 Leaves are read a batch at a time: a batch stops growing once its reads
-reach `window` bytes, so the bytes read but not yet handed to a device stay
-bounded whatever the model's size (a single larger leaf is one batch), or
-once it has `PIECES` pieces, so that the bookkeeping of a read (a few hundred
-bytes of Python objects per piece) stays bounded too on models of many small
+reach `window` bytes, or its reads that are copied (assembled boxes) reach
+an eighth of the bytes this process holds (at least 1 MiB, at most 64 MiB),
+so the bytes read but not yet handed to a device stay bounded whatever the
+model's size (a single larger leaf is one batch), or once it has `PIECES`
+pieces, so that the bookkeeping of a read (a few hundred bytes
+of Python objects per piece) stays bounded too on models of many small
 sharded leaves.
 """
 
 import bisect
+import collections
 import dataclasses
 import itertools
 import math
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,14 +47,19 @@ import numpy as np
 from etils import epath
 
 from .._errors import CheckpointDamagedError, bullet_list
-from .._format.sidecar import Metadata, itemsize, shard_file
+from .._format.sidecar import PACK_ALIGNMENT, Metadata, itemsize, shard_file
 from .._tree.walk import JAX, is_key_dtype, key_data_struct, key_impl, parse_dtype
 from . import packfile as _packfile
+from . import streaming
 from .packing import plan
-from .shard_index import CRC_BLOCK, Chunk, read_all
+from .shard_index import Chunk, check_blocks, read_all, widen
 
 DEFAULT_WINDOW = 1 << 30
+# Bytes read to be copied into assembled boxes, per batch: transient memory.
+COPY_WINDOW = 64 << 20
+MIN_COPY_WINDOW = 1 << 20
 PIECES = 4096  # pieces of chunks read in one batch at most
+GAP = PACK_ALIGNMENT  # the most bytes between ranges merged into one read
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,6 +86,13 @@ class Target:
     # Whole chunks stacked along the first dimension, in order: no copy
     # needed either where they were stored and read one after the other.
     stacked: bool
+    # One piece, a contiguous range of its chunk: a view of what is read.
+    contiguous: bool = False
+
+    @property
+    def viewed(self) -> bool:
+        """Whether the box is (usually) a view of the bytes read, not a copy."""
+        return self.whole or self.stacked or self.contiguous
 
 
 def read(
@@ -85,9 +109,7 @@ def read(
     `container` (jax or numpy) and, for jax arrays, the target `sharding`.
     """
     chunks = read_all(epath.Path(directory), saved)
-    out: dict[str, Any] = {}
-    batch: dict[str, tuple] = {}
-    staged = pieces = 0
+    leaves: dict[str, tuple] = {}
     for name, request in requests.items():
         ordered = sorted(chunks[name], key=lambda c: c.start)
         size = itemsize(parse_dtype(request.record.dtype))
@@ -98,12 +120,24 @@ def read(
             tuple((c.start, c.stop) for c in ordered),
             sharding,
         )
-        batch[name] = (ordered, targets, size)
-        staged += sum(p.last - p.first for t in targets for p in t.pieces)
-        pieces += sum(len(t.pieces) for t in targets)
-        if staged >= window or pieces >= PIECES:
+        leaves[name] = (ordered, targets, size)
+    # Bytes read only to be copied into assembled boxes are transient: at
+    # most an eighth of what this process holds, at a time (and a leaf).
+    held = sum(math.prod(t.shape) * s for _, ts, s in leaves.values() for t in ts)
+    copy_window = min(COPY_WINDOW, max(MIN_COPY_WINDOW, held // 8))
+    out: dict[str, Any] = {}
+    batch: dict[str, tuple] = {}
+    staged = copied = pieces = 0
+    for name, leaf in leaves.items():
+        batch[name] = leaf
+        for t in leaf[1]:
+            n = sum(p.last - p.first for p in t.pieces)
+            staged += n
+            copied += 0 if t.viewed else n
+            pieces += len(t.pieces)
+        if staged >= window or copied >= copy_window or pieces >= PIECES:
             out.update(_read_batch(directory, saved.token, batch, requests, verify))
-            batch, staged, pieces = {}, 0, 0
+            batch, staged, copied, pieces = {}, 0, 0, 0
     if batch:
         out.update(_read_batch(directory, saved.token, batch, requests, verify))
     return out
@@ -169,6 +203,9 @@ def target(start, stop, boxes, size: int, devices=(), grid=None) -> Target:
         dst = tuple(slice(x - s, y - s) for x, y, s in zip(lo, hi, start))
         pieces.append(_Piece(k, dst, first, last + size, _shape(lo, hi), strides))
     whole = len(pieces) == 1 and boxes[pieces[0].k] == (start, stop)
+    contiguous = len(pieces) == 1 and streaming.contiguous(
+        pieces[0].shape, _shape(*boxes[pieces[0].k])
+    )
     shape = _shape(start, stop)
     full = tuple(slice(0, n) for n in shape[1:])
     stacked = (
@@ -177,7 +214,7 @@ def target(start, stop, boxes, size: int, devices=(), grid=None) -> Target:
             p.shape == _shape(*boxes[p.k]) and p.dst[1:] == full for p in pieces
         )
     )
-    return Target(start, shape, devices, tuple(pieces), whole, stacked)
+    return Target(start, shape, devices, tuple(pieces), whole, stacked, contiguous)
 
 
 def _box(index, shape):
@@ -212,40 +249,44 @@ def strides_of(shape: Sequence[int], size: int) -> tuple[int, ...]:
 
 
 def _read_batch(directory, token, batch: dict[str, tuple], requests, verify: bool):
-    # Per chunk, one byte range covering what every box of the batch wants of it.
-    wanted: dict[tuple, list] = {}  # (name, k) -> [chunk, a, z]
+    # Per chunk, one byte range covering what every box of the batch wants of
+    # it; kept (a box is a view of it) or copied (into assembled boxes).
+    wanted: dict[tuple, list] = {}  # (name, k) -> [chunk, a, z, kept]
     for name, (ordered, targets, _) in batch.items():
         for t in targets:
             for p in t.pieces:
                 a, z = p.first, p.last
                 if verify:
-                    a = a // CRC_BLOCK * CRC_BLOCK
-                    z = min(-(-z // CRC_BLOCK) * CRC_BLOCK, ordered[p.k].nbytes)
+                    a, z = widen(ordered[p.k], a, z)
                 span = wanted.get((name, p.k))
                 if span is None:
-                    wanted[(name, p.k)] = [ordered[p.k], a, z]
+                    wanted[(name, p.k)] = [ordered[p.k], a, z, t.viewed]
                 else:
                     span[1], span[2] = min(a, span[1]), max(z, span[2])
-    # Per file, few large reads.
-    by_file: dict[int, dict[tuple, tuple[int, int]]] = {}
-    for key, (chunk, a, z) in wanted.items():
-        spans = by_file.setdefault(chunk.process, {})
+                    span[3] = span[3] or t.viewed
+    # Per file and kind, few reads: merged across the padding between chunks
+    # only, so that what is copied is let go once assembled, and no process
+    # reads what another's devices hold.
+    by_file: dict[tuple, dict[tuple, tuple[int, int]]] = {}
+    for key, (chunk, a, z, kept) in wanted.items():
+        spans = by_file.setdefault((chunk.process, kept), {})
         spans[key] = (chunk.offset + a, chunk.offset + z)
     got: dict[tuple, np.ndarray] = {}  # (name, k) -> the chunk's bytes [a, z)
     placed: dict[tuple, tuple] = {}  # (name, k) -> (the buffer read, at)
     problems = []
-    for process, spans in by_file.items():
-        ranges, where = plan(spans)
+    for (process, _), spans in sorted(by_file.items()):
+        ranges, where = plan(spans, max_gap=GAP)
         path = epath.Path(directory) / shard_file(token, process)
         buffers = _packfile.read(path, ranges)
         for key, (i, at) in where.items():
-            chunk, a, z = wanted[key]
+            chunk, a, z, _ = wanted[key]
             got[key] = buffers[i][at : at + z - a]
             placed[key] = (buffers[i], at)
             if verify:
                 problems += check_chunk(
                     chunk, a, got[key], requests[key[0]].record, path
                 )
+        del buffers
     if problems:
         raise damaged_chunks(directory, problems)
     return {
@@ -266,20 +307,18 @@ def damaged_chunks(directory, problems: list[str]) -> CheckpointDamagedError:
 
 
 def check_chunk(chunk: Chunk, a: int, data: np.ndarray, record, path) -> list[str]:
-    """Checks bytes `[a, ...)` of `chunk` (whole CRC blocks) against its CRCs."""
+    """Checks bytes `[a, ...)` of `chunk` (whole blocks) against its CRC-32s,
+    which are bound to where the chunk belongs (see `shard_index.binding`)."""
     problems = []
-    view = memoryview(data)
-    for at in range(0, len(view), CRC_BLOCK):
-        block = (a + at) // CRC_BLOCK
-        found = zlib.crc32(view[at : at + CRC_BLOCK])
-        if found != chunk.crcs[block]:
-            problems.append(
-                f"Leaf `{record.path}` ({record.name}), chunk {chunk.box()} in "
-                f"{path.name}, bytes {block * CRC_BLOCK}-"
-                f"{min((block + 1) * CRC_BLOCK, chunk.nbytes)}: CRC-32 recorded at "
-                f"save {chunk.crcs[block]:#010x}, computed from the data now "
-                f"{found:#010x}."
-            )
+    for block, recorded, found in check_blocks(chunk, a, data):
+        problems.append(
+            f"Leaf `{record.path}` ({record.name}), chunk {chunk.box()} in "
+            f"{path.name}, bytes {block * chunk.block}-"
+            f"{min((block + 1) * chunk.block, chunk.nbytes)}: CRC-32 recorded at "
+            f"save {recorded:#010x}, computed from the data now {found:#010x} "
+            "(its bytes changed, or the index moved the chunk to another "
+            "box, offset, leaf or save)."
+        )
     return problems
 
 
@@ -294,7 +333,7 @@ def _joined(name, t: Target, wanted, placed) -> np.ndarray | None:
     buffer, begin = placed[(name, t.pieces[0].k)]
     at = begin
     for p in t.pieces:
-        chunk, a, _ = wanted[(name, p.k)]
+        chunk, a, _, _ = wanted[(name, p.k)]
         here, there = placed[(name, p.k)]
         if a != 0 or here is not buffer or there != at:
             return None
@@ -312,10 +351,12 @@ def _assemble(name, targets: tuple[Target, ...], request, wanted, got, placed) -
     tail_strides = strides_of(tail, elem.itemsize)
     hosts = []
     for t in targets:
-        if t.whole and wanted[(name, t.pieces[0].k)][1] == 0:
-            # The chunk is the box: its bytes as read, no copy.
+        if t.contiguous:
+            # The box is one range of the chunk (the chunk itself, or some
+            # of its leading rows): its bytes as read, no copy.
             p = t.pieces[0]
-            raw = got[(name, p.k)][: p.last]
+            a = wanted[(name, p.k)][1]
+            raw = got[(name, p.k)][p.first - a : p.last - a]
             hosts.append(raw.view(elem).reshape(t.shape + tail))
             continue
         joined = _joined(name, t, wanted, placed)
@@ -342,10 +383,18 @@ def _assemble(name, targets: tuple[Target, ...], request, wanted, got, placed) -
     by_start = {t.start: h for t, h in zip(targets, hosts)}
     # One batched transfer of every device's box (on CPU, aligned buffers are
     # taken as they are). The index has no entries for key data's own axes.
+    # With no box here, JAX needs the dtype (it has no data to take it from),
+    # and for a sharding of one box asks for it anyway, to put on no device:
+    # it gets an array of no memory.
+    dtype = elem if key else np.dtype(request.dtype)
+    if not targets:
+        nothing = np.broadcast_to(np.zeros((), dtype), shape + tail)
+        by_start = collections.defaultdict(lambda: nothing)
     array = jax.make_array_from_callback(
         shape + tail,
         request.sharding,
         lambda index: by_start[_start(index, shape)],
+        dtype=dtype,
     )
     if key:
         return jax.random.wrap_key_data(array, impl=key_impl(saved))

@@ -5,14 +5,15 @@ whose `replica_id` is 0 (so each distinct box is written once, by exactly
 one process, whatever the replication), copies them to host memory before
 `save` returns, and writes them end to end, 64-byte aligned, into its own
 shard pack with `pwritev`, then the pack's index (see `shard_index`). The
-CRC-32s are computed on host from the bytes being written, in a second thread:
+CRC-32s (of blocks sized per chunk, each bound to where its bytes belong:
+see `shard_index.binding`) are computed on host from the bytes being
+written, in a second thread:
 no computation runs on any device, and no process waits for another (Orbax's
 own barrier, before the step is committed, is the only meeting point).
 """
 
 import concurrent.futures
 import dataclasses
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +27,15 @@ from .._tree.walk import is_key_dtype
 from . import packfile as _packfile
 from . import to_host as _to_host
 from .packing import layout
-from .shard_index import CRC_BLOCK, Chunk, to_json
+from .shard_index import (
+    Chunk,
+    binding,
+    block_crcs,
+    block_size,
+    leaf_seed,
+    stored_text,
+    to_json,
+)
 
 
 @dataclasses.dataclass
@@ -122,28 +131,32 @@ def write(directory: epath.Path, token: str, process: int, local: Local) -> list
     offsets, nbytes = layout((str(i), size) for i, size in enumerate(sizes))
     pieces = [(offsets[str(i)], h) for i, h in enumerate(local.hosts)]
     pack = directory / shard_file(token, process)
+    chunks = []
+    seeds: dict[tuple, int] = {}  # (name, stored type) -> its `leaf_seed`
+    for i, (name, start, stop) in enumerate(
+        zip(local.names, local.starts, local.stops)
+    ):
+        host, offset, size = local.hosts[i], offsets[str(i)], sizes[i]
+        stored = stored_text(host.dtype, host.shape[len(start) :])
+        seed = seeds.get((name, stored))
+        if seed is None:
+            seed = seeds[(name, stored)] = leaf_seed(token, process, name, stored)
+        block = block_size(size)
+        seed = binding(seed, start, stop, offset, size, block)
+        chunks.append(Chunk(name, process, start, stop, offset, size, block, (), seed))
+
+    def crcs_of() -> list[list[int]]:
+        return [block_crcs(h, c.block, c.seed) for h, c in zip(local.hosts, chunks)]
+
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        crcs = pool.submit(lambda: [block_crcs(h) for h in local.hosts])
+        crcs = pool.submit(crcs_of)
         _packfile.write(pack, pieces, nbytes)
         crcs = crcs.result()
-    chunks = [
-        Chunk(name, process, start, stop, offsets[str(i)], sizes[i], tuple(crcs[i]))
-        for i, (name, start, stop) in enumerate(
-            zip(local.names, local.starts, local.stops)
-        )
-    ]
+    chunks = [dataclasses.replace(c, crcs=tuple(x)) for c, x in zip(chunks, crcs)]
     local.hosts = []  # let go of device buffers' views (see `take`)
     index = directory / shard_index(token, process)
     _store.write_whole(index, to_json(token, process, nbytes, chunks).encode())
     return [pack, index]
-
-
-def block_crcs(host: np.ndarray) -> list[int]:
-    """CRC-32 of each `CRC_BLOCK` bytes of an array's bytes in C order."""
-    data = memoryview(np.ascontiguousarray(host).reshape(-1).view(np.uint8))
-    return [
-        zlib.crc32(data[at : at + CRC_BLOCK]) for at in range(0, len(data), CRC_BLOCK)
-    ]
 
 
 def describe(sharding: jax.sharding.Sharding) -> str:

@@ -3,7 +3,8 @@
 A packed leaf is one unit (read whole, for the CRC-32 of all its bytes); a
 shard-packed leaf has a unit per distinct box of its target sharding on this
 process's devices. A unit costs what it stages: the bytes read (widened to
-whole CRC blocks for checked shard-pack reads, 64 bytes of slack each), the
+whole CRC blocks of their chunk for checked shard-pack reads, 64 bytes of
+slack each), the
 boxes assembled from them where a box is not one contiguous range of what
 was read, and their casts (`cast=True`). Units are grouped in jobs of at most
 `Staging.job_bytes`; a unit that costs more is a job of its own, or, past
@@ -23,12 +24,13 @@ from .._format.sidecar import PACK_ALIGNMENT, PACKED, Metadata, itemsize, shard_
 from .._tree.walk import JAX, is_key_dtype, key_data_struct, parse_dtype
 from . import packfile as _packfile
 from . import streaming
-from .shard_index import CRC_BLOCK, read_all
+from .shard_index import MAX_BLOCK, read_all, widen
 from .shard_read import Target, geometry, strides_of, target
 
 # The least a streamed slab of a shard pack may stage: its bytes, plus up to
-# two CRC blocks read only to check them. Half of `staging.MIN_WINDOW`.
-SLAB_FLOOR = 4 * CRC_BLOCK
+# two CRC blocks (at most `MAX_BLOCK` each) read only to check them. Half of
+# `staging.MIN_WINDOW`.
+SLAB_FLOOR = 4 * MAX_BLOCK
 
 
 @dataclasses.dataclass(eq=False, slots=True)
@@ -187,8 +189,8 @@ class Plan:
         """The most a job of one unit of `leaf`, or one slab of it, stages."""
         if leaf.packed or not self.verify:
             return budget
-        # Checked reads are whole 1 MiB blocks: a slab of a chunk may read two
-        # more than it needs, however thin it is cut.
+        # Checked reads are whole blocks (up to 1 MiB): a slab of a chunk may
+        # read two more than it needs, however thin it is cut.
         return max(budget, SLAB_FLOOR)
 
     def slabs(self, step: Step, budget: int) -> list[Step]:
@@ -242,8 +244,7 @@ class Plan:
         for p in t.pieces:
             a, z = p.first, p.last
             if self.verify:
-                a = a // CRC_BLOCK * CRC_BLOCK
-                z = min(-(-z // CRC_BLOCK) * CRC_BLOCK, step.leaf.chunks[p.k].nbytes)
+                a, z = widen(step.leaf.chunks[p.k], a, z)
             out.append((p.k, a, z))
         return out
 

@@ -5,7 +5,8 @@ Used where transfers copy (accelerators, or `ORBAX_EQX_STAGING=copy`); on CPU
 they are. Both kinds of leaf are read the same way here: a packed leaf is a
 leaf of one chunk, the whole array, at its offset in the pack file, checked
 against the CRC-32 of all its bytes; a shard-packed leaf has the chunks of
-its index, checked per 1 MiB block (reads are widened to whole blocks).
+its index, checked per block of its chunk (reads are widened to whole
+blocks; see `shard_index`).
 
 The unit of work is a packed leaf (read whole, for its checksum) or one box
 of a shard-packed leaf's target sharding, grouped in jobs of a bounded cost,
@@ -261,8 +262,12 @@ def _finish(leaf: Leaf) -> None:
     if None in parts:
         array = parts[None]
     else:
+        # With no part here, JAX needs the dtype (it has no data to take it from).
         array = jax.make_array_from_single_device_arrays(
-            leaf.shape + leaf.tail, leaf.request.sharding, list(parts.values())
+            leaf.shape + leaf.tail,
+            leaf.request.sharding,
+            list(parts.values()),
+            dtype=leaf.dtype,
         )
     if stored_type(leaf.request.record.dtype)[3]:  # typed PRNG keys
         saved = parse_dtype(leaf.request.record.dtype)

@@ -50,8 +50,8 @@ _MODES = ("auto", "copy")
 _SPLIT = 32
 # ...but not smaller than this: each job costs a read call and a transfer call.
 MIN_JOB = 1 << 20
-# A streamed slab of a shard pack reads whole 1 MiB CRC blocks, up to two more
-# than it needs: with less than 4 MiB a slab, most of what is read would be
+# A streamed slab of a shard pack reads whole CRC blocks (up to 1 MiB each), up
+# to two more than it needs: with less than 4 MiB a slab, most of what is read would be
 # read again for the next one. Two such slabs (one read, one transferred).
 MIN_WINDOW = 8 << 20
 _OFF_ALIGNMENT = 16  # bytes off 64-byte alignment, in forced-copy mode

@@ -20,7 +20,7 @@ from .._format.sidecar_read import read
 from .._restore.read import LeafReader, release_memory
 from .._storage import packfile as _packfile
 from .._storage.checksum import crc32, host_sum32
-from .._storage.shard_index import CRC_BLOCK, read_all
+from .._storage.shard_index import check_blocks, read_all
 
 _CHUNK = 64 << 20  # bytes of a packed leaf read at a time
 
@@ -175,7 +175,7 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
         done, problem = 0, None
         for chunk in chunks[record.name]:
             file = path / shard_file(saved.token, chunk.process)
-            step = _CHUNK // CRC_BLOCK * CRC_BLOCK
+            step = max(_CHUNK // chunk.block, 1) * chunk.block
             try:
                 for at in range(0, chunk.nbytes, step):
                     stop = min(at + step, chunk.nbytes)
@@ -183,18 +183,24 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
                     (data,) = _packfile.read(file, [(start, chunk.offset + stop)])
                     done += data.nbytes
                     note(data.nbytes)
-                    for block in range(0, data.nbytes, CRC_BLOCK):
-                        i = (at + block) // CRC_BLOCK
-                        found = crc32(data[block : block + CRC_BLOCK])
-                        if found != chunk.crcs[i] and problem is None:
-                            problem = (
-                                f"chunk {chunk.box()} in {file.name}: "
-                                + _differs("CRC-32", chunk.crcs[i], found)
-                            )
+                    # The same check as a restore's (`shard_read.check_chunk`).
+                    bad = check_blocks(chunk, at, data)
+                    if bad:
+                        i, recorded, found = bad[0]
+                        end = min((i + 1) * chunk.block, chunk.nbytes)
+                        problem = (
+                            f"chunk {chunk.box()} in {file.name}: "
+                            + _differs("CRC-32", recorded, found)
+                            + f" in bytes {i * chunk.block}-{end} (its bytes "
+                            "changed, or the index moved the chunk)"
+                        )
+                        break  # the leaf is damaged: no need to read on
             except PermissionError:
                 raise
             except (OrbaxEqxError, OSError) as e:
                 problem = problem or str(e).split("\n")[0]
+            if problem is not None:
+                break
         yield record, problem or True, done
 
 
