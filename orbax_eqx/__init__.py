@@ -23,6 +23,7 @@ from ._orbax.handler import EqxSave as EqxSave
 from ._orbax.type_handler import PackedArrayHandler as PackedArrayHandler
 from ._orbax.type_registry import type_handler_registry as type_handler_registry
 from ._orbax.v1 import EqxCheckpointableHandler as EqxCheckpointableHandler
+from ._rebuild.build import RebuildError as RebuildError
 from ._restore.check import StaticMismatchWarning as StaticMismatchWarning
 from ._restore.fallback import FallbackWarning as FallbackWarning
 from ._restore.fallback import RestoredStep as RestoredStep
