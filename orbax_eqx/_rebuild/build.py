@@ -35,6 +35,7 @@ from .._tree.walk import (
     parse_dtype,
 )
 from .allow import Refused, look_up, suggestion, unnameable
+from .shared import Selector, is_path
 
 
 class RebuildError(OrbaxEqxError, ValueError):
@@ -243,9 +244,20 @@ class _Builder:
         # The class first, so that problems are listed parents first.
         cls = self.find(path, "class", info.cls)
         static = {f: self.value(path, v, f) for f, v in info.static.items()}
-        children = [self.child(c) for c in rec.get("children", [])]
-        if len(fields) != len(children):
+        names = rec.get("children", [])
+        if len(fields) != len(names):
             raise self.damaged(f"node {name!r} has {len(fields)} fields")
+        wiring = _wiring(rec) if info.cls == _SHARED_CLASS else None
+        children = []
+        for field, child in zip(fields, names):
+            if wiring is not None and field in wiring and child in self.saved.leaves:
+                self.used.add(child)
+                many, paths = wiring[field]
+                named = self.saved.leaves[child].value
+                text = named.get("callable") if isinstance(named, dict) else None
+                children.append(Selector(str(text), many, paths))
+            else:
+                children.append(self.child(child))
         if cls is None or cls is _DRY:
             return None
         if not (isinstance(cls, type) and issubclass(cls, eqx.Module)):
@@ -344,6 +356,27 @@ class _Builder:
 
 
 _MISSING = object()  # a module field that was not set
+_SHARED_CLASS = "equinox.nn._shared.Shared"
+
+
+def _wiring(rec: dict[str, Any]) -> dict[str, tuple[bool, list]] | None:
+    """`eqx.nn.Shared`'s recorded `where` and `get` selections, if well formed."""
+    wiring = rec.get("wiring")
+    if not isinstance(wiring, dict):
+        return None
+    found = {}
+    for field in ("where", "get"):
+        entry = wiring.get(field)
+        if not (
+            isinstance(entry, dict)
+            and type(entry.get("many")) is bool
+            and isinstance(entry.get("paths"), list)
+            and entry["paths"]
+            and all(is_path(p) for p in entry["paths"])
+        ):
+            return None
+        found[field] = (entry["many"], entry["paths"])
+    return found
 
 
 def _array(leaf: LeafMetadata) -> Any:

@@ -43,11 +43,18 @@ def record(walked: Walked) -> dict[str, dict[str, Any]]:
         raise ValueError("walked without names for inner nodes")
     leaf_names = iter([leaf.name for leaf in walked.leaves])
     nodes: dict[str, dict[str, Any]] = {}
-    _visit(walked.treedef, (), walked.name_of, leaf_names, nodes)
+    shared: list = []
+    _visit(walked.treedef, (), walked.name_of, leaf_names, nodes, shared)
+    if shared:
+        values = {leaf.name: leaf.value for leaf in walked.leaves}
+        for rec, pytree in shared:
+            wiring = _shared_wiring(rec, pytree, values)
+            if wiring is not None:
+                rec["wiring"] = wiring
     return nodes
 
 
-def _visit(treedef, path, name_of, leaf_names, nodes) -> None:
+def _visit(treedef, path, name_of, leaf_names, nodes, shared) -> None:
     # Depth first, children in order (pushed reversed), so that leaves come in
     # the order of the walk. Iterative: trees can nest deeper than Python
     # recurses.
@@ -66,6 +73,8 @@ def _visit(treedef, path, name_of, leaf_names, nodes) -> None:
         rec, keys = _describe(cls, aux, td, p)
         nodes[name] = rec
         parent_children.append(name)
+        if cls is eqx.nn.Shared and keys is not None:
+            shared.append((rec, td.children()[0]))
         if keys is None:  # not rebuildable; its leaves are still passed over
             for _ in range(td.num_leaves):
                 next(leaf_names)
@@ -139,3 +148,59 @@ def _is_namedtuple(cls: Any) -> bool:
         and issubclass(cls, tuple)
         and isinstance(getattr(cls, "_fields", None), tuple)
     )
+
+
+# `eqx.nn.Shared` ties nodes with two functions, `where` and `get`, usually
+# lambdas, which cannot be rebuilt by name. What they select is recorded
+# instead, as key paths into `Shared.pytree`: found by calling them once, at
+# save, on a stand-in tree of the same structure whose leaves are markers
+# (no array is touched). A `get` that computes (`jnp.transpose(...)`) selects
+# no node, and is not recorded.
+
+
+class _Mark:
+    __slots__ = ()
+
+
+def _shared_wiring(rec, pytree_def, values) -> dict[str, Any] | None:
+    if rec.get("fields") != ["pytree", "where", "get"]:
+        return None
+    _, where_name, get_name = rec["children"]
+    if where_name not in values or get_name not in values:
+        return None
+    stand_in = jtu.tree_unflatten(
+        pytree_def, [_Mark() for _ in range(pytree_def.num_leaves)]
+    )
+    paths: dict[int, list] = {}
+    _index(stand_in, [], paths)
+    wiring = {}
+    for field, name in (("where", where_name), ("get", get_name)):
+        try:
+            found = values[name](stand_in)
+        except Exception:
+            return None
+        many = isinstance(found, (list, tuple)) and id(found) not in paths
+        selected = [paths.get(id(x)) for x in (found if many else [found])]
+        if any(p is None for p in selected):
+            return None
+        wiring[field] = {"many": many, "paths": selected}
+    return wiring
+
+
+def _index(node, path: list, paths: dict[int, list]) -> None:
+    """Each node of a stand-in tree (by `id`) -> its key path as JSON steps."""
+    paths.setdefault(id(node), path)
+    flat = jtu.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
+    if len(flat) == 1 and flat[0][0] == () and flat[0][1] is node:
+        return  # a leaf
+    for key_path, child in flat:
+        (key,) = key_path
+        if isinstance(key, jtu.GetAttrKey):
+            step = ["attr", key.name]
+        elif isinstance(key, jtu.SequenceKey):
+            step = ["index", key.idx]
+        elif isinstance(key, jtu.DictKey) and type(key.key) in (str, int):
+            step = ["key", key.key]
+        else:
+            continue  # not selectable by a recorded path
+        _index(child, path + [step], paths)
