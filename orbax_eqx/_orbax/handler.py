@@ -32,6 +32,7 @@ from .._storage import shards as _shards
 from .._storage import staging as _staging
 from .._storage import store_files as _store_files
 from .._storage.checksum import host_sum32
+from . import plain as _plain
 
 TYPESTR = "orbax_eqx.EqxHandler"
 
@@ -254,6 +255,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         if args is None:
             args = EqxRestore(item)
         with noticed(directory):  # says so if the step is deleted meanwhile
+            if _plain.is_plain(epath.Path(directory)):  # saved by Orbax alone
+                return _plain.restore(epath.Path(directory), args)
             saved = _sidecar_read.read(epath.Path(directory))
             if args.skeleton is None and args.allow is not None:
                 rebuilt = _rebuild.skeleton(saved, args.allow, args.prefix)
