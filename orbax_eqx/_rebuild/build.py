@@ -11,6 +11,7 @@ as data. Every leaf or module that cannot be rebuilt is collected, and all of
 them are reported in one `RebuildError`.
 """
 
+import ast
 import dataclasses
 import enum
 from typing import Any
@@ -347,12 +348,37 @@ class _Builder:
                 )
                 return None
             return self.find(where, "callable", text)
+        if tag == "object" and encoded.get("repr") is not None:
+            found = _literal_set(body, encoded["repr"])
+            if found is not None:
+                return found
         self.refuse(
             where,
             f"an object recorded only as its text `{describe(encoded)}` "
             "cannot be rebuilt",
         )
         return None
+
+
+def _literal_set(cls_name: Any, text: Any) -> Any:
+    """A set or frozenset of literals, from its repr (static fields such as
+    lineax's `tags=frozenset()`); None if it is anything else. `literal_eval`
+    reads literals only: nothing is called."""
+    kinds = {"builtins.frozenset": frozenset, "builtins.set": set}
+    kind = kinds.get(cls_name)
+    if kind is None or not isinstance(text, str):
+        return None
+    prefix = "frozenset(" if kind is frozenset else ""
+    if text in ("frozenset()", "set()"):
+        return kind()
+    if not (text.startswith(prefix) and text.endswith(")" if prefix else "}")):
+        return None
+    inner = text[len(prefix) : len(text) - (1 if prefix else 0)]
+    try:
+        value = ast.literal_eval(inner)
+    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+        return None
+    return kind(value) if isinstance(value, set) else None
 
 
 _MISSING = object()  # a module field that was not set
