@@ -43,14 +43,21 @@ def restore(path: epath.Path, args) -> Any:
         for name, default in _UNSUPPORTED.items()
         if getattr(args, name) != default
     ]
-    if args.skeleton is None or asked or args.allow is not None:
-        what = ", ".join(asked) if asked else "a skeleton"
-        raise ValueError(
+    if args.allow is not None:
+        asked.append(f"allow={list(args.allow)!r}")
+    if args.skeleton is None or asked:
+        head = (
             f"{path} is a plain Orbax checkpoint (no orbax_eqx sidecar): it holds "
-            "arrays only, so it restores into a skeleton, with `shardings=`, "
-            f"`cast=`, `strict=`, `missing=`, `verify=`; not with {what}"
-            + ("" if asked else " missing")
-            + ". Pass the skeleton of the model, usually "
+            "arrays only, with no classes or static fields, so it restores into a "
+            "skeleton only"
+        )
+        if asked:
+            raise ValueError(
+                f"{head}, with `shardings=`, `cast=`, `strict=`, `missing=`; not "
+                f"with {', '.join(asked)}."
+            )
+        raise ValueError(
+            f"{head}. Pass the skeleton of the model, usually "
             "`eqx.filter_eval_shape(make_model, key)`."
         )
     handler = ocp.PyTreeCheckpointHandler()
