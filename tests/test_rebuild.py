@@ -8,6 +8,7 @@ module that would write a file if imported.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -22,6 +23,7 @@ import zoo
 
 import orbax_eqx as oeqx
 from orbax_eqx._format.sidecar import FILE_NAME as SIDECAR
+from orbax_eqx._tools.cli import main as cli_main
 
 KEY = jax.random.key(0)
 ALLOW = ["equinox", "jax", "optax", "zoo"]
@@ -466,3 +468,53 @@ def test_planted_module_named_by_an_edited_sidecar_never_runs(tmp_path):
         "`.final_activation`: callable `posix.system` is outside `allow`",
     ]:
         assert line in found["outcome"]
+
+
+# ------------------------------------------------------------- the command line
+
+
+def test_inspect_says_what_to_allow(tmp_path, capsys):
+    oeqx.save(tmp_path / "ckpt", {"model": zoo.transformer_block(KEY), "step": 3})
+    assert cli_main(["inspect", str(tmp_path / "ckpt")]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith(
+        "Without a skeleton: restore with `allow=['equinox', 'jax', 'zoo']` to "
+        "rebuild it.\n"
+    )
+    assert cli_main(["inspect", "--json", str(tmp_path / "ckpt")]) == 0
+    (item,) = json.loads(capsys.readouterr().out)["items"]
+    assert item["rebuild"] == {
+        "recorded": True,
+        "allow": ["equinox", "jax", "zoo"],
+        "cannot": [],
+    }
+    # What it says restores.
+    restored = oeqx.restore(tmp_path / "ckpt", allow=item["rebuild"]["allow"])
+    assert restored["step"] == 3
+
+
+def test_inspect_says_what_cannot_be_rebuilt(tmp_path, capsys):
+    oeqx.save(tmp_path / "ckpt", {"f": lambda x: x, "g": object()})
+    assert cli_main(["inspect", "--flat", str(tmp_path / "ckpt")]) == 0
+    out = capsys.readouterr().out
+    assert re.search(
+        r"\nWithout a skeleton: not rebuildable: `\['f'\]`: callable "
+        r"`test_rebuild\.test_inspect_says_what_cannot_be_rebuilt\.<locals>\.<lambda>` "
+        r"is defined inside a function, so it cannot be imported by name \(and 1 "
+        r"more\); restore it into a skeleton\.\n$",
+        out,
+    )
+
+
+def test_inspect_of_an_old_sidecar(tmp_path, capsys):
+    oeqx.save(tmp_path / "ckpt", zoo.mlp(KEY))
+    sidecar = tmp_path / "ckpt" / SIDECAR
+    content = json.loads(sidecar.read_text())
+    del content["nodes"]
+    content["format_version"] = 4
+    sidecar.write_text(json.dumps(content))
+    assert cli_main(["inspect", str(tmp_path / "ckpt")]) == 0
+    assert capsys.readouterr().out.endswith(
+        "Without a skeleton: not rebuildable (this sidecar records no tree "
+        "structure; re-save to get one).\n"
+    )
