@@ -28,6 +28,8 @@ from orbax_eqx._tools.cli import main as cli_main
 KEY = jax.random.key(0)
 ALLOW = ["equinox", "jax", "optax", "zoo"]
 TIMEOUT_S = 120
+# The checkout under test, for fresh processes (not an installed copy).
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
 
 # A user's package: a module with static fields, containers, a callable of its
 # own, an enum, a namedtuple and Python values.
@@ -412,7 +414,7 @@ print(json.dumps({"outcome": outcome, "imported": sorted(
 
 
 def _restore_in_fresh_process(path, allow, site):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), os.getcwd()])}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), PACKAGE_ROOT])}
     result = subprocess.run(
         [sys.executable, "-c", _CHILD, str(path), json.dumps(allow)],
         capture_output=True,
