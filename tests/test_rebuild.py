@@ -520,3 +520,46 @@ def test_inspect_of_an_old_sidecar(tmp_path, capsys):
         "Without a skeleton: not rebuildable (this sidecar records no tree "
         "structure; re-save to get one).\n"
     )
+
+
+# ------------------------------------------------------ damaged records of nodes
+
+
+def _edit_nodes(path, edit):
+    sidecar = path / SIDECAR
+    content = json.loads(sidecar.read_text())
+    edit(content["nodes"])
+    sidecar.write_text(json.dumps(content))
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (
+            lambda n: n["layers"]["children"].append("layers"),
+            r"is damaged: node 'layers' is reached twice",
+        ),
+        (
+            lambda n: n["layers"]["children"].append("nowhere"),
+            r"is damaged: node or leaf 'nowhere' is named but not recorded",
+        ),
+        (
+            lambda n: n[""]["fields"].pop(),
+            r"is damaged: node '' has 2 fields",
+        ),
+        (
+            lambda n: n.update({"": 3}),
+            r"is damaged: node '' has no valid type, path or children",
+        ),
+        (
+            lambda n: n["layers.0"].update(children=[{"x": 1}, None]),
+            r"is damaged: node 'layers.0' has no valid type, path or children",
+        ),
+    ],
+    ids=["a cycle", "a dangling name", "fields and children", "not a record", "junk"],
+)
+def test_damaged_nodes_are_sidecar_errors(tmp_path, edit, match):
+    oeqx.save(tmp_path / "ckpt", eqx.nn.MLP(2, 2, 4, 1, key=KEY))
+    _edit_nodes(tmp_path / "ckpt", edit)
+    with pytest.raises(oeqx.SidecarError, match=match):
+        oeqx.restore(tmp_path / "ckpt", allow=["equinox", "jax"])

@@ -159,8 +159,13 @@ class _Builder:
             )
         try:
             return self.child(name)
+        except OrbaxEqxError:
+            raise
         except RecursionError:
             raise self.damaged("its tree nests deeper than Python recurses") from None
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+            # Malformed records (a value of the wrong shape): pure data, so damage.
+            raise self.damaged(f"its records of the tree are malformed ({e})") from None
 
     def child(self, name: str | None) -> Any:
         if name is None:
