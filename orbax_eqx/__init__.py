@@ -6,6 +6,7 @@ from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
 from ._errors import CheckpointPermissionError as CheckpointPermissionError
 from ._errors import HostLocalArrayError as HostLocalArrayError
 from ._errors import OrbaxEqxError as OrbaxEqxError
+from ._errors import RebuildError as RebuildError
 from ._errors import ShardingRuleError as ShardingRuleError
 from ._errors import SidecarError as SidecarError
 from ._errors import UnsupportedLeafError as UnsupportedLeafError
@@ -23,7 +24,6 @@ from ._orbax.handler import EqxSave as EqxSave
 from ._orbax.type_handler import PackedArrayHandler as PackedArrayHandler
 from ._orbax.type_registry import type_handler_registry as type_handler_registry
 from ._orbax.v1 import EqxCheckpointableHandler as EqxCheckpointableHandler
-from ._rebuild.build import RebuildError as RebuildError
 from ._restore.check import StaticMismatchWarning as StaticMismatchWarning
 from ._restore.fallback import FallbackWarning as FallbackWarning
 from ._restore.fallback import RestoredStep as RestoredStep

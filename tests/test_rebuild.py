@@ -563,3 +563,17 @@ def test_damaged_nodes_are_sidecar_errors(tmp_path, edit, match):
     _edit_nodes(tmp_path / "ckpt", edit)
     with pytest.raises(oeqx.SidecarError, match=match):
         oeqx.restore(tmp_path / "ckpt", allow=["equinox", "jax"])
+
+
+def test_restore_latest_raises_what_allow_lacks_at_once(tmp_path):
+    with ocp.CheckpointManager(tmp_path, item_handlers=oeqx.EqxHandler()) as mngr:
+        for step in (1, 2):
+            mngr.save(step, args=oeqx.EqxSave(zoo.transformer_block(KEY)))
+        mngr.wait_until_finished()
+        with pytest.raises(oeqx.RebuildError, match=r"class `zoo\.Block` is outside"):
+            oeqx.restore_latest(mngr, oeqx.EqxRestore(allow=["equinox", "jax"]))
+        step, model = oeqx.restore_latest(
+            mngr, oeqx.EqxRestore(allow=["equinox", "jax", "zoo"])
+        )
+    assert step == 2
+    zoo.assert_same(model, zoo.transformer_block(KEY))

@@ -20,7 +20,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .._errors import OrbaxEqxError, SidecarError, bullet_list
+from .._errors import OrbaxEqxError, RebuildError, SidecarError, bullet_list
 from .._format.sidecar import LeafMetadata, Metadata
 from .._restore.wide import flat_container
 from .._tree import nodes as _nodes
@@ -37,19 +37,6 @@ from .._tree.walk import (
 )
 from .allow import Refused, look_up, suggestion, unnameable
 from .shared import Selector, is_path
-
-
-class RebuildError(OrbaxEqxError, ValueError):
-    """A checkpoint cannot be rebuilt without a skeleton under the given `allow`.
-
-    `problems` lists `(leaf path, what is wrong)`; `needed` the modules that
-    `allow` lacks.
-    """
-
-    def __init__(self, message: str, problems=(), needed=()):
-        super().__init__(message)
-        self.problems = list(problems)
-        self.needed = list(needed)
 
 
 @dataclasses.dataclass
