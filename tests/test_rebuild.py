@@ -226,6 +226,18 @@ def test_third_party_lineax(tmp_path):
     np.testing.assert_array_equal(got, b / 2)
 
 
+def test_third_party_esm2quinox(tmp_path):
+    esm2quinox = pytest.importorskip("esm2quinox")
+    model = esm2quinox.ESM2(2, 32, 4, True, key=KEY)
+    oeqx.save(tmp_path / "ckpt", model)
+    restored = oeqx.restore(tmp_path / "ckpt", allow=["equinox", "jax", "esm2quinox"])
+    assert eqx.tree_equal(restored, model)
+    tokens = esm2quinox.tokenise(["MKTAYIAK"])
+    np.testing.assert_array_equal(
+        jax.vmap(restored)(tokens).hidden, jax.vmap(model)(tokens).hidden
+    )
+
+
 def test_options_apply_as_with_a_skeleton(tmp_path):
     model = zoo.transformer_block(KEY)
     oeqx.save(tmp_path / "ckpt", {"model": model, "step": 3})
