@@ -142,3 +142,19 @@ def test_needs_a_skeleton(tmp_path):
         oeqx.restore(tmp_path / "ckpt", {"w": jnp.ones(2)}, prefix="w")
     with pytest.raises(ValueError, match=r"not with allow=\['equinox'\]\.$"):
         oeqx.restore(tmp_path / "ckpt", allow=["equinox"])
+
+
+def test_metadata_and_inspect_say_what_it_is(tmp_path, capsys):
+    from orbax_eqx._tools.cli import main as cli_main
+
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(tmp_path / "ckpt", {"w": jnp.ones(2)})
+    message = (
+        rf"{tmp_path / 'ckpt'} is a plain Orbax checkpoint \(saved by Orbax's own "
+        r"handlers, with no orbax_eqx sidecar\): it holds arrays only\. "
+        r"`oeqx\.restore\(path, skeleton\)` restores it into a skeleton"
+    )
+    with pytest.raises(oeqx.SidecarError, match=message):
+        oeqx.metadata(tmp_path / "ckpt")
+    assert cli_main(["inspect", str(tmp_path / "ckpt")]) == 2
+    assert "is a plain Orbax checkpoint" in capsys.readouterr().err

@@ -65,6 +65,13 @@ def read(directory: epath.Path) -> Metadata:
         "with orbax_eqx (for a CheckpointManager: <root>/<step>/<item>)."
     )
     if not path.exists():
+        if (directory / "_METADATA").exists():  # Orbax's PyTree handlers wrote it
+            raise SidecarError(
+                f"{directory} is a plain Orbax checkpoint (saved by Orbax's own "
+                "handlers, with no orbax_eqx sidecar): it holds arrays only. "
+                "`oeqx.restore(path, skeleton)` restores it into a skeleton; "
+                "saving that with `oeqx.save` makes an orbax_eqx checkpoint."
+            )
         raise missing
     try:
         raw = _files.read_bounded(path, MAX_BYTES, lambda what: _damaged(path, what))
