@@ -347,6 +347,15 @@ def test_unknown_container_cannot_be_rebuilt(tmp_path):
         oeqx.restore(tmp_path / "ckpt", allow=["collections"])
 
 
+def test_module_wrapping_a_function_cannot_be_rebuilt(tmp_path):
+    oeqx.save(tmp_path / "ckpt", {"f": eqx.filter_jit(_vector_field)})
+    with pytest.raises(
+        oeqx.RebuildError,
+        match=r"`\['f'\]`: a module wrapping a function cannot be rebuilt",
+    ):
+        oeqx.restore(tmp_path / "ckpt", allow=["equinox", "test_rebuild"])
+
+
 def test_changed_class_is_refused(tmp_path, user_package):
     root, nets = user_package
     oeqx.save(tmp_path / "ckpt", nets.Net(KEY))
