@@ -303,10 +303,13 @@ def test_outside_allow_lists_every_leaf_and_what_to_allow(tmp_path):
         f"Cannot rebuild the checkpoint at {tmp_path / 'ckpt'} without a skeleton "
         "under `allow=['equinox']`: 2 leaves or modules cannot be rebuilt:\n"
     )
-    assert "  - `<root>`: class `zoo.Block` is outside `allow`\n" in text
+    assert (
+        "  - `<root>`: class `zoo.Block` is outside `allow` (to allow it: `zoo`)\n"
+        in text
+    )
     assert (
         "  - `.mlp.activation`: callable `jax._src.nn.functions.gelu` is outside "
-        "`allow`\n" in text
+        "`allow` (to allow it: `jax`)\n" in text
     )
     assert "pass `allow=['equinox', 'jax', 'zoo']`" in text
     assert info.value.needed == ["jax", "zoo"]
@@ -458,7 +461,10 @@ def test_module_outside_allow_is_not_imported(tmp_path, user_package):
     site, nets = user_package
     oeqx.save(tmp_path / "ckpt", nets.Net(KEY))
     found = _restore_in_fresh_process(tmp_path / "ckpt", ["equinox", "jax"], site)
-    assert "`<root>`: class `mymodels.nets.Net` is outside `allow`" in found["outcome"]
+    assert (
+        "`<root>`: class `mymodels.nets.Net` is outside `allow` (to allow it: "
+        "`mymodels`)" in found["outcome"]
+    )
     assert found["imported"] == []
     # And with it allowed, it is imported and rebuilt.
     found = _restore_in_fresh_process(
@@ -492,10 +498,12 @@ def test_planted_module_named_by_an_edited_sidecar_never_runs(tmp_path):
     assert not marker.exists()
     assert found["imported"] == []
     for line in [
-        "`<root>`: class `planted.Evil` is outside `allow`",
-        "`.layers[0]`: class `os.system` is outside `allow`",
-        "`.activation`: callable `planted.f` is outside `allow`",
-        "`.final_activation`: callable `posix.system` is outside `allow`",
+        "`<root>`: class `planted.Evil` is outside `allow` (to allow it: `planted`)",
+        "`.layers[0]`: class `os.system` is outside `allow` (to allow it: `os`)",
+        "`.activation`: callable `planted.f` is outside `allow` (to allow it: "
+        "`planted`)",
+        "`.final_activation`: callable `posix.system` is outside `allow` (to allow "
+        "it: `posix`)",
     ]:
         assert line in found["outcome"]
 

@@ -111,11 +111,17 @@ def look_up(name: str, allow: tuple[str, ...]) -> Any:
             )
         return found
     if not tried:
-        return Refused("is outside `allow`", suggestion(name))
+        return _outside(suggestion(name))
     return Refused("cannot be imported: no module of it is installed")
 
 
 _ABSENT = object()
+
+
+def _outside(module: str) -> Refused:
+    return Refused(f"is outside `allow` (to allow it: `{module}`)", module)
+
+
 _LAMBDA = ".<lambda>"
 
 
@@ -123,7 +129,7 @@ def _only_lambda(module_name: str, allow: tuple[str, ...]) -> Any:
     """A lambda bound at the top level of `module_name` (as Equinox's
     `_identity = lambda x: x`), found if it is the only one there."""
     if not allowed(module_name, allow):
-        return Refused("is outside `allow`", suggestion(module_name))
+        return _outside(suggestion(module_name))
     module = _import(module_name)
     if module is None:
         return Refused("cannot be imported: no module of it is installed")
