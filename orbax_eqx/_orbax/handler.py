@@ -479,6 +479,8 @@ class EqxRestore(ocp.args.CheckpointArgs):
         model, report = mngr.restore(step, args=args)  # report.kept: the head
         # After a refactor that renamed `blocks` to `layers`.
         args = oeqx.EqxRestore(skeleton, renames=[(r"blocks\.(.*)", r"layers.\1")])
+        # No skeleton: the saved tree rebuilt, importing only these modules.
+        args = oeqx.EqxRestore(allow=["equinox", "jax", "my_models"])
         ```
     """
 
