@@ -108,13 +108,13 @@ def test_stripped_checksums_are_damage(tmp_path, capsys, pack):
     assert sorted(d.name for d in report.damaged) == ["a", "b"]
     for leaf in report.damaged:
         assert leaf.problem == (
-            "records no checksum, though a format-4 sidecar records one for every "
+            "records no checksum, though a format-5 sidecar records one for every "
             "array unless saved with checksums=False, which this one does not say: "
             "its sidecar was edited or damaged"
         )
     assert main(["verify", str(path)]) == 1
     out = capsys.readouterr().out
-    assert "DAMAGED ['a'] (a): records no checksum, though a format-4" in out
+    assert "DAMAGED ['a'] (a): records no checksum, though a format-5" in out
     assert "saved before orbax_eqx recorded them" not in out
 
 
