@@ -6,6 +6,7 @@ from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
 from ._errors import CheckpointPermissionError as CheckpointPermissionError
 from ._errors import HostLocalArrayError as HostLocalArrayError
 from ._errors import OrbaxEqxError as OrbaxEqxError
+from ._errors import RebuildError as RebuildError
 from ._errors import ShardingRuleError as ShardingRuleError
 from ._errors import SidecarError as SidecarError
 from ._errors import UnsupportedLeafError as UnsupportedLeafError

@@ -18,6 +18,19 @@ class CheckpointMismatchError(OrbaxEqxError, ValueError):
     """The skeleton does not match what the checkpoint holds."""
 
 
+class RebuildError(OrbaxEqxError, ValueError):
+    """A checkpoint cannot be rebuilt without a skeleton under the given `allow`.
+
+    `problems` lists `(leaf path, what is wrong)`; `needed` the modules that
+    `allow` lacks.
+    """
+
+    def __init__(self, message: str, problems=(), needed=()):
+        super().__init__(message)
+        self.problems = list(problems)
+        self.needed = list(needed)
+
+
 class SidecarError(OrbaxEqxError, ValueError):
     """The sidecar file of a checkpoint is missing, damaged or of unknown format."""
 

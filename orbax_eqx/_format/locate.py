@@ -7,6 +7,8 @@ from etils import epath
 from .._errors import CheckpointNotFoundError, permission_denied
 from .sidecar import FILE_NAME
 
+PLAIN_METADATA = "_METADATA"  # what Orbax's PyTree handlers write in an item
+
 
 def as_path(directory: str | os.PathLike) -> epath.Path:
     """An absolute `epath.Path`; relative local paths are resolved here."""
@@ -18,6 +20,12 @@ def as_path(directory: str | os.PathLike) -> epath.Path:
 
 def is_item(path: epath.Path) -> bool:
     return (path / FILE_NAME).exists()
+
+
+def is_plain_item(path: epath.Path) -> bool:
+    """An item saved by Orbax's own PyTree handlers (no sidecar, Orbax's
+    `_METADATA`): restored into a skeleton (`_orbax/plain.py`)."""
+    return (path / PLAIN_METADATA).exists() and not is_item(path)
 
 
 def items_in(path: epath.Path) -> list[epath.Path]:
@@ -70,6 +78,11 @@ def find_item(directory: str | os.PathLike) -> epath.Path:
     items = items_in(path)
     if len(items) == 1:
         return items[0]
+    if not items and is_plain_item(path):
+        return path
+    plain = [p for p in path.iterdir() if p.is_dir() and is_plain_item(p)]
+    if not items and len(plain) == 1:  # a step of a plain Orbax item
+        return plain[0]
     if items:
         names = ", ".join(p.name for p in items)
         raise CheckpointNotFoundError(

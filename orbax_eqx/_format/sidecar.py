@@ -28,9 +28,17 @@ no token, before 4 there are no shard packs):
   "step": {"path": "['step']", "kind": "scalar", "value": 3},
   ...
  },
- "modules": {"layers.0": {"path": ".layers[0]", "class": "...", "static": {}}}
+ "modules": {"layers.0": {"path": ".layers[0]", "class": "...", "static": {}}},
+ "nodes": {"": {"path": "<root>", "type": "module", "fields": ["layers"],
+                "children": ["layers"]},
+           "layers": {"path": ".layers", "type": "list",
+                      "children": ["layers.0"]}, ...}
 }
 ```
+
+`nodes` (format 5 on) records every inner node of the tree, so that a
+restore with `allow=` can rebuild it without a skeleton (see `_tree/nodes.py`
+for the record of each kind of node). Earlier sidecars have none.
 
 An array leaf's `data` says where its bytes are:
 
@@ -81,6 +89,7 @@ from etils import epath
 
 from .._bytes import store as _store
 from .._errors import UnsupportedLeafError
+from .._tree import nodes as _nodes
 from .._tree.names import storage_key
 from .._tree.values import describe, encode, scalar_type
 from .._tree.walk import (
@@ -188,6 +197,9 @@ class Metadata:
     # False: saved with `checksums=False` (format 3 saves record a checksum
     # for every array otherwise; see `oeqx.verify`).
     checksums: bool = True
+    # Format 5: every inner node of the saved tree, as `_tree/nodes.py` records
+    # it (None: written before, or by a writer that did not record them).
+    nodes: dict[str, dict[str, Any]] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -294,7 +306,7 @@ def build(
                 "alignment": PACK_ALIGNMENT,
             }
         )
-    return {
+    content = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "versions": package_versions(),
@@ -304,6 +316,9 @@ def build(
         "leaves": leaves,
         "modules": modules,
     }
+    if walked.name_of is not None:  # format 5: what a rebuild needs
+        content["nodes"] = _nodes.record(walked)
+    return content
 
 
 def record_checksums(content: dict[str, Any], crc32: dict, sum32: dict) -> None:
@@ -377,7 +392,7 @@ def _dump(content: dict[str, Any], pause: Callable[[], None] | None = None) -> s
 
     parts = []
     for key, value in content.items():
-        if isinstance(value, dict) and key in ("leaves", "modules") and value:
+        if isinstance(value, dict) and key in ("leaves", "modules", "nodes") and value:
             rows = ",\n".join(f"  {line(k)}: {line(v)}" for k, v in value.items())
             parts.append(f" {line(key)}: {{\n{rows}\n }}")
         else:

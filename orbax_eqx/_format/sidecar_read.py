@@ -24,6 +24,7 @@ from etils import epath
 # `_errors`, and opening files safely is the same job for every file.
 from .._bytes import store as _store
 from .._errors import SidecarError, permission_denied
+from .._tree import nodes as _nodes
 from .._tree.names import old_storage_key, storage_key
 from .._tree.values import decode_scalar, scalar_type, too_deep
 from .._tree.walk import ARRAY, SCALAR, ModuleInfo, parse_dtype
@@ -63,6 +64,13 @@ def read(directory: epath.Path) -> Metadata:
         "with orbax_eqx (for a CheckpointManager: <root>/<step>/<item>)."
     )
     if not path.exists():
+        if (directory / "_METADATA").exists():  # Orbax's PyTree handlers wrote it
+            raise SidecarError(
+                f"{directory} is a plain Orbax checkpoint (saved by Orbax's own "
+                "handlers, with no orbax_eqx sidecar): it holds arrays only. "
+                "`oeqx.restore(path, skeleton)` restores it into a skeleton; "
+                "saving that with `oeqx.save` makes an orbax_eqx checkpoint."
+            )
         raise missing
     try:
         raw = _store.read_bounded(path, MAX_BYTES, lambda what: _damaged(path, what))
@@ -189,6 +197,9 @@ def parse(content: Any, where: str) -> Metadata:
             if too_deep(value):
                 raise bad(f"static field {field!r} of module {name!r} {_TOO_DEEP}")
         modules[name] = ModuleInfo(rec.get("path", name), rec["class"], static)
+    nodes = None
+    if version >= 5 and "nodes" in content:
+        nodes = _parse_nodes(content["nodes"], bad)
     return Metadata(
         where,
         version,
@@ -199,7 +210,30 @@ def parse(content: Any, where: str) -> Metadata:
         token,
         shard_files,
         checksums,
+        nodes,
     )
+
+
+def _parse_nodes(nodes_json: Any, bad) -> dict[str, dict[str, Any]]:
+    """The records of the tree's inner nodes, checked for shape only: how they
+    refer to each other is checked by the rebuild that reads them."""
+    if not isinstance(nodes_json, dict):
+        raise bad('"nodes" must be a JSON object')
+    for name, rec in nodes_json.items():
+        if not (
+            isinstance(rec, dict)
+            and rec.get("type") in _nodes.TYPES
+            and isinstance(rec.get("path"), str)
+            and all(isinstance(rec.get(k, []), list) for k in ("children", "fields"))
+            and all(c is None or isinstance(c, str) for c in rec.get("children", []))
+            and all(isinstance(f, str) for f in rec.get("fields", []))
+            and isinstance(rec.get("class", ""), str)
+        ):
+            raise bad(f"node {name!r} has no valid type, path or children")
+        for key in ("keys", "markers"):
+            if not isinstance(rec.get(key, []), list) or too_deep(rec.get(key)):
+                raise bad(f"the {key} of node {name!r} are malformed")
+    return nodes_json
 
 
 def _parse_packs(packs_json: Any, token, where, bad) -> tuple[PackMetadata, ...]:

@@ -1,6 +1,7 @@
 """Standalone `save`, `restore` and `metadata`: one checkpoint, no manager."""
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -139,14 +140,24 @@ def _check_writable(path) -> None:
         )
 
 
-def restore(directory: str | os.PathLike, skeleton: Any = None, **options) -> Any:
+def restore(
+    directory: str | os.PathLike,
+    skeleton: Any = None,
+    *,
+    allow: Sequence[str] | None = None,
+    **options,
+) -> Any:
     """Restores the checkpoint at `directory`.
 
     **Arguments:**
 
     - `directory`: an item directory, or a step directory holding one item.
     - `skeleton`: the structure to restore into (see `EqxRestore`); without
-        one, returns a flat `{leaf name: value}` dict.
+        one, returns a flat `{leaf name: value}` dict, or with `allow=`
+        rebuilds the saved tree.
+    - `allow`: without a skeleton, the modules a rebuild of the saved tree
+        may import, such as `["equinox", "jax", "my_models"]` (see
+        `EqxRestore`); nothing outside them is imported.
     - `**options`: `shardings=`, `cast=`, `strict=`, `prefix=`, `renames=`,
         `renames_must_match=`, `missing=`, `report=`, `on_static_mismatch=`,
         `verify=`, as for `EqxRestore`.
@@ -156,7 +167,7 @@ def restore(directory: str | os.PathLike, skeleton: Any = None, **options) -> An
     path = _located(directory)
     handler = EqxHandler()
     try:
-        return handler.restore(path, args=EqxRestore(skeleton, **options))
+        return handler.restore(path, args=EqxRestore(skeleton, allow=allow, **options))
     finally:
         handler.close()
 

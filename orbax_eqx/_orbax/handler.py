@@ -5,6 +5,7 @@ import concurrent.futures
 import dataclasses
 import functools
 import os
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import jax
@@ -15,6 +16,8 @@ from etils import epath
 from .._bytes import store as _store
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
+from .._rebuild import build as _rebuild
+from .._rebuild.allow import check_allow
 from .._restore.renames import Renames
 from .._restore.restore import restore_flat, restore_tree
 from .._restore.select import check_options
@@ -32,6 +35,7 @@ from .._storage import staging as _staging
 from .._storage import store_files as _store_files
 from .._storage.checksum import host_sum32
 from . import object_commit as _object_commit
+from . import plain as _plain
 
 TYPESTR = "orbax_eqx.EqxHandler"
 
@@ -261,7 +265,12 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
 
     def _restore(self, directory: epath.Path, args: "EqxRestore") -> Any:
         with noticed(directory):  # says so if the step is deleted meanwhile
+            if _plain.is_plain(epath.Path(directory)):  # saved by Orbax alone
+                return _plain.restore(epath.Path(directory), args)
             saved = _sidecar_read.read(epath.Path(directory))
+            if args.skeleton is None and args.allow is not None:
+                rebuilt = _rebuild.skeleton(saved, args.allow, args.prefix)
+                args = dataclasses.replace(args, skeleton=rebuilt, allow=None)
             if args.skeleton is None:
                 return restore_flat(
                     self._inner,
@@ -389,7 +398,15 @@ class EqxRestore(ocp.args.CheckpointArgs):
         `eqx.filter_eval_shape(make_model, key)`. It supplies classes, static
         fields, callables and `eqx.nn.Shared` wiring; the checkpoint supplies
         arrays and Python-scalar leaves. Leaves may be `jax.ShapeDtypeStruct`s
-        or concrete arrays. `None` restores a flat `{leaf name: value}` dict.
+        or concrete arrays. `None` restores a flat `{leaf name: value}` dict,
+        or with `allow=` rebuilds the saved tree.
+    - `allow`: without a skeleton, rebuild the saved tree (its modules,
+        containers, static fields, callables) from the checkpoint, importing
+        only these modules (a name allows that module and its submodules),
+        whatever the checkpoint names: `allow=["equinox", "jax", "my_models"]`.
+        Anything the checkpoint names outside them, or that cannot be rebuilt
+        (a lambda, a local class), is one `RebuildError` listing every such
+        leaf. Needs a checkpoint saved with sidecar format 5 or later.
     - `shardings`: where restored jax arrays go: one `jax.sharding.Sharding`
         for all, a PyTree shaped like the skeleton with a Sharding (or None) at
         each leaf, or a function `(leaf name, skeleton leaf) -> Sharding`.
@@ -472,10 +489,13 @@ class EqxRestore(ocp.args.CheckpointArgs):
         model, report = mngr.restore(step, args=args)  # report.kept: the head
         # After a refactor that renamed `blocks` to `layers`.
         args = oeqx.EqxRestore(skeleton, renames=[(r"blocks\.(.*)", r"layers.\1")])
+        # No skeleton: the saved tree rebuilt, importing only these modules.
+        args = oeqx.EqxRestore(allow=["equinox", "jax", "my_models"])
         ```
     """
 
     skeleton: Any = None
+    allow: Sequence[str] | None = dataclasses.field(default=None, kw_only=True)
     shardings: Any = dataclasses.field(default=None, kw_only=True)
     cast: bool = dataclasses.field(default=False, kw_only=True)
     strict: bool = dataclasses.field(default=True, kw_only=True)
@@ -502,7 +522,14 @@ class EqxRestore(ocp.args.CheckpointArgs):
                 f'EqxRestore(missing={self.missing!r}): expected "error" or "keep".'
             )
         check_options(self.prefix, self.renames)
-        if self.skeleton is None:
+        if self.allow is not None:
+            self.allow = check_allow(self.allow)
+            if self.skeleton is not None:
+                raise ValueError(
+                    "EqxRestore(skeleton, allow=...): `allow` rebuilds the tree "
+                    "when there is no skeleton; pass one or the other."
+                )
+        if self.skeleton is None and self.allow is None:
             asked = [
                 f"{name}={getattr(self, name)!r}"
                 for name, default in _NEED_SKELETON.items()

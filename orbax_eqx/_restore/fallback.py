@@ -5,7 +5,12 @@ from typing import Any, NamedTuple
 
 import orbax.checkpoint as ocp
 
-from .._errors import CheckpointMismatchError, CheckpointNotFoundError, bullet_list
+from .._errors import (
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    RebuildError,
+    bullet_list,
+)
 from .vanished import CheckpointDeletedError
 
 # Steps deleted under a restore that are followed by a new listing, at most: a
@@ -60,7 +65,7 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
         step = left[0]
         try:
             item = manager.restore(step, args=args)
-        except CheckpointMismatchError:
+        except (CheckpointMismatchError, RebuildError):  # the caller's to fix
             raise
         except Exception as e:  # any damage: missing, truncated, unreadable
             if len(deleted) < MAX_DELETED:

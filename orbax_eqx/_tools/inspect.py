@@ -17,9 +17,11 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from .._bytes.store import read_bounded
+from .._errors import OrbaxEqxError
 from .._format.locate import as_path, find_item, is_item, items_in, steps_in
 from .._format.sidecar import ALIAS, PACKED, SHARDS, STORED, Metadata, arrays_dir
 from .._format.sidecar_read import read
+from .._rebuild import build as _rebuild
 from .._storage.store_files import check as check_store_files
 from .._tree.values import describe
 from .._tree.walk import ARRAY, JAX
@@ -252,12 +254,31 @@ def _item_json(saved: Metadata, shardings: dict[str, str]) -> dict[str, Any]:
     arrays, nbytes = totals(saved)
     return {
         "path": saved.directory,
+        "rebuild": rebuild_plan(saved),
         "format_version": saved.format_version,
         "versions": saved.versions,
         "packs": [{"file": p.file, "nbytes": p.nbytes} for p in saved.packs],
         "leaves": leaves,
         "modules": modules,
         "totals": {"leaves": len(saved.leaves), "arrays": arrays, "nbytes": nbytes},
+    }
+
+
+def rebuild_plan(saved: Metadata) -> dict[str, Any]:
+    """Whether `restore(path, allow=...)` can rebuild the item without a
+    skeleton, and what to allow: read from the sidecar, importing nothing.
+
+    `{"recorded": bool, "allow": [modules], "cannot": [{"path", "why"}]}`;
+    `recorded` is False for sidecars that do not record the tree (format < 5).
+    """
+    try:
+        names, cannot = _rebuild.needs(saved)
+    except OrbaxEqxError as e:  # no structure recorded, or a damaged one
+        return {"recorded": False, "allow": [], "cannot": [], "why": str(e)}
+    return {
+        "recorded": True,
+        "allow": _rebuild.modules_to_allow(names),
+        "cannot": [{"path": p, "why": why} for p, why in cannot],
     }
 
 

@@ -7,7 +7,7 @@ from typing import Any
 from .._format.sidecar import ALIAS, Metadata
 from .._tree.values import describe
 from .._tree.walk import ARRAY, display_path
-from .inspect import Report, totals
+from .inspect import Report, rebuild_plan, totals
 from .text import cut, human_bytes, table
 from .tree_view import rows as tree_rows
 from .tree_view import type_text, value_text
@@ -67,6 +67,7 @@ def _tree_text(saved: Metadata, shardings: dict[str, str]) -> str:
         "",
         _total_line(saved),
         _writer_line(saved),
+        _rebuild_line(saved),
     ]
     return "\n".join(lines) + "\n"
 
@@ -100,6 +101,7 @@ def _item_text(saved: Metadata) -> str:
         "",
         _total_line(saved),
         _writer_line(saved),
+        _rebuild_line(saved),
     ]
     return "\n".join(lines) + "\n"
 
@@ -121,6 +123,25 @@ def _writer_line(saved: Metadata) -> str:
     return f"Written by orbax_eqx {writer} (sidecar format {saved.format_version})" + (
         f" with {others}." if others else "."
     )
+
+
+def _rebuild_line(saved: Metadata) -> str:
+    """What `restore(path, allow=...)` needs to rebuild the item, if it can."""
+    plan = rebuild_plan(saved)
+    if not plan["recorded"]:
+        return (
+            "Without a skeleton: not rebuildable (this sidecar records no tree "
+            "structure; re-save to get one)."
+        )
+    if plan["cannot"]:
+        first = plan["cannot"][0]
+        more = len(plan["cannot"]) - 1
+        return (
+            f"Without a skeleton: not rebuildable: `{first['path']}`: {first['why']}"
+            + (f" (and {more} more)" if more else "")
+            + "; restore it into a skeleton."
+        )
+    return f"Without a skeleton: restore with `allow={plan['allow']!r}` to rebuild it."
 
 
 def _metrics_text(metrics: dict[str, Any] | None) -> str:

@@ -62,6 +62,8 @@ class Walked:
     # Leaf name -> the name orbax_eqx gave it before `eqx.nn.State` entries were
     # named relative to their State, where the two differ (see `_Namer`).
     old_names: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Key path -> name, for the tree's inner nodes too (see `_tree/nodes.py`).
+    name_of: Callable[[tuple], str] | None = None
 
 
 def display_path(path: str) -> str:
@@ -193,7 +195,7 @@ def walk(tree: Any, pause: Callable[[], None] | None = None) -> Walked:
         infos[name_of(path)] = ModuleInfo(
             display_path(jtu.keystr(path)), _class_name(type(m)), _static_fields(m)
         )
-    return Walked(leaves, treedef, infos, old_names)
+    return Walked(leaves, treedef, infos, old_names, name_of)
 
 
 def _no_pause() -> None:
