@@ -29,9 +29,9 @@ from . import endpoints as _endpoints
 from . import parts as _parts
 from .store import BadFile, ErrorFor, Reader, Reads, Store
 
-_READ_PIECE = 8 << 20
-_READ_WINDOW = 16
-_WRITE_WINDOW = 3
+_READ_PIECE = 4 << 20
+_READ_WINDOW = 8
+_WRITE_WINDOW = 2
 # Where the errors of Orbax's directory calls on object stores come from.
 _FSSPEC_MODULES = ("botocore", "aiobotocore", "s3fs", "gcsfs", "google")
 _NO_VALUE = b"\x02"  # TensorStore's generation of a key that has no value

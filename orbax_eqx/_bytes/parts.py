@@ -10,7 +10,7 @@ checkpoint copied between a disk and a bucket (`gsutil cp -r`) reads either
 way. The part size is part of the format: a reader knows it without asking.
 """
 
-PART_BYTES = 64 << 20
+PART_BYTES = 32 << 20
 _PART = "{name}.part-{index:05d}"
 
 
