@@ -95,6 +95,7 @@ def test_dimension_no_array_can_have_is_damage(with_empty):
 
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "orbax"])
 def test_stripped_checksums_are_damage(tmp_path, capsys, pack):
+    # Restore and verify agree: the sidecar is damaged (format 5).
     path = tmp_path / "ckpt"
     oeqx.save(path, {"a": jnp.arange(10.0), "b": jnp.ones(3)}, pack=pack)
 
@@ -103,6 +104,42 @@ def test_stripped_checksums_are_damage(tmp_path, capsys, pack):
             record.pop("crc32" if pack else "sum32")
 
     _edit(path, strip)
+    where, kind = (
+        ("is packed", "CRC-32")
+        if pack
+        else (
+            "is in Orbax's array store",
+            "sum32",
+        )
+    )
+    match = _damaged(
+        rf"leaf `\['a'\]` \(leaf name 'a'\) {where} but records no {kind}, though "
+        r"a format-5 sidecar of a save with checksums records one for every such "
+        r"leaf: it was edited"
+    )
+    with pytest.raises(oeqx.SidecarError, match=match):
+        oeqx.verify(path)
+    with pytest.raises(oeqx.SidecarError, match=match):
+        oeqx.restore(path, {"a": jnp.zeros(10), "b": jnp.zeros(3)})
+    assert main(["verify", str(path)]) != 0
+    assert "records no" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "orbax"])
+def test_stripped_checksums_of_format_4_are_damage_to_verify(tmp_path, capsys, pack):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"a": jnp.arange(10.0), "b": jnp.ones(3)}, pack=pack)
+
+    def strip(content):
+        content["format_version"] = 4
+        for record in content["leaves"].values():
+            record.pop("crc32" if pack else "sum32")
+
+    _edit(path, strip)
+    if pack:  # packed leaves always have one: the sidecar is damaged
+        with pytest.raises(oeqx.SidecarError, match=r"format-4 sidecar"):
+            oeqx.verify(path)
+        return
     report = oeqx.verify(path)
     assert not report.ok and report.unchecked == ()
     assert sorted(d.name for d in report.damaged) == ["a", "b"]
@@ -115,7 +152,6 @@ def test_stripped_checksums_are_damage(tmp_path, capsys, pack):
     assert main(["verify", str(path)]) == 1
     out = capsys.readouterr().out
     assert "DAMAGED ['a'] (a): records no checksum, though a format-4" in out
-    assert "saved before orbax_eqx recorded them" not in out
 
 
 def test_a_format_3_sidecar_without_checksums_is_unchecked_not_damaged(

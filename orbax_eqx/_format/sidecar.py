@@ -75,6 +75,7 @@ import os
 import platform
 import re
 import sys
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -309,12 +310,42 @@ def build(
 
 
 def record_checksums(content: dict[str, Any], crc32: dict, sum32: dict) -> None:
-    """Adds `{leaf name: checksum}` to the sidecar's JSON `content`, in place."""
+    """Adds `{leaf name: checksum}` to the sidecar's JSON `content`, in place
+    (packed leaves' CRC-32s bound to their records: see `bind`)."""
     leaves = content["leaves"]
+    token = content["token"]
     for name, value in crc32.items():
-        leaves[name]["crc32"] = value
+        leaves[name]["crc32"] = bind(value, token, name, leaves[name])
     for name, value in sum32.items():
         leaves[name]["sum32"] = value
+    if content.get("checksums", True):
+        # Format 5: an Orbax-stored array that no process held whole at save
+        # (multi-host) has no sum32, and says so; a missing one was edited.
+        for record in leaves.values():
+            if record.get("data") == STORED:
+                record.setdefault("sum32", None)
+
+
+def bind(crc: int, token: str, name: str, record: dict[str, Any]) -> int:
+    """A packed leaf's `crc32` as format 5 records it: the CRC-32 of its bytes
+    XOR the CRC-32 of what says where and what they are (the save's token, the
+    leaf name, dtype, shape, pack file, offset and size). Its own inverse:
+    a reader binds the recorded value with the record as it reads it, and
+    gets the CRC-32 of the bytes back only if no part of that was edited
+    (a dtype or shape of the same size, an offset, another leaf's record, a
+    pack of another save); else the data is found damaged, by a restore and by
+    `verify` alike."""
+    where = [
+        token,
+        name,
+        record["dtype"],
+        list(record["shape"]),
+        pack_file(token, record["pack"]),
+        record["offset"],
+        record["nbytes"],
+    ]
+    text = json.dumps(where, ensure_ascii=False, separators=(",", ":"))
+    return crc ^ zlib.crc32(text.encode("utf-8", "surrogatepass"))
 
 
 def nbytes(x: Any) -> int:

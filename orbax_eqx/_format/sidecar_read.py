@@ -13,6 +13,7 @@ never recurses without bound. Any of these is damage, said in one
 `SidecarError`.
 """
 
+import dataclasses
 import json
 import math
 import sys
@@ -44,6 +45,7 @@ from .sidecar import (
     LeafMetadata,
     Metadata,
     PackMetadata,
+    bind,
     itemsize,
     pack_file,
 )
@@ -160,6 +162,8 @@ def parse(content: Any, where: str) -> Metadata:
     leaves = {
         name: _parse_leaf(name, rec, packs, bad) for name, rec in leaves_json.items()
     }
+    if version >= 4 and checksums:
+        _check_crcs(leaves, leaves_json, version, token, bad)
     for leaf in leaves.values():
         target = leaves.get(leaf.alias_of) if leaf.data == ALIAS else None
         if leaf.data == ALIAS and (
@@ -310,6 +314,33 @@ def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
         sum32=sums["sum32"] if data == STORED else None,
         sharding=str(rec["sharding"]) if data == SHARDS and "sharding" in rec else None,
         key=rec["key"] if data == STORED else None,
+    )
+
+
+def _check_crcs(leaves, leaves_json, version: int, token, bad) -> None:
+    """From format 4 on, a save with checksums records a CRC-32 for every packed
+    leaf, and from format 5 on a `sum32` (null where no process held the array
+    whole) for every Orbax-stored one: one without it was edited, and is
+    damage to a restore as to `verify`. From format 5 on, each CRC-32 is bound
+    to its record (`sidecar.bind`): unbound here, so that readers compare it
+    with the CRC-32 of the bytes."""
+    for name, leaf in list(leaves.items()):
+        if leaf.data == STORED and version >= 5 and "sum32" not in leaves_json[name]:
+            raise bad(_no_checksum(leaf, "is in Orbax's array store", "sum32", version))
+        if leaf.data != PACKED:
+            continue
+        if leaf.crc32 is None:
+            raise bad(_no_checksum(leaf, "is packed", "CRC-32", version))
+        if version >= 5:
+            crc = bind(leaf.crc32, token, name, leaves_json[name])
+            leaves[name] = dataclasses.replace(leaf, crc32=crc)
+
+
+def _no_checksum(leaf, where: str, kind: str, version: int) -> str:
+    return (
+        f"leaf `{leaf.path}` (leaf name {leaf.name!r}) {where} but records no "
+        f"{kind}, though a format-{version} sidecar of a save with checksums "
+        f"records one for every such leaf: it was edited"
     )
 
 
