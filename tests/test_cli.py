@@ -157,7 +157,7 @@ def test_inspect_item_dir_flat(step_dir, tmp_path):
         assert re.search(rf"^  {row}$", out, re.M), row
     assert re.search(r"^Total: 10 leaves, 5 arrays, 80 B\.$", out, re.M)
     assert re.search(
-        r"^Written by orbax_eqx \S+ \(sidecar format 4\) with .*jax ", out, re.M
+        r"^Written by orbax_eqx \S+ \(sidecar format 5\) with .*jax ", out, re.M
     )
 
 
