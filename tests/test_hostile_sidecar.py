@@ -312,3 +312,69 @@ def test_long_integers_round_trip_whatever_the_digit_limit(tmp_path, capsys, n):
     assert restored["n"] == n and restored["short"] == short
     assert main(["inspect", str(path)]) == 0
     assert f"<int of {n.bit_length()} bits>" in capsys.readouterr().out
+
+
+# --- records no orbax_eqx writes: one SidecarError, never a raw TypeError ------
+
+
+@pytest.fixture
+def varied(tmp_path):
+    path = tmp_path / "ckpt"
+    item = {"e": jnp.zeros((0, 3)), "w": jnp.ones(2), "z": 2j, "n": np.arange(3)}
+    oeqx.save(path, item)
+    return path
+
+
+def _set(leaf, **fields):
+    return lambda c: c["leaves"][leaf].update(**fields)
+
+
+@pytest.mark.parametrize(
+    "edit, what",
+    [
+        (_set("e", dtype="bogus"), r"leaf 'e' has unknown dtype 'bogus'"),
+        (_set("e", dtype="int99"), r"leaf 'e' has unknown dtype 'int99'"),
+        (_set("w", dtype="key<bogus>"), r"leaf 'w' has unknown dtype 'key<bogus>'"),
+        (
+            _set("n", dtype="[('a', '<i4')]"),
+            r"leaf 'n' has unknown dtype \"\[\('a', '<i4'\)\]\"",
+        ),
+        (_set("z", value={"complex": 5}), r"leaf 'z' has no valid Python value"),
+        (_set("z", value={"complex": [1]}), r"leaf 'z' has no valid Python value"),
+        (_set("z", value={"complex": "x"}), r"leaf 'z' has no valid Python value"),
+        (
+            lambda c: c.update(format_version=0),
+            r'"format_version" is 0, which no orbax_eqx ever wrote \(they write 1 '
+            r"to 5\)",
+        ),
+        (
+            lambda c: c.update(format_version=-3),
+            r'"format_version" is -3, which no orbax_eqx ever wrote \(they write '
+            r"1 to 5\)",
+        ),
+    ],
+    ids=[
+        "zero-size-dtype",
+        "zero-size-int99",
+        "key-dtype",
+        "structured-dtype",
+        "complex-int",
+        "complex-short",
+        "complex-str",
+        "version-0",
+        "version-negative",
+    ],
+)
+def test_records_no_orbax_eqx_writes_are_damage_everywhere(varied, capsys, edit, what):
+    _edit(varied, edit)
+    message = _damaged(what)
+    with pytest.raises(oeqx.SidecarError, match=message):
+        oeqx.restore(varied)
+    with pytest.raises(oeqx.SidecarError, match=message):
+        oeqx.restore(varied, {"e": jnp.zeros((0, 3)), "w": jnp.ones(2), "z": 1j})
+    with pytest.raises(oeqx.SidecarError, match=message):
+        oeqx.verify(varied)
+    with pytest.raises(oeqx.SidecarError, match=message):
+        oeqx.metadata(varied)
+    for command in ("inspect", "verify"):
+        _one_line_error([command, str(varied)], capsys, message)

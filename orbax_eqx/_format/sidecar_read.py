@@ -132,6 +132,11 @@ def parse(content: Any, where: str) -> Metadata:
     version = content.get("format_version")
     if type(version) is not int:
         raise bad('"format_version" is not an integer')
+    if version < 1:
+        raise bad(
+            f'"format_version" is {version}, which no orbax_eqx ever wrote (they '
+            f"write 1 to {FORMAT_VERSION})"
+        )
     if version > FORMAT_VERSION:
         raise SidecarError(
             f"The checkpoint in {where} has sidecar format version {version}, but "
@@ -239,7 +244,7 @@ def _is_scalar(encoded: Any) -> bool:
         return False
     try:
         decode_scalar(encoded)
-    except ValueError:
+    except (TypeError, ValueError):  # `{"complex": 5}`: no pair to unpack
         return False
     return True
 
@@ -269,6 +274,10 @@ def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
     dtype, cont, data = rec.get("dtype"), rec.get("container"), rec.get("data")
     if not isinstance(dtype, str) or cont not in CONTAINERS:
         raise bad(f"leaf {name!r} has no valid dtype or container")
+    try:
+        parse_dtype(dtype)  # every array's: zero-size and sharded ones too
+    except (TypeError, ValueError):
+        raise bad(f"leaf {name!r} has unknown dtype {dtype!r}") from None
     if data == STORED and rec.get("key") not in (
         storage_key(name),
         old_storage_key(name),
