@@ -225,3 +225,33 @@ def test_bool_arrays_with_bytes_other_than_0_and_1_restore(tmp_path, kind, pack)
     else:  # Orbax's store holds 0 and 1: the same truth values
         assert as_bytes.tolist() == (raw != 0).tolist()
     assert oeqx.verify(tmp_path / "ckpt").ok
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["pack", "orbax"])
+def test_a_deleted_jax_array_is_refused_naming_the_leaf(tmp_path, pack):
+    gone = jnp.ones((2, 3))
+    gone.delete()
+    message = (
+        r"Leaf `\['opt'\]\[1\]` is a jax array \(float32\[2, 3\]\) that was "
+        r"deleted \(donated to a jitted function, or `.delete\(\)`d\): its data is "
+        r"gone\.\nSave the arrays a step returns, not the ones it was given"
+    )
+    with pytest.raises(oeqx.UnsupportedLeafError, match=message):
+        oeqx.save(tmp_path / "ckpt", {"w": jnp.ones(2), "opt": [1, gone]}, pack=pack)
+    _nothing_left(tmp_path)
+    # A later save of the same structure (checked by values only) too.
+    oeqx.save(tmp_path / "ok", {"w": jnp.ones(2), "opt": [1, jnp.ones((2, 3))]})
+    with pytest.raises(oeqx.UnsupportedLeafError, match=message):
+        oeqx.save(tmp_path / "again", {"w": jnp.ones(2), "opt": [1, gone]})
+    assert sorted(os.listdir(tmp_path)) == ["ok"]
+
+
+def test_a_deleted_jax_array_under_a_manager_makes_no_step(tmp_path):
+    gone = jnp.ones(3)
+    gone.delete()
+    mngr = ocp.CheckpointManager(tmp_path / "run", item_handlers=oeqx.EqxHandler())
+    with pytest.raises(oeqx.UnsupportedLeafError, match=r"that was deleted"):
+        mngr.save(0, args=oeqx.EqxSave({"x": gone}))
+    mngr.wait_until_finished()
+    assert os.listdir(tmp_path / "run") == []
+    mngr.close()

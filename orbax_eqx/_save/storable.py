@@ -9,6 +9,8 @@ A save that succeeds must restore. Some arrays would not:
 - a subclass of `np.ndarray` (`np.ma.MaskedArray`, `np.matrix`, a user's
   own): a restore gives a plain array, silently dropping what the subclass
   adds (a mask). `np.memmap` adds nothing and is saved as its data;
+- a jax array that was deleted (donated to a jitted function): its data is
+  gone;
 - with `pack=False`, an array of a dtype Orbax's array store (TensorStore)
   cannot store (`uint4`, `float8_e4m3`, text, bytes, datetimes, `longdouble`,
   big-endian): its background write would fail after the save returned.
@@ -20,6 +22,7 @@ save starts (`EqxSave`, `prepare`), so nothing of the save is left behind.
 import functools
 from typing import Any
 
+import jax
 import numpy as np
 
 from .._errors import UnsupportedLeafError, bullet_list
@@ -39,6 +42,10 @@ _FIXES = {
         '`{"data": x.data, "mask": np.ma.getmaskarray(x)}`), or save a plain '
         "array (`np.asarray(x)`) if that is all you need back."
     ),
+    "deleted": (
+        "Save the arrays a step returns, not the ones it was given: "
+        "`donate_argnums` hands an array's memory to the result."
+    ),
     "store": (
         "Save with `pack=True` (the default), which stores every dtype byte "
         "for byte, or convert the array first (big-endian: "
@@ -57,6 +64,8 @@ def bad_value(x: Any) -> bool:
         return kind is not np.memmap or _bad_dtype(x.dtype)
     if isinstance(x, np.generic):
         return _bad_dtype(x.dtype)
+    if isinstance(x, jax.Array):
+        return x.is_deleted()
     return False
 
 
@@ -91,6 +100,12 @@ def check(walked: Walked, pack: bool = True) -> None:
 
 def _problem(x: Any, pack: bool) -> tuple[str, str] | None:
     kind = type(x)
+    if isinstance(x, jax.Array) and x.is_deleted():
+        return (
+            "deleted",
+            f"is a jax array ({x.dtype}{list(x.shape)}) that was deleted "
+            "(donated to a jitted function, or `.delete()`d): its data is gone",
+        )
     if isinstance(x, np.ndarray) and kind is not np.ndarray and kind is not np.memmap:
         return (
             "subclass",
