@@ -7,6 +7,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -620,3 +622,41 @@ def test_a_group_of_index_format_1_restores_without_a_seal(tmp_path):
     index.write_text(json.dumps(content))
     _seal(path).unlink()
     _assert_bitwise(_restore_pytree(path, _abstract(tree)), tree)
+
+
+_FULL_DISK_WORKER = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG
+import jax.numpy as jnp, orbax.checkpoint as ocp, orbax_eqx as oeqx
+handler = ocp.PyTreeCheckpointHandler(
+    type_handler_registry=oeqx.type_handler_registry()
+)
+mngr = ocp.CheckpointManager(sys.argv[1], item_handlers=handler)
+mngr.save(0, args=ocp.args.PyTreeSave({"w": jnp.ones(4)}))
+mngr.wait_until_finished()
+hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, hard))
+try:
+    mngr.save(1, args=ocp.args.PyTreeSave({"w": jnp.ones(1 << 16)}))
+    mngr.wait_until_finished()
+except OSError as e:
+    print("NOTES", *getattr(e, "__notes__", []), sep="\\n")
+"""
+
+
+def test_a_failed_background_write_names_its_step(tmp_path):
+    # A write that fails for want of space (here a file-size limit: the
+    # same OSError path) says which step it stopped.
+    proc = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_WORKER, str(tmp_path / "run")],
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        f"orbax_eqx: this error stopped the background save of step `1` "
+        f"({tmp_path / 'run' / '1' / 'default'}). That step was not committed; the "
+        "steps saved before it are intact."
+    ) in proc.stdout.splitlines(), proc.stdout

@@ -23,6 +23,7 @@ from .._errors import (
     UnsupportedLeafError,
     bullet_list,
 )
+from .._save import background as _background
 from .._storage import typed as _typed
 from .._storage import typed_read as _typed_read
 from .._storage.shards import describe
@@ -119,7 +120,10 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
 
         async def write() -> None:
             await asyncio.gather(*(info.await_path_creation() for info in infos))
-            _typed.write(infos[0].parent_dir, taken, process, primary)
+            directory = infos[0].parent_dir
+            # An error (a full disk) names the step it stopped, as ours do.
+            with _background.noted(_background.target(directory)):
+                _typed.write(directory, taken, process, primary)
 
         return [
             ocp.future.CommitFutureAwaitingContractedSignals(
