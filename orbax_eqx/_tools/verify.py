@@ -179,6 +179,11 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
     for record in records:
         done, problem = 0, None
         for chunk in chunks[record.name]:
+            # A leaf stops at its first bad block: a damaged (or hostile,
+            # sparse, terabytes long) shard pack costs no more than the data
+            # read up to there.
+            if problem is not None:
+                break
             file = path / shard_file(saved.token, chunk.process)
             step = _CHUNK // CRC_BLOCK * CRC_BLOCK
             try:
@@ -191,11 +196,14 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
                     for block in range(0, data.nbytes, CRC_BLOCK):
                         i = (at + block) // CRC_BLOCK
                         found = crc32(data[block : block + CRC_BLOCK])
-                        if found != chunk.crcs[i] and problem is None:
+                        if found != chunk.crcs[i]:
                             problem = (
                                 f"chunk {chunk.box()} in {file.name}: "
                                 + _differs("CRC-32", chunk.crcs[i], found)
                             )
+                            break
+                    if problem is not None:
+                        break
             except PermissionError:
                 raise
             except (OrbaxEqxError, OSError) as e:
