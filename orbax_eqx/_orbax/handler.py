@@ -17,7 +17,7 @@ from .._format import sidecar_read as _sidecar_read
 from .._restore.renames import Renames
 from .._restore.restore import restore_flat, restore_tree
 from .._restore.select import check_options
-from .._restore.vanished import noticed
+from .._restore.vanished import CheckpointReplacedError, noticed
 from .._save import background as _background
 from .._save import claim as _claim
 from .._save import released as _released
@@ -250,7 +250,16 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         """Restores into `args.skeleton`, or into a flat `{name: value}` dict."""
         if args is None:
             args = EqxRestore(item)
-        with noticed(directory):  # says so if the step is deleted meanwhile
+        try:
+            return self._restore(directory, args)
+        except CheckpointReplacedError:
+            # Another save swapped a new checkpoint in under this restore:
+            # the caller asked for what is at `directory`, which is the new one.
+            return self._restore(directory, args)
+
+    def _restore(self, directory: epath.Path, args: "EqxRestore") -> Any:
+        # Says so if the step is deleted or replaced meanwhile.
+        with noticed(directory):
             saved = _sidecar_read.read(epath.Path(directory))
             if args.skeleton is None:
                 return restore_flat(
