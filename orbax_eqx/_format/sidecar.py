@@ -5,12 +5,13 @@ bytes are), each module's class and static fields, the pack files, and the
 package versions that wrote it. Reading it is pure data: nothing named in it
 is imported or called.
 
-Format version 4 (versions 1-3 are still read: 1 has no packs, 1 and 2 have
-no token, before 4 there are no shard packs):
+Format version 5 (versions 1-4 are still read: 1 has no packs, 1 and 2 have
+no token, before 4 there are no shard packs, before 5 packed leaves' CRC-32s
+are not bound to their records):
 
 ```
 {
- "format": "orbax_eqx", "format_version": 3, "versions": {...},
+ "format": "orbax_eqx", "format_version": 5, "versions": {...},
  "token": "9f2c41d07a3be865",
  "packs": [{"file": "orbax_eqx~packed.9f2c41d07a3be865.0.bin",
             "nbytes": 17310080, "byteorder": "little", "alignment": 64}],
@@ -52,10 +53,12 @@ An array leaf's `data` says where its bytes are:
 - `"alias"`: the very same array object as leaf `alias_of` (tied weights).
 - `"none"`: zero-size: shape and dtype say everything.
 
-Packed leaves record the CRC-32 of their bytes (`crc32`), Orbax-stored ones a
-sum over their 32-bit words that does not depend on the sharding (`sum32`;
-both defined in `_checksum`). Sidecars written before checksums have neither;
-such leaves are read unchecked. From format 3 on, every array with data has
+Packed leaves record the CRC-32 of their bytes (`crc32`; from format 5 on
+bound to the leaf's record, see `bind`), Orbax-stored ones a sum over their
+32-bit words that does not depend on the sharding (`sum32`; from format 5 on
+`null` where no process held the array whole; both defined in `_checksum`).
+Sidecars written before checksums have neither; such leaves are read
+unchecked. From format 3 on, every array with data has
 one, unless the save says `"checksums": false` (saved with `checksums=False`).
 
 The `token` is drawn at random for each save and names every file the save
