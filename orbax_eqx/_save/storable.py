@@ -54,19 +54,31 @@ _FIXES = {
 }
 
 
+# What a leaf's type says, decided once per type (`isinstance` on every leaf
+# of every save costs more than the rest of this check).
+_NUMPY, _SUBCLASS, _JAX, _OTHER = range(4)
+
+
+@functools.cache
+def _category(kind: type) -> int:
+    if kind is np.ndarray or kind is np.memmap or issubclass(kind, np.generic):
+        return _NUMPY
+    if issubclass(kind, np.ndarray):
+        return _SUBCLASS
+    if issubclass(kind, jax.Array):
+        return _JAX
+    return _OTHER
+
+
 def bad_value(x: Any) -> bool:
     """Whether an array leaf would be refused whatever `pack` is; cheap, for
-    every leaf of every save (a jax array never is)."""
-    kind = type(x)
-    if kind is np.ndarray:
+    every leaf of every save."""
+    category = _category(type(x))
+    if category == _NUMPY:
         return _bad_dtype(x.dtype)
-    if isinstance(x, np.ndarray):
-        return kind is not np.memmap or _bad_dtype(x.dtype)
-    if isinstance(x, np.generic):
-        return _bad_dtype(x.dtype)
-    if isinstance(x, jax.Array):
+    if category == _JAX:
         return x.is_deleted()
-    return False
+    return category == _SUBCLASS
 
 
 @functools.cache
