@@ -58,14 +58,19 @@ def _exported(path):
     return ["model.safetensors"]
 
 
+def _named_like_ours(path):
+    (path / "orbax_eqx_notes.txt").write_text("mine")  # not `orbax_eqx~...`
+    return ["orbax_eqx_notes.txt"]
+
+
 def _all_three(path):
     return sorted(_notes(path) + _eval_results(path) + _exported(path))
 
 
 @pytest.mark.parametrize(
     "add",
-    [_notes, _eval_results, _exported, _all_three],
-    ids=["notes", "eval-results", "exported", "all"],
+    [_notes, _eval_results, _exported, _named_like_ours, _all_three],
+    ids=["notes", "eval-results", "exported", "named-like-ours", "all"],
 )
 def test_overwrite_refuses_a_checkpoint_holding_files_it_did_not_write(tmp_path, add):
     path = tmp_path / "ckpt"

@@ -187,12 +187,14 @@ _OCDBT_PROCESS = re.compile(r"ocdbt\.process_[0-9]+")
 def foreign(item: epath.Path) -> list[str]:
     """Entries of item directory `item` that neither orbax_eqx nor Orbax wrote
     (an exported `model.safetensors`, a user's notes): overwriting would
-    delete them. orbax_eqx names everything it writes `orbax_eqx*`."""
+    delete them. orbax_eqx names everything it writes `orbax_eqx.json`
+    (and its temporary `orbax_eqx.json.tmp-*`) or `orbax_eqx~*`."""
     odd = sorted(
         p.name
         for p in item.iterdir()
         if not (
-            p.name.startswith(FILE_NAME.split(".")[0])
+            p.name == FILE_NAME
+            or p.name.startswith((FILE_NAME + ".tmp-", "orbax_eqx~"))
             or p.name in _ORBAX_ITEM_FILES
             or _OCDBT_PROCESS.fullmatch(p.name)
         )
