@@ -115,3 +115,43 @@ def test_damage_found_at_once_is_still_damage(tmp_path):
 
     with pytest.raises(oeqx.CheckpointDamagedError):
         oeqx.restore(path, _skeleton(), shardings=_meanwhile(nothing, times=1))
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "orbax"])
+def test_restores_beside_a_job_that_keeps_overwriting(tmp_path, pack):
+    # No staging: a thread overwrites the checkpoint as fast as it can while
+    # this one restores it. Every restore gives one whole saved item or says
+    # the checkpoint was replaced; none calls it damaged.
+    path = tmp_path / "ckpt"
+    items = {n: _item(n) for n in range(1, 6)}
+    oeqx.save(path, items[1], pack=pack)
+    stop = threading.Event()
+    failures = []
+
+    def overwrite():
+        n = 1
+        try:
+            while not stop.is_set():
+                n = n % 5 + 1
+                oeqx.save(path, items[n], overwrite=True, pack=pack)
+        except Exception as e:  # the test's own failure, not the restore's
+            failures.append(e)
+
+    writer = threading.Thread(target=overwrite)
+    writer.start()
+    said, restored = 0, 0
+    try:
+        for _ in range(40):
+            try:
+                got = oeqx.restore(path, _skeleton())
+            except oeqx.CheckpointReplacedError:
+                said += 1
+                continue
+            seed = int(got["b"][0])
+            assert np.array_equal(got["w"], items[seed]["w"]), seed
+            restored += 1
+    finally:
+        stop.set()
+        writer.join()
+    assert not failures, failures
+    assert restored + said == 40 and restored > 0
