@@ -660,3 +660,21 @@ def test_a_failed_background_write_names_its_step(tmp_path):
         f"({tmp_path / 'run' / '1' / 'default'}). That step was not committed; the "
         "steps saved before it are intact."
     ) in proc.stdout.splitlines(), proc.stdout
+
+
+def test_groups_and_seals_deleted_are_named(tmp_path):
+    path = _save_pytree(tmp_path / "ckpt", {"w": jnp.arange(4.0), "v": jnp.ones(2)})
+    shutil.rmtree(_group(path))
+    for seal in path.glob("orbax_eqx~typed-seal.*"):
+        seal.unlink()
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=re.escape(f"Orbax's metadata in {path} says its arrays (such as `['")
+        + r"\w'\]`\) "
+        + re.escape(
+            "were saved with orbax_eqx's type handler, but it holds no "
+            "orbax_eqx~typed.* directory: they were deleted, or not copied with "
+            "the checkpoint. Restore an earlier step."
+        ),
+    ):
+        _restore_pytree(path, _abstract({"w": jnp.ones(4), "v": jnp.ones(2)}))
