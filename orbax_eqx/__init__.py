@@ -34,6 +34,7 @@ from ._restore.rules import shardings_from_rules as shardings_from_rules
 from ._restore.select import KeptLeavesWarning as KeptLeavesWarning
 from ._restore.select import RestoreReport as RestoreReport
 from ._restore.vanished import CheckpointDeletedError as CheckpointDeletedError
+from ._restore.vanished import CheckpointReplacedError as CheckpointReplacedError
 from ._save.claim import ConcurrentSaveError as ConcurrentSaveError
 from ._storage.staging import StagingError as StagingError
 from ._tools.verify import DamagedLeaf as DamagedLeaf

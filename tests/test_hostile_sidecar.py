@@ -95,6 +95,7 @@ def test_dimension_no_array_can_have_is_damage(with_empty):
 
 @pytest.mark.parametrize("pack", [True, False], ids=["packed", "orbax"])
 def test_stripped_checksums_are_damage(tmp_path, capsys, pack):
+    # Restore and verify agree: the sidecar is damaged (format 5).
     path = tmp_path / "ckpt"
     oeqx.save(path, {"a": jnp.arange(10.0), "b": jnp.ones(3)}, pack=pack)
 
@@ -103,6 +104,42 @@ def test_stripped_checksums_are_damage(tmp_path, capsys, pack):
             record.pop("crc32" if pack else "sum32")
 
     _edit(path, strip)
+    where, kind = (
+        ("is packed", "CRC-32")
+        if pack
+        else (
+            "is in Orbax's array store",
+            "sum32",
+        )
+    )
+    match = _damaged(
+        rf"leaf `\['a'\]` \(leaf name 'a'\) {where} but records no {kind}, though "
+        r"a format-5 sidecar of a save with checksums records one for every such "
+        r"leaf: it was edited"
+    )
+    with pytest.raises(oeqx.SidecarError, match=match):
+        oeqx.verify(path)
+    with pytest.raises(oeqx.SidecarError, match=match):
+        oeqx.restore(path, {"a": jnp.zeros(10), "b": jnp.zeros(3)})
+    assert main(["verify", str(path)]) != 0
+    assert "records no" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "orbax"])
+def test_stripped_checksums_of_format_4_are_damage_to_verify(tmp_path, capsys, pack):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"a": jnp.arange(10.0), "b": jnp.ones(3)}, pack=pack)
+
+    def strip(content):
+        content["format_version"] = 4
+        for record in content["leaves"].values():
+            record.pop("crc32" if pack else "sum32")
+
+    _edit(path, strip)
+    if pack:  # packed leaves always have one: the sidecar is damaged
+        with pytest.raises(oeqx.SidecarError, match=r"format-4 sidecar"):
+            oeqx.verify(path)
+        return
     report = oeqx.verify(path)
     assert not report.ok and report.unchecked == ()
     assert sorted(d.name for d in report.damaged) == ["a", "b"]
@@ -114,8 +151,7 @@ def test_stripped_checksums_are_damage(tmp_path, capsys, pack):
         )
     assert main(["verify", str(path)]) == 1
     out = capsys.readouterr().out
-    assert "DAMAGED ['a'] (a): records no checksum, though a format-5" in out
-    assert "saved before orbax_eqx recorded them" not in out
+    assert "DAMAGED ['a'] (a): records no checksum, though a format-4" in out
 
 
 def test_a_format_3_sidecar_without_checksums_is_unchecked_not_damaged(
@@ -276,3 +312,94 @@ def test_long_integers_round_trip_whatever_the_digit_limit(tmp_path, capsys, n):
     assert restored["n"] == n and restored["short"] == short
     assert main(["inspect", str(path)]) == 0
     assert f"<int of {n.bit_length()} bits>" in capsys.readouterr().out
+
+
+# --- records no orbax_eqx writes: one SidecarError, never a raw TypeError ------
+
+
+@pytest.fixture
+def varied(tmp_path):
+    path = tmp_path / "ckpt"
+    item = {"e": jnp.zeros((0, 3)), "w": jnp.ones(2), "z": 2j, "n": np.arange(3)}
+    oeqx.save(path, item)
+    return path
+
+
+def _set(leaf, **fields):
+    return lambda c: c["leaves"][leaf].update(**fields)
+
+
+@pytest.mark.parametrize(
+    "edit, what",
+    [
+        (_set("e", dtype="bogus"), r"leaf 'e' has unknown dtype 'bogus'"),
+        (_set("e", dtype="int99"), r"leaf 'e' has unknown dtype 'int99'"),
+        (_set("w", dtype="key<bogus>"), r"leaf 'w' has unknown dtype 'key<bogus>'"),
+        (
+            _set("n", dtype="[('a', '<i4')]"),
+            r"leaf 'n' has unknown dtype \"\[\('a', '<i4'\)\]\"",
+        ),
+        (_set("z", value={"complex": 5}), r"leaf 'z' has no valid Python value"),
+        (_set("z", value={"complex": [1]}), r"leaf 'z' has no valid Python value"),
+        (_set("z", value={"complex": "x"}), r"leaf 'z' has no valid Python value"),
+        (
+            lambda c: c.update(format_version=0),
+            r'"format_version" is 0, which no orbax_eqx ever wrote \(they write 1 '
+            r"to 5\)",
+        ),
+        (
+            lambda c: c.update(format_version=-3),
+            r'"format_version" is -3, which no orbax_eqx ever wrote \(they write '
+            r"1 to 5\)",
+        ),
+    ],
+    ids=[
+        "zero-size-dtype",
+        "zero-size-int99",
+        "key-dtype",
+        "structured-dtype",
+        "complex-int",
+        "complex-short",
+        "complex-str",
+        "version-0",
+        "version-negative",
+    ],
+)
+def test_records_no_orbax_eqx_writes_are_damage_everywhere(varied, capsys, edit, what):
+    _edit(varied, edit)
+    message = _damaged(what)
+    with pytest.raises(oeqx.SidecarError, match=message):
+        oeqx.restore(varied)
+    with pytest.raises(oeqx.SidecarError, match=message):
+        oeqx.restore(varied, {"e": jnp.zeros((0, 3)), "w": jnp.ones(2), "z": 1j})
+    with pytest.raises(oeqx.SidecarError, match=message):
+        oeqx.verify(varied)
+    with pytest.raises(oeqx.SidecarError, match=message):
+        oeqx.metadata(varied)
+    for command in ("inspect", "verify"):
+        _one_line_error([command, str(varied)], capsys, message)
+
+
+# --- a sidecar of a million tiny leaves: memory bounded per byte read ---------
+
+
+def test_reading_a_sidecar_costs_bounded_memory_per_byte(tmp_path):
+    import tracemalloc
+
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"w": jnp.ones(2)})
+    content = json.loads((path / SIDECAR).read_text())
+    for i in range(50_000):  # the smallest records: the most objects per byte
+        content["leaves"][f"l{i}"] = {"kind": "scalar", "value": 1}
+    text = json.dumps(content, separators=(",", ":"))
+    (path / SIDECAR).write_text(text)
+    tracemalloc.start()
+    try:
+        found = oeqx.metadata(path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(found.leaves) == 50_001
+    # Measured 12x (the JSON's own objects at their peak); 17x before records
+    # were dropped as read and leaves had slots.
+    assert peak < 14 * len(text)

@@ -262,6 +262,41 @@ def _write(path, header, data=b""):
             lambda p: _write(p, {"__metadata__": {"a": 1}}),
             r"__metadata__ is not a map of strings",
         ),
+        (
+            lambda p: _write(p, {"__metadata__": 0}),
+            r"__metadata__ is not a map of strings",
+        ),
+        (
+            lambda p: _write(p, {"__metadata__": ["a"]}),
+            r"__metadata__ is not a map of strings",
+        ),
+        (
+            # Its size overflows int64: 2**62 x 4 elements wrapped to 0 bytes.
+            lambda p: _write(
+                p, {"x": {"dtype": "F32", "shape": [2**62, 4], "data_offsets": [0, 0]}}
+            ),
+            rf"tensor 'x' is F32\[{2**62}, 4\] \({2**66} bytes\) but its offsets "
+            r"span 0 bytes",
+        ),
+        (
+            lambda p: _write(
+                p,
+                {
+                    "x": {
+                        "dtype": "F32",
+                        "shape": [2**40, 2**40],
+                        "data_offsets": [0, 0],
+                    }
+                },
+            ),
+            r"tensor 'x' is F32\[1099511627776, 1099511627776\] \(\d+ bytes\)",
+        ),
+        (
+            lambda p: _write(
+                p, {"x": {"dtype": "U8", "shape": [0, 2**70], "data_offsets": [0, 0]}}
+            ),
+            rf"tensor 'x' has shape \[0, {2**70}\]",
+        ),
     ],
     ids=[
         "short",
@@ -272,6 +307,11 @@ def _write(path, header, data=b""):
         "trailing",
         "gap",
         "metadata",
+        "metadata-zero",
+        "metadata-list",
+        "size-wraps-int64",
+        "size-past-int64",
+        "dimension-past-numpy",
     ],
 )
 def test_damaged_files_are_refused(tmp_path, make, message):

@@ -132,6 +132,24 @@ def test_a_flipped_bit_in_a_chunk(ckpt):
     assert report.damaged[0].problem.startswith(f"chunk [{box}] in {data.name}: data")
 
 
+def test_verify_stops_a_leaf_at_its_first_bad_block(ckpt):
+    # A damaged (or hostile: sparse, terabytes long) shard pack costs verify
+    # the bytes up to the first bad block of each leaf, not the whole leaf.
+    data, _ = _files(ckpt)[0]
+    _, index = _index(ckpt)
+    raw = bytearray(data.read_bytes())
+    for chunk in index["chunks"]["big"]:
+        raw[chunk[2]] ^= 0x01  # the first byte of every chunk of `big`
+    data.write_bytes(bytes(raw))
+    report = oeqx.verify(ckpt)
+    assert [d.name for d in report.damaged] == ["big"]
+    assert report.damaged[0].problem.count("CRC-32") == 1
+    big = 2048 * 1200 * 4
+    chunk = big // len(index["chunks"]["big"])
+    rest = 64 * 8 * 4 + 3 * 8  # `rows` and `small`, read whole
+    assert report.nbytes <= chunk + rest < big
+
+
 @pytest.mark.parametrize("how", ["truncated", "missing", "longer"])
 def test_a_shard_pack_cut_short_missing_or_longer(ckpt, how):
     data, _ = _files(ckpt)[0]

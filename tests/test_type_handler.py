@@ -7,6 +7,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import jax
@@ -396,10 +398,26 @@ def test_a_damaged_or_missing_index_is_named(tmp_path):
     index.unlink()
     with pytest.raises(oeqx.CheckpointDamagedError, match="is damaged: it is missing"):
         _restore_pytree(path, target)
-    # The group replaced by another checkpoint's, which lacks a leaf.
+    # The group replaced by another checkpoint's, which lacks a leaf: this
+    # checkpoint's seal names a group directory that is not there.
     other = _save_pytree(tmp_path / "other", {"w": jnp.zeros(3)})
+    other_seal = f"orbax_eqx~typed-seal.{_group(other).name.split('.')[-1]}"
     shutil.rmtree(group)
     _group(other).rename(path / _group(other).name)
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=re.escape(
+            f"The arrays saved with orbax_eqx's type handler in {path} are "
+            f"incomplete: the directory {group.name} that "
+            f"orbax_eqx~typed-seal.{group.name.split('.')[-1]} seals is missing "
+            "(deleted, or never copied). Restore an earlier step, or re-save this "
+            "one."
+        ),
+    ):
+        _restore_pytree(path, target)
+    # Without this checkpoint's seal either: no index lists the leaf.
+    (path / f"orbax_eqx~typed-seal.{group.name.split('.')[-1]}").unlink()
+    shutil.copy(other / other_seal, path)
     with pytest.raises(
         oeqx.CheckpointDamagedError,
         match=re.escape(
@@ -502,3 +520,161 @@ def test_registered_globally_it_says_what_a_plain_checkpoint_lacks(tmp_path):
     finally:
         ocp.type_handlers.register_type_handler(jax.Array, original, override=True)
     assert ocp.type_handlers.get_type_handler(jax.Array) is original
+
+
+# --- groups bound to their checkpoint (index format 2) ------------------------
+
+
+def _seal(item_dir: Path) -> Path:
+    return item_dir / f"orbax_eqx~typed-seal.{_group(item_dir).name.split('.')[-1]}"
+
+
+def _belongs_not(path, problem):
+    return re.escape(
+        f"The arrays saved with orbax_eqx's type handler in {_group(path)} do not "
+        f"belong to the checkpoint in {path}: {problem}. Restore an earlier step, "
+        "or re-save this one (never copy a group directory between checkpoints)."
+    )
+
+
+@pytest.mark.parametrize(
+    "tree",
+    [
+        {"w": jnp.arange(3.0), "v": jnp.arange(2)},
+        {"w": jnp.arange(3.0), "k": jax.random.split(jax.random.key(0), 2)},
+    ],
+    ids=["arrays", "with-keys"],
+)
+def test_a_group_directory_from_another_checkpoint_is_refused(tmp_path, tree):
+    path = _save_pytree(tmp_path / "ckpt", tree)
+    other_tree = jax.tree.map(lambda x: x if x.dtype != jnp.float32 else x + 1, tree)
+    other = _save_pytree(tmp_path / "other", other_tree)
+    assert _group(path).name == _group(other).name  # named by the leaf names
+    shutil.rmtree(_group(path))
+    shutil.copytree(_group(other), _group_dir_in(path, other))
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=_belongs_not(
+            path,
+            f"its index is not the one {_seal(path).name} beside it was sealed "
+            "with: the directory was copied in from another checkpoint, or its "
+            "index was edited",
+        ),
+    ):
+        _restore_pytree(path, _abstract(tree))
+
+
+def _group_dir_in(path, other):
+    return path / _group(other).name
+
+
+def test_an_edited_index_is_refused_by_the_seal(tmp_path):
+    path = _save_pytree(tmp_path / "ckpt", {"w": jnp.arange(4.0), "v": jnp.ones(4)})
+    index = _group(path) / "orbax_eqx~typed.json"
+    content = json.loads(index.read_text())
+    # `w` and `v` swap places in the pack, each keeping its CRC-32's place.
+    w, v = content["leaves"]["w"], content["leaves"]["v"]
+    for key in ("offset", "crc32"):
+        w[key], v[key] = v[key], w[key]
+    index.write_text(json.dumps(content))
+    with pytest.raises(oeqx.CheckpointDamagedError, match=r"its index was edited"):
+        _restore_pytree(path, _abstract({"w": jnp.ones(4), "v": jnp.ones(4)}))
+
+
+def test_a_missing_seal_is_named(tmp_path):
+    path = _save_pytree(tmp_path / "ckpt", {"w": jnp.arange(4.0)})
+    seal = _seal(path)
+    seal.unlink()
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=_belongs_not(
+            path,
+            f"{seal.name} beside it, which binds it to this checkpoint, is missing",
+        ),
+    ):
+        _restore_pytree(path, _abstract({"w": jnp.ones(4)}))
+
+
+def test_a_deleted_group_directory_is_named(tmp_path):
+    path = _save_pytree(tmp_path / "ckpt", {"w": jnp.arange(4.0)})
+    group = _group(path)
+    seal = _seal(path)
+    shutil.rmtree(group)
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=re.escape(
+            f"The arrays saved with orbax_eqx's type handler in {path} are "
+            f"incomplete: the directory {group.name} that {seal.name} seals is "
+            "missing (deleted, or never copied)."
+        ),
+    ):
+        _restore_pytree(path, _abstract({"w": jnp.ones(4)}))
+
+
+def test_a_group_of_index_format_1_restores_without_a_seal(tmp_path):
+    tree = {"w": jnp.arange(4.0), "v": jnp.arange(3)}
+    path = _save_pytree(tmp_path / "ckpt", tree)
+    index = _group(path) / "orbax_eqx~typed.json"
+    content = json.loads(index.read_text())
+    assert content["format_version"] == 2 and len(content["save"]) == 16
+    content["format_version"] = 1
+    del content["save"]
+    index.write_text(json.dumps(content))
+    _seal(path).unlink()
+    _assert_bitwise(_restore_pytree(path, _abstract(tree)), tree)
+
+
+_FULL_DISK_WORKER = """
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit: EFBIG
+import jax.numpy as jnp, orbax.checkpoint as ocp, orbax_eqx as oeqx
+handler = ocp.PyTreeCheckpointHandler(
+    type_handler_registry=oeqx.type_handler_registry()
+)
+mngr = ocp.CheckpointManager(sys.argv[1], item_handlers=handler)
+mngr.save(0, args=ocp.args.PyTreeSave({"w": jnp.ones(4)}))
+mngr.wait_until_finished()
+hard = resource.getrlimit(resource.RLIMIT_FSIZE)[1]
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, hard))
+try:
+    mngr.save(1, args=ocp.args.PyTreeSave({"w": jnp.ones(1 << 16)}))
+    mngr.wait_until_finished()
+except OSError as e:
+    print("NOTES", *getattr(e, "__notes__", []), sep="\\n")
+"""
+
+
+def test_a_failed_background_write_names_its_step(tmp_path):
+    # A write that fails for want of space (here a file-size limit: the
+    # same OSError path) says which step it stopped.
+    proc = subprocess.run(
+        [sys.executable, "-c", _FULL_DISK_WORKER, str(tmp_path / "run")],
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        f"orbax_eqx: this error stopped the background save of step `1` "
+        f"({tmp_path / 'run' / '1' / 'default'}). That step was not committed; the "
+        "steps saved before it are intact."
+    ) in proc.stdout.splitlines(), proc.stdout
+
+
+def test_groups_and_seals_deleted_are_named(tmp_path):
+    path = _save_pytree(tmp_path / "ckpt", {"w": jnp.arange(4.0), "v": jnp.ones(2)})
+    shutil.rmtree(_group(path))
+    for seal in path.glob("orbax_eqx~typed-seal.*"):
+        seal.unlink()
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=re.escape(f"Orbax's metadata in {path} says its arrays (such as `['")
+        + r"\w'\]`\) "
+        + re.escape(
+            "were saved with orbax_eqx's type handler, but it holds no "
+            "orbax_eqx~typed.* directory: they were deleted, or not copied with "
+            "the checkpoint. Restore an earlier step."
+        ),
+    ):
+        _restore_pytree(path, _abstract({"w": jnp.ones(4), "v": jnp.ones(2)}))

@@ -5,12 +5,13 @@ bytes are), each module's class and static fields, the pack files, and the
 package versions that wrote it. Reading it is pure data: nothing named in it
 is imported or called.
 
-Format version 4 (versions 1-3 are still read: 1 has no packs, 1 and 2 have
-no token, before 4 there are no shard packs):
+Format version 5 (versions 1-4 are still read: 1 has no packs, 1 and 2 have
+no token, before 4 there are no shard packs, before 5 packed leaves' CRC-32s
+are not bound to their records):
 
 ```
 {
- "format": "orbax_eqx", "format_version": 3, "versions": {...},
+ "format": "orbax_eqx", "format_version": 5, "versions": {...},
  "token": "9f2c41d07a3be865",
  "packs": [{"file": "orbax_eqx~packed.9f2c41d07a3be865.0.bin",
             "nbytes": 17310080, "byteorder": "little", "alignment": 64}],
@@ -60,10 +61,12 @@ An array leaf's `data` says where its bytes are:
 - `"alias"`: the very same array object as leaf `alias_of` (tied weights).
 - `"none"`: zero-size: shape and dtype say everything.
 
-Packed leaves record the CRC-32 of their bytes (`crc32`), Orbax-stored ones a
-sum over their 32-bit words that does not depend on the sharding (`sum32`;
-both defined in `_checksum`). Sidecars written before checksums have neither;
-such leaves are read unchecked. From format 3 on, every array with data has
+Packed leaves record the CRC-32 of their bytes (`crc32`; from format 5 on
+bound to the leaf's record, see `bind`), Orbax-stored ones a sum over their
+32-bit words that does not depend on the sharding (`sum32`; from format 5 on
+`null` where no process held the array whole; both defined in `_checksum`).
+Sidecars written before checksums have neither; such leaves are read
+unchecked. From format 3 on, every array with data has
 one, unless the save says `"checksums": false` (saved with `checksums=False`).
 
 The `token` is drawn at random for each save and names every file the save
@@ -81,6 +84,7 @@ import math
 import platform
 import re
 import sys
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -141,7 +145,8 @@ CONTAINERS = (JAX, NUMPY, NUMPY_SCALAR)
 _PACKAGES = ("orbax_eqx", "jax", "jaxlib", "equinox", "orbax-checkpoint", "numpy")
 
 
-@dataclasses.dataclass(frozen=True)
+# Slots: a sidecar of a million tiny leaves makes a million of these.
+@dataclasses.dataclass(frozen=True, slots=True)
 class LeafMetadata:
     """What the sidecar says about one leaf."""
 
@@ -322,12 +327,42 @@ def build(
 
 
 def record_checksums(content: dict[str, Any], crc32: dict, sum32: dict) -> None:
-    """Adds `{leaf name: checksum}` to the sidecar's JSON `content`, in place."""
+    """Adds `{leaf name: checksum}` to the sidecar's JSON `content`, in place
+    (packed leaves' CRC-32s bound to their records: see `bind`)."""
     leaves = content["leaves"]
+    token = content["token"]
     for name, value in crc32.items():
-        leaves[name]["crc32"] = value
+        leaves[name]["crc32"] = bind(value, token, name, leaves[name])
     for name, value in sum32.items():
         leaves[name]["sum32"] = value
+    if content.get("checksums", True):
+        # Format 5: an Orbax-stored array that no process held whole at save
+        # (multi-host) has no sum32, and says so; a missing one was edited.
+        for record in leaves.values():
+            if record.get("data") == STORED:
+                record.setdefault("sum32", None)
+
+
+def bind(crc: int, token: str, name: str, record: dict[str, Any]) -> int:
+    """A packed leaf's `crc32` as format 5 records it: the CRC-32 of its bytes
+    XOR the CRC-32 of what says where and what they are (the save's token, the
+    leaf name, dtype, shape, pack file, offset and size). Its own inverse:
+    a reader binds the recorded value with the record as it reads it, and
+    gets the CRC-32 of the bytes back only if no part of that was edited
+    (a dtype or shape of the same size, an offset, another leaf's record, a
+    pack of another save); else the data is found damaged, by a restore and by
+    `verify` alike."""
+    where = [
+        token,
+        name,
+        record["dtype"],
+        list(record["shape"]),
+        pack_file(token, record["pack"]),
+        record["offset"],
+        record["nbytes"],
+    ]
+    text = json.dumps(where, ensure_ascii=False, separators=(",", ":"))
+    return crc ^ zlib.crc32(text.encode("utf-8", "surrogatepass"))
 
 
 def nbytes(x: Any) -> int:

@@ -13,6 +13,7 @@ never recurses without bound. Any of these is damage, said in one
 `SidecarError`.
 """
 
+import dataclasses
 import json
 import math
 import sys
@@ -44,6 +45,7 @@ from .sidecar import (
     LeafMetadata,
     Metadata,
     PackMetadata,
+    bind,
     itemsize,
     pack_file,
 )
@@ -79,7 +81,9 @@ def read(directory: epath.Path) -> Metadata:
     except PermissionError:
         raise permission_denied(path) from None
     try:
-        return parse(_loads(raw, path), str(directory))
+        content = _loads(raw, path)
+        del raw  # held no longer than needed: a sidecar may be 256 MiB
+        return parse(content, str(directory))
     except RecursionError:  # printing a value in an error, say
         raise _damaged(path, _TOO_DEEP) from None
 
@@ -137,6 +141,11 @@ def parse(content: Any, where: str) -> Metadata:
     version = content.get("format_version")
     if type(version) is not int:
         raise bad('"format_version" is not an integer')
+    if version < 1:
+        raise bad(
+            f'"format_version" is {version}, which no orbax_eqx ever wrote (they '
+            f"write 1 to {FORMAT_VERSION})"
+        )
     if version > FORMAT_VERSION:
         raise SidecarError(
             f"The checkpoint in {where} has sidecar format version {version}, but "
@@ -164,9 +173,12 @@ def parse(content: Any, where: str) -> Metadata:
     shard_files = content.get("shard_files", 0)
     if not _is_size(shard_files):
         raise bad(f'"shard_files" is {shard_files!r}, not a count of files')
-    leaves = {
-        name: _parse_leaf(name, rec, packs, bad) for name, rec in leaves_json.items()
-    }
+    sums = _Sums(version, checksums, token)
+    leaves = {}
+    # Each record is dropped once read, so that what a huge sidecar costs in
+    # memory stays near its records' objects once, not twice.
+    for name in list(leaves_json):
+        leaves[name] = _parse_leaf(name, leaves_json.pop(name), packs, bad, sums)
     for leaf in leaves.values():
         target = leaves.get(leaf.alias_of) if leaf.data == ALIAS else None
         if leaf.data == ALIAS and (
@@ -268,17 +280,18 @@ def _is_scalar(encoded: Any) -> bool:
         return False
     try:
         decode_scalar(encoded)
-    except ValueError:
+    except (TypeError, ValueError):  # `{"complex": 5}`: no pair to unpack
         return False
     return True
 
 
-def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
+def _parse_leaf(name: str, rec: Any, packs, bad, checks: "_Sums") -> LeafMetadata:
     if not isinstance(rec, dict):
         raise bad(f"leaf {name!r} is not a JSON object")
     kind = rec.get("kind")
     if kind not in KINDS:
         raise bad(f"leaf {name!r} has unknown kind {kind!r}")
+    kind = KINDS[KINDS.index(kind)]  # one string for all leaves, not one each
     path = rec.get("path", name)
     if not isinstance(path, str):
         raise bad(f"leaf {name!r} has a path that is not a string")
@@ -298,6 +311,11 @@ def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
     dtype, cont, data = rec.get("dtype"), rec.get("container"), rec.get("data")
     if not isinstance(dtype, str) or cont not in CONTAINERS:
         raise bad(f"leaf {name!r} has no valid dtype or container")
+    dtype, cont = sys.intern(dtype), CONTAINERS[CONTAINERS.index(cont)]
+    try:
+        parse_dtype(dtype)  # every array's: zero-size and sharded ones too
+    except (TypeError, ValueError):
+        raise bad(f"leaf {name!r} has unknown dtype {dtype!r}") from None
     if data == STORED and rec.get("key") not in (
         storage_key(name),
         old_storage_key(name),
@@ -327,7 +345,7 @@ def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
     for k, v in sums.items():
         if v is not None and not (_is_size(v) and v < 2**32):
             raise bad(f"leaf {name!r} has {k} {v!r}, not a 32-bit checksum")
-    return LeafMetadata(
+    leaf = LeafMetadata(
         name,
         path,
         kind,
@@ -343,6 +361,45 @@ def _parse_leaf(name: str, rec: Any, packs, bad) -> LeafMetadata:
         sum32=sums["sum32"] if data == STORED else None,
         sharding=str(rec["sharding"]) if data == SHARDS and "sharding" in rec else None,
         key=rec["key"] if data == STORED else None,
+    )
+    return checks.check(leaf, rec, bad)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Sums:
+    """What a sidecar says of its leaves' checksums."""
+
+    version: int
+    checksums: bool  # False: saved with `checksums=False`
+    token: str | None
+
+    def check(self, leaf: LeafMetadata, rec: dict, bad) -> LeafMetadata:
+        """From format 4 on, a save with checksums records a CRC-32 for every
+        packed leaf, and from format 5 on a `sum32` (null where no process held
+        the array whole) for every Orbax-stored one: one without it was edited,
+        and is damage to a restore as to `verify`. From format 5 on, each
+        CRC-32 is bound to its record (`sidecar.bind`): unbound here, so that
+        readers compare it with the CRC-32 of the bytes."""
+        version = self.version
+        if version < 4 or not self.checksums:
+            return leaf
+        if leaf.data == STORED and version >= 5 and "sum32" not in rec:
+            raise bad(_no_checksum(leaf, "is in Orbax's array store", "sum32", version))
+        if leaf.data != PACKED:
+            return leaf
+        if leaf.crc32 is None:
+            raise bad(_no_checksum(leaf, "is packed", "CRC-32", version))
+        if version >= 5:
+            crc = bind(leaf.crc32, self.token, leaf.name, rec)
+            return dataclasses.replace(leaf, crc32=crc)
+        return leaf
+
+
+def _no_checksum(leaf, where: str, kind: str, version: int) -> str:
+    return (
+        f"leaf `{leaf.path}` (leaf name {leaf.name!r}) {where} but records no "
+        f"{kind}, though a format-{version} sidecar of a save with checksums "
+        f"records one for every such leaf: it was edited"
     )
 
 

@@ -14,6 +14,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from .._bytes import store as _store
+from .._errors import UnsupportedLeafError
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
 from .._rebuild import build as _rebuild
@@ -22,7 +23,7 @@ from .._restore.renames import Renames
 from .._restore.restore import restore_flat, restore_tree
 from .._restore.select import check_options
 from .._restore.together import together
-from .._restore.vanished import noticed
+from .._restore.vanished import CheckpointReplacedError, noticed
 from .._save import background as _background
 from .._save import claim as _claim
 from .._save import released as _released
@@ -149,14 +150,23 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         tree = args.item if args is not None else item
         primary = ocp.multihost.is_primary_host(self._primary_host)
         token = _claim.new_token()
-        prepared = prepare(
-            tree,
-            token=token,
-            pack=self._pack,
-            copy_packed=primary,
-            checksums=self._checksums,
-            flat=flat,
-        )
+        try:
+            prepared = prepare(
+                tree,
+                token=token,
+                pack=self._pack,
+                copy_packed=primary,
+                checksums=self._checksums,
+                flat=flat,
+            )
+        except UnsupportedLeafError:
+            # Refused before anything was written (with `pack=False`, a dtype
+            # Orbax's store cannot hold: only this handler knows `pack`). Orbax
+            # is making this save's directories in the background meanwhile:
+            # let it finish, so that a save of the step right after does not
+            # run into it, and remove them if they hold nothing else.
+            await _undo_directories(epath.Path(directory), primary)
+            raise
         started = _claim.Started(epath.Path(directory), token) if primary else None
         if started is not None:
             started.stored_keys = tuple(prepared.stored)
@@ -261,10 +271,19 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         # With several processes, all succeed or all raise one error (see
         # `together`): one failing alone would leave the rest in Orbax's
         # barriers for good.
-        return together(directory, lambda: self._restore(directory, args))
+        return together(directory, lambda: self._restore_current(directory, args))
+
+    def _restore_current(self, directory: epath.Path, args: "EqxRestore") -> Any:
+        try:
+            return self._restore(directory, args)
+        except CheckpointReplacedError:
+            # Another save swapped a new checkpoint in under this restore:
+            # the caller asked for what is at `directory`, which is the new one.
+            return self._restore(directory, args)
 
     def _restore(self, directory: epath.Path, args: "EqxRestore") -> Any:
-        with noticed(directory):  # says so if the step is deleted meanwhile
+        # Says so if the step is deleted or replaced meanwhile.
+        with noticed(directory):
             if _plain.is_plain(epath.Path(directory)):  # saved by Orbax alone
                 return _plain.restore(epath.Path(directory), args)
             saved = _sidecar_read.read(epath.Path(directory))
@@ -310,6 +329,41 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
 
     def close(self) -> None:
         self._inner.close()
+
+
+# How long a refused save waits for Orbax to make its directories.
+_DIRECTORIES_WAIT_S = 30.0
+_ORBAX_TMP = ".orbax-checkpoint-tmp"
+
+
+async def _undo_directories(directory: epath.Path, primary: bool) -> None:
+    """Waits for Orbax's background making of this save's directories (its
+    "directory made" signals), then, on the primary host, removes the item
+    directory if empty and the temporary step directory around it if it
+    holds only Orbax's step metadata: a save refused before writing leaves
+    nothing behind."""
+
+    async def nothing() -> None:
+        return None
+
+    made = _released.commit_future(nothing(), name="orbax_eqx_refused")
+    try:
+        await asyncio.to_thread(made.result, _DIRECTORIES_WAIT_S)
+    except Exception:  # not made in time, or could not be: leave it to Orbax
+        return
+    if not primary or "://" in os.fspath(directory):
+        return
+    try:
+        os.rmdir(directory)  # fails unless empty
+        step = directory.parent
+        if _ORBAX_TMP not in step.name:
+            return
+        if set(os.listdir(step)) <= {"_CHECKPOINT_METADATA"}:
+            for name in os.listdir(step):
+                os.remove(step / name)
+            os.rmdir(step)
+    except OSError:
+        pass  # something else is there: keep it
 
 
 def _saved_here(directory: epath.Path) -> tuple[str | None, None, bool, int]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
+from etils import epath
 
 from .._errors import (
     CheckpointDamagedError,
@@ -23,6 +24,7 @@ from .._errors import (
     UnsupportedLeafError,
     bullet_list,
 )
+from .._save import background as _background
 from .._storage import typed as _typed
 from .._storage import typed_read as _typed_read
 from .._storage.shards import describe
@@ -119,7 +121,10 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
 
         async def write() -> None:
             await asyncio.gather(*(info.await_path_creation() for info in infos))
-            _typed.write(infos[0].parent_dir, taken, process, primary)
+            directory = infos[0].parent_dir
+            # An error (a full disk) names the step it stopped, as ours do.
+            with _background.noted(_background.target(directory)):
+                _typed.write(directory, taken, process, primary)
 
         return [
             ocp.future.CommitFutureAwaitingContractedSignals(
@@ -143,7 +148,11 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
         directory = infos[0].parent_dir
         groups = await asyncio.to_thread(_typed_read.find, directory)
         if not groups:
-            return await _orbax_handler(directory).deserialize(infos, args)
+            try:
+                return await _orbax_handler(directory).deserialize(infos, args)
+            except Exception as e:
+                _check_none_were_ours(directory, infos, e)
+                raise
         args = args or [ocp.type_handlers.RestoreArgs() for _ in infos]
         plans = _restore.plan(directory, groups, infos, args)
         return await asyncio.to_thread(_restore.read, plans, self._verify)
@@ -190,8 +199,32 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
         directory = infos[0].parent_dir
         groups = await asyncio.to_thread(_typed_read.find, directory)
         if not groups:
-            return await _orbax_handler(directory).metadata(infos)
+            try:
+                return await _orbax_handler(directory).metadata(infos)
+            except Exception as e:
+                _check_none_were_ours(directory, infos, e)
+                raise
         return _restore.array_metadata(directory, groups, infos)
+
+
+def _check_none_were_ours(directory, infos, error: Exception) -> None:
+    """After Orbax's own handler failed on a directory without groups: if
+    Orbax's tree metadata (`_METADATA`) names this handler's type, the groups
+    (and their seals) were deleted, or not copied with the checkpoint. Said
+    so, not left to Orbax's error about a missing array."""
+    path = epath.Path(directory) / "_METADATA"
+    try:
+        with path.open("rb") as f:
+            text = f.read(64 << 20)
+    except OSError:
+        return
+    if f'"{TYPESTR}"'.encode() in text:
+        raise CheckpointDamagedError(
+            f"Orbax's metadata in {directory} says its arrays (such as "
+            f"`{leaf_path(infos[0])}`) were saved with orbax_eqx's type handler, "
+            "but it holds no orbax_eqx~typed.* directory: they were deleted, or "
+            "not copied with the checkpoint. Restore an earlier step."
+        ) from error
 
 
 def _orbax_handler(directory) -> ocp.type_handlers.TypeHandler:

@@ -11,7 +11,7 @@ from .._errors import (
     RebuildError,
     bullet_list,
 )
-from .vanished import CheckpointDeletedError
+from .vanished import CheckpointDeletedError, CheckpointReplacedError
 
 # Steps deleted under a restore that are followed by a new listing, at most: a
 # manager that deletes steps faster than they can be read would otherwise keep
@@ -58,6 +58,7 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
     failures: list[str] = []  # of damaged steps, for the warning
     damaged: set[int] = set()
     deleted: list[int] = []
+    replaced = 0
     while True:
         left = sorted(set(steps) - damaged, reverse=True)
         if not left:
@@ -66,6 +67,13 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
         try:
             item = manager.restore(step, args=args)
         except (CheckpointMismatchError, RebuildError):  # the caller's to fix
+            raise
+        except CheckpointReplacedError:
+            # Saved anew under this restore (twice: the handler retried once).
+            # Not damage: read it again, a few times at most.
+            replaced += 1
+            if replaced <= MAX_DELETED:
+                continue
             raise
         except Exception as e:  # any damage: missing, truncated, unreadable
             if len(deleted) < MAX_DELETED:

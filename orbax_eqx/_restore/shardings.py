@@ -27,6 +27,12 @@ def resolve(shardings: Shardings, walked: Walked) -> dict[str, Any]:
         for leaf in walked.leaves
         if leaf.kind == ARRAY and container(leaf.value) == JAX
     ]
+    result = _resolve(shardings, walked, wanted)
+    _check_fit(result, wanted)
+    return result
+
+
+def _resolve(shardings: Shardings, walked: Walked, wanted: list) -> dict[str, Any]:
     if shardings is None:
         return {leaf.name: _own_sharding(leaf.value) for leaf in wanted}
     if isinstance(shardings, jax.sharding.Sharding):
@@ -91,6 +97,66 @@ def _check_types(result: dict[str, Any], walked: Walked, source: str) -> None:
             + "\nGive a jax.sharding.Sharding (for example NamedSharding(mesh, P())) "
             "for every array leaf."
         )
+
+
+def _check_fit(result: dict[str, Any], wanted: list) -> None:
+    """Every leaf's target sharding must be able to hold it: a mesh of devices
+    (not an `AbstractMesh`), a PartitionSpec no longer than the leaf's rank,
+    dimensions that divide evenly (a NamedSharding checks its axes itself).
+    Checked before anything is read, all at once, naming each leaf."""
+    problems, seen = [], {}
+    for leaf in wanted:
+        sharding = result[leaf.name]
+        shape = tuple(getattr(leaf.value, "shape", ()))
+        key = (sharding, shape)
+        if key not in seen:
+            seen[key] = _misfit(sharding, shape)
+        if seen[key] is not None:
+            problems.append(f"Leaf `{leaf.path_str}` (shape {shape}): {seen[key]}.")
+    if problems:
+        raise CheckpointMismatchError(
+            "Target shardings cannot hold these leaves:\n"
+            + bullet_list(problems)
+            + "\nGive each such leaf a sharding over a mesh of real devices "
+            "(`jax.sharding.Mesh(devices, names)`, not an AbstractMesh) whose "
+            "PartitionSpec has at most one entry per dimension and shards only "
+            "dimensions that divide evenly (None replicates one), or use "
+            "`oeqx.shardings_from_rules`."
+        )
+
+
+def _misfit(sharding: Any, shape: tuple[int, ...]) -> str | None:
+    mesh = getattr(sharding, "mesh", None)
+    if isinstance(mesh, jax.sharding.AbstractMesh):
+        return (
+            f"its sharding is over an AbstractMesh {dict(mesh.shape)}, which has "
+            "no devices to put an array on"
+        )
+    spec = getattr(sharding, "spec", None)
+    if isinstance(sharding, jax.sharding.NamedSharding) and spec is not None:
+        if len(spec) > len(shape):
+            return (
+                f"the PartitionSpec {spec} has {len(spec)} entries, more than its "
+                f"rank {len(shape)}"
+            )
+        for dim, entry in enumerate(spec):
+            if entry is None or entry is jax.sharding.PartitionSpec.UNCONSTRAINED:
+                continue
+            axes = tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+            ways = 1
+            for axis in axes:
+                ways *= mesh.shape[axis]
+            if shape[dim] % ways:
+                return (
+                    f"dimension {dim} (size {shape[dim]}) does not divide evenly "
+                    f"into the {ways} parts of mesh axes {axes} ({spec})"
+                )
+        return None
+    try:
+        sharding.shard_shape(shape)
+    except Exception as e:  # whatever JAX says of a sharding of its own kind
+        return f"{type(sharding).__name__} cannot hold it ({str(e).splitlines()[0]})"
+    return None
 
 
 def _own_sharding(x: Any) -> jax.sharding.Sharding:

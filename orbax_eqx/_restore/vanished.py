@@ -1,15 +1,22 @@
-"""A checkpoint deleted while it is restored: said so, not reported as damage.
+"""A checkpoint deleted or replaced while it is restored: said so, not
+reported as damage.
 
 A `CheckpointManager` with `max_to_keep` deletes old steps as new ones are
 saved, perhaps in another process; a restore that listed the steps a moment
 earlier then finds files gone part way and fails with whatever the read hit
 first (`FileNotFoundError`, `NotADirectoryError`, a TensorStore error, a
-missing sidecar). If the checkpoint is gone once the restore has failed, that
-deletion is what happened, and the error says so.
+missing sidecar, a short file). Likewise `oeqx.save(path, overwrite=True)` in
+another job swaps a new checkpoint in under a restore of `path`. If, once the
+restore has failed, the checkpoint is gone, that deletion is what happened;
+if its sidecar is another file than the one there when the restore began, it
+was replaced (the handler then restores the new one, once). A deletion in
+progress may have removed data files and not yet the sidecar: the check
+looks again for a moment before it lets the error stand.
 """
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 
 from etils import epath
@@ -27,18 +34,51 @@ class CheckpointDeletedError(CheckpointNotFoundError):
     """The checkpoint was deleted while it was being restored."""
 
 
+class CheckpointReplacedError(OrbaxEqxError, RuntimeError):
+    """The checkpoint was replaced by another save while it was being restored."""
+
+
+# How long a failed restore watches for a deletion in progress to finish.
+SETTLE_S = 0.5
+_SETTLE_STEP_S = 0.05
+
+
 @contextlib.contextmanager
 def noticed(directory: epath.Path | str) -> Iterator[None]:
     """Turns a failure of a restore of `directory` into `CheckpointDeletedError`
-    if `directory` and its sidecar were there before and are not afterwards."""
+    if `directory` and its sidecar were there before and are not afterwards,
+    and into `CheckpointReplacedError` if its sidecar is another file now."""
     directory = epath.Path(directory)
-    there = _still_there(directory)  # else the failure says what is missing
+    before = _identity(directory)  # None: the failure says what is missing
+    entries = _entries(directory) if before is not None else set()
     try:
         yield
     except Exception as e:
-        if not there or not _ours_to_explain(e) or _still_there(directory):
+        if before is None or not _ours_to_explain(e):
             raise
-        raise deleted(directory) from e
+        # Only if files went missing meanwhile: a deletion may be under way.
+        # (Damage found in files that are all there is said at once.)
+        settling = not entries <= _entries(directory)
+        deadline = time.monotonic() + (SETTLE_S if settling else 0.0)
+        while True:
+            now = _identity(directory)
+            if now is None:
+                raise deleted(directory) from e
+            if now != before:
+                raise replaced(directory) from e
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(_SETTLE_STEP_S)
+
+
+def replaced(directory) -> CheckpointReplacedError:
+    """The error for a checkpoint replaced while it was being restored."""
+    return CheckpointReplacedError(
+        f"The checkpoint at {directory} was replaced by another save while it "
+        "was being restored (`save(..., overwrite=True)`, or a save of the same "
+        "step, perhaps in another process); nothing is damaged. Restore it "
+        "again to read the new one, or save to separate paths."
+    )
 
 
 def deleted(directory) -> CheckpointDeletedError:
@@ -56,12 +96,44 @@ def deleted(directory) -> CheckpointDeletedError:
 def _ours_to_explain(e: Exception) -> bool:
     # What a read of vanishing files raises; not a mismatch of the skeleton or
     # a bad option, which is the caller's whatever happened to the files.
+    if isinstance(e, (CheckpointDeletedError, CheckpointReplacedError)):
+        return False
     if isinstance(e, (OSError, SidecarError, CheckpointDamagedError)):
-        return not isinstance(e, CheckpointDeletedError)
+        return True
     return not isinstance(e, OrbaxEqxError)  # Orbax's and TensorStore's own
 
 
-def _still_there(directory: epath.Path) -> bool:
+def _entries(directory: epath.Path) -> set[str]:
+    """The names in `directory` and in its subdirectories (one level down:
+    Orbax's array store, typed groups), to tell files deleted meanwhile."""
     if "://" in os.fspath(directory):
-        return True  # object stores have no directories to vanish; say nothing
-    return os.path.isdir(directory) and os.path.isfile(directory / FILE_NAME)
+        return set()
+    found = set()
+    try:
+        with os.scandir(directory) as top:
+            for entry in top:
+                found.add(entry.name)
+                if entry.is_dir(follow_symlinks=False):
+                    try:
+                        found.update(
+                            f"{entry.name}/{n}" for n in os.listdir(entry.path)
+                        )
+                    except OSError:
+                        pass
+    except OSError:
+        pass
+    return found
+
+
+def _identity(directory: epath.Path) -> tuple[int, int, int] | None:
+    """Which sidecar file `directory` holds (device, inode, change time), or
+    None if it holds none. Every save writes a new one."""
+    if "://" in os.fspath(directory):
+        return (0, 0, 0)  # object stores: nothing to tell; say nothing
+    try:
+        if not os.path.isdir(directory):
+            return None
+        found = os.stat(os.path.join(directory, FILE_NAME))
+    except OSError:
+        return None
+    return (found.st_dev, found.st_ino, found.st_ctime_ns)

@@ -1,7 +1,8 @@
 """Saving: an item split into what each storage gets, and a save's safety.
 
 Owns preparing a save (`prepare`: sidecar content, packed pieces, arrays for
-Orbax), refusing what the sidecar could not read back (`recordable`), the
+Orbax), refusing what the sidecar could not read back (`recordable`) and
+arrays that would not restore as they are (`storable`), the
 multi-host checks before any write (`hosts`), claiming the item directory
 against a concurrent save of the same step (`claim`), naming the save in
 errors from background writes (`background`), keeping a failed save's threads

@@ -36,7 +36,7 @@ from .._storage.packing import layout, packable, start_host_copies
 from .._tree.names import storage_key
 from .._tree.values import is_text
 from .._tree.walk import JAX, Walked, container, is_array_leaf, walk
-from . import recordable
+from . import recordable, storable
 from .polite import Polite
 
 # Tree structures whose save was checked before returning; a save of an equal
@@ -107,7 +107,7 @@ def prepare(
     walked = None
     if not (pack and _checked(treedef)):
         walked = walk(item)
-        _check(walked)
+        _check(walked, pack)
         leaves, treedef = [leaf.value for leaf in walked.leaves], walked.treedef
         if pack:
             _remember(treedef)
@@ -130,7 +130,7 @@ def prepare(
             if i in aliases or not nbytes(leaves[i]):
                 continue
             name = walked.leaves[i].name
-            x = _host_safe(leaves[i])
+            x = _plain_bools(_host_safe(leaves[i]))
             stored[storage_key(name)] = x
             if checksums and _held_whole(x):
                 # Now: the caller may donate or change the array once `save`
@@ -207,8 +207,9 @@ def _same_leaves(walked: Walked, leaves: list[Any]) -> None:
         )
 
 
-def _check(walked: Walked) -> None:
+def _check(walked: Walked, pack: bool = True) -> None:
     _check_savable(walked)
+    storable.check(walked, pack)
     recordable.check(walked)
 
 
@@ -218,6 +219,8 @@ def _bad_values(leaves: list[Any]) -> bool:
     for x in leaves:
         kind = type(x)
         if kind is jax.ShapeDtypeStruct or (kind is str and not is_text(x)):
+            return True
+        if storable.bad_value(x):
             return True
     return False
 
@@ -258,11 +261,14 @@ def _held_whole(x: Any) -> bool:
 
 
 def check_has_data(item: Any, leaves: list[Any] | None = None) -> None:
-    """Refuses skeletons early and cheaply, before Orbax starts a save."""
+    """Refuses skeletons, and arrays that would not restore as they are
+    (`storable`), early and cheaply, before Orbax starts a save."""
     if leaves is None:
         leaves = jax.tree_util.tree_leaves(item)
     if any(type(x) is jax.ShapeDtypeStruct for x in leaves):
         _check_savable(walk(item))
+    if any(storable.bad_value(x) for x in leaves):
+        storable.check(walk(item))
 
 
 def _check_savable(walked: Walked) -> None:
@@ -308,6 +314,21 @@ def _aliases(leaves: list[Any]) -> dict[int, int]:
 
 def _is_none(x: Any) -> bool:
     return x is None
+
+
+def _plain_bools(x: Any) -> Any:
+    """A bool array whose bytes are all 0 or 1: TensorStore reads any other
+    byte back as damage ("Invalid bool value"), but numpy and JAX hold any
+    (a view of uint8 data), each meaning True. Such an array is stored as
+    the 0/1 array of its values (a host copy; the sidecar still records the
+    leaf as the jax or numpy array it was). A jax array that other processes
+    hold part of is stored as it is: nothing here computes over it."""
+    if x.dtype != np.bool_ or not _held_whole(x):
+        return x
+    host = _shards.gather(x) if container(x) == JAX else x
+    if np.asarray(host).view(np.uint8).max(initial=0) <= 1:
+        return x
+    return np.asarray(host).view(np.uint8) != 0
 
 
 def _host_safe(x: Any) -> Any:

@@ -27,6 +27,7 @@ import ctypes
 import errno
 import functools
 import os
+import re
 import time
 
 from etils import epath
@@ -34,6 +35,7 @@ from etils import epath
 from .._errors import OrbaxEqxError
 from .._format.locate import is_item, steps_in
 from .._format.sidecar import FILE_NAME
+from .._format.sidecar_read import read
 from . import leftovers as _leftovers
 from .claim import ConcurrentSaveError
 
@@ -102,7 +104,14 @@ def _what_else(path: epath.Path) -> tuple[str, str] | None:
     if not path.is_dir():
         return "a file", _ELSEWHERE
     if is_item(path):
-        return None
+        odd = foreign(path)
+        if not odd:
+            return None
+        return (
+            "a directory holding a checkpoint's files and entries neither "
+            f"orbax_eqx nor Orbax wrote ({', '.join(odd[:3])}{_more(odd)})",
+            _MOVE_OUT,
+        )
     entries = list(path.iterdir())
     if not entries:
         return None
@@ -113,6 +122,25 @@ def _what_else(path: epath.Path) -> tuple[str, str] | None:
         if p not in items and not (p.name in _ORBAX_TOP_FILES and p.is_file())
     )
     if items and not others:
+        # A step (or Composite) of items saved together, not a folder of
+        # checkpoints each saved on its own (`folder/exp1`, `folder/exp2`):
+        # Orbax puts a standalone save's metadata in the item directory.
+        alone = [p.name for p in items if (p / _STEP_METADATA).exists()]
+        if alone:
+            return (
+                f"a directory of {len(items)} checkpoint(s) each saved on its own "
+                f"({', '.join(alone[:3])}{_more(alone)})",
+                f"To replace one of them, save to its path (such as {items[0]}) "
+                "instead; else choose another directory.",
+            )
+        odd = [f"{p.name}/{name}" for p in items for name in foreign(p)]
+        if odd:
+            return (
+                "a step of checkpoints whose item directories also hold entries "
+                f"neither orbax_eqx nor Orbax wrote ({', '.join(odd[:3])}"
+                f"{_more(odd)})",
+                _MOVE_OUT,
+            )
         return None
     if items:
         held = ", ".join(p.name for p in items[:3]) + _more(items)
@@ -134,6 +162,57 @@ def _what_else(path: epath.Path) -> tuple[str, str] | None:
         f"{FILE_NAME} in it or its subdirectories)",
         _ELSEWHERE,
     )
+
+
+_STEP_METADATA = "_CHECKPOINT_METADATA"
+_MOVE_OUT = (
+    "Overwriting deletes the whole directory: move those entries out of it "
+    "first, or choose another directory."
+)
+# What Orbax writes in an item directory: its own metadata and, before sidecar
+# format 3, its array store's files (now in `orbax_eqx~arrays.<token>`).
+_ORBAX_ITEM_FILES = frozenset(
+    {
+        *_ORBAX_TOP_FILES,
+        "_sharding",
+        "manifest.ocdbt",
+        "d",
+        "array_metadatas",
+        "descriptor",
+    }
+)
+_OCDBT_PROCESS = re.compile(r"ocdbt\.process_[0-9]+")
+
+
+def foreign(item: epath.Path) -> list[str]:
+    """Entries of item directory `item` that neither orbax_eqx nor Orbax wrote
+    (an exported `model.safetensors`, a user's notes): overwriting would
+    delete them. orbax_eqx names everything it writes `orbax_eqx.json`
+    (and its temporary `orbax_eqx.json.tmp-*`) or `orbax_eqx~*`."""
+    odd = sorted(
+        p.name
+        for p in item.iterdir()
+        if not (
+            p.name == FILE_NAME
+            or p.name.startswith((FILE_NAME + ".tmp-", "orbax_eqx~"))
+            or p.name in _ORBAX_ITEM_FILES
+            or _OCDBT_PROCESS.fullmatch(p.name)
+        )
+    )
+    if odd:  # sidecar formats 1-2: Orbax stored arrays under their keys here
+        keys = _old_storage_keys(item)
+        odd = [name for name in odd if name not in keys]
+    return odd
+
+
+def _old_storage_keys(item: epath.Path) -> set[str]:
+    try:
+        saved = read(item)
+    except Exception:  # unreadable: nothing is known to be its own
+        return set()
+    if saved.token is not None:
+        return set()
+    return {leaf.key for leaf in saved.leaves.values() if leaf.key is not None}
 
 
 def _more(shown: list) -> str:

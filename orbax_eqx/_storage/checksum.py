@@ -85,7 +85,8 @@ def mismatch(record: Any, kind: str, recorded: int, found: int) -> str:
 def damaged(directory: Any, problems: Sequence[str]) -> CheckpointDamagedError:
     return CheckpointDamagedError(
         f"The data of {len(problems)} leaf(s) of the checkpoint in {directory} "
-        "changed after it was saved (a flipped bit on disk, or a damaged copy):\n"
+        "changed after it was saved (a flipped bit on disk, or a damaged copy; "
+        "or its sidecar record was edited):\n"
         + bullet_list(problems)
         + "\nRestore an earlier step (`oeqx.restore_latest` falls back past "
         "damaged steps); `python -m orbax_eqx verify PATH` checks every leaf."

@@ -6,6 +6,7 @@ one group, stored in a directory of the item directory named by a hash of
 their leaf names (the same on every process, with no communication):
 
 ```
+<item>/orbax_eqx~typed-seal.9f2c41d07a3be865  # SHA-256 of the index (primary)
 <item>/orbax_eqx~typed.9f2c41d07a3be865/
     orbax_eqx~typed.json                     # the group's index (primary host)
     orbax_eqx~packed.9f2c41d07a3be865.0.bin  # fully replicated arrays (primary)
@@ -18,7 +19,8 @@ every process writing the distinct shards it holds; zero-size arrays are
 recorded only. The index, written last, records every leaf:
 
 ```
-{"format": "orbax_eqx.typed", "format_version": 1, "group": "9f2c41d07a3be865",
+{"format": "orbax_eqx.typed", "format_version": 2, "group": "9f2c41d07a3be865",
+ "save": "5be1c0a2d4e6f809",
  "processes": 2, "versions": {...},
  "pack": {"file": "orbax_eqx~packed.9f2c41d07a3be865.0.bin", "nbytes": 4160,
           "byteorder": "little"},
@@ -40,6 +42,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import secrets
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -65,7 +68,18 @@ GROUP_DIR = "orbax_eqx~typed.{group}"
 GROUP_PREFIX = "orbax_eqx~typed."
 INDEX_FILE = "orbax_eqx~typed.json"
 INDEX_FORMAT = "orbax_eqx.typed"
-INDEX_VERSION = 1
+# 2: the index names its save (`"save"`: 16 random hex digits), and a seal
+# beside the group's directory, in the item directory, holds the SHA-256 of
+# the index: a group directory copied in from another checkpoint (named
+# alike: the same leaf names) carries another index, which the seal refuses.
+INDEX_VERSION = 2
+SEAL_FILE = "orbax_eqx~typed-seal.{group}"
+SEAL_PREFIX = "orbax_eqx~typed-seal."
+
+
+def seal(index: bytes) -> str:
+    """The seal's content for a group whose index file holds `index`."""
+    return hashlib.sha256(index).hexdigest() + "\n"
 
 
 def group_of(names: Sequence[str]) -> str:
@@ -150,6 +164,7 @@ def take(
         "format": INDEX_FORMAT,
         "format_version": INDEX_VERSION,
         "group": group,
+        "save": secrets.token_hex(8),
         "processes": jax.process_count() if to_shard else 0,
         "versions": package_versions(),
         "pack": {
@@ -199,7 +214,14 @@ def write(directory: epath.Path, taken: Taken, process: int, primary: bool) -> N
         taken.pieces = []  # let go of device buffers' views (see `packing`)
         for name, crc in zip(taken.packed, crcs):
             index["leaves"][name]["crc32"] = crc
-    _store.write_whole(where / INDEX_FILE, _dump(index).encode("utf-8"))
+    text = _dump(index).encode("utf-8")
+    _store.write_whole(where / INDEX_FILE, text)
+    # Beside the group's directory, not in it: binds the directory's index
+    # (and through its CRC-32s and save token, its packs) to this checkpoint.
+    _store.write_whole(
+        epath.Path(directory) / SEAL_FILE.format(group=taken.group),
+        seal(text).encode("ascii"),
+    )
 
 
 def _dump(index: dict[str, Any]) -> str:

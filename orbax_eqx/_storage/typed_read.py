@@ -39,7 +39,17 @@ from .._tree.walk import (
 )
 from . import packing as _packing
 from . import shard_read as _shard_read
-from .typed import GROUP_PREFIX, INDEX_FILE, INDEX_FORMAT, INDEX_VERSION, group_of
+from .typed import (
+    GROUP_DIR,
+    GROUP_PREFIX,
+    INDEX_FILE,
+    INDEX_FORMAT,
+    INDEX_VERSION,
+    SEAL_FILE,
+    SEAL_PREFIX,
+    group_of,
+    seal,
+)
 
 _MAX_INDEX_BYTES = 256 << 20  # a few hundred bytes per leaf: millions of leaves
 
@@ -61,12 +71,22 @@ def find(directory: epath.Path) -> dict[str, Group]:
     """
     directory = epath.Path(directory)
     try:
-        entries = sorted(
-            p.name for p in directory.iterdir() if p.name.startswith(GROUP_PREFIX)
-        )
+        names = [p.name for p in directory.iterdir()]
+        entries = sorted(n for n in names if n.startswith(GROUP_PREFIX))
+        seals = sorted(n for n in names if n.startswith(SEAL_PREFIX))
     except PermissionError:
         raise permission_denied(directory) from None
     found: dict[str, Group] = {}
+    groups = {entry[len(GROUP_PREFIX) :] for entry in entries}
+    for entry in seals:
+        group = entry[len(SEAL_PREFIX) :]
+        if group not in groups:
+            raise CheckpointDamagedError(
+                f"The arrays saved with orbax_eqx's type handler in {directory} "
+                f"are incomplete: the directory {GROUP_DIR.format(group=group)} "
+                f"that {entry} seals is missing (deleted, or never copied). "
+                "Restore an earlier step, or re-save this one."
+            )
     for entry in entries:
         group = _read_group(directory / entry)
         for name in group.saved.leaves:
@@ -93,9 +113,10 @@ def _read_group(where: epath.Path) -> Group:
 
     if not isinstance(content, dict) or content.get("format") != INDEX_FORMAT:
         raise bad(f'expected a JSON object with "format": "{INDEX_FORMAT}"')
-    if content.get("format_version") != INDEX_VERSION:
+    version = content.get("format_version")
+    if version not in (1, INDEX_VERSION):
         raise bad(
-            f"format_version {content.get('format_version')!r} is not "
+            f"format_version {version!r} is not 1 to "
             f"{INDEX_VERSION} (saved by a newer orbax_eqx?)"
         )
     if content.get("group") != group:
@@ -123,6 +144,8 @@ def _read_group(where: epath.Path) -> Group:
         shardings[name] = None if at is None else table[at]
     if any(r.data == SHARDS for r in leaves.values()) and not processes:
         raise bad("it has leaves in shard packs but no process wrote any")
+    if version >= 2:
+        _check_seal(where, group, text)
     saved = Metadata(
         directory=os.fspath(where),
         format_version=INDEX_VERSION,
@@ -134,6 +157,35 @@ def _read_group(where: epath.Path) -> Group:
         shard_files=processes,
     )
     return Group(where, saved, shardings)
+
+
+def _check_seal(where: epath.Path, group: str, index: bytes) -> None:
+    """The seal beside the group's directory must hold this index's SHA-256:
+    else the directory is another checkpoint's (or its index was edited)."""
+    path = where.parent / SEAL_FILE.format(group=group)
+    problem = None
+    try:
+        found = _store.read_bounded(path, 1024, lambda what: _damaged(path, what))
+    except FileNotFoundError:
+        problem = (
+            f"{path.name} beside it, which binds it to this checkpoint, is missing"
+        )
+    except PermissionError:
+        raise permission_denied(path) from None
+    else:
+        if found != seal(index).encode("ascii"):
+            problem = (
+                f"its index is not the one {path.name} beside it was sealed with: "
+                "the directory was copied in from another checkpoint, or its "
+                "index was edited"
+            )
+    if problem is not None:
+        raise CheckpointDamagedError(
+            f"The arrays saved with orbax_eqx's type handler in {where} do not "
+            f"belong to the checkpoint in {where.parent}: {problem}. Restore an "
+            "earlier step, or re-save this one (never copy a group directory "
+            "between checkpoints)."
+        )
 
 
 def _parse_leaf(name: str, row: Any, packs, bad) -> LeafMetadata:

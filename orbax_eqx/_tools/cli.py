@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from .._errors import OrbaxEqxError
+from .text import printable_lines
 
 PROG = "orbax_eqx"
 
@@ -145,6 +146,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     _escape_unprintable(sys.stdout)
     _escape_unprintable(sys.stderr)
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _Inert(sys.stdout), _Inert(sys.stderr)
+    try:
+        return _run(args)
+    finally:
+        sys.stdout, sys.stderr = streams
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.run(args)
     except BrokenPipeError:
@@ -169,6 +179,25 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+
+
+class _Inert:
+    """A text stream that escapes control characters other than newline and
+    tab (ESC, CR, BEL...) in what is written: a checkpoint's names and values
+    cannot drive the terminal. (Names are also printed one line each, see
+    `text.printable`.) `write_raw` is for our own progress bar."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        return self._stream.write(printable_lines(text))
+
+    def write_raw(self, text: str) -> int:
+        return self._stream.write(text)
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 def _escape_unprintable(stream) -> None:

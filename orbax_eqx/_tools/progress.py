@@ -27,6 +27,9 @@ class Progress:
         self.total = total
         self.done = 0
         self._stream = sys.stderr if stream is None else stream
+        # The CLI's stderr escapes control characters; the bar's own are
+        # written past it (`write_raw`).
+        self._write = getattr(self._stream, "write_raw", self._stream.write)
         isatty = getattr(self._stream, "isatty", None)
         self.enabled = bool(isatty and isatty())
         self._last = 0.0
@@ -43,7 +46,7 @@ class Progress:
         fraction = min(self.done / self.total, 1.0) if self.total else 1.0
         filled = int(fraction * _WIDTH)
         bar = "#" * filled + "." * (_WIDTH - filled)
-        self._stream.write(
+        self._write(
             f"\r{self.label} [{bar}] {fraction:4.0%} "
             f"{human_bytes(self.done)} / {human_bytes(self.total)}\x1b[K"
         )
@@ -53,7 +56,7 @@ class Progress:
     def close(self) -> None:
         """Erases the bar, so that what follows starts on a clean line."""
         if self._drawn:
-            self._stream.write("\r\x1b[K")
+            self._write("\r\x1b[K")
             self._stream.flush()
 
     def __enter__(self) -> "Progress":

@@ -12,6 +12,7 @@ both directions against the library.
 
 import dataclasses
 import json
+import math
 import os
 import struct
 import sys
@@ -47,6 +48,7 @@ DTYPES = {
 CODES = {v: k for k, v in DTYPES.items()}
 
 METADATA_KEY = "__metadata__"
+_MAX_DIM = 2**62  # past this, a dimension is no array numpy can make
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 _MAX_HEADER = 100_000_000  # as the reference implementation
@@ -86,7 +88,8 @@ def numpy_dtype(name: str) -> np.dtype:
 
 
 def nbytes_of(dtype: str, shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * numpy_dtype(dtype).itemsize
+    # Python integers: numpy's int64 product wraps (2**62 x 4 is 0 bytes).
+    return math.prod(shape) * numpy_dtype(dtype).itemsize
 
 
 def encode_header(entries: list[tuple[str, str, tuple]], metadata: dict) -> bytes:
@@ -147,7 +150,9 @@ def read_header(path: str | os.PathLike) -> Header:
         raise bad(f"the header is not JSON ({e})") from None
     if not isinstance(content, dict):
         raise bad("the header is not a JSON object")
-    metadata = content.pop(METADATA_KEY, None) or {}
+    metadata = content.pop(METADATA_KEY, None)
+    if metadata is None:
+        metadata = {}
     if not (
         isinstance(metadata, dict)
         and all(isinstance(v, str) for v in metadata.values())
@@ -194,7 +199,10 @@ def _tensor_info(name: str, rec: Any, data_start: int, bad) -> TensorInfo:
     if code not in DTYPES:
         known = ", ".join(DTYPES)
         raise bad(f"tensor {name!r} has dtype {code!r}; this reader knows {known}")
-    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)):
+    if not (
+        isinstance(shape, list)
+        and all(type(d) is int and 0 <= d <= _MAX_DIM for d in shape)
+    ):
         raise bad(f"tensor {name!r} has shape {shape!r}")
     if not (
         isinstance(offsets, list)

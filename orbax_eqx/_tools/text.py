@@ -1,4 +1,7 @@
-"""Text for the command line: byte sizes, cut values, aligned tables."""
+"""Text for the command line: byte sizes, cut values, aligned tables, and text
+from a checkpoint made safe to print."""
+
+import re
 
 MAX_VALUE = 72  # longer descriptions are cut in text output
 _MAX_NAME_PAD = 56  # longer names push their row out rather than widen every row
@@ -16,17 +19,42 @@ def human_bytes(n: int) -> str:
     return f"{value:.1f} {unit}"
 
 
+# Control characters: C0 (ESC, CR, BEL, newline...), DEL and C1. Printed raw, a
+# leaf name of a hostile checkpoint could move the cursor, recolor or clear
+# the terminal, or fake lines of a report.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _escape(match: re.Match) -> str:
+    return match.group().encode("unicode_escape").decode("ascii")
+
+
+def printable(text: str) -> str:
+    """`text` with every control character escaped (`\\x1b`, `\\n`): one line,
+    inert on a terminal. For names and values read from a checkpoint."""
+    return _CONTROL.sub(_escape, text)
+
+
+def printable_lines(text: str) -> str:
+    """`text` with control characters other than newline and tab escaped."""
+    return _CONTROL_BUT_LINES.sub(_escape, text)
+
+
 def cut(text: str, limit: int = MAX_VALUE) -> str:
     """`text`, cut to `limit` characters with `...`."""
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def table(header: list[str], rows: list[list[str]], right: tuple[int, ...] = ()) -> str:
-    """Indented columns; the last column is never padded, so lines end cleanly."""
+    """Indented columns; the last column is never padded, so lines end cleanly.
+    Every cell is one line: control characters in it are escaped."""
     widths = [
         min(max(len(r[i]) for r in [header, *rows]), _MAX_NAME_PAD)
         for i in range(len(header))
     ]
+    header = [printable(cell) for cell in header]
+    rows = [[printable(cell) for cell in row] for row in rows]
     lines = []
     for row in [header, *rows]:
         cells = [

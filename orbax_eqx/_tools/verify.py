@@ -120,7 +120,9 @@ def _sort(saved: Metadata, record: LeafMetadata, result, *lists) -> None:
     checked, damaged, unchecked = lists
     # From format 4 on, a save without checksums says so (`"checksums": false`);
     # format 3 did not, so there a missing checksum may be `checksums=False`.
-    if result is None and saved.checksums and saved.format_version >= 4:
+    # From format 5 on, a sidecar that lost one is refused when read, and a
+    # null `sum32` is an array no process held whole at save: unchecked.
+    if result is None and saved.checksums and saved.format_version == 4:
         result = (
             f"records no checksum, though a format-{saved.format_version} "
             "sidecar records one for every array unless saved with "
@@ -156,7 +158,10 @@ def _check_packed(path: epath.Path, saved: Metadata, record, note):
     if record.crc32 is None:
         return None, done
     if crc != record.crc32:
-        return _differs("CRC-32", record.crc32, crc), done
+        problem = _differs("CRC-32", record.crc32, crc)
+        if saved.format_version >= 5:  # the CRC-32 is bound to the record
+            problem += " (or its sidecar record was edited: dtype, shape, offset)"
+        return problem, done
     return True, done
 
 
@@ -174,6 +179,11 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
     for record in records:
         done, problem = 0, None
         for chunk in chunks[record.name]:
+            # A leaf stops at its first bad block: a damaged (or hostile,
+            # sparse, terabytes long) shard pack costs no more than the data
+            # read up to there.
+            if problem is not None:
+                break
             file = path / shard_file(saved.token, chunk.process)
             step = max(_CHUNK // chunk.block, 1) * chunk.block
             try:

@@ -15,7 +15,7 @@ from .._format.locate import as_path, items_under
 from .._format.sidecar import PACKED, SHARDS, STORED
 from .._format.sidecar_read import read
 from .progress import Progress
-from .text import human_bytes
+from .text import human_bytes, printable
 from .verify import VerifyReport, verify
 
 
@@ -137,7 +137,9 @@ def _json(report: VerifyReport) -> dict:
 
 def _text(report: VerifyReport, saved) -> str:
     lines = [
-        f"DAMAGED {leaf.path} ({leaf.name}): {leaf.problem}" for leaf in report.damaged
+        f"DAMAGED {printable(leaf.path)} ({printable(leaf.name)}): "
+        f"{printable(leaf.problem)}"
+        for leaf in report.damaged
     ]
     arrays = len(report.checked) + len(report.damaged) + len(report.unchecked)
     if report.unchecked:

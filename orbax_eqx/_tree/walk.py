@@ -305,8 +305,15 @@ class _Shown:
     def __call__(self, path: tuple) -> str:
         text = self._memo.get(path)
         if text is None:
-            text = self(path[:-1]) + str(path[-1])
-            self._memo[path] = text
+            # Up from the path to the nearest known prefix, then down: a loop,
+            # not a recursion, so that trees as deep as JAX flattens walk.
+            at = len(path) - 1
+            while path[:at] not in self._memo:
+                at -= 1
+            text = self._memo[path[:at]]
+            for end in range(at + 1, len(path) + 1):
+                text += str(path[end - 1])
+                self._memo[path[:end]] = text
         return text
 
 
@@ -362,9 +369,18 @@ class _Namer:
         if name is None:
             if len(path) <= 1:
                 name = join([key_part(entry) for entry in path])
-            else:
-                name = self._plain(path[:-1]) + SEPARATOR + key_part(path[-1])
-            self._memo[path] = name
+                self._memo[path] = name
+                return name
+            # A loop, as in `_Shown`: deep trees must not recurse.
+            at = len(path) - 1
+            while at > 1 and path[:at] not in self._memo:
+                at -= 1
+            name = self._memo.get(path[:at])
+            if name is None:
+                name = self._memo[path[:at]] = join([key_part(path[0])])
+            for end in range(at + 1, len(path) + 1):
+                name += SEPARATOR + key_part(path[end - 1])
+                self._memo[path[:end]] = name
         return name
 
     def _old_part(self, marker: Any, index: int, old: bool) -> str:

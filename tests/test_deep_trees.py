@@ -1,0 +1,57 @@
+"""Trees nested hundreds of levels deep save, restore, verify and inspect:
+walking them is a loop, not a recursion (JAX flattens ~1000 levels)."""
+
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import orbax_eqx as oeqx
+from orbax_eqx._tools.cli import main
+
+
+class Node(eqx.Module):
+    child: object
+    scale: jnp.ndarray
+
+
+def _nest(kind, depth, value):
+    tree = value
+    for i in range(depth):
+        if kind == "list":
+            tree = [tree]
+        elif kind == "dict":
+            tree = {f"k{i % 3}": tree}
+        else:
+            tree = Node(tree, jnp.asarray(float(i)))
+    return tree
+
+
+@pytest.mark.parametrize(
+    "kind, depth",
+    [("list", 500), ("list", 900), ("dict", 600), ("module", 300)],
+    ids=["list-500", "list-900", "dict-600", "module-300"],
+)
+def test_deep_trees_round_trip(tmp_path, capsys, kind, depth):
+    saved = _nest(kind, depth, np.arange(4.0))
+    oeqx.save(tmp_path / "ckpt", saved)
+    skeleton = _nest(kind, depth, np.zeros(4))
+    restored = oeqx.restore(tmp_path / "ckpt", skeleton)
+    got = restored
+    want = saved
+    for _ in range(depth):
+        if kind == "list":
+            got, want = got[0], want[0]
+        elif kind == "dict":
+            (got,), (want,) = got.values(), want.values()
+        else:
+            assert float(got.scale) == float(want.scale)
+            got, want = got.child, want.child
+    assert got.tobytes() == want.tobytes()
+    assert oeqx.verify(tmp_path / "ckpt").ok
+    assert len(oeqx.metadata(tmp_path / "ckpt").leaves) == (
+        depth + 1 if kind == "module" else 1
+    )
+    assert main(["inspect", "--flat", str(tmp_path / "ckpt")]) == 0
+    assert main(["verify", str(tmp_path / "ckpt")]) == 0
+    capsys.readouterr()
