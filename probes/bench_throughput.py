@@ -5,8 +5,8 @@ reads, all concurrently, with TensorStore's kvstore, fsspec (s3fs / gcsfs
 `pipe` and `cat_ranges`), boto3 (S3) and google-cloud-storage (GCS). Each case
 runs in a fresh process, so its peak RSS (ru_maxrss) is its own; the payload
 alone is 256 MiB written + 256 MiB read back. Client CPU seconds are printed
-beside wall time: on a shared machine they are the steadier comparison. The servers' peak RSS (VmHWM)
-is read at the end.
+beside wall time: on a shared machine they are the steadier comparison. The
+servers' peak RSS (VmHWM) is read at the end.
 
 Run: PYTHONPATH=. python probes/bench_throughput.py [repeats]
 """
