@@ -11,7 +11,7 @@ pytest.
 
     with start_s3(log_dir) as s3, start_gcs(log_dir) as gcs:
         s3.create_bucket("b")
-        with environ(s3.env() | gcs.env()):
+        with environ(env(s3, gcs)):
             ...  # s3://b and gs://... reach the servers
 """
 
@@ -99,7 +99,11 @@ class ObjectServer:
         raise NotImplementedError
 
     def create_bucket(self, name: str) -> str:
-        """Creates bucket `name` (fails if it exists); returns its root URL."""
+        """Creates bucket `name`; returns its root URL, e.g. "s3://name".
+
+        Names are 3-63 characters: lower-case letters, digits, "-". An
+        existing name is an error on GCS (409) but not on S3 in us-east-1.
+        """
         raise NotImplementedError
 
     def log_tail(self) -> str:
@@ -287,6 +291,14 @@ def start_gcs(
     server = GCSServer(argv, log, port, data)
     server._wait_ready("/storage/v1/b", timeout)
     return server
+
+
+def env(*servers: ObjectServer) -> dict[str, str | None]:
+    """The environment that reaches all of `servers` (one S3, one GCS at most)."""
+    merged: dict[str, str | None] = {}
+    for server in servers:
+        merged |= server.env()
+    return merged
 
 
 @contextlib.contextmanager

@@ -113,3 +113,15 @@ def test_a_server_that_cannot_start_says_why(tmp_path):
     )
     with pytest.raises(_object_servers.ServerError, match=r"exited with .*log"):
         server._wait_ready("/storage/v1/b", timeout=10)
+
+
+def test_filesystem_backend_keeps_objects_in_a_directory_removed_at_stop(tmp_path):
+    with _object_servers.start_gcs(tmp_path, backend="filesystem") as server:
+        root = server.create_bucket("on-disk")
+        data_dir = server._data
+        with _object_servers.environ(_object_servers.env(server)):
+            kvstore(root).write("k", DATA).result()
+        assert any(p.is_file() for p in data_dir.rglob("*"))
+    assert server.proc.returncode is not None
+    assert not data_dir.exists()
+    server.stop()  # again: a fixture and a `finally` may both stop it
