@@ -34,8 +34,8 @@ def kvstore(root: str) -> ts.KvStore:
         }
     else:
         spec = {"driver": "gcs", "bucket": bucket}
-    # A few quick retries: a test must fail, not wait minutes, if a server dies.
-    retries = {"max_retries": 3, "initial_delay": "50ms", "max_delay": "200ms"}
+    # A few quick retries: a test must fail, not wait 15 minutes, if a server dies.
+    retries = _object_servers.QUICK_RETRIES
     spec["context"] = {f"{spec['driver']}_request_retries": retries}
     return ts.KvStore.open(spec).result()
 
@@ -125,3 +125,13 @@ def test_filesystem_backend_keeps_objects_in_a_directory_removed_at_stop(tmp_pat
     assert server.proc.returncode is not None
     assert not data_dir.exists()
     server.stop()  # again: a fixture and a `finally` may both stop it
+
+
+@pytest.mark.parametrize("kind", ["s3", "gcs"])
+def test_server_tensorstore_spec_with_a_path(kind, request):
+    server = request.getfixturevalue(f"{kind}_server")
+    root = request.getfixturevalue(f"{kind}_bucket")
+    bucket = root.split("://")[1]
+    sub = ts.KvStore.open(server.tensorstore_spec(bucket, "run/")).result()
+    sub.write("x", b"1").result()
+    assert kvstore(root).list().result() == [b"run/x"]
