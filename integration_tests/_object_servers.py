@@ -52,6 +52,8 @@ def free_port() -> int:
 class ServerError(RuntimeError):
     """A server did not start, or refused a request this module made."""
 
+    exited = False  # True: the server exited before it answered
+
 
 class ObjectServer:
     """One running server: its URL, its log, and how to reach and stop it.
@@ -69,6 +71,7 @@ class ObjectServer:
         self.log = log
         self._data = data  # a directory removed at stop, if any
         self._argv = argv
+        log.parent.mkdir(parents=True, exist_ok=True)
         self._out = open(log, "ab")
         self.proc = subprocess.Popen(
             argv,
@@ -77,6 +80,7 @@ class ObjectServer:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: Ctrl-C in pytest spares it
             env=_server_env(),
+            preexec_fn=_die_with_parent,
         )
 
     def __enter__(self) -> ObjectServer:
@@ -145,10 +149,12 @@ class ObjectServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.stop()
-                raise ServerError(
+                error = ServerError(
                     f"{self._argv[0]} exited with {self.proc.returncode} before "
                     f"answering on {self.url}; log {self.log}:\n{self.log_tail()}"
                 )
+                error.exited = True
+                raise error
             try:
                 with urllib.request.urlopen(self.url + probe, timeout=2) as r:
                     if r.status == 200:
@@ -258,17 +264,17 @@ class GCSServer(ObjectServer):
 
 def start_s3(log_dir: Path, timeout: float = START_TIMEOUT) -> S3Server:
     """Starts `moto_server` on a free loopback port; returns once it answers."""
-    port = free_port()
-    log = Path(log_dir) / f"moto_server-{port}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
     binary = Path(sys.executable).with_name("moto_server")
     if binary.exists():
         argv = [str(binary)]
     else:  # an interpreter outside its venv's bin/: run the module instead
         argv = [sys.executable, "-m", "moto.server"]
-    server = S3Server([*argv, "-H", "127.0.0.1", "-p", str(port)], log, port, None)
-    server._wait_ready("/", timeout)  # ListBuckets
-    return server
+
+    def make(port: int) -> S3Server:
+        log = Path(log_dir) / f"moto_server-{port}.log"
+        return S3Server([*argv, "-H", "127.0.0.1", "-p", str(port)], log, port, None)
+
+    return _start(make, "/", timeout)  # "/": ListBuckets
 
 
 def gcs_binary() -> Path:
@@ -305,23 +311,39 @@ def start_gcs(
     OBJECT_STORE_FACTS.md) or "filesystem" (objects in a temporary directory
     removed at stop; survives nothing but uses no server memory).
     """
-    port = free_port()
-    log = Path(log_dir) / f"fake-gcs-server-{port}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    argv = [str(gcs_binary()), "-scheme", "http", "-host", "127.0.0.1"]
-    argv += ["-port", str(port), "-external-url", f"http://127.0.0.1:{port}"]
-    argv += ["-log-level", "warn"]
-    data = None
-    if backend == "filesystem":
-        data = Path(tempfile.mkdtemp(prefix="fake-gcs-", dir=log_dir))
-        argv += ["-backend", "filesystem", "-filesystem-root", str(data)]
-    elif backend == "memory":
-        argv += ["-backend", "memory"]
-    else:
+    if backend not in ("memory", "filesystem"):
         raise ValueError(f"backend must be 'memory' or 'filesystem', not {backend!r}")
-    server = GCSServer(argv, log, port, data)
-    server._wait_ready("/storage/v1/b", timeout)
-    return server
+    binary = gcs_binary()
+
+    def make(port: int) -> GCSServer:
+        log = Path(log_dir) / f"fake-gcs-server-{port}.log"
+        argv = [str(binary), "-scheme", "http", "-host", "127.0.0.1"]
+        argv += ["-port", str(port), "-external-url", f"http://127.0.0.1:{port}"]
+        argv += ["-log-level", "warn", "-backend", backend]
+        data = None
+        if backend == "filesystem":
+            data = Path(tempfile.mkdtemp(prefix="fake-gcs-", dir=log_dir))
+            argv += ["-filesystem-root", str(data)]
+        return GCSServer(argv, log, port, data)
+
+    return _start(make, "/storage/v1/b", timeout)
+
+
+def _start(make, probe: str, timeout: float, attempts: int = 3):
+    """`make(port)` on a free port until the server answers `probe`.
+
+    A server that exits at once is tried again on another port (up to
+    `attempts` times): between `free_port()` and the server's bind, another
+    process on this shared machine may take the port.
+    """
+    for attempt in range(attempts):
+        server = make(free_port())
+        try:
+            server._wait_ready(probe, timeout)
+            return server
+        except ServerError as e:
+            if not e.exited or attempt == attempts - 1:
+                raise
 
 
 def env(*servers: ObjectServer) -> dict[str, str | None]:
@@ -366,6 +388,21 @@ def _apply(values: Mapping[str, str | None]) -> None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the process that started it dies.
+
+    So a test run killed with SIGKILL (a CI timeout) leaves no server behind.
+    Linux only (prctl PR_SET_PDEATHSIG); elsewhere a no-op. The signal comes
+    when the starting *thread* ends: start servers from a thread that lives
+    as long as they should (pytest fixtures run in the main thread).
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
 
 
 def _server_env() -> dict[str, str]:

@@ -7,6 +7,10 @@ deletion, and that epath sees the same objects.
 """
 
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import tensorstore as ts
@@ -135,3 +139,41 @@ def test_server_tensorstore_spec_with_a_path(kind, request):
     sub = ts.KvStore.open(server.tensorstore_spec(bucket, "run/")).result()
     sub.write("x", b"1").result()
     assert kvstore(root).list().result() == [b"run/x"]
+
+
+def test_servers_die_with_the_process_that_started_them(tmp_path):
+    """A test run killed with SIGKILL leaves no server behind (Linux)."""
+    code = (
+        "import sys, time\n"
+        "from integration_tests import _object_servers as o\n"
+        "s3, gcs = o.start_s3(sys.argv[1]), o.start_gcs(sys.argv[1])\n"
+        "print(s3.proc.pid, gcs.proc.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    repo = str(Path(__file__).resolve().parents[1])
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": repo},
+    )
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2, "the servers did not start"
+    finally:
+        parent.kill()
+        parent.wait(10)
+        parent.stdout.close()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, dead but not yet reaped by init, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
