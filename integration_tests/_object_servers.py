@@ -181,6 +181,14 @@ class ObjectServer:
             raise ServerError(
                 f"{method} {self.url}{path}: HTTP {e.code}: {detail}"
             ) from None
+        except (urllib.error.URLError, OSError) as e:
+            state = "running"
+            if self.proc.poll() is not None:
+                state = f"exited with {self.proc.returncode}"
+            raise ServerError(
+                f"{method} {self.url}{path}: {e!r}; {self._argv[0]} {state}; "
+                f"log {self.log}:\n{self.log_tail()}"
+            ) from None
 
 
 class S3Server(ObjectServer):

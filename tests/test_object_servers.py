@@ -177,3 +177,10 @@ def _alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_a_dead_server_says_so_when_asked_for_a_bucket(tmp_path):
+    server = _object_servers.start_gcs(tmp_path)
+    server.stop()
+    with pytest.raises(_object_servers.ServerError, match=r"exited with .*log"):
+        server.create_bucket("after-stop")
