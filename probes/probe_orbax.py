@@ -89,6 +89,21 @@ except Exception as e:
     fail(e)
 """
 
+ARRAYS = """
+import numpy as np
+ckptr = ocp.Checkpointer(ocp.StandardCheckpointHandler(),
+                         temporary_path_class=CommitFileTemporaryPath)
+item = {"w": np.arange(12, dtype=np.float32).reshape(3, 4)}
+try:
+    t = time.monotonic()
+    ckptr.save(ROOT / "arrays", args=ocp.args.StandardSave(item))
+    print(f"  saved in {time.monotonic() - t:.1f} s; objects:", objects()[:6])
+    got = ckptr.restore(ROOT / "arrays", args=ocp.args.StandardRestore(item))
+    print("  restored equal:", bool((got["w"] == item["w"]).all()))
+except Exception as e:
+    fail(e)
+"""
+
 EPATH = """
 d = ROOT / "empty"
 for name, f in [
@@ -167,6 +182,7 @@ def main():
             MANAGER.format(TEMP=True, ASYNC=False, CREATE=False),
         )
         run(f"{k} epath empty directories", server, EPATH.format())
+        run(f"{k} StandardCheckpointHandler arrays + CommitFile", server, ARRAYS)
 
 
 if __name__ == "__main__":
