@@ -11,7 +11,7 @@ pytest.
 
     with start_s3(log_dir) as s3, start_gcs(log_dir) as gcs:
         s3.create_bucket("b")
-        with environ(s3.env() | gcs.env()):
+        with environ(env(s3, gcs)):
             ...  # s3://b and gs://... reach the servers
 """
 
@@ -38,6 +38,8 @@ STOP_GRACE = 2.0  # s between SIGTERM and SIGKILL
 REQUEST_TIMEOUT = 10.0  # s, for this module's own HTTP requests
 LOG_TAIL_CHARS = 4000
 REGION = "us-east-1"  # moto's default; TensorStore's s3 driver needs one
+# TensorStore retry settings that give up on a dead server in < 1 s.
+QUICK_RETRIES = {"max_retries": 3, "initial_delay": "50ms", "max_delay": "200ms"}
 
 
 def free_port() -> int:
@@ -49,6 +51,8 @@ def free_port() -> int:
 
 class ServerError(RuntimeError):
     """A server did not start, or refused a request this module made."""
+
+    exited = False  # True: the server exited before it answered
 
 
 class ObjectServer:
@@ -67,6 +71,7 @@ class ObjectServer:
         self.log = log
         self._data = data  # a directory removed at stop, if any
         self._argv = argv
+        log.parent.mkdir(parents=True, exist_ok=True)
         self._out = open(log, "ab")
         self.proc = subprocess.Popen(
             argv,
@@ -75,6 +80,7 @@ class ObjectServer:
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: Ctrl-C in pytest spares it
             env=_server_env(),
+            preexec_fn=_die_with_parent,
         )
 
     def __enter__(self) -> ObjectServer:
@@ -99,7 +105,20 @@ class ObjectServer:
         raise NotImplementedError
 
     def create_bucket(self, name: str) -> str:
-        """Creates bucket `name` (fails if it exists); returns its root URL."""
+        """Creates bucket `name`; returns its root URL, e.g. "s3://name".
+
+        Names are 3-63 characters: lower-case letters, digits, "-". An
+        existing name is an error on GCS (409) but not on S3 in us-east-1.
+        """
+        raise NotImplementedError
+
+    def tensorstore_spec(self, bucket: str, path: str = "") -> dict:
+        """A TensorStore kvstore spec for `bucket` on this server.
+
+        With a few quick retries: TensorStore's default (32 attempts, waits
+        doubling from 2 s to 32 s) takes about 15 minutes to report a dead
+        server; this takes well under a second.
+        """
         raise NotImplementedError
 
     def log_tail(self) -> str:
@@ -130,10 +149,12 @@ class ObjectServer:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 self.stop()
-                raise ServerError(
+                error = ServerError(
                     f"{self._argv[0]} exited with {self.proc.returncode} before "
                     f"answering on {self.url}; log {self.log}:\n{self.log_tail()}"
                 )
+                error.exited = True
+                raise error
             try:
                 with urllib.request.urlopen(self.url + probe, timeout=2) as r:
                     if r.status == 200:
@@ -160,10 +181,29 @@ class ObjectServer:
             raise ServerError(
                 f"{method} {self.url}{path}: HTTP {e.code}: {detail}"
             ) from None
+        except (urllib.error.URLError, OSError) as e:
+            state = "running"
+            if self.proc.poll() is not None:
+                state = f"exited with {self.proc.returncode}"
+            raise ServerError(
+                f"{method} {self.url}{path}: {e!r}; {self._argv[0]} {state}; "
+                f"log {self.log}:\n{self.log_tail()}"
+            ) from None
 
 
 class S3Server(ObjectServer):
     kind, scheme = "s3", "s3"
+
+    def tensorstore_spec(self, bucket: str, path: str = "") -> dict:
+        # The s3 driver ignores AWS_ENDPOINT_URL: the endpoint must be here.
+        return {
+            "driver": "s3",
+            "bucket": bucket,
+            "path": path,
+            "endpoint": self.url,
+            "aws_region": REGION,
+            "context": {"s3_request_retries": QUICK_RETRIES},
+        }
 
     def env(self) -> dict[str, str | None]:
         return {
@@ -196,6 +236,15 @@ class GCSServer(ObjectServer):
     kind, scheme = "gcs", "gs"
     PROJECT = "test-project"
 
+    def tensorstore_spec(self, bucket: str, path: str = "") -> dict:
+        # The endpoint comes from TENSORSTORE_GCS_HTTP_URL (`env()`).
+        return {
+            "driver": "gcs",
+            "bucket": bucket,
+            "path": path,
+            "context": {"gcs_request_retries": QUICK_RETRIES},
+        }
+
     def env(self) -> dict[str, str | None]:
         return {
             # gcsfs (epath's gs:// backend) and google-cloud-storage.
@@ -223,17 +272,17 @@ class GCSServer(ObjectServer):
 
 def start_s3(log_dir: Path, timeout: float = START_TIMEOUT) -> S3Server:
     """Starts `moto_server` on a free loopback port; returns once it answers."""
-    port = free_port()
-    log = Path(log_dir) / f"moto_server-{port}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
     binary = Path(sys.executable).with_name("moto_server")
     if binary.exists():
         argv = [str(binary)]
     else:  # an interpreter outside its venv's bin/: run the module instead
         argv = [sys.executable, "-m", "moto.server"]
-    server = S3Server([*argv, "-H", "127.0.0.1", "-p", str(port)], log, port, None)
-    server._wait_ready("/", timeout)  # ListBuckets
-    return server
+
+    def make(port: int) -> S3Server:
+        log = Path(log_dir) / f"moto_server-{port}.log"
+        return S3Server([*argv, "-H", "127.0.0.1", "-p", str(port)], log, port, None)
+
+    return _start(make, "/", timeout)  # "/": ListBuckets
 
 
 def gcs_binary() -> Path:
@@ -270,23 +319,47 @@ def start_gcs(
     OBJECT_STORE_FACTS.md) or "filesystem" (objects in a temporary directory
     removed at stop; survives nothing but uses no server memory).
     """
-    port = free_port()
-    log = Path(log_dir) / f"fake-gcs-server-{port}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    argv = [str(gcs_binary()), "-scheme", "http", "-host", "127.0.0.1"]
-    argv += ["-port", str(port), "-external-url", f"http://127.0.0.1:{port}"]
-    argv += ["-log-level", "warn"]
-    data = None
-    if backend == "filesystem":
-        data = Path(tempfile.mkdtemp(prefix="fake-gcs-", dir=log_dir))
-        argv += ["-backend", "filesystem", "-filesystem-root", str(data)]
-    elif backend == "memory":
-        argv += ["-backend", "memory"]
-    else:
+    if backend not in ("memory", "filesystem"):
         raise ValueError(f"backend must be 'memory' or 'filesystem', not {backend!r}")
-    server = GCSServer(argv, log, port, data)
-    server._wait_ready("/storage/v1/b", timeout)
-    return server
+    binary = gcs_binary()
+
+    def make(port: int) -> GCSServer:
+        log = Path(log_dir) / f"fake-gcs-server-{port}.log"
+        argv = [str(binary), "-scheme", "http", "-host", "127.0.0.1"]
+        argv += ["-port", str(port), "-external-url", f"http://127.0.0.1:{port}"]
+        argv += ["-log-level", "warn", "-backend", backend]
+        data = None
+        if backend == "filesystem":
+            data = Path(tempfile.mkdtemp(prefix="fake-gcs-", dir=log_dir))
+            argv += ["-filesystem-root", str(data)]
+        return GCSServer(argv, log, port, data)
+
+    return _start(make, "/storage/v1/b", timeout)
+
+
+def _start(make, probe: str, timeout: float, attempts: int = 3):
+    """`make(port)` on a free port until the server answers `probe`.
+
+    A server that exits at once is tried again on another port (up to
+    `attempts` times): between `free_port()` and the server's bind, another
+    process on this shared machine may take the port.
+    """
+    for attempt in range(attempts):
+        server = make(free_port())
+        try:
+            server._wait_ready(probe, timeout)
+            return server
+        except ServerError as e:
+            if not e.exited or attempt == attempts - 1:
+                raise
+
+
+def env(*servers: ObjectServer) -> dict[str, str | None]:
+    """The environment that reaches all of `servers` (one S3, one GCS at most)."""
+    merged: dict[str, str | None] = {}
+    for server in servers:
+        merged |= server.env()
+    return merged
 
 
 @contextlib.contextmanager
@@ -323,6 +396,21 @@ def _apply(values: Mapping[str, str | None]) -> None:
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+
+
+def _die_with_parent() -> None:
+    """In the child: SIGKILL when the process that started it dies.
+
+    So a test run killed with SIGKILL (a CI timeout) leaves no server behind.
+    Linux only (prctl PR_SET_PDEATHSIG); elsewhere a no-op. The signal comes
+    when the starting *thread* ends: start servers from a thread that lives
+    as long as they should (pytest fixtures run in the main thread).
+    """
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
 
 
 def _server_env() -> dict[str, str]:

@@ -22,7 +22,7 @@ LIMIT = 25.0
 
 
 def run(label, code, env, limit=LIMIT):
-    if ONLY and not any(o in label for o in ONLY):
+    if ONLY and ONLY != ["extra"] and not any(o in label for o in ONLY):
         return
     limit = float(os.environ.get("PROBE_LIMIT", limit))
     full = {**os.environ}
@@ -252,5 +252,44 @@ def main():
 REGION = "us-east-1"
 ONLY = sys.argv[1:]  # run only the cases whose label contains one of these
 
+
+def extra():
+    """Defaults as TensorStore resolves them, concurrency options, GCS auth."""
+    s3, gcs = _servers.start()
+    s3.create_bucket("bkt")
+    gcs.create_bucket("bkt")
+    show = """
+    kv = ts.KvStore.open(SPEC).result()
+    kv.write("k", b"v").result()
+    j = kv.spec(retain_context=True).to_json(include_defaults=True)
+    print(json.dumps(j.get("context", j), sort_keys=True))
+    """
+    ctx = {
+        "s3_request_concurrency": {"limit": 8},
+        "s3_request_retries": {"max_retries": 5},
+    }
+    spec = {"driver": "s3", "bucket": "bkt", "endpoint": s3.url, "context": ctx}
+    run(
+        "s3 resolved context (concurrency 8, retries 5)",
+        f"SPEC = {json.dumps(spec)}\n" + textwrap.dedent(show),
+        s3.env(),
+    )
+    ctx = {"gcs_request_concurrency": {"limit": 8}}
+    spec = {"driver": "gcs", "bucket": "bkt", "context": ctx}
+    run(
+        "gcs resolved context (concurrency 8)",
+        f"SPEC = {json.dumps(spec)}\n" + textwrap.dedent(show),
+        gcs.env(),
+    )
+    bare = {k: None for k in gcs.env() if k not in ("TENSORSTORE_GCS_HTTP_URL",)}
+    run(
+        "gcs TENSORSTORE_GCS_HTTP_URL alone (no token, no GCE_* / NO_GCE_CHECK)",
+        f"SPEC = {json.dumps({'driver': 'gcs', 'bucket': 'bkt'})}\n"
+        + textwrap.dedent(show),
+        bare,
+        limit=60,
+    )
+
+
 if __name__ == "__main__":
-    main()
+    extra() if ONLY == ["extra"] else main()

@@ -7,6 +7,10 @@ deletion, and that epath sees the same objects.
 """
 
 import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import tensorstore as ts
@@ -34,8 +38,8 @@ def kvstore(root: str) -> ts.KvStore:
         }
     else:
         spec = {"driver": "gcs", "bucket": bucket}
-    # A few quick retries: a test must fail, not wait minutes, if a server dies.
-    retries = {"max_retries": 3, "initial_delay": "50ms", "max_delay": "200ms"}
+    # A few quick retries: a test must fail, not wait 15 minutes, if a server dies.
+    retries = _object_servers.QUICK_RETRIES
     spec["context"] = {f"{spec['driver']}_request_retries": retries}
     return ts.KvStore.open(spec).result()
 
@@ -113,3 +117,70 @@ def test_a_server_that_cannot_start_says_why(tmp_path):
     )
     with pytest.raises(_object_servers.ServerError, match=r"exited with .*log"):
         server._wait_ready("/storage/v1/b", timeout=10)
+
+
+def test_filesystem_backend_keeps_objects_in_a_directory_removed_at_stop(tmp_path):
+    with _object_servers.start_gcs(tmp_path, backend="filesystem") as server:
+        root = server.create_bucket("on-disk")
+        data_dir = server._data
+        with _object_servers.environ(_object_servers.env(server)):
+            kvstore(root).write("k", DATA).result()
+        assert any(p.is_file() for p in data_dir.rglob("*"))
+    assert server.proc.returncode is not None
+    assert not data_dir.exists()
+    server.stop()  # again: a fixture and a `finally` may both stop it
+
+
+@pytest.mark.parametrize("kind", ["s3", "gcs"])
+def test_server_tensorstore_spec_with_a_path(kind, request):
+    server = request.getfixturevalue(f"{kind}_server")
+    root = request.getfixturevalue(f"{kind}_bucket")
+    bucket = root.split("://")[1]
+    sub = ts.KvStore.open(server.tensorstore_spec(bucket, "run/")).result()
+    sub.write("x", b"1").result()
+    assert kvstore(root).list().result() == [b"run/x"]
+
+
+def test_servers_die_with_the_process_that_started_them(tmp_path):
+    """A test run killed with SIGKILL leaves no server behind (Linux)."""
+    code = (
+        "import sys, time\n"
+        "from integration_tests import _object_servers as o\n"
+        "s3, gcs = o.start_s3(sys.argv[1]), o.start_gcs(sys.argv[1])\n"
+        "print(s3.proc.pid, gcs.proc.pid, flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    repo = str(Path(__file__).resolve().parents[1])
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": repo},
+    )
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2, "the servers did not start"
+    finally:
+        parent.kill()
+        parent.wait(10)
+        parent.stdout.close()
+    deadline = time.monotonic() + 10
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(p) for p in pids)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, dead but not yet reaped by init, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_dead_server_says_so_when_asked_for_a_bucket(tmp_path):
+    server = _object_servers.start_gcs(tmp_path)
+    server.stop()
+    with pytest.raises(_object_servers.ServerError, match=r"exited with .*log"):
+        server.create_bucket("after-stop")
