@@ -391,7 +391,8 @@ def test_old_format_says_to_resave(tmp_path):
         r"skeleton\. .* re-save it",
     ):
         oeqx.restore(tmp_path / "ckpt", allow=["equinox"])
-    assert set(oeqx.restore(tmp_path / "ckpt")) >= {"layers.0.weight"}
+    # (Unchecked: relabelled format 4, its bound CRC-32s no longer read as such.)
+    assert set(oeqx.restore(tmp_path / "ckpt", verify=False)) >= {"layers.0.weight"}
 
 
 @pytest.mark.parametrize(
