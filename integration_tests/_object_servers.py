@@ -316,7 +316,7 @@ def start_gcs(
     """Starts fake-gcs-server on a free loopback port; returns once it answers.
 
     `backend` "memory" (the default: it writes 256 MiB faster, see
-    benchmarks/object_store_probes/FACTS.md) or "filesystem" (objects in a temporary directory
+    the probes' FACTS.md) or "filesystem" (objects in a temporary directory
     removed at stop; survives nothing but uses no server memory).
     """
     if backend not in ("memory", "filesystem"):
@@ -368,7 +368,7 @@ def environ(values: Mapping[str, str | None]) -> Iterator[None]:
 
     Only for this process and the children it starts from inside. Libraries
     that read the environment once (botocore sessions, fsspec's cached
-    filesystem instances) keep what they read first; see benchmarks/object_store_probes/FACTS.md.
+    filesystem instances) keep what they read first; see the probes' FACTS.md.
     """
     old = {k: os.environ.get(k) for k in values}
     try:
