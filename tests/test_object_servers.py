@@ -2,8 +2,9 @@
 both reach moto_server (s3://) and fake-gcs-server (gs://) through them.
 
 These pin what the byte layer relies on (see
-benchmarks/object_store_probes/FACTS.md): the kvstore specs that reach each server, ranged reads, prefix listing and
-deletion, and that epath sees the same objects.
+benchmarks/object_store_probes/FACTS.md): the kvstore specs that reach each
+server, ranged reads, prefix listing and deletion, and that epath sees the
+same objects.
 """
 
 import os
