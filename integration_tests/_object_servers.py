@@ -74,13 +74,12 @@ class ObjectServer:
         log.parent.mkdir(parents=True, exist_ok=True)
         self._out = open(log, "ab")
         self.proc = subprocess.Popen(
-            argv,
+            [*_die_with_parent(), *argv],
             stdin=subprocess.DEVNULL,
             stdout=self._out,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group: Ctrl-C in pytest spares it
             env=_server_env(),
-            preexec_fn=_die_with_parent,
         )
 
     def __enter__(self) -> ObjectServer:
@@ -398,19 +397,18 @@ def _apply(values: Mapping[str, str | None]) -> None:
             os.environ[k] = v
 
 
-def _die_with_parent() -> None:
-    """In the child: SIGKILL when the process that started it dies.
+def _die_with_parent() -> list[str]:
+    """A prefix for the server's command: SIGKILL when the process that
+    started it dies (util-linux `setpriv --pdeathsig`, where there is one).
 
     So a test run killed with SIGKILL (a CI timeout) leaves no server behind.
-    Linux only (prctl PR_SET_PDEATHSIG); elsewhere a no-op. The signal comes
-    when the starting *thread* ends: start servers from a thread that lives
-    as long as they should (pytest fixtures run in the main thread).
+    Not a `preexec_fn`: that makes subprocess fork the Python process, which
+    JAX warns about (an error under the tests' filterwarnings). The signal
+    comes when the starting *thread* ends: start servers from a thread that
+    lives as long as they should (pytest fixtures run in the main thread).
     """
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG = 1
+    setpriv = shutil.which("setpriv")
+    return [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
 
 
 def _server_env() -> dict[str, str]:
