@@ -18,6 +18,7 @@ from .._restore.renames import Renames
 from .._restore.restore import restore_flat, restore_tree
 from .._restore.select import check_options
 from .._restore.vanished import noticed
+from .._save import at_exit as _at_exit
 from .._save import background as _background
 from .._save import claim as _claim
 from .._save import released as _released
@@ -162,6 +163,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         )
         futures = []
         where = _background.target(directory)  # named by errors of the writes
+        _at_exit.started(where, _background.final_directory(directory))
         if prepared.stored:
             inner = await _released.run(
                 self._inner.async_save(
@@ -274,7 +276,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         if saving is None:
             saving = _saved_here(epath.Path(directory))
         token, started, stored, shard_files = saving
-        with _background.noted(_background.target(directory)):
+        where = _background.target(directory)
+        _at_exit.ended(where)  # Orbax commits the step once this returns
+        with _background.noted(where):
             if stored:
                 arrays = _sidecar.arrays_dir(directory, token)
                 try:
