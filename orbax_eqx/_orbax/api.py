@@ -1,7 +1,7 @@
 """Standalone `save`, `restore` and `metadata`: one checkpoint, no manager."""
 
 import os
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import orbax.checkpoint as ocp
@@ -10,6 +10,7 @@ from .._errors import OrbaxEqxError
 from .._format.locate import as_path, find_item
 from .._format.sidecar import Metadata
 from .._format.sidecar_read import read
+from .._restore.renames import Renames
 from .._save import leftovers as _leftovers
 from .._save import replace as _replace
 from .._save.claim import ConcurrentSaveError, from_process_0
@@ -23,7 +24,17 @@ class NotWritableError(OrbaxEqxError, PermissionError):
 
 
 def save(
-    directory: str | os.PathLike, item: Any, *, overwrite: bool = False, **options
+    directory: str | os.PathLike[str],
+    item: Any,
+    *,
+    overwrite: bool = False,
+    pack: bool = True,
+    use_ocdbt: bool = True,
+    use_zarr3: bool = False,
+    use_compression: bool = False,
+    save_concurrent_gb: float | None = None,
+    multiprocessing_options: ocp.options.MultiprocessingOptions | None = None,
+    checksums: bool = True,
 ) -> None:
     """Saves `item` to `directory`, atomically on local paths, and waits for the disk.
 
@@ -40,7 +51,9 @@ def save(
         Orbax's files) or an empty directory is replaced: anything else, a
         directory that holds a checkpoint among other files too, is a
         `NotACheckpointError`.
-    - `**options`: passed to `EqxHandler` (`use_ocdbt=`, `use_compression=`...).
+    - `pack`, `use_ocdbt`, `use_zarr3`, `use_compression`,
+        `save_concurrent_gb`, `multiprocessing_options`, `checksums`: as for
+        `EqxHandler`.
 
     A save killed part way leaves its temporary directories beside
     `directory` (`.<name>.oeqx-*`); the next save to `directory` deletes them.
@@ -64,6 +77,15 @@ def save(
     """
     path = as_path(directory)
     args = EqxSave(item)  # checks the item before anything is touched
+    options = dict(
+        pack=pack,
+        use_ocdbt=use_ocdbt,
+        use_zarr3=use_zarr3,
+        use_compression=use_compression,
+        save_concurrent_gb=save_concurrent_gb,
+        multiprocessing_options=multiprocessing_options,
+        checksums=checksums,
+    )
     if "://" in os.fspath(path):  # object stores have no atomic rename
         _replace.check_target(path, overwrite)
         with ocp.Checkpointer(EqxHandler(**options)) as checkpointer:
@@ -127,7 +149,22 @@ def _check_writable(path) -> None:
         )
 
 
-def restore(directory: str | os.PathLike, skeleton: Any = None, **options) -> Any:
+def restore(
+    directory: str | os.PathLike[str],
+    skeleton: Any = None,
+    *,
+    shardings: Any = None,
+    cast: bool = False,
+    strict: bool = True,
+    prefix: str | None = None,
+    renames: Renames | None = None,
+    renames_must_match: bool = True,
+    missing: Literal["error", "keep"] = "error",
+    report: bool = False,
+    on_static_mismatch: Literal["error", "warn"] = "error",
+    verify: bool = True,
+    max_staged_bytes: int | None = None,
+) -> Any:
     """Restores the checkpoint at `directory`.
 
     **Arguments:**
@@ -135,16 +172,30 @@ def restore(directory: str | os.PathLike, skeleton: Any = None, **options) -> An
     - `directory`: an item directory, or a step directory holding one item.
     - `skeleton`: the structure to restore into (see `EqxRestore`); without
         one, returns a flat `{leaf name: value}` dict.
-    - `**options`: `shardings=`, `cast=`, `strict=`, `prefix=`, `renames=`,
-        `renames_must_match=`, `missing=`, `report=`, `on_static_mismatch=`,
-        `verify=`, as for `EqxRestore`.
+    - `shardings`, `cast`, `strict`, `prefix`, `renames`,
+        `renames_must_match`, `missing`, `report`, `on_static_mismatch`,
+        `verify`, `max_staged_bytes`: as for `EqxRestore`.
 
     **Returns:** the restored PyTree; with `report=True`, `(tree, RestoreReport)`.
     """
+    args = EqxRestore(
+        skeleton,
+        shardings=shardings,
+        cast=cast,
+        strict=strict,
+        prefix=prefix,
+        renames=renames,
+        renames_must_match=renames_must_match,
+        missing=missing,
+        report=report,
+        on_static_mismatch=on_static_mismatch,
+        verify=verify,
+        max_staged_bytes=max_staged_bytes,
+    )
     path = find_item(_leftovers.recover(as_path(directory)))
     handler = EqxHandler()
     try:
-        return handler.restore(path, args=EqxRestore(skeleton, **options))
+        return handler.restore(path, args=args)
     finally:
         handler.close()
 

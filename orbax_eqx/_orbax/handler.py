@@ -5,7 +5,8 @@ import concurrent.futures
 import dataclasses
 import functools
 import os
-from typing import Any, Literal
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import jax
 import numpy as np
@@ -65,8 +66,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         are never compressed). Off by default: on float weights it saves ~8%
         of disk and, measured on 2 cores, costs 2.8x the save time (see
         BENCHMARKS.md).
-    - `save_concurrent_gb`, `restore_concurrent_gb`: caps on the bytes of
-        Orbax's array data in flight at once, to bound host memory. Packed
+    - `save_concurrent_gb`, `restore_concurrent_gb`: caps, in GB (fractions
+        work: `0.05`), on the bytes of Orbax's array data in flight at once,
+        to bound host memory. Packed
         arrays are all held in host memory from `save` until written.
     - `multiprocessing_options`: Orbax's options for multi-host runs; the
         sidecar and the pack file are written by `primary_host` only, each
@@ -95,8 +97,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         use_ocdbt: bool = True,
         use_zarr3: bool = False,
         use_compression: bool = False,
-        save_concurrent_gb: int | None = None,
-        restore_concurrent_gb: int | None = None,
+        save_concurrent_gb: float | None = None,
+        restore_concurrent_gb: float | None = None,
         multiprocessing_options: ocp.options.MultiprocessingOptions | None = None,
         checksums: bool = True,
     ):
@@ -341,7 +343,29 @@ def _run_sync(coro) -> Any:
         return pool.submit(asyncio.run, coro).result()
 
 
-@ocp.args.register_with_handler(EqxHandler, for_save=True)
+_Args = TypeVar("_Args", bound=type)
+
+# _TYPED_INIT: Orbax ships no `py.typed`, so to mypy `ocp.args.CheckpointArgs`
+# is `Any`, and a dataclass deriving from `Any` takes any keyword: a misspelt
+# option would pass. So type checkers see an `__init__` written out (the
+# dataclass makes the real one; tests/test_typing.py checks that the two
+# agree).
+
+
+def _registered(*, for_save: bool = False) -> Callable[[_Args], _Args]:
+    """`ocp.args.register_with_handler(EqxHandler, ...)`, typed: Orbax ships no
+    `py.typed`, so type checkers would see the args classes as `Any` and miss
+    a misspelt option."""
+
+    def register(cls: _Args) -> _Args:
+        return ocp.args.register_with_handler(
+            EqxHandler, for_save=for_save, for_restore=not for_save
+        )(cls)
+
+    return register
+
+
+@_registered(for_save=True)
 @dataclasses.dataclass
 class EqxSave(ocp.args.CheckpointArgs):
     """Arguments to save `item` with `EqxHandler`.
@@ -358,6 +382,10 @@ class EqxSave(ocp.args.CheckpointArgs):
     # `item` flattened once, for the checks here and the handler's save.
     _flat: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
+    if TYPE_CHECKING:  # see `_TYPED_INIT`
+
+        def __init__(self, item: Any) -> None: ...
+
     def __post_init__(self):
         # Here, not in the handler: the manager makes directories before the
         # handler runs, and a save that cannot happen should leave none.
@@ -372,7 +400,7 @@ class EqxSave(ocp.args.CheckpointArgs):
         return flat
 
 
-@ocp.args.register_with_handler(EqxHandler, for_restore=True)
+@_registered()
 @dataclasses.dataclass
 class EqxRestore(ocp.args.CheckpointArgs):
     r"""Arguments to restore with `EqxHandler`.
@@ -483,6 +511,25 @@ class EqxRestore(ocp.args.CheckpointArgs):
     )
     verify: bool = dataclasses.field(default=True, kw_only=True)
     max_staged_bytes: int | None = dataclasses.field(default=None, kw_only=True)
+
+    if TYPE_CHECKING:  # see `_TYPED_INIT`; the same parameters as the fields
+
+        def __init__(
+            self,
+            skeleton: Any = None,
+            *,
+            shardings: Any = None,
+            cast: bool = False,
+            strict: bool = True,
+            prefix: str | None = None,
+            renames: Renames | None = None,
+            renames_must_match: bool = True,
+            missing: Literal["error", "keep"] = "error",
+            report: bool = False,
+            on_static_mismatch: Literal["error", "warn"] = "error",
+            verify: bool = True,
+            max_staged_bytes: int | None = None,
+        ) -> None: ...
 
     def __post_init__(self):
         _staging.check_max_bytes(self.max_staged_bytes)
