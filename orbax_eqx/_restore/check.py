@@ -11,6 +11,7 @@ import jax
 
 from .._errors import CheckpointMismatchError, bullet_list
 from .._format.sidecar import Metadata
+from .._tree.names import label
 from .._tree.values import SCALAR_TYPES, describe, encode, scalar_type
 from .._tree.walk import (
     ARRAY,
@@ -135,7 +136,7 @@ def check(
                 kept.append(leaf)
             elif missing == "keep":
                 errors.append(
-                    f"Leaf `{leaf.path_str}` is in the skeleton but not in the "
+                    f"Leaf {leaf.label} is in the skeleton but not in the "
                     f"checkpoint{sought}, and is a jax.ShapeDtypeStruct: it has no "
                     'value to keep with `missing="keep"`.'
                 )
@@ -143,7 +144,7 @@ def check(
                 rebuild = True
             else:
                 errors.append(
-                    f"Leaf `{leaf.path_str}` is in the skeleton but not in the "
+                    f"Leaf {leaf.label} is in the skeleton but not in the "
                     f"checkpoint{sought}."
                 )
                 absent.append(leaf)
@@ -163,10 +164,10 @@ def check(
     if strict:
         unexpected = [(n, r) for n, r in saved.leaves.items() if n not in names]
         for name, record in unexpected:
-            renamed = f", renamed to `{name}`" if name != record.name else ""
+            renamed = f" (renamed to `{name}`)" if name != record.name else ""
             errors.append(
-                f"Leaf `{record.path}` (leaf name `{record.name}`{renamed}) is in "
-                "the checkpoint but not in the skeleton."
+                f"Leaf {label(record.name, record.path)}{renamed} is in the "
+                "checkpoint but not in the skeleton."
             )
         if unexpected:
             if absent and target is _same:
@@ -183,7 +184,7 @@ def check(
             continue  # the usual case, decided without describing every field
         if module.cls != other.cls:
             statics.append(
-                f"Module `{module.path}` is `{module.cls}` in the skeleton "
+                f"Module {label(name, module.path)} is `{module.cls}` in the skeleton "
                 f"but `{other.cls}` in the checkpoint{explain(module.cls, other.cls)}."
             )
         for field in sorted(set(module.static) | set(other.static)):
@@ -191,7 +192,7 @@ def check(
             theirs = _describe_field(other.static, field)
             if mine != theirs:
                 statics.append(
-                    f"Static field `{field}` of module `{module.path}` is "
+                    f"Static field `{field}` of module {label(name, module.path)} is "
                     f"{mine} in the skeleton but {theirs} in the checkpoint."
                 )
                 fix(_FIX_INSPECT)
@@ -235,7 +236,7 @@ def _describe_field(static: dict, field: str) -> str:
 
 def _compare_leaf(leaf: Leaf, record, cast: bool):
     """One leaf against its record: (problem or None, the fixes to suggest)."""
-    where = f"Leaf `{leaf.path_str}`"
+    where = f"Leaf {leaf.label}"
     if record.name != leaf.name:  # found through `prefix=` or `renames=`
         where += f" (checkpoint leaf `{record.name}`)"
     if leaf.kind != record.kind:
