@@ -6,7 +6,7 @@ from typing import Any, Literal
 import jax
 import orbax.checkpoint as ocp
 
-from .._errors import OrbaxEqxError
+from .._errors import CheckpointNotFoundError, OrbaxEqxError
 from .._format.locate import as_path, find_item
 from .._format.sidecar import Metadata
 from .._format.sidecar_read import read
@@ -16,6 +16,7 @@ from .._save import replace as _replace
 from .._save.claim import ConcurrentSaveError, from_process_0
 from .._save.replace import CheckpointExistsError as CheckpointExistsError
 from .._save.replace import NotACheckpointError as NotACheckpointError
+from .._storage.typed import GROUP_PREFIX
 from .handler import EqxHandler, EqxRestore, EqxSave
 
 
@@ -192,7 +193,7 @@ def restore(
         verify=verify,
         max_staged_bytes=max_staged_bytes,
     )
-    path = find_item(_leftovers.recover(as_path(directory)))
+    path = _find(directory)
     handler = EqxHandler()
     try:
         return handler.restore(path, args=args)
@@ -202,4 +203,34 @@ def restore(
 
 def metadata(directory: str | os.PathLike) -> Metadata:
     """Reads what a checkpoint holds (leaves, modules, static fields), no array data."""
-    return read(find_item(_leftovers.recover(as_path(directory))))
+    return read(_find(directory))
+
+
+def _find(directory: str | os.PathLike[str]) -> Any:
+    """The item directory at `directory` (see `find_item`); a checkpoint saved
+    through the type handler is no error of the path, and is told apart."""
+    path = _leftovers.recover(as_path(directory))
+    try:
+        return find_item(path)
+    except CheckpointNotFoundError:
+        if not _typed(path) and not any(_typed(p) for p in _dirs(path)):
+            raise
+    raise CheckpointNotFoundError(
+        f"{path} was saved through `oeqx.type_handler_registry()` by Orbax's own "
+        "PyTreeCheckpointHandler, which writes no orbax_eqx sidecar: restore it "
+        "with that handler (`ocp.PyTreeCheckpointHandler(type_handler_registry="
+        "oeqx.type_handler_registry())`); `python -m orbax_eqx inspect` and "
+        "`verify` read it."
+    )
+
+
+def _dirs(path) -> list:
+    try:
+        return [p for p in path.iterdir() if p.is_dir()]
+    except OSError:
+        return []
+
+
+def _typed(path) -> bool:
+    """Whether `path` holds arrays saved through the type handler."""
+    return any(p.name.startswith(GROUP_PREFIX) for p in _dirs(path))
