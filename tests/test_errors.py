@@ -193,6 +193,22 @@ def test_saving_over_an_existing_checkpoint_is_refused(saved_mlp):
     assert "layers.0.weight" in oeqx.metadata(saved_mlp).leaves
 
 
+@pytest.mark.parametrize("overwrite", [False, True], ids=["plain", "overwrite"])
+def test_saving_onto_a_plain_file_never_offers_overwrite(tmp_path, overwrite):
+    target = tmp_path / "notes.txt"
+    target.write_text("mine")
+    verb = "replace" if overwrite else "save to"
+    with pytest.raises(
+        oeqx.NotACheckpointError,
+        match=rf"^Cannot {verb} \S+/notes\.txt: it is a file, not an orbax_eqx "
+        r"checkpoint, and .*nothing was changed\. Choose another directory, or "
+        r"move or delete it yourself if it is not needed\.$",
+    ) as info:
+        oeqx.save(target, {"w": jnp.ones(1)}, overwrite=overwrite)
+    assert "Pass `overwrite=True`" not in str(info.value)
+    assert target.read_text() == "mine"
+
+
 def test_bad_static_policy():
     with pytest.raises(ValueError, match=r'expected "error" or "warn"'):
         oeqx.EqxRestore(None, on_static_mismatch="ignore")

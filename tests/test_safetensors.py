@@ -23,6 +23,7 @@ from safetensors.numpy import save_file
 import orbax_eqx as oeqx
 from orbax_eqx._restore.rename_map import RenameError, load
 from orbax_eqx._tools import safetensors_io as st
+from orbax_eqx._tools.cli import main
 from orbax_eqx._tools.export import ExportError, export
 from orbax_eqx._tools.importing import ImportMismatchError, import_
 
@@ -466,6 +467,20 @@ def test_import_errors(tmp_path, damage, skeleton_change, message):
     with pytest.raises(oeqx.OrbaxEqxError, match=message):
         import_(tmp_path / "st", tmp_path / "back", skeleton)
     assert not (tmp_path / "back" / "orbax_eqx.json").exists()
+
+
+def test_export_needs_no_to_for_its_one_format(tmp_path, capsys):
+    oeqx.save(tmp_path / "ckpt", {"w": np.arange(3.0, dtype=np.float32)})
+    assert main(["export", str(tmp_path / "ckpt"), str(tmp_path / "hf")]) == 0
+    with safe_open(tmp_path / "hf" / "model.safetensors", framework="numpy") as f:
+        np.testing.assert_array_equal(f.get_tensor("w"), np.arange(3.0))
+    assert "default: safetensors" in _help(capsys)
+
+
+def _help(capsys) -> str:
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    return capsys.readouterr().out
 
 
 def test_export_into_a_file(tmp_path):
