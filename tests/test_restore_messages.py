@@ -415,3 +415,36 @@ def test_many_steps_are_cut_to_the_newest(tmp_path):
         match=r"run holds 12 steps, the newest steps 2, 3, .*, 11; the latest is 11",
     ):
         oeqx.metadata(root / "99")
+
+
+def test_filtered_checkpoint_into_a_full_skeleton_says_so_and_the_fix_works(tmp_path):
+    model = eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0))
+    path = tmp_path / "ckpt"
+    oeqx.save(path, eqx.filter(model, eqx.is_array))
+    skeleton = eqx.filter_eval_shape(eqx.nn.MLP, 2, 2, 4, 1, key=jax.random.key(1))
+    with pytest.raises(
+        oeqx.CheckpointMismatchError,
+        match=r"(?s)\(2 differences\):\n  - Leaf `activation` is callable "
+        r"\S+relu in the skeleton but None in the checkpoint\.\n.*\n"
+        r"The checkpoint looks like `eqx\.filter\(model, eqx\.is_array\)` of this "
+        r"skeleton: it holds None wherever the skeleton has a value that is no "
+        r"array \(a callable, a Python value\)\. .*`arrays, rest = eqx\.partition\(",
+    ) as info:
+        oeqx.restore(path, skeleton)
+    assert "on_static_mismatch" not in str(info.value)  # it would not help
+    # The advice, followed.
+    arrays, rest = eqx.partition(
+        skeleton, lambda x: eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+    )
+    restored = eqx.combine(oeqx.restore(path, arrays), rest)
+    assert eqx.tree_equal(restored, model)
+
+
+def test_a_none_for_a_value_among_other_differences_gets_the_general_advice(tmp_path):
+    oeqx.save(tmp_path / "ckpt", {"f": None, "w": jnp.ones(2)})
+    with pytest.raises(oeqx.CheckpointMismatchError) as info:
+        oeqx.restore(tmp_path / "ckpt", {"f": 1.0, "w": jnp.ones(3)})
+    assert "eqx.filter(model, eqx.is_array)" not in str(info.value)
+    assert "Give each such skeleton leaf the kind the checkpoint holds" in str(
+        info.value
+    )

@@ -57,6 +57,15 @@ _FIX_NONE = (
     "`eqx.filter_eval_shape(make_model, key)`, not the static half of "
     "`eqx.partition(model, eqx.is_array)`."
 )
+_FIX_FILTERED = (
+    "The checkpoint looks like `eqx.filter(model, eqx.is_array)` of this "
+    "skeleton: it holds None wherever the skeleton has a value that is no array "
+    "(a callable, a Python value). Restore its arrays into the skeleton's arrays, "
+    "then put the rest back: `arrays, rest = eqx.partition(skeleton, lambda x: "
+    "eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct))`, then "
+    "`model = eqx.combine(oeqx.restore(path, arrays), rest)` (under a manager, "
+    "`args=oeqx.EqxRestore(arrays)`)."
+)
 _FIX_CAST = (
     "To cast arrays to the skeleton's dtypes, pass `EqxRestore(..., cast=True)`."
 )
@@ -90,7 +99,7 @@ _FIX_ABSTRACT = (
 # Fixes of differences that only a new skeleton mends: while one of those is
 # listed, no option makes the restore work, so `on_static_mismatch="warn"` is
 # not offered.
-_REBUILD = (_FIX_INSPECT, _FIX_KIND, _FIX_KEY, _FIX_NONE)
+_REBUILD = (_FIX_INSPECT, _FIX_KIND, _FIX_KEY, _FIX_NONE, _FIX_FILTERED)
 
 
 def check(
@@ -207,6 +216,9 @@ def check(
         errors.extend(statics)
         if not rebuild:
             fix(_FIX_STATIC)
+    if _FIX_FILTERED in fixes and len(fixes) > 1:  # then no filter explains it
+        fixes[fixes.index(_FIX_FILTERED)] = _FIX_KIND
+        fixes = list(dict.fromkeys(fixes))
     if errors:
         fixes = [f.format(where=saved.directory) for f in fixes]
         raise CheckpointMismatchError(_message(errors, saved.directory, fixes))
@@ -243,10 +255,13 @@ def _compare_leaf(leaf: Leaf, record, cast: bool):
         # A None for an array is a filtered skeleton far more often than a change
         # of hyperparameters.
         none = leaf.kind == SCALAR and leaf.value is None and record.kind == ARRAY
+        # ... and a None for a callable or Python value, a checkpoint of
+        # `eqx.filter(model, eqx.is_array)` (see `_FIX_FILTERED`).
+        filtered = record.kind == SCALAR and record.value is None and leaf.kind != ARRAY
         return (
             f"{where} is {_describe_mine(leaf)} in the skeleton but "
             f"{record.describe()} in the checkpoint.",
-            (_FIX_NONE,) if none else (_FIX_KIND,),
+            (_FIX_NONE,) if none else (_FIX_FILTERED,) if filtered else (_FIX_KIND,),
         )
     if leaf.kind == ARRAY:
         shape = tuple(leaf.value.shape)
