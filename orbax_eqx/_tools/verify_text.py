@@ -13,6 +13,7 @@ import json
 from .._errors import CheckpointPermissionError, OrbaxEqxError
 from .._format.locate import as_path
 from .._format.sidecar import PACKED, SHARDS, STORED
+from .._tree.names import label
 from .progress import Progress
 from .text import human_bytes
 from .typed_items import items_under, read
@@ -140,7 +141,8 @@ def _json(report: VerifyReport) -> dict:
 
 def _text(report: VerifyReport, saved) -> str:
     lines = [
-        f"DAMAGED {leaf.path} ({leaf.name}): {leaf.problem}" for leaf in report.damaged
+        f"DAMAGED {label(leaf.name, leaf.path)}: {leaf.problem}"
+        for leaf in report.damaged
     ]
     arrays = len(report.checked) + len(report.damaged) + len(report.unchecked)
     if report.unchecked:
