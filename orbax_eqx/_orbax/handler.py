@@ -166,26 +166,30 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         futures = []
         where = _background.target(directory)  # named by errors of the writes
         _at_exit.started(where, _background.final_directory(directory))
-        if prepared.stored:
-            inner = await _released.run(
-                self._inner.async_save(
-                    _sidecar.arrays_dir(directory, token),
-                    args=ocp.args.PyTreeSave(prepared.stored),
-                ),
-                name="orbax_eqx_arrays",
+        try:
+            if prepared.stored:
+                inner = await _released.run(
+                    self._inner.async_save(
+                        _sidecar.arrays_dir(directory, token),
+                        args=ocp.args.PyTreeSave(prepared.stored),
+                    ),
+                    name="orbax_eqx_arrays",
+                )
+                explain = functools.partial(_claim.explain, started)
+                futures.extend(
+                    _background.NotedFuture(f, where, explain) for f in inner or []
+                )
+            futures.append(
+                _released.commit_future(
+                    _background.noted_coroutine(
+                        self._write_files(directory, prepared, started), where
+                    ),
+                    name="orbax_eqx_files",
+                )
             )
-            explain = functools.partial(_claim.explain, started)
-            futures.extend(
-                _background.NotedFuture(f, where, explain) for f in inner or []
-            )
-        futures.append(
-            _released.commit_future(
-                _background.noted_coroutine(
-                    self._write_files(directory, prepared, started), where
-                ),
-                name="orbax_eqx_files",
-            )
-        )
+        except BaseException:
+            _at_exit.ended(where)  # raised here, to the caller: nothing to finish
+            raise
         return futures
 
     async def _write_files(self, directory: epath.Path, prepared, started) -> None:
