@@ -51,6 +51,19 @@ def _finish_at_exit() -> None:
     with _lock:
         saves = dict(_pending)
         _pending.clear()
+    threads = [
+        t
+        for t in threading.enumerate()
+        if t.name == _ORBAX_SAVE_THREAD and t.is_alive()
+    ]
+    # Without a save thread of Orbax's nothing is in flight: what is left was
+    # committed (on a process other than the primary host, which does not
+    # finalize) or failed (Orbax raised that error).
+    saves = {
+        where: final
+        for where, final in saves.items()
+        if threads and (final is None or not final.exists())
+    }
     if not saves:
         return
     names = " and ".join(saves)
@@ -65,9 +78,8 @@ def _finish_at_exit() -> None:
     logging.getLogger().addFilter(errors)
     logging.getLogger("absl").addFilter(errors)
     try:
-        for thread in threading.enumerate():
-            if thread.name == _ORBAX_SAVE_THREAD and thread.is_alive():
-                thread.join()
+        for thread in threads:
+            thread.join()
     finally:
         logging.getLogger().removeFilter(errors)
         logging.getLogger("absl").removeFilter(errors)
