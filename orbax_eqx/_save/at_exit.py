@@ -67,9 +67,10 @@ def _finish_at_exit() -> None:
     if not saves:
         return
     names = " and ".join(saves)
+    was, it = ("was", "it") if len(saves) == 1 else ("were", "them")
     print(
-        f"orbax_eqx: the script ended while {names} was still being saved; "
-        "finishing it now. Call `mngr.wait_until_finished()` (or `mngr.close()`, "
+        f"orbax_eqx: the script ended while {names} {was} still being saved; "
+        f"finishing {it} now. Call `mngr.wait_until_finished()` (or `mngr.close()`, "
         "or use the manager in a `with` block) before a script ends.",
         file=sys.stderr,
         flush=True,
