@@ -9,6 +9,7 @@ import sys
 import equinox as eqx
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 import orbax_eqx as oeqx
@@ -61,3 +62,22 @@ def test_train_resume_after_a_crash_ends_as_an_uninterrupted_run(tmp_path):
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         np.testing.assert_array_equal(x, y)
     assert sorted(os.listdir(tmp_path / "crashed"))[-3:] == ["40", "50", "60"]
+
+
+def test_a_step_killed_while_saving_saves_again_when_resumed(tmp_path):
+    """The leftover of a save killed part way (what `--crash-at` leaves when a
+    save is in flight) is no other save: the step saves again over it."""
+    leftover = tmp_path / "run" / "30.orbax-checkpoint-tmp"
+    (leftover / "default.orbax-checkpoint-tmp").mkdir(parents=True)
+    (leftover / "default.orbax-checkpoint-tmp" / "orbax_eqx~packed.x.0.bin").touch()
+    item = {"w": np.arange(4.0)}
+    for attempt in range(3):  # Orbax removes the leftover in the background
+        with ocp.CheckpointManager(
+            tmp_path / "run", item_handlers=oeqx.EqxHandler()
+        ) as mngr:
+            mngr.save(30 + attempt, args=oeqx.EqxSave(item))
+        np.testing.assert_array_equal(
+            oeqx.restore(tmp_path / "run" / str(30 + attempt))["w"], item["w"]
+        )
+        leftover = tmp_path / "run" / f"{31 + attempt}.orbax-checkpoint-tmp"
+        (leftover / "default.orbax-checkpoint-tmp").mkdir(parents=True)

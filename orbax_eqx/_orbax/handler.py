@@ -155,8 +155,10 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         started = _claim.Started(epath.Path(directory), token) if primary else None
         if started is not None:
             started.stored_keys = tuple(prepared.stored)
-        if started is not None and directory.exists():
-            _claim.begin(started)  # else Orbax makes it later, in the background
+        # The directory is noted when the writes start (`_write_files`), once
+        # Orbax has made it: one here already may be a leftover of a save that
+        # was killed, which Orbax deletes and makes anew in the background
+        # (a job resumed after a crash saves that step again).
         self._saving[os.fspath(directory)] = (
             token,
             started,
