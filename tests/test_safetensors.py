@@ -28,6 +28,7 @@ from orbax_eqx._tools.export import ExportError, export
 from orbax_eqx._tools.importing import ImportMismatchError, import_
 
 KEY = jax.random.key(1)
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
 KEY_SKELETON = jax.random.key(2)
 
 
@@ -195,7 +196,8 @@ def test_export_streams_in_bounded_memory(tmp_path):
         result = subprocess.run(
             [sys.executable, "-c", code, *map(str, args)],
             cwd=tmp_path,
-            env={**os.environ, "JAX_PLATFORMS": "cpu"},
+            # The package under test, not whichever copy is installed.
+            env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": _ROOT},
             capture_output=True,
             text=True,
             timeout=120,
