@@ -11,6 +11,7 @@ import textwrap
 import equinox as eqx
 import jax
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 
 import orbax_eqx as oeqx
@@ -25,9 +26,16 @@ _SCRIPT = textwrap.dedent(
     import orbax_eqx as oeqx
 
     model = eqx.nn.MLP(4, 4, 64, 3, key=jax.random.key(0))
-    mngr = ocp.CheckpointManager(sys.argv[1], item_handlers=oeqx.EqxHandler())
+    if sys.argv[3] == "typed":  # Orbax's own handler, with the type handler
+        registry = oeqx.type_handler_registry()
+        handler = ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
+        args = ocp.args.PyTreeSave({"w": model.layers[0].weight})
+    else:
+        handler = oeqx.EqxHandler()
+        args = oeqx.EqxSave(model)
+    mngr = ocp.CheckpointManager(sys.argv[1], item_handlers=handler)
     for step in range(3):
-        mngr.save(step, args=oeqx.EqxSave(model))
+        mngr.save(step, args=args)
     if sys.argv[2] == "wait":
         mngr.wait_until_finished()
     print("script done", flush=True)
@@ -35,11 +43,11 @@ _SCRIPT = textwrap.dedent(
 )
 
 
-def _run(path, how: str) -> subprocess.CompletedProcess:
+def _run(path, how: str, handler: str = "eqx") -> subprocess.CompletedProcess:
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": PACKAGE_ROOT}
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", _SCRIPT, str(path), how],
+            [sys.executable, "-c", _SCRIPT, str(path), how, handler],
             capture_output=True,
             text=True,
             env=env,
@@ -81,3 +89,18 @@ def test_exit_after_waiting_says_nothing(tmp_path):
     assert "orbax_eqx" not in proc.stderr
     assert "Traceback" not in proc.stderr
     _restores_step_2(tmp_path / "run")
+
+
+def test_exit_without_waiting_finishes_a_type_handler_step(tmp_path):
+    proc = _run(tmp_path / "run", "exit", "typed")
+    assert "Traceback" not in proc.stderr
+    ours = [line for line in proc.stderr.splitlines() if "orbax_eqx" in line]
+    assert len(ours) == 1, proc.stderr
+    assert ours[0].startswith("orbax_eqx: the script ended while step `2` (")
+    assert sorted(os.listdir(tmp_path / "run")) == ["0", "1", "2"]
+    registry = oeqx.type_handler_registry()
+    handler = ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
+    with ocp.Checkpointer(handler) as checkpointer:
+        restored = checkpointer.restore(tmp_path / "run" / "2" / "default")
+    expected = eqx.nn.MLP(4, 4, 64, 3, key=jax.random.key(0)).layers[0].weight
+    np.testing.assert_array_equal(restored["w"], expected)

@@ -23,6 +23,8 @@ from .._errors import (
     UnsupportedLeafError,
     bullet_list,
 )
+from .._save import at_exit as _at_exit
+from .._save import background as _background
 from .._storage import typed as _typed
 from .._storage import typed_read as _typed_read
 from .._storage.shards import describe
@@ -117,9 +119,20 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
         if taken.local is None and not primary:
             return []
 
+        # A script that ends before Orbax commits this save gets it finished
+        # at exit (`_save/at_exit.py`); there is no `finalize` here to say
+        # when the save is done, so the record stays, and at exit a committed
+        # save is told apart by its final directory.
+        where = _background.target(infos[0].parent_dir)
+        _at_exit.started(where, _background.final_directory(infos[0].parent_dir))
+
         async def write() -> None:
-            await asyncio.gather(*(info.await_path_creation() for info in infos))
-            _typed.write(infos[0].parent_dir, taken, process, primary)
+            try:
+                await asyncio.gather(*(info.await_path_creation() for info in infos))
+                _typed.write(infos[0].parent_dir, taken, process, primary)
+            except BaseException:
+                _at_exit.ended(where)  # Orbax reports the error
+                raise
 
         return [
             ocp.future.CommitFutureAwaitingContractedSignals(

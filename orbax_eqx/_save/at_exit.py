@@ -35,9 +35,22 @@ _lock = threading.Lock()
 _ORBAX_SAVE_THREAD = "async_save"
 
 
+# Past this many records, those of committed saves are dropped (a handler
+# that cannot say when its save is done leaves its records; see `started`).
+_PRUNE_AT = 64
+
+
 def started(where: str, final: epath.Path | None) -> None:
-    """Records a save under way, to be committed to `final`."""
+    """Records a save under way, to be committed to `final`.
+
+    A record that `ended` never removes is harmless: at exit a save whose
+    final directory exists counts as done.
+    """
     with _lock:
+        if len(_pending) >= _PRUNE_AT:
+            for old, directory in list(_pending.items()):
+                if directory is not None and directory.exists():
+                    del _pending[old]
         _pending[where] = final
 
 
