@@ -144,11 +144,11 @@ def host_local():
         )
         devices = ", ".join(str(d.id) for d in jax.local_devices())
         assert (
-            f"  - Leaf `['bias']` is a host-local jax.Array (shape (3,), on device "
+            f"  - Leaf `bias` is a host-local jax.Array (shape (3,), on device "
             f"{devices} of process {PROCESS} only), but this save runs on 2 "
             "processes.\n" in message
         ), message
-        assert "  - Leaf `['key']` is a host-local jax.Array (shape ()" in message
+        assert "  - Leaf `key` is a host-local jax.Array (shape ()" in message
         assert "empty" not in message and "item" not in message
         assert "jax.make_array_from_process_local_data(" in message
     else:

@@ -133,7 +133,7 @@ def refuse_host_local(mesh) -> None:
         expected = (
             "Cannot save: this save runs on 2 processes, and a multi-host "
             "checkpoint holds only global arrays.\n"
-            f"  - Leaf `['local']` is a host-local jax.Array (shape (3,), on "
+            f"  - Leaf `local` is a host-local jax.Array (shape (3,), on "
             f"device {device} of process {PROCESS} only).\n"
             "Make each a global array before saving"
         )
@@ -213,7 +213,7 @@ def restore() -> None:
     except oeqx.CheckpointMismatchError as e:
         print(e, flush=True)
         assert re.search(
-            r"  - Leaf `\['counts'\]` has no target sharding: none was given, and "
+            r"  - Leaf `counts` has no target sharding: none was given, and "
             r"the saved one \(P\('x'\) over x=8\) cannot be rebuilt on this "
             rf"process's {jax.device_count()} device\(s\)\.\n",
             str(e),

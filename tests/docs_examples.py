@@ -89,9 +89,14 @@ def _sessions(text: str) -> list[tuple[str, str]]:
 
 def _run_console(example: Example) -> str | None:
     cwd = os.getcwd()
+    # The package under test (this checkout), not whichever copy is installed.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = {
         **os.environ,
         "PATH": _python_dir() + os.pathsep + os.environ.get("PATH", ""),
+        "PYTHONPATH": os.pathsep.join(
+            filter(None, [root, os.environ.get("PYTHONPATH")])
+        ),
         "JAX_PLATFORMS": "cpu",
         "PYTHONUNBUFFERED": "1",  # keeps stdout and stderr in order
     }

@@ -13,12 +13,17 @@ import numpy as np
 import pytest
 
 import orbax_eqx as oeqx
+from orbax_eqx._format.sidecar import FORMAT_VERSION
 from orbax_eqx._tools.cli import main
+
+PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
 
 
 def run_cli(*args, cwd):
     # CPU only: the subprocess must not compete with this one for an accelerator.
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    # The package under test, not whichever copy is installed.
+    path = os.pathsep.join(filter(None, [PACKAGE_ROOT, os.environ.get("PYTHONPATH")]))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": path}
     return subprocess.run(
         [sys.executable, "-m", "orbax_eqx", *map(str, args)],
         cwd=cwd,
@@ -157,7 +162,9 @@ def test_inspect_item_dir_flat(step_dir, tmp_path):
         assert re.search(rf"^  {row}$", out, re.M), row
     assert re.search(r"^Total: 10 leaves, 5 arrays, 80 B\.$", out, re.M)
     assert re.search(
-        r"^Written by orbax_eqx \S+ \(sidecar format 5\) with .*jax ", out, re.M
+        rf"^Written by orbax_eqx \S+ \(sidecar format {FORMAT_VERSION}\) with .*jax ",
+        out,
+        re.M,
     )
 
 

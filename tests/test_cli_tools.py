@@ -294,7 +294,7 @@ def test_import_into_wrong_skeleton(work):
     (line,) = result.stderr.splitlines()
     assert re.fullmatch(
         r"orbax_eqx: error: The skeleton does not fit the safetensors at \S+/hf \(6 "
-        r"problems\): leaf `\['model'\]\.layers\[0\]\.weight` has shape \(16, 3\) "
+        r"problems\): leaf `model\.layers\.0\.weight` has shape \(16, 3\) "
         r"in the skeleton but its tensor has \(8, 3\); .*; and 3 more\. To fix: "
         r"build the skeleton of the model the tensors are for; pass --ignore-static "
         r"to keep the skeleton's\.",

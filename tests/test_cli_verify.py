@@ -46,8 +46,7 @@ def test_verify_lists_each_damaged_leaf_and_exits_1(ckpt):
     assert result.returncode == 1, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith(
-        "DAMAGED ['model'].layers[1].weight (model.layers.1.weight): data does "
-        "not match its CRC-32: 0x"
+        "DAMAGED `model.layers.1.weight`: data does not match its CRC-32: 0x"
     )
     assert lines[1] == (
         f"1 of 4 arrays in {ckpt} are damaged. Restore an earlier step, or re-save "
@@ -129,7 +128,7 @@ def test_verify_a_manager_root_checks_every_step(root):
     assert (
         lines[1] == f"4 of 4 arrays (200 B) in {root}/5/default match their checksums."
     )
-    assert lines[2].startswith("DAMAGED .layers[1].weight (layers.1.weight): ")
+    assert lines[2].startswith("DAMAGED `layers.1.weight`: ")
     assert lines[3] == (
         f"1 of 4 arrays in {root}/6/default are damaged. Restore an earlier step, "
         "or re-save this one."

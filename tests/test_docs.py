@@ -60,3 +60,18 @@ def test_examples_run(page, tmp_path, monkeypatch):
         return
     monkeypatch.chdir(tmp_path)
     assert docs_examples.run(path) > 0
+
+
+def test_api_reference_lists_every_public_name():
+    import orbax_eqx
+
+    listed = set()
+    for page in (ROOT / "docs" / "api").glob("*.md"):
+        listed |= set(re.findall(r"^::: orbax_eqx\.(\w+)$", page.read_text(), re.M))
+    public = {
+        name
+        for name in vars(orbax_eqx)
+        if not name.startswith("_") and not isinstance(vars(orbax_eqx)[name], type(re))
+    }
+    assert public - listed == set(), "not in docs/api/*.md"
+    assert listed - public == set(), "in docs/api/*.md but not public"

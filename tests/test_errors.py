@@ -30,7 +30,7 @@ def test_shape_mismatch_names_leaf_and_suggests_inspect(saved_mlp):
     msg = str(info.value)
     assert f"does not match the checkpoint at {saved_mlp}" in msg
     assert (
-        "Leaf `.layers[0].weight` has shape (16, 3) in the skeleton but (8, 3) in "
+        "Leaf `layers.0.weight` has shape (16, 3) in the skeleton but (8, 3) in "
         "the checkpoint." in msg
     )
     assert "python -m orbax_eqx inspect" in msg
@@ -43,7 +43,7 @@ def test_dtype_mismatch_suggests_cast(saved_mlp):
     )
     with pytest.raises(
         oeqx.CheckpointMismatchError,
-        match=r"(?s)Leaf `.layers\[0\].bias` has dtype float16 in the skeleton but "
+        match=r"(?s)Leaf `layers\.0\.bias` has dtype float16 in the skeleton but "
         r"float32 in the checkpoint.*cast=True",
     ):
         oeqx.restore(saved_mlp, skel)
@@ -54,7 +54,7 @@ def test_prng_key_dtypes_are_never_cast(tmp_path):
     skel = {"k": jax.ShapeDtypeStruct((2,), jnp.uint32)}
     with pytest.raises(
         oeqx.CheckpointMismatchError,
-        match=r"Leaf `\['k'\]` has shape \(2,\) in the skeleton but \(\) in",
+        match=r"Leaf `k` has shape \(2,\) in the skeleton but \(\) in",
     ):
         oeqx.restore(tmp_path / "ckpt", skel, cast=True)
     skel = {"k": jax.eval_shape(lambda: jax.random.key(0, impl="rbg"))}
@@ -72,8 +72,8 @@ def test_missing_and_unexpected_leaves(tmp_path):
         oeqx.restore(tmp_path / "ckpt", skel)
     msg = str(info.value)
     assert "(2 differences)" in msg
-    assert "Leaf `['c']` is in the skeleton but not in the checkpoint." in msg
-    assert "Leaf `['b']` (leaf name `b`) is in the checkpoint but not in the" in msg
+    assert "Leaf `c` is in the skeleton but not in the checkpoint." in msg
+    assert "Leaf `b` is in the checkpoint but not in the" in msg
     assert "strict=False" in msg
 
 
@@ -87,7 +87,7 @@ def test_static_field_mismatch_is_an_error_by_default(tmp_path):
         "Static field `num_heads` of module `<root>` is 4 in the skeleton but 2 in "
         "the checkpoint." in msg
     )
-    assert "Static field `num_heads` of module `.attn` is 4" in msg
+    assert "Static field `num_heads` of module `attn` is 4" in msg
     assert 'on_static_mismatch="warn"' in msg
 
 
@@ -107,7 +107,7 @@ def test_callable_mismatch(saved_mlp):
     )
     with pytest.raises(
         oeqx.CheckpointMismatchError,
-        match=r"Leaf `.activation` is callable .*tanh in the skeleton but .*relu in "
+        match=r"Leaf `activation` is callable .*tanh in the skeleton but .*relu in "
         r"the checkpoint",
     ):
         oeqx.restore(saved_mlp, skel)
@@ -135,11 +135,11 @@ def test_kind_mismatch(tmp_path):
         oeqx.restore(tmp_path / "ckpt", skel)
     msg = str(info.value)
     assert (
-        "Leaf `['step']` is array int32[] in the skeleton but int 3 in the checkpoint"
+        "Leaf `step` is array int32[] in the skeleton but int 3 in the checkpoint"
         in msg
     )
-    assert "Leaf `['w']` is None in the skeleton but array float32[2]" in msg
-    assert "Leaf `['f']` is a Python int in the skeleton but a Python float" in msg
+    assert "Leaf `w` is None in the skeleton but array float32[2]" in msg
+    assert "Leaf `f` is a Python int in the skeleton but a Python float" in msg
 
 
 def test_filtered_skeleton_without_arrays_is_an_error(saved_mlp):
@@ -147,7 +147,7 @@ def test_filtered_skeleton_without_arrays_is_an_error(saved_mlp):
     _, static = eqx.partition(model, eqx.is_array)
     with pytest.raises(
         oeqx.CheckpointMismatchError,
-        match=r"Leaf `.layers\[0\].weight` is None in the skeleton but array",
+        match=r"Leaf `layers\.0\.weight` is None in the skeleton but array",
     ):
         oeqx.restore(saved_mlp, static)
 
@@ -178,7 +178,7 @@ def test_saving_a_skeleton_is_refused(tmp_path):
     skel = eqx.filter_eval_shape(zoo.mlp, KEY)
     with pytest.raises(
         oeqx.UnsupportedLeafError,
-        match=r"(?s)Leaf `.layers\[0\].weight` is a jax.ShapeDtypeStruct, which holds "
+        match=r"(?s)Leaf `layers\.0\.weight` is a jax.ShapeDtypeStruct, which holds "
         r"no data to save.*Save a model with concrete arrays",
     ):
         oeqx.save(tmp_path / "ckpt", skel)
@@ -191,6 +191,22 @@ def test_saving_over_an_existing_checkpoint_is_refused(saved_mlp):
     ):
         oeqx.save(saved_mlp, {"w": jnp.ones(1)})
     assert "layers.0.weight" in oeqx.metadata(saved_mlp).leaves
+
+
+@pytest.mark.parametrize("overwrite", [False, True], ids=["plain", "overwrite"])
+def test_saving_onto_a_plain_file_never_offers_overwrite(tmp_path, overwrite):
+    target = tmp_path / "notes.txt"
+    target.write_text("mine")
+    verb = "replace" if overwrite else "save to"
+    with pytest.raises(
+        oeqx.NotACheckpointError,
+        match=rf"^Cannot {verb} \S+/notes\.txt: it is a file, not an orbax_eqx "
+        r"checkpoint, and .*nothing was changed\. Choose another directory, or "
+        r"move or delete it yourself if it is not needed\.$",
+    ) as info:
+        oeqx.save(target, {"w": jnp.ones(1)}, overwrite=overwrite)
+    assert "Pass `overwrite=True`" not in str(info.value)
+    assert target.read_text() == "mine"
 
 
 def test_bad_static_policy():
@@ -212,7 +228,7 @@ def test_shardings_function_returning_junk(saved_mlp):
     skel = eqx.filter_eval_shape(zoo.mlp, KEY)
     with pytest.raises(
         oeqx.CheckpointMismatchError,
-        match=r"Leaf `.layers\[0\].weight`: the `shardings=` function returned str, "
+        match=r"Leaf `layers\.0\.weight`: the `shardings=` function returned str, "
         r"not a jax.sharding.Sharding",
     ):
         oeqx.restore(saved_mlp, skel, shardings=lambda name, leaf: "cpu")

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import orbax_eqx as oeqx
+from orbax_eqx._format.sidecar import FORMAT_VERSION
 from orbax_eqx._tools.cli import main
 
 SIDECAR = "orbax_eqx.json"
@@ -145,13 +146,13 @@ def test_stripped_checksums_of_format_4_are_damage_to_verify(tmp_path, capsys, p
     assert sorted(d.name for d in report.damaged) == ["a", "b"]
     for leaf in report.damaged:
         assert leaf.problem == (
-            "records no checksum, though a format-4 sidecar records one for every "
-            "array unless saved with checksums=False, which this one does not say: "
-            "its sidecar was edited or damaged"
+            f"records no checksum, though a format-{FORMAT_VERSION} sidecar records "
+            "one for every array unless saved with checksums=False, which this one "
+            "does not say: its sidecar was edited or damaged"
         )
     assert main(["verify", str(path)]) == 1
     out = capsys.readouterr().out
-    assert "DAMAGED ['a'] (a): records no checksum, though a format-4" in out
+    assert "DAMAGED `a`: records no checksum, though a format-4" in out
 
 
 def test_a_format_3_sidecar_without_checksums_is_unchecked_not_damaged(

@@ -44,13 +44,13 @@ RAW = os.fsencode(NOT_UTF8)  # b"caf\xe9": what the error says to store
         (
             {"files": {NOT_UTF8: jnp.ones(2)}},
             {"files": {RAW: jnp.ones(2)}},
-            rf"Leaf `\['files'\]\['caf\\udce9'\]` is under a dict key that is not "
+            rf"Leaf `files\.caf\\udce9` is under a dict key that is not "
             rf"valid Unicode: 'caf\\udce9' {SURROGATE}\.",
         ),
         (
             {"name": NOT_UTF8, "w": jnp.ones(2)},
             {"name": RAW, "w": jnp.ones(2)},
-            rf"Leaf `\['name'\]` is a str that is not valid Unicode: 'caf\\udce9' "
+            rf"Leaf `name` is a str that is not valid Unicode: 'caf\\udce9' "
             rf"{SURROGATE}\.",
         ),
         (
@@ -123,7 +123,7 @@ def test_checkpoints_saved_before_the_refusal_restore_exactly(tmp_path, capsys):
     out = tmp_path / "hf"
     assert main(["export", str(path), "--to", "safetensors", str(out)]) == 2
     assert capsys.readouterr().err == (
-        "orbax_eqx: error: Leaf `['files']['caf\\udce9']` would be the tensor "
+        "orbax_eqx: error: Leaf `files.caf\\udce9` would be the tensor "
         "'files.caf\\udce9', which is not valid Unicode (a lone surrogate); "
         "safetensors names are UTF-8. Rename it with a --rename rule whose regex "
         'matches it (`[["<regex>", "<new name>"]]`).\n'

@@ -32,7 +32,7 @@ def test_text_that_is_not_unicode_is_refused_on_a_repeated_save(tmp_path):
     bad = {"name": NOT_UTF8, "w": jnp.arange(4.0)}  # an equal structure
     with pytest.raises(
         oeqx.UnsupportedLeafError,
-        match=r"Leaf `\['name'\]` is a str that is not valid Unicode: 'caf\\udce9'",
+        match=r"Leaf `name` is a str that is not valid Unicode: 'caf\\udce9'",
     ):
         mngr.save(1, args=oeqx.EqxSave(bad))
     mngr.wait_until_finished()

@@ -33,8 +33,8 @@ def test_shapes_and_static_fields_differ_offers_only_a_new_skeleton(tmp_path, ca
     skeleton = eqx.filter_eval_shape(zoo.Block, KEY_SKELETON, dim=16)
     with pytest.raises(
         oeqx.CheckpointMismatchError,
-        match=r"(?s)Leaf `\.norm\.weight` has shape \(16,\) in the skeleton but "
-        r"\(8,\) in the checkpoint\..*Static field `query_size` of module `\.attn` "
+        match=r"(?s)Leaf `norm\.weight` has shape \(16,\) in the skeleton but "
+        r"\(8,\) in the checkpoint\..*Static field `query_size` of module `attn` "
         r"is 16 in the skeleton but 8 in the checkpoint\..*\nIf you changed "
         r"hyperparameters, rebuild the skeleton with the saved ones \(see `python "
         r"-m orbax_eqx inspect .*ckpt`\)\.$",
@@ -109,9 +109,9 @@ def test_kind_difference_says_which_kind_and_it_works(tmp_path):
     skeleton = {"step": jax.ShapeDtypeStruct((), jnp.int32), "w": 1.0, "lr": 1}
     with pytest.raises(
         oeqx.CheckpointMismatchError,
-        match=r"(?s)Leaf `\['lr'\]` is a Python int in the skeleton but a Python "
-        r"float in the checkpoint\..*Leaf `\['step'\]` is array int32\[\] in the "
-        r"skeleton but int 3 in the checkpoint\..*Leaf `\['w'\]` is float 1\.0 in "
+        match=r"(?s)Leaf `lr` is a Python int in the skeleton but a Python "
+        r"float in the checkpoint\..*Leaf `step` is array int32\[\] in the "
+        r"skeleton but int 3 in the checkpoint\..*Leaf `w` is float 1\.0 in "
         r"the skeleton but array float32\[2\] in the checkpoint\..*\nGive each such "
         r"skeleton leaf the kind the checkpoint holds there: a Python value of the "
         r"saved type for a Python value \(any value: the saved one is restored\), "
@@ -212,7 +212,7 @@ def test_missing_leaves_advice_works(tmp_path):
         )
     assert not [w for w in caught if w.category is oeqx.KeptLeavesWarning]
     assert restored["head"].weight is head.weight
-    assert report.kept == ("['head'].weight", "['head'].bias")
+    assert report.kept == ("head.weight", "head.bias")
 
 
 def test_abstract_leaves_to_keep_advice_works(tmp_path):
@@ -291,7 +291,7 @@ def test_class_saved_from_a_script_restored_from_its_module(
     skeleton = eqx.filter_eval_shape(module.Model, KEY_SKELETON)
     with pytest.raises(
         oeqx.CheckpointMismatchError,
-        match=r"(?s)Leaf `\.act` is callable train_\w+\.act in the skeleton but "
+        match=r"(?s)Leaf `act` is callable train_\w+\.act in the skeleton but "
         r"__main__\.act in the checkpoint: the same name `act` in another module"
         r".*Module `<root>` is `train_\w+\.Model` in the skeleton but "
         r"`__main__\.Model` in the checkpoint: the same name `Model` in another "
@@ -415,3 +415,36 @@ def test_many_steps_are_cut_to_the_newest(tmp_path):
         match=r"run holds 12 steps, the newest steps 2, 3, .*, 11; the latest is 11",
     ):
         oeqx.metadata(root / "99")
+
+
+def test_filtered_checkpoint_into_a_full_skeleton_says_so_and_the_fix_works(tmp_path):
+    model = eqx.nn.MLP(2, 2, 4, 1, key=jax.random.key(0))
+    path = tmp_path / "ckpt"
+    oeqx.save(path, eqx.filter(model, eqx.is_array))
+    skeleton = eqx.filter_eval_shape(eqx.nn.MLP, 2, 2, 4, 1, key=jax.random.key(1))
+    with pytest.raises(
+        oeqx.CheckpointMismatchError,
+        match=r"(?s)\(2 differences\):\n  - Leaf `activation` is callable "
+        r"\S+relu in the skeleton but None in the checkpoint\.\n.*\n"
+        r"The checkpoint looks like `eqx\.filter\(model, eqx\.is_array\)` of this "
+        r"skeleton: it holds None wherever the skeleton has a value that is no "
+        r"array \(a callable, a Python value\)\. .*`arrays, rest = eqx\.partition\(",
+    ) as info:
+        oeqx.restore(path, skeleton)
+    assert "on_static_mismatch" not in str(info.value)  # it would not help
+    # The advice, followed.
+    arrays, rest = eqx.partition(
+        skeleton, lambda x: eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct)
+    )
+    restored = eqx.combine(oeqx.restore(path, arrays), rest)
+    assert eqx.tree_equal(restored, model)
+
+
+def test_a_none_for_a_value_among_other_differences_gets_the_general_advice(tmp_path):
+    oeqx.save(tmp_path / "ckpt", {"f": None, "w": jnp.ones(2)})
+    with pytest.raises(oeqx.CheckpointMismatchError) as info:
+        oeqx.restore(tmp_path / "ckpt", {"f": 1.0, "w": jnp.ones(3)})
+    assert "eqx.filter(model, eqx.is_array)" not in str(info.value)
+    assert "Give each such skeleton leaf the kind the checkpoint holds" in str(
+        info.value
+    )

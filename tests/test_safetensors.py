@@ -23,10 +23,12 @@ from safetensors.numpy import save_file
 import orbax_eqx as oeqx
 from orbax_eqx._restore.rename_map import RenameError, load
 from orbax_eqx._tools import safetensors_io as st
+from orbax_eqx._tools.cli import main
 from orbax_eqx._tools.export import ExportError, export
 from orbax_eqx._tools.importing import ImportMismatchError, import_
 
 KEY = jax.random.key(1)
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
 KEY_SKELETON = jax.random.key(2)
 
 
@@ -123,7 +125,7 @@ def test_library_writer_then_import(tmp_path):
     )
     with pytest.raises(
         ImportMismatchError,
-        match=r"leaf `\.layers\[0\]\.bias` is bfloat16 in the skeleton but tensor "
+        match=r"leaf `layers\.0\.bias` is bfloat16 in the skeleton but tensor "
         r"`net\.0\.bias` is float8_e4m3fn\. To fix: pass --cast to cast tensors to "
         r"the skeleton's dtypes\.",
     ):
@@ -152,8 +154,8 @@ def test_export_refuses_dtypes_safetensors_lacks(tmp_path):
     oeqx.save(tmp_path / "ckpt", zoo.dtypes(KEY))
     with pytest.raises(
         ExportError,
-        match=r"safetensors has no dtype for 1 array\(s\): leaf `\['int4'\]` \(leaf "
-        r"name `int4`\) is int4\. It holds bool, uint8, .*\. Leave them out with a "
+        match=r"safetensors has no dtype for 1 array\(s\): leaf `int4` is int4\. "
+        r"It holds bool, uint8, .*\. Leave them out with a "
         r'rename map entry `\{"<leaf name>": null\}`',
     ):
         export(tmp_path / "ckpt", tmp_path / "out")
@@ -169,7 +171,7 @@ def test_export_refuses_the_metadata_name(tmp_path):
     oeqx.save(tmp_path / "ckpt", {"__metadata__": np.ones(2)})
     with pytest.raises(
         ExportError,
-        match=r"Leaf `\['__metadata__'\]` would be the tensor `__metadata__`, a name "
+        match=r"Leaf `__metadata__` would be the tensor `__metadata__`, a name "
         r"safetensors keeps for its metadata\. Rename it with --rename "
         r'\(`\{"__metadata__": "<another name>"\}`\)\.',
     ):
@@ -194,7 +196,8 @@ def test_export_streams_in_bounded_memory(tmp_path):
         result = subprocess.run(
             [sys.executable, "-c", code, *map(str, args)],
             cwd=tmp_path,
-            env={**os.environ, "JAX_PLATFORMS": "cpu"},
+            # The package under test, not whichever copy is installed.
+            env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": _ROOT},
             capture_output=True,
             text=True,
             timeout=120,
@@ -459,7 +462,7 @@ def _two_files(tmp_path):
                 s
                 | {"key": jax.ShapeDtypeStruct((), jax.random.key(0, impl="rbg").dtype)}
             ),
-            r"leaf `\['key'\]` is a rbg key array, whose key data is uint32\[4\], but "
+            r"leaf `key` is a rbg key array, whose key data is uint32\[4\], but "
             r"its tensor is uint32\[2\]\. To fix: export keys with "
             r"`jax\.random\.key_data`\.",
         ),
@@ -481,7 +484,7 @@ def _two_files(tmp_path):
                 }
             ),
             r"\(3 problems\): 1 tensor\(s\) fill no leaf: `model\.layers\.2\.bias`; "
-            r"static field `use_final_bias` of module `\['model'\]` is False in the "
+            r"static field `use_final_bias` of module `model` is False in the "
             r"skeleton but True in the files; .*To fix: pass --allow-unused to leave "
             r"them out; pass --ignore-static to keep the skeleton's\.",
         ),
@@ -506,6 +509,20 @@ def test_import_errors(tmp_path, damage, skeleton_change, message):
     with pytest.raises(oeqx.OrbaxEqxError, match=message):
         import_(tmp_path / "st", tmp_path / "back", skeleton)
     assert not (tmp_path / "back" / "orbax_eqx.json").exists()
+
+
+def test_export_needs_no_to_for_its_one_format(tmp_path, capsys):
+    oeqx.save(tmp_path / "ckpt", {"w": np.arange(3.0, dtype=np.float32)})
+    assert main(["export", str(tmp_path / "ckpt"), str(tmp_path / "hf")]) == 0
+    with safe_open(tmp_path / "hf" / "model.safetensors", framework="numpy") as f:
+        np.testing.assert_array_equal(f.get_tensor("w"), np.arange(3.0))
+    assert "default: safetensors" in _help(capsys)
+
+
+def _help(capsys) -> str:
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    return capsys.readouterr().out
 
 
 def test_export_into_a_file(tmp_path):

@@ -204,7 +204,7 @@ def test_leaves_restore_as_numpy_when_asked(tmp_path):
         with pytest.raises(
             oeqx.CheckpointMismatchError,
             match=re.escape(
-                "  - Leaf `['rng']` holds typed PRNG keys; the restore asks for "
+                "  - Leaf `rng` holds typed PRNG keys; the restore asks for "
                 "numpy.\nTyped PRNG keys restore as jax arrays only: ask for "
                 "`jax.Array`."
             ),
@@ -324,9 +324,9 @@ def test_a_shape_that_differs_is_an_error_unless_not_strict(tmp_path):
         match=re.escape(
             "Cannot restore these leaves from the checkpoint in "
             f"{tmp_path / 'ckpt'}:\n"
-            "  - Leaf `['v']` has shape (6,) in the checkpoint; the restore asks "
+            "  - Leaf `v` has shape (6,) in the checkpoint; the restore asks "
             "for (6, 1).\n"
-            "  - Leaf `['w']` has shape (4, 8) in the checkpoint; the restore asks "
+            "  - Leaf `w` has shape (4, 8) in the checkpoint; the restore asks "
             "for (8, 4).\n"
             "Restore into a target of the saved shape (`metadata()` lists them); "
             "to truncate or zero-pad along the same dimensions, pass "
@@ -356,7 +356,7 @@ def test_keys_restore_only_as_keys(tmp_path):
         with pytest.raises(
             oeqx.CheckpointMismatchError,
             match=re.escape(
-                "  - Leaf `['rng']` is key<fry> in the checkpoint; the restore asks "
+                "  - Leaf `rng` is key<fry> in the checkpoint; the restore asks "
                 "for float32.\nTyped PRNG keys restore as the keys they are: ask "
                 "for their saved dtype."
             ),
@@ -422,7 +422,7 @@ def test_a_damaged_or_missing_index_is_named(tmp_path):
         oeqx.CheckpointDamagedError,
         match=re.escape(
             f"No index of arrays saved with orbax_eqx's type handler in {path} "
-            f"lists these leaves (it has {_group(path).name}):\n  - Leaf `['v']`\n"
+            f"lists these leaves (it has {_group(path).name}):\n  - Leaf `v`\n"
             "The checkpoint is damaged, or they were saved by another handler into "
             "the same directory. Restore an earlier step."
         ),
@@ -476,7 +476,7 @@ def test_only_jax_arrays_are_saved_by_it(tmp_path):
         with pytest.raises(
             oeqx.UnsupportedLeafError,
             match=re.escape(
-                "PackedArrayHandler saves jax arrays only:\n  - Leaf `['x']` is a "
+                "PackedArrayHandler saves jax arrays only:\n  - Leaf `x` is a "
                 "numpy.ndarray, not a jax.Array.\nRegister it for jax.Array alone"
             ),
         ):

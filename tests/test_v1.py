@@ -172,7 +172,7 @@ def _block_skeleton(**changes):
         ),
         (
             _block_skeleton(dim=16),
-            r"Leaf `.norm.weight` has shape \(16,\) in the skeleton but \(8,\) in "
+            r"Leaf `norm.weight` has shape \(16,\) in the skeleton but \(8,\) in "
             r"the checkpoint",
         ),
         (
@@ -200,7 +200,7 @@ def test_saving_a_skeleton_fails_and_leaves_nothing(tmp_path):
     with pytest.warns(RuntimeWarning, match="'_create_paths' was never awaited"):
         with pytest.raises(
             oeqx.UnsupportedLeafError,
-            match=r"Leaf `.attn.query_proj.weight` is a jax.ShapeDtypeStruct, "
+            match=r"Leaf `attn.query_proj.weight` is a jax.ShapeDtypeStruct, "
             r"which holds no data to save",
         ):
             ocp.save_checkpointables(path, {"model": _block_skeleton()})
@@ -226,7 +226,7 @@ def _load_state(path, abstract):
 def test_option_strict_false_restores_part(saved_item):
     path, item = saved_item
     skeleton = {"model": _block_skeleton()}
-    with pytest.raises(oeqx.CheckpointMismatchError, match=r"Leaf `\['step'\]`"):
+    with pytest.raises(oeqx.CheckpointMismatchError, match=r"Leaf `step`"):
         _load_state(path, skeleton)
     restored = _load_state(path, oeqx.EqxRestore(skeleton, strict=False))
     zoo.assert_same(restored, {"model": item["model"]})
@@ -253,13 +253,13 @@ def test_option_missing_keep(saved_item):
     path, item = saved_item
     fresh_head = jnp.full((3,), 7.0)
     skeleton = {**item, "model": _block_skeleton(), "head": fresh_head}
-    with pytest.raises(oeqx.CheckpointMismatchError, match=r"Leaf `\['head'\]`"):
+    with pytest.raises(oeqx.CheckpointMismatchError, match=r"Leaf `head`"):
         _load_state(path, skeleton)
     restored, report = _load_state(
         path, oeqx.EqxRestore(skeleton, missing="keep", report=True)
     )
     zoo.assert_same(restored, {**item, "head": fresh_head})
-    assert report.kept == ("['head']",)
+    assert report.kept == ("head",)
 
 
 def _to_bf16(x):

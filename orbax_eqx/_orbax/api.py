@@ -2,21 +2,23 @@
 
 import os
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 import jax
 import orbax.checkpoint as ocp
 
 from .._bytes import store as _store
-from .._errors import OrbaxEqxError
+from .._errors import CheckpointNotFoundError, OrbaxEqxError
 from .._format.locate import as_path, find_item
 from .._format.sidecar import Metadata
 from .._format.sidecar_read import read
+from .._restore.renames import Renames
 from .._save import leftovers as _leftovers
 from .._save import replace as _replace
 from .._save.claim import ConcurrentSaveError, from_process_0
 from .._save.replace import CheckpointExistsError as CheckpointExistsError
 from .._save.replace import NotACheckpointError as NotACheckpointError
+from .._storage.typed import GROUP_PREFIX
 from .handler import EqxHandler, EqxRestore, EqxSave
 from .object_commit import COMMIT_FILE
 
@@ -26,7 +28,17 @@ class NotWritableError(OrbaxEqxError, PermissionError):
 
 
 def save(
-    directory: str | os.PathLike, item: Any, *, overwrite: bool = False, **options
+    directory: str | os.PathLike[str],
+    item: Any,
+    *,
+    overwrite: bool = False,
+    pack: bool = True,
+    use_ocdbt: bool = True,
+    use_zarr3: bool = False,
+    use_compression: bool = False,
+    save_concurrent_gb: float | None = None,
+    multiprocessing_options: ocp.options.MultiprocessingOptions | None = None,
+    checksums: bool = True,
 ) -> None:
     """Saves `item` to `directory`, atomically on local paths, and waits for the disk.
 
@@ -43,7 +55,9 @@ def save(
         Orbax's files) or an empty directory is replaced: anything else, a
         directory that holds a checkpoint among other files too, is a
         `NotACheckpointError`.
-    - `**options`: passed to `EqxHandler` (`use_ocdbt=`, `use_compression=`...).
+    - `pack`, `use_ocdbt`, `use_zarr3`, `use_compression`,
+        `save_concurrent_gb`, `multiprocessing_options`, `checksums`: as for
+        `EqxHandler`.
 
     A save killed part way leaves its temporary directories beside
     `directory` (`.<name>.oeqx-*`); the next save to `directory` deletes them.
@@ -67,6 +81,15 @@ def save(
     """
     path = as_path(directory)
     args = EqxSave(item)  # checks the item before anything is touched
+    options = dict(
+        pack=pack,
+        use_ocdbt=use_ocdbt,
+        use_zarr3=use_zarr3,
+        use_compression=use_compression,
+        save_concurrent_gb=save_concurrent_gb,
+        multiprocessing_options=multiprocessing_options,
+        checksums=checksums,
+    )
     if _store.is_remote(path):  # object stores have no atomic rename
         store = _store.for_path(path)
         store.check_reachable(path)
@@ -141,11 +164,21 @@ def _check_writable(path) -> None:
 
 
 def restore(
-    directory: str | os.PathLike,
+    directory: str | os.PathLike[str],
     skeleton: Any = None,
     *,
     allow: Sequence[str] | None = None,
-    **options,
+    shardings: Any = None,
+    cast: bool = False,
+    strict: bool = True,
+    prefix: str | None = None,
+    renames: Renames | None = None,
+    renames_must_match: bool = True,
+    missing: Literal["error", "keep"] = "error",
+    report: bool = False,
+    on_static_mismatch: Literal["error", "warn"] = "error",
+    verify: bool = True,
+    max_staged_bytes: int | None = None,
 ) -> Any:
     """Restores the checkpoint at `directory`.
 
@@ -158,28 +191,68 @@ def restore(
     - `allow`: without a skeleton, the modules a rebuild of the saved tree
         may import, such as `["equinox", "jax", "my_models"]` (see
         `EqxRestore`); nothing outside them is imported.
-    - `**options`: `shardings=`, `cast=`, `strict=`, `prefix=`, `renames=`,
-        `renames_must_match=`, `missing=`, `report=`, `on_static_mismatch=`,
-        `verify=`, as for `EqxRestore`.
+    - `shardings`, `cast`, `strict`, `prefix`, `renames`,
+        `renames_must_match`, `missing`, `report`, `on_static_mismatch`,
+        `verify`, `max_staged_bytes`: as for `EqxRestore`.
 
     **Returns:** the restored PyTree; with `report=True`, `(tree, RestoreReport)`.
     """
-    path = _located(directory)
+    args = EqxRestore(
+        skeleton,
+        allow=allow,
+        shardings=shardings,
+        cast=cast,
+        strict=strict,
+        prefix=prefix,
+        renames=renames,
+        renames_must_match=renames_must_match,
+        missing=missing,
+        report=report,
+        on_static_mismatch=on_static_mismatch,
+        verify=verify,
+        max_staged_bytes=max_staged_bytes,
+    )
+    path = _find(directory)
     handler = EqxHandler()
     try:
-        return handler.restore(path, args=EqxRestore(skeleton, allow=allow, **options))
+        return handler.restore(path, args=args)
     finally:
         handler.close()
 
 
 def metadata(directory: str | os.PathLike) -> Metadata:
     """Reads what a checkpoint holds (leaves, modules, static fields), no array data."""
-    return read(_located(directory))
+    return read(_find(directory))
 
 
-def _located(directory: str | os.PathLike) -> Any:
-    """The item directory `directory` names (see `find_item`), its store
-    reached first."""
+def _find(directory: str | os.PathLike[str]) -> Any:
+    """The item directory at `directory` (see `find_item`), its store reached
+    first; a checkpoint saved
+    through the type handler is no error of the path, and is told apart."""
     path = as_path(directory)
-    _store.for_path(path).check_reachable(path)
-    return find_item(_leftovers.recover(path))
+    _store.for_path(path).check_reachable(path)  # says what to set, if not
+    path = _leftovers.recover(path)
+    try:
+        return find_item(path)
+    except CheckpointNotFoundError:
+        if not _typed(path) and not any(_typed(p) for p in _dirs(path)):
+            raise
+    raise CheckpointNotFoundError(
+        f"{path} was saved through `oeqx.type_handler_registry()` by Orbax's own "
+        "PyTreeCheckpointHandler, which writes no orbax_eqx sidecar: restore it "
+        "with that handler (`ocp.PyTreeCheckpointHandler(type_handler_registry="
+        "oeqx.type_handler_registry())`); `python -m orbax_eqx inspect` and "
+        "`verify` read it."
+    )
+
+
+def _dirs(path) -> list:
+    try:
+        return [p for p in path.iterdir() if p.is_dir()]
+    except OSError:
+        return []
+
+
+def _typed(path) -> bool:
+    """Whether `path` holds arrays saved through the type handler."""
+    return any(p.name.startswith(GROUP_PREFIX) for p in _dirs(path))

@@ -5,8 +5,8 @@ import concurrent.futures
 import dataclasses
 import functools
 import os
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import jax
 import numpy as np
@@ -24,6 +24,7 @@ from .._restore.restore import restore_flat, restore_tree
 from .._restore.select import check_options
 from .._restore.together import together
 from .._restore.vanished import CheckpointReplacedError, noticed
+from .._save import at_exit as _at_exit
 from .._save import background as _background
 from .._save import claim as _claim
 from .._save import released as _released
@@ -72,8 +73,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         are never compressed). Off by default: on float weights it saves ~8%
         of disk and, measured on 2 cores, costs 2.8x the save time (see
         BENCHMARKS.md).
-    - `save_concurrent_gb`, `restore_concurrent_gb`: caps on the bytes of
-        Orbax's array data in flight at once, to bound host memory. Packed
+    - `save_concurrent_gb`, `restore_concurrent_gb`: caps, in GB (fractions
+        work: `0.05`), on the bytes of Orbax's array data in flight at once,
+        to bound host memory. Packed
         arrays are all held in host memory from `save` until written.
     - `multiprocessing_options`: Orbax's options for multi-host runs; the
         sidecar and the pack file are written by `primary_host` only, each
@@ -102,8 +104,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         use_ocdbt: bool = True,
         use_zarr3: bool = False,
         use_compression: bool = False,
-        save_concurrent_gb: int | None = None,
-        restore_concurrent_gb: int | None = None,
+        save_concurrent_gb: float | None = None,
+        restore_concurrent_gb: float | None = None,
         multiprocessing_options: ocp.options.MultiprocessingOptions | None = None,
         checksums: bool = True,
     ):
@@ -170,8 +172,10 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         started = _claim.Started(epath.Path(directory), token) if primary else None
         if started is not None:
             started.stored_keys = tuple(prepared.stored)
-        if started is not None and directory.exists():
-            _claim.begin(started)  # else Orbax makes it later, in the background
+        # The directory is noted when the writes start (`_write_files`), once
+        # Orbax has made it: one here already may be a leftover of a save that
+        # was killed, which Orbax deletes and makes anew in the background
+        # (a job resumed after a crash saves that step again).
         self._saving[os.fspath(directory)] = (
             token,
             started,
@@ -180,26 +184,31 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         )
         futures = []
         where = _background.target(directory)  # named by errors of the writes
-        if prepared.stored:
-            inner = await _released.run(
-                self._inner.async_save(
-                    _sidecar.arrays_dir(directory, token),
-                    args=ocp.args.PyTreeSave(prepared.stored),
-                ),
-                name="orbax_eqx_arrays",
+        _at_exit.started(where, _background.final_directory(directory))
+        try:
+            if prepared.stored:
+                inner = await _released.run(
+                    self._inner.async_save(
+                        _sidecar.arrays_dir(directory, token),
+                        args=ocp.args.PyTreeSave(prepared.stored),
+                    ),
+                    name="orbax_eqx_arrays",
+                )
+                explain = functools.partial(_claim.explain, started)
+                futures.extend(
+                    _background.NotedFuture(f, where, explain) for f in inner or []
+                )
+            futures.append(
+                _released.commit_future(
+                    _background.noted_coroutine(
+                        self._write_files(directory, prepared, started), where
+                    ),
+                    name="orbax_eqx_files",
+                )
             )
-            explain = functools.partial(_claim.explain, started)
-            futures.extend(
-                _background.NotedFuture(f, where, explain) for f in inner or []
-            )
-        futures.append(
-            _released.commit_future(
-                _background.noted_coroutine(
-                    self._write_files(directory, prepared, started), where
-                ),
-                name="orbax_eqx_files",
-            )
-        )
+        except BaseException:
+            _at_exit.ended(where)  # raised here, to the caller: nothing to finish
+            raise
         return futures
 
     async def _write_files(self, directory: epath.Path, prepared, started) -> None:
@@ -312,7 +321,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         if saving is None:
             saving = _saved_here(epath.Path(directory))
         token, started, stored, shard_files = saving
-        with _background.noted(_background.target(directory)):
+        where = _background.target(directory)
+        _at_exit.ended(where)  # Orbax commits the step once this returns
+        with _background.noted(where):
             if stored:
                 arrays = _sidecar.arrays_dir(directory, token)
                 try:
@@ -410,7 +421,29 @@ def _run_sync(coro) -> Any:
         return pool.submit(asyncio.run, coro).result()
 
 
-@ocp.args.register_with_handler(EqxHandler, for_save=True)
+_Args = TypeVar("_Args", bound=type)
+
+# _TYPED_INIT: Orbax ships no `py.typed`, so to mypy `ocp.args.CheckpointArgs`
+# is `Any`, and a dataclass deriving from `Any` takes any keyword: a misspelt
+# option would pass. So type checkers see an `__init__` written out (the
+# dataclass makes the real one; tests/test_typing.py checks that the two
+# agree).
+
+
+def _registered(*, for_save: bool = False) -> Callable[[_Args], _Args]:
+    """`ocp.args.register_with_handler(EqxHandler, ...)`, typed: Orbax ships no
+    `py.typed`, so type checkers would see the args classes as `Any` and miss
+    a misspelt option."""
+
+    def register(cls: _Args) -> _Args:
+        return ocp.args.register_with_handler(
+            EqxHandler, for_save=for_save, for_restore=not for_save
+        )(cls)
+
+    return register
+
+
+@_registered(for_save=True)
 @dataclasses.dataclass
 class EqxSave(ocp.args.CheckpointArgs):
     """Arguments to save `item` with `EqxHandler`.
@@ -427,6 +460,10 @@ class EqxSave(ocp.args.CheckpointArgs):
     # `item` flattened once, for the checks here and the handler's save.
     _flat: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
 
+    if TYPE_CHECKING:  # see `_TYPED_INIT`
+
+        def __init__(self, item: Any) -> None: ...
+
     def __post_init__(self):
         # Here, not in the handler: the manager makes directories before the
         # handler runs, and a save that cannot happen should leave none.
@@ -441,7 +478,7 @@ class EqxSave(ocp.args.CheckpointArgs):
         return flat
 
 
-@ocp.args.register_with_handler(EqxHandler, for_restore=True)
+@_registered()
 @dataclasses.dataclass
 class EqxRestore(ocp.args.CheckpointArgs):
     r"""Arguments to restore with `EqxHandler`.
@@ -563,6 +600,26 @@ class EqxRestore(ocp.args.CheckpointArgs):
     )
     verify: bool = dataclasses.field(default=True, kw_only=True)
     max_staged_bytes: int | None = dataclasses.field(default=None, kw_only=True)
+
+    if TYPE_CHECKING:  # see `_TYPED_INIT`; the same parameters as the fields
+
+        def __init__(
+            self,
+            skeleton: Any = None,
+            *,
+            allow: Sequence[str] | None = None,
+            shardings: Any = None,
+            cast: bool = False,
+            strict: bool = True,
+            prefix: str | None = None,
+            renames: Renames | None = None,
+            renames_must_match: bool = True,
+            missing: Literal["error", "keep"] = "error",
+            report: bool = False,
+            on_static_mismatch: Literal["error", "warn"] = "error",
+            verify: bool = True,
+            max_staged_bytes: int | None = None,
+        ) -> None: ...
 
     def __post_init__(self):
         _staging.check_max_bytes(self.max_staged_bytes)

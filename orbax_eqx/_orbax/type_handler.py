@@ -24,12 +24,13 @@ from .._errors import (
     UnsupportedLeafError,
     bullet_list,
 )
+from .._save import at_exit as _at_exit
 from .._save import background as _background
 from .._storage import typed as _typed
 from .._storage import typed_read as _typed_read
 from .._storage.shards import describe
 from . import type_restore as _restore
-from .type_restore import SHARDING_METADATA, leaf_path
+from .type_restore import SHARDING_METADATA, leaf_label, leaf_path
 
 # Pinned: checkpoints record it for every leaf this handler saved, and Orbax
 # finds the handler to restore them by it.
@@ -107,7 +108,7 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
         """
         names = [info.name for info in infos]
         paths = [leaf_path(info) for info in infos]
-        _check_savable(values, paths)
+        _check_savable(values, [leaf_label(info) for info in infos])
         casts = [getattr(a, "dtype", None) for a in args or [None] * len(values)]
         cache: dict[Any, Any] = {}
         shardings = [_sharding_json(x.sharding, cache) for x in values]
@@ -119,12 +120,23 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
         if taken.local is None and not primary:
             return []
 
+        # A script that ends before Orbax commits this save gets it finished
+        # at exit (`_save/at_exit.py`); there is no `finalize` here to say
+        # when the save is done, so the record stays, and at exit a committed
+        # save is told apart by its final directory.
+        where = _background.target(infos[0].parent_dir)
+        _at_exit.started(where, _background.final_directory(infos[0].parent_dir))
+
         async def write() -> None:
-            await asyncio.gather(*(info.await_path_creation() for info in infos))
-            directory = infos[0].parent_dir
-            # An error (a full disk) names the step it stopped, as ours do.
-            with _background.noted(_background.target(directory)):
-                _typed.write(directory, taken, process, primary)
+            try:
+                await asyncio.gather(*(info.await_path_creation() for info in infos))
+                directory = infos[0].parent_dir
+                # An error (a full disk) names the step it stopped, as ours do.
+                with _background.noted(_background.target(directory)):
+                    _typed.write(directory, taken, process, primary)
+            except BaseException:
+                _at_exit.ended(where)  # Orbax reports the error
+                raise
 
         return [
             ocp.future.CommitFutureAwaitingContractedSignals(
@@ -240,19 +252,19 @@ def _orbax_handler(directory) -> ocp.type_handlers.TypeHandler:
     return handler
 
 
-def _check_savable(values: Sequence[Any], paths: Sequence[str]) -> None:
+def _check_savable(values: Sequence[Any], labels: Sequence[str]) -> None:
     problems, local = [], []
     multihost = jax.process_count() > 1
-    for path, x in zip(paths, values):
+    for path, x in zip(labels, values):
         if not isinstance(x, jax.Array):
             problems.append(
-                f"Leaf `{path}` is a {type(x).__module__}.{type(x).__qualname__}, "
+                f"Leaf {path} is a {type(x).__module__}.{type(x).__qualname__}, "
                 "not a jax.Array."
             )
         elif multihost and x.is_fully_addressable and x.size:
             ids = sorted(d.id for d in x.sharding.device_set)
             local.append(
-                f"Leaf `{path}` is a host-local jax.Array (shape {x.shape}, on "
+                f"Leaf {path} is a host-local jax.Array (shape {x.shape}, on "
                 f"device{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))} "
                 f"of process {jax.process_index()} only)."
             )

@@ -17,6 +17,7 @@ import orbax.checkpoint as ocp
 
 from .._errors import CheckpointDamagedError, CheckpointMismatchError, bullet_list
 from .._storage import typed_read as _typed
+from .._tree.names import label
 from .._tree.walk import JAX, NUMPY, is_key_dtype, parse_dtype
 
 # The shardings Orbax has metadata for, by the name the index stores.
@@ -42,6 +43,12 @@ def leaf_path(info) -> str:
     return info.name
 
 
+def leaf_label(info) -> str:
+    """How messages name the leaf: Orbax's name for it, with the leaf path
+    beside it where that adds something (see `names.label`)."""
+    return label(info.name, leaf_path(info))
+
+
 def sharding_metadata(stored: Any) -> Any:
     """The stored sharding as Orbax's `ShardingMetadata`, or None."""
     if not isinstance(stored, dict) or stored.get("class") not in SHARDING_METADATA:
@@ -55,13 +62,13 @@ def sharding_metadata(stored: Any) -> Any:
 
 
 def check_listed(directory, groups, infos) -> None:
-    missing = [leaf_path(i) for i in infos if i.name not in groups]
+    missing = [leaf_label(i) for i in infos if i.name not in groups]
     if missing:
         found = ", ".join(sorted({g.directory.name for g in groups.values()}))
         raise CheckpointDamagedError(
             f"No index of arrays saved with orbax_eqx's type handler in "
             f"{directory} lists these leaves (it has {found}):\n"
-            + bullet_list([f"Leaf `{p}`" for p in missing])
+            + bullet_list([f"Leaf {p}" for p in missing])
             + "\nThe checkpoint is damaged, or they were saved by another handler "
             "into the same directory. Restore an earlier step."
         )
@@ -145,7 +152,7 @@ _KEY_SHAPES = "Typed PRNG keys cannot be truncated or padded."
 def _plan_one(info, arg, group, numpy: bool) -> "_Plan | tuple[str, str]":
     """One leaf's plan, or `(problem, fix)`."""
     record = group.saved.leaves[info.name]
-    path = leaf_path(info)
+    path = leaf_label(info)
     saved = parse_dtype(record.dtype)
     key = is_key_dtype(saved)
     dtype = getattr(arg, "dtype", None)
@@ -154,21 +161,21 @@ def _plan_one(info, arg, group, numpy: bool) -> "_Plan | tuple[str, str]":
     elif key or is_key_dtype(dtype):
         asked = dtype if is_key_dtype(dtype) else np.dtype(dtype)
         return (
-            f"Leaf `{path}` is {record.dtype} in the checkpoint; the restore asks "
+            f"Leaf {path} is {record.dtype} in the checkpoint; the restore asks "
             f"for {asked}.",
             _KEYS_AS_KEYS,
         )
     else:
         dtype = np.dtype(dtype)
     if key and numpy:
-        return f"Leaf `{path}` holds typed PRNG keys; the restore asks for numpy.", (
+        return f"Leaf {path} holds typed PRNG keys; the restore asks for numpy.", (
             _KEYS_AS_JAX
         )
     sharding = None
     if not numpy:
         sharding = _target_sharding(arg, group.shardings.get(info.name))
         if isinstance(sharding, str):
-            return f"Leaf `{path}` has no target sharding: {sharding}.", _SHARDINGS
+            return f"Leaf {path} has no target sharding: {sharding}.", _SHARDINGS
     shape = getattr(arg, "global_shape", None)
     shape = record.shape if shape is None else tuple(shape)
     if shape == record.shape:
@@ -176,13 +183,13 @@ def _plan_one(info, arg, group, numpy: bool) -> "_Plan | tuple[str, str]":
         return _Plan(info.name, group, request)
     if getattr(arg, "strict", True) or len(shape) != len(record.shape):
         return (
-            f"Leaf `{path}` has shape {record.shape} in the checkpoint; the "
+            f"Leaf {path} has shape {record.shape} in the checkpoint; the "
             f"restore asks for {shape}.",
             _SHAPES,
         )
     if key:
         return (
-            f"Leaf `{path}` holds typed PRNG keys of shape {record.shape}; the "
+            f"Leaf {path} holds typed PRNG keys of shape {record.shape}; the "
             f"restore asks for {shape}.",
             _KEY_SHAPES,
         )

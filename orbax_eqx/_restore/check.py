@@ -11,6 +11,7 @@ import jax
 
 from .._errors import CheckpointMismatchError, bullet_list
 from .._format.sidecar import Metadata
+from .._tree.names import label
 from .._tree.values import SCALAR_TYPES, describe, encode, scalar_type
 from .._tree.walk import (
     ARRAY,
@@ -56,6 +57,15 @@ _FIX_NONE = (
     "`eqx.filter_eval_shape(make_model, key)`, not the static half of "
     "`eqx.partition(model, eqx.is_array)`."
 )
+_FIX_FILTERED = (
+    "The checkpoint looks like `eqx.filter(model, eqx.is_array)` of this "
+    "skeleton: it holds None wherever the skeleton has a value that is no array "
+    "(a callable, a Python value). Restore its arrays into the skeleton's arrays, "
+    "then put the rest back: `arrays, rest = eqx.partition(skeleton, lambda x: "
+    "eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct))`, then "
+    "`model = eqx.combine(oeqx.restore(path, arrays), rest)` (under a manager, "
+    "`args=oeqx.EqxRestore(arrays)`)."
+)
 _FIX_CAST = (
     "To cast arrays to the skeleton's dtypes, pass `EqxRestore(..., cast=True)`."
 )
@@ -89,7 +99,7 @@ _FIX_ABSTRACT = (
 # Fixes of differences that only a new skeleton mends: while one of those is
 # listed, no option makes the restore work, so `on_static_mismatch="warn"` is
 # not offered.
-_REBUILD = (_FIX_INSPECT, _FIX_KIND, _FIX_KEY, _FIX_NONE)
+_REBUILD = (_FIX_INSPECT, _FIX_KIND, _FIX_KEY, _FIX_NONE, _FIX_FILTERED)
 
 
 def check(
@@ -135,7 +145,7 @@ def check(
                 kept.append(leaf)
             elif missing == "keep":
                 errors.append(
-                    f"Leaf `{leaf.path_str}` is in the skeleton but not in the "
+                    f"Leaf {leaf.label} is in the skeleton but not in the "
                     f"checkpoint{sought}, and is a jax.ShapeDtypeStruct: it has no "
                     'value to keep with `missing="keep"`.'
                 )
@@ -143,7 +153,7 @@ def check(
                 rebuild = True
             else:
                 errors.append(
-                    f"Leaf `{leaf.path_str}` is in the skeleton but not in the "
+                    f"Leaf {leaf.label} is in the skeleton but not in the "
                     f"checkpoint{sought}."
                 )
                 absent.append(leaf)
@@ -163,10 +173,10 @@ def check(
     if strict:
         unexpected = [(n, r) for n, r in saved.leaves.items() if n not in names]
         for name, record in unexpected:
-            renamed = f", renamed to `{name}`" if name != record.name else ""
+            renamed = f" (renamed to `{name}`)" if name != record.name else ""
             errors.append(
-                f"Leaf `{record.path}` (leaf name `{record.name}`{renamed}) is in "
-                "the checkpoint but not in the skeleton."
+                f"Leaf {label(record.name, record.path)}{renamed} is in the "
+                "checkpoint but not in the skeleton."
             )
         if unexpected:
             if absent and target is _same:
@@ -183,7 +193,7 @@ def check(
             continue  # the usual case, decided without describing every field
         if module.cls != other.cls:
             statics.append(
-                f"Module `{module.path}` is `{module.cls}` in the skeleton "
+                f"Module {label(name, module.path)} is `{module.cls}` in the skeleton "
                 f"but `{other.cls}` in the checkpoint{explain(module.cls, other.cls)}."
             )
         for field in sorted(set(module.static) | set(other.static)):
@@ -191,7 +201,7 @@ def check(
             theirs = _describe_field(other.static, field)
             if mine != theirs:
                 statics.append(
-                    f"Static field `{field}` of module `{module.path}` is "
+                    f"Static field `{field}` of module {label(name, module.path)} is "
                     f"{mine} in the skeleton but {theirs} in the checkpoint."
                 )
                 fix(_FIX_INSPECT)
@@ -206,6 +216,9 @@ def check(
         errors.extend(statics)
         if not rebuild:
             fix(_FIX_STATIC)
+    if _FIX_FILTERED in fixes and len(fixes) > 1:  # then no filter explains it
+        fixes[fixes.index(_FIX_FILTERED)] = _FIX_KIND
+        fixes = list(dict.fromkeys(fixes))
     if errors:
         fixes = [f.format(where=saved.directory) for f in fixes]
         raise CheckpointMismatchError(_message(errors, saved.directory, fixes))
@@ -235,17 +248,20 @@ def _describe_field(static: dict, field: str) -> str:
 
 def _compare_leaf(leaf: Leaf, record, cast: bool):
     """One leaf against its record: (problem or None, the fixes to suggest)."""
-    where = f"Leaf `{leaf.path_str}`"
+    where = f"Leaf {leaf.label}"
     if record.name != leaf.name:  # found through `prefix=` or `renames=`
         where += f" (checkpoint leaf `{record.name}`)"
     if leaf.kind != record.kind:
         # A None for an array is a filtered skeleton far more often than a change
         # of hyperparameters.
         none = leaf.kind == SCALAR and leaf.value is None and record.kind == ARRAY
+        # ... and a None for a callable or Python value, a checkpoint of
+        # `eqx.filter(model, eqx.is_array)` (see `_FIX_FILTERED`).
+        filtered = record.kind == SCALAR and record.value is None and leaf.kind != ARRAY
         return (
             f"{where} is {_describe_mine(leaf)} in the skeleton but "
             f"{record.describe()} in the checkpoint.",
-            (_FIX_NONE,) if none else (_FIX_KIND,),
+            (_FIX_NONE,) if none else (_FIX_FILTERED,) if filtered else (_FIX_KIND,),
         )
     if leaf.kind == ARRAY:
         shape = tuple(leaf.value.shape)

@@ -29,7 +29,7 @@ import jax.tree_util as jtu
 
 from .._errors import CheckpointMismatchError, bullet_list
 from .._format.sidecar import Metadata
-from .._tree.names import ESCAPE, SEPARATOR, join
+from .._tree.names import ESCAPE, SEPARATOR, join, label
 from .._tree.walk import Leaf, Walked, walk
 from .renames import (
     Renames,
@@ -50,8 +50,8 @@ class RestoreReport:
 
     **Attributes:**
 
-    - `kept`: leaf paths of the skeleton leaves that no checkpoint leaf
-        filled, kept from the skeleton (`missing="keep"`), e.g. `.head.weight`.
+    - `kept`: leaf names of the skeleton leaves that no checkpoint leaf
+        filled, kept from the skeleton (`missing="keep"`), e.g. `head.weight`.
     - `unread`: leaf names of the checkpoint leaves that were not restored:
         outside `prefix=`, renamed to `None`, or absent from the skeleton
         (`strict=False`).
@@ -87,7 +87,7 @@ class Selection:
             if leaf.name not in skipped
         }
         return RestoreReport(
-            kept=tuple(leaf.path_str for leaf in kept),
+            kept=tuple(leaf.name for leaf in kept),
             unread=tuple(n for n in self.everything if n not in restored),
             renamed=dict(self.renamed),
         )
@@ -103,7 +103,7 @@ def warn_kept(report: RestoreReport, where: str, stacklevel: int) -> None:
     warnings.warn(
         f"{n} skeleton {'leaf is' if n == 1 else 'leaves are'} not in the "
         f'checkpoint at {where}, so kept from the skeleton (missing="keep"):\n'
-        + bullet_list([f"`{path}`" for path in report.kept])
+        + bullet_list([label(name) for name in report.kept])
         + "\nPass `report=True` to get this list as a `RestoreReport` instead of "
         "this warning.",
         KeptLeavesWarning,

@@ -83,9 +83,9 @@ def _from_tree(shardings, walked, wanted) -> dict[str, Any]:
 
 
 def _check_types(result: dict[str, Any], walked: Walked, source: str) -> None:
-    paths = {leaf.name: leaf.path_str for leaf in walked.leaves}
+    labels = {leaf.name: leaf.label for leaf in walked.leaves}
     bad = [
-        f"Leaf `{paths[name]}`: {source} {type(s).__name__}, not a "
+        f"Leaf {labels[name]}: {source} {type(s).__name__}, not a "
         "jax.sharding.Sharding."
         for name, s in result.items()
         if not isinstance(s, jax.sharding.Sharding)

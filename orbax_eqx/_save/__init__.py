@@ -5,7 +5,8 @@ Orbax), refusing what the sidecar could not read back (`recordable`) and
 arrays that would not restore as they are (`storable`), the
 multi-host checks before any write (`hosts`), claiming the item directory
 against a concurrent save of the same step (`claim`), naming the save in
-errors from background writes (`background`), keeping a failed save's threads
+errors from background writes (`background`), finishing the saves still
+under way when a script ends (`at_exit`), keeping a failed save's threads
 from holding the process (`released`), and a standalone save's atomic replace
 (`replace`) with the directories it writes beside its target (`leftovers`).
 May import: `_storage`, `_format`, `_tree`, `_errors`.

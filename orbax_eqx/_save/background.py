@@ -16,6 +16,8 @@ from typing import Any
 
 from etils import epath
 
+from . import at_exit as _at_exit
+
 # Orbax writes into `<name>.orbax-checkpoint-tmp[-<n>]` and renames on commit.
 _TMP_MARK = ".orbax-checkpoint-tmp"
 
@@ -48,6 +50,7 @@ def _final(path: epath.Path) -> str:
 
 
 def _note(error: BaseException, where: str) -> None:
+    _at_exit.ended(where)  # Orbax reports the error; nothing to finish at exit
     note = f"orbax_eqx: this error stopped the background save of {where}."
     if where.startswith("step "):
         note += " That step was not committed; the steps saved before it are intact."

@@ -101,8 +101,9 @@ _CALLS: dict = {}  # per kind, this process's calls, numbered alike in every pro
 
 
 def begin(started: Started) -> None:
-    """Records the directory: when `save` is called if it exists by then, else
-    as the writes start (Orbax makes directories in the background by default)."""
+    """Records the directory as the writes start, once Orbax has made it (in
+    the background by default; one there before may be a killed save's
+    leftover, which Orbax deletes and makes anew)."""
     started.identity = _identity(started.directory)
 
 

@@ -13,7 +13,7 @@ import jax
 import jax.tree_util as jtu
 
 from .._errors import HostLocalArrayError, bullet_list
-from .._tree.walk import display_path
+from .._tree.walk import walk
 
 
 def check_global(tree: Any, flat: tuple[list[Any], Any] | None = None) -> None:
@@ -25,11 +25,12 @@ def check_global(tree: Any, flat: tuple[list[Any], Any] | None = None) -> None:
     if not any(_host_local(x) for x in leaves):
         return  # paths, which cost far more than the test, only for the message
     problems = []
-    for path, x in jtu.tree_flatten_with_path(tree, is_leaf=_is_none)[0]:
+    for leaf in walk(tree).leaves:
+        x = leaf.value
         if _host_local(x):
             devices = sorted(d.id for d in x.sharding.device_set)
             problems.append(
-                f"Leaf `{display_path(jtu.keystr(path))}` is a host-local jax.Array "
+                f"Leaf {leaf.label} is a host-local jax.Array "
                 f"(shape {x.shape}, on device{'s' if len(devices) > 1 else ''} "
                 f"{', '.join(map(str, devices))} of process {jax.process_index()} "
                 f"only), but this save runs on {jax.process_count()} processes."

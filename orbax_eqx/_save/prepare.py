@@ -277,7 +277,7 @@ def _check_savable(walked: Walked) -> None:
     for leaf in walked.leaves:
         if isinstance(leaf.value, jax.ShapeDtypeStruct):
             problems.append(
-                f"Leaf `{leaf.path_str}` is a jax.ShapeDtypeStruct, which holds no "
+                f"Leaf {leaf.label} is a jax.ShapeDtypeStruct, which holds no "
                 "data to save."
             )
         if leaf.name in seen:

@@ -10,6 +10,7 @@ leaf or a static field; and a static field nested deeper than readers read
 import jax.tree_util as jtu
 
 from .._errors import UnsupportedLeafError, bullet_list
+from .._tree.names import label
 from .._tree.values import MAX_DEPTH, bad_text, is_text, too_deep
 from .._tree.walk import Walked
 
@@ -34,11 +35,11 @@ def check(walked: Walked) -> None:
     text, deep = [], []
     for leaf in walked.leaves:
         if not is_text(leaf.name):
-            text.append(f"Leaf `{leaf.path_str}` {_key(leaf)}.")
+            text.append(f"Leaf {leaf.label} {_key(leaf)}.")
         # Other leaves are recorded as descriptions, which escape such text.
         if type(leaf.value) is str and not is_text(leaf.value):
             text.append(
-                f"Leaf `{leaf.path_str}` is a str that is not valid Unicode: "
+                f"Leaf {leaf.label} is a str that is not valid Unicode: "
                 f"{leaf.value!r} {_SURROGATE}."
             )
     for name, module in walked.modules.items():
@@ -48,7 +49,10 @@ def check(walked: Walked) -> None:
             )
         for field, value in module.static.items():
             found = bad_text(value)
-            where = f"Static field `{field}` of module `{module.path}` ({module.cls})"
+            where = (
+                f"Static field `{field}` of module {label(name, module.path)} "
+                f"({module.cls})"
+            )
             if found is not None:
                 text.append(
                     f"{where} holds text that is not valid Unicode: "

@@ -45,8 +45,9 @@ class CheckpointExistsError(OrbaxEqxError, FileExistsError):
 
 
 class NotACheckpointError(CheckpointExistsError):
-    """`save(..., overwrite=True)` was asked to replace something that is not
-    an orbax_eqx checkpoint (a file, a link, a directory of other files)."""
+    """`save` was asked to write where something that is not an orbax_eqx
+    checkpoint already is (a file, a link, a directory of other files), which
+    no save replaces, with `overwrite=True` or without."""
 
 
 def check_target(path: epath.Path, overwrite: bool) -> None:
@@ -54,17 +55,25 @@ def check_target(path: epath.Path, overwrite: bool) -> None:
     empty directory) when `overwrite`."""
     if not _lexists(path):
         return
+    # Asked first: `overwrite=True` is offered only where it would work.
+    found = _not_a_checkpoint(path)
+    if found is not None:
+        what, fix = found
+        if overwrite:
+            raise NotACheckpointError(
+                f"Cannot replace {path}: it is {what}, not an orbax_eqx "
+                "checkpoint, and overwriting replaces only checkpoints; nothing "
+                f"was changed. {fix}"
+            )
+        raise NotACheckpointError(
+            f"Cannot save to {path}: it is {what}, not an orbax_eqx checkpoint, "
+            "and a save replaces only checkpoints (with `overwrite=True`); "
+            f"nothing was changed. {fix}"
+        )
     if not overwrite:
         raise CheckpointExistsError(
             f"{path} already exists. Pass `overwrite=True` to replace it, or "
             "choose another directory."
-        )
-    found = _not_a_checkpoint(path)
-    if found is not None:
-        what, fix = found
-        raise NotACheckpointError(
-            f"Cannot replace {path}: it is {what}, not an orbax_eqx checkpoint, "
-            f"and overwriting replaces only checkpoints; nothing was changed. {fix}"
         )
 
 

@@ -292,7 +292,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument("path", metavar="PATH", help="checkpoint (item or step)")
     export.add_argument(
-        "--to", required=True, choices=("safetensors",), help="the format"
+        "--to",
+        default="safetensors",
+        choices=("safetensors",),
+        help="the format (default: safetensors, the only one so far)",
     )
     export.add_argument("out", metavar="OUT", help="directory, or file.safetensors")
     export.add_argument("--rename", metavar="MAP", help="JSON rename map")

@@ -28,6 +28,7 @@ from .._format.sidecar import LeafMetadata, Metadata
 from .._format.sidecar_read import read
 from .._restore.read import LeafReader
 from .._restore.rename_map import RenameMap, identity
+from .._tree.names import label
 from .._tree.values import is_text
 from .._tree.walk import ARRAY, parse_dtype
 from . import safetensors_io as st
@@ -152,21 +153,21 @@ def _plan(saved: Metadata, renames: RenameMap) -> tuple[list[_Tensor], int]:
             dtype, shape = str(data.dtype), tuple(data.shape)
         if not is_text(name):
             raise ExportError(
-                f"Leaf `{record.path}` would be the tensor {name!r}, which is not "
+                f"Leaf {label(record.name, record.path)} would be the tensor "
+                f"{name!r}, which is not "
                 "valid Unicode (a lone surrogate); safetensors names are UTF-8. "
                 "Rename it with a --rename rule whose regex matches it "
                 '(`[["<regex>", "<new name>"]]`).'
             )
         if name == st.METADATA_KEY:
             raise ExportError(
-                f"Leaf `{record.path}` would be the tensor `{name}`, a name "
+                f"Leaf {label(record.name, record.path)} would be the tensor "
+                f"`{name}`, a name "
                 "safetensors keeps for its metadata. Rename it with --rename "
                 f'(`{{"{record.name}": "<another name>"}}`).'
             )
         if dtype not in st.CODES:
-            problems.append(
-                f"leaf `{record.path}` (leaf name `{record.name}`) is {dtype}"
-            )
+            problems.append(f"leaf {label(record.name, record.path)} is {dtype}")
             continue
         tensors.append(_Tensor(record, name, dtype, shape, st.nbytes_of(dtype, shape)))
     if problems:
@@ -277,7 +278,8 @@ def _write_shard(fd, tmp, shard, metadata, reader: LeafReader, buffer, bar) -> N
             t = by_leaf[record.name]
             if array.shape != t.shape or str(array.dtype) != t.dtype:
                 raise ExportError(
-                    f"Leaf `{record.path}` was read as {array.dtype}"
+                    f"Leaf {label(record.name, record.path)} was read as "
+                    f"{array.dtype}"
                     f"{list(array.shape)} but the sidecar says {t.dtype}"
                     f"{list(t.shape)}; the checkpoint is damaged."
                 )

@@ -27,6 +27,7 @@ from .._restore.classes import explain
 from .._restore.rename_map import RenameMap, identity
 from .._save.leftovers import recover
 from .._save.replace import check_target
+from .._tree.names import label
 from .._tree.values import SCALAR_TYPES, decode_scalar, describe, scalar_type
 from .._tree.walk import (
     ARRAY,
@@ -270,7 +271,7 @@ def _add(fixes: list[str], fix: str) -> None:
 
 def _compare(leaf, tensor: str, info: st.TensorInfo, cast: bool):
     x = leaf.value
-    where = f"leaf `{leaf.path_str}`"
+    where = f"leaf {leaf.label}"
     what = f"tensor `{tensor}`" if tensor != leaf.name else "its tensor"
     if is_key_dtype(x.dtype):
         data = jax.eval_shape(jax.random.key_data, x)
@@ -305,7 +306,8 @@ def _static_problems(walked, saved_modules: dict) -> list[str]:
         cls = saved.get("class")  # checked as `restore` checks it
         if isinstance(cls, str) and cls != module.cls:
             problems.append(
-                f"module `{module.path}` is `{module.cls}` in the skeleton but "
+                f"module {label(name, module.path)} is `{module.cls}` in the "
+                "skeleton but "
                 f"`{cls}` in the files{explain(module.cls, cls, 'what they came from')}"
             )
         theirs = saved.get("static", {})
@@ -318,8 +320,8 @@ def _static_problems(walked, saved_modules: dict) -> list[str]:
             other = describe(theirs[field]) if field in theirs else "absent"
             if mine != other:
                 problems.append(
-                    f"static field `{field}` of module `{module.path}` is {mine} in "
-                    f"the skeleton but {other} in the files"
+                    f"static field `{field}` of module {label(name, module.path)} "
+                    f"is {mine} in the skeleton but {other} in the files"
                 )
     return problems
 

@@ -20,11 +20,12 @@ from .._bytes.store import read_bounded
 from .._errors import OrbaxEqxError
 from .._format.locate import as_path, find_item, is_item, items_in, steps_in
 from .._format.sidecar import ALIAS, PACKED, SHARDS, STORED, Metadata, arrays_dir
-from .._format.sidecar_read import read
+from .._orbax.type_restore import sharding_metadata
 from .._rebuild import build as _rebuild
 from .._storage.store_files import check as check_store_files
 from .._tree.values import describe
 from .._tree.walk import ARRAY, JAX
+from . import typed_items as _typed
 from .tree_view import type_text, value_text
 
 # Where Orbax keeps a step's metrics: the step metadata (newer Orbax), or the
@@ -92,9 +93,18 @@ def gather(
             step, latest_path = found[-1]
             items = items_in(latest_path)
             best = _best(steps, best_metric, best_mode)
+    typed = [] if items or steps else _typed.typed_items(path)
+    if typed:  # saved through `oeqx.type_handler_registry()`
+        numbers = sorted({n for n, _ in typed if n is not None})
+        if numbers:
+            where = {n: p.parent for n, p in typed if n is not None}
+            steps = [Step(n, where[n], _metrics(where[n])) for n in numbers]
+            step = numbers[-1]
+            best = _best(steps, best_metric, best_mode)
+        items = [p for n, p in typed if n == (step if numbers else None)]
     # An item, or nothing we know: `find_item` raises the error that says which.
     items = items or [find_item(path)]
-    saved = [read(p) for p in items]
+    saved = [_typed.read(p) for p in items]
     shardings = [saved_shardings(p, m) for p, m in zip(items, saved)]
     return Report(path, steps, step, saved, shardings, best)
 
@@ -127,6 +137,8 @@ def saved_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
     say which): they say `unsharded`. Where the bytes are is the sidecar's
     `data`, not a sharding.
     """
+    if isinstance(saved, _typed.TypedMetadata):
+        return _typed_shardings(saved)
     packed = {
         name: "unsharded"
         for name, leaf in saved.leaves.items()
@@ -158,6 +170,24 @@ def saved_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
         source = saved.leaves[leaf.alias_of] if leaf.data == ALIAS else leaf
         if leaf.data in (STORED, ALIAS) and source.key is not None:
             text = _sharding_text(getattr(tree.get(source.key), "sharding", None))
+            if text:
+                result[name] = text
+    return result
+
+
+def _typed_shardings(saved: "_typed.TypedMetadata") -> dict[str, str]:
+    """Shardings as the type handler's indexes record them (Orbax's sharding
+    metadata), as text; packed leaves were saved unsharded."""
+    result = {}
+    for group in saved.groups:
+        for name, leaf in group.saved.leaves.items():
+            if leaf.data == PACKED:
+                result[name] = "unsharded"
+                continue
+            try:
+                text = _sharding_text(sharding_metadata(group.shardings.get(name)))
+            except Exception:  # a nicety: an odd entry only costs the column
+                text = ""
             if text:
                 result[name] = text
     return result

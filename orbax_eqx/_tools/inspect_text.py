@@ -11,6 +11,7 @@ from .inspect import Report, rebuild_plan, totals
 from .text import cut, human_bytes, table
 from .tree_view import rows as tree_rows
 from .tree_view import type_text, value_text
+from .typed_items import TypedMetadata
 
 
 def to_text(report: Report, flat: bool = False) -> str:
@@ -120,6 +121,14 @@ def _writer_line(saved: Metadata) -> str:
     versions = dict(saved.versions)
     writer = versions.pop("orbax_eqx", "unknown")
     others = ", ".join(f"{k} {v}" for k, v in versions.items())
+    if isinstance(saved, TypedMetadata):
+        return (
+            f"Written through `oeqx.type_handler_registry()` by orbax_eqx {writer} "
+            f"(index format {saved.format_version})"
+            + (f" with {others}." if others else ".")
+            + "\nOnly its jax arrays are shown: Orbax's own handler stored the "
+            "other leaves, and reads them back."
+        )
     return f"Written by orbax_eqx {writer} (sidecar format {saved.format_version})" + (
         f" with {others}." if others else "."
     )

@@ -7,7 +7,6 @@ from collections.abc import Callable
 from etils import epath
 
 from .._errors import OrbaxEqxError
-from .._format.locate import find_item
 from .._format.sidecar import (
     PACKED,
     SHARDS,
@@ -16,11 +15,11 @@ from .._format.sidecar import (
     Metadata,
     shard_file,
 )
-from .._format.sidecar_read import read
 from .._restore.read import LeafReader, release_memory
 from .._storage import packfile as _packfile
 from .._storage.checksum import crc32, host_sum32
 from .._storage.shard_index import check_blocks, read_all
+from .typed_items import TypedMetadata, find_item, read
 
 _CHUNK = 64 << 20  # bytes of a packed leaf read at a time
 
@@ -76,7 +75,9 @@ def verify(
 
     **Arguments:**
 
-    - `directory`: a checkpoint: an item directory, or a step with one item.
+    - `directory`: a checkpoint: an item directory, or a step with one item;
+        one saved through `oeqx.type_handler_registry()` too (its jax arrays
+        are checked: Orbax's own handler stored its other leaves).
     - `progress`: called with the bytes of each piece read (for a progress bar).
 
     **Returns:** a `VerifyReport`; `report.ok` is False if any leaf is damaged.
@@ -89,6 +90,20 @@ def verify(
     checked, damaged, unchecked = [], [], []
     total = 0
     note = progress or (lambda n: None)
+    parts = [(path, saved)]
+    if isinstance(saved, TypedMetadata):  # each group names its own files
+        parts = [(g.directory, g.saved) for g in saved.groups]
+    for where, part in parts:
+        total += _check(where, part, note, checked, damaged, unchecked)
+    return VerifyReport(
+        str(path), tuple(checked), tuple(damaged), tuple(unchecked), total
+    )
+
+
+def _check(path: epath.Path, saved: Metadata, note, *lists) -> int:
+    """Checks every array of `saved` into `lists`; returns the bytes read."""
+    checked, damaged, unchecked = lists
+    total = 0
     stored = []
     sharded = [r for r in saved.leaves.values() if r.data == SHARDS]
     if sharded:
@@ -110,9 +125,7 @@ def verify(
                 total += record.nbytes
                 note(record.nbytes)
                 release_memory()
-    return VerifyReport(
-        str(path), tuple(checked), tuple(damaged), tuple(unchecked), total
-    )
+    return total
 
 
 def _sort(saved: Metadata, record: LeafMetadata, result, *lists) -> None:

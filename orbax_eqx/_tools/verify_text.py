@@ -11,11 +11,12 @@ import dataclasses
 import json
 
 from .._errors import CheckpointPermissionError, OrbaxEqxError
-from .._format.locate import as_path, items_under
+from .._format.locate import as_path
 from .._format.sidecar import PACKED, SHARDS, STORED
-from .._format.sidecar_read import read
+from .._tree.names import label
 from .progress import Progress
 from .text import human_bytes, printable
+from .typed_items import items_under, read
 from .verify import VerifyReport, verify
 
 
@@ -58,6 +59,13 @@ def _several(args: argparse.Namespace, items, steps) -> int:
         except OrbaxEqxError as e:
             sidecars[item] = e
     total = sum(_nbytes(s) for s in sidecars.values() if not isinstance(s, Exception))
+    root = as_path(args.path)
+    if steps and not args.json:  # before the progress bar, which takes a while
+        which = "the latest only" if args.latest else "every step"
+        print(
+            f"CheckpointManager root {root}: {len(steps)} step(s); checking {which}.",
+            flush=True,
+        )
     results = []
     with Progress("verify", total) as bar:
         for step, item in items:
@@ -65,7 +73,6 @@ def _several(args: argparse.Namespace, items, steps) -> int:
             if not isinstance(found, Exception):
                 found = verify(item, progress=bar.advance)
             results.append((step, item, found))
-    root = as_path(args.path)
     if args.json:
         doc = {"path": str(root), "steps": steps, "checkpoints": []}
         for step, item, found in results:
@@ -78,9 +85,6 @@ def _several(args: argparse.Namespace, items, steps) -> int:
         doc["ok"] = all(entry["ok"] for entry in doc["checkpoints"])
         print(json.dumps(doc, indent=2))
         return 0 if doc["ok"] else 1
-    if steps:
-        which = "the latest only" if args.latest else "every step"
-        print(f"CheckpointManager root {root}: {len(steps)} step(s); checking {which}.")
     for _, item, found in results:
         if isinstance(found, Exception):
             print(f"UNREADABLE {item}: {str(found).strip().splitlines()[0]}")
@@ -137,8 +141,7 @@ def _json(report: VerifyReport) -> dict:
 
 def _text(report: VerifyReport, saved) -> str:
     lines = [
-        f"DAMAGED {printable(leaf.path)} ({printable(leaf.name)}): "
-        f"{printable(leaf.problem)}"
+        f"DAMAGED {printable(label(leaf.name, leaf.path))}: {printable(leaf.problem)}"
         for leaf in report.damaged
     ]
     arrays = len(report.checked) + len(report.damaged) + len(report.unchecked)

@@ -128,3 +128,43 @@ def _stand_in(name: str) -> str:
     # nor with Orbax's files.
     prefix = _UNSAFE_CHAR.sub("_", name)[: MAX_STORAGE_KEY - 17]
     return f"{prefix}~{digest}"
+
+
+# One part of a leaf path as `jax.tree_util.keystr` prints it: `.attr`, `[0]`,
+# `['key']`.
+_PATH_PART = re.compile(
+    r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(-?[0-9]+)\]|\['((?:[^'\\]|\\.)*)'\]"
+)
+
+
+def label(name: str, path: str | None = None) -> str:
+    """How a message names a leaf: by its leaf name, as `inspect` shows it and
+    `prefix=`/`renames=` take it (`` `model.layers.0.weight` ``), with its
+    leaf path beside it only where the name cannot simply be read off the
+    path (escaped dict keys, `eqx.nn.State` entries):
+    `` `\\0` (path `['0']`) ``.
+
+    **Arguments:**
+
+    - `name`: the leaf name.
+    - `path`: the leaf path (`jax.tree_util.keystr`), if known.
+    """
+    # Text that is not valid Unicode (a lone surrogate) is shown escaped, as
+    # `keystr` and `inspect` show it.
+    name = name.encode("utf-8", "backslashreplace").decode("utf-8")
+    shown = f"`{name}`" if name else "`<root>`"
+    if path is None or path == "<root>" or _plain_name(path) == name:
+        return shown
+    return f"{shown} (path `{path}`)"
+
+
+def _plain_name(path: str) -> str | None:
+    """The name a leaf path reads as, parts joined by `.` unescaped; None if
+    the path has parts of other kinds."""
+    parts, at = [], 0
+    for match in _PATH_PART.finditer(path):
+        if match.start() != at:
+            return None
+        parts.append(next(g for g in match.groups() if g is not None))
+        at = match.end()
+    return join(parts) if at == len(path) else None

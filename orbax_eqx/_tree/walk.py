@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from .names import SEPARATOR, join, key_part
+from .names import SEPARATOR, join, key_part, label
 from .values import SCALAR_TYPES, encode, is_named_callable, qualified_name
 
 # Leaf kinds.
@@ -45,6 +45,11 @@ class Leaf(NamedTuple):
     @property
     def path_str(self) -> str:
         return display_path(jtu.keystr(self.path) if self.shown is None else self.shown)
+
+    @property
+    def label(self) -> str:
+        """How messages name this leaf (see `names.label`)."""
+        return label(self.name, self.path_str)
 
 
 @dataclasses.dataclass(frozen=True)
