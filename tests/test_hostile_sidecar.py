@@ -146,7 +146,7 @@ def test_stripped_checksums_of_format_4_are_damage_to_verify(tmp_path, capsys, p
     assert sorted(d.name for d in report.damaged) == ["a", "b"]
     for leaf in report.damaged:
         assert leaf.problem == (
-            f"records no checksum, though a format-{FORMAT_VERSION} sidecar records "
+            "records no checksum, though a format-4 sidecar records "
             "one for every array unless saved with checksums=False, which this one "
             "does not say: its sidecar was edited or damaged"
         )

@@ -96,7 +96,7 @@ def test_every_difference_at_once(tmp_path):
     assert text.startswith(
         f"The skeleton does not match the checkpoint at {tmp_path / 'ckpt'} "
         "(5 differences):\n"
-        "  - Leaf `.layers[0].weight` has shape (16, 3) in the skeleton but (8, 3) "
+        "  - Leaf `layers.0.weight` has shape (16, 3) in the skeleton but (8, 3) "
         "in the checkpoint.\n"
     )
     assert "`ocp.PyTreeCheckpointHandler().metadata(path)` lists the saved" in text
@@ -115,10 +115,10 @@ def test_missing_unexpected_and_dtype(tmp_path):
     with pytest.raises(
         oeqx.CheckpointMismatchError,
         match=r"(?s)\(3 differences\):\n"
-        r"  - Leaf `\['b'\]` has dtype bfloat16 in the skeleton but float32 in the "
+        r"  - Leaf `b` has dtype bfloat16 in the skeleton but float32 in the "
         r"checkpoint\.\n"
-        r"  - Leaf `\['new'\]` is in the skeleton but not in the checkpoint\.\n"
-        r"  - Leaf `\['extra'\]` \(leaf name `extra`\) is in the checkpoint but not "
+        r"  - Leaf `new` is in the skeleton but not in the checkpoint\.\n"
+        r"  - Leaf `extra` is in the checkpoint but not "
         r"in the skeleton\.",
     ):
         oeqx.restore(tmp_path / "ckpt", skeleton)

@@ -232,11 +232,8 @@ def _find(directory: str | os.PathLike[str]) -> Any:
     path = as_path(directory)
     _store.for_path(path).check_reachable(path)  # says what to set, if not
     path = _leftovers.recover(path)
-    try:
+    if not (_typed(path) or any(_typed(p) for p in _dirs(path))):
         return find_item(path)
-    except CheckpointNotFoundError:
-        if not _typed(path) and not any(_typed(p) for p in _dirs(path)):
-            raise
     raise CheckpointNotFoundError(
         f"{path} was saved through `oeqx.type_handler_registry()` by Orbax's own "
         "PyTreeCheckpointHandler, which writes no orbax_eqx sidecar: restore it "
