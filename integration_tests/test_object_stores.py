@@ -145,7 +145,7 @@ def test_a_manager_that_would_rename_on_s3_is_refused_before_it_writes(s3_bucket
             mngr.wait_until_finished()
     text = str(e.value) + "".join(str(n) for n in getattr(e.value, "__notes__", []))
     chain = e.value
-    while chain is not None and not isinstance(chain, oeqx.OrbaxEqxError):
+    while chain is not None and not isinstance(chain, oeqx.ObjectStoreSaveError):
         chain = chain.__cause__ or chain.__context__
     assert chain is not None, text
     message = str(chain)
@@ -159,7 +159,7 @@ def test_a_manager_that_would_rename_on_s3_is_refused_before_it_writes(s3_bucket
 
 def test_pack_false_on_s3_is_refused_with_what_works(s3_bucket):
     with pytest.raises(
-        oeqx.OrbaxEqxError,
+        oeqx.ObjectStoreSaveError,
         match=r"pack=False.*cannot write to s3://.*Leave `pack=True`",
     ):
         oeqx.save(f"{s3_bucket}/m", _model(0), pack=False)
@@ -248,7 +248,7 @@ def test_missing_credentials_name_the_variables(s3_server, tmp_path):
     )
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("orbax_eqx._bytes.objects.ObjectStoreError: Saving to"), last
+    assert last.startswith("orbax_eqx._errors.ObjectStoreError: Saving to"), last
     assert "NoCredentialsError" in last
     assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE" in last
 

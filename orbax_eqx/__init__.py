@@ -5,6 +5,8 @@ from ._errors import CheckpointMismatchError as CheckpointMismatchError
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
 from ._errors import CheckpointPermissionError as CheckpointPermissionError
 from ._errors import HostLocalArrayError as HostLocalArrayError
+from ._errors import ObjectStoreError as ObjectStoreError
+from ._errors import ObjectStoreSaveError as ObjectStoreSaveError
 from ._errors import OrbaxEqxError as OrbaxEqxError
 from ._errors import RebuildError as RebuildError
 from ._errors import ShardingRuleError as ShardingRuleError

@@ -95,3 +95,13 @@ def inline_list(problems: Sequence[str], limit: int = 3) -> str:
     if len(problems) > limit:
         text += f"; and {len(problems) - limit} more"
     return text
+
+
+class ObjectStoreError(OrbaxEqxError, OSError):
+    """A request to an object store (`gs://`, `s3://`) failed after its
+    retries: the message names the bucket, the endpoint and what to set."""
+
+
+class ObjectStoreSaveError(OrbaxEqxError, ValueError):
+    """A save that cannot succeed on its object store (a rename commit or
+    `pack=False` on `s3://`), refused before anything is written."""

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from etils import epath
 
-from orbax_eqx._bytes import objects, parts, store
+import orbax_eqx as oeqx
+from orbax_eqx._bytes import parts, store
 from orbax_eqx._storage import packfile
 
 DATA = np.random.default_rng(0).integers(0, 256, 10_000, np.uint8)
@@ -148,7 +149,7 @@ def test_a_server_that_is_not_there_is_an_error_in_seconds(monkeypatch):
     monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{free_port()}")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    with pytest.raises(objects.ObjectStoreError) as e:
+    with pytest.raises(oeqx.ObjectStoreError) as e:
         store.read_bounded("s3://nowhere/ckpt/orbax_eqx.json", 100)
     text = str(e.value)
     assert "bucket 'nowhere' at http://127.0.0.1:" in text

@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import orbax_eqx as oeqx
-from orbax_eqx._format.sidecar import FORMAT_VERSION
 from orbax_eqx._tools.cli import main
 
 SIDECAR = "orbax_eqx.json"

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import tensorstore as ts
 
-from .._errors import OrbaxEqxError
+from .._errors import ObjectStoreError
 from . import endpoints as _endpoints
 from . import parts as _parts
 from .store import BadFile, ErrorFor, Reader, Reads, Store
@@ -36,10 +36,6 @@ _WRITE_WINDOW = 2
 _FSSPEC_MODULES = ("botocore", "aiobotocore", "s3fs", "gcsfs", "google")
 _NO_VALUE = b"\x02"  # TensorStore's generation of a key that has no value
 _TIMEOUT = 300.0  # seconds one request may take, retries included
-
-
-class ObjectStoreError(OrbaxEqxError, OSError):
-    """A request to an object store failed (after its retries)."""
 
 
 class ObjectStore(Store):

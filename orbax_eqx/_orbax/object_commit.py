@@ -15,14 +15,10 @@ import os
 
 import orbax.checkpoint as ocp
 
-from .._errors import OrbaxEqxError
+from .._errors import ObjectStoreSaveError
 
 COMMIT_FILE = ocp.path.atomicity.CommitFileTemporaryPath
 _RENAMED = ocp.path.atomicity.TMP_DIR_SUFFIX
-
-
-class ObjectStoreSaveError(OrbaxEqxError, ValueError):
-    """A save that cannot succeed on this object store, refused before it starts."""
 
 
 def check(directory: os.PathLike, pack: bool) -> None:
