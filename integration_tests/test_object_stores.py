@@ -302,3 +302,45 @@ def test_a_server_that_dies_mid_save_is_an_error_and_spares_earlier_steps(tmp_pa
             _object_servers.clear_fsspec_caches()
     finally:
         server.stop()
+
+
+def test_throttling_is_retried_with_backoff(s3_server):
+    """Every third request answered 503 SlowDown: the save and the restore
+    succeed, through retries (TensorStore's for our files, botocore's for
+    Orbax's directories)."""
+    from integration_tests._throttle import Throttle
+
+    url = s3_server.create_bucket("throttled")
+    model = _model(0)
+    with Throttle(s3_server.url, every=3) as proxy:
+        env = {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.url}
+        env["AWS_ENDPOINT_URL_S3"] = proxy.url
+        with _object_servers.environ(env):
+            _object_servers.clear_fsspec_caches()
+            try:
+                oeqx.save(f"{url}/m", model)
+                _same(oeqx.restore(f"{url}/m", _skeleton()), model)
+            finally:
+                _object_servers.clear_fsspec_caches()
+        assert proxy.refused >= 3
+
+
+def test_a_store_that_always_throttles_is_an_error_in_bounded_time(s3_server):
+    from integration_tests._throttle import Throttle
+
+    url = s3_server.create_bucket("throttledforgood")
+    with Throttle(s3_server.url, every=1) as proxy:
+        env = {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.url}
+        env["AWS_ENDPOINT_URL_S3"] = proxy.url
+        with _object_servers.environ(env):
+            _object_servers.clear_fsspec_caches()
+            start = time.monotonic()
+            try:
+                with pytest.raises(oeqx.ObjectStoreError) as e:
+                    oeqx.save(f"{url}/m", _model(0))
+            finally:
+                _object_servers.clear_fsspec_caches()
+            assert time.monotonic() - start < 120
+    text = str(e.value)
+    assert f"bucket 'throttledforgood' at {proxy.url}" in text
+    assert "503" in text or "SlowDown" in text or "UNAVAILABLE" in text, text
