@@ -16,6 +16,7 @@ forever.
 """
 
 import collections
+import concurrent.futures
 import functools
 import json
 from collections.abc import Iterable, Sequence
@@ -32,6 +33,7 @@ from .store import BadFile, ErrorFor, Reader, Reads, Store
 _READ_PIECE = 4 << 20
 _READ_WINDOW = 8
 _WRITE_WINDOW = 2
+_COPIERS = 2  # threads copying arrived pieces into the buffers
 # Where the errors of Orbax's directory calls on object stores come from.
 _FSSPEC_MODULES = ("botocore", "aiobotocore", "s3fs", "gcsfs", "google")
 _NO_VALUE = b"\x02"  # TensorStore's generation of a key that has no value
@@ -237,34 +239,44 @@ class _ObjectReader(Reader):
 
 class _ObjectReads(Reads):
     """Pieces read in order, at most `_READ_WINDOW` in flight; each copied
-    into its buffer as the caller waits for it."""
+    into its buffer by a helper thread as it arrives, so that the copies (and
+    first touches of the buffers' pages) overlap the caller's checks."""
 
     def __init__(self, store: ObjectStore, path: Any, jobs, buffers):
         self._store, self._path, self._jobs, self._buffers = store, path, jobs, buffers
-        self._flight: collections.deque = collections.deque()
+        self._flight: collections.deque = collections.deque()  # (request, copy)
         self._issued = self._done = 0
         self._filled = [0] * len(buffers)
+        self._copiers = concurrent.futures.ThreadPoolExecutor(_COPIERS)
         self._issue()
 
     def _issue(self) -> None:
         kv = self._store._kv
         while self._issued < len(self._jobs) and len(self._flight) < _READ_WINDOW:
-            _, _, _, key, a, z, _ = self._jobs[self._issued]
-            self._flight.append(kv.read(key, byte_range=slice(a, z)))
+            job = self._jobs[self._issued]
+            request = kv.read(job[3], byte_range=slice(job[4], job[5]))
+            self._flight.append(
+                (request, self._copiers.submit(self._fill, request, job))
+            )
             self._issued += 1
 
-    def _next(self) -> None:
-        i, at, to, _, a, z, end = self._jobs[self._done]
-        future = self._flight.popleft()
+    def _fill(self, request: Any, job) -> None:
+        i, at, to, _, a, z, end = job
         try:
-            got = self._store._result(future, "Reading", self._path)
+            got = self._store._result(request, "Reading", self._path)
         except ValueError:  # OUT_OF_RANGE
             raise BadFile(f"ends before byte {end}") from None
         if got.state == "missing":
             raise BadFile("is missing")
-        if len(got.value) != z - a:
+        value = got.value
+        if len(value) != z - a:
             raise BadFile(f"ends before byte {end}")
-        self._buffers[i][at:to] = np.frombuffer(got.value, np.uint8)
+        self._buffers[i][at:to] = np.frombuffer(value, np.uint8)
+
+    def _next(self) -> None:
+        i, _, to, *_ = self._jobs[self._done]
+        _, copy = self._flight.popleft()
+        copy.result()
         self._filled[i] = to
         self._done += 1
         self._issue()
@@ -281,9 +293,11 @@ class _ObjectReads(Reads):
             self.cancel()
 
     def cancel(self) -> None:
-        for future in self._flight:
-            future.cancel()
+        for request, copy in self._flight:
+            request.cancel()
+            copy.cancel()
         self._flight.clear()
+        self._copiers.shutdown(wait=True)
 
 
 @functools.lru_cache(maxsize=64)
