@@ -344,3 +344,56 @@ def test_a_store_that_always_throttles_is_an_error_in_bounded_time(s3_server):
     text = str(e.value)
     assert f"bucket 'throttledforgood' at {proxy.url}" in text
     assert "503" in text or "SlowDown" in text or "UNAVAILABLE" in text, text
+
+
+def test_two_jobs_saving_one_step_never_commit_a_mix(s3_bucket):
+    """Two managers save step 5 of one run at once (commit-file mode writes
+    straight into the step's directory, and Orbax deletes an incomplete one
+    it finds). Each losing save says so; a committed step is one job's whole
+    checkpoint, never a mix or a step with files missing; step 1 is intact."""
+    import threading
+
+    options = ocp.CheckpointManagerOptions(temporary_path_class=COMMIT_FILE)
+    items = [{"w": jax.numpy.full((1 << 18,), float(i))} for i in range(2)]
+    for trial in range(3):
+        root = f"{s3_bucket}/run{trial}"
+        with ocp.CheckpointManager(
+            root, item_handlers=oeqx.EqxHandler(), options=options
+        ) as mngr:
+            mngr.save(1, args=oeqx.EqxSave(items[0]))
+        outcomes = [None, None]
+
+        def job(i, root=root, outcomes=outcomes):
+            try:
+                with ocp.CheckpointManager(
+                    root, item_handlers=oeqx.EqxHandler(), options=options
+                ) as mngr:
+                    mngr.save(5, args=oeqx.EqxSave(items[i]))
+                    mngr.wait_until_finished()
+                outcomes[i] = "ok"
+            except Exception as e:  # noqa: BLE001 (any error is judged below)
+                outcomes[i] = e
+
+        threads = [threading.Thread(target=job, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=240)
+        assert not any(t.is_alive() for t in threads)
+        for outcome in outcomes:
+            if outcome != "ok":
+                assert "Another save of the same step" in str(outcome), outcome
+        with ocp.CheckpointManager(
+            root, item_handlers=oeqx.EqxHandler(), options=options
+        ) as mngr:
+            steps = mngr.all_steps()
+            assert 1 in steps
+            skeleton = {"w": items[0]["w"]}
+            got = mngr.restore(1, args=oeqx.EqxRestore(skeleton))
+            np.testing.assert_array_equal(got["w"], items[0]["w"])
+            if 5 in steps:
+                assert outcomes.count("ok") == 1
+                got = mngr.restore(5, args=oeqx.EqxRestore(skeleton))
+                winner = outcomes.index("ok")
+                np.testing.assert_array_equal(got["w"], items[winner]["w"])
+                assert oeqx.verify(f"{root}/5/default").ok

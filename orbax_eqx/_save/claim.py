@@ -35,10 +35,12 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from .._bytes import files as _files
+from .._bytes import store as _store
 from .._errors import OrbaxEqxError
 from .._format.sidecar import (
     ARRAYS_DIR,
     FILE_NAME,
+    MAX_BYTES,
     TOKEN,
     TOKEN_FILE_PREFIXES,
     arrays_dir,
@@ -150,10 +152,18 @@ def explain(started: Started | None, error: BaseException) -> None:
 
 
 def wrote(started: Started, path: epath.Path) -> None:
-    """Notes a file this save wrote, for `before_commit` to find it unchanged."""
+    """Notes a file this save wrote, for `before_commit` to find it unchanged.
+
+    On an object store, where there are no inodes, that it is still there:
+    Orbax's commit-file mode writes straight into the step's directory, and
+    another save of the same step starting meanwhile deletes that directory's
+    objects as an incomplete checkpoint.
+    """
     if started.identity is not None:
         st = os.stat(os.fspath(path))
         started.written[os.fspath(path)] = (st.st_dev, st.st_ino, st.st_size)
+    elif _store.is_remote(path):
+        started.written[os.fspath(path)] = None
 
 
 def claim_failed(started: Started) -> None:
@@ -192,6 +202,13 @@ def _gone_files(started: Started) -> list[str]:
     """The files this save wrote itself that are gone, or not as written."""
     gone = []
     for path, was in started.written.items():
+        if was is None:  # an object: is it still there?
+            name = os.path.basename(path)
+            if not _store.for_path(path).exists(path) or (
+                name == FILE_NAME and not _is_sidecar_of(path, started.token)
+            ):
+                gone.append(name)
+            continue
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -275,6 +292,12 @@ def _remove_own_sidecar(started: Started) -> None:
 def _is_sidecar_of(sidecar: str | epath.Path, token: str) -> bool:
     """Whether `sidecar` is the one of the save `token` (the token is near
     its start)."""
+    if _store.is_remote(sidecar):
+        try:
+            head = _store.read_bounded(sidecar, MAX_BYTES)[: 1 << 16]
+        except OSError:  # missing: not this save's
+            return False
+        return f'"token": "{token}"'.encode() in head
     try:
         # Not through a link, and never blocking: only our own file counts.
         fd = _files.open_regular(sidecar, follow=False)
