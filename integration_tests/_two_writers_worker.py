@@ -1,10 +1,12 @@
 """One of two independent jobs that save the same step into one directory.
 
-    python _two_writers_worker.py ROOT WHO START_AT DIRS TIMEOUT_S
+    python _two_writers_worker.py ROOT WHO DELAY DIRS TIMEOUT_S
 
 Builds an item whose every array holds values of writer WHO (and a sharded
-array, so Orbax's array store is written too, and a packed one), waits until
-the wall clock reaches START_AT, saves step 5 through its own
+array, so Orbax's array store is written too, and a packed one), writes
+`ready-WHO` in its working directory, waits for the test's `go` file (a start
+time, written once both writers are ready) and DELAY seconds past it, saves
+step 5 through its own
 CheckpointManager, waits for it, and writes what happened to
 ROOT/../outcome-WHO.json: {"ok": true} or the error's type and message.
 DIRS is "sync" or "async": how Orbax makes the step's directories;
@@ -14,6 +16,7 @@ TIMEOUT_S is Orbax's `AsyncOptions.timeout_secs`.
 import faulthandler
 import json
 import os
+import pathlib
 import sys
 import time
 import traceback
@@ -21,7 +24,7 @@ from pathlib import Path
 
 from _worker import start
 
-args = start("root", "who", "start_at", "dirs", "timeout_s")
+args = start("root", "who", "delay", "dirs", "timeout_s")
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -60,7 +63,16 @@ options = ocp.CheckpointManagerOptions(
 )
 mngr = ocp.CheckpointManager(ROOT, item_handlers=oeqx.EqxHandler(), options=options)
 tree = jax.block_until_ready(item(WHO))
-time.sleep(max(0.0, float(args.start_at) - time.time()))
+# Both writers are ready before either starts (imports take longer under
+# load): the test then writes `go`, the start time, and each waits its delay.
+pathlib.Path(f"ready-{WHO}").touch()
+waited = time.monotonic()
+while not pathlib.Path("go").exists():
+    if time.monotonic() - waited > 120:
+        sys.exit("no go from the test within 120 s")
+    time.sleep(0.005)
+start_at = float(pathlib.Path("go").read_text()) + float(args.delay)
+time.sleep(max(0.0, start_at - time.time()))
 began = time.monotonic()
 try:
     mngr.save(STEP, args=oeqx.EqxSave(tree))

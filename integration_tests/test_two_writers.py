@@ -31,7 +31,7 @@ from . import _procs
 
 TRIALS = int(os.environ.get("ORBAX_EQX_TWO_WRITER_TRIALS", "16"))
 SEED = 5
-STARTUP_S = 8  # for both to import JAX and build their items before the start
+STARTUP_S = 120  # at most, for both to import JAX and build their items
 TIMEOUT_S = 90  # for both saves to finish or fail
 EXIT_S = 10  # for both processes to exit after that
 ORBAX_TIMEOUT_S = 1200  # Orbax's `AsyncOptions.timeout_secs` (its default)
@@ -54,13 +54,12 @@ def _trial(base, delays):
     """Runs the two writers; returns the root, their outcomes, and which of
     them Orbax kept from exiting (see `ORBAX_EXIT_WAIT`)."""
     root = base / "root"
-    start_at = time.time() + STARTUP_S
     procs, logs = [], []
     for who in (0, 1):
         log = base / f"writer-{who}.log"
         logs.append(log)
         argv = [sys.executable, str(_procs.HERE / "_two_writers_worker.py")]
-        argv += [str(root), str(who), str(start_at + delays[who])]
+        argv += [str(root), str(who), str(delays[who])]  # after the go
         argv += ["async", str(ORBAX_TIMEOUT_S)]
         with open(log, "w") as out:
             procs.append(
@@ -74,9 +73,18 @@ def _trial(base, delays):
                 )
             )
     outcome_files = [base / f"outcome-{w}.json" for w in (0, 1)]
-    deadline = time.monotonic() + STARTUP_S + TIMEOUT_S
     kept = []
     try:
+        # Both ready (JAX imported, items built), then one start time for both.
+        ready_by = time.monotonic() + STARTUP_S
+        while not all((base / f"ready-{w}").exists() for w in (0, 1)):
+            if time.monotonic() > ready_by or any(p.poll() for p in procs):
+                shown = "\n".join(log.read_text()[-3000:] for log in logs)
+                pytest.fail(f"a writer did not get ready:\n{shown}")
+            time.sleep(0.01)
+        (base / "go.tmp").write_text(repr(time.time() + 0.05))
+        (base / "go.tmp").rename(base / "go")
+        deadline = time.monotonic() + TIMEOUT_S
         while not all(f.exists() for f in outcome_files):
             if time.monotonic() > deadline:
                 shown = "\n".join(log.read_text()[-3000:] for log in logs)
@@ -160,7 +168,7 @@ def test_one_writer_wins_whole_and_the_other_fails_clearly(tmp_path):
     tally["orbax_exit_waits"] = 0
     tally["deleted_by_the_other"] = 0
     for trial in range(TRIALS):
-        delays = [0.0, rng.uniform(0.0, 0.12)]
+        delays = [0.0, rng.uniform(0.0, 0.04)]  # within one save: they overlap
         if rng.random() < 0.5:
             delays.reverse()
         base = tmp_path / f"trial-{trial}"
