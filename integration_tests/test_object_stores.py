@@ -346,54 +346,74 @@ def test_a_store_that_always_throttles_is_an_error_in_bounded_time(s3_server):
     assert "503" in text or "SlowDown" in text or "UNAVAILABLE" in text, text
 
 
-def test_two_jobs_saving_one_step_never_commit_a_mix(s3_bucket):
-    """Two managers save step 5 of one run at once (commit-file mode writes
-    straight into the step's directory, and Orbax deletes an incomplete one
-    it finds). Each losing save says so; a committed step is one job's whole
-    checkpoint, never a mix or a step with files missing; step 1 is intact."""
-    import threading
+def test_two_jobs_saving_one_step_never_commit_a_mix(s3_bucket, tmp_path):
+    """Two jobs (processes) save step 5 of one run at once (commit-file mode
+    writes straight into the step's directory, and Orbax deletes an incomplete
+    one it finds). Each losing save says so; a committed step is one job's
+    whole checkpoint, never a mix or a step with files missing; step 1 is
+    intact."""
+    import json
 
     options = ocp.CheckpointManagerOptions(temporary_path_class=COMMIT_FILE)
-    items = [{"w": jax.numpy.full((1 << 18,), float(i))} for i in range(2)]
+    first = {"w": jax.numpy.full((1 << 18,), 0.0)}
     for trial in range(3):
         root = f"{s3_bucket}/run{trial}"
         with ocp.CheckpointManager(
             root, item_handlers=oeqx.EqxHandler(), options=options
         ) as mngr:
-            mngr.save(1, args=oeqx.EqxSave(items[0]))
-        outcomes = [None, None]
-
-        def job(i, root=root, outcomes=outcomes):
-            try:
-                with ocp.CheckpointManager(
-                    root, item_handlers=oeqx.EqxHandler(), options=options
-                ) as mngr:
-                    mngr.save(5, args=oeqx.EqxSave(items[i]))
-                    mngr.wait_until_finished()
-                outcomes[i] = "ok"
-            except Exception as e:  # noqa: BLE001 (any error is judged below)
-                outcomes[i] = e
-
-        threads = [threading.Thread(target=job, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=240)
-        assert not any(t.is_alive() for t in threads)
+            mngr.save(1, args=oeqx.EqxSave(first))
+        base = tmp_path / f"trial{trial}"
+        base.mkdir()
+        procs = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(_procs.HERE / "_object_two_writers_worker.py"),
+                    root,
+                    str(who),
+                ],
+                env=_procs.worker_env(1),
+                cwd=base,
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            for who in (0, 1)
+        ]
+        try:
+            deadline = time.monotonic() + 120
+            while not all((base / f"ready-{w}").exists() for w in (0, 1)):
+                assert time.monotonic() < deadline and not any(
+                    p.poll() for p in procs
+                ), "a writer did not get ready"
+                time.sleep(0.01)
+            (base / "go.tmp").write_text(repr(time.time() + 0.05))
+            (base / "go.tmp").rename(base / "go")
+            files = [base / f"outcome-{w}.json" for w in (0, 1)]
+            deadline = time.monotonic() + 180
+            while not all(f.exists() for f in files):
+                assert time.monotonic() < deadline, "a save hung"
+                time.sleep(0.05)
+            outcomes = [json.loads(f.read_text()) for f in files]
+        finally:
+            for p in procs:
+                _procs._kill(p)
         for outcome in outcomes:
-            if outcome != "ok":
-                assert "Another save of the same step" in str(outcome), outcome
+            if not outcome["ok"]:
+                assert "Another save of the same step" in outcome["message"], outcome
         with ocp.CheckpointManager(
             root, item_handlers=oeqx.EqxHandler(), options=options
         ) as mngr:
             steps = mngr.all_steps()
             assert 1 in steps
-            skeleton = {"w": items[0]["w"]}
-            got = mngr.restore(1, args=oeqx.EqxRestore(skeleton))
-            np.testing.assert_array_equal(got["w"], items[0]["w"])
+            got = mngr.restore(1, args=oeqx.EqxRestore(first))
+            np.testing.assert_array_equal(got["w"], first["w"])
             if 5 in steps:
-                assert outcomes.count("ok") == 1
-                got = mngr.restore(5, args=oeqx.EqxRestore(skeleton))
-                winner = outcomes.index("ok")
-                np.testing.assert_array_equal(got["w"], items[winner]["w"])
+                # One job's (both "won" only if one saved after the other's
+                # commit, and the manager then kept the step it found).
+                winners = [w for w, o in enumerate(outcomes) if o["ok"]]
+                assert winners, outcomes
+                got = mngr.restore(5, args=oeqx.EqxRestore(first))
+                assert float(got["w"][0]) in [float(w) for w in winners]
+                np.testing.assert_array_equal(got["w"], got["w"][0])
                 assert oeqx.verify(f"{root}/5/default").ok
