@@ -417,3 +417,57 @@ def test_two_jobs_saving_one_step_never_commit_a_mix(s3_bucket, tmp_path):
                 assert float(got["w"][0]) in [float(w) for w in winners]
                 np.testing.assert_array_equal(got["w"], got["w"][0])
                 assert oeqx.verify(f"{root}/5/default").ok
+
+
+def test_a_save_that_lost_its_step_removes_its_objects(bucket, monkeypatch):
+    """A save held just before its commit finds another save's sidecar in
+    its place (what a second job saving the same step leaves): it stops with
+    the message, deletes the objects it wrote (its pack, in parts) and leaves
+    the other's sidecar and the earlier step alone."""
+    import threading
+
+    from etils import epath
+
+    from orbax_eqx._bytes import parts
+    from orbax_eqx._save import claim as _claim
+
+    monkeypatch.setattr(parts, "PART_BYTES", 4096)  # the pack in several parts
+    reached, release = threading.Event(), threading.Event()
+    before_commit = _claim.before_commit
+
+    def held(started):
+        if not str(started.directory).endswith("/5/default"):
+            return before_commit(started)
+        reached.set()
+        assert release.wait(60), "the test never released the commit"
+        return before_commit(started)
+
+    monkeypatch.setattr(_claim, "before_commit", held)
+    root = f"{bucket}/lost"
+    options = ocp.CheckpointManagerOptions(temporary_path_class=COMMIT_FILE)
+    mngr = ocp.CheckpointManager(root, item_handlers=oeqx.EqxHandler(), options=options)
+    try:
+        mngr.save(4, args=oeqx.EqxSave(_model(4)))
+        mngr.wait_until_finished()
+        mngr.save(5, args=oeqx.EqxSave(_model(5)))
+        assert reached.wait(120)
+        step = epath.Path(f"{root}/5/default")
+        _object_servers.clear_fsspec_caches()
+        ours = sorted(p.name for p in step.iterdir() if "packed" in p.name)
+        assert len(ours) > 2 and all(".part-" in name for name in ours), ours
+        sidecar = step / "orbax_eqx.json"
+        text = sidecar.read_text()
+        token = text.split('"token": "')[1][:16]
+        other = text.replace(token, "0123456789abcdef")
+        sidecar.write_text(other)  # another job's save claimed the step
+        release.set()
+        with pytest.raises(oeqx.ConcurrentSaveError, match="removed its files"):
+            mngr.wait_until_finished()
+    finally:
+        release.set()
+        mngr.close()
+    _object_servers.clear_fsspec_caches()
+    left = sorted(p.name for p in step.iterdir())
+    assert not [name for name in left if token in name], left
+    assert sidecar.read_text() == other  # the other's is left alone
+    _same(oeqx.restore(f"{root}/4/default", _skeleton()), _model(4))

@@ -81,6 +81,21 @@ def test_streamed_files_read_back_in_any_ranges(root, small_parts, nbytes):
         assert got.size == 0 or got.ctypes.data % 64 == 0  # for zero-copy device_put
 
 
+def test_delete_takes_the_file_and_its_parts_only(root, small_parts):
+    one = store.for_path(root)
+    for name in ("pack.bin", "pack.bin2", "other.bin"):
+        one.write_stream(f"{root}/{name}", _views(DATA, 4096), DATA.nbytes)
+    one.write_whole(f"{root}/pack", b"a neighbour whose name starts the same")
+    one.delete(f"{root}/pack.bin")
+    assert not one.exists(f"{root}/pack.bin")
+    assert not one.exists(f"{root}/pack.bin.part-00003")
+    for name in ("pack.bin2", "other.bin", "pack"):
+        assert one.exists(f"{root}/{name}"), name
+    one.delete(f"{root}/pack.bin")  # not there: no error
+    got = packfile.read(epath.Path(f"{root}/pack.bin2"), [(0, 10_000)], nbytes=10_000)
+    np.testing.assert_array_equal(got[0], DATA)
+
+
 def test_bytes_can_be_checked_as_they_arrive(root, small_parts):
     path = f"{root}/pack.bin"
     store.for_path(path).write_stream(path, _views(DATA, 4096), DATA.nbytes)

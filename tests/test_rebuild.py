@@ -89,6 +89,11 @@ def _vector_field(t, y, args):
     return -y
 
 
+class _Tagged(eqx.Module):
+    w: jax.Array
+    tag: object = eqx.field(static=True)
+
+
 @pytest.fixture
 def user_package(tmp_path, monkeypatch):
     root = tmp_path / "site"
@@ -308,12 +313,13 @@ def test_outside_allow_lists_every_leaf_and_what_to_allow(tmp_path):
         in text
     )
     assert (
-        "  - `.mlp.activation`: callable `jax._src.nn.functions.gelu` is outside "
+        "  - `mlp.activation`: callable `jax._src.nn.functions.gelu` is outside "
         "`allow` (to allow it: `jax`)\n" in text
     )
     assert "pass `allow=['equinox', 'jax', 'zoo']`" in text
     assert info.value.needed == ["jax", "zoo"]
-    assert len(info.value.problems) == 2
+    # `problems` holds leaf paths (`keystr`), as `RebuildError` documents.
+    assert [path for path, _ in info.value.problems] == ["<root>", ".mlp.activation"]
 
 
 def test_lambdas_local_classes_and_objects_cannot_be_rebuilt(tmp_path):
@@ -329,14 +335,35 @@ def test_lambdas_local_classes_and_objects_cannot_be_rebuilt(tmp_path):
     with pytest.raises(
         oeqx.RebuildError,
         match=r"(?s)4 leaves or modules cannot be rebuilt:.*"
-        r"`\['h'\]`: class `test_rebuild\.test_lambdas_local.*<locals>\.Holder` is "
+        r"`h`: class `test_rebuild\.test_lambdas_local.*<locals>\.Holder` is "
         r"defined inside a function, so it cannot be imported by name.*"
-        r"`\['h'\]\.f`: callable .*<lambda>` is defined inside a function.*"
-        r"`\['h'\]\.thing`: an object recorded only as its text `<object object>` "
+        r"`h\.f`: callable .*<lambda>` is defined inside a function.*"
+        r"`h\.thing`: an object recorded only as its text `<object object>` "
         r"cannot be rebuilt.*"
         r"What cannot be rebuilt needs a skeleton: restore into one",
     ):
         oeqx.restore(tmp_path / "ckpt", allow=["equinox", "test_rebuild"])
+
+
+def test_refusals_name_leaves_as_inspect_does(tmp_path):
+    # Escaped dict keys show their leaf path beside the name; a static field
+    # is named under its module.
+    tree = {key: _Tagged(jnp.ones(2), object()) for key in ("0", "a.b", "plain")}
+    oeqx.save(tmp_path / "ckpt", tree)
+    with pytest.raises(oeqx.RebuildError) as info:
+        oeqx.restore(tmp_path / "ckpt", allow=["equinox", "test_rebuild"])
+    why = "an object recorded only as its text `<object object>` cannot be rebuilt"
+    assert (
+        "3 leaves or modules cannot be rebuilt:\n"
+        f"  - `\\0.tag` (path `['0'].tag`): {why}\n"
+        f"  - `a\\.b.tag` (path `['a.b'].tag`): {why}\n"
+        f"  - `plain.tag`: {why}\n"
+    ) in str(info.value)
+    assert [path for path, _ in info.value.problems] == [
+        "['0'].tag",
+        "['a.b'].tag",
+        "['plain'].tag",
+    ]
 
 
 def test_unknown_container_cannot_be_rebuilt(tmp_path):
@@ -345,7 +372,7 @@ def test_unknown_container_cannot_be_rebuilt(tmp_path):
     oeqx.save(tmp_path / "ckpt", {"o": collections.OrderedDict(a=jnp.ones(2))})
     with pytest.raises(
         oeqx.RebuildError,
-        match=r"`\['o'\]`: a `collections\.OrderedDict` container cannot be rebuilt",
+        match=r"`o`: a `collections\.OrderedDict` container cannot be rebuilt",
     ):
         oeqx.restore(tmp_path / "ckpt", allow=["collections"])
 
@@ -354,7 +381,7 @@ def test_module_wrapping_a_function_cannot_be_rebuilt(tmp_path):
     oeqx.save(tmp_path / "ckpt", {"f": eqx.filter_jit(_vector_field)})
     with pytest.raises(
         oeqx.RebuildError,
-        match=r"`\['f'\]`: a module wrapping a function cannot be rebuilt",
+        match=r"`f`: a module wrapping a function cannot be rebuilt",
     ):
         oeqx.restore(tmp_path / "ckpt", allow=["equinox", "test_rebuild"])
 
@@ -423,7 +450,7 @@ def test_names_reached_through_an_allowed_module_are_refused(tmp_path, user_pack
     sidecar.write_text(json.dumps(content))
     with pytest.raises(
         oeqx.RebuildError,
-        match=r"`\.act`: callable `mymodels\.nets\.jax\.numpy\.sin` is not what "
+        match=r"`act`: callable `mymodels\.nets\.jax\.numpy\.sin` is not what "
         r"`mymodels\.nets\.jax\.numpy\.sin` names now: that is `jax\.numpy\.sin`",
     ):
         oeqx.restore(tmp_path / "ckpt", allow=["equinox", "jax", "mymodels"])
@@ -500,10 +527,10 @@ def test_planted_module_named_by_an_edited_sidecar_never_runs(tmp_path):
     assert found["imported"] == []
     for line in [
         "`<root>`: class `planted.Evil` is outside `allow` (to allow it: `planted`)",
-        "`.layers[0]`: class `os.system` is outside `allow` (to allow it: `os`)",
-        "`.activation`: callable `planted.f` is outside `allow` (to allow it: "
+        "`layers.0`: class `os.system` is outside `allow` (to allow it: `os`)",
+        "`activation`: callable `planted.f` is outside `allow` (to allow it: "
         "`planted`)",
-        "`.final_activation`: callable `posix.system` is outside `allow` (to allow "
+        "`final_activation`: callable `posix.system` is outside `allow` (to allow "
         "it: `posix`)",
     ]:
         assert line in found["outcome"]
@@ -537,12 +564,16 @@ def test_inspect_says_what_cannot_be_rebuilt(tmp_path, capsys):
     assert cli_main(["inspect", "--flat", str(tmp_path / "ckpt")]) == 0
     out = capsys.readouterr().out
     assert re.search(
-        r"\nWithout a skeleton: not rebuildable: `\['f'\]`: callable "
+        r"\nWithout a skeleton: not rebuildable: `f`: callable "
         r"`test_rebuild\.test_inspect_says_what_cannot_be_rebuilt\.<locals>\.<lambda>` "
         r"is defined inside a function, so it cannot be imported by name \(and 1 "
         r"more\); restore it into a skeleton\.\n$",
         out,
     )
+    assert cli_main(["inspect", "--json", str(tmp_path / "ckpt")]) == 0
+    (item,) = json.loads(capsys.readouterr().out)["items"]
+    cannot = [(c["name"], c["path"]) for c in item["rebuild"]["cannot"]]
+    assert cannot == [("f", "['f']"), ("g", "['g']")]
 
 
 def test_inspect_of_an_old_sidecar(tmp_path, capsys):

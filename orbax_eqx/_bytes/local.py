@@ -103,6 +103,20 @@ class LocalStore(Store):
     def exists(self, path: Any) -> bool:
         return os.path.lexists(os.fspath(path))
 
+    def delete(self, path: Any) -> None:
+        name = os.fspath(path)
+        directory, base = os.path.split(name)
+        prefix = _parts.part_name(base, 0)[: -len("00000")]
+        try:
+            others = [n for n in os.listdir(directory or ".") if n.startswith(prefix)]
+        except OSError:
+            others = []
+        for victim in [name, *(os.path.join(directory, n) for n in others)]:
+            try:
+                os.unlink(victim)
+            except FileNotFoundError:
+                pass
+
 
 def _check_length(size: int, end: int, nbytes: int | None) -> None:
     """A file of `size` bytes holding ranges up to `end`, recorded as `nbytes`

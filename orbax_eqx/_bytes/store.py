@@ -114,6 +114,10 @@ class Store(abc.ABC):
     def exists(self, path: Any) -> bool:
         """Whether there is a file at `path` (stored whole or in parts)."""
 
+    @abc.abstractmethod
+    def delete(self, path: Any) -> None:
+        """Removes file `path` and its parts, if there; no error if not."""
+
 
 def is_remote(path: Any) -> bool:
     """Whether `path` names an object (`gs://...`, `s3://...`), not a local file."""

@@ -24,6 +24,7 @@ from .._errors import OrbaxEqxError, RebuildError, SidecarError, bullet_list
 from .._format.sidecar import LeafMetadata, Metadata
 from .._restore.wide import flat_container
 from .._tree import nodes as _nodes
+from .._tree.names import join, label
 from .._tree.values import decode_scalar, describe, scalar_type
 from .._tree.walk import (
     ARRAY,
@@ -41,7 +42,8 @@ from .shared import Selector, is_path
 
 @dataclasses.dataclass
 class _Problem:
-    path: str
+    name: str  # the leaf name, what the message shows
+    path: str  # the leaf path (`keystr`), what `RebuildError.problems` holds
     text: str
     allow: str | None = None
 
@@ -72,15 +74,18 @@ def skeleton(saved: Metadata, allow: tuple[str, ...], prefix: str | None = None)
     return tree
 
 
-def needs(saved: Metadata) -> tuple[list[str], list[tuple[str, str]]]:
+def needs(saved: Metadata) -> tuple[list[str], list[tuple[str, str, str]]]:
     """Without importing anything: the qualified names a rebuild would look up,
-    and `(leaf path, why)` for what cannot be rebuilt whatever `allow` says.
+    and `(leaf name, leaf path, why)` for what cannot be rebuilt whatever
+    `allow` says.
 
     Raises `RebuildError` if the sidecar records no tree structure."""
     look = _Refusing()
     builder = _Builder(saved, look)
     builder.build("")
-    return look.names, [(p.path, p.text) for p in builder.problems]
+    return look.names, [
+        (p.name, display_path(p.path), p.text) for p in builder.problems
+    ]
 
 
 def modules_to_allow(names: list[str]) -> list[str]:
@@ -90,7 +95,7 @@ def modules_to_allow(names: list[str]) -> list[str]:
 
 def _error(saved: Metadata, allow: tuple[str, ...], problems) -> RebuildError:
     needed = sorted({p.allow for p in problems if p.allow is not None})
-    lines = [f"`{p.path}`: {p.text}" for p in problems]
+    lines = [f"{label(p.name, p.path)}: {p.text}" for p in problems]
     fix = []
     if needed:
         wanted = sorted(set(allow) | set(needed))
@@ -109,7 +114,7 @@ def _error(saved: Metadata, allow: tuple[str, ...], problems) -> RebuildError:
         f"under `allow={list(allow)!r}`: {len(problems)} "
         f"{'leaf or module' if len(problems) == 1 else 'leaves or modules'} "
         f"cannot be rebuilt:\n{bullet_list(lines)}\n" + " ".join(fix),
-        [(p.path, p.text) for p in problems],
+        [(display_path(p.path), p.text) for p in problems],
         needed,
     )
 
@@ -168,28 +173,29 @@ class _Builder:
             raise self.damaged(f"node or leaf {name!r} is named but not recorded")
         return self.leaf(leaf)
 
-    def refuse(self, path: str, text: str, allow: str | None = None) -> None:
-        self.problems.append(_Problem(display_path(path), text, allow))
+    def refuse(self, at: tuple[str, str], text: str, allow: str | None = None):
+        """Records what cannot be rebuilt at `at`, `(leaf name, leaf path)`."""
+        self.problems.append(_Problem(*at, text, allow))
 
-    def find(self, path: str, what: str, name: str) -> Any:
+    def find(self, at: tuple[str, str], what: str, name: str) -> Any:
         found = self.look(name)
         if isinstance(found, Refused):
-            self.refuse(path, f"{what} `{name}` {found.reason}", found.allow)
+            self.refuse(at, f"{what} `{name}` {found.reason}", found.allow)
             return None
         return found
 
     def node(self, name: str, rec: dict[str, Any]) -> Any:
-        kind, path = rec["type"], rec["path"]
+        kind, at = rec["type"], (name, rec["path"])
         if kind == _nodes.OTHER:
             self.refuse(
-                path,
+                at,
                 f"a `{rec.get('class')}` container cannot be rebuilt (orbax_eqx "
                 "rebuilds Equinox modules, dicts, lists, tuples, namedtuples and "
                 "`eqx.nn.State`)",
             )
             return None
         if kind == _nodes.MODULE and rec.get("wrapper"):
-            self.refuse(path, "a module wrapping a function cannot be rebuilt")
+            self.refuse(at, "a module wrapping a function cannot be rebuilt")
             return None
         if kind == _nodes.MODULE:
             return self.module(name, rec)
@@ -202,27 +208,27 @@ class _Builder:
             keys = rec.get("keys", [])
             if len(keys) != len(children):
                 raise self.damaged(f"dict node {name!r} has {len(keys)} keys")
-            return {self.value(path, k): v for k, v in zip(keys, children)}
+            return {self.value(at, k): v for k, v in zip(keys, children)}
         if kind == _nodes.STATE:
-            markers = [self.value(path, m) for m in rec.get("markers", [])]
+            markers = [self.value(at, m) for m in rec.get("markers", [])]
             if len(markers) != len(children):
                 raise self.damaged(f"State node {name!r} has {len(markers)} markers")
             if not all(isinstance(m, (str, int)) for m in markers):
-                self.refuse(path, "an `eqx.nn.State` not made by `make_with_state`")
+                self.refuse(at, "an `eqx.nn.State` not made by `make_with_state`")
                 return None
             return eqx.nn.State.tree_unflatten(tuple(markers), tuple(children))
         fields = rec.get("fields", [])
         if len(fields) != len(children):
             raise self.damaged(f"node {name!r} has {len(fields)} fields")
         if kind == _nodes.NAMEDTUPLE:
-            cls = self.find(path, "class", rec.get("class", ""))
+            cls = self.find(at, "class", rec.get("class", ""))
             if cls is None or cls is _DRY:
                 return None
             if not (isinstance(cls, type) and issubclass(cls, tuple)) or tuple(
                 getattr(cls, "_fields", ())
             ) != tuple(fields):
                 self.refuse(
-                    path,
+                    at,
                     f"`{rec.get('class')}` is no longer a namedtuple of fields "
                     f"{tuple(fields)}",
                 )
@@ -230,13 +236,14 @@ class _Builder:
             return tuple.__new__(cls, children)
 
     def module(self, name: str, rec: dict[str, Any]) -> Any:
-        path, fields, absent = rec["path"], rec.get("fields", []), rec.get("absent", [])
+        at = (name, rec["path"])
+        fields, absent = rec.get("fields", []), rec.get("absent", [])
         info = self.saved.modules.get(name)
         if info is None:
             raise self.damaged(f"module node {name!r} has no module record")
         # The class first, so that problems are listed parents first.
-        cls = self.find(path, "class", info.cls)
-        static = {f: self.value(path, v, f) for f, v in info.static.items()}
+        cls = self.find(at, "class", info.cls)
+        static = {f: self.value(_field(at, f), v) for f, v in info.static.items()}
         names = rec.get("children", [])
         if len(fields) != len(names):
             raise self.damaged(f"node {name!r} has {len(fields)} fields")
@@ -254,14 +261,14 @@ class _Builder:
         if cls is None or cls is _DRY:
             return None
         if not (isinstance(cls, type) and issubclass(cls, eqx.Module)):
-            self.refuse(path, f"`{info.cls}` is not an Equinox module class")
+            self.refuse(at, f"`{info.cls}` is not an Equinox module class")
             return None
         dynamic, static_names = _nodes.fields_of(cls)
         if tuple(fields) != dynamic or set(static_names) != set(info.static) | set(
             absent
         ):
             self.refuse(
-                path,
+                at,
                 f"class `{info.cls}` has changed since the save: it has fields "
                 f"{dynamic} and static fields {static_names}, the checkpoint "
                 f"{tuple(fields)} and {tuple(sorted(set(info.static) | set(absent)))}",
@@ -285,31 +292,29 @@ class _Builder:
         if leaf.kind == SHARED:
             return _shared_node()
         if leaf.kind == CALLABLE:
-            return self.value(leaf.path, leaf.value)
+            return self.value((leaf.name, leaf.path), leaf.value)
         self.refuse(
-            leaf.path,
+            (leaf.name, leaf.path),
             f"an object recorded only as its text `{describe(leaf.value)}` "
             "cannot be rebuilt",
         )
         return None
 
-    def value(self, path: str, encoded: Any, field: str | None = None) -> Any:
+    def value(self, at: tuple[str, str], encoded: Any) -> Any:
         """A static field's value, a dict key, a callable leaf: decoded, with
-        classes, callables and enums looked up under `allow`."""
-        where = path if field is None else f"{display_path(path)}.{field}"
+        classes, callables and enums looked up under `allow`. `at` is
+        `(leaf name, leaf path)` of the value, or of the dict a key is of."""
         if scalar_type(encoded) is not None:
             return decode_scalar(encoded)
         if not (isinstance(encoded, dict) and len(encoded) >= 1):
-            raise self.damaged(f"the value at {where} is malformed")
+            raise self.damaged(f"the value at {label(*at)} is malformed")
         tag, body = next(iter(encoded.items()))
         if tag == "tuple":
-            return tuple(self.value(path, v, field) for v in body)
+            return tuple(self.value(at, v) for v in body)
         if tag == "list":
-            return [self.value(path, v, field) for v in body]
+            return [self.value(at, v) for v in body]
         if tag == "dict":
-            return {
-                self.value(path, k, field): self.value(path, v, field) for k, v in body
-            }
+            return {self.value(at, k): self.value(at, v) for k, v in body}
         if tag in ("dtype", "numpy"):
             try:
                 if tag == "dtype":
@@ -317,39 +322,48 @@ class _Builder:
                 dtype, value = body
                 return np.dtype(parse_dtype(str(dtype))).type(decode_scalar(value))
             except (TypeError, ValueError) as e:
-                raise self.damaged(f"the value at {where} is malformed ({e})") from None
+                raise self.damaged(
+                    f"the value at {label(*at)} is malformed ({e})"
+                ) from None
         if tag == "enum":
             cls_name, _, member = str(body).rpartition(".")
-            cls = self.find(where, "enum", cls_name)
+            cls = self.find(at, "enum", cls_name)
             if cls is None or cls is _DRY:
                 return None
             if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
-                self.refuse(where, f"`{cls_name}` is not an enum")
+                self.refuse(at, f"`{cls_name}` is not an enum")
                 return None
             if member not in cls.__members__:
-                self.refuse(where, f"enum `{cls_name}` has no member `{member}` now")
+                self.refuse(at, f"enum `{cls_name}` has no member `{member}` now")
                 return None
             return cls.__members__[member]
         if tag == "callable":
             text = str(body)
             if text.startswith("functools.partial("):
                 self.refuse(
-                    where,
+                    at,
                     f"`{text}` cannot be rebuilt: a partial's arguments are "
                     "recorded as text",
                 )
                 return None
-            return self.find(where, "callable", text)
+            return self.find(at, "callable", text)
         if tag == "object" and encoded.get("repr") is not None:
             found = _literal_set(body, encoded["repr"])
             if found is not None:
                 return found
         self.refuse(
-            where,
+            at,
             f"an object recorded only as its text `{describe(encoded)}` "
             "cannot be rebuilt",
         )
         return None
+
+
+def _field(at: tuple[str, str], field: str) -> tuple[str, str]:
+    """`(leaf name, leaf path)` of a module's static field, from the module's."""
+    name, path = at
+    path = "" if path == "<root>" else path  # as the sidecar records the root
+    return (join([name, field]) if name else field), f"{path}.{field}"
 
 
 def _literal_set(cls_name: Any, text: Any) -> Any:

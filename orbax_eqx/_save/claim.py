@@ -256,6 +256,7 @@ _REPLACED = (
 
 def _lose(started: Started, what: str) -> None:
     remove(started.directory, started.token)
+    _remove_written_objects(started)
     _remove_own_sidecar(started)
     where = started.directory
     raise ConcurrentSaveError(
@@ -276,6 +277,15 @@ def remove(directory: epath.Path, token: str) -> None:
     for name in _names(directory):
         if name.startswith(prefixes):
             _unlink(directory / name)
+
+
+def _remove_written_objects(started: Started) -> None:
+    """On an object store, the objects this save wrote, which its token names
+    (an object store is not listed here by prefix); the sidecar apart: see
+    `_remove_own_sidecar`."""
+    for path in started.written:
+        if _store.is_remote(path) and os.path.basename(path) != FILE_NAME:
+            _unlink(path)
 
 
 def _remove_own_sidecar(started: Started) -> None:
@@ -338,8 +348,11 @@ def _names(directory: epath.Path) -> list[str]:
         return []
 
 
-def _unlink(path: epath.Path) -> None:
+def _unlink(path: epath.Path | str) -> None:
     try:
-        os.unlink(os.fspath(path))
+        if _store.is_remote(path):
+            _store.for_path(path).delete(path)
+        else:
+            os.unlink(os.fspath(path))
     except OSError:
         pass

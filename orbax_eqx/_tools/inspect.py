@@ -298,7 +298,8 @@ def rebuild_plan(saved: Metadata) -> dict[str, Any]:
     """Whether `restore(path, allow=...)` can rebuild the item without a
     skeleton, and what to allow: read from the sidecar, importing nothing.
 
-    `{"recorded": bool, "allow": [modules], "cannot": [{"path", "why"}]}`;
+    `{"recorded": bool, "allow": [modules], "cannot": [{"name", "path", "why"}]}`
+    (`name` the leaf name, `path` the leaf path);
     `recorded` is False for sidecars that do not record the tree (format < 5).
     """
     try:
@@ -308,7 +309,7 @@ def rebuild_plan(saved: Metadata) -> dict[str, Any]:
     return {
         "recorded": True,
         "allow": _rebuild.modules_to_allow(names),
-        "cannot": [{"path": p, "why": why} for p, why in cannot],
+        "cannot": [{"name": n, "path": p, "why": why} for n, p, why in cannot],
     }
 
 

@@ -5,6 +5,7 @@ import json
 from typing import Any
 
 from .._format.sidecar import ALIAS, Metadata
+from .._tree.names import label
 from .._tree.values import describe
 from .._tree.walk import ARRAY, display_path
 from .inspect import Report, rebuild_plan, totals
@@ -146,7 +147,8 @@ def _rebuild_line(saved: Metadata) -> str:
         first = plan["cannot"][0]
         more = len(plan["cannot"]) - 1
         return (
-            f"Without a skeleton: not rebuildable: `{first['path']}`: {first['why']}"
+            "Without a skeleton: not rebuildable: "
+            f"{label(first['name'], first['path'])}: {first['why']}"
             + (f" (and {more} more)" if more else "")
             + "; restore it into a skeleton."
         )
