@@ -1,6 +1,7 @@
 """Should compression be on by default, and on which storage? Measured.
 
-    python benchmarks/compression.py [--repeats N] [--stores disk,gs] [--json FILE]
+    python benchmarks/compression_default.py [--repeats N] [--stores disk,gs]
+                                             [--json FILE]
 
 Two items built from model (a) (`_models.py`, 0.5 GiB of float32):
 
@@ -46,10 +47,10 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 import _contenders  # noqa: E402
 import _models  # noqa: E402
 import equinox as eqx  # noqa: E402
+import fsspec  # noqa: E402
 import jax  # noqa: E402
 import optax  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
-from etils import epath  # noqa: E402
 
 import orbax_eqx as oeqx  # noqa: E402
 from integration_tests import _object_servers  # noqa: E402
@@ -86,10 +87,11 @@ def items():
 
 
 def stored_bytes(url: str) -> int:
-    path = epath.Path(url)
     if "://" not in url:
         return _contenders.disk_bytes(url)
-    return sum(p.stat().length for p in path.rglob("*") if p.is_file())
+    fs, path = fsspec.core.url_to_fs(url)
+    fs.invalidate_cache()
+    return fs.du(path)
 
 
 def _timed(fn, *args):
