@@ -34,6 +34,7 @@ import logging
 import os
 import pathlib
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -94,6 +95,15 @@ def stored_bytes(url: str) -> int:
     return fs.du(path)
 
 
+def remove(url: str) -> None:
+    if "://" not in url:
+        shutil.rmtree(url)
+        return
+    fs, path = fsspec.core.url_to_fs(url)
+    fs.rm(path, recursive=True)
+    fs.invalidate_cache()
+
+
 def _timed(fn, *args):
     gc.collect()
     start = time.perf_counter()
@@ -119,6 +129,7 @@ def run(where: str, root: str, repeats: int, evict: bool) -> dict:
                     times[c.name]["save"].append(t_save)
                     times[c.name]["restore"].append(t_restore)
                 sizes[c.name] = stored_bytes(url)
+                remove(url)  # fake-gcs-server keeps every object in memory
             order = order[1:] + order[:1]
         results[label] = {
             name: {

@@ -12,6 +12,7 @@ Needs matplotlib (`pip install -e ".[docs]"`).
 import argparse
 import json
 import statistics
+import textwrap
 
 import matplotlib
 
@@ -42,7 +43,7 @@ def plot(doc: dict, out: str) -> None:
     table = ratios(doc["results"])
     models = list(table)
     contenders = [c for c in NAMES if any(c in table[m] for m in models)]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2), sharey=True)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.8), sharey=True)
     width = 0.8 / max(len(contenders), 1)
     for ax, kind, index in zip(axes, ("save", "restore"), (0, 1)):
         for i, c in enumerate(contenders):
@@ -56,15 +57,18 @@ def plot(doc: dict, out: str) -> None:
         ax.set_xticks(range(len(models)), [_short(m) for m in models], fontsize=8)
         ax.set_title(f"{kind}: times faster than ...")
     axes[0].set_ylabel("their time / orbax_eqx's time (log)")
-    axes[1].legend(fontsize=8, loc="upper left")
-    fig.suptitle(doc.get("machine", ""), fontsize=7)
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, fontsize=8, loc="lower center", ncol=len(labels))
+    fig.suptitle(textwrap.fill(doc.get("machine", ""), 150), fontsize=7)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     fig.savefig(out, dpi=110)
 
 
 def _short(label: str) -> str:
-    name, _, rest = label.partition(": ")
-    return f"{name}\n{rest}" if rest else name
+    """`(a) transformer ~0.5 GiB` as `(a)` over the rest, to fit under a bar
+    group."""
+    name, _, rest = label.partition(" ")
+    return f"{name}\n{textwrap.fill(rest, 16)}" if rest else name
 
 
 def main(argv=None) -> None:

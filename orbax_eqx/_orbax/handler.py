@@ -70,9 +70,11 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
     - `use_ocdbt`: store Orbax's arrays in its OCDBT format (fewer, larger files).
     - `use_zarr3`: use the Zarr v3 array format for Orbax's arrays.
     - `use_compression`: compress Orbax's array chunks with zstd (packed arrays
-        are never compressed). Off by default: on float weights it saves ~8%
-        of disk and, measured on 2 cores, costs 2.8x the save time (see
-        BENCHMARKS.md).
+        are never compressed: it takes `pack=False`, or sharded arrays). Off
+        by default on every store: on float weights it saves ~8% of the bytes
+        and, measured on disk and gs://, costs 2-6x the restore time of packs;
+        it pays on constants, such as a fresh optimizer state's zeros (see
+        BENCHMARKS.md, "Compression").
     - `save_concurrent_gb`, `restore_concurrent_gb`: caps, in GB (fractions
         work: `0.05`), on the bytes of Orbax's array data in flight at once,
         to bound host memory. Packed
