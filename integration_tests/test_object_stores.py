@@ -471,3 +471,36 @@ def test_a_save_that_lost_its_step_removes_its_objects(bucket, monkeypatch):
     assert not [name for name in left if token in name], left
     assert sidecar.read_text() == other  # the other's is left alone
     _same(oeqx.restore(f"{root}/4/default", _skeleton()), _model(4))
+
+
+def test_a_missing_bucket_is_named_and_not_made(bucket):
+    """A save or restore to a bucket that is not there says so, naming the
+    bucket, its endpoint and how to make it; the save makes no bucket (s3fs
+    would, for Orbax's directories)."""
+    from etils import epath
+
+    scheme, name = bucket.split("://")
+    missing = f"{scheme}://{name}-gone"
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or os.environ.get(
+        "STORAGE_EMULATOR_HOST"
+    )
+    make = (
+        f"`aws s3 mb s3://{name}-gone`"
+        if scheme == "s3"
+        else f"`gcloud storage buckets create gs://{name}-gone`"
+    )
+    expected = (
+        f"The bucket '{name}-gone' at {endpoint} does not exist (reaching "
+        f"{missing}/m). Correct the bucket's name, or create the bucket ({make}) "
+        "before saving to it."
+    )
+    for attempt in (
+        lambda: oeqx.save(f"{missing}/m", _model(0)),
+        lambda: oeqx.restore(f"{missing}/m", _skeleton()),
+        lambda: oeqx.metadata(f"{missing}/m"),
+    ):
+        with pytest.raises(oeqx.ObjectStoreError) as e:
+            attempt()
+        assert str(e.value) == expected
+    _object_servers.clear_fsspec_caches()
+    assert not epath.Path(missing).exists()

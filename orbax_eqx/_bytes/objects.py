@@ -186,6 +186,44 @@ class ObjectStore(Store):
         to set, unless the store answers a read under `path` (one request)."""
         key = self._key(path).rstrip("/") + "/orbax_eqx.json"
         self._result(self._kv.read(key, byte_range=slice(0, 0)), "Reaching", path)
+        # An object of a bucket that is not there reads as missing: asked
+        # apart, or a save would make the bucket (s3fs does, for Orbax's
+        # directories) and a restore would say only that nothing is there.
+        if not self._bucket_exists(key, path):
+            where = self.where
+            make = (
+                f"`gcloud storage buckets create gs://{where.bucket}`"
+                if where.scheme == "gs"
+                else f"`aws s3 mb s3://{where.bucket}`"
+            )
+            raise ObjectStoreError(
+                f"The {where.describe()} does not exist (reaching {path}). "
+                f"Correct the bucket's name, or create the bucket ({make}) "
+                "before saving to it."
+            )
+
+    def _bucket_exists(self, key: str, path: Any) -> bool:
+        if self.where.scheme == "s3":
+            # Listing one key: S3 says NoSuchBucket where a read said missing.
+            listed = self._kv.list(ts.KvStore.KeyRange(key, key + "\0"))
+            try:
+                self._result(listed, "Reaching", path)
+            except ObjectStoreError as e:
+                if "NoSuchBucket" in str(e):
+                    return False
+                raise
+            return True
+        # TensorStore's gcs driver lists a missing bucket as empty; gcsfs,
+        # which Orbax reaches gs:// through, tells.
+        try:
+            import gcsfs  # noqa: F401  (the `gcs` extra)
+            from etils import epath
+        except ImportError:
+            return True
+        try:
+            return epath.Path(f"gs://{self.where.bucket}").exists()
+        except Exception:  # no answer: the requests after this one say why
+            return True
 
     def wrap(self, error: BaseException, path: Any) -> BaseException:
         """An error of the filesystem library Orbax makes directories with
