@@ -134,6 +134,34 @@ def test_damaged_files_are_damage_not_a_hang_nor_a_raw_error(root, damage, messa
 
 
 @pytest.mark.parametrize("where", ["s3", "gcs"])
+@pytest.mark.parametrize(
+    "damage, message",
+    [("gone", "is missing"), ("cut", "ends before byte 3072")],
+)
+def test_parts_damaged_after_open_are_damage(
+    where, damage, message, request, small_parts
+):
+    """A part deleted or cut short between the length checks of `open` and
+    the reads: the reads say so (on S3 they are streamed by botocore)."""
+    root = request.getfixturevalue(f"{where}_bucket")
+    path = f"{root}/pack.bin"
+    one = store.for_path(path)
+    one.write_stream(path, _views(DATA, 4096), DATA.nbytes)
+    part = f"{path}.part-00002"  # bytes 2048-3071
+    with one.open(path, DATA.nbytes, DATA.nbytes) as reader:
+        if damage == "gone":
+            one.delete(part)
+        else:
+            one.write_whole(part, DATA[2048:2900].tobytes())
+        buffers = [np.empty(DATA.nbytes, np.uint8)]
+        reads = reader.start([(0, DATA.nbytes)], buffers)
+        with pytest.raises(store.BadFile, match=message):
+            reads.wait()
+        reads.ready(0, 2048)  # the bytes before it were read whole
+    np.testing.assert_array_equal(buffers[0][:2048], DATA[:2048])
+
+
+@pytest.mark.parametrize("where", ["s3", "gcs"])
 def test_a_missing_part_is_damage(where, request, small_parts):
     root = request.getfixturevalue(f"{where}_bucket")
     path = f"{root}/pack.bin"

@@ -8,7 +8,8 @@ go out as parts (see `parts`), a few uploads in flight at once, each part
 copied once into the bytes of its request: a save never holds more than
 `_WRITE_WINDOW` parts beyond the arrays. Reads go out as pieces of at most
 `_READ_PIECE` bytes, `_READ_WINDOW` in flight, each copied into the caller's
-buffer as it arrives.
+buffer as it arrives; on S3, with botocore installed, as whole parts streamed
+straight into the buffers instead (`s3_reads`).
 
 An object is replaced whole or not at all, so a whole-file write needs no
 temporary name. Every wait is bounded (`_TIMEOUT`): no request blocks
@@ -28,6 +29,7 @@ import tensorstore as ts
 from .._errors import ObjectStoreError
 from . import endpoints as _endpoints
 from . import parts as _parts
+from . import s3_reads as _s3_reads
 from .store import BadFile, ErrorFor, Reader, Reads, Store
 
 # 8 MiB pieces, 4 in flight (measured on model (a), moto_server and
@@ -162,10 +164,18 @@ class ObjectStore(Store):
     def _check_length(self, key, path, end: int, nbytes: int | None, missing: str):
         """Raises `BadFile` unless object `key` has `nbytes` bytes (if known),
         else at least `end`: one small ranged read."""
+        self._checked(self._probe(key, end, nbytes), path, end, nbytes, missing)
+
+    def _probe(self, key: str, end: int, nbytes: int | None) -> Any:
+        """The request `_checked` judges: byte `nbytes` (there is none in a
+        whole file), or the last byte of `end`."""
         probe = nbytes if nbytes is not None else max(end - 1, 0)
+        return self._kv.read(key, byte_range=slice(probe, probe + 1))
+
+    def _checked(self, request, path, end: int, nbytes: int | None, missing: str):
         try:
-            got = self._read(key, path, slice(probe, probe + 1))
-        except ValueError:  # OUT_OF_RANGE: ends at or before `probe`
+            got = self._result(request, "Reading", path)
+        except ValueError:  # OUT_OF_RANGE: ends at or before the probe
             if nbytes is None and end > 0:
                 raise BadFile(f"ends before byte {end}") from None
             return
@@ -175,11 +185,22 @@ class ObjectStore(Store):
             raise BadFile(f"has more bytes than the {nbytes} written")
 
     def _check_parts(self, key: str, path: Any, nbytes: int) -> None:
-        for k in range(_parts.count(nbytes)):
-            size = min(_parts.PART_BYTES, nbytes - k * _parts.PART_BYTES)
-            self._check_length(
-                _parts.part_name(key, k), path, size, size, f"is missing its part {k}"
-            )
+        """Each part's length, asked all at once (one round trip, not one a
+        part)."""
+        sizes = [
+            min(_parts.PART_BYTES, nbytes - k * _parts.PART_BYTES)
+            for k in range(_parts.count(nbytes))
+        ]
+        requests = [
+            self._probe(_parts.part_name(key, k), size, size)
+            for k, size in enumerate(sizes)
+        ]
+        try:
+            for k, (request, size) in enumerate(zip(requests, sizes)):
+                self._checked(request, path, size, size, f"is missing its part {k}")
+        finally:
+            for request in requests:
+                request.cancel()
 
     def check_reachable(self, path: Any) -> None:
         """Raises `ObjectStoreError`, naming the bucket, the endpoint and what
@@ -282,14 +303,18 @@ class _ObjectReader(Reader):
     def start(
         self, ranges: Sequence[tuple[int, int]], buffers: Sequence[np.ndarray]
     ) -> Reads:
-        jobs = []  # (buffer, its start, its stop, key, start, stop), in order
+        streamed = self._store.where.scheme == "s3" and _s3_reads.available()
+        size = _s3_reads.PIECE if streamed else _READ_PIECE
+        jobs = []  # (buffer, its start, its stop, key, start, stop, file end)
         for i, ((start, stop), buf) in enumerate(zip(ranges, buffers)):
             at = 0
             for key, a, z in self._where(start, stop):
-                for piece in range(a, z, _READ_PIECE):
-                    n = min(_READ_PIECE, z - piece)
+                for piece in range(a, z, size):
+                    n = min(size, z - piece)
                     jobs.append((i, at, at + n, key, piece, piece + n, start + at + n))
                     at += n
+        if streamed:
+            return _s3_reads.S3Reads(self._store, self._path, jobs, buffers)
         return _ObjectReads(self._store, self._path, jobs, buffers)
 
 
