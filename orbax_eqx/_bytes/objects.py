@@ -30,7 +30,7 @@ from .._errors import ObjectStoreError
 from . import endpoints as _endpoints
 from . import parts as _parts
 from . import s3_reads as _s3_reads
-from .store import BadFile, ErrorFor, Reader, Reads, Store
+from .store import BadFile, ErrorFor, InOrder, Reader, Reads, Store
 
 # 8 MiB pieces, 4 in flight (measured on model (a), moto_server and
 # fake-gcs-server, BENCHMARKS.md): as fast as whole-object downloads, with a
@@ -318,16 +318,16 @@ class _ObjectReader(Reader):
         return _ObjectReads(self._store, self._path, jobs, buffers)
 
 
-class _ObjectReads(Reads):
+class _ObjectReads(InOrder):
     """Pieces read in order, at most `_READ_WINDOW` in flight; each copied
     into its buffer by a helper thread as it arrives, so that the copies (and
     first touches of the buffers' pages) overlap the caller's checks."""
 
     def __init__(self, store: ObjectStore, path: Any, jobs, buffers):
-        self._store, self._path, self._jobs, self._buffers = store, path, jobs, buffers
+        super().__init__(jobs, buffers)
+        self._store, self._path = store, path
         self._flight: collections.deque = collections.deque()  # (request, copy)
-        self._issued = self._done = 0
-        self._filled = [0] * len(buffers)
+        self._issued = 0
         self._copiers = concurrent.futures.ThreadPoolExecutor(_COPIERS)
         self._issue()
 
@@ -354,24 +354,10 @@ class _ObjectReads(Reads):
             raise BadFile(f"ends before byte {end}")
         self._buffers[i][at:to] = np.frombuffer(value, np.uint8)
 
-    def _next(self) -> None:
-        i, _, to, *_ = self._jobs[self._done]
+    def _finish_next(self) -> None:
         _, copy = self._flight.popleft()
         copy.result()
-        self._filled[i] = to
-        self._done += 1
         self._issue()
-
-    def ready(self, i: int, stop: int) -> None:
-        while self._filled[i] < stop and self._done < len(self._jobs):
-            self._next()
-
-    def wait(self) -> None:
-        try:
-            while self._done < len(self._jobs):
-                self._next()
-        finally:
-            self.cancel()
 
     def cancel(self) -> None:
         for request, copy in self._flight:

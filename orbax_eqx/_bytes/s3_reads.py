@@ -25,7 +25,7 @@ import numpy as np
 
 from .._errors import ObjectStoreError
 from . import endpoints as _endpoints
-from .store import BadFile, Reads
+from .store import BadFile, InOrder
 
 PIECE = 32 << 20  # bytes asked in one GET: a whole part
 WINDOW = 4  # GETs in flight
@@ -62,20 +62,18 @@ def client(where: _endpoints.Where) -> Any:
     )
 
 
-class S3Reads(Reads):
+class S3Reads(InOrder):
     """Jobs `(buffer, start in it, stop in it, key, start, stop, end of the
     range in the file)` read in order of need, `WINDOW` at a time, each
     straight into its buffer."""
 
     def __init__(self, store: Any, path: Any, jobs, buffers: Sequence[np.ndarray]):
-        self._store, self._path, self._buffers = store, path, buffers
+        super().__init__(jobs, buffers)
+        self._store, self._path = store, path
         self._client = client(store.where)
         self._pool = concurrent.futures.ThreadPoolExecutor(WINDOW)
         self._stop = threading.Event()
-        self._jobs = jobs
         self._futures = [self._pool.submit(self._fill, job) for job in jobs]
-        self._done = 0
-        self._filled = [0] * len(buffers)
 
     def _fill(self, job) -> None:
         import botocore.exceptions
@@ -115,22 +113,8 @@ class S3Reads(Reads):
             "Reading", self._path, f"{type(error).__name__}: {error}"
         )
 
-    def _next(self) -> None:
-        i, _, to, *_ = self._jobs[self._done]
+    def _finish_next(self) -> None:
         self._futures[self._done].result()  # bounded: every request times out
-        self._filled[i] = to
-        self._done += 1
-
-    def ready(self, i: int, stop: int) -> None:
-        while self._filled[i] < stop and self._done < len(self._jobs):
-            self._next()
-
-    def wait(self) -> None:
-        try:
-            while self._done < len(self._jobs):
-                self._next()
-        finally:
-            self.cancel()
 
     def cancel(self) -> None:
         self._stop.set()

@@ -47,6 +47,38 @@ class Reads(abc.ABC):
         """Abandons the reads not yet done (after an error); never raises."""
 
 
+class InOrder(Reads):
+    """Reads as jobs `(buffer, start in it, stop in it, ...)`, finished in
+    order: a buffer's bytes are ready up to the stop of its last finished
+    job. Subclasses start the jobs and say how to wait for the next one."""
+
+    def __init__(self, jobs: Sequence[tuple], buffers: Sequence[np.ndarray]):
+        self._jobs, self._buffers = jobs, buffers
+        self._done = 0
+        self._filled = [0] * len(buffers)
+
+    @abc.abstractmethod
+    def _finish_next(self) -> None:
+        """Waits for job `self._done` (bounded), raising what it raised."""
+
+    def _next(self) -> None:
+        i, _, to, *_ = self._jobs[self._done]
+        self._finish_next()
+        self._filled[i] = to
+        self._done += 1
+
+    def ready(self, i: int, stop: int) -> None:
+        while self._filled[i] < stop and self._done < len(self._jobs):
+            self._next()
+
+    def wait(self) -> None:
+        try:
+            while self._done < len(self._jobs):
+                self._next()
+        finally:
+            self.cancel()
+
+
 class Reader(abc.ABC):
     """One file opened for ranged reads, its length already checked."""
 
