@@ -11,6 +11,7 @@ block a plain read forever, a directory reads as 4096 bytes of nothing) no
 longer than its sidecar records, and only the byte ranges asked for.
 """
 
+import mmap
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -23,8 +24,24 @@ from .._format.sidecar import PACK_ALIGNMENT as ALIGNMENT
 _ZEROS = np.zeros(ALIGNMENT, np.uint8)
 
 
+# From this size on numpy asks the kernel for huge pages (`MADV_HUGEPAGE`),
+# and a restore's buffers are mapped by the process instead. Under the common
+# `defrag=madvise` setting each huge page is found by compacting memory on
+# the spot: in a process that has been working (a save, a full page cache)
+# filling a fresh 0.5 GiB numpy buffer took 1.1-1.3 s where an anonymous
+# mapping of 4 KiB pages took 0.35-0.43 s, and in a fresh process the two
+# were within noise (BENCHMARKS.md, "Huge pages").
+_MAPPED_FROM = 4 << 20
+
+
 def aligned_empty(nbytes: int) -> np.ndarray:
-    """An uninitialised uint8 buffer whose first byte is 64-byte aligned."""
+    """An uninitialised uint8 buffer whose first byte is 64-byte aligned
+    (a private anonymous mapping, page-aligned, from `_MAPPED_FROM` bytes)."""
+    if nbytes >= _MAPPED_FROM:
+        # Freed with the last array that views it (numpy, or a CPU device's
+        # zero-copy jax array, which holds the numpy array).
+        mapped = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        return np.frombuffer(mapped, np.uint8)
     raw = np.empty(nbytes + ALIGNMENT, np.uint8)
     start = (-raw.ctypes.data) % ALIGNMENT
     return raw[start : start + nbytes]
