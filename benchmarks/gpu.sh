@@ -22,10 +22,11 @@ python=${PYTHON:-python3}
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
 "$python" - <<'EOF'
-import sys, jax, jaxlib, equinox, tensorstore, orbax.checkpoint as ocp
+import sys, jax, jaxlib, equinox, orbax.checkpoint as ocp
+from importlib.metadata import version
 print(f"Python {sys.version.split()[0]}, jax {jax.__version__}, jaxlib "
       f"{jaxlib.__version__}, orbax-checkpoint {ocp.__version__}, equinox "
-      f"{equinox.__version__}, tensorstore {tensorstore.__version__}")
+      f"{equinox.__version__}, tensorstore {version('tensorstore')}")
 print("devices:", jax.devices())
 EOF
 

@@ -266,14 +266,15 @@ def main():
         logging.getLogger(name).setLevel(logging.ERROR)
     models = args.only.split(",")
     logs = ROOT / ".bench-servers"
+    from importlib.metadata import version
+
     import orbax.checkpoint as ocp
-    import tensorstore
 
     _log(
         f"CPU, {jax.device_count()} device(s), unsharded; Python "
         f"{platform.python_version()}, jax {jax.__version__}, orbax-checkpoint "
         f"{ocp.__version__ if hasattr(ocp, '__version__') else '?'}, tensorstore "
-        f"{getattr(tensorstore, '__version__', '?')}, boto3 {boto3.__version__}; "
+        f"{version('tensorstore')}, boto3 {boto3.__version__}; "
         f"{os.cpu_count()} cores; loopback servers; medians of {args.repeats} rounds"
     )
     report = {}
