@@ -32,15 +32,17 @@ _ZEROS = np.zeros(ALIGNMENT, np.uint8)
 # mapping of 4 KiB pages took 0.35-0.43 s, and in a fresh process the two
 # were within noise (BENCHMARKS.md, "Huge pages").
 _MAPPED_FROM = 4 << 20
+# Where mmap takes no flags (Windows), numpy's buffers are used at any size.
+_MAP_FLAGS = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
 
 
 def aligned_empty(nbytes: int) -> np.ndarray:
     """An uninitialised uint8 buffer whose first byte is 64-byte aligned
     (a private anonymous mapping, page-aligned, from `_MAPPED_FROM` bytes)."""
-    if nbytes >= _MAPPED_FROM:
+    if nbytes >= _MAPPED_FROM and _MAP_FLAGS:
         # Freed with the last array that views it (numpy, or a CPU device's
         # zero-copy jax array, which holds the numpy array).
-        mapped = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        mapped = mmap.mmap(-1, nbytes, flags=_MAP_FLAGS)
         return np.frombuffer(mapped, np.uint8)
     raw = np.empty(nbytes + ALIGNMENT, np.uint8)
     start = (-raw.ctypes.data) % ALIGNMENT
