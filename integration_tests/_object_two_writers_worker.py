@@ -12,6 +12,7 @@ import json
 import pathlib
 import sys
 import time
+import traceback
 
 from _worker import start
 
@@ -43,6 +44,11 @@ try:
         mngr.wait_until_finished()
     outcome = {"ok": True}
 except Exception as e:  # judged by the test
-    outcome = {"ok": False, "type": type(e).__name__, "message": str(e)}
+    outcome = {
+        "ok": False,
+        "type": type(e).__name__,
+        "message": str(e),
+        "traceback": traceback.format_exc(),
+    }
 pathlib.Path(f"outcome-{WHO}.json").write_text(json.dumps(outcome))
 print("ok", flush=True)

@@ -349,9 +349,10 @@ def test_a_store_that_always_throttles_is_an_error_in_bounded_time(s3_server):
 def test_two_jobs_saving_one_step_never_commit_a_mix(s3_bucket, tmp_path):
     """Two jobs (processes) save step 5 of one run at once (commit-file mode
     writes straight into the step's directory, and Orbax deletes an incomplete
-    one it finds). Each losing save says so; a committed step is one job's
-    whole checkpoint, never a mix or a step with files missing; step 1 is
-    intact."""
+    one it finds). Each losing save says so (or, where the other job deleted
+    the step between our check and Orbax's step-metadata write, Orbax does);
+    a committed step is one job's whole checkpoint, never a mix or a step
+    with files missing; step 1 is intact."""
     import json
 
     options = ocp.CheckpointManagerOptions(temporary_path_class=COMMIT_FILE)
@@ -398,9 +399,19 @@ def test_two_jobs_saving_one_step_never_commit_a_mix(s3_bucket, tmp_path):
         finally:
             for p in procs:
                 _procs._kill(p)
+        # Ours, or Orbax's own when the other job deleted the step after our
+        # last check and before Orbax's step-metadata write (it runs before
+        # any handler hook; storage guide, "What is atomic where").
+        orbax_race = f"Path is not a directory: {root}/5"
         for outcome in outcomes:
-            if not outcome["ok"]:
-                assert "Another save of the same step" in outcome["message"], outcome
+            if not outcome["ok"] and not (
+                "Another save of the same step" in outcome["message"]
+                or (
+                    outcome["type"] == "NotADirectoryError"
+                    and outcome["message"] == orbax_race
+                )
+            ):
+                pytest.fail(f"a losing save said:\n{outcome['traceback']}")
         with ocp.CheckpointManager(
             root, item_handlers=oeqx.EqxHandler(), options=options
         ) as mngr:
