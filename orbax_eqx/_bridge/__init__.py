@@ -1,0 +1,16 @@
+"""The state_dict bridge: Equinox trees ⇄ PyTorch / Hugging Face tensor layouts.
+
+Owns the mapping between leaf names and another layout's tensor names (a
+list of small transformations, each in a file of its own with its inverse:
+renames, per-field keys from `eqx.field(metadata=...)`, stacking a leading
+layer axis, axis permutations, split/fuse along an axis, a dtype per tensor,
+dropping), the planner that turns a mapping plus both sides' shapes into
+`pieces.Piece`s, the in-memory `to_state_dict` / `from_state_dict`, loading
+safetensors (local, `gs://`, `s3://`) straight onto any sharding by ranged
+reads, and exporting a tree or a checkpoint to safetensors with bounded
+memory.
+May import: `_bytes`, `_storage`, `_restore`, `_format`, `_tree`, `_errors`,
+and `_orbax` (to save, restore and read checkpoints). Nothing imports
+`_bridge` except `orbax_eqx/__init__.py` and `_tools` (the CLI's `export` /
+`import`, thin layers over it).
+"""
