@@ -241,13 +241,13 @@ def _ties(mapping, expected, ctx: Context) -> list[Tie]:
         ctx.rule_label = tie.label()
         if tie.to not in expected:
             ctx.problem(
-                f"`{tie.to}`, to which {tie.label()} ties `{tie.tensor}`, is no "
+                f"`{tie.to}`, to which `{tie.label()}` ties `{tie.tensor}`, is no "
                 f"tensor the mapping makes (they look like {examples(expected)}).",
                 _FIX_TIE,
             )
         if tie.tensor in expected:
             ctx.problem(
-                f"`{tie.tensor}`, which {tie.label()} ties to `{tie.to}`, is also "
+                f"`{tie.tensor}`, which `{tie.label()}` ties to `{tie.to}`, is also "
                 f"made from {ctx.origin(expected[tie.tensor])}.",
                 _FIX_TIE,
             )

@@ -86,7 +86,7 @@ class FieldKeys(Rule):
             )
         if not renames:
             raise MappingError(
-                f"{self.label()} finds no field declared with "
+                f"`{self.label()}` finds no field declared with "
                 f'`eqx.field(metadata={{"{self.key}": ...}})` in the tree. Declare '
                 "the keys on the model's fields, or leave the rule out."
             )
