@@ -80,14 +80,6 @@ class Cast(Rule):
                 out.append(v)
                 continue
             used[found[0]] = True
-            if v.dtype.startswith("key<"):
-                ctx.problem(
-                    f"`{v.name}` ({ctx.origin(v)}) is a PRNG key's data, which "
-                    f"{ctx.at_rule()} would cast to {self.dtype}.",
-                    "Leave PRNG keys out of `cast` rules: their data is uint32.",
-                )
-                out.append(v)
-                continue
             out.append(dataclasses.replace(v, dtype=self.dtype))
         names = [v.name for v in virtuals]
         for k, ok in enumerate(used):
