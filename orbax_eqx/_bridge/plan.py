@@ -412,7 +412,7 @@ def _beyond_stacks(names, mapping, virtuals) -> dict[tuple, list[str]]:
         count = 1 + max(
             (idx[0] for v in virtuals for r, idx in v.layers if r == i), default=-1
         )
-        target = rule._target  # type: ignore[attr-defined]
+        target = rule._target
         for name in names:
             m = target.prefix.fullmatch(name)
             if m is None:

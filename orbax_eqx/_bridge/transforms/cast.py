@@ -45,6 +45,7 @@ class Cast(Rule):
     op = "cast"
     match: tuple[str, ...]
     dtype: str
+    _selector: Selector = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(
@@ -57,7 +58,7 @@ class Cast(Rule):
             )
 
     def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "match": self._selector.json(), "dtype": self.dtype}  # type: ignore[attr-defined]
+        return {"op": self.op, "match": self._selector.json(), "dtype": self.dtype}
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> "Cast":
@@ -68,10 +69,10 @@ class Cast(Rule):
         )
 
     def label(self) -> str:
-        return f".cast({self._selector.shown()}, {quote(self.dtype)})"  # type: ignore[attr-defined]
+        return f".cast({self._selector.shown()}, {quote(self.dtype)})"
 
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
-        selector: Selector = self._selector  # type: ignore[attr-defined]
+        selector: Selector = self._selector
         used = [False] * len(self.match)
         out = []
         for v in virtuals:
