@@ -304,7 +304,22 @@ HOSTILE = [
     (
         "too many wildcards",
         [{"op": "drop", "match": "*.*.*.*.*"}],
-        r"has 5 wildcards, more than the 4 allowed",
+        r"has 5 wildcards, more than the 2 allowed",
+    ),
+    (
+        "holes side by side",
+        [{"op": "stack", "from": "a", "to": "h.{i}{j}"}],
+        r"has `\{i\}\{j\}` with no text between: separate holes and wildcards",
+    ),
+    (
+        "wildcard beside a hole",
+        [{"op": "split", "match": "h.*{i}", "axis": 0, "into": ["a.{i}", "b.{i}"]}],
+        r"has `\*\{i\}` with no text between",
+    ),
+    (
+        "digit beside a hole",
+        [{"op": "stack", "from": "a", "to": "h1{i}"}],
+        r"has a digit next to a hole",
     ),
     (
         "stack without a new hole",
@@ -360,10 +375,25 @@ def test_builder_checks_as_json_does():
         M().split("a", ["b"], axis=0)
 
 
-def test_matching_stays_fast_on_hostile_templates():
-    """Wildcards are bounded: the worst template still matches in milliseconds."""
-    tree = {"a" * 200: np.zeros(1)}
+def test_matching_stays_fast_on_hostile_names_and_templates():
+    """The worst template allowed, against the longest names allowed, many of
+    them: milliseconds each."""
+    tree = {"a" * 2000: np.zeros(1)}
+    tensors = {"a" * 2040 + f"{i}": np.zeros(1) for i in range(50)}
     start = time.monotonic()
     with pytest.raises(oeqx.BridgeError):
-        oeqx.to_state_dict(tree, M().drop("**a**a**a**b"))
-    assert time.monotonic() - start < 5
+        oeqx.to_state_dict(tree, M().drop("**a**b"))
+    mapping = M().ignore(["**a**b", "*a*b"]).stack("x", "x.{i}")
+    with pytest.raises(oeqx.BridgeError):
+        oeqx.from_state_dict(tree, tensors, mapping)
+    assert time.monotonic() - start < 10
+
+
+def test_names_too_long_to_match():
+    tensors = {"a": np.zeros(1), "b" * 3000: np.zeros(1)}
+    with pytest.raises(
+        oeqx.BridgeError,
+        match=r"Tensor `b{60}\.\.\.` has a name of 3000 characters, more than the "
+        r"2048 a name may have\.",
+    ):
+        oeqx.from_state_dict({"a": np.zeros(1)}, tensors)
