@@ -8,8 +8,9 @@ axis permutations, split/fuse along an axis, a dtype per tensor, dropping,
 ignoring and tying; `templates` and `safe_regex` bound what a rule's names
 and patterns may cost), the planner that runs the rules over both sides'
 shapes into `pieces.Piece`s (`plan`, with `stage` carrying the tensors in the
-making), the leaves of a tree as the planner sees them (`leaves`), the
-in-memory `to_state_dict` / `from_state_dict` (`memory`), loading
+making and `report` wording the problems), the leaves of a tree as the
+planner sees them (`leaves`), the in-memory `to_state_dict` /
+`from_state_dict` (`memory`), loading
 safetensors (local, `gs://`, `s3://`) straight onto any sharding by ranged
 reads, and exporting a tree or a checkpoint to safetensors with bounded
 memory.

@@ -17,16 +17,14 @@ import dataclasses
 import re
 from collections.abc import Sequence
 
-from .._errors import bullet_list
 from .errors import BridgeError as BridgeError
 from .errors import MappingError as MappingError
 from .mapping import StateDictMapping
 from .pieces import Box, Piece, clip, size
+from .report import message, report_missing, report_shapes, report_unexpected
 from .stage import Context, Virtual, examples, whole
 from .templates import MAX_NAME
-from .transforms.base import FIX_UNMATCHED
 from .transforms.drop import Ignore
-from .transforms.stack import Stack
 from .transforms.tie import Tie
 
 
@@ -111,31 +109,31 @@ def plan_load(
     mapping = mapping or StateDictMapping()
     virtuals, ctx = _run(mapping, leaves)
     expected = {v.name: v for v in virtuals}
-    given = {}
-    for t in tensors:
-        if len(t.name) > MAX_NAME:  # never matched against a rule
+    given: dict[str, TensorSpec] = {}
+    for spec in tensors:
+        if len(spec.name) > MAX_NAME:  # never matched against a rule
             ctx.problem(
-                f"Tensor `{t.name[:60]}...` has a name of {len(t.name)} characters, "
-                f"more than the {MAX_NAME} a name may have.",
+                f"Tensor `{spec.name[:60]}...` has a name of {len(spec.name)} "
+                f"characters, more than the {MAX_NAME} a name may have.",
                 "Give tensors names of at most that length.",
             )
         else:
-            given[t.name] = t
+            given[spec.name] = spec
     ties = _ties(mapping, expected, ctx)
     present_ties = {}
     for tie in ties:
-        t = given.get(tie.tensor)
+        copy = given.get(tie.tensor)
         source = expected.get(tie.to)
-        if t is None or source is None:
+        if copy is None or source is None:
             continue
-        if t.shape != source.shape or (t.dtype != source.dtype and not cast):
+        if copy.shape != source.shape or (copy.dtype != source.dtype and not cast):
             ctx.problem(
-                f"Tensor `{t.name}` is tied to `{tie.to}` ({ctx.origin(source)}) "
-                f"but is {t.dtype}{list(t.shape)} where `{tie.to}` is "
+                f"Tensor `{copy.name}` is tied to `{tie.to}` ({ctx.origin(source)}) "
+                f"but is {copy.dtype}{list(copy.shape)} where `{tie.to}` is "
                 f"{source.dtype}{list(source.shape)}.",
                 _FIX_TIE,
             )
-        present_ties[t.name] = tie.to
+        present_ties[copy.name] = tie.to
     ignored = [r.selector for r in mapping.rules if isinstance(r, Ignore)]
     missing: list[Virtual] = []
     shapes: list[tuple[Virtual, TensorSpec]] = []
@@ -151,8 +149,8 @@ def plan_load(
                 f"but the mapping expects {v.dtype}.",
                 "To cast tensors to the skeleton's dtypes, pass `cast=True`.",
             )
-    _report_shapes(shapes, virtuals, ctx)
-    _report_missing(missing, virtuals, ctx)
+    report_shapes(shapes, virtuals, ctx)
+    report_missing(missing, virtuals, ctx)
     if not allow_unused:
         unexpected = [
             name
@@ -161,11 +159,11 @@ def plan_load(
             and name not in present_ties
             and not any(s.match(name) for s in ignored)
         ]
-        _report_unexpected(unexpected, mapping, virtuals, ctx)
+        report_unexpected(unexpected, mapping, virtuals, ctx)
     dropped = _coverage(leaves, virtuals, ctx, load=True)
     if ctx.problems:
         raise BridgeError(
-            _message("The tensors do not fit the skeleton through the mapping", ctx)
+            message("The tensors do not fit the skeleton through the mapping", ctx)
         )
     specs = {n: given[n] for n in [*expected, *present_ties]}
     return _plan(leaves, virtuals, dropped, specs, present_ties)
@@ -185,7 +183,7 @@ def plan_export(
     dropped = _coverage(leaves, virtuals, ctx, load=False)
     if ctx.problems:
         raise BridgeError(
-            _message("The mapping cannot turn the leaves into tensors", ctx)
+            message("The mapping cannot turn the leaves into tensors", ctx)
         )
     order = sorted([*expected, *ties], key=natural)
     specs = {}
@@ -321,137 +319,3 @@ def _plan(leaves, virtuals, dropped, tensors, ties) -> Plan:
         dropped,
         dict(ties),
     )
-
-
-# Reporting ---------------------------------------------------------------
-
-_FIX_SHAPE = (
-    "If the model's hyperparameters differ (sizes, heads, layers), build the "
-    "skeleton with the ones the tensors were made with; if the layout holds the "
-    "axes in another order, add a `transpose` rule; if it fuses or splits "
-    "tensors, check the `split`/`fuse` sizes."
-)
-_FIX_MISSING = (
-    "Build the skeleton of the model the tensors hold (its number of layers), "
-    "fix the mapping's names (each problem names the leaf it maps), or `drop` "
-    "leaves the tensors do not have (their values then come from the skeleton)."
-)
-_FIX_UNEXPECTED = (
-    "To leave such tensors out, add an `ignore` rule for them (buffers such as "
-    "`attn.bias` or `rotary_emb.inv_freq`), or pass `allow_unused=True`."
-)
-
-
-def _report_shapes(shapes, virtuals, ctx: Context) -> None:
-    wrong = {v.name for v, _ in shapes}
-    for v, t in shapes:
-        why = ""
-        if sorted(t.shape) == sorted(v.shape) and len(v.shape) > 1:
-            why = " (the same axes in another order: a `transpose` rule may be missing)"
-        elif v.layers:
-            siblings = [
-                u for u in virtuals if u.leaves == v.leaves and u.name not in wrong
-            ]
-            if siblings:
-                why = (
-                    f" (an uneven stack: {examples([u.name for u in siblings], 1)} and "
-                    "other layers have the expected shape)"
-                )
-        ctx.problem(
-            f"Tensor `{v.name}` ({ctx.origin(v)}) has shape {t.shape} in the "
-            f"tensors, but the mapping makes {v.shape} of the skeleton{why}.",
-            _FIX_SHAPE,
-        )
-
-
-def _report_missing(missing, virtuals, ctx: Context) -> None:
-    if not missing:
-        return
-    per_layer: dict[tuple, int] = {}
-    for v in virtuals:
-        if v.layers:
-            per_layer[v.layers] = per_layer.get(v.layers, 0) + 1
-    groups: dict[tuple, list[Virtual]] = {}
-    for v in missing:
-        groups.setdefault(v.layers, []).append(v)
-    for layers, group in groups.items():
-        if layers and len(group) > 1 and len(group) == per_layer[layers]:
-            index = ", ".join(".".join(map(str, idx)) for _, idx in layers)
-            ctx.problem(
-                f"Layer {index} is missing from the tensors: none of its "
-                f"{len(group)} tensors is there ({examples([v.name for v in group])}"
-                f"; from {_leaves(group, ctx)}).",
-                _FIX_MISSING,
-            )
-            continue
-        for v in group:
-            ctx.problem(
-                f"Tensor `{v.name}` ({ctx.origin(v)}) is missing from the tensors.",
-                _FIX_MISSING,
-            )
-
-
-def _leaves(group: list[Virtual], ctx: Context) -> str:
-    names = list(dict.fromkeys(n for v in group for n in v.leaves))
-    shown = ", ".join(ctx.labels.get(n, f"`{n}`") for n in names[:3])
-    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-    return ("leaf " if len(names) == 1 else "leaves ") + shown + more
-
-
-def _report_unexpected(names, mapping, virtuals, ctx: Context) -> None:
-    if not names:
-        return
-    beyond = _beyond_stacks(names, mapping, virtuals)
-    for (label, count, index), group in beyond.items():
-        ctx.problem(
-            f"Layer {index} is in the tensors ({_count(len(group))}, "
-            f"{examples(group)}), but the skeleton stacks {count} layers at "
-            f"`{label}` (0 to {count - 1}).",
-            "Build the skeleton with the number of layers the tensors hold.",
-        )
-    listed = {n for group in beyond.values() for n in group}
-    for name in names:
-        if name not in listed:
-            ctx.problem(
-                f"Tensor `{name}` is in the tensors, but no leaf maps to it.",
-                _FIX_UNEXPECTED,
-            )
-
-
-def _beyond_stacks(names, mapping, virtuals) -> dict[tuple, list[str]]:
-    """Unexpected tensors that are layers past a stack's end, by layer."""
-    out: dict[tuple, list[str]] = {}
-    for i, rule in enumerate(mapping.rules):
-        if not isinstance(rule, Stack) or len(rule.new_holes) != 1:
-            continue
-        count = 1 + max(
-            (idx[0] for v in virtuals for r, idx in v.layers if r == i), default=-1
-        )
-        target = rule._target
-        for name in names:
-            m = target.prefix.fullmatch(name)
-            if m is None:
-                continue
-            index = int(m.group(rule.new_holes[0]))
-            if index >= count:
-                out.setdefault((rule.label(), count, index), []).append(name)
-    return out
-
-
-def _message(head: str, ctx: Context) -> str:
-    n = len(ctx.problems)
-    fixes = list(ctx.fixes)
-    if FIX_UNMATCHED in fixes:  # the other fixes are about the names they make
-        fixes.remove(FIX_UNMATCHED)
-        fixes.insert(0, FIX_UNMATCHED)
-    return "\n".join(
-        [
-            f"{head} ({n} problem{'s' if n != 1 else ''}):",
-            bullet_list(ctx.problems),
-            *fixes,
-        ]
-    )
-
-
-def _count(n: int) -> str:
-    return f"{n} tensor{'s' if n != 1 else ''}"
