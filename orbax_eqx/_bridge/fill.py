@@ -1,0 +1,308 @@
+"""Leaves filled from safetensors files by ranged reads, onto any sharding.
+
+For each array leaf, the target sharding says which box each of this
+process's devices holds; boxes held by several devices (replicas) are made
+once. The plan (`plan.Plan.leaf_pieces`) says which box of which tensor holds
+each part of a box. A tensor is stored in C order at a known offset, so the
+part of it a piece needs is the byte range from the piece's first element to
+its last: a run of rows (a box that is a column strip of a tensor reads the
+rows that hold it, the only bytes read beyond a process's share).
+
+A piece is read straight into its place in the box's buffer, no copy, when
+both sides are one contiguous run of the same bytes: the same dtype, axes in
+the same order, the tensor's part and the box's part each one range in C
+order (a whole layer of a stacked leaf, a run of rows of a layer). Anything
+else (a transpose, a cast, a column strip) is read into a buffer of its own,
+copied into place, and let go.
+
+Work goes a batch at a time, in the order of the leaves: a batch stops
+growing once its reads reach `window` bytes, its copied reads `copy_window`
+(at least 1 MiB, at most `COPY_WINDOW`, an eighth of the bytes this process
+holds), or it has `PIECES` pieces, so what is held beyond the boxes
+themselves stays bounded whatever the model's size (one piece larger than
+that is a batch of its own). Each leaf's array is made once its last piece
+is in, with one `jax.make_array_from_callback` (the boxes' buffers are
+aligned, taken as they are on CPU): no computation, no collective. A leaf
+none of whose boxes is on this process is made with its dtype and no data.
+"""
+
+import collections
+import dataclasses
+import math
+import sys
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._bytes import store as _store
+from .._storage.packfile import aligned_empty
+from .._storage.packing import plan as merge
+from .._storage.shard_read import strides_of
+from .._storage.streaming import contiguous
+from .pieces import Box, Piece, shape, to_leaf
+from .plan import Plan
+from .safetensors.dtypes import numpy_dtype
+from .safetensors.header import Header, SafetensorsError, TensorInfo
+
+DEFAULT_WINDOW = 1 << 30
+COPY_WINDOW = 64 << 20
+MIN_COPY_WINDOW = 1 << 20
+PIECES = 4096
+GAP = 64  # the most bytes between two copied ranges read as one
+_LITTLE = sys.byteorder == "little"
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """One array leaf to fill (for a typed PRNG key: its key data)."""
+
+    leaf: str  # leaf name, as the plan knows it
+    shape: tuple[int, ...]
+    dtype: np.dtype  # what the leaf holds
+    sharding: Any  # a jax Sharding; None for a numpy leaf (one box, whole)
+
+
+@dataclasses.dataclass
+class _Box:
+    """One distinct box of a leaf on this process, and its buffer once made."""
+
+    start: tuple[int, ...]
+    stop: tuple[int, ...]
+    pieces: list[Piece]
+    buffer: np.ndarray | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Work:
+    request: Request
+    box: _Box
+    piece: Piece
+    info: TensorInfo
+    path: str
+    size: int  # of the file, as its header says
+    first: int  # the piece's bytes in the file: [first, stop)
+    stop: int
+    direct: int | None  # where the bytes go in the box's buffer, if read there
+
+
+@dataclasses.dataclass
+class Counts:
+    """What a fill read: bytes, and of them the bytes read to be copied."""
+
+    read: int = 0
+    copied: int = 0
+    held: int = 0  # bytes of the boxes this process holds
+
+
+def fill(
+    plan: Plan,
+    tensors: dict[str, tuple[Header, TensorInfo]],
+    requests: list[Request],
+    *,
+    window: int = DEFAULT_WINDOW,
+    counts: Counts | None = None,
+) -> dict[str, Any]:
+    """Reads `requests` from the tensors (`{name: (header, info)}`) the plan
+    names; returns `{leaf: array}` (numpy for a request without sharding)."""
+    counts = counts if counts is not None else Counts()
+    boxes = {r.leaf: _boxes(plan, r) for r in requests}
+    held = sum(
+        math.prod(shape(_box_of(b))) * r.dtype.itemsize
+        for r in requests
+        for b in boxes[r.leaf]
+    )
+    counts.held += held
+    copy_window = min(COPY_WINDOW, max(MIN_COPY_WINDOW, held // 8))
+    left = {r.leaf: sum(len(b.pieces) for b in boxes[r.leaf]) for r in requests}
+    out: dict[str, Any] = {}
+    batch: list[_Work] = []
+    staged = copied = 0
+    for r in requests:
+        if left[r.leaf] == 0:  # zero-size, or nothing on this process
+            out[r.leaf] = _finish(r, boxes[r.leaf])
+            continue
+        for box in boxes[r.leaf]:
+            for piece in box.pieces:
+                work = _work(r, box, piece, tensors)
+                batch.append(work)
+                staged += work.stop - work.first
+                copied += 0 if work.direct is not None else work.stop - work.first
+                if staged >= window or copied >= copy_window or len(batch) >= PIECES:
+                    _run(batch, counts)
+                    _finish_done(batch, left, boxes, out)
+                    batch, staged, copied = [], 0, 0
+    if batch:
+        _run(batch, counts)
+        _finish_done(batch, left, boxes, out)
+    return {r.leaf: out[r.leaf] for r in requests}
+
+
+def _boxes(plan: Plan, r: Request) -> list[_Box]:
+    """The distinct boxes of `r` on this process's devices, with their pieces."""
+    if r.sharding is None:
+        found = {(tuple(0 for _ in r.shape), r.shape)}
+    else:
+        found = {}
+        for index in r.sharding.addressable_devices_indices_map(r.shape).values():
+            found.setdefault(_bounds(index, r.shape), None)
+    out = []
+    for start, stop in found:
+        box = tuple(zip(start, stop))
+        empty = any(a >= b for a, b in box)
+        pieces = [] if empty else plan.leaf_pieces(r.leaf, box)
+        out.append(_Box(start, stop, pieces))
+    return out
+
+
+def _bounds(index, full) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    start, stop = [], []
+    for s, n in zip(index, full):
+        a, b, _ = s.indices(n)
+        start.append(a)
+        stop.append(b)
+    return tuple(start), tuple(stop)
+
+
+def _box_of(b: _Box) -> Box:
+    return tuple(zip(b.start, b.stop))
+
+
+def _buffer(r: Request, b: _Box) -> np.ndarray:
+    if b.buffer is None:
+        dims = shape(_box_of(b))
+        raw = aligned_empty(math.prod(dims) * r.dtype.itemsize)
+        b.buffer = raw.view(r.dtype).reshape(dims)
+    return b.buffer
+
+
+def _work(r: Request, b: _Box, p: Piece, tensors) -> _Work:
+    header, info = tensors[p.tensor]
+    size = numpy_dtype(info.dtype).itemsize
+    strides = strides_of(info.shape, size)
+    part = shape(p.tensor_box)
+    first = sum(a * s for (a, _), s in zip(p.tensor_box, strides))
+    last = sum((z - 1) * s for (_, z), s in zip(p.tensor_box, strides)) + size
+    if math.prod(part) == 0:
+        last = first
+    direct = None
+    inner = tuple(z - a for a, z in p.leaf_box)
+    outer = tuple(z - a for a, z in zip(b.start, b.stop))
+    if (
+        numpy_dtype(info.dtype) == r.dtype
+        and (_LITTLE or size == 1)
+        and p.perm == tuple(range(len(p.perm)))
+        and contiguous(part, info.shape)
+        and contiguous(inner, outer)
+    ):
+        at = sum(
+            (a - s) * st
+            for (a, _), s, st in zip(p.leaf_box, b.start, strides_of(outer, size))
+        )
+        direct = at
+    return _Work(
+        r,
+        b,
+        p,
+        info,
+        header.path,
+        header.size,
+        info.start + first,
+        info.start + last,
+        direct,
+    )
+
+
+def _run(batch: list[_Work], counts: Counts) -> None:
+    """Reads the batch's pieces (file by file) and puts each in its box."""
+    by_file: dict[str, list[_Work]] = collections.defaultdict(list)
+    for w in batch:
+        _buffer(w.request, w.box)
+        if w.stop > w.first:
+            by_file[w.path].append(w)
+    for path, works in by_file.items():
+        ranges: list[tuple[int, int]] = []
+        buffers: list[np.ndarray] = []
+        for w in works:
+            if w.direct is not None:
+                raw = w.box.buffer.reshape(-1).view(np.uint8)
+                ranges.append((w.first, w.stop))
+                buffers.append(raw[w.direct : w.direct + w.stop - w.first])
+        copies = [w for w in works if w.direct is None]
+        spans = {i: (w.first, w.stop) for i, w in enumerate(copies)}
+        merged, where = merge(spans, max_gap=GAP)
+        temps = [aligned_empty(z - a) for a, z in merged]
+        ranges += merged
+        buffers += temps
+        order = sorted(range(len(ranges)), key=lambda k: ranges[k][0])
+        _read(
+            path,
+            works[0].size,
+            [ranges[k] for k in order],
+            [buffers[k] for k in order],
+        )
+        counts.read += sum(z - a for a, z in ranges)
+        counts.copied += sum(z - a for a, z in merged)
+        for i, w in enumerate(copies):
+            k, at = where[i]
+            _place(w, temps[k][at : at + w.stop - w.first])
+        del temps, buffers
+
+
+def _read(path: str, size: int, ranges, buffers) -> None:
+    def replaced(what: str) -> SafetensorsError:
+        return SafetensorsError(
+            f"{path} {what} (its header was read from a {size}-byte file); it "
+            "was replaced while being read. Load it again."
+        )
+
+    store = _store.for_path(path)
+    try:
+        reader = store.open(path, size, size)
+    except _store.BadFile as e:
+        raise replaced(e.what) from None
+    except FileNotFoundError:
+        raise replaced("is missing") from None
+    with reader:
+        reads = reader.start(ranges, buffers)
+        try:
+            reads.wait()
+        except _store.BadFile as e:
+            raise replaced(e.what) from None
+        finally:
+            reads.cancel()
+
+
+def _place(w: _Work, raw: np.ndarray) -> None:
+    """Copies a piece read into `raw` (its tensor part's rows) into its box."""
+    p, info = w.piece, w.info
+    dtype = numpy_dtype(info.dtype).newbyteorder("<")
+    strides = strides_of(info.shape, dtype.itemsize)
+    part = np.ndarray(shape(p.tensor_box), dtype, raw, 0, strides)
+    dst = tuple(slice(a - s, z - s) for (a, z), s in zip(p.leaf_box, w.box.start))
+    w.box.buffer[dst] = to_leaf(p, part)  # numpy casts where dtypes differ
+
+
+def _finish_done(batch, left, boxes, out) -> None:
+    for w in batch:
+        left[w.request.leaf] -= 1
+    for w in batch:
+        leaf = w.request.leaf
+        if left[leaf] == 0 and leaf not in out:
+            out[leaf] = _finish(w.request, boxes[leaf])
+
+
+def _finish(r: Request, boxes: list[_Box]) -> Any:
+    hosts = {b.start: _buffer(r, b) for b in boxes}
+    if r.sharding is None:
+        return next(iter(hosts.values()))
+    if not boxes:
+        nothing = np.broadcast_to(np.zeros((), r.dtype), r.shape)
+        hosts = collections.defaultdict(lambda: nothing)
+    full = r.shape
+    return jax.make_array_from_callback(
+        full,
+        r.sharding,
+        lambda index: hosts[_bounds(index, full)[0]],
+        dtype=r.dtype,
+    )
