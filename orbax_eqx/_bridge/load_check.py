@@ -95,7 +95,9 @@ def by_name(
     arrays = array_leaves(walked.leaves)
     missing = [leaf.name for leaf in arrays if leaf.name not in by_leaf]
     if missing:
-        out.add(f"{len(missing)} leaf(s) have no tensor: {names(missing)}", words.rename)
+        out.add(
+            f"{len(missing)} leaf(s) have no tensor: {names(missing)}", words.rename
+        )
     wanted = {leaf.name for leaf in arrays}
     unused = [old for new, old in by_leaf.items() if new not in wanted]
     if unused and not allow_unused:
@@ -163,10 +165,10 @@ def statics(walked: Walked, saved_modules: Any, words: Words, out: Problems) -> 
             continue
         cls = saved.get("class")  # checked as `restore` checks it
         if isinstance(cls, str) and cls != module.cls:
+            why = explain(module.cls, cls, "what they came from")
             out.add(
                 f"module {label(name, module.path)} is `{module.cls}` in the "
-                "skeleton but "
-                f"`{cls}` in the files{explain(module.cls, cls, 'what they came from')}",
+                f"skeleton but `{cls}` in the files{why}",
                 words.ignore_static,
             )
         theirs = saved.get("static", {})

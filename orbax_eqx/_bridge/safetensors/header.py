@@ -173,12 +173,16 @@ def parse(raw: bytes, data_start: int, bad) -> tuple[list[TensorInfo], dict]:
         and all(isinstance(v, str) for v in metadata.values())
     ):
         raise bad(f"{METADATA_KEY} is not a map of strings")
-    tensors = [_tensor_info(name, rec, data_start, bad) for name, rec in content.items()]
+    tensors = [
+        _tensor_info(name, rec, data_start, bad) for name, rec in content.items()
+    ]
     tensors.sort(key=lambda t: t.start)
     end = data_start
     for t in tensors:
         if t.start != end:
-            raise bad(f"the data of tensor {_shown(t.name)} is not where the header says")
+            raise bad(
+                f"the data of tensor {_shown(t.name)} is not where the header says"
+            )
         end += t.nbytes
     return tensors, dict(metadata)
 
