@@ -24,7 +24,6 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -38,6 +37,7 @@ from . import export_source as _source
 from .export_source import ExportError
 from .pieces import slices, to_tensor
 from .plan import LeafSpec, Plan, plan_export, whole
+from .progress import Progress, Quiet
 from .safetensors import index as _index
 from .safetensors import write as _write
 from .safetensors.dtypes import CODES, nbytes_of, numpy_dtype
@@ -153,7 +153,7 @@ def export(
     max_shard_size: int = DEFAULT_MAX_SHARD_SIZE,
     buffer: int = DEFAULT_BUFFER,
     overwrite: bool = False,
-    progress: Callable[[int], Any] | None = None,
+    progress: Progress | None = None,
     words: _Words = API,
 ) -> Exported:
     """`export_safetensors`, with the command line's `renames` (a rename map
@@ -280,7 +280,7 @@ def _write_all(
             ]
             writers.append(_write.FileWriter(final, entries, metadata))
             file_of.update({t: writers[-1] for t in shard})
-        with (progress or _Quiet)(total) as bar:
+        with (progress or Quiet)(total) as bar:
             for group in _groups(plan, source, buffer):
                 arrays = source.read(group.leaves)
                 for leaf, array in arrays.items():
@@ -308,20 +308,6 @@ def _write_all(
     return Exported(
         finals, len(tensors), total, source.modules, source.in_metadata, left_out
     )
-
-
-class _Quiet:
-    def __init__(self, total: int):
-        del total
-
-    def advance(self, nbytes: int) -> None:
-        del nbytes
-
-    def __enter__(self) -> "_Quiet":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        pass
 
 
 @dataclasses.dataclass

@@ -30,6 +30,7 @@ import collections
 import dataclasses
 import math
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -102,9 +103,11 @@ def fill(
     *,
     window: int = DEFAULT_WINDOW,
     counts: Counts | None = None,
+    advance: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """Reads `requests` from the tensors (`{name: (header, info)}`) the plan
-    names; returns `{leaf: array}` (numpy for a request without sharding)."""
+    names; returns `{leaf: array}` (numpy for a request without sharding).
+    `advance(nbytes)` is told the bytes of each batch once it is read."""
     counts = counts if counts is not None else Counts()
     boxes = {r.leaf: _boxes(plan, r) for r in requests}
     held = sum(
@@ -130,10 +133,14 @@ def fill(
                 copied += 0 if work.direct is not None else work.stop - work.first
                 if staged >= window or copied >= copy_window or len(batch) >= PIECES:
                     _run(batch, counts)
+                    if advance is not None:
+                        advance(staged)
                     _finish_done(batch, left, boxes, out)
                     batch, staged, copied = [], 0, 0
     if batch:
         _run(batch, counts)
+        if advance is not None:
+            advance(staged)
         _finish_done(batch, left, boxes, out)
     return {r.leaf: out[r.leaf] for r in requests}
 
@@ -264,13 +271,14 @@ def _read(path: str, size: int, ranges, buffers) -> None:
     except FileNotFoundError:
         raise replaced("is missing") from None
     with reader:
-        reads = reader.start(ranges, buffers)
         try:
-            reads.wait()
+            reads = reader.start(ranges, buffers)
+            try:
+                reads.wait()
+            finally:
+                reads.cancel()
         except _store.BadFile as e:
             raise replaced(e.what) from None
-        finally:
-            reads.cancel()
 
 
 def _place(w: _Work, raw: np.ndarray) -> None:

@@ -25,6 +25,7 @@ from . import fill as _fill
 from . import load_check as _check
 from .leaves import array_leaves, from_skeleton, is_key, wrap_key
 from .plan import BridgeError, TensorSpec, plan_load
+from .progress import Progress, Quiet
 from .safetensors import index as _index
 from .safetensors.header import Header, TensorInfo
 
@@ -122,10 +123,11 @@ def load(
     ignore_static: bool = False,
     window: int = DEFAULT_WINDOW,
     words: _check.Words = _check.API,
+    progress: Progress | None = None,
 ) -> Loaded:
-    """`load_safetensors`, telling what it read; `renames` (a rename map from
-    tensor names to leaf names, as the command line's `--rename`) and
-    `words` (how fixes are put) for the command line."""
+    """`load_safetensors`, telling what it read; for the command line,
+    `renames` (a rename map from tensor names to leaf names, `--rename`),
+    `words` (how fixes are put) and `progress` (see `progress.Progress`)."""
     headers = _index.find(source)
     where = _index.describe(source)
     tensors = {name: (h, t) for h in headers for name, t in h.tensors.items()}
@@ -170,13 +172,16 @@ def load(
         dtype = np.dtype(spec.dtype)
         requests.append(_fill.Request(leaf.name, spec.shape, dtype, sharding))
     counts = _fill.Counts()
-    filled = _fill.fill(
-        plan,
-        {name: named[name] for name in plan.tensors},
-        requests,
-        window=window,
-        counts=counts,
-    )
+    nbytes = sum(named[t][1].nbytes for t in plan.tensors)
+    with (progress or Quiet)(nbytes) as bar:
+        filled = _fill.fill(
+            plan,
+            {name: named[name] for name in plan.tensors},
+            requests,
+            window=window,
+            counts=counts,
+            advance=bar.advance,
+        )
     recorded = saved.get("leaves")
     recorded = recorded if isinstance(recorded, dict) else {}
     values = []
@@ -193,7 +198,7 @@ def load(
         [h.path for h in headers],
         len(walked.leaves),
         len(plan.tensors),
-        sum(named[t][1].nbytes for t in plan.tensors),
+        nbytes,
         counts,
     )
 

@@ -16,6 +16,7 @@ import concurrent.futures
 import dataclasses
 import json
 import os
+import re
 import struct
 import unicodedata
 from collections.abc import Callable, Sequence
@@ -121,7 +122,7 @@ def read_header(path: str | os.PathLike) -> Header:
         try:
             store.open(path, end, nbytes).close()
         except _store.BadFile as e:
-            raise described(e.what) from None
+            raise described(_plain(e.what)) from None
     return Header(path, {t.name: t for t in tensors}, metadata, end)
 
 
@@ -139,19 +140,36 @@ def _read(
     try:
         reader = store.open(path, 0 if short else stop, None)
     except _store.BadFile as e:
-        raise error(e.what) from None
+        raise error(_plain(e.what)) from None
     except FileNotFoundError:
         raise error("is missing") from None
+    buffer = np.empty(stop - start, np.uint8)
     with reader:
-        buffer = np.empty(stop - start, np.uint8)
-        reads = reader.start([(start, stop)], [buffer])
         try:
-            reads.wait()
+            _store_read(reader, [(start, stop)], [buffer])
         except _store.BadFile as e:
             raise (short or error)(e.what) from None
-        finally:
-            reads.cancel()
     return buffer.tobytes()
+
+
+_LENGTH = re.compile(r"has (\d+) bytes where \d+ were written")
+
+
+def _plain(what: str) -> str:
+    """A store's words on a file's length, for a file nobody wrote for us:
+    "has 10 bytes where 24 were written" is "has 10"."""
+    found = _LENGTH.fullmatch(what)
+    return f"has {found.group(1)}" if found else what
+
+
+def _store_read(reader: _store.Reader, ranges, buffers) -> None:
+    """Fills `buffers` with `ranges` of an open reader (a small read may be
+    done, or fail, as it starts)."""
+    reads = reader.start(ranges, buffers)
+    try:
+        reads.wait()
+    finally:
+        reads.cancel()
 
 
 def parse(raw: bytes, data_start: int, bad) -> tuple[list[TensorInfo], dict]:
