@@ -15,7 +15,8 @@ order (a whole layer of a stacked leaf, a run of rows of a layer). Anything
 else (a transpose, a cast, a column strip) is read into a buffer of its own,
 copied into place, and let go.
 
-Work goes a batch at a time, in the order of the leaves: a batch stops
+Work goes a batch at a time, in the order of the bytes in the files (so a
+tensor that several leaves need, a fused qkv, is read once): a batch stops
 growing once its reads reach `window` bytes, its copied reads `copy_window`
 (at least 1 MiB, at most `COPY_WINDOW`, an eighth of the bytes this process
 holds), or it has `PIECES` pieces, so what is held beyond the boxes
@@ -119,24 +120,30 @@ def fill(
     copy_window = min(COPY_WINDOW, max(MIN_COPY_WINDOW, held // 8))
     left = {r.leaf: sum(len(b.pieces) for b in boxes[r.leaf]) for r in requests}
     out: dict[str, Any] = {}
-    batch: list[_Work] = []
-    staged = copied = 0
+    works = []
     for r in requests:
         if left[r.leaf] == 0:  # zero-size, or nothing on this process
             out[r.leaf] = _finish(r, boxes[r.leaf])
             continue
         for box in boxes[r.leaf]:
-            for piece in box.pieces:
-                work = _work(r, box, piece, tensors)
-                batch.append(work)
-                staged += work.stop - work.first
-                copied += 0 if work.direct is not None else work.stop - work.first
-                if staged >= window or copied >= copy_window or len(batch) >= PIECES:
-                    _run(batch, counts)
-                    if advance is not None:
-                        advance(staged)
-                    _finish_done(batch, left, boxes, out)
-                    batch, staged, copied = [], 0, 0
+            works += [_work(r, box, piece, tensors) for piece in box.pieces]
+    # In file order: a tensor several leaves need (a fused qkv) is read once,
+    # and a disk reads forward.
+    works.sort(key=lambda w: (w.path, w.first))
+    batch: list[_Work] = []
+    staged = copied = 0
+    for work in works:
+        full = staged >= window or copied >= copy_window or len(batch) >= PIECES
+        # Never between two pieces of one tensor: each tensor's bytes once.
+        if full and batch[-1].piece.tensor != work.piece.tensor:
+            _run(batch, counts)
+            if advance is not None:
+                advance(staged)
+            _finish_done(batch, left, boxes, out)
+            batch, staged, copied = [], 0, 0
+        batch.append(work)
+        staged += work.stop - work.first
+        copied += 0 if work.direct is not None else work.stop - work.first
     if batch:
         _run(batch, counts)
         if advance is not None:
