@@ -240,7 +240,7 @@ def test_a_box_reads_the_rows_that_hold_it(tmp_path, box, nbytes, direct):
     assert sum(w.stop - w.first for w in works) == nbytes
     assert all((w.direct is not None) == direct for w in works)
     counts = _fill.Counts()
-    _fill._run(works, counts)
+    _fill._Batch(works, counts).finish()
     assert counts.read == nbytes and counts.copied == (0 if direct else nbytes)
     np.testing.assert_array_equal(
         target.buffer, full[tuple(slice(a, b) for a, b in box)]
@@ -460,3 +460,20 @@ def test_header_reads_are_bounded_by_the_file(tmp_path):
         match=r"the header claims 99000000 bytes, but the file has 10\.",
     ):
         _header.read_header(path)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda x: x.transpose(0, 2, 1),  # tiled: partial tiles at both edges
+        lambda x: x,  # contiguous: one copy
+        lambda x: x[:, :3, :].transpose(0, 2, 1),  # narrow: one copy
+    ],
+    ids=["transposed", "contiguous", "narrow"],
+)
+def test_copy_in_tiles_equals_numpy(make):
+    x = _values((3, 600, 700), 0)
+    src = make(x)
+    dst = np.zeros(src.shape, ml_dtypes.bfloat16)  # and casts
+    _fill.copy(dst, src)
+    np.testing.assert_array_equal(dst, src.astype(ml_dtypes.bfloat16))

@@ -130,26 +130,43 @@ def fill(
     # In file order: a tensor several leaves need (a fused qkv) is read once,
     # and a disk reads forward.
     works.sort(key=lambda w: (w.path, w.first))
+    batches: list[tuple[list[_Work], int]] = []
     batch: list[_Work] = []
     staged = copied = 0
     for work in works:
         full = staged >= window or copied >= copy_window or len(batch) >= PIECES
         # Never between two pieces of one tensor: each tensor's bytes once.
         if full and batch[-1].piece.tensor != work.piece.tensor:
-            _run(batch, counts)
-            if advance is not None:
-                advance(staged)
-            _finish_done(batch, left, boxes, out)
+            batches.append((batch, staged))
             batch, staged, copied = [], 0, 0
         batch.append(work)
         staged += work.stop - work.first
         copied += 0 if work.direct is not None else work.stop - work.first
     if batch:
-        _run(batch, counts)
-        if advance is not None:
-            advance(staged)
-        _finish_done(batch, left, boxes, out)
+        batches.append((batch, staged))
+    # Two batches in flight: the next one's reads run while this one's pieces
+    # are copied into place (a transpose costs about what reading it does).
+    pending: _Batch | None = None
+    try:
+        for batch, staged in batches:
+            started = _Batch(batch, counts)
+            if pending is not None:
+                _complete(pending, left, boxes, out, advance)
+            pending = started
+        if pending is not None:
+            _complete(pending, left, boxes, out, advance)
+            pending = None
+    finally:
+        if pending is not None:
+            pending.cancel()
     return {r.leaf: out[r.leaf] for r in requests}
+
+
+def _complete(batch: "_Batch", left, boxes, out, advance) -> None:
+    batch.finish()
+    if advance is not None:
+        advance(batch.staged)
+    _finish_done(batch.works, left, boxes, out)
 
 
 def _boxes(plan: Plan, r: Request) -> list[_Box]:
@@ -227,14 +244,28 @@ def _work(r: Request, b: _Box, p: Piece, tensors) -> _Work:
     )
 
 
-def _run(batch: list[_Work], counts: Counts) -> None:
-    """Reads the batch's pieces (file by file) and puts each in its box."""
-    by_file: dict[str, list[_Work]] = collections.defaultdict(list)
-    for w in batch:
-        _buffer(w.request, w.box)
-        if w.stop > w.first:
-            by_file[w.path].append(w)
-    for path, works in by_file.items():
+class _Batch:
+    """A batch's reads, started (file by file, each file's ranges in order),
+    then finished: each piece to copy is copied into place as soon as its
+    bytes are in, while later ones are still being read."""
+
+    def __init__(self, works: list[_Work], counts: Counts):
+        self.works = works
+        self.staged = sum(w.stop - w.first for w in works)
+        self._files: list[tuple] = []
+        by_file: dict[str, list[_Work]] = collections.defaultdict(list)
+        for w in works:
+            _buffer(w.request, w.box)
+            if w.stop > w.first:
+                by_file[w.path].append(w)
+        try:
+            for path, mine in by_file.items():
+                self._files.append(self._start(path, mine, counts))
+        except BaseException:
+            self.cancel()
+            raise
+
+    def _start(self, path: str, works: list[_Work], counts: Counts):
         ranges: list[tuple[int, int]] = []
         buffers: list[np.ndarray] = []
         for w in works:
@@ -242,50 +273,80 @@ def _run(batch: list[_Work], counts: Counts) -> None:
                 raw = w.box.buffer.reshape(-1).view(np.uint8)
                 ranges.append((w.first, w.stop))
                 buffers.append(raw[w.direct : w.direct + w.stop - w.first])
-        copies = [w for w in works if w.direct is None]
+        copies = sorted((w for w in works if w.direct is None), key=lambda w: w.first)
         spans = {i: (w.first, w.stop) for i, w in enumerate(copies)}
         merged, where = merge(spans, max_gap=GAP)
         temps = [aligned_empty(z - a) for a, z in merged]
+        first = len(ranges)  # ranges[first + k] is merged[k]
         ranges += merged
         buffers += temps
         order = sorted(range(len(ranges)), key=lambda k: ranges[k][0])
-        _read(
-            path,
-            works[0].size,
-            [ranges[k] for k in order],
-            [buffers[k] for k in order],
-        )
+        slot = {k: j for j, k in enumerate(order)}  # where each range is read
         counts.read += sum(z - a for a, z in ranges)
         counts.copied += sum(z - a for a, z in merged)
-        for i, w in enumerate(copies):
-            k, at = where[i]
-            _place(w, temps[k][at : at + w.stop - w.first])
-        del temps, buffers
-
-
-def _read(path: str, size: int, ranges, buffers) -> None:
-    def replaced(what: str) -> SafetensorsError:
-        return SafetensorsError(
-            f"{path} {what} (its header was read from a {size}-byte file); it "
-            "was replaced while being read. Load it again."
+        size = works[0].size
+        reader, reads = _open(
+            path, size, [ranges[k] for k in order], [buffers[k] for k in order]
         )
+        jobs = [
+            (w, slot[first + where[i][0]], where[i][0], where[i][1])
+            for i, w in enumerate(copies)
+        ]
+        return path, size, reader, reads, jobs, temps
 
-    store = _store.for_path(path)
-    try:
-        reader = store.open(path, size, size)
-    except _store.BadFile as e:
-        raise replaced(e.what) from None
-    except FileNotFoundError:
-        raise replaced("is missing") from None
-    with reader:
+    def finish(self) -> None:
         try:
-            reads = reader.start(ranges, buffers)
-            try:
-                reads.wait()
-            finally:
+            while self._files:
+                path, size, reader, reads, jobs, temps = self._files[0]
+                with _worded(path, size):
+                    for w, k, m, at in jobs:
+                        reads.ready(k, at + w.stop - w.first)
+                        _place(w, temps[m][at : at + w.stop - w.first])
+                    reads.wait()
                 reads.cancel()
-        except _store.BadFile as e:
-            raise replaced(e.what) from None
+                reader.close()
+                self._files.pop(0)
+        finally:
+            self.cancel()
+
+    def cancel(self) -> None:
+        """Abandons what is still being read (after an error); never raises."""
+        for _, _, reader, reads, _, _ in self._files:
+            reads.cancel()
+            reader.close()
+        self._files = []
+
+
+class _worded:
+    """Turns a store's `BadFile` into the error for a file replaced since its
+    header was read."""
+
+    def __init__(self, path: str, size: int):
+        self.path, self.size = path, size
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, kind, error, tb) -> None:
+        if kind is not None and issubclass(kind, (_store.BadFile, FileNotFoundError)):
+            what = error.what if isinstance(error, _store.BadFile) else "is missing"
+            raise SafetensorsError(
+                f"{self.path} {what} (its header was read from a {self.size}-byte "
+                "file); it was replaced while being read. Load it again."
+            ) from None
+
+
+def _open(path: str, size: int, ranges, buffers):
+    """Opens `path` (checked to be of `size` bytes still) and starts reading
+    `ranges` into `buffers`; returns the reader and its reads."""
+    with _worded(path, size):
+        reader = _store.for_path(path).open(path, size, size)
+    try:
+        with _worded(path, size):
+            return reader, reader.start(ranges, buffers)
+    except BaseException:
+        reader.close()
+        raise
 
 
 def _place(w: _Work, raw: np.ndarray) -> None:
@@ -295,7 +356,28 @@ def _place(w: _Work, raw: np.ndarray) -> None:
     strides = strides_of(info.shape, dtype.itemsize)
     part = np.ndarray(shape(p.tensor_box), dtype, raw, 0, strides)
     dst = tuple(slice(a - s, z - s) for (a, z), s in zip(p.leaf_box, w.box.start))
-    w.box.buffer[dst] = to_leaf(p, part)  # numpy casts where dtypes differ
+    copy(w.box.buffer[dst], to_leaf(p, part))
+
+
+TILE = 256
+
+
+def copy(dst: np.ndarray, src: np.ndarray) -> None:
+    """`dst[...] = src` (numpy casts where dtypes differ), in tiles of the last
+    two axes where `src` is transposed there: a tile's reads and writes stay
+    in cache (measured: 1.4x as fast as numpy's own strided copy of a
+    (1024, 4096) float32 transpose)."""
+    if (
+        src.ndim < 2
+        or src.strides[-1] == src.itemsize
+        or src.shape[-1] * src.shape[-2] <= TILE * TILE
+    ):
+        dst[...] = src
+        return
+    rows, cols = src.shape[-2:]
+    for i in range(0, rows, TILE):
+        for j in range(0, cols, TILE):
+            dst[..., i : i + TILE, j : j + TILE] = src[..., i : i + TILE, j : j + TILE]
 
 
 def _finish_done(batch, left, boxes, out) -> None:
