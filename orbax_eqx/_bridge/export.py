@@ -35,6 +35,7 @@ from .._restore.rename_map import RenameMap
 from .._tree.values import is_text
 from . import export_source as _source
 from .export_source import ExportError
+from .memory import _mapping as as_mapping
 from .pieces import slices, to_tensor
 from .plan import LeafSpec, Plan, plan_export, whole
 from .progress import Progress, Quiet
@@ -189,6 +190,9 @@ def _plan(source, mapping, renames, words) -> tuple[Plan, dict[str, str], int]:
         plan = plan_export(None, kept)
         file_names = {s.name: new.get(s.name, s.name) for s in kept}
     else:
+        mapping = as_mapping(mapping)
+        if isinstance(source, _source.TreeSource):
+            mapping = mapping.resolve(source.tree)  # its field keys, as renames
         plan = plan_export(mapping, specs)
         file_names = {name: name for name in plan.tensors}
     labels = {s.name: s.label for s in specs}

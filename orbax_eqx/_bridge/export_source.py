@@ -26,8 +26,9 @@ from .._format.sidecar_read import read
 from .._restore.read import LeafReader, read_cost, release_memory
 from .._tree.values import encode
 from .._tree.walk import ARRAY, SHARED, is_key_dtype, walk
-from .leaves import from_record, from_skeleton
+from .leaves import leaf_specs
 from .plan import LeafSpec
+from .specs import from_record
 
 
 class ExportError(OrbaxEqxError, ValueError):
@@ -84,6 +85,7 @@ class TreeSource:
     """The array leaves of a tree in memory (jax or numpy arrays)."""
 
     def __init__(self, tree: Any):
+        self.tree = tree
         self.walked = walk(tree)
         arrays = [leaf for leaf in self.walked.leaves if leaf.kind == ARRAY]
         partial = [
@@ -112,7 +114,7 @@ class TreeSource:
                 "of arrays, or a checkpoint's path."
             )
         self._values = {leaf.name: leaf.value for leaf in arrays}
-        self.specs: list[LeafSpec] = [from_skeleton(leaf) for leaf in arrays]
+        self.specs: list[LeafSpec] = leaf_specs(self.walked)
         self._specs = {spec.name: spec for spec in self.specs}
         self.modules = len(self.walked.modules)
         self.in_metadata = len(self.walked.leaves) - len(arrays)

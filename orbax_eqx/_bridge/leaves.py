@@ -1,55 +1,25 @@
-"""Array leaves as the planner sees them (`plan.LeafSpec`), from a skeleton or a
-checkpoint's sidecar.
+"""The array leaves of a tree as the planner sees them (`plan.LeafSpec`).
 
-A typed PRNG key is its key data (`jax.random.key_data`: uint32, the key
-array's shape plus the key's own axes), which is what a tensor can hold.
+Named by the restore's walk (`_tree/walk.py`), so leaf names are the ones
+`inspect`, `prefix=` and `renames=` use. A typed PRNG key leaf is its key
+data: shape `(..., 2)` uint32 for threefry keys, as `jax.random.key_data`
+gives it; loading wraps the data back into keys of the skeleton's type.
 """
 
-from typing import Any
-
-import jax
-import numpy as np
-
-from .._format.sidecar import LeafMetadata
-from .._tree.names import label
-from .._tree.walk import (
-    ARRAY,
-    Leaf,
-    is_key_dtype,
-    key_data_struct,
-    key_impl,
-    parse_dtype,
-)
+from .._tree.walk import ARRAY, Walked, is_key_dtype, key_data_struct
 from .plan import LeafSpec
 
 
-def data_of(dtype: Any, shape: tuple[int, ...]) -> tuple[tuple[int, ...], str]:
-    """The shape and dtype name an array of `dtype` is stored as in a tensor."""
-    if is_key_dtype(dtype):
-        data = key_data_struct(dtype)
-        return tuple(shape) + tuple(data.shape), str(data.dtype)
-    return tuple(shape), str(np.dtype(dtype))
-
-
-def from_skeleton(leaf: Leaf) -> LeafSpec:
-    """The spec of an array leaf of a walked skeleton."""
-    shape, dtype = data_of(leaf.value.dtype, tuple(leaf.value.shape))
-    return LeafSpec(leaf.name, leaf.label, shape, dtype)
-
-
-def from_record(record: LeafMetadata) -> LeafSpec:
-    """The spec of an array leaf a checkpoint's sidecar records."""
-    shape, dtype = data_of(parse_dtype(record.dtype), tuple(record.shape or ()))
-    return LeafSpec(record.name, label(record.name, record.path), shape, dtype)
-
-
-def array_leaves(leaves: list[Leaf]) -> list[Leaf]:
-    return [leaf for leaf in leaves if leaf.kind == ARRAY]
-
-
-def is_key(leaf: Leaf) -> bool:
-    return is_key_dtype(leaf.value.dtype)
-
-
-def wrap_key(data: Any, like: Any) -> jax.Array:
-    return jax.random.wrap_key_data(data, impl=key_impl(like.dtype))
+def leaf_specs(walked: Walked) -> list[LeafSpec]:
+    """One `LeafSpec` per array leaf of `walked`, in the tree's order."""
+    specs = []
+    for leaf in walked.leaves:
+        if leaf.kind != ARRAY:
+            continue
+        x = leaf.value
+        shape, dtype = tuple(x.shape), x.dtype
+        if is_key_dtype(dtype):
+            data = key_data_struct(dtype)
+            shape, dtype = shape + tuple(data.shape), data.dtype
+        specs.append(LeafSpec(leaf.name, leaf.label, shape, str(dtype)))
+    return specs

@@ -23,11 +23,16 @@ from .._tree.values import SCALAR_TYPES, decode_scalar, scalar_type
 from .._tree.walk import ARRAY, JAX, NUMPY_SCALAR, SCALAR, container, walk
 from . import fill as _fill
 from . import load_check as _check
-from .leaves import array_leaves, from_skeleton, is_key, wrap_key
-from .plan import BridgeError, TensorSpec, plan_load
+from .errors import BridgeError
+from .leaves import leaf_specs
+from .memory import _check_kept as keep_dropped
+from .memory import _kept as kept
+from .memory import _mapping as as_mapping
+from .plan import TensorSpec, plan_load
 from .progress import Progress, Quiet
 from .safetensors import index as _index
 from .safetensors.header import Header, TensorInfo
+from .specs import is_key, wrap_key
 
 DEFAULT_WINDOW = _fill.DEFAULT_WINDOW
 
@@ -132,51 +137,59 @@ def load(
     where = _index.describe(source)
     tensors = {name: (h, t) for h in headers for name, t in h.tensors.items()}
     walked = walk(skeleton)
-    arrays = array_leaves(walked.leaves)
-    specs = [from_skeleton(leaf) for leaf in arrays]
+    arrays = [leaf for leaf in walked.leaves if leaf.kind == ARRAY]
+    specs = leaf_specs(walked)  # one per array leaf, in order
     saved = _check.ours(headers)
     problems = _check.Problems()
-    plan = None
+    if not ignore_static:
+        _check.statics(walked, saved.get("modules"), words, problems)
     if mapping is None:
         # Matched by name (through renames): checked here as a restore checks.
         new = renames.apply(list(tensors)) if renames else {t: t for t in tensors}
         by_leaf = {n: old for old, n in new.items() if n is not None}
         infos = {name: info for name, (_, info) in tensors.items()}
-        _check.by_name(walked, by_leaf, infos, cast, allow_unused, words, problems)
-        if not ignore_static:
-            _check.statics(walked, saved.get("modules"), words, problems)
-        problems.raise_if_any(where)
+        checked = _check.Problems()
+        _check.by_name(walked, by_leaf, infos, cast, allow_unused, words, checked)
+        checked.problems += problems.problems
+        checked.fixes += [f for f in problems.fixes if f not in checked.fixes]
+        checked.raise_if_any(where)
         wanted = {leaf.name for leaf in arrays}
         named = {n: tensors[old] for n, old in by_leaf.items() if n in wanted}
         plan = plan_load(None, specs, _tensor_specs(named), cast=cast)
     else:
+        mapping = as_mapping(mapping).resolve(skeleton)
         try:
-            plan = plan_load(mapping, specs, _tensor_specs(tensors), cast=cast)
+            plan = plan_load(
+                mapping,
+                specs,
+                _tensor_specs(tensors),
+                cast=cast,
+                allow_unused=allow_unused,
+            )
         except BridgeError as e:
-            problems.add(str(e).rstrip("."))
-        else:
-            named = tensors
-            unused = [t for t in tensors if t not in plan.tensors]
-            if unused and not allow_unused:
-                problems.add(
-                    f"{len(unused)} tensor(s) fill no leaf: {_check.names(unused)}",
-                    words.allow_unused,
-                )
-        if not ignore_static:
-            _check.statics(walked, saved.get("modules"), words, problems)
+            raise _check.MismatchError(
+                f"{e}" + problems.also(where) if problems.problems else str(e)
+            ) from None
         problems.raise_if_any(where)
+        keep_dropped(walked, plan)
+        named = tensors
     resolved = resolve(shardings, walked)
     requests = []
     for leaf, spec in zip(arrays, specs):
+        if leaf.name not in plan.leaves:
+            continue  # dropped by the mapping: the skeleton's value
         sharding = resolved.get(leaf.name) if container(leaf.value) == JAX else None
         dtype = np.dtype(spec.dtype)
         requests.append(_fill.Request(leaf.name, spec.shape, dtype, sharding))
+    # A tied copy (a head tied to the embedding) is checked by shape and
+    # dtype, not read: the leaf it shares is read from its source.
+    read = {t: named[t] for t in plan.tensors if t not in plan.ties}
     counts = _fill.Counts()
-    nbytes = sum(named[t][1].nbytes for t in plan.tensors)
+    nbytes = sum(info.nbytes for _, info in read.values())
     with (progress or Quiet)(nbytes) as bar:
         filled = _fill.fill(
             plan,
-            {name: named[name] for name in plan.tensors},
+            read,
             requests,
             window=window,
             counts=counts,
@@ -186,8 +199,10 @@ def load(
     recorded = recorded if isinstance(recorded, dict) else {}
     values = []
     for leaf in walked.leaves:
-        if leaf.kind == ARRAY:
+        if leaf.name in filled:
             values.append(_as_leaf(filled.pop(leaf.name), leaf))
+        elif leaf.kind == ARRAY:  # dropped
+            values.append(kept(leaf.value, resolved.get(leaf.name)))
         elif leaf.kind == SCALAR:
             values.append(_scalar(leaf, recorded.get(leaf.name)))
         else:  # callables, objects, shared markers: the skeleton's own
@@ -197,7 +212,7 @@ def load(
         tree,
         [h.path for h in headers],
         len(walked.leaves),
-        len(plan.tensors),
+        len(read),
         nbytes,
         counts,
     )

@@ -17,14 +17,15 @@ from .._errors import inline_list
 from .._restore.classes import explain
 from .._tree.names import label
 from .._tree.values import describe
-from .._tree.walk import Walked, key_impl
-from .leaves import array_leaves, data_of, is_key
+from .._tree.walk import ARRAY, Walked, key_impl
+from .errors import BridgeError
 from .safetensors.header import Header, SafetensorsError, TensorInfo
+from .specs import data_of, is_key
 
 METADATA_ENTRY = "orbax_eqx"  # the key of our JSON in `__metadata__`
 
 
-class MismatchError(SafetensorsError):
+class MismatchError(SafetensorsError, BridgeError):
     """The safetensors files do not fit the skeleton (or the mapping)."""
 
 
@@ -64,6 +65,14 @@ class Problems:
         if fix is not None and fix not in self.fixes:
             self.fixes.append(fix)
 
+    def also(self, source: str) -> str:
+        """These problems, after a mapping's own (`BridgeError`)."""
+        return (
+            f"\nAnd the skeleton does not fit what the safetensors at {source} "
+            f"record of the model: {inline_list(self.problems)}. To fix: "
+            f"{'; '.join(self.fixes)}."
+        )
+
     def raise_if_any(self, source: str) -> None:
         if not self.problems:
             return
@@ -92,7 +101,7 @@ def by_name(
 ) -> None:
     """Leaves matched to tensors one to one by name (`by_leaf`: leaf name ->
     tensor name), as without a mapping or through renames."""
-    arrays = array_leaves(walked.leaves)
+    arrays = [leaf for leaf in walked.leaves if leaf.kind == ARRAY]
     missing = [leaf.name for leaf in arrays if leaf.name not in by_leaf]
     if missing:
         out.add(
