@@ -51,7 +51,7 @@ DEFAULT_WINDOW = 1 << 30
 COPY_WINDOW = 64 << 20
 MIN_COPY_WINDOW = 1 << 20
 PIECES = 4096
-GAP = 64  # the most bytes between two copied ranges read as one
+GAP = 0  # copied ranges are read as one where they touch or overlap only
 _LITTLE = sys.byteorder == "little"
 
 
