@@ -10,6 +10,7 @@ in memory or from its checkpoint, and the files load again.
 """
 
 import json
+import pathlib
 
 import bridge_models as bm
 import equinox as eqx
@@ -144,3 +145,49 @@ def test_export_of_a_checkpoint_needs_field_keys_resolved(tmp_path):
             tmp_path / "ckpt", tmp_path / "hf", mapping=bm.GPT2_MAPPING
         )
     assert not (tmp_path / "hf").exists()
+
+
+def test_the_command_line_exports_and_imports_through_a_mapping(tmp_path, capsys):
+    from orbax_eqx._tools.cli import main
+
+    tests = str(pathlib.Path(__file__).resolve().parent)
+    (tmp_path / "models.py").write_text(
+        f"import sys\nsys.path.insert(0, {tests!r})\n"
+        "import bridge_models as bm, equinox as eqx, jax\n"
+        "def skeleton():\n"
+        "    return eqx.filter_eval_shape(bm.GPT2, bm.GPT2Config(), "
+        "key=jax.random.key(3))\n"
+        "def deeper():\n"
+        "    return eqx.filter_eval_shape(bm.GPT2, bm.GPT2Config(layers=4), "
+        "key=jax.random.key(3))\n"
+    )
+    mapping = tmp_path / "gpt2.json"
+    mapping.write_text(json.dumps(bm.GPT2_MAPPING.to_json()))
+    model = bm.GPT2(bm.GPT2Config(), key=jax.random.key(0))
+    oeqx.save(tmp_path / "ckpt", model)
+    skeleton = f"{tmp_path / 'models.py'}:skeleton"
+    hf = tmp_path / "hf"
+    argv = ["export", str(tmp_path / "ckpt"), str(hf), "--mapping", str(mapping)]
+    assert main([*argv, "--skeleton", skeleton]) == 0
+    assert capsys.readouterr().out.startswith("Exported 40 tensors")
+    assert set(_read(hf)) == set(oeqx.to_state_dict(model, bm.GPT2_MAPPING))
+    back = tmp_path / "back"
+    argv = ["import", str(hf), str(back), "--skeleton", skeleton]
+    assert main([*argv, "--mapping", str(mapping)]) == 0
+    again = oeqx.restore(back, eqx.filter_eval_shape(lambda: model))
+    for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(again)):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    # A mapping's problems, on one line; --rename and --mapping exclude.
+    deeper = f"{tmp_path / 'models.py'}:deeper"
+    argv = ["import", str(hf), str(tmp_path / "x"), "--skeleton", deeper]
+    assert main([*argv, "--mapping", str(mapping)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(
+        "orbax_eqx: error: The tensors do not fit the skeleton through the mapping "
+        "(1 problem): Layer 3 is missing from the tensors: none of its 12 tensors "
+        "is there ("
+    ), err
+    with pytest.raises(SystemExit):
+        main([*argv, "--mapping", str(mapping), "--rename", str(mapping)])
+    assert "not allowed with argument --mapping" in capsys.readouterr().err
