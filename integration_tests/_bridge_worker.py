@@ -3,6 +3,8 @@ several processes, each counting what it reads and holds.
 
     python _bridge_worker.py write DIR -              # the files, once
     python _bridge_worker.py load DIR TARGET          # any processes
+    python _bridge_worker.py write-gpt2 DIR -         # GPT-2's own, once
+    python _bridge_worker.py load-gpt2 DIR TARGET     # through its mapping
 
 The files are a GPT-2-like Hugging Face set (per-layer tensors over 3 files
 and an index): `h.{i}.attn.c_attn.weight` (D, 3D) (PyTorch's Conv1D, in x
@@ -194,12 +196,100 @@ def load(directory: str, target: str) -> None:
     print("RESULT " + json.dumps(result), flush=True)
 
 
+# GPT-2 through the public API and its mapping (tests/bridge_models.py).
+
+
+def _gpt2():
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    sys.path.insert(0, os.path.join(sys.path[0], "tests"))
+    import bridge_models as bm
+
+    config = bm.GPT2Config(vocab=256, positions=32, width=64, heads=4, layers=8)
+    sd = bm.gpt2_state_dict(config, seed=3, head=True, masks=True)
+    return bm, config, sd
+
+
+def write_gpt2(directory: str) -> None:
+    from safetensors.numpy import save_file
+
+    _, _, sd = _gpt2()
+    os.makedirs(directory, exist_ok=True)
+    names = list(sd)
+    half = len(names) // 2
+    weight_map = {}
+    for k, part in enumerate([names[:half], names[half:]]):
+        file = f"model-{k + 1:05d}-of-00002.safetensors"
+        save_file({n: sd[n] for n in part}, os.path.join(directory, file))
+        weight_map |= {n: file for n in part}
+    with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+        json.dump({"weight_map": weight_map}, f)
+
+
+def load_gpt2(directory: str, target: str) -> None:
+    import equinox as eqx
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    import orbax_eqx as oeqx
+    from orbax_eqx._bridge.load import load as load_files
+
+    bm, config, sd = _gpt2()
+    skeleton = eqx.filter_eval_shape(bm.GPT2, config, key=jax.random.key(1))
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+
+    def place(name, leaf):
+        shape = leaf.shape
+        if target == "within" and name.startswith("blocks.") and len(shape) > 1:
+            return NamedSharding(mesh, P(None, "x"))  # within layers
+        if shape and shape[0] % 8 == 0:
+            return NamedSharding(mesh, P("x"))  # across layers, rows
+        return NamedSharding(mesh, P())
+
+    gc.collect()
+    rchar = _rchar()
+    loaded = load_files(directory, skeleton, mapping=bm.GPT2_MAPPING, shardings=place)
+    jax.block_until_ready(jax.tree.leaves(loaded.tree))
+    rchar = _rchar() - rchar
+    expected = oeqx.from_state_dict(skeleton, sd, bm.GPT2_MAPPING)
+    for (path, got), want in zip(
+        jax.tree_util.tree_leaves_with_path(loaded.tree), jax.tree.leaves(expected)
+    ):
+        want = np.asarray(want)
+        for shard in got.addressable_shards:
+            assert np.array_equal(np.asarray(shard.data), want[shard.index]), path
+    if jax.process_count() == 1:
+        ids = np.array([3, 7, 1, 0, 9, 4, 4, 2, 11, 5])
+        ours = np.asarray(loaded.tree(ids))
+        np.testing.assert_allclose(
+            ours, bm.gpt2_reference(sd, ids, config.heads), rtol=1e-4, atol=1e-4
+        )
+    ignored = sum(
+        v.nbytes for n, v in sd.items() if n.endswith((".attn.bias", "masked_bias"))
+    )
+    result = {
+        "read": loaded.counts.read,
+        "held": loaded.counts.held,
+        "rchar": rchar,
+        "model": sum(v.nbytes for v in sd.values())
+        - ignored
+        - sd["lm_head.weight"].nbytes,
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+
+
 def main() -> None:
     args = start("mode", "dir", "target")
-    if args.mode == "write":
-        write(args.dir)
-    else:
-        load(args.dir, args.target)
+    run = {
+        "write": lambda: write(args.dir),
+        "load": lambda: load(args.dir, args.target),
+        "write-gpt2": lambda: write_gpt2(args.dir),
+        "load-gpt2": lambda: load_gpt2(args.dir, args.target),
+    }
+    run[args.mode]()
     print("done", flush=True)
 
 

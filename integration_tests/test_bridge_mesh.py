@@ -73,3 +73,39 @@ def test_each_process_reads_its_share(files, tmp_path, processes, target):
             assert r["peak"] <= 1.3 * r["held"] + 8 * MIB, r
     if processes == 2 and target in ("layers", "within"):
         assert sum(r["held"] for r in results) == results[0]["model"]
+
+
+@pytest.fixture(scope="module")
+def gpt2_files(tmp_path_factory):
+    base = tmp_path_factory.mktemp("gpt2")
+    _procs.run(WORKER, "write-gpt2", base / "hf", "-", devices=1, log_dir=base / "l")
+    return base / "hf"
+
+
+@pytest.mark.parametrize(
+    "processes, target",
+    [(1, "layers"), (1, "within"), (2, "layers"), (2, "within")],
+    ids=lambda x: str(x),
+)
+def test_gpt2_through_its_mapping_onto_a_mesh(gpt2_files, tmp_path, processes, target):
+    """`load_safetensors` with GPT-2's mapping (fused Conv1D qkv, transposes,
+    field keys, masks ignored, tied head): every shard equals the in-memory
+    `from_state_dict`; on one process the forward pass equals the numpy
+    reference. Cut across layers, each process reads its share; cut within
+    layers along the Conv1D weights' columns, the rows that hold them."""
+    logs = _procs.run(
+        WORKER,
+        "load-gpt2",
+        gpt2_files,
+        target,
+        devices=8 // processes,
+        processes=processes,
+        log_dir=tmp_path,
+        timeout=TIMEOUT_S,
+    )
+    for r in _results(logs):
+        print(target, r)
+        assert r["read"] <= r["model"], r
+        assert r["rchar"] <= r["read"] + MIB, r
+        if target == "layers":
+            assert r["read"] <= 1.3 * r["held"], r
