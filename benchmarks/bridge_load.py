@@ -18,9 +18,9 @@ CPU devices in one process (stacked leaves cut across layers, P("x"), `wte`
 by rows); 2 processes of 4 devices (`jax.distributed` on 127.0.0.1, the same
 shardings over the 8 devices). Contenders:
 
-- `orbax_eqx`: `oeqx.load_safetensors` with the GPT-2 mapping, straight onto
-  the target shardings (until the mapping's planner lands: the same plan,
-  made by hand, through the same reader);
+- `orbax_eqx`: `oeqx.load_safetensors` with a GPT-2 mapping (`mapping()`:
+  renames, stack, fused qkv, Conv1D transposes), straight onto the target
+  shardings;
 - `glue`: what users write today: `safetensors.safe_open` per file,
   `get_tensor`, `.T`, `np.stack`, then `jax.make_array_from_callback`
   (`jax.device_put` for one device): every process reads the whole model;
@@ -35,8 +35,9 @@ shardings over the 8 devices). Contenders:
 
 Per process: wall time of the load (arrays ready), peak RSS growth (`VmHWM`
 after resetting it through `/proc/self/clear_refs`), bytes read
-(`/proc/self/io`: rchar, or read_bytes where larger, as for the mapped
-files `safe_open` reads), and the process's share (the distinct bytes its
+(`/proc/self/io`: rchar, or read_bytes where larger; `safe_open` maps its
+files, and the pages it faults in are counted by neither here, so `glue`'s
+figure is a floor), and the process's share (the distinct bytes its
 devices hold). Printed as ratios from one run: time / the raw read's on the
 same topology, peak / share, read / share. Targets (issue 28): time <= 1.2x
 raw, peak RSS <= 1.3x share, bytes read <= 1.3x share.
@@ -56,7 +57,7 @@ import time
 
 HERE = os.path.abspath(__file__)
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
-sys.path.insert(0, REPO_ROOT)
+sys.path.insert(0, REPO_ROOT)  # this checkout's orbax_eqx, not an installed one
 sys.path.insert(0, os.path.dirname(HERE))
 TIMEOUT_S = 1800
 MIB = 2**20
@@ -165,45 +166,53 @@ def leaf_shapes(layers, dim, vocab) -> dict[str, tuple[int, ...]]:
     return out
 
 
-def hand_plan(layers, dim, vocab):
-    """The GPT-2 plan, made by hand (see `integration_tests/_hand_plan.py`)."""
-    from integration_tests._hand_plan import HandPlan, leaf, tensor
-    from orbax_eqx._bridge.pieces import Piece
-    from orbax_eqx._bridge.plan import whole
+MAPPING = None  # made on first use: importing orbax_eqx costs a second
 
-    tshapes = tensor_shapes(layers, dim, vocab)
-    lshapes = leaf_shapes(layers, dim, vocab)
-    pieces = []
-    for name in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"):
-        box = whole(tshapes[name])
-        pieces.append(
-            (
-                Piece(name, box, name, box, tuple(range(len(box)))),
-                tuple(range(len(box))),
+
+def mapping():
+    """The GPT-2 mapping for this skeleton's leaf names (`stacked_leaves`)."""
+    global MAPPING
+    if MAPPING is None:
+        import orbax_eqx as oeqx
+
+        MAPPING = (
+            oeqx.StateDictMapping()
+            .rename(
+                {
+                    "blocks.attn.proj": "blocks.attn.c_proj",
+                    "blocks.mlp.fc": "blocks.mlp.c_fc",
+                    "blocks.mlp.proj": "blocks.mlp.c_proj",
+                }
             )
+            .stack("blocks", "h.{i}")
+            .fuse(
+                [f"h.{{i}}.attn.{x}.weight" for x in "qkv"],
+                "h.{i}.attn.c_attn.weight",
+                axis=0,
+            )
+            .fuse(
+                [f"h.{{i}}.attn.{x}.bias" for x in "qkv"],
+                "h.{i}.attn.c_attn.bias",
+                axis=0,
+            )
+            .transpose("h.{i}.*.c_*.weight")  # Conv1D holds (in, out)
         )
-    for name, template, part, transposed in stacked_leaves(dim):
-        inner = lshapes[name][1:]
-        for i in range(layers):
-            t = template.format(i)
-            tbox = list(whole(tshapes[t]))
-            if part is not None:
-                axis, j, n = part
-                step = tshapes[t][axis] // n
-                tbox[axis] = (j * step, (j + 1) * step)
-            perm = (1, 0) if transposed else tuple(range(len(inner)))
-            lbox = ((i, i + 1), *whole(inner))
-            pieces.append(
-                (
-                    Piece(name, lbox, t, tuple(tbox), perm),
-                    tuple(range(1, len(inner) + 1)),
-                )
-            )
-    return HandPlan(
-        {n: leaf(n, s) for n, s in lshapes.items()},
-        {n: tensor(n, s) for n, s in tshapes.items()},
-        pieces,
-    )
+    return MAPPING
+
+
+def skeleton(lshapes):
+    """A tree whose leaf names are `lshapes`' keys (nested dicts)."""
+    import jax
+    import numpy as np
+
+    tree: dict = {}
+    for name, shape in lshapes.items():
+        *parents, last = name.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = jax.ShapeDtypeStruct(shape, np.float32)
+    return tree
 
 
 def shardings(topology: str, lshapes):
@@ -238,19 +247,15 @@ def share(put, lshapes) -> int:
 
 
 def load_ours(directory, layers, dim, vocab, put):
-    import numpy as np
+    import orbax_eqx as oeqx
 
-    from orbax_eqx._bridge import fill as _fill
-    from orbax_eqx._bridge.safetensors import index as _index
-
-    plan = hand_plan(layers, dim, vocab)
-    headers = _index.find(directory)
-    tensors = {n: (h, t) for h in headers for n, t in h.tensors.items()}
-    requests = [
-        _fill.Request(name, spec.shape, np.dtype(spec.dtype), put[name])
-        for name, spec in plan.leaves.items()
-    ]
-    return _fill.fill(plan, tensors, requests)
+    lshapes = leaf_shapes(layers, dim, vocab)
+    return oeqx.load_safetensors(
+        directory,
+        skeleton(lshapes),
+        mapping=mapping(),
+        shardings=lambda name, leaf: put[name],
+    )
 
 
 def _ranges(directory, layers, dim, vocab, put):
@@ -258,22 +263,26 @@ def _ranges(directory, layers, dim, vocab, put):
     import numpy as np
 
     from orbax_eqx._bridge import fill as _fill
+    from orbax_eqx._bridge.leaves import leaf_specs
+    from orbax_eqx._bridge.plan import TensorSpec, plan_load
     from orbax_eqx._bridge.safetensors import index as _index
     from orbax_eqx._storage.packing import plan as merge
+    from orbax_eqx._tree.walk import walk
 
-    plan = hand_plan(layers, dim, vocab)
+    lshapes = leaf_shapes(layers, dim, vocab)
     headers = _index.find(directory)
     tensors = {n: (h, t) for h in headers for n, t in h.tensors.items()}
+    specs = leaf_specs(walk(skeleton(lshapes)))
+    given = [TensorSpec(n, t.shape, t.dtype) for n, (_, t) in tensors.items()]
+    plan = plan_load(mapping(), specs, given, cast=False)
     spans: dict[str, dict] = {}
-    for name, spec in plan.leaves.items():
-        r = _fill.Request(name, spec.shape, np.dtype(spec.dtype), put[name])
+    for spec in specs:
+        r = _fill.Request(spec.name, spec.shape, np.dtype(spec.dtype), put[spec.name])
         for box in _fill._boxes(plan, r):
             for p in box.pieces:
                 w = _fill._work(r, box, p, tensors)
-                spans.setdefault(w.path, {})[len(spans.get(w.path, {}))] = (
-                    w.first,
-                    w.stop,
-                )
+                mine = spans.setdefault(w.path, {})
+                mine[len(mine)] = (w.first, w.stop)
     return {path: merge(s, max_gap=_fill.GAP)[0] for path, s in spans.items()}
 
 
@@ -411,9 +420,9 @@ def probe(args) -> None:
     import orbax.checkpoint.experimental.v1  # noqa: F401
     import safetensors.numpy  # noqa: F401
 
-    import integration_tests._hand_plan  # noqa: F401
-    import orbax_eqx._bridge.fill  # noqa: F401
-    import orbax_eqx._bridge.safetensors.index  # noqa: F401
+    import orbax_eqx  # noqa: F401
+
+    mapping()
 
     layers, dim, vocab = sizes(args)
     lshapes = leaf_shapes(layers, dim, vocab)
