@@ -259,7 +259,9 @@ def _write_all(
     progress,
     words,
 ) -> Exported:
-    tensors = list(plan.tensors)
+    # By a mapping, in the plan's order (natural order of the names); by
+    # name, in the order of the leaves, as the checkpoint holds them.
+    tensors = list(file_names)
     single = os.fspath(out).endswith(_index.SUFFIX)
     out_dir = os.path.dirname(os.path.abspath(out)) if single else os.path.abspath(out)
     stale = _existing(out, out_dir, single, overwrite, words)

@@ -46,7 +46,7 @@ API = Words(
     ignore_static="pass `ignore_static=True` to keep the skeleton's",
 )
 CLI = Words(
-    rename="map tensor names to leaf names with --rename",
+    rename="map tensor names to leaf names with --rename or --mapping",
     allow_unused="pass --allow-unused to leave them out",
     cast="pass --cast to cast tensors to the skeleton's dtypes",
     ignore_static="pass --ignore-static to keep the skeleton's",
