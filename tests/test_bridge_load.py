@@ -477,3 +477,60 @@ def test_copy_in_tiles_equals_numpy(make):
     dst = np.zeros(src.shape, ml_dtypes.bfloat16)  # and casts
     _fill.copy(dst, src)
     np.testing.assert_array_equal(dst, src.astype(ml_dtypes.bfloat16))
+
+
+_PEAK = """
+import json, sys
+import jax, numpy as np
+import orbax_eqx as oeqx
+from orbax_eqx._bridge.load import load
+
+mapping = (
+    oeqx.StateDictMapping().stack("blocks", "h.{i}").transpose("h.{i}.conv.weight")
+)
+layers, n = 24, 512
+skeleton = {"blocks": {
+    "conv": {"weight": jax.ShapeDtypeStruct((layers, n, 2 * n), np.float32)},
+    "lin": {"weight": jax.ShapeDtypeStruct((layers, n, n), np.float32)},
+}}
+def status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+open("/proc/self/clear_refs", "w").write("5")
+base = status("VmRSS")
+loaded = load(sys.argv[1], skeleton, mapping=mapping, window=16 << 20)
+jax.block_until_ready(loaded.tree)
+print(json.dumps({"peak": status("VmHWM") - base, "held": loaded.counts.held,
+                  "read": loaded.counts.read}))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux only")
+def test_peak_memory_is_the_share_plus_a_window(tmp_path):
+    """144 MiB of per-layer tensors (two thirds transposed, copied in) load
+    into stacked leaves with a peak RSS growth of at most 1.3x what is held."""
+    import subprocess
+    import sys
+
+    layers, n = 24, 512
+    rng = np.random.default_rng(0)
+    for half in (0, 1):
+        tensors = {}
+        for i in range(half * layers // 2, (half + 1) * layers // 2):
+            tensors[f"h.{i}.conv.weight"] = rng.standard_normal((2 * n, n), np.float32)
+            tensors[f"h.{i}.lin.weight"] = rng.standard_normal((n, n), np.float32)
+        save_file(tensors, tmp_path / f"part{half}.safetensors")
+        del tensors
+    root = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
+    result = subprocess.run(
+        [sys.executable, "-c", _PEAK, str(tmp_path)],
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": root},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    r = json.loads(result.stdout.splitlines()[-1])
+    assert r["held"] == r["read"] == layers * 3 * n * n * 4
+    assert r["peak"] <= 1.3 * r["held"], r
