@@ -342,3 +342,43 @@ def test_planning_is_per_tensor_not_per_element():
     assert len(plan.leaf_pieces("blocks.w")) == 256
     (piece,) = plan.tensor_pieces("h.7.w")
     assert piece.leaf_box == ((7, 8), (0, 4096), (0, 4096))
+
+
+FUSE_BOXES = [
+    ((0, 3), (0, 2), (0, 3)),
+    ((1, 3), (1, 2), (0, 2)),
+    ((2, 3), (0, 1), (2, 3)),
+]
+
+
+@pytest.mark.parametrize("box", FUSE_BOXES, ids=[str(b) for b in FUSE_BOXES])
+def test_any_box_through_a_fuse(box):
+    """Stacked q (L, 2, 3) and k (L, 1, 3), fused per layer and transposed:
+    a box of q reads a strip of each layer's fused tensor; a box of a fused
+    tensor reads boxes of both leaves."""
+    q, k = _arange(3, 2, 3), _arange(3, 1, 3) + 100
+    tree = {"blocks": {"q": q, "k": k}}
+    mapping = (
+        M()
+        .stack("blocks", "h.{i}")
+        .fuse(["h.{i}.q", "h.{i}.k"], "h.{i}.qk", axis=0)
+        .transpose("h.{i}.qk")
+    )
+    tensors = oeqx.to_state_dict(tree, mapping)
+    for i in range(3):
+        np.testing.assert_array_equal(
+            tensors[f"h.{i}.qk"], np.concatenate([q[i], k[i]]).T
+        )
+    plan = plan_export(mapping, leaf_specs(walk(tree)))
+    out = np.full(shape(box), np.nan, np.float32)
+    for p in plan.leaf_pieces("blocks.q", box):
+        at = tuple(slice(a - s, b - s) for (a, b), (s, _) in zip(p.leaf_box, box))
+        out[at] = to_leaf(p, tensors[p.tensor][slices(p.tensor_box)])
+    np.testing.assert_array_equal(out, q[slices(box)])
+    tbox = ((box[2][0], box[2][1]), (1, 3))  # rows of the fused tensor: q's 2nd, k
+    got = np.full(shape(tbox), np.nan, np.float32)
+    leaves = {"blocks.q": q, "blocks.k": k}
+    for p in plan.tensor_pieces("h.1.qk", tbox):
+        at = tuple(slice(a - s, b - s) for (a, b), (s, _) in zip(p.tensor_box, tbox))
+        got[at] = to_tensor(p, leaves[p.leaf][slices(p.leaf_box)])
+    np.testing.assert_array_equal(got, tensors["h.1.qk"][slices(tbox)])

@@ -61,8 +61,10 @@ class StateDictMapping:
     repeated where a rule writes names), `*` for any text within one part of a
     name and `**` for any text (only where a rule selects tensors:
     `transpose`, `split`, `cast`, `drop`, `ignore`). `{{`, `}}` and `{*}` are
-    a literal `{`, `}` and `*`. Each rule sees the names the rules before it
-    made, and every rule must match something (except `ignore` and `tie`).
+    a literal `{`, `}` and `*`. A template has at most two wildcards, and
+    text between any two holes or wildcards. Each rule sees the names the
+    rules before it made, and every rule must match something (except
+    `ignore` and `tie`).
 
     `to_json()` gives the mapping as JSON data, which `from_json` reads back
     (also the rename maps of `export --rename`: an object of names, or a list

@@ -23,12 +23,11 @@ from .errors import MappingError as MappingError
 from .mapping import StateDictMapping
 from .pieces import Box, Piece, clip, size
 from .stage import Context, Virtual, examples, whole
+from .templates import MAX_NAME
 from .transforms.base import FIX_UNMATCHED
 from .transforms.drop import Ignore
 from .transforms.stack import Stack
 from .transforms.tie import Tie
-
-MAX_NAME = 4096  # characters of a tensor name a mapping may make
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +111,16 @@ def plan_load(
     mapping = mapping or StateDictMapping()
     virtuals, ctx = _run(mapping, leaves)
     expected = {v.name: v for v in virtuals}
-    given = {t.name: t for t in tensors}
+    given = {}
+    for t in tensors:
+        if len(t.name) > MAX_NAME:  # never matched against a rule
+            ctx.problem(
+                f"Tensor `{t.name[:60]}...` has a name of {len(t.name)} characters, "
+                f"more than the {MAX_NAME} a name may have.",
+                "Give tensors names of at most that length.",
+            )
+        else:
+            given[t.name] = t
     ties = _ties(mapping, expected, ctx)
     present_ties = {}
     for tie in ties:
@@ -199,6 +207,13 @@ def _run(mapping: StateDictMapping, leaves: Sequence[LeafSpec]):
     ctx = Context({leaf.name: f"{leaf.label}" for leaf in leaves})
     virtuals = []
     for leaf in leaves:
+        if len(leaf.name) > MAX_NAME:  # never matched against a rule
+            ctx.problem(
+                f"Leaf `{leaf.name[:60]}...` has a name of {len(leaf.name)} "
+                f"characters, more than the {MAX_NAME} a mapping may match.",
+                "Give dict keys in the tree shorter names.",
+            )
+            continue
         box = whole(leaf.shape)
         piece = Piece(leaf.name, box, leaf.name, box, tuple(range(len(box))))
         virtuals.append(
@@ -241,13 +256,13 @@ def _ties(mapping, expected, ctx: Context) -> list[Tie]:
         ctx.rule_label = tie.label()
         if tie.to not in expected:
             ctx.problem(
-                f"`{tie.to}`, to which {tie.label()} ties `{tie.tensor}`, is no "
+                f"`{tie.to}`, to which `{tie.label()}` ties `{tie.tensor}`, is no "
                 f"tensor the mapping makes (they look like {examples(expected)}).",
                 _FIX_TIE,
             )
         if tie.tensor in expected:
             ctx.problem(
-                f"`{tie.tensor}`, which {tie.label()} ties to `{tie.to}`, is also "
+                f"`{tie.tensor}`, which `{tie.label()}` ties to `{tie.to}`, is also "
                 f"made from {ctx.origin(expected[tie.tensor])}.",
                 _FIX_TIE,
             )
@@ -412,7 +427,7 @@ def _beyond_stacks(names, mapping, virtuals) -> dict[tuple, list[str]]:
         count = 1 + max(
             (idx[0] for v in virtuals for r, idx in v.layers if r == i), default=-1
         )
-        target = rule._target  # type: ignore[attr-defined]
+        target = rule._target
         for name in names:
             m = target.prefix.fullmatch(name)
             if m is None:

@@ -11,10 +11,13 @@ A template is a name with holes:
 - `{{`, `}}` and `{*}` are a literal `{`, `}` and `*`; every other character
   is itself.
 
-Templates are data read from JSON files that anyone may have written: their
-length, holes and wildcards are bounded, so that matching a name costs
-microseconds whatever the template (wildcards are what could make a regular
-expression backtrack).
+Templates are data read from JSON files that anyone may have written, and
+names may come from files too: a template is matched as a regular expression
+that cannot backtrack far. A hole matches at most 18 digits and must sit
+between text that is not digits (so where it ends is never in doubt), holes
+and wildcards are separated by text, and a template has at most two
+wildcards: matching a name of `MAX_NAME` characters then takes milliseconds
+at worst.
 """
 
 import dataclasses
@@ -23,9 +26,10 @@ import re
 
 MAX_LENGTH = 1024  # characters of a template or of a name a rule writes
 MAX_HOLES = 8  # `{i}` per template
-MAX_WILDCARDS = 4  # `*` or `**` per template
+MAX_WILDCARDS = 2  # `*` or `**` per template
+MAX_NAME = 2048  # characters of a name a template is matched against
 
-INDEX = "0|[1-9][0-9]*"
+INDEX = "0|[1-9][0-9]{0,17}"
 _HOLE = re.compile(r"[a-z][a-z0-9_]*")
 
 
@@ -166,7 +170,25 @@ def _parse(text: str, wildcards: bool, what: str) -> Template:
             f"{what} {text!r} has {len(globs)} wildcards, more than the "
             f"{MAX_WILDCARDS} allowed"
         )
+    for (kind, value), (next_kind, next_value) in zip(tokens, tokens[1:]):
+        if kind != "text" and next_kind != "text":
+            raise TemplateError(
+                f"{what} {text!r} has `{_shown(kind, value)}"
+                f"{_shown(next_kind, next_value)}` with no text between: separate "
+                "holes and wildcards by text (such as `.`)"
+            )
+        if (kind == "hole" and next_value[:1].isdigit()) or (
+            next_kind == "hole" and value[-1:].isdigit()
+        ):
+            raise TemplateError(
+                f"{what} {text!r} has a digit next to a hole: a hole must be "
+                "between text that is not digits (such as `.`)"
+            )
     return Template(text, tuple(tokens))
+
+
+def _shown(kind: str, value: str) -> str:
+    return f"{{{value}}}" if kind == "hole" else value
 
 
 def escape(name: str) -> str:

@@ -45,6 +45,7 @@ class Cast(Rule):
     op = "cast"
     match: tuple[str, ...]
     dtype: str
+    _selector: Selector = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(
@@ -57,7 +58,7 @@ class Cast(Rule):
             )
 
     def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "match": self._selector.json(), "dtype": self.dtype}  # type: ignore[attr-defined]
+        return {"op": self.op, "match": self._selector.json(), "dtype": self.dtype}
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> "Cast":
@@ -68,10 +69,10 @@ class Cast(Rule):
         )
 
     def label(self) -> str:
-        return f".cast({self._selector.shown()}, {quote(self.dtype)})"  # type: ignore[attr-defined]
+        return f".cast({self._selector.shown()}, {quote(self.dtype)})"
 
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
-        selector: Selector = self._selector  # type: ignore[attr-defined]
+        selector: Selector = self._selector
         used = [False] * len(self.match)
         out = []
         for v in virtuals:
@@ -80,14 +81,6 @@ class Cast(Rule):
                 out.append(v)
                 continue
             used[found[0]] = True
-            if v.dtype.startswith("key<"):
-                ctx.problem(
-                    f"`{v.name}` ({ctx.origin(v)}) is a PRNG key's data, which "
-                    f"{ctx.at_rule()} would cast to {self.dtype}.",
-                    "Leave PRNG keys out of `cast` rules: their data is uint32.",
-                )
-                out.append(v)
-                continue
             out.append(dataclasses.replace(v, dtype=self.dtype))
         names = [v.name for v in virtuals]
         for k, ok in enumerate(used):

@@ -23,6 +23,7 @@ from .base import Rule, Selector, quote, unmatched
 class Drop(Rule):
     op = "drop"
     match: tuple[str, ...]
+    _selector: Selector = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(
@@ -30,7 +31,7 @@ class Drop(Rule):
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "match": self._selector.json()}  # type: ignore[attr-defined]
+        return {"op": self.op, "match": self._selector.json()}
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> "Drop":
@@ -38,10 +39,10 @@ class Drop(Rule):
         return cls(schema.strings(data["match"], f'{where}: "match"'))
 
     def label(self) -> str:
-        return f".drop({self._selector.shown()})"  # type: ignore[attr-defined]
+        return f".drop({self._selector.shown()})"
 
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
-        selector: Selector = self._selector  # type: ignore[attr-defined]
+        selector: Selector = self._selector
         used = [False] * len(self.match)
         out = []
         for v in virtuals:
@@ -62,6 +63,7 @@ class Drop(Rule):
 class Ignore(Rule):
     op = "ignore"
     match: tuple[str, ...]
+    _selector: Selector = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         object.__setattr__(
@@ -70,7 +72,7 @@ class Ignore(Rule):
 
     @property
     def selector(self) -> Selector:
-        return self._selector  # type: ignore[attr-defined]
+        return self._selector
 
     def to_json(self) -> dict[str, Any]:
         return {"op": self.op, "match": self.selector.json()}

@@ -62,7 +62,8 @@ class FieldKeys(Rule):
             parts = [key_part(entry) for entry in leaf.path]
             if join(parts) != leaf.name:
                 continue  # inside an `eqx.nn.State`: no fields there
-            node, new = tree, []
+            node: Any = tree
+            new: list[str] = []
             for k, entry in enumerate(leaf.path):
                 part = parts[k]
                 if isinstance(entry, jtu.GetAttrKey) and isinstance(node, eqx.Module):
@@ -86,7 +87,7 @@ class FieldKeys(Rule):
             )
         if not renames:
             raise MappingError(
-                f"{self.label()} finds no field declared with "
+                f"`{self.label()}` finds no field declared with "
                 f'`eqx.field(metadata={{"{self.key}": ...}})` in the tree. Declare '
                 "the keys on the model's fields, or leave the rule out."
             )

@@ -23,6 +23,7 @@ class Transpose(Rule):
     op = "transpose"
     match: tuple[str, ...]
     perm: tuple[int, ...] | None = None
+    _selector: Selector = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         where = "A `transpose` rule"
@@ -35,7 +36,7 @@ class Transpose(Rule):
 
     def to_json(self) -> dict[str, Any]:
         perm = None if self.perm is None else list(self.perm)
-        return {"op": self.op, "match": self._selector.json(), "perm": perm}  # type: ignore[attr-defined]
+        return {"op": self.op, "match": self._selector.json(), "perm": perm}
 
     @classmethod
     def from_json(cls, data: Any, where: str) -> "Transpose":
@@ -50,7 +51,7 @@ class Transpose(Rule):
         return cls(schema.strings(data["match"], f'{where}: "match"'), perm)
 
     def label(self) -> str:
-        shown = self._selector.shown()  # type: ignore[attr-defined]
+        shown = self._selector.shown()
         return (
             f".transpose({shown})"
             if self.perm is None
@@ -58,7 +59,7 @@ class Transpose(Rule):
         )
 
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
-        selector: Selector = self._selector  # type: ignore[attr-defined]
+        selector: Selector = self._selector
         used = [False] * len(self.match)
         out = []
         for v in virtuals:

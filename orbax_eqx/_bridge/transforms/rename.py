@@ -25,6 +25,7 @@ from .base import Rule, quote, unmatched
 class Rename(Rule):
     op = "rename"
     names: tuple[tuple[str, str | None], ...]
+    _parsed: list = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         parsed = []
@@ -79,7 +80,7 @@ class Rename(Rule):
         return f".rename({{{inner}{more}}})"
 
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
-        parsed = self._parsed  # type: ignore[attr-defined]
+        parsed = self._parsed
         literal: dict[str, int] = {}
         holed = []
         for k, (source, _) in enumerate(parsed):

@@ -24,6 +24,7 @@ from .base import Rule, quote, unmatched
 class RenameRegex(Rule):
     op = "rename_regex"
     rules: tuple[tuple[str, str | None], ...]
+    _compiled: list = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         compiled = []
@@ -62,7 +63,7 @@ class RenameRegex(Rule):
         return f".rename_regex([({quote(pattern)}, {shown}){more}])"
 
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
-        compiled = self._compiled  # type: ignore[attr-defined]
+        compiled = self._compiled
         used = [False] * len(compiled)
         out = []
         for v in virtuals:

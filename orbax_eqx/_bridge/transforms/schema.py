@@ -16,7 +16,12 @@ MAX_PARTS = 4096  # tensors a split makes or a fuse takes, entries of a rename
 MAX_SIZE = 2**62  # a split's part size
 
 
-def keys(data: Any, where: str, required: set[str], optional: set[str] = frozenset()):
+def keys(
+    data: Any,
+    where: str,
+    required: set[str],
+    optional: frozenset[str] | set[str] = frozenset(),
+) -> None:
     if not isinstance(data, Mapping):
         raise MappingError(f"{where} must be a JSON object, not {_kind(data)}.")
     unknown = sorted(set(data) - required - optional - {"op"}, key=str)

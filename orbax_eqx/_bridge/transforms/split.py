@@ -36,6 +36,10 @@ class Split(Rule):
     axis: int
     into: tuple[str, ...]
     sizes: tuple[int, ...] | None = None
+    _selector: Selector = dataclasses.field(init=False, repr=False, compare=False)
+    _parts: list[templates.Template] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self):
         where = f"The `split` rule of {quote(self.match)}"
@@ -97,7 +101,7 @@ class Split(Rule):
         return f".split({quote(self.match)}, [{into}], axis={self.axis}{sizes})"
 
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
-        selector: Selector = self._selector  # type: ignore[attr-defined]
+        selector: Selector = self._selector
         holes = selector.templates[0].holes
         matched = False
         out = []
@@ -139,7 +143,7 @@ class Split(Rule):
                 continue
             binding = templates.binding(found[1], holes)
             start = 0
-            for part, size in zip(self._parts, sizes):  # type: ignore[attr-defined]
+            for part, size in zip(self._parts, sizes):
                 box = list(whole(v.shape))
                 box[axis] = (start, start + size)
                 shape = list(v.shape)
@@ -171,6 +175,10 @@ class Fuse(Rule):
     parts: tuple[str, ...]
     axis: int
     into: str
+    _parts: list[templates.Template] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
+    _into: templates.Template = dataclasses.field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         where = f"The `fuse` rule into {quote(self.into)}"
@@ -223,7 +231,7 @@ class Fuse(Rule):
         return f".fuse([{parts}], {quote(self.into)}, axis={self.axis})"
 
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
-        parts = self._parts  # type: ignore[attr-defined]
+        parts = self._parts
         holes = parts[0].holes
         by_name = {v.name: i for i, v in enumerate(virtuals)}
         taken: dict[int, int] = {}  # position of a part -> position of its first
@@ -268,7 +276,7 @@ class Fuse(Rule):
         out = []
         for i, v in enumerate(virtuals):
             if i in groups:
-                fused = self._fuse(i, [virtuals[j] for j in groups[i]], ctx)
+                fused = self._fuse([virtuals[j] for j in groups[i]], ctx)
                 if fused is not None:
                     out.append(fused)
                     continue
@@ -277,24 +285,24 @@ class Fuse(Rule):
                 out.append(v)
         return out
 
-    def _fuse(self, i: int, members: list[Virtual], ctx: Context) -> Virtual | None:
+    def _fuse(self, members: list[Virtual], ctx: Context) -> Virtual | None:
+        """The members as one virtual, or None (and a problem) if they differ
+        off the fused axis."""
         first = members[0]
-        name = self._into.render(  # type: ignore[attr-defined]
-            templates.binding(
-                self._parts[0].whole.fullmatch(first.name), self._parts[0].holes
-            )  # type: ignore[attr-defined]
-        )
+        m = self._parts[0].whole.fullmatch(first.name)
+        assert m is not None  # `apply` grouped the members by this match
+        name = self._into.render(templates.binding(m, self._parts[0].holes))
         axis = _axis(self.axis, len(first.shape))
-        problems = []
-        for v in members:
-            if len(v.shape) != len(first.shape) or axis is None:
-                problems.append(f"`{v.name}` has shape {v.shape}")
-                continue
-            other = [n for a, n in enumerate(v.shape) if a != axis]
-            mine = [n for a, n in enumerate(first.shape) if a != axis]
-            if other != mine or v.dtype != first.dtype:
-                problems.append(f"`{v.name}` is {v.dtype}{list(v.shape)}")
-        if problems:
+
+        def off_axis(v: Virtual) -> list[int]:
+            return [n for a, n in enumerate(v.shape) if a != axis]
+
+        if axis is None or any(
+            len(v.shape) != len(first.shape)
+            or off_axis(v) != off_axis(first)
+            or v.dtype != first.dtype
+            for v in members
+        ):
             shown = ", ".join(f"`{v.name}` {v.dtype}{list(v.shape)}" for v in members)
             ctx.problem(
                 f"{ctx.at_rule()} cannot fuse {shown} into `{name}` along axis "
@@ -304,7 +312,10 @@ class Fuse(Rule):
                 "shape off the fused axis.",
             )
             return None
-        pieces, offset, leaves, layers = [], 0, [], []
+        pieces: list = []
+        leaves: list[str] = []
+        layers: list = []
+        offset = 0
         for v in members:
             pieces.extend(shift(p, axis, offset) for p in v.pieces)
             offset += v.shape[axis]

@@ -31,6 +31,15 @@ class Stack(Rule):
     op = "stack"
     source: str
     target: str
+    _source: templates.Template = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
+    _target: templates.Template = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
+    new_holes: tuple[str, ...] = dataclasses.field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self):
         where = f"The `stack` rule {self.label()}"
@@ -66,8 +75,8 @@ class Stack(Rule):
         return f".stack({quote(self.source)}, {quote(self.target)})"
 
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
-        source, target = self._source, self._target  # type: ignore[attr-defined]
-        k = len(self.new_holes)  # type: ignore[attr-defined]
+        source, target = self._source, self._target
+        k = len(self.new_holes)
         matched = False
         out = []
         for v in virtuals:
@@ -101,7 +110,7 @@ class Stack(Rule):
             rest = m.group("_rest")
             rest_box = tuple((0, n) for n in v.shape[k:])
             for index in itertools.product(*(range(n) for n in layers)):
-                named = binding | dict(zip(self.new_holes, index))  # type: ignore[attr-defined]
+                named = binding | dict(zip(self.new_holes, index))
                 name = target.render(named)
                 if rest is not None:
                     name = f"{name}.{rest}"
