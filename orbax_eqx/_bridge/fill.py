@@ -15,7 +15,9 @@ order (a whole layer of a stacked leaf, a run of rows of a layer). Anything
 else (a transpose, a cast, a column strip) is read into a buffer of its own,
 copied into place, and let go.
 
-Work goes a batch at a time, in the order of the bytes in the files (so a
+Pieces are copied in by `PLACERS` threads as their bytes arrive, while the
+next batch is read. Work goes a batch at a time, in the order of the bytes in
+the files (so a
 tensor that several leaves need, a fused qkv, is read once): a batch stops
 growing once its reads reach `window` bytes, its copied reads `copy_window`
 (at least 1 MiB, at most `COPY_WINDOW`, an eighth of the bytes this process
@@ -28,8 +30,10 @@ none of whose boxes is on this process is made with its dtype and no data.
 """
 
 import collections
+import concurrent.futures
 import dataclasses
 import math
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +55,9 @@ DEFAULT_WINDOW = 1 << 30
 COPY_WINDOW = 64 << 20
 MIN_COPY_WINDOW = 1 << 20
 PIECES = 4096
+# Threads copying pieces into place (numpy lets go of the GIL while it
+# copies): a transpose costs several times a read of the same bytes.
+PLACERS = min(4, os.cpu_count() or 1)
 GAP = 0  # copied ranges are read as one where they touch or overlap only
 _LITTLE = sys.byteorder == "little"
 
@@ -147,9 +154,10 @@ def fill(
     # Two batches in flight: the next one's reads run while this one's pieces
     # are copied into place (a transpose costs about what reading it does).
     pending: _Batch | None = None
+    placers = concurrent.futures.ThreadPoolExecutor(PLACERS)
     try:
         for batch, staged in batches:
-            started = _Batch(batch, counts)
+            started = _Batch(batch, counts, placers)
             if pending is not None:
                 _complete(pending, left, boxes, out, advance)
             pending = started
@@ -159,6 +167,7 @@ def fill(
     finally:
         if pending is not None:
             pending.cancel()
+        placers.shutdown(wait=True, cancel_futures=True)
     return {r.leaf: out[r.leaf] for r in requests}
 
 
@@ -249,8 +258,9 @@ class _Batch:
     then finished: each piece to copy is copied into place as soon as its
     bytes are in, while later ones are still being read."""
 
-    def __init__(self, works: list[_Work], counts: Counts):
+    def __init__(self, works: list[_Work], counts: Counts, placers):
         self.works = works
+        self._placers = placers
         self.staged = sum(w.stop - w.first for w in works)
         self._files: list[tuple] = []
         by_file: dict[str, list[_Work]] = collections.defaultdict(list)
@@ -298,11 +308,17 @@ class _Batch:
         try:
             while self._files:
                 path, size, reader, reads, jobs, temps = self._files[0]
-                with _worded(path, size):
-                    for w, k, m, at in jobs:
-                        reads.ready(k, at + w.stop - w.first)
-                        _place(w, temps[m][at : at + w.stop - w.first])
-                    reads.wait()
+                placed = []
+                try:
+                    with _worded(path, size):
+                        for w, k, m, at in jobs:
+                            reads.ready(k, at + w.stop - w.first)
+                            part = temps[m][at : at + w.stop - w.first]
+                            placed.append(self._placers.submit(_place, w, part))
+                        reads.wait()
+                finally:
+                    for done in placed:  # every copy finished before going on
+                        done.result()
                 reads.cancel()
                 reader.close()
                 self._files.pop(0)
