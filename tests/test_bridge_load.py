@@ -7,6 +7,7 @@ Plans for stacked, transposed and fused layouts are made by hand
 with them in `test_bridge_models.py`.
 """
 
+import concurrent.futures
 import json
 import os
 import struct
@@ -240,7 +241,8 @@ def test_a_box_reads_the_rows_that_hold_it(tmp_path, box, nbytes, direct):
     assert sum(w.stop - w.first for w in works) == nbytes
     assert all((w.direct is not None) == direct for w in works)
     counts = _fill.Counts()
-    _fill._Batch(works, counts).finish()
+    with concurrent.futures.ThreadPoolExecutor(2) as placers:
+        _fill._Batch(works, counts, placers).finish()
     assert counts.read == nbytes and counts.copied == (0 if direct else nbytes)
     np.testing.assert_array_equal(
         target.buffer, full[tuple(slice(a, b) for a, b in box)]
