@@ -536,3 +536,37 @@ def test_peak_memory_is_the_share_plus_a_window(tmp_path):
     r = json.loads(result.stdout.splitlines()[-1])
     assert r["held"] == r["read"] == layers * 3 * n * n * 4
     assert r["peak"] <= 1.3 * r["held"], r
+
+
+def test_index_naming_too_many_files_is_refused_before_any_request(tmp_path):
+    limit = _index.MAX_FILES
+    weight_map = {f"t{i}": f"f{i}.safetensors" for i in range(limit + 1)}
+    (tmp_path / _index.INDEX_FILE).write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(
+        oeqx.SafetensorsError,
+        match=rf"index\.json names {limit + 1} files, more than the {limit} a source "
+        r"may have\. Re-download or re-export the directory\.$",
+    ):
+        oeqx.load_safetensors(tmp_path, {})
+    del weight_map["t0"]
+    weight_map = dict(list(weight_map.items())[:10])
+    (tmp_path / _index.INDEX_FILE).write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(
+        oeqx.SafetensorsError,
+        match=r"names files that are not there: f1\.safetensors, f10\.safetensors, "
+        r"f2\.safetensors and more\. Re-download",
+    ):
+        oeqx.load_safetensors(tmp_path, {})
+
+
+def test_recorded_metadata_nested_too_deep_is_ignored(tmp_path):
+    deep = "[" * 500 + "]" * 500
+    text = '{"modules": {"": {"class": "x", "static": {"a": ' + deep + "}}}}"
+    save_file(
+        {"w": np.ones(2, np.float32)},
+        tmp_path / "m.safetensors",
+        metadata={"orbax_eqx": text},
+    )
+    skeleton = {"w": jax.ShapeDtypeStruct((2,), jnp.float32)}
+    loaded = oeqx.load_safetensors(tmp_path / "m.safetensors", skeleton)
+    np.testing.assert_array_equal(loaded["w"], np.ones(2))

@@ -16,7 +16,7 @@ from typing import Any
 from .._errors import inline_list
 from .._restore.classes import explain
 from .._tree.names import label
-from .._tree.values import describe
+from .._tree.values import describe, too_deep
 from .._tree.walk import ARRAY, Walked, key_impl
 from .errors import BridgeError
 from .safetensors.header import Header, SafetensorsError, TensorInfo
@@ -160,7 +160,10 @@ def ours(headers: list[Header]) -> dict[str, Any]:
                 content = json.loads(text)
             except (ValueError, RecursionError):
                 return {}
-            return content if isinstance(content, dict) else {}
+            # Nested deeper than `export` writes: its descriptions would recurse.
+            if not isinstance(content, dict) or too_deep(content):
+                return {}
+            return content
     return {}
 
 

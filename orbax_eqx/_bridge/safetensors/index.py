@@ -29,6 +29,8 @@ SINGLE_FILE = "model.safetensors"
 SUFFIX = ".safetensors"
 # Far more than any index: a line of JSON per tensor.
 MAX_INDEX_BYTES = 64 << 20
+# Files one source may have: far more than any model's (hundreds at most).
+MAX_FILES = 1 << 16
 # What an index may name: a file beside it. Letters, digits, `._-`, not
 # starting with a dot, ending in `.safetensors`.
 FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,200}\.safetensors")
@@ -47,6 +49,11 @@ def find(source: Source) -> list[Header]:
             raise SourceError(
                 "The list of safetensors files is empty. Give a file, a "
                 "directory, or a non-empty list of files."
+            )
+        if len(source) > MAX_FILES:
+            raise SourceError(
+                f"The list of safetensors files has {len(source)} files, more "
+                f"than the {MAX_FILES} a source may have."
             )
         return _checked(read_headers([where(p) for p in source]))
     path = where(source)
@@ -85,12 +92,22 @@ def _remote(url: str) -> list[Header]:
 def _indexed(directory: str, index: str, join) -> list[Header]:
     weight_map = read_index(index)
     names = sorted(set(weight_map.values()))
+    if len(names) > MAX_FILES:
+        raise SourceError(
+            f"{index} names {len(names)} files, more than the {MAX_FILES} a "
+            "source may have. Re-download or re-export the directory."
+        )
     store = _store.for_path(index)
-    gone = [n for n in names if not store.exists(join(directory, n))]
+    gone = []
+    for n in names:  # a few missing say enough: no request for every name
+        if not store.exists(join(directory, n)):
+            gone.append(n)
+            if len(gone) > 3:
+                break
     if gone:
         raise SourceError(
             f"{index} names files that are not there: {', '.join(gone[:3])}"
-            + (f" and {len(gone) - 3} more" if len(gone) > 3 else "")
+            + (" and more" if len(gone) > 3 else "")
             + ". Re-download or re-export the directory."
         )
     headers = _checked(read_headers([join(directory, n) for n in names]))
