@@ -267,6 +267,19 @@ def load_gpt2(directory: str, target: str) -> None:
         np.testing.assert_allclose(
             ours, bm.gpt2_reference(sd, ids, config.heads), rtol=1e-4, atol=1e-4
         )
+    if jax.process_count() > 1:
+        # An export writes from one process: a tree sharded over processes is
+        # refused, naming the leaves, before anything is written.
+        out = os.path.join(directory + ".out", str(jax.process_index()))
+        try:
+            oeqx.export_safetensors(loaded.tree, out, mapping=bm.GPT2_MAPPING)
+        except oeqx.ExportError as e:
+            assert str(e).startswith("20 array leaf(s) are on devices of "), e
+            assert "Save the tree with `oeqx.save(path, tree)`" in str(e), e
+            assert not os.path.exists(out)
+            print("export refused", flush=True)
+        else:
+            raise AssertionError("a tree sharded over processes was exported")
     ignored = sum(
         v.nbytes for n, v in sd.items() if n.endswith((".attn.bias", "masked_bias"))
     )

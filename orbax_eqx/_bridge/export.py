@@ -16,8 +16,8 @@ it is in. Files are written under fresh random names beside their final ones
 and renamed into place once the `safetensors` library reads them back.
 
 One process writes: an export of a checkpoint reads it alone, whatever
-number of processes saved it; a tree whose arrays this process holds only
-part of is refused (save it, then export the checkpoint).
+number of processes saved it; a tree with arrays on devices of several
+processes is refused (save it, then export the checkpoint).
 """
 
 import dataclasses
@@ -112,8 +112,8 @@ def export_safetensors(
 
     - `checkpoint_or_tree`: a checkpoint's path (an item directory, or a step
         holding one item; local, `gs://` or `s3://`), or a PyTree of arrays
-        held by this process (one process writes; for a model sharded over
-        several processes, save it and export the checkpoint).
+        on this process's devices (one process writes; for a model on the
+        devices of several processes, save it and export the checkpoint).
     - `out`: a local directory (Hugging Face layout: `model.safetensors`, or
         past `max_shard_size` `model-0000i-of-0000n.safetensors` files and
         `model.safetensors.index.json`), or a file name ending in

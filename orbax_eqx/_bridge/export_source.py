@@ -8,8 +8,8 @@ Python leaves) for the files' `__metadata__`.
 A checkpoint is read with `_restore.read.LeafReader`: only the leaves asked
 for, so an export's memory is a batch, whatever the checkpoint's size. A
 tree's arrays are copied to host a batch at a time. A tree of arrays that
-this process holds only part of (sharded over several processes) is refused:
-an export writes from one process (see `export.py`).
+lies on devices of several processes is refused: an export writes from one
+process (see `export.py`).
 """
 
 import math
@@ -95,9 +95,9 @@ class TreeSource:
         ]
         if partial:
             raise ExportError(
-                f"{len(partial)} array leaf(s) are sharded over several processes, "
-                f"and this process holds only part of them: {inline_list(partial)}. "
-                "An export writes its files from one process. Save the tree "
+                f"{len(partial)} array leaf(s) are on devices of several "
+                f"processes: {inline_list(partial)}. An export writes its files "
+                "from one process. Save the tree "
                 "with `oeqx.save(path, tree)` (from every process), then export "
                 "the checkpoint from one process: `oeqx.export_safetensors(path, "
                 "out)` reads it a batch at a time."
