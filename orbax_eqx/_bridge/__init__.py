@@ -13,7 +13,8 @@ in-memory `to_state_dict` / `from_state_dict` (`memory`), loading
 safetensors (local, `gs://`, `s3://`) straight onto any sharding by ranged
 reads (`load`, its checks in `load_check`, the reads in `fill`), and
 exporting a tree or a checkpoint to safetensors with bounded memory
-(`export`, what it reads in `export_source`); the safetensors format itself
+(`export`, what it reads in `export_source`, where its files go in
+`export_files`); the safetensors format itself
 (`safetensors/`: headers, index files, dtypes, writing), sidecar records and
 PRNG keys as the file side sees them (`specs`), and progress hooks
 (`progress`).

@@ -23,16 +23,15 @@ processes is refused (save it, then export the checkpoint).
 import dataclasses
 import json
 import os
-import re
 from typing import Any
 
 import numpy as np
 
-from .._bytes import files as _files
 from .._errors import inline_list
 from .._restore.read import release_memory
 from .._restore.rename_map import RenameMap
 from .._tree.values import is_text
+from . import export_files as _files
 from . import export_source as _source
 from .export_source import ExportError
 from .memory import _mapping as as_mapping
@@ -47,8 +46,6 @@ from .safetensors.header import METADATA_KEY, name_problem
 DEFAULT_MAX_SHARD_SIZE = 5 * 1000**3  # Hugging Face's default, "5GB"
 DEFAULT_BUFFER = 256 * 2**20
 METADATA_ENTRY = "orbax_eqx"  # the key of our JSON in `__metadata__`
-
-_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -264,12 +261,12 @@ def _write_all(
     tensors = list(file_names)
     single = os.fspath(out).endswith(_index.SUFFIX)
     out_dir = os.path.dirname(os.path.abspath(out)) if single else os.path.abspath(out)
-    stale = _existing(out, out_dir, single, overwrite, words)
+    stale = _files.existing(out, out_dir, single, overwrite, words.overwrite)
     sizes = {
         t: nbytes_of(plan.tensors[t].dtype, plan.tensors[t].shape) for t in tensors
     }
-    shards = [tensors] if single else _shard(tensors, sizes, max_size)
-    names = [os.path.basename(out)] if single else _file_names(len(shards))
+    shards = [tensors] if single else _files.shard(tensors, sizes, max_size)
+    names = [os.path.basename(out)] if single else _files.file_names(len(shards))
     content = source.metadata()
     content["tensors"] = _renamed(plan, file_names)
     metadata = _metadata(content)
@@ -310,7 +307,7 @@ def _write_all(
         if old not in finals:
             os.remove(old)
     if not single and len(shards) > 1:
-        finals.append(_write_index(out_dir, shards, names, file_names, total))
+        finals.append(_files.write_index(out_dir, shards, names, file_names, total))
     return Exported(
         finals, len(tensors), total, source.modules, source.in_metadata, left_out
     )
@@ -412,69 +409,3 @@ def _metadata(content: dict[str, Any]) -> dict[str, str]:
     if not is_text(text):  # lone surrogates, from an old sidecar: escaped
         text = json.dumps(content, allow_nan=False)
     return {"format": "pt", METADATA_ENTRY: text}
-
-
-def _existing(out, out_dir: str, single: bool, overwrite: bool, words) -> list[str]:
-    """Safetensors files already at `out`: an error, or (`overwrite`) stale ones."""
-    if single:
-        found = [os.path.basename(out)] if os.path.lexists(out) else []
-    elif os.path.isdir(out_dir):
-        found = sorted(
-            name
-            for name in os.listdir(out_dir)
-            if name in (_index.SINGLE_FILE, _index.INDEX_FILE) or _SHARD.fullmatch(name)
-        )
-    elif os.path.lexists(out_dir):
-        raise ExportError(
-            f"{out_dir} is a file. Give a directory, or a file name ending in "
-            "`.safetensors` for a single file."
-        )
-    else:
-        found = []
-    if found and not overwrite:
-        if len(found) == 1:
-            raise ExportError(
-                f"{os.path.join(out_dir, found[0])} already exists. "
-                f"{words.overwrite} to replace it, or choose another output."
-            )
-        raise ExportError(
-            f"{out_dir} already holds safetensors files ({found[0]} and "
-            f"{len(found) - 1} more). {words.overwrite} to replace them, or "
-            "choose another output."
-        )
-    return found
-
-
-def _shard(tensors: list[str], sizes: dict[str, int], max_size: int) -> list[list]:
-    """Splits tensors, in order, into files of at most `max_size` bytes of data.
-
-    A tensor larger than `max_size` gets a file of its own.
-    """
-    shards: list[list[str]] = [[]]
-    size = 0
-    for t in tensors:
-        if shards[-1] and size + sizes[t] > max_size:
-            shards.append([])
-            size = 0
-        shards[-1].append(t)
-        size += sizes[t]
-    return shards
-
-
-def _file_names(n: int) -> list[str]:
-    if n == 1:
-        return [_index.SINGLE_FILE]
-    return [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
-
-
-def _write_index(out_dir, shards, names, file_names, total) -> str:
-    index = {
-        "metadata": {"total_size": total},
-        "weight_map": {
-            file_names[t]: name for shard, name in zip(shards, names) for t in shard
-        },
-    }
-    final = os.path.join(out_dir, _index.INDEX_FILE)
-    text = json.dumps(index, indent=2, ensure_ascii=False) + "\n"
-    _files.replace_whole(final, text.encode("utf-8"))
-    return final
