@@ -12,8 +12,12 @@ making and `report` wording the problems), the leaves of a tree as the
 planner sees them (`leaves`), the in-memory `to_state_dict` /
 `from_state_dict` (`memory`), loading
 safetensors (local, `gs://`, `s3://`) straight onto any sharding by ranged
-reads, and exporting a tree or a checkpoint to safetensors with bounded
-memory.
+reads (`load`, its checks in `load_check`, the reads in `fill`), and
+exporting a tree or a checkpoint to safetensors with bounded memory
+(`export`, what it reads in `export_source`, where its files go in
+`export_files`); the safetensors format itself (`safetensors/`: headers,
+index files, dtypes, writing), sidecar records and PRNG keys as the file
+side sees them (`specs`), and progress hooks (`progress`).
 May import: `_bytes`, `_storage`, `_restore`, `_format`, `_tree`, `_errors`,
 and `_orbax` (to save, restore and read checkpoints). Nothing imports
 `_bridge` except `orbax_eqx/__init__.py` and `_tools` (the CLI's `export` /
