@@ -401,7 +401,7 @@ def test_changed_class_is_refused(tmp_path, user_package):
         r"it has fields \('layers', 'table', 'pair', 'act', 'scale', 'extra', "
         r"'name'\)",
     ):
-        oeqx.restore(tmp_path / "ckpt", allow=["equinox", "jax", "mymodels"])
+        oeqx.restore(tmp_path / "ckpt", allow=["equinox", "jax", "mymodels.nets"])
 
 
 def test_old_format_says_to_resave(tmp_path):
@@ -491,12 +491,26 @@ def test_module_outside_allow_is_not_imported(tmp_path, user_package):
     found = _restore_in_fresh_process(tmp_path / "ckpt", ["equinox", "jax"], site)
     assert (
         "`<root>`: class `mymodels.nets.Net` is outside `allow` (to allow it: "
-        "`mymodels`)" in found["outcome"]
+        "`mymodels.nets`)" in found["outcome"]
     )
     assert found["imported"] == []
-    # And with it allowed, it is imported and rebuilt.
+    # The package alone does not import its module `nets`: neither does a
+    # rebuild, which says which module to allow.
     found = _restore_in_fresh_process(
         tmp_path / "ckpt", ["equinox", "jax", "mymodels"], site
+    )
+    assert (
+        "`<root>`: class `mymodels.nets.Net` is in module `mymodels.nets`, which "
+        "no allowed module imports (a rebuild imports only what `allow` names; to "
+        "allow it: `mymodels.nets`)" in found["outcome"]
+    )
+    assert "pass `allow=['equinox', 'jax', 'mymodels', 'mymodels.nets']`" in (
+        found["outcome"]
+    )
+    assert found["imported"] == ["mymodels"]
+    # And with it allowed, it is imported and rebuilt.
+    found = _restore_in_fresh_process(
+        tmp_path / "ckpt", ["equinox", "jax", "mymodels.nets"], site
     )
     assert found == {"outcome": "restored", "imported": ["mymodels", "mymodels.nets"]}
 
@@ -543,15 +557,18 @@ def test_inspect_says_what_to_allow(tmp_path, capsys):
     oeqx.save(tmp_path / "ckpt", {"model": zoo.transformer_block(KEY), "step": 3})
     assert cli_main(["inspect", str(tmp_path / "ckpt")]) == 0
     out = capsys.readouterr().out
+    # The public module of each name: narrow, and enough under the rule.
     assert out.endswith(
-        "Without a skeleton: restore with `allow=['equinox', 'jax', 'zoo']` to "
-        "rebuild it.\n"
+        "Without a skeleton: restore with `allow=['equinox.nn', 'jax', 'zoo']` to "
+        "rebuild it.\nCallables a rebuild installs: `jax._src.nn.functions.gelu`, "
+        "`equinox.nn._mlp.<lambda>`.\n"
     )
     assert cli_main(["inspect", "--json", str(tmp_path / "ckpt")]) == 0
     (item,) = json.loads(capsys.readouterr().out)["items"]
     assert item["rebuild"] == {
         "recorded": True,
-        "allow": ["equinox", "jax", "zoo"],
+        "allow": ["equinox.nn", "jax", "zoo"],
+        "callables": ["jax._src.nn.functions.gelu", "equinox.nn._mlp.<lambda>"],
         "cannot": [],
     }
     # What it says restores.

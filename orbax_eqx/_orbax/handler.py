@@ -17,7 +17,6 @@ from .._bytes import store as _store
 from .._errors import UnsupportedLeafError
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
-from .._rebuild import build as _rebuild
 from .._rebuild.allow import check_allow
 from .._restore.renames import Renames
 from .._restore.restore import restore_flat, restore_tree
@@ -38,6 +37,7 @@ from .._storage import store_files as _store_files
 from .._storage.checksum import host_sum32
 from . import object_commit as _object_commit
 from . import plain as _plain
+from . import rebuilt as _rebuilt
 
 TYPESTR = "orbax_eqx.EqxHandler"
 
@@ -299,8 +299,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                 return _plain.restore(epath.Path(directory), args)
             saved = _sidecar_read.read(epath.Path(directory))
             if args.skeleton is None and args.allow is not None:
-                rebuilt = _rebuild.skeleton(saved, args.allow, args.prefix)
-                args = dataclasses.replace(args, skeleton=rebuilt, allow=None)
+                return _rebuilt.restore(self._inner, directory, saved, args)
             if args.skeleton is None:
                 return restore_flat(
                     self._inner,

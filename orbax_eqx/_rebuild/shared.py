@@ -6,9 +6,18 @@ selects (`_tree/nodes.py`); a rebuild puts in their place a `Selector` that
 selects the same nodes. It carries the recorded function's name, so that it
 compares equal to the checkpoint's record, and selects by attribute, index
 and key only: it runs no code of the checkpoint's.
+
+A recorded step may only go to a node of the saved tree: a dynamic field of a
+recorded module or namedtuple, an index of a recorded list or tuple, a key of
+a recorded dict (`route`, checked before anything is built), and a selector
+steps through exactly such nodes when called (`Selector`), never through an
+attribute that is no field (`__class__`, `__globals__`...).
 """
 
+import dataclasses
 from typing import Any
+
+from .._tree import nodes as _nodes
 
 
 class Selector:
@@ -39,17 +48,72 @@ def is_path(path: Any) -> bool:
         isinstance(step, list)
         and len(step) == 2
         and (
-            (step[0] == "attr" and isinstance(step[1], str))
-            or (step[0] in ("index", "key") and type(step[1]) in (int, str))
+            (step[0] == "attr" and type(step[1]) is str)
+            or (step[0] == "index" and type(step[1]) is int)
+            or (step[0] == "key" and type(step[1]) in (int, str))
         )
         for step in path
     )
 
 
+def route(nodes: dict[str, dict[str, Any]], start: str, path) -> str | None:
+    """Follows a recorded key path through the recorded nodes from node (or
+    leaf) `start`; returns the step it cannot take, as text, or None if every
+    step goes to a node or leaf of the saved tree."""
+    name: str | None = start
+    for step in path:
+        kind, key = step
+        rec = nodes.get(name) if name is not None else None
+        if rec is None:
+            return f"{_show(step)} (a leaf has nothing to step into)"
+        children = rec.get("children", [])
+        at = None
+        if kind == "attr" and rec["type"] in (_nodes.MODULE, _nodes.NAMEDTUPLE):
+            fields = rec.get("fields", [])
+            at = fields.index(key) if key in fields else None
+        elif kind == "index" and rec["type"] in (_nodes.LIST, _nodes.TUPLE):
+            at = key if 0 <= key < len(children) else None
+        elif kind == "key" and rec["type"] == _nodes.DICT:
+            # Recorded keys are encoded; a str or a small int is itself. The
+            # type too: `True == 1`, but a key `True` is no key `1`.
+            keys = rec.get("keys", [])
+            found = [i for i, k in enumerate(keys) if type(k) is type(key) and k == key]
+            at = found[0] if found else None
+        if at is None or at >= len(children) or children[at] is None:
+            return f"{_show(step)} (no such field, index or key of a {rec['type']})"
+        name = children[at]
+    return None
+
+
 def _select(tree: Any, path) -> Any:
     for kind, key in path:
-        tree = getattr(tree, key) if kind == "attr" else tree[key]
+        tree = _step(tree, kind, key)
     return tree
+
+
+def _step(tree: Any, kind: str, key: Any) -> Any:
+    """One step, only to a node: a dataclass's field, a namedtuple's field, a
+    list's or tuple's index, a dict's key."""
+    if kind == "attr":
+        fields = getattr(type(tree), "_fields", None)  # a namedtuple's
+        if not (
+            (dataclasses.is_dataclass(tree) and not isinstance(tree, type))
+            or isinstance(fields, tuple)
+        ):
+            raise LookupError(f"{_show((kind, key))}: not a module or namedtuple")
+        names = fields if isinstance(tree, tuple) else _field_names(tree)
+        if key not in names:
+            raise LookupError(f"{_show((kind, key))}: no such field")
+        return getattr(tree, key)
+    if kind == "index" and isinstance(tree, (list, tuple)):
+        return tree[key]
+    if kind == "key" and isinstance(tree, dict):
+        return tree[key]
+    raise LookupError(f"{_show((kind, key))}: not a step into {type(tree).__name__}")
+
+
+def _field_names(tree: Any) -> tuple[str, ...]:
+    return tuple(f.name for f in dataclasses.fields(tree))
 
 
 def _show(step) -> str:
