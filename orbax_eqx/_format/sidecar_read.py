@@ -4,6 +4,9 @@ Pure data: nothing named in the file is imported or called, and every file
 name and storage key is derived (from the token, from leaf names) and only
 compared with what the file says. The format is described in `_sidecar`.
 
+From format 6 on, the file's checksum is checked first, before its JSON is
+read (see `sidecar.checksum_line`): any changed byte is damage.
+
 Reading is bounded: the file must be a regular file (a FIFO would block the
 read forever, a link to `/dev/zero` would never end) of at most `MAX_BYTES`;
 its JSON may hold no `NaN`/`Infinity` (which orbax_eqx never writes) and no
@@ -16,6 +19,7 @@ never recurses without bound. Any of these is damage, said in one
 import dataclasses
 import json
 import math
+import re
 import sys
 from typing import Any
 
@@ -25,12 +29,14 @@ from etils import epath
 # `_errors`, and opening files safely is the same job for every file.
 from .._bytes import store as _store
 from .._errors import SidecarError, permission_denied
+from .._storage.checksum import digest
 from .._tree import nodes as _nodes
 from .._tree.names import old_storage_key, storage_key
 from .._tree.values import decode_scalar, scalar_type, too_deep
 from .._tree.walk import ARRAY, SCALAR, ModuleInfo, parse_dtype
 from .sidecar import (
     ALIAS,
+    CHECKSUM,
     CONTAINERS,
     EMPTY,
     FILE_NAME,
@@ -81,8 +87,10 @@ def read(directory: epath.Path) -> Metadata:
     except PermissionError:
         raise permission_denied(path) from None
     try:
+        sealed = _check_checksum(raw, path)
         content = _loads(raw, path)
         del raw  # held no longer than needed: a sidecar may be 256 MiB
+        _check_sealed(content, sealed, path)
         return parse(content, str(directory))
     except RecursionError:  # printing a value in an error, say
         raise _damaged(path, _TOO_DEEP) from None
@@ -96,6 +104,48 @@ def _damaged(path, what: str) -> SidecarError:
         f"The sidecar {path} {what}; the checkpoint is damaged (or something "
         "else was put in its place). Restore an earlier step, or re-save it."
     )
+
+
+# The last line of a sidecar of format 6 on (see `sidecar.checksum_line`).
+_CHECKSUM_LINE = re.compile(rb'\n "checksum": "([a-z0-9]{1,16}:[0-9a-f]{1,64})"\n}\n\Z')
+
+
+def _check_checksum(raw: bytes, path) -> bool:
+    """Checks a sidecar's checksum, before its JSON is read; returns whether it
+    has one (format 6 on)."""
+    found = _CHECKSUM_LINE.search(raw, max(len(raw) - 128, 0))
+    if found is None:
+        return False
+    recorded = found.group(1).decode("ascii")
+    try:
+        # Every byte up to the line's start: the newline before it included.
+        covered = memoryview(raw)[: found.start() + 1]
+        computed = digest(covered, recorded.split(":")[0])
+    except ValueError as e:
+        raise _damaged(path, f"records a checksum of {e}") from None
+    if computed != recorded:
+        raise _damaged(
+            path,
+            f"does not match its checksum ({recorded} recorded, {computed} "
+            "computed now): it changed after the save (a flipped bit, a damaged "
+            "copy, or an edit)",
+        )
+    return True
+
+
+def _check_sealed(content: Any, sealed: bool, path) -> None:
+    """From format 6 on, every sidecar ends with its checksum."""
+    if sealed or not isinstance(content, dict):
+        return
+    version = content.get("format_version")
+    if type(version) is int and version > FORMAT_VERSION:
+        return  # a newer format: `parse` says to upgrade
+    if CHECKSUM in content or (type(version) is int and version >= 6):
+        raise _damaged(
+            path,
+            f"records no checksum on its last line, where a format-{version} "
+            "sidecar always has one: it was edited, or rewritten",
+        )
 
 
 def _loads(raw: bytes, path) -> Any:
