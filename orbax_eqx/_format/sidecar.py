@@ -101,11 +101,6 @@ import numpy as np
 from etils import epath
 
 from .._bytes import store as _store
-from .._errors import UnsupportedLeafError
-
-# The one module of `_storage` read here: it imports nothing of ours but
-# `_errors`, and computes every checksum (see `checksum_line`).
-from .._storage.checksum import digest
 from .._tree import nodes as _nodes
 from .._tree.names import storage_key
 from .._tree.values import describe, encode, scalar_type
@@ -125,13 +120,12 @@ from .._tree.walk import (
     is_key_dtype,
     key_data_struct,
 )
+from .sealed import CHECKSUM as CHECKSUM
+from .sealed import MAX_BYTES as MAX_BYTES
+from .sealed import checksum_line as checksum_line
+from .sealed import dumps
 
 FILE_NAME = "orbax_eqx.json"
-CHECKSUM = "checksum"  # the sidecar's last member, from format 6 on
-# The largest sidecar read (or written): a model of 100,000 leaves has one of
-# ~30 MB. Reads stop here, so that a sidecar that is a link to an endless
-# stream fails at once (no size of it is recorded anywhere to check against).
-MAX_BYTES = 256 << 20
 FORMAT = "orbax_eqx"
 # 6: every record bound by the sidecar's own checksum (`CHECKSUM`).
 FORMAT_VERSION = 6
@@ -410,66 +404,3 @@ def write(
     data = dumps(content, pause)
     path = directory / FILE_NAME
     _store.write_new(path, data)
-
-
-def dumps(content: dict[str, Any], pause: Callable[[], None] | None = None) -> bytes:
-    """The sidecar's bytes for its JSON `content`: one line per record, and
-    from format 6 on, last, the checksum of every byte before it (see
-    `checksum_line`)."""
-    parts = _dump(content, pause)
-    version = content.get("format_version")
-    sealed = not (type(version) is int and version < 6)
-    text = "{\n" + ",\n".join(parts) + (",\n" if sealed else "\n}\n")
-    _check_size(text, content)
-    data = text.encode("utf-8", "surrogatepass")
-    if sealed:
-        data += checksum_line(digest(data))
-    return data
-
-
-def checksum_line(recorded: str) -> bytes:
-    """How a sidecar ends from format 6 on: its checksum (`digest` of every
-    byte before this line, as `"crc32:1a2b3c4d"`), then the closing brace."""
-    return f' "{CHECKSUM}": {json.dumps(recorded)}\n}}\n'.encode("ascii")
-
-
-def _check_size(text: str, content: dict[str, Any]) -> None:
-    """Refuses a sidecar larger than readers read (`MAX_BYTES`)."""
-    room = MAX_BYTES - len(checksum_line("crc32:" + "0" * 64))  # its last line
-    if len(text) * 4 <= room:  # UTF-8 takes at most 4 bytes a character
-        return
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size <= room:
-        return
-    records = [("leaf", n, r) for n, r in content["leaves"].items()]
-    records += [("module", n, r) for n, r in content["modules"].items()]
-    kind, name, _ = max(records, key=lambda r: len(json.dumps(r[2], default=str)))
-    raise UnsupportedLeafError(
-        f"Cannot save this item: its sidecar would be {size} bytes, more than "
-        f"the {MAX_BYTES} orbax_eqx reads back. The largest record is "
-        f"that of {kind} `{name}`. Keep large Python values (str, bytes, static "
-        "fields) out of the item, or store them as arrays "
-        "(`np.frombuffer(data, np.uint8)`)."
-    )
-
-
-def _dump(
-    content: dict[str, Any], pause: Callable[[], None] | None = None
-) -> list[str]:
-    """JSON members, a line per leaf, module and node: easy to read and diff."""
-
-    def line(value: Any) -> str:
-        if pause is not None:
-            pause()
-        return json.dumps(value, allow_nan=False, ensure_ascii=False)
-
-    parts = []
-    for key, value in content.items():
-        if key == CHECKSUM:  # the last line, computed anew (see `dumps`)
-            continue
-        if isinstance(value, dict) and key in ("leaves", "modules", "nodes") and value:
-            rows = ",\n".join(f"  {line(k)}: {line(v)}" for k, v in value.items())
-            parts.append(f" {line(key)}: {{\n{rows}\n }}")
-        else:
-            parts.append(f" {line(key)}: {line(value)}")
-    return parts

@@ -17,26 +17,26 @@ never recurses without bound. Any of these is damage, said in one
 """
 
 import dataclasses
+import functools
 import json
 import math
-import re
 import sys
 from typing import Any
 
+import numpy as np
 from etils import epath
 
 # The one module of a later stage read here: it imports nothing of ours but
 # `_errors`, and opening files safely is the same job for every file.
 from .._bytes import store as _store
 from .._errors import SidecarError, permission_denied
-from .._storage.checksum import digest
 from .._tree import nodes as _nodes
 from .._tree.names import old_storage_key, storage_key
 from .._tree.values import decode_scalar, scalar_type, too_deep
 from .._tree.walk import ARRAY, SCALAR, ModuleInfo, parse_dtype
+from . import sealed as _sealed
 from .sidecar import (
     ALIAS,
-    CHECKSUM,
     CONTAINERS,
     EMPTY,
     FILE_NAME,
@@ -87,10 +87,11 @@ def read(directory: epath.Path) -> Metadata:
     except PermissionError:
         raise permission_denied(path) from None
     try:
-        sealed = _check_checksum(raw, path)
+        damaged = functools.partial(_damaged, path)
+        sealed = _sealed.check(raw, damaged)
         content = _loads(raw, path)
         del raw  # held no longer than needed: a sidecar may be 256 MiB
-        _check_sealed(content, sealed, path)
+        _sealed.check_sealed(content, sealed, FORMAT_VERSION, damaged)
         return parse(content, str(directory))
     except RecursionError:  # printing a value in an error, say
         raise _damaged(path, _TOO_DEEP) from None
@@ -104,48 +105,6 @@ def _damaged(path, what: str) -> SidecarError:
         f"The sidecar {path} {what}; the checkpoint is damaged (or something "
         "else was put in its place). Restore an earlier step, or re-save it."
     )
-
-
-# The last line of a sidecar of format 6 on (see `sidecar.checksum_line`).
-_CHECKSUM_LINE = re.compile(rb'\n "checksum": "([a-z0-9]{1,16}:[0-9a-f]{1,64})"\n}\n\Z')
-
-
-def _check_checksum(raw: bytes, path) -> bool:
-    """Checks a sidecar's checksum, before its JSON is read; returns whether it
-    has one (format 6 on)."""
-    found = _CHECKSUM_LINE.search(raw, max(len(raw) - 128, 0))
-    if found is None:
-        return False
-    recorded = found.group(1).decode("ascii")
-    try:
-        # Every byte up to the line's start: the newline before it included.
-        covered = memoryview(raw)[: found.start() + 1]
-        computed = digest(covered, recorded.split(":")[0])
-    except ValueError as e:
-        raise _damaged(path, f"records a checksum of {e}") from None
-    if computed != recorded:
-        raise _damaged(
-            path,
-            f"does not match its checksum ({recorded} recorded, {computed} "
-            "computed now): it changed after the save (a flipped bit, a damaged "
-            "copy, or an edit)",
-        )
-    return True
-
-
-def _check_sealed(content: Any, sealed: bool, path) -> None:
-    """From format 6 on, every sidecar ends with its checksum."""
-    if sealed or not isinstance(content, dict):
-        return
-    version = content.get("format_version")
-    if type(version) is int and version > FORMAT_VERSION:
-        return  # a newer format: `parse` says to upgrade
-    if CHECKSUM in content or (type(version) is int and version >= 6):
-        raise _damaged(
-            path,
-            f"records no checksum on its last line, where a format-{version} "
-            "sidecar always has one: it was edited, or rewritten",
-        )
 
 
 def _loads(raw: bytes, path) -> Any:
@@ -321,6 +280,26 @@ def _parse_packs(packs_json: Any, token, where, bad) -> tuple[PackMetadata, ...]
     return tuple(packs)
 
 
+@functools.cache
+def _dtype_problem(text: str) -> str | None:
+    """What is wrong with an array's recorded dtype, or None: it must be
+    spelled as a save spells it (`str(dtype)`: `<U2`, not `U2`), and be one a
+    save writes (no structured or object dtype)."""
+    try:
+        dtype = parse_dtype(text)
+    except (TypeError, ValueError, OverflowError, MemoryError, SyntaxError):
+        return f"unknown dtype {text!r}"
+    if isinstance(dtype, np.dtype) and (
+        dtype.fields is not None or dtype.subdtype is not None
+    ):
+        return f"unknown dtype {text!r}"
+    if isinstance(dtype, np.dtype) and dtype.hasobject:
+        return f"dtype {text!r}, which no save writes (it refuses arrays of objects)"
+    if str(dtype) != text:
+        return f"dtype {text!r}, which no save writes (it writes {str(dtype)!r})"
+    return None
+
+
 def _is_size(x: Any) -> bool:
     return type(x) is int and x >= 0
 
@@ -362,10 +341,9 @@ def _parse_leaf(name: str, rec: Any, packs, bad, checks: "_Sums") -> LeafMetadat
     if not isinstance(dtype, str) or cont not in CONTAINERS:
         raise bad(f"leaf {name!r} has no valid dtype or container")
     dtype, cont = sys.intern(dtype), CONTAINERS[CONTAINERS.index(cont)]
-    try:
-        parse_dtype(dtype)  # every array's: zero-size and sharded ones too
-    except (TypeError, ValueError):
-        raise bad(f"leaf {name!r} has unknown dtype {dtype!r}") from None
+    why = _dtype_problem(dtype)  # every array's: zero-size and sharded ones too
+    if why is not None:
+        raise bad(f"leaf {name!r} has {why}")
     if data == STORED and rec.get("key") not in (
         storage_key(name),
         old_storage_key(name),

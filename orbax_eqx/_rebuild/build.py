@@ -40,7 +40,7 @@ from .._tree.walk import (
 )
 from .allow import Refused, Resolver, suggestion, unnameable
 from .decode import DRY, At, Decoder
-from .shared import Selector, is_path, route
+from .shared import selectors
 
 # Deeper than any tree JAX flattens (saves flatten with JAX): a rebuild makes
 # no deeper one, so that a sidecar of a 100,000-node chain costs nothing.
@@ -316,7 +316,10 @@ class _Builder:
         names = rec.get("children", [])
         if len(fields) != len(names):
             raise self.damaged(f"node {name!r} has {len(fields)} fields")
-        ready = self.selectors(name, rec, names) if info.cls == _SHARED else {}
+        ready = {}
+        if info.cls == _SHARED:
+            ready = selectors(self.saved.leaves, self.nodes, name, rec, self.damaged)
+            self.used.update(ready)
         if cls is None or cls is DRY:
             return names, _none, ready
         if not (isinstance(cls, type) and issubclass(cls, eqx.Module)):
@@ -346,34 +349,6 @@ class _Builder:
             return module
 
         return names, make, ready
-
-    def selectors(self, name: str, rec: dict[str, Any], children) -> dict[str, Any]:
-        """`eqx.nn.Shared`'s `where` and `get` leaves, as selectors of what the
-        save recorded they select: `{leaf name: Selector}`. Each recorded step
-        must go to a recorded node (`shared.route`), or the sidecar is damaged.
-        """
-        wiring = _wiring(rec)
-        if wiring is None or rec.get("fields") != ["pytree", "where", "get"]:
-            return {}
-        start = children[0]
-        ready = {}
-        for field, child in zip(("where", "get"), children[1:]):
-            if child is None or child not in self.saved.leaves:
-                continue
-            many, paths = wiring[field]
-            for path in paths:
-                bad = None if start is None else route(self.nodes, start, path)
-                if start is None or bad is not None:
-                    raise self.damaged(
-                        f"`eqx.nn.Shared` node {label(name, rec['path'])} records "
-                        f"that `{field}` selects {_shown(path)}, which is no node "
-                        f"of the saved tree (at step {bad})"
-                    )
-            self.used.add(child)
-            named = self.saved.leaves[child].value
-            text = named.get("callable") if isinstance(named, dict) else None
-            ready[child] = Selector(str(text), many, paths)
-        return ready
 
     def leaf(self, leaf: LeafMetadata) -> Any:
         at = (leaf.name, leaf.path)
@@ -455,31 +430,6 @@ def _field(at: At, field: str) -> At:
     name, path = at
     path = "" if path == "<root>" else path  # as the sidecar records the root
     return (join([name, field]) if name else field), f"{path}.{field}"
-
-
-def _shown(path: list) -> str:
-    steps = "".join(f".{key}" if kind == "attr" else f"[{key!r}]" for kind, key in path)
-    return f"`{steps or '<the whole pytree>'}`"
-
-
-def _wiring(rec: dict[str, Any]) -> dict[str, tuple[bool, list]] | None:
-    """`eqx.nn.Shared`'s recorded `where` and `get` selections, if well formed."""
-    wiring = rec.get("wiring")
-    if not isinstance(wiring, dict):
-        return None
-    found = {}
-    for field in ("where", "get"):
-        entry = wiring.get(field)
-        if not (
-            isinstance(entry, dict)
-            and type(entry.get("many")) is bool
-            and isinstance(entry.get("paths"), list)
-            and entry["paths"]
-            and all(is_path(p) for p in entry["paths"])
-        ):
-            return None
-        found[field] = (entry["many"], entry["paths"])
-    return found
 
 
 def _shared_node() -> Any:

@@ -72,7 +72,7 @@ class Decoder:
                 return None
             except ValueError as e:
                 raise self.damaged(
-                    f"the value at {label(*at)} is malformed ({e})"
+                    f"the numpy scalar at {label(*at)} is none a save writes: {e}"
                 ) from None
         if tag == "dtype":
             return self._dtype(at, body)

@@ -15,9 +15,11 @@ attribute that is no field (`__class__`, `__globals__`...).
 """
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from .._tree import nodes as _nodes
+from .._tree.names import label
 
 
 class Selector:
@@ -40,6 +42,61 @@ class Selector:
         return f"<selects {', '.join(paths)}: stands in for {self.__module__}." + (
             f"{self.__qualname__}>"
         )
+
+
+def selectors(
+    leaves, nodes, name: str, rec: dict[str, Any], damaged: Callable[[str], Exception]
+) -> dict[str, Selector]:
+    """`eqx.nn.Shared` node `name`'s `where` and `get` leaves, as selectors of
+    what the save recorded they select: `{leaf name: Selector}` (none if the
+    save recorded no selection). Each recorded step must go to a recorded
+    node (`route`), or this raises `damaged(what)`."""
+    wiring = _wiring(rec)
+    if wiring is None or rec.get("fields") != ["pytree", "where", "get"]:
+        return {}
+    start, *named = rec.get("children", [])
+    ready = {}
+    for field, child in zip(("where", "get"), named):
+        if child is None or child not in leaves:
+            continue
+        many, paths = wiring[field]
+        for path in paths:
+            bad = None if start is None else route(nodes, start, path)
+            if start is None or bad is not None:
+                raise damaged(
+                    f"`eqx.nn.Shared` node {label(name, rec['path'])} records "
+                    f"that `{field}` selects {_shown(path)}, which is no node "
+                    f"of the saved tree (at step {bad})"
+                )
+        value = leaves[child].value
+        text = value.get("callable") if isinstance(value, dict) else None
+        ready[child] = Selector(str(text), many, paths)
+    return ready
+
+
+def _wiring(rec: dict[str, Any]) -> dict[str, tuple[bool, list]] | None:
+    """`eqx.nn.Shared`'s recorded `where` and `get` selections, if well formed."""
+    wiring = rec.get("wiring")
+    if not isinstance(wiring, dict):
+        return None
+    found = {}
+    for field in ("where", "get"):
+        entry = wiring.get(field)
+        if not (
+            isinstance(entry, dict)
+            and type(entry.get("many")) is bool
+            and isinstance(entry.get("paths"), list)
+            and entry["paths"]
+            and all(is_path(p) for p in entry["paths"])
+        ):
+            return None
+        found[field] = (entry["many"], entry["paths"])
+    return found
+
+
+def _shown(path: list) -> str:
+    steps = "".join(_show(step) for step in path)
+    return f"`{steps or '<the whole pytree>'}`"
 
 
 def is_path(path: Any) -> bool:

@@ -200,6 +200,10 @@ def decode_numpy(body: Any) -> Any:
     return made
 
 
+def _a(word: str) -> str:
+    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
+
+
 def saved_dtype(text: Any) -> np.dtype:
     """The numpy dtype a save spells `text` (`str(dtype)`), other than structured
     and object dtypes, which a save refuses. Raises `ValueError` for
@@ -210,16 +214,13 @@ def saved_dtype(text: Any) -> np.dtype:
         dtype = np.dtype(text)
     except (TypeError, ValueError, OverflowError, MemoryError, SyntaxError):
         raise ValueError(f"unknown dtype {_SHORT.repr(text)}") from None
-    if (
-        str(dtype) != text
-        or dtype.fields is not None
-        or dtype.subdtype is not None
-        or dtype.hasobject
-    ):
+    if str(dtype) != text:
         raise ValueError(
-            f"dtype {_SHORT.repr(text)} is not one a save writes (it writes "
-            f"{str(dtype)!r} for {'it' if str(dtype) != text else 'no such arrays'})"
+            f"dtype {_SHORT.repr(text)} is spelled {str(dtype)!r} where a save "
+            "writes it"
         )
+    if dtype.fields is not None or dtype.subdtype is not None or dtype.hasobject:
+        raise ValueError(f"dtype {_SHORT.repr(text)} is one a save refuses")
     return dtype
 
 
