@@ -99,7 +99,9 @@ def encode(value: Any) -> Any:
     if isinstance(value, np.dtype):
         return {"dtype": str(value)}
     if isinstance(value, np.generic):
-        return {"numpy": [str(value.dtype), encode(value.item())]}
+        item = value.item()
+        if not isinstance(item, np.generic):  # longdouble's item is itself
+            return {"numpy": [str(value.dtype), encode(item)]}
     if isinstance(value, enum.Enum):
         return {"enum": f"{qualified_name(kind)}.{value.name}"}
     if isinstance(value, type) or is_named_callable(value):
@@ -187,7 +189,7 @@ def decode_numpy(body: Any) -> Any:
     found = scalar_type(encoded)
     if found != kind:
         raise ValueError(
-            f"a {dtype} scalar recorded with a {found or 'malformed'} value"
+            f"a {dtype} scalar recorded with {_a(found or 'malformed')} value"
         )
     value = decode_scalar(encoded)
     _check_range(dtype, kind, value)
