@@ -165,6 +165,23 @@ def test_a_submodule_nothing_imported_is_not_imported(mlp, planted):
     assert mark.exists()
 
 
+def test_the_allow_list_inspect_prints_works_in_a_fresh_process(
+    mlp, planted, capsys
+):
+    site, _ = planted
+    sidecars.edit(
+        mlp,
+        lambda c: c["leaves"]["activation"].update(
+            value={"callable": "planted.cli.relu"}
+        ),
+    )
+    assert cli_main(["inspect", "--json", str(mlp)]) == 0
+    (item,) = json.loads(capsys.readouterr().out)["items"]
+    assert item["rebuild"]["allow"] == ["equinox.nn", "planted.cli"]
+    found = _restore_in_fresh_process(mlp, item["rebuild"]["allow"], site)
+    assert found["outcome"] == "restored"
+
+
 @pytest.mark.parametrize(
     "body, what",
     [
