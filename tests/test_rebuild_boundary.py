@@ -165,9 +165,7 @@ def test_a_submodule_nothing_imported_is_not_imported(mlp, planted):
     assert mark.exists()
 
 
-def test_the_allow_list_inspect_prints_works_in_a_fresh_process(
-    mlp, planted, capsys
-):
+def test_the_allow_list_inspect_prints_works_in_a_fresh_process(mlp, planted, capsys):
     site, _ = planted
     sidecars.edit(
         mlp,

@@ -149,3 +149,11 @@ def test_shared_wiring_rebuilds_after_resealing(tmp_path):
     sidecars.edit(tmp_path / "ckpt", lambda c: None)
     restored = oeqx.restore(tmp_path / "ckpt", allow=["equinox", "zoo"])
     np.testing.assert_array_equal(restored(3), model(3))
+
+
+def test_renames_with_allow_speak_of_the_rebuilt_tree(saved):
+    with pytest.raises(oeqx.RenameError) as info:
+        oeqx.restore(saved, allow=[], renames={"a": "c"})
+    text = str(info.value)
+    assert "only to names the rebuilt tree lacks (its leaves are named like" in text
+    assert "skeleton" not in text

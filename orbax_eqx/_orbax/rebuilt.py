@@ -15,6 +15,7 @@ from etils import epath
 from .._errors import CheckpointMismatchError, RebuildError, SidecarError
 from .._format.sidecar import PACKED, Metadata
 from .._rebuild import build as _rebuild
+from .._restore.rename_map import RenameError
 from .._restore.restore import restore_tree
 from .._storage import packfile as _packfile
 
@@ -27,7 +28,12 @@ def restore(inner, directory: epath.Path, saved: Metadata, args) -> Any:
     try:
         return restore_tree(inner, directory, saved, args)
     except CheckpointMismatchError as e:
-        raise _disagrees(saved, e) from None
+        if args.renames is None:
+            raise _disagrees(saved, e) from None
+        # The caller's renames: said of the rebuilt tree, as the next.
+        raise CheckpointMismatchError(_of_the_tree(str(e))) from None
+    except RenameError as e:
+        raise RenameError(_of_the_tree(str(e))) from None
     except (RecursionError, SystemError) as e:
         # JAX flattens trees in C++, some hundreds of levels deep at most.
         if "recursion" not in str(e) and "exception set" not in str(e):
@@ -49,6 +55,15 @@ def _check_packs(directory: epath.Path, saved: Metadata) -> None:
     for pack, end in ends.items():
         record = saved.packs[pack]
         _packfile.check_size(directory / record.file, end, record.nbytes)
+
+
+def _of_the_tree(text: str) -> str:
+    """A mismatch message of a rebuilt skeleton, said of the rebuilt tree."""
+    return (
+        text.replace("The skeleton", "The tree rebuilt from the sidecar")
+        .replace("the skeleton's", "the rebuilt tree's")
+        .replace("the skeleton", "the rebuilt tree")
+    )
 
 
 def _disagrees(saved: Metadata, error: CheckpointMismatchError) -> SidecarError:
