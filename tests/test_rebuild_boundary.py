@@ -181,6 +181,34 @@ def test_the_allow_list_inspect_prints_works_in_a_fresh_process(mlp, planted, ca
 
 
 @pytest.mark.parametrize(
+    "name", ["lazy.sub.relu", "lazy.missing", "lazy.relu.__globals__"]
+)
+def test_a_module_getattr_is_never_called(tmp_path, monkeypatch, mlp, name):
+    # A module's `__getattr__` may import anything (lazy submodules): a
+    # rebuild reads module namespaces as they are.
+    mark = tmp_path / "getattr-ran"
+    (tmp_path / "lazy.py").write_text(
+        textwrap.dedent(f"""
+        def __getattr__(name):
+            open({str(mark)!r}, "w").write(name)
+            raise AttributeError(name)
+
+        def relu(x):
+            return x
+        """)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "lazy", raising=False)
+    sidecars.edit(
+        mlp, lambda c: c["leaves"]["activation"].update(value={"callable": name})
+    )
+    with pytest.raises(oeqx.RebuildError, match=rf"`activation`: callable `{name}`"):
+        oeqx.restore(mlp, allow=["equinox", "jax", "lazy"])
+    assert not mark.exists()
+    sys.modules.pop("lazy", None)
+
+
+@pytest.mark.parametrize(
     "body, what",
     [
         ("raise SystemExit(2)", r"exited \(SystemExit\(2\)\)"),

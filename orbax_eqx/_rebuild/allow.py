@@ -179,7 +179,8 @@ class Resolver:
     def _not_found(self, name: str, parts: list[str], at: int, inside: bool) -> Any:
         module_name = ".".join(parts[:at])
         submodule = f"{module_name}.{parts[at]}"
-        if hasattr(sys.modules[module_name], "__path__") and (
+        # `vars`, not `hasattr`: a module's `__getattr__` may import.
+        if "__path__" in vars(sys.modules[module_name]) and (
             inside or allowed(submodule, self.allow)
         ):
             # A package without this attribute: a submodule nothing imported.
