@@ -39,6 +39,17 @@ def make(width=8, seed=0):
     return {"model": eqx.nn.MLP(3, 2, width, 1, key=jax.random.key(seed)), "step": 3}
 
 
+@pytest.fixture(autouse=True)
+def _own_imports(monkeypatch):
+    """Forgets the skeleton files a test imports in this process (`m.py`,
+    `skel.py`: each test writes its own under its own `tmp_path`); a file
+    skeleton is imported under its module name, which one process keeps."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield
+    for name in ("m", "skel"):
+        sys.modules.pop(name, None)
+
+
 @pytest.fixture
 def work(tmp_path):
     """`a`, and `b`: `a` with one bias nudged, `step` changed, a leaf added."""

@@ -54,7 +54,10 @@ Against a skeleton, Python values are compared by type only, as restore does.
 A and B are checkpoints (item or step directories), or skeletons given as
 `module:function` (or `path/to/file.py:function`): a function of no arguments
 that returns the skeleton, such as `eqx.filter_eval_shape(make_model, key)`.
-The module is imported from the current directory or PYTHONPATH.
+The module is imported from the current directory or PYTHONPATH; a file under
+the name your code imports it by (path/to/tmodel.py as tmodel, from its
+directory; a file in a package as package.tmodel), so that the classes of a
+checkpoint made from it are recorded as tmodel.Net.
 
 With --values, the arrays both checkpoints hold with the same shape are read,
 a few at a time (--buffer), and compared: integers and booleans exactly,
