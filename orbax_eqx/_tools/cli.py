@@ -51,9 +51,16 @@ difference: leaves only in A or only in B, and leaves whose kind, shape, dtype,
 Python value or tying differs; modules whose class or static fields differ.
 Against a skeleton, Python values are compared by type only, as restore does.
 
-A and B are checkpoints (item or step directories), or skeletons given as
-`module:function` (or `path/to/file.py:function`): a function of no arguments
-that returns the skeleton, such as `eqx.filter_eval_shape(make_model, key)`.
+A and B are checkpoints, or skeletons given as `module:function` (or
+`path/to/file.py:function`): a function of no arguments that returns the
+skeleton, such as `eqx.filter_eval_shape(make_model, key)`. A checkpoint is an
+item directory, a step directory or a CheckpointManager root (its latest
+step). Two steps (or roots) are compared item by item, paired by name: items
+only one side holds are differences, and other items both hold (JSON, a data
+loader's state) are named, not compared. --item NAME compares that item of
+each side. Plain Orbax checkpoints (no orbax_eqx sidecar: Orbax's PyTree or
+Standard handler, v0 or v1) are compared by their arrays, against each other
+or an orbax_eqx checkpoint.
 The module is imported from the current directory or PYTHONPATH; a file under
 the name your code imports it by (path/to/tmodel.py as tmodel, from its
 directory; a file in a package as package.tmodel), so that the classes of a
@@ -62,7 +69,8 @@ checkpoint made from it are recorded as tmodel.Net.
 With --values, the arrays both checkpoints hold with the same shape are read,
 a few at a time (--buffer), and compared: integers and booleans exactly,
 floats as numpy.isclose(a, b, rtol, atol) with B as the reference. Each leaf's
-largest absolute and relative (|a - b| / max(|a|, |b|)) difference is shown.
+largest absolute and relative (|a - b| / max(|a|, |b|)) difference is shown;
+typed PRNG keys are compared as keys, each equal or not.
 
 Exit status: 0 if A and B do not differ, 1 if they do, 2 on an error.
 """
@@ -283,6 +291,11 @@ def _parser() -> argparse.ArgumentParser:
         default="256MiB",
         help="array data held at once, such as 512MiB (default: 256MiB)",
     )
+    diff.add_argument(
+        "--item",
+        metavar="NAME",
+        help="compare the item NAME of each side (steps with several items)",
+    )
     diff.add_argument("--json", action="store_true", help="print JSON")
     diff.set_defaults(run=_run_diff)
 
@@ -318,6 +331,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     export.add_argument(
         "--overwrite", action="store_true", help="replace safetensors files in OUT"
+    )
+    export.add_argument(
+        "--item", metavar="NAME", help="the item NAME of a step with several items"
     )
     export.set_defaults(run=_run_export)
 
@@ -414,7 +430,7 @@ def _run_export(args: argparse.Namespace) -> int:
     from .text import human_bytes
 
     result = export(
-        args.path,
+        _item_path(args.path, args.item),
         args.out,
         renames=load(args.rename),
         max_shard_size=args.max_shard_size,
@@ -460,6 +476,15 @@ def _run_import(args: argparse.Namespace) -> int:
         f"{len(result.files)} file(s) into {result.path} ({result.leaves} leaves)."
     )
     return 0
+
+
+def _item_path(path: str, item: str | None) -> str:
+    """PATH, or with `--item NAME` the directory of that item of it."""
+    if item is None:
+        return path
+    from .diff_items import resolve
+
+    return os.fspath(resolve(path, item).items[item])
 
 
 def _need_safetensors(command: str) -> None:
