@@ -38,6 +38,20 @@ and their metrics are listed, the best and latest marked, then the latest step
 is shown). Orbax does not record which metric made a step best: --best and
 --mode say it (default: the lowest "loss").
 
+--params counts the parameters (array elements) under every module and
+container, and by dtype, from the metadata alone. --stats reads every array,
+a piece at a time (memory stays near 64 MiB, or one chunk of Orbax's store
+where larger), and shows per leaf its min, max, mean, std and L2 norm over its
+finite elements, and its zero, NaN and Inf counts, then the --params tables;
+exit status 1 if a leaf cannot be read. Their --json shape is described in
+docs/guides/cli.md.
+
+Plain Orbax checkpoints (saved by Orbax's PyTree or Standard handler, or
+ocp.v1.save_pytree; no orbax_eqx sidecar) are shown from Orbax's own
+metadata: every array with its shape, dtype, bytes and sharding, and the
+handler that wrote it. A step's other items (JSON, a data loader's state)
+are listed by name.
+
 With --json, prints one JSON object: {"path", "steps": [{"step", "path",
 "metrics"}], "step", "latest", "best": {"step", "metric", "mode"}, "items":
 [{"path", "format_version", "versions", "leaves": {name: {...}}, "modules":
@@ -266,6 +280,22 @@ def _parser() -> argparse.ArgumentParser:
         default="min",
         help="whether the best step has the lowest or highest METRIC (default: min)",
     )
+    inspect.add_argument(
+        "--params",
+        action="store_true",
+        help="parameter counts per module subtree and per dtype",
+    )
+    inspect.add_argument(
+        "--stats",
+        action="store_true",
+        help="read every array: min, max, mean, std, L2, NaN/Inf/zero counts",
+    )
+    inspect.add_argument(
+        "--depth",
+        type=_positive_int,
+        metavar="N",
+        help="with --params/--stats: subtrees down to N levels (default: all)",
+    )
     inspect.set_defaults(run=_run_inspect)
 
     diff = commands.add_parser(
@@ -406,6 +436,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
+    if args.params or args.stats:
+        from .numbers_text import run
+
+        return run(args)
     from .inspect import gather, to_json
     from .inspect_text import to_text
 
