@@ -55,7 +55,8 @@ def item_text(saved: PlainMetadata, shardings: dict[str, str], flat: bool) -> st
         "",
         table(header, rows, right=(3,)) if rows else "  (no arrays)",
         "",
-        f"Total: {len(saved.leaves)} arrays, {human_bytes(nbytes)}.",
+        f"Total: {len(saved.leaves)} array{'' if len(saved.leaves) == 1 else 's'}, "
+        f"{human_bytes(nbytes)}.",
     ]
     if saved.unread:
         listed = [f"{display_path(n)} ({why})" for n, why in saved.unread.items()]

@@ -103,7 +103,7 @@ def _ok(found) -> bool:
 
 def _verdict(root, results, bad, by_step: bool, plain: bool = False) -> str:
     # Plain Orbax items have no checksums: their arrays read back, no more.
-    sound = (
+    all_sound = (
         "every array matches (or, in plain Orbax items, reads back)."
         if plain
         else "every array matches."
@@ -113,7 +113,7 @@ def _verdict(root, results, bad, by_step: bool, plain: bool = False) -> str:
         damaged = sorted({step for step, _ in bad})
         sound = [s for s in checked if s not in damaged]
         if not damaged:
-            return f"{_count(checked, 'step')} of {root}: {sound}"
+            return f"{_count(checked, 'step')} of {root}: {all_sound}"
         newest = (
             f"The newest sound step is {sound[-1]}"
             if sound
@@ -126,7 +126,7 @@ def _verdict(root, results, bad, by_step: bool, plain: bool = False) -> str:
         )
     names = [item.name for _, item in bad]
     if not bad:
-        return f"{_count(results, 'item')} of {root}: {sound}"
+        return f"{_count(results, 'item')} of {root}: {all_sound}"
     return (
         f"Damaged: {_count(bad, 'item')} of {len(results)} ({', '.join(names)}). "
         "Restore an earlier step, or re-save this one."
