@@ -88,11 +88,11 @@ def test_diff(work):
     out = result.stdout
     assert "Values (rtol=1e-05, atol=0.0001): 1 of 4 arrays differ" in out
     assert re.search(
-        r"^  model\.layers\.0\.bias +0\.001 +\S+ +DIFFERENT \(1 of 8 elements\)$",
+        r"^ +0\.001 +\S+ +DIFFERENT \(1 of 8 elements\)  model\.layers\.0\.bias$",
         out,
         re.M,
     )
-    assert re.search(r"^  model\.layers\.0\.weight +0 +0 +equal$", out, re.M)
+    assert re.search(r"^ +0 +0 +equal +model\.layers\.0\.weight$", out, re.M)
     assert out.endswith("A and B differ: 2 in structure, 1 in values.\n")
 
     result = run_cli("diff", "--json", "--values", "--atol", "0.01", "a", "b", cwd=work)
