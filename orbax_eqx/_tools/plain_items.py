@@ -28,7 +28,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from .._bytes.store import read_bounded
-from .._errors import CheckpointDamagedError, OrbaxEqxError
+from .._errors import CheckpointDamagedError, OrbaxEqxError, inline_list
 from .._format.locate import PLAIN_METADATA, is_plain_item
 from .._format.sidecar import STORED, LeafMetadata, Metadata
 from .._storage.store_files import check as check_store_files
@@ -44,9 +44,10 @@ _SMALL_JSON_MAX = 16 << 20  # bytes of a `_CHECKPOINT_METADATA`, at most
 _HANDLER_MAX = 300  # characters of a handler's recorded name, at most
 # What a handler's recorded name may be: a dotted Python name.
 _HANDLER_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-# What Orbax may name an array in its store: one path segment (the name is
-# joined to the item's directory to find the array's files).
-_STORAGE_NAME = re.compile(r"[^/\\\x00]+")
+# What Orbax may name an array in its store: a relative path whose segments
+# are names (the name is joined to the item's directory to find the array's
+# files): no `..`, no leading `/`, no backslash or NUL.
+_STORAGE_NAME = re.compile(r"[^/\\\x00]+(/[^/\\\x00]+)*")
 # Dtypes an array of a plain checkpoint may have: numbers and booleans
 # (numpy's, and ml_dtypes' bfloat16, float8, int4...).
 _DTYPE_KINDS = "biufcV"
@@ -91,6 +92,10 @@ def read(item: epath.Path) -> PlainMetadata:
     """
     check_store_files(item)  # Orbax's reads would block on a FIFO there
     _check_size(item / PLAIN_METADATA, _METADATA_MAX)
+    try:
+        _check_names(item, read_bounded(item / PLAIN_METADATA, _METADATA_MAX))
+    except FileNotFoundError:
+        pass  # Orbax's read says so
     handler = ocp.PyTreeCheckpointHandler()
     try:
         metadata = handler.metadata(item)
@@ -169,7 +174,42 @@ def _record(name: str, path: str, m: Any) -> tuple[LeafMetadata | None, str]:
 
 
 def _safe_name(name: str) -> bool:
-    return bool(_STORAGE_NAME.fullmatch(name)) and name not in (".", "..")
+    return bool(_STORAGE_NAME.fullmatch(name)) and not any(
+        part in (".", "..") for part in name.split("/")
+    )
+
+
+def _check_names(item: epath.Path, text: bytes) -> None:
+    """Refuses an item whose `_METADATA` names an array outside the item.
+
+    Orbax names each array by its keys joined with `.`, and opens its files
+    at that name under the item (its public `metadata()` does, before any
+    check of ours could run): a key `/etc` or `..` would have it read
+    elsewhere. Only a `_METADATA` of the layout Orbax 0.12 writes is checked;
+    anything else is left to Orbax, which refuses what it cannot parse.
+    """
+    try:
+        tree = json.loads(text).get("tree_metadata")
+    except (ValueError, AttributeError, RecursionError):
+        return
+    if not isinstance(tree, dict):
+        return
+    bad = []
+    for entry in tree.values():
+        keys = entry.get("key_metadata") if isinstance(entry, dict) else None
+        if not isinstance(keys, list):
+            continue
+        parts = [k.get("key") for k in keys if isinstance(k, dict)]
+        if all(isinstance(p, str) for p in parts):
+            name = ".".join(parts)
+            if not _safe_name(name):
+                bad.append(repr(name))
+    if bad:
+        raise CheckpointDamagedError(
+            f"{item / PLAIN_METADATA} names arrays outside the checkpoint's "
+            f"directory ({inline_list(bad)}): Orbax would read their files "
+            "there. It is no checkpoint Orbax writes; it is not read."
+        )
 
 
 def handler_of(item: epath.Path) -> str | None:
