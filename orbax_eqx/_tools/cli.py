@@ -72,9 +72,9 @@ item directory, a step directory or a CheckpointManager root (its latest
 step). Two steps (or roots) are compared item by item, paired by name: items
 only one side holds are differences, and other items both hold (JSON, a data
 loader's state) are named, not compared. --item NAME compares that item of
-each side. Plain Orbax checkpoints (no orbax_eqx sidecar: Orbax's PyTree or
-Standard handler, v0 or v1) are compared by their arrays, against each other
-or an orbax_eqx checkpoint.
+each side that is a step or a root. Plain Orbax checkpoints (no orbax_eqx
+sidecar: Orbax's PyTree or Standard handler, v0 or v1) are compared by their
+arrays, against each other or an orbax_eqx checkpoint.
 The module is imported from the current directory or PYTHONPATH; a file under
 the name your code imports it by (path/to/tmodel.py as tmodel, from its
 directory; a file in a package as package.tmodel), so that the classes of a

@@ -5,7 +5,7 @@ items by name) or a CheckpointManager root (its latest step's items). Two
 steps are paired by item name; an item only one side holds is a difference,
 and so is another kind of item (a JSON item, a data loader's state) that only
 one side has; those both have are named, not compared. `--item NAME` picks
-one item of each side.
+one item of each side that is a step or a root.
 """
 
 import dataclasses
@@ -53,11 +53,9 @@ def resolve(text: str, item: str | None = None) -> Resolved:
     else:
         items = {p.name: p for _, p in found}
         resolved = Resolved(text, "step", items, _others(path))
-    if item is None:
+    if item is None or resolved.what == "item":  # --item picks in steps only
         return resolved
     if item not in resolved.items:
-        if resolved.what == "item" and item == path.name:
-            return resolved
         raise ItemNotFoundError(
             f"{path} holds no item named {item!r} (--item); it holds "
             f"{_names(resolved.items)}. Pass one of those."

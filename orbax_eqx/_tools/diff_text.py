@@ -71,7 +71,7 @@ def _steps_text(ra, rb, results, changes, others, args) -> str:
     lines = [f"A: {_items.describe(ra)}", f"B: {_items.describe(rb)}", ""]
     if changes:
         rows = [
-            [w, display_path(n), _change(Difference(w, n, x, y))]
+            [w, display_path(n), f"{x or '(absent)'}{_ARROW}{y or '(absent)'}"]
             for w, n, x, y in changes
         ]
         lines += [
