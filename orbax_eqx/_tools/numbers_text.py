@@ -79,6 +79,10 @@ def _text(report: Report, found) -> str:
     return "\n".join(parts)
 
 
+def _count(n: int, word: str) -> str:
+    return f"{n:,} {word}{'' if n == 1 else 's'}"
+
+
 def _num(x: float | None) -> str:
     if x is None:
         return "-"
@@ -101,7 +105,8 @@ def _stats_lines(stats: list[LeafStats]) -> list[str]:
         )
     nonfinite = [s for s in stats if s.nan or s.inf]
     lines = [
-        f"Values of {len(stats)} arrays (over their finite elements; read, not "
+        f"Values of {_count(len(stats), 'array')} (over their finite elements; "
+        "read, not "
         "checked: `verify` checks them):",
         # The name last: the numbers line up whatever its length.
         table([*header, "name"], rows, right=tuple(range(8))),
@@ -149,7 +154,7 @@ def _count_lines(count: Counts) -> list[str]:
         for d in count.dtypes
     ]
     return [
-        f"Parameters: {count.total:,} in {count.arrays} arrays "
+        f"Parameters: {count.total:,} in {_count(count.arrays, 'array')} "
         f"({human_bytes(count.nbytes)}; tied weights once).",
         table(["subtree", "class", "params", "bytes", "share"], rows, right=(2, 3, 4)),
         "",
