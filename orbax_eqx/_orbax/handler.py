@@ -146,6 +146,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         writing them happens in the background.
         """
         _object_commit.check(directory, self._pack)
+        _object_commit.reachable(directory)  # the first save into a bucket
         flat = None
         if args is None:
             check_global(item)  # EqxSave checks its own item when made
