@@ -25,6 +25,11 @@ from .._restore.read import batches, release_memory
 # Seconds one open or read may take: a local read never comes near, and a
 # stalled remote one fails rather than hangs.
 TIMEOUT = 300.0
+_OCDBT_CACHE = 16 << 20  # bytes of OCDBT's b-tree nodes kept
+# Bytes of a block read at once, at most: TensorStore holds each chunk's
+# compressed and decoded bytes besides the block while it reads, so smaller
+# blocks keep the peak near the budget (measured: benchmarks/stats_memory.py).
+MAX_BLOCK = 16 << 20
 
 
 class StoreReader:
@@ -49,7 +54,11 @@ class StoreReader:
             ocdbt = bool(ocp.type_handlers.is_ocdbt_checkpoint(directory))
         self.ocdbt = ocdbt
         self.zarr3 = zarr3
-        self._context = ocp.type_handlers.get_ts_context()
+        # Orbax's context, with a smaller cache for OCDBT's b-tree nodes:
+        # Orbax's 100 MB would be held on top of the blocks being read.
+        spec = ocp.type_handlers.get_ts_context().spec.to_json()
+        spec["cache_pool#ocdbt"] = {"total_bytes_limit": _OCDBT_CACHE}
+        self._context = ts.Context(spec)
 
     def open(self, record: LeafMetadata) -> ts.TensorStore:
         """Opens the array of `record` (by `record.key`), checked against it."""
@@ -104,7 +113,7 @@ class StoreReader:
         if math.prod(shape) == 0:
             return
         block = _block_shape(
-            shape, _chunk_shape(store), store.dtype.numpy_dtype, budget
+            shape, _chunk_shape(store), store.dtype.numpy_dtype, min(budget, MAX_BLOCK)
         )
         ranges = [range(0, n, b) for n, b in zip(shape, block)]
         for start in itertools.product(*ranges):
