@@ -23,7 +23,8 @@ model = eqx.nn.Linear(2, 2, key=jax.random.key(0))
 options = ocp.CheckpointManagerOptions(
     max_to_keep=2, temporary_path_class=ocp.path.atomicity.CommitFileTemporaryPath
 )
-with ocp.CheckpointManager({root!r}, item_handlers=oeqx.EqxHandler(), options=options) as m:
+handler = oeqx.EqxHandler()
+with ocp.CheckpointManager({root!r}, item_handlers=handler, options=options) as m:
     for step in range(3):
         m.save(step, args=oeqx.EqxSave(model))
     m.wait_until_finished()
@@ -142,7 +143,8 @@ options = ocp.CheckpointManagerOptions(
     temporary_path_class=ocp.path.atomicity.CommitFileTemporaryPath
 )
 try:
-    ocp.CheckpointManager("s3://bucket/run", item_handlers=oeqx.EqxHandler(), options=options)
+    handler = oeqx.EqxHandler()
+    ocp.CheckpointManager("s3://bucket/run", item_handlers=handler, options=options)
 except Exception as e:
     print(type(e).__module__, type(e).__name__, e)
 """
