@@ -69,6 +69,17 @@ def test_inspect_lists_the_other_items(roots, capsys):
     assert other["handler"].endswith(".JsonCheckpointHandler")
 
 
+def test_verify_a_step_of_several_kinds(roots, capsys):
+    a, _, _ = roots
+    assert main(["verify", str(a / "2")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"4 of 4 arrays (52 B) in {a}/2/model match their checksums."
+    assert out[1].startswith(f"5 of 5 arrays (68 B) in {a}/2/opt read back whole.")
+    assert out[2] == (
+        f"2 items of {a}/2: every array matches (or, in plain Orbax items, reads back)."
+    )
+
+
 def test_diff_two_roots_item_by_item(roots, capsys):
     a, b, _ = roots
     assert main(["diff", str(a), str(b)]) == 1

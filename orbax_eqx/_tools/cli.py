@@ -54,9 +54,11 @@ are listed by name.
 
 With --json, prints one JSON object: {"path", "steps": [{"step", "path",
 "metrics"}], "step", "latest", "best": {"step", "metric", "mode"}, "items":
-[{"path", "format_version", "versions", "leaves": {name: {...}}, "modules":
-{name: {...}}, "totals"}]}. Non-array values are given as the sidecar encodes
-them ("value") and as text ("text"); arrays have "sharding" where known.
+[{"path", "kind", "format_version", "versions", "leaves": {name: {...}},
+"modules": {name: {...}}, "totals"}], "others": [{"name", "path",
+"handler"}]}. Non-array values are given as the sidecar encodes them
+("value") and as text ("text"); arrays have "sharding" where known. A plain
+Orbax item has "kind": "plain Orbax", "handler", "ocdbt", "zarr3", "unread".
 """
 
 _DIFF_HELP = """\
