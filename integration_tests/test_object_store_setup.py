@@ -27,7 +27,7 @@ handler = oeqx.EqxHandler()
 with ocp.CheckpointManager({root!r}, item_handlers=handler, options=options) as m:
     for step in range(3):
         m.save(step, args=oeqx.EqxSave(model))
-    m.wait_until_finished()
+        m.wait_until_finished()  # else Orbax may warn that a save waited
     restored = m.restore(2, args=oeqx.EqxRestore(eqx.filter_eval_shape(lambda: model)))
     assert eqx.tree_equal(restored, model), "restored wrong values"
     print("steps", m.all_steps())

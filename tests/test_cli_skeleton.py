@@ -149,3 +149,19 @@ def test_file_skeleton_refused(tmp_path, file, message):
     assert result.returncode == 2
     assert re.fullmatch(f"orbax_eqx: error: {message}\n", result.stderr), result.stderr
     assert not (tmp_path / "ckpt").exists()
+
+
+def test_two_skeleton_files_of_one_name(tmp_path):
+    # Each file is imported as `tmodel` in turn: the second replaces the first
+    # (both were loaded by the command line itself, not by the user's code).
+    for width in (2, 3):
+        folder = tmp_path / f"v{width}"
+        folder.mkdir()
+        (folder / "tmodel.py").write_text(
+            TMODEL_PY.replace("Linear(3, 2,", f"Linear(3, {width},")
+        )
+    result = run_cli(
+        "diff", "v2/tmodel.py:skeleton", "v3/tmodel.py:skeleton", cwd=tmp_path
+    )
+    assert result.returncode == 1, result.stderr
+    assert "  shape       linear.weight        (2, 3) -> (3, 3)\n" in result.stdout

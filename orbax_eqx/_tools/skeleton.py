@@ -108,6 +108,13 @@ def _import_file(spec: str, file: str):
             f"to a valid module name (such as {_identifier(stem)}.py)."
         )
     loaded = sys.modules.get(dotted)
+    if loaded is not None and _ours.get(dotted) is loaded:
+        # A skeleton file of the same name that this process loaded before
+        # (`diff dir1/model.py:f dir2/model.py:f`, or the command line called
+        # twice): the name now means this file.
+        if not _same_file(getattr(loaded, "__file__", None), path):
+            del sys.modules[dotted]
+            loaded = None
     if loaded is not None and not _same_file(getattr(loaded, "__file__", None), path):
         raise SkeletonError(
             f"{path}, named by the skeleton {spec!r}, would be imported as "
@@ -117,12 +124,15 @@ def _import_file(spec: str, file: str):
             "file, or give the skeleton as `module:function` with its directory "
             "on PYTHONPATH."
         )
-    if root not in sys.path:
-        sys.path.insert(0, root)
+    if root in sys.path:  # first, so that this file is the one found
+        sys.path.remove(root)
+    sys.path.insert(0, root)
+    importlib.invalidate_caches()  # a file written since the last import
     try:
         module = importlib.import_module(dotted)
     except Exception as e:
         raise _failed(f"Importing {path}", e) from e
+    _ours[dotted] = module
     found = getattr(module, "__file__", None)
     if not _same_file(found, path):
         raise SkeletonError(
@@ -133,6 +143,10 @@ def _import_file(spec: str, file: str):
             "`module:function` with its directory on PYTHONPATH."
         )
     return module
+
+
+# Skeleton files this process imported, by module name.
+_ours: dict[str, Any] = {}
 
 
 def _import_name(path: str) -> tuple[str, str | None]:
