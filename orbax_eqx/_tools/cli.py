@@ -39,11 +39,27 @@ and their metrics are listed, the best and latest marked, then the latest step
 is shown). Orbax does not record which metric made a step best: --best and
 --mode say it (default: the lowest "loss").
 
+--params counts the parameters (array elements) under every module and
+container, and by dtype, from the metadata alone. --stats reads every array,
+a piece at a time (memory stays near 64 MiB, or one chunk of Orbax's store
+where larger), and shows per leaf its min, max, mean, std and L2 norm over its
+finite elements, and its zero, NaN and Inf counts, then the --params tables;
+exit status 1 if a leaf cannot be read. Their --json shape is described in
+docs/guides/cli.md.
+
+Plain Orbax checkpoints (saved by Orbax's PyTree or Standard handler, or
+ocp.v1.save_pytree; no orbax_eqx sidecar) are shown from Orbax's own
+metadata: every array with its shape, dtype, bytes and sharding, and the
+handler that wrote it. A step's other items (JSON, a data loader's state)
+are listed by name.
+
 With --json, prints one JSON object: {"path", "steps": [{"step", "path",
 "metrics"}], "step", "latest", "best": {"step", "metric", "mode"}, "items":
-[{"path", "format_version", "versions", "leaves": {name: {...}}, "modules":
-{name: {...}}, "totals"}]}. Non-array values are given as the sidecar encodes
-them ("value") and as text ("text"); arrays have "sharding" where known.
+[{"path", "kind", "format_version", "versions", "leaves": {name: {...}},
+"modules": {name: {...}}, "totals"}], "others": [{"name", "path",
+"handler"}]}. Non-array values are given as the sidecar encodes them
+("value") and as text ("text"); arrays have "sharding" where known. A plain
+Orbax item has "kind": "plain Orbax", "handler", "ocdbt", "zarr3", "unread".
 """
 
 _DIFF_HELP = """\
@@ -52,15 +68,26 @@ difference: leaves only in A or only in B, and leaves whose kind, shape, dtype,
 Python value or tying differs; modules whose class or static fields differ.
 Against a skeleton, Python values are compared by type only, as restore does.
 
-A and B are checkpoints (item or step directories), or skeletons given as
-`module:function` (or `path/to/file.py:function`): a function of no arguments
-that returns the skeleton, such as `eqx.filter_eval_shape(make_model, key)`.
-The module is imported from the current directory or PYTHONPATH.
+A and B are checkpoints, or skeletons given as `module:function` (or
+`path/to/file.py:function`): a function of no arguments that returns the
+skeleton, such as `eqx.filter_eval_shape(make_model, key)`. A checkpoint is an
+item directory, a step directory or a CheckpointManager root (its latest
+step). Two steps (or roots) are compared item by item, paired by name: items
+only one side holds are differences, and other items both hold (JSON, a data
+loader's state) are named, not compared. --item NAME compares that item of
+each side that is a step or a root. Plain Orbax checkpoints (no orbax_eqx
+sidecar: Orbax's PyTree or Standard handler, v0 or v1) are compared by their
+arrays, against each other or an orbax_eqx checkpoint.
+The module is imported from the current directory or PYTHONPATH; a file under
+the name your code imports it by (path/to/tmodel.py as tmodel, from its
+directory; a file in a package as package.tmodel), so that the classes of a
+checkpoint made from it are recorded as tmodel.Net.
 
 With --values, the arrays both checkpoints hold with the same shape are read,
 a few at a time (--buffer), and compared: integers and booleans exactly,
 floats as numpy.isclose(a, b, rtol, atol) with B as the reference. Each leaf's
-largest absolute and relative (|a - b| / max(|a|, |b|)) difference is shown.
+largest absolute and relative (|a - b| / max(|a|, |b|)) difference is shown;
+typed PRNG keys are compared as keys, each equal or not.
 
 Exit status: 0 if A and B do not differ, 1 if they do, 2 on an error.
 """
@@ -216,6 +243,22 @@ def _parser() -> argparse.ArgumentParser:
         default="min",
         help="whether the best step has the lowest or highest METRIC (default: min)",
     )
+    inspect.add_argument(
+        "--params",
+        action="store_true",
+        help="parameter counts per module subtree and per dtype",
+    )
+    inspect.add_argument(
+        "--stats",
+        action="store_true",
+        help="read every array: min, max, mean, std, L2, NaN/Inf/zero counts",
+    )
+    inspect.add_argument(
+        "--depth",
+        type=_positive_int,
+        metavar="N",
+        help="with --params/--stats: subtrees down to N levels (default: all)",
+    )
     inspect.set_defaults(run=_run_inspect)
 
     diff = commands.add_parser(
@@ -240,6 +283,11 @@ def _parser() -> argparse.ArgumentParser:
         type=_size,
         default="256MiB",
         help="array data held at once, such as 512MiB (default: 256MiB)",
+    )
+    diff.add_argument(
+        "--item",
+        metavar="NAME",
+        help="compare the item NAME of each side (steps with several items)",
     )
     diff.add_argument("--json", action="store_true", help="print JSON")
     diff.set_defaults(run=_run_diff)
@@ -283,6 +331,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
+    if args.params or args.stats:
+        from .numbers_text import run
+
+        return run(args)
     from .inspect import gather, to_json
     from .inspect_text import to_text
 

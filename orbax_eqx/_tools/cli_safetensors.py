@@ -3,6 +3,7 @@
 arguments and help."""
 
 import argparse
+import os
 
 from .._errors import OrbaxEqxError
 
@@ -98,6 +99,9 @@ def add_commands(commands, common, size) -> None:
     export.add_argument(
         "--overwrite", action="store_true", help="replace safetensors files in OUT"
     )
+    export.add_argument(
+        "--item", metavar="NAME", help="the item NAME of a step with several items"
+    )
     export.set_defaults(run=_run_export)
 
     import_ = commands.add_parser(
@@ -142,7 +146,7 @@ def _run_export(args: argparse.Namespace) -> int:
     from .text import human_bytes
 
     result = export(
-        args.path,
+        _item_path(args.path, args.item),
         args.out,
         renames=load(args.rename),
         mapping=_mapping(args.mapping, args.skeleton),
@@ -164,6 +168,15 @@ def _run_export(args: argparse.Namespace) -> int:
         what = "mapping" if args.mapping else "rename map"
         print(f"The {what} left out {result.left_out} arrays.")
     return 0
+
+
+def _item_path(path: str, item: str | None) -> str:
+    """PATH, or with `--item NAME` the directory of that item of it."""
+    if item is None:
+        return path
+    from .diff_items import resolve
+
+    return os.fspath(resolve(path, item).items[item])
 
 
 def _mapping(path, skeleton):
