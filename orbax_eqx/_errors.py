@@ -1,5 +1,7 @@
 """The library's exceptions, and how a list of problems becomes one message."""
 
+import sys
+import warnings
 from collections.abc import Sequence
 
 # Long lists of problems are cut here; the rest is counted, not printed.
@@ -105,3 +107,30 @@ class ObjectStoreError(OrbaxEqxError, OSError):
 class ObjectStoreSaveError(OrbaxEqxError, ValueError):
     """A save that cannot succeed on its object store (a rename commit or
     `pack=False` on `s3://`), refused before anything is written."""
+
+
+# Modules whose frames stand between the user's line and a warning: ours, and
+# Orbax's (a `CheckpointManager` calls the handler through several of its own).
+_LIBRARY_PREFIXES = ("orbax_eqx.", "orbax.")
+
+
+def warn_user(message: str, category: type[Warning]) -> None:
+    """Warns with `category`, pointing at the first line outside orbax_eqx and
+    Orbax: the user's `oeqx.restore(...)` or `mngr.restore(...)`, however many
+    of our or Orbax's frames lie between.
+
+    Where no such frame exists (a restore run by a thread of Orbax's), the
+    outermost frame is named.
+    """
+    frame = sys._getframe(1)
+    level = 1
+    while frame.f_back is not None and _is_library(frame):
+        frame = frame.f_back
+        level += 1
+    # +1: `warnings.warn` counts from this function's frame.
+    warnings.warn(message, category, stacklevel=level + 1)
+
+
+def _is_library(frame) -> bool:
+    name = frame.f_globals.get("__name__", "")
+    return (name + ".").startswith(_LIBRARY_PREFIXES)

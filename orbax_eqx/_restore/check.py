@@ -3,13 +3,12 @@
 Every difference is collected and reported at once, by leaf path.
 """
 
-import warnings
 from collections.abc import Callable
 from typing import Literal
 
 import jax
 
-from .._errors import CheckpointMismatchError, bullet_list
+from .._errors import CheckpointMismatchError, bullet_list, warn_user
 from .._format.sidecar import Metadata
 from .._tree.names import label
 from .._tree.values import SCALAR_TYPES, describe, encode, scalar_type
@@ -207,10 +206,9 @@ def check(
                 fix(_FIX_INSPECT)
     if statics and on_static_mismatch == "warn":
         if not errors:  # else nothing is restored, and the errors say why
-            warnings.warn(
+            warn_user(
                 _message(statics, saved.directory, [], "restoring anyway"),
                 StaticMismatchWarning,
-                stacklevel=4,
             )
     elif statics:
         errors.extend(statics)

@@ -1,6 +1,5 @@
 """Restoring "the latest" when the newest steps are damaged, or deleted meanwhile."""
 
-import warnings
 from typing import Any, NamedTuple
 
 import orbax.checkpoint as ocp
@@ -10,6 +9,7 @@ from .._errors import (
     CheckpointNotFoundError,
     RebuildError,
     bullet_list,
+    warn_user,
 )
 from .vanished import CheckpointDeletedError, CheckpointReplacedError
 
@@ -86,11 +86,10 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
             damaged.add(step)
             continue
         if failures:
-            warnings.warn(
+            warn_user(
                 f"Restored step {step} of {manager.directory}, because newer steps "
                 "could not be restored:\n" + bullet_list(failures),
                 FallbackWarning,
-                stacklevel=2,
             )
         return RestoredStep(step, item)
     if not failures:

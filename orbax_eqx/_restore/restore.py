@@ -121,7 +121,7 @@ def restore_tree(inner, directory, saved: Metadata, args) -> Any:
     if args.report:
         return tree, report
     if kept:
-        warn_kept(report, saved.directory, stacklevel=4)  # the caller of `restore`
+        warn_kept(report, saved.directory)
     return tree
 
 

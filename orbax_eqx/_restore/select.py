@@ -21,13 +21,12 @@ it).
 import dataclasses
 import difflib
 import re
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import jax.tree_util as jtu
 
-from .._errors import CheckpointMismatchError, bullet_list
+from .._errors import CheckpointMismatchError, bullet_list, warn_user
 from .._format.sidecar import Metadata
 from .._tree.names import ESCAPE, SEPARATOR, join, label
 from .._tree.walk import Leaf, Walked, walk
@@ -93,21 +92,20 @@ class Selection:
         )
 
 
-def warn_kept(report: RestoreReport, where: str, stacklevel: int) -> None:
+def warn_kept(report: RestoreReport, where: str) -> None:
     """Says which leaves were kept from the skeleton.
 
     They were asked for, but worth a word: a mistyped rename would otherwise
     leave a layer at its fresh initialisation without any other sign.
     """
     n = len(report.kept)
-    warnings.warn(
+    warn_user(
         f"{n} skeleton {'leaf is' if n == 1 else 'leaves are'} not in the "
         f'checkpoint at {where}, so kept from the skeleton (missing="keep"):\n'
         + bullet_list([label(name) for name in report.kept])
         + "\nPass `report=True` to get this list as a `RestoreReport` instead of "
         "this warning.",
         KeptLeavesWarning,
-        stacklevel=stacklevel + 1,
     )
 
 
