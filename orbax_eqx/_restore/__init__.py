@@ -1,6 +1,7 @@
 """Restoring: a skeleton checked against the sidecar, then arrays read into it.
 
-Owns the skeleton checks (`check`, with `classes` saying why classes differ and
+Owns the skeleton checks (`check` collects differences, `mismatch` words them,
+with `classes` saying why classes differ and
 `wide` keeping 64-bit arrays from being narrowed), which leaves to read
 (`select`, `renames`, `rename_map`), target shardings (`shardings`, `rules`),
 reading arrays and rebuilding the tree (`restore`), reading batches of leaves
