@@ -99,6 +99,15 @@ def inline_list(problems: Sequence[str], limit: int = 3) -> str:
     return text
 
 
+def some(items: Sequence[object], limit: int = 3, sep: str = ", ") -> str:
+    """The first `limit` of `items` joined by `sep`, then " and N more" if there
+    are more: for a list inside a sentence."""
+    text = sep.join(str(x) for x in items[:limit])
+    if len(items) > limit:
+        text += f" and {len(items) - limit} more"
+    return text
+
+
 class ObjectStoreError(OrbaxEqxError, OSError):
     """A request to an object store (`gs://`, `s3://`) failed after its
     retries: the message names the bucket, the endpoint and what to set."""
