@@ -455,11 +455,14 @@ def _run_sync(coro) -> Any:
 
 _Args = TypeVar("_Args", bound=type)
 
-# _TYPED_INIT: Orbax ships no `py.typed`, so to mypy `ocp.args.CheckpointArgs`
-# is `Any`, and a dataclass deriving from `Any` takes any keyword: a misspelt
-# option would pass. So type checkers see an `__init__` written out (the
-# dataclass makes the real one; tests/test_typing.py checks that the two
-# agree).
+# Orbax ships no `py.typed`, so to type checkers `ocp.args.CheckpointArgs` is
+# `Any`, and a dataclass deriving from `Any` takes any keyword: a misspelt
+# option would pass. So type checkers see the args classes derive from
+# `object`, and check their dataclass `__init__` as written.
+if TYPE_CHECKING:
+    _CheckpointArgs = object
+else:
+    _CheckpointArgs = ocp.args.CheckpointArgs
 
 
 def _registered(*, for_save: bool = False) -> Callable[[_Args], _Args]:
@@ -477,7 +480,7 @@ def _registered(*, for_save: bool = False) -> Callable[[_Args], _Args]:
 
 @_registered(for_save=True)
 @dataclasses.dataclass
-class EqxSave(ocp.args.CheckpointArgs):
+class EqxSave(_CheckpointArgs):
     """Arguments to save `item` with `EqxHandler`.
 
     **Arguments:**
@@ -491,10 +494,6 @@ class EqxSave(ocp.args.CheckpointArgs):
     item: Any
     # `item` flattened once, for the checks here and the handler's save.
     _flat: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
-
-    if TYPE_CHECKING:  # see `_TYPED_INIT`
-
-        def __init__(self, item: Any) -> None: ...
 
     def __post_init__(self):
         # Here, not in the handler: the manager makes directories before the
@@ -512,7 +511,7 @@ class EqxSave(ocp.args.CheckpointArgs):
 
 @_registered()
 @dataclasses.dataclass
-class EqxRestore(ocp.args.CheckpointArgs):
+class EqxRestore(_CheckpointArgs):
     r"""Arguments to restore with `EqxHandler`.
 
     **Arguments:**
@@ -632,26 +631,6 @@ class EqxRestore(ocp.args.CheckpointArgs):
     )
     verify: bool = dataclasses.field(default=True, kw_only=True)
     max_staged_bytes: int | None = dataclasses.field(default=None, kw_only=True)
-
-    if TYPE_CHECKING:  # see `_TYPED_INIT`; the same parameters as the fields
-
-        def __init__(
-            self,
-            skeleton: Any = None,
-            *,
-            allow: Sequence[str] | None = None,
-            shardings: Any = None,
-            cast: bool = False,
-            strict: bool = True,
-            prefix: str | None = None,
-            renames: Renames | None = None,
-            renames_must_match: bool = True,
-            missing: Literal["error", "keep"] = "error",
-            report: bool = False,
-            on_static_mismatch: Literal["error", "warn"] = "error",
-            verify: bool = True,
-            max_staged_bytes: int | None = None,
-        ) -> None: ...
 
     def __post_init__(self):
         _staging.check_max_bytes(self.max_staged_bytes)
