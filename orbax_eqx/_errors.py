@@ -3,13 +3,24 @@
 import sys
 import warnings
 from collections.abc import Sequence
+from typing import TypeVar
 
 # Long lists of problems are cut here; the rest is counted, not printed.
 MAX_LISTED = 20
 
 
 class OrbaxEqxError(Exception):
-    """Base class of every error raised by orbax_eqx."""
+    """Base class of every error raised by orbax_eqx.
+
+    Errors made by `_errors.problem` also say, as fields, what the message
+    says in words: `file` (the file or directory at fault, or None), `leaves`
+    (the leaf names concerned, possibly none) and `remedy` (the fix offered,
+    or None).
+    """
+
+    file: str | None = None
+    leaves: tuple[str, ...] = ()
+    remedy: str | None = None
 
 
 class UnsupportedLeafError(OrbaxEqxError, TypeError):
@@ -69,6 +80,47 @@ class CheckpointDamagedError(OrbaxEqxError, ValueError):
 
 class CheckpointPermissionError(OrbaxEqxError, PermissionError):
     """A checkpoint's directory or files cannot be read by this user."""
+
+
+# Remedies that many errors offer, worded once.
+EARLIER_STEP = "Restore an earlier step, or re-save the checkpoint."
+FALL_BACK = (
+    "Restore an earlier step (`oeqx.restore_latest` falls back past damaged "
+    "steps); `python -m orbax_eqx verify PATH` checks every leaf."
+)
+
+_E = TypeVar("_E", bound=OrbaxEqxError)
+
+
+def problem(
+    cls: type[_E],
+    what: str,
+    *,
+    file: object = None,
+    leaves: Sequence[str] = (),
+    remedy: str | None = None,
+) -> _E:
+    """An error of class `cls`: `what` went wrong (naming the leaf or file
+    first), then the `remedy`; `file`, `leaves` and `remedy` are kept as its
+    fields too."""
+    error = cls(what if remedy is None else f"{what} {remedy}")
+    error.file = None if file is None else str(file)
+    error.leaves = tuple(leaves)
+    error.remedy = remedy
+    return error
+
+
+def first_line(error: BaseException, empty: str | None = None) -> str:
+    """The first line of `error`'s message: `empty` (default: the error's class
+    name) if it has none, or if it cannot be made (an int too long, say)."""
+    try:
+        text = str(error)
+    except Exception:
+        text = ""
+    lines = text.strip().splitlines()
+    if lines:
+        return lines[0]
+    return type(error).__name__ if empty is None else empty
 
 
 def permission_denied(path: object) -> CheckpointPermissionError:

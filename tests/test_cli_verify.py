@@ -50,7 +50,7 @@ def test_verify_lists_each_damaged_leaf_and_exits_1(ckpt):
     )
     assert lines[1] == (
         f"1 of 4 arrays in {ckpt} are damaged. Restore an earlier step, or re-save "
-        "this one."
+        "the checkpoint."
     )
 
 
@@ -131,7 +131,7 @@ def test_verify_a_manager_root_checks_every_step(root):
     assert lines[2].startswith("DAMAGED `layers.1.weight`: ")
     assert lines[3] == (
         f"1 of 4 arrays in {root}/6/default are damaged. Restore an earlier step, "
-        "or re-save this one."
+        "or re-save the checkpoint."
     )
     assert (
         lines[4] == f"4 of 4 arrays (200 B) in {root}/7/default match their checksums."

@@ -109,7 +109,7 @@ def test_a_chain_of_100000_nodes_is_refused_quickly(saved, capsys):
     what = (
         r"records a tree nesting more than 10000 levels deep \(at node 'c9999'\): "
         r"deeper than JAX flattens, so no save wrote it, and a rebuild does not "
-        r"make it\. Restore an earlier step\."
+        r"make it\. Restore an earlier step"
     )
     with pytest.raises(oeqx.RebuildError, match=rf"The checkpoint at \S+ {what}"):
         oeqx.restore(saved, allow=[])

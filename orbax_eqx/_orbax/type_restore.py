@@ -15,7 +15,13 @@ import jax.tree_util as jtu
 import numpy as np
 import orbax.checkpoint as ocp
 
-from .._errors import CheckpointDamagedError, CheckpointMismatchError, bullet_list
+from .._errors import (
+    EARLIER_STEP,
+    CheckpointDamagedError,
+    CheckpointMismatchError,
+    bullet_list,
+    problem,
+)
 from .._storage import typed_read as _typed
 from .._tree.names import label
 from .._tree.walk import JAX, NUMPY, is_key_dtype, parse_dtype
@@ -65,12 +71,16 @@ def check_listed(directory, groups, infos) -> None:
     missing = [leaf_label(i) for i in infos if i.name not in groups]
     if missing:
         found = ", ".join(sorted({g.directory.name for g in groups.values()}))
-        raise CheckpointDamagedError(
+        raise problem(
+            CheckpointDamagedError,
             f"No index of arrays saved with orbax_eqx's type handler in "
             f"{directory} lists these leaves (it has {found}):\n"
             + bullet_list([f"Leaf {p}" for p in missing])
             + "\nThe checkpoint is damaged, or they were saved by another handler "
-            "into the same directory. Restore an earlier step."
+            "into the same directory.",
+            file=directory,
+            leaves=[i.name for i in infos if i.name not in groups],
+            remedy=EARLIER_STEP,
         )
 
 

@@ -22,7 +22,14 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .._errors import OrbaxEqxError, RebuildError, SidecarError, bullet_list
+from .._errors import (
+    EARLIER_STEP,
+    OrbaxEqxError,
+    RebuildError,
+    SidecarError,
+    bullet_list,
+    problem,
+)
 from .._format.sidecar import ALIAS, EMPTY, PACKED, LeafMetadata, Metadata
 from .._restore.wide import flat_container
 from .._tree import nodes as _nodes
@@ -160,9 +167,11 @@ class _Builder:
         self.decoder = Decoder(self.find, self.refuse, self.damaged)
 
     def damaged(self, what: str) -> SidecarError:
-        return SidecarError(
-            f"The sidecar in {self.saved.directory} is damaged: {what}. Restore "
-            "an earlier step, or re-save the checkpoint."
+        return problem(
+            SidecarError,
+            f"The sidecar in {self.saved.directory} is damaged: {what}.",
+            file=self.saved.directory,
+            remedy=EARLIER_STEP,
         )
 
     def build(self, name: str) -> Any:
@@ -199,11 +208,14 @@ class _Builder:
         while todo:
             name, depth = todo.pop()
             if depth > MAX_DEPTH:
-                raise RebuildError(
+                raise problem(
+                    RebuildError,
                     f"The checkpoint at {self.saved.directory} records a tree "
                     f"nesting more than {MAX_DEPTH} levels deep (at node {name!r}): "
                     "deeper than JAX flattens, so no save wrote it, and a rebuild "
-                    "does not make it. Restore an earlier step."
+                    "does not make it.",
+                    file=self.saved.directory,
+                    remedy=EARLIER_STEP,
                 )
             if name in self.used:
                 raise self.damaged(f"node {name!r} is reached twice")

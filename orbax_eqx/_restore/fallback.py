@@ -9,6 +9,7 @@ from .._errors import (
     CheckpointNotFoundError,
     RebuildError,
     bullet_list,
+    first_line,
     warn_user,
 )
 from .vanished import CheckpointDeletedError, CheckpointReplacedError
@@ -82,7 +83,9 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
                     deleted.append(step)  # not damage: gone; try what is there now
                     steps = [s for s in steps if s != step]  # (if half deleted)
                     continue
-            failures.append(f"step {step}: {type(e).__name__}: {_first_line(e)}")
+            failures.append(
+                f"step {step}: {type(e).__name__}: {first_line(e, '(no message)')}"
+            )
             damaged.add(step)
             continue
         if failures:
@@ -128,8 +131,3 @@ def _reread(manager: ocp.CheckpointManager, steps: list[int]) -> list[int]:
 
 def _steps(steps: list[int]) -> str:
     return ("step " if len(steps) == 1 else "steps ") + ", ".join(map(str, steps))
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else "(no message)"

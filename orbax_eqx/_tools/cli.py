@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from .._errors import OrbaxEqxError
+from .._errors import OrbaxEqxError, first_line
 from . import cli_commands as _commands
 from . import cli_safetensors as _safetensors
 from .cli_commands import PROG
@@ -62,7 +62,7 @@ def _run(args: argparse.Namespace) -> int:
             raise
         print(
             f"{PROG}: error: {args.command} failed: {type(e).__name__}: "
-            f"{_first_line(e)} (--debug shows the traceback)",
+            f"{first_line(e)} (--debug shows the traceback)",
             file=sys.stderr,
         )
         return 2
@@ -131,7 +131,7 @@ def _one_line(error: BaseException) -> str:
     from .._bridge.errors import BridgeError
 
     if not isinstance(error, BridgeError):
-        return _first_line(error)
+        return first_line(error)
     lines = [line.strip() for line in str(error).strip().splitlines()]
     out = ""
     for line in lines:
@@ -140,12 +140,3 @@ def _one_line(error: BaseException) -> str:
         elif line:
             out += ("" if not out else " ") + line
     return out or type(error).__name__
-
-
-def _first_line(error: BaseException) -> str:
-    try:
-        text = str(error)
-    except Exception:  # a message that cannot be made: an int too long, say
-        text = ""
-    lines = text.strip().splitlines()
-    return lines[0] if lines else type(error).__name__
