@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._errors import bullet_list
+from .._errors import bullet_list, some
 from .._format.sidecar import Metadata
 from .._tree.walk import Walked
 from .rename_map import RenameError
@@ -162,10 +162,10 @@ def check_used(hits, wanted: set[str], saved: Metadata, walked: Walked) -> None:
             )
         elif not any(new is None or new in wanted for _, new in matched):
             old, new = matched[0]
-            more = f" and {len(matched) - 1} more" if len(matched) > 1 else ""
+            shown = some([f"`{old}` -> `{new}`" for old, new in matched], 1)
             problems.append(
-                f"The `renames=` {label} renames checkpoint leaves (`{old}` -> "
-                f"`{new}`{more}) only to names the skeleton lacks (its leaves are "
+                f"The `renames=` {label} renames checkpoint leaves ({shown}) only "
+                "to names the skeleton lacks (its leaves are "
                 f"named like {examples([leaf.name for leaf in walked.leaves])})."
             )
     if problems:

@@ -36,7 +36,7 @@ from etils import epath
 
 from .._bytes import files as _files
 from .._bytes import store as _store
-from .._errors import OrbaxEqxError
+from .._errors import OrbaxEqxError, some
 from .._format.sidecar import (
     ARRAYS_DIR,
     FILE_NAME,
@@ -122,7 +122,7 @@ def before_sidecar(started: Started) -> None:
         _lose(started, _REPLACED)
     gone = _gone_files(started)
     if gone:
-        _lose(started, f"{_DELETED}; gone: {_some(gone)}")
+        _lose(started, f"{_DELETED}; gone: {some(gone)}")
 
 
 def explain(started: Started | None, error: BaseException) -> None:
@@ -185,7 +185,7 @@ def before_commit(started: Started) -> None:
         _lose(started, f"the other save committed the step first, at {final}")
     gone = _gone_arrays(started)
     if gone:
-        _lose(started, f"{_DELETED}; gone: {_some(gone)}")
+        _lose(started, f"{_DELETED}; gone: {some(gone)}")
     _remove_others(started)
 
 
@@ -222,11 +222,6 @@ def _gone_files(started: Started) -> list[str]:
         ):
             gone.append(name)
     return gone
-
-
-def _some(names: list[str], shown: int = 3) -> str:
-    more = len(names) - shown
-    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def _identity(path: epath.Path) -> tuple[int, int] | None:

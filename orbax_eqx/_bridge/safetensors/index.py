@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._bytes import store as _store
-from ..._errors import inline_list
+from ..._errors import inline_list, some
 from .header import Header, SafetensorsError, name_problem, read_headers, where
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -187,6 +187,5 @@ def _checked(headers: list[Header]) -> list[Header]:
 def describe(source: Source) -> str:
     """How messages name a source."""
     if isinstance(source, (list, tuple)):
-        first = where(source[0]) if source else "(none)"
-        return first + (f" and {len(source) - 1} more" if len(source) > 1 else "")
+        return some([where(s) for s in source], 1) if source else "(none)"
     return where(source)
