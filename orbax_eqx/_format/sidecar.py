@@ -215,6 +215,14 @@ class Metadata:
     # it (None: written before, or by a writer that did not record them).
     nodes: dict[str, dict[str, Any]] | None = None
 
+    def source(self, leaf: LeafMetadata) -> LeafMetadata:
+        """The leaf whose data `leaf` holds: `leaf` itself, or for a tied
+        weight (`leaf.data == "alias"`) the leaf it is an alias of (the reader
+        checked that it is there)."""
+        if leaf.data == ALIAS and leaf.alias_of is not None:
+            return self.leaves[leaf.alias_of]
+        return leaf
+
     @property
     def nbytes(self) -> int:
         """Bytes of array data stored; tied weights count once."""

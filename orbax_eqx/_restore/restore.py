@@ -195,7 +195,7 @@ def read_arrays(
     for request in requests.values():
         source = request.record
         if source.data == ALIAS:
-            source = saved.leaves[source.alias_of]
+            source = saved.source(source)
             request = dataclasses.replace(request, record=source)
         if source.data != EMPTY:
             to_read.setdefault(source.name, request)
@@ -231,8 +231,7 @@ def read_arrays(
         if record.data == EMPTY:
             result[name] = _empty(request)
             continue
-        source = record.alias_of if record.data == ALIAS else record.name
-        value = loaded[source]
+        value = loaded[saved.source(record).name]
         if request.container == JAX and not value.sharding.is_equivalent_to(
             request.sharding, value.ndim
         ):

@@ -73,7 +73,8 @@ def _category(kind: type) -> int:
 def bad_value(x: Any) -> bool:
     """Whether an array leaf would be refused whatever `pack` is; cheap, for
     every leaf of every save."""
-    category = _category(type(x))
+    cls: type = type(x)  # (to mypy a `type[Any]` is no `Hashable` to cache on)
+    category = _category(cls)
     if category == _NUMPY:
         return _bad_dtype(x.dtype)
     if category == _JAX:

@@ -146,13 +146,10 @@ def saved_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
         name: "unsharded"
         for name, leaf in saved.leaves.items()
         if leaf.container == JAX
-        and (
-            leaf.data == PACKED
-            or (leaf.data == ALIAS and saved.leaves[leaf.alias_of].data == PACKED)
-        )
+        and saved.source(leaf).data == PACKED
     }
     for name, leaf in saved.leaves.items():
-        source = saved.leaves[leaf.alias_of] if leaf.data == ALIAS else leaf
+        source = saved.source(leaf)
         if source.data == SHARDS and source.sharding:
             packed[name] = source.sharding  # recorded by the save itself
     if not any(leaf.data == STORED for leaf in saved.leaves.values()):
@@ -170,7 +167,7 @@ def saved_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
         return packed
     result = packed
     for name, leaf in saved.leaves.items():
-        source = saved.leaves[leaf.alias_of] if leaf.data == ALIAS else leaf
+        source = saved.source(leaf)
         if leaf.data in (STORED, ALIAS) and source.key is not None:
             text = _sharding_text(getattr(tree.get(source.key), "sharding", None))
             if text:
