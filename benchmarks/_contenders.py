@@ -258,7 +258,10 @@ class ArraysAlone:
                 x.shape,
                 sharding,
                 lambda index: buffer(
-                    tuple(len(range(*s.indices(n))) for s, n in zip(index, x.shape)),
+                    tuple(
+                        len(range(*s.indices(n)))
+                        for s, n in zip(index, x.shape, strict=True)
+                    ),
                     x.dtype,
                 ),
             )

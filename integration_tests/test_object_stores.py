@@ -126,7 +126,7 @@ def test_manager_with_retention_and_best_metric(bucket, spelling):
     models = {step: _model(step) for step in range(3)}
     root = f"{bucket}/run"
     with ocp.CheckpointManager(root, options=options, **kwargs) as mngr:
-        for step, loss in zip(range(3), [0.9, 0.4, 0.7]):
+        for step, loss in zip(range(3), [0.9, 0.4, 0.7], strict=True):
             mngr.save(step, args=oeqx.EqxSave(models[step]), metrics={"loss": loss})
         mngr.wait_until_finished()
         assert mngr.all_steps() == [1, 2] and mngr.best_step() == 1

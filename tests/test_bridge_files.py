@@ -113,7 +113,7 @@ def test_exports_the_published_layout_from_memory_and_checkpoints(tmp_path, fami
             assert got[name].shape == value.shape, name
             assert got[name].tobytes() == value.tobytes(), name
         again = oeqx.load_safetensors(out, skeleton, mapping=mapping)
-        for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(again)):
+        for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(again), strict=True):
             assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
 
@@ -175,7 +175,7 @@ def test_the_command_line_exports_and_imports_through_a_mapping(tmp_path, capsys
     argv = ["import", str(hf), str(back), "--skeleton", skeleton]
     assert main([*argv, "--mapping", str(mapping)]) == 0
     again = oeqx.restore(back, eqx.filter_eval_shape(lambda: model))
-    for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(again)):
+    for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(again), strict=True):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
     # A mapping's problems, on one line; --rename and --mapping exclude.
     deeper = f"{tmp_path / 'models.py'}:deeper"

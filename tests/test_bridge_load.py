@@ -61,16 +61,18 @@ def test_loads_by_name_from_every_layout(tmp_path, layout):
     else:
         halves = [names[:3], names[3:]]
         files = [f"model-0000{i + 1}-of-00002.safetensors" for i in range(2)]
-        for half, f in zip(halves, files):
+        for half, f in zip(halves, files, strict=True):
             save_file({n: tensors[n] for n in half}, tmp_path / f)
         if layout == "index":
-            weight_map = {n: f for half, f in zip(halves, files) for n in half}
+            weight_map = {
+                n: f for half, f in zip(halves, files, strict=True) for n in half
+            }
             (tmp_path / _index.INDEX_FILE).write_text(
                 json.dumps({"weight_map": weight_map})
             )
         source = [tmp_path / f for f in files] if layout == "list" else tmp_path
     loaded = oeqx.load_safetensors(source, _skeleton())
-    for got, want in zip(loaded.layers, model.layers):
+    for got, want in zip(loaded.layers, model.layers, strict=True):
         assert isinstance(got.weight, jax.Array)
         np.testing.assert_array_equal(got.weight, want.weight)
         np.testing.assert_array_equal(got.bias, want.bias)

@@ -73,7 +73,7 @@ def test_gpt2_exports_the_published_names_shapes_and_values():
     # ... and back again, bitwise, into a differently initialised model.
     zeros = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), model)
     again = oeqx.from_state_dict(zeros, out, bm.GPT2_MAPPING)
-    for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(again)):
+    for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(again), strict=True):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
 

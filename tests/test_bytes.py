@@ -76,7 +76,7 @@ def test_streamed_files_read_back_in_any_ranges(root, small_parts, nbytes):
     ranges = [(0, nbytes), (nbytes // 3, nbytes - 1), (1023, min(1030, nbytes))]
     ranges = [(a, b) for a, b in ranges if a <= b]
     buffers = packfile.read(epath.Path(path), ranges, nbytes=nbytes)
-    for (a, b), got in zip(ranges, buffers):
+    for (a, b), got in zip(ranges, buffers, strict=True):
         np.testing.assert_array_equal(got, data[a:b])
         assert got.size == 0 or got.ctypes.data % 64 == 0  # for zero-copy device_put
 

@@ -64,7 +64,7 @@ def _restores_step_2(path) -> None:
     skeleton = eqx.nn.MLP(4, 4, 64, 3, key=jax.random.key(1))
     restored = oeqx.restore(path / "2", skeleton)
     expected = eqx.nn.MLP(4, 4, 64, 3, key=jax.random.key(0))
-    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(expected)):
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(expected), strict=True):
         np.testing.assert_array_equal(a, b)
 
 

@@ -45,7 +45,7 @@ def test_every_array_is_packed_at_an_aligned_offset(tmp_path, make):
     spans = sorted((r.offset, r.offset + r.nbytes) for r in packed)
     for start, _ in spans:
         assert start % 64 == 0
-    for (_, stop), (start, _) in zip(spans, spans[1:]):
+    for (_, stop), (start, _) in zip(spans, spans[1:], strict=False):
         assert stop <= start  # no overlap
     arrays = [r for r in md.leaves.values() if r.kind == "array"]
     # One device, so every non-empty array that is not a tied twin is packed.
@@ -360,7 +360,7 @@ def test_read_lets_bytes_be_checked_as_they_arrive(tmp_path, monkeypatch):
 
     buffers = _packfile.read(epath.Path(path), ranges, meanwhile=meanwhile)
     assert seen == [True] * 6
-    for (start, stop), buffer in zip(ranges, buffers):
+    for (start, stop), buffer in zip(ranges, buffers, strict=True):
         np.testing.assert_array_equal(buffer, data[start:stop])
     # A read that fails (an I/O error at byte 200,000) raises from `ready`.
     pread = _local._pread_exactly

@@ -112,7 +112,7 @@ def _leaves_equal(a, b):
     la, da = jax.tree_util.tree_flatten(a, is_leaf=lambda x: x is None)
     lb, db = jax.tree_util.tree_flatten(b, is_leaf=lambda x: x is None)
     assert da == db
-    for x, y in zip(la, lb):
+    for x, y in zip(la, lb, strict=True):
         if isinstance(y, (jax.Array, np.ndarray)):
             assert type(x) is type(y) or isinstance(x, jax.Array)
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))

@@ -54,7 +54,7 @@ def _item():
 def _flip(path, old: str, new: str) -> None:
     """Edits the sidecar's text without resealing it: `old` and `new` differ
     in one bit."""
-    (bit,) = [a ^ b for a, b in zip(old.encode(), new.encode()) if a != b]
+    (bit,) = [a ^ b for a, b in zip(old.encode(), new.encode(), strict=True) if a != b]
     assert bin(bit).count("1") == 1 and len(old) == len(new)
     text = (path / FILE_NAME).read_text()
     assert text.count(old) == 1, old

@@ -251,7 +251,7 @@ def test_thousands_of_small_arrays_take_a_copy_per_batch(copying):
     stack = to_host.STACK
     assert copies == -(-1500 // stack) * 2 + -(-300 // stack) + 3 < 3303 / 25
     assert stats.transfers == copies and stats.gathered == 3300
-    for host, x in zip(hosts, jax.tree_util.tree_leaves(item)):
+    for host, x in zip(hosts, jax.tree_util.tree_leaves(item), strict=True):
         assert host.dtype == x.dtype and host.shape == x.shape
         assert host.tobytes() == np.asarray(x).tobytes()
 

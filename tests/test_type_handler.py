@@ -57,7 +57,7 @@ def _assert_bitwise(got, want):
     got_leaves, got_def = jax.tree.flatten(got)
     want_leaves, want_def = jax.tree.flatten(want)
     assert got_def == want_def
-    for g, w in zip(got_leaves, want_leaves):
+    for g, w in zip(got_leaves, want_leaves, strict=True):
         assert type(g) is type(w), (type(g), type(w))
         if isinstance(w, jax.Array):
             assert (g.dtype, g.shape) == (w.dtype, w.shape)

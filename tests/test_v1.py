@@ -49,7 +49,7 @@ def _assert_arrays_equal(restored, expected):
     r_leaves, r_def = jax.tree_util.tree_flatten(restored)
     e_leaves, e_def = jax.tree_util.tree_flatten(expected)
     assert r_def == e_def
-    for r, e in zip(r_leaves, e_leaves):
+    for r, e in zip(r_leaves, e_leaves, strict=True):
         assert r.dtype == e.dtype and r.shape == e.shape
         np.testing.assert_array_equal(np.asarray(r), np.asarray(e))
 

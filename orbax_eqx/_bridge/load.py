@@ -175,7 +175,7 @@ def load(
         named = tensors
     resolved = resolve(shardings, walked)
     requests = []
-    for leaf, spec in zip(arrays, specs):
+    for leaf, spec in zip(arrays, specs, strict=True):
         if leaf.name not in plan.leaves:
             continue  # dropped by the mapping: the skeleton's value
         sharding = resolved.get(leaf.name) if container(leaf.value) == JAX else None

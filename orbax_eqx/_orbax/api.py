@@ -80,7 +80,7 @@ def save(
     """
     path = as_path(directory)
     args = EqxSave(item)  # checks the item before anything is touched
-    options = dict(
+    options: dict[str, Any] = dict(
         pack=pack,
         use_ocdbt=use_ocdbt,
         use_zarr3=use_zarr3,

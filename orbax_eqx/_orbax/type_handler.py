@@ -190,7 +190,7 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
             got = await orbax.deserialize(
                 [infos[i] for i in theirs], [args[i] for i in theirs]
             )
-            for i, x in zip(theirs, got):
+            for i, x in zip(theirs, got, strict=True):
                 out[i] = x
         if ours:
             plans = _restore.plan(
@@ -201,7 +201,7 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
                 numpy=True,
             )
             got = await asyncio.to_thread(_restore.read, plans, self._verify)
-            for i, x in zip(ours, got):
+            for i, x in zip(ours, got, strict=True):
                 out[i] = x
         return out
 
@@ -264,14 +264,15 @@ def _orbax_handler(directory) -> ocp.type_handlers.TypeHandler:
 def _check_savable(values: Sequence[Any], labels: Sequence[str]) -> None:
     problems, local = [], []
     multihost = jax.process_count() > 1
-    for path, x in zip(labels, values):
+    for path, x in zip(labels, values, strict=True):
         if not isinstance(x, jax.Array):
             problems.append(
                 f"Leaf {path} is a {type(x).__module__}.{type(x).__qualname__}, "
                 "not a jax.Array."
             )
         elif multihost and x.is_fully_addressable and x.size:
-            ids = sorted(d.id for d in x.sharding.device_set)
+            # (jaxlib's `Device` is untyped to mypy)
+            ids = sorted(d.id for d in x.sharding.device_set)  # type: ignore[attr-defined]
             local.append(
                 f"Leaf {path} is a host-local jax.Array (shape {x.shape}, on "
                 f"device{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))} "

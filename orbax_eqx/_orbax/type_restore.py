@@ -27,7 +27,7 @@ from .._tree.names import label
 from .._tree.walk import JAX, NUMPY, is_key_dtype, parse_dtype
 
 # The shardings Orbax has metadata for, by the name the index stores.
-SHARDING_METADATA = {
+SHARDING_METADATA: dict[str, tuple[type[jax.sharding.Sharding], Any]] = {
     "NamedSharding": (
         jax.sharding.NamedSharding,
         ocp.metadata.NamedShardingMetadata,
@@ -124,7 +124,7 @@ def plan(directory, groups, infos, args, *, numpy: bool = False) -> list[_Plan]:
     problems: list[str] = []
     fixes: dict[str, None] = {}  # in order, once each
     plans = []
-    for info, arg in zip(infos, args):
+    for info, arg in zip(infos, args, strict=True):
         group = groups[info.name]
         found = _plan_one(info, arg, group, numpy)
         if isinstance(found, _Plan):
@@ -254,7 +254,7 @@ def read(plans: list[_Plan], verify: bool) -> list[Any]:
 def _resized(host: np.ndarray, shape: tuple[int, ...], sharding) -> Any:
     """`host` truncated or zero-padded to `shape`, placed on `sharding` (if any)."""
     out = np.zeros(shape, host.dtype)
-    common = tuple(slice(0, min(a, b)) for a, b in zip(host.shape, shape))
+    common = tuple(slice(0, min(a, b)) for a, b in zip(host.shape, shape, strict=False))
     out[common] = host[common]
     if sharding is None:
         return out

@@ -281,7 +281,7 @@ class _Builder:
             decoded = [self.decoder.key(at, k) for k in keys]
             if len(set(map(_hashed, decoded))) != len(decoded):
                 raise self.damaged(f"dict node {name!r} has a key twice")
-            return children, lambda values: dict(zip(decoded, values)), {}
+            return children, lambda values: dict(zip(decoded, values, strict=True)), {}
         if kind == _nodes.STATE:
             markers = [self.decoder.key(at, m) for m in rec.get("markers", [])]
             if len(markers) != len(children):
@@ -352,7 +352,7 @@ class _Builder:
         def make(values: list[Any]) -> Any:
             # As Equinox unflattens a module (`equinox/_module/_flatten.py`).
             module = object.__new__(cls)
-            for field, value in zip(fields, values):
+            for field, value in zip(fields, values, strict=True):
                 if value is not _MISSING:
                     object.__setattr__(module, field, value)
             for field, value in static.items():
@@ -391,7 +391,11 @@ class _Builder:
         kind = flat_container(leaf)
         if kind == JAX:
             return jax.ShapeDtypeStruct(shape, dtype)
-        source = self.saved.leaves.get(leaf.alias_of) if leaf.data == ALIAS else leaf
+        source = (
+            self.saved.source(leaf)
+            if leaf.data != ALIAS or (leaf.alias_of in self.saved.leaves)
+            else None
+        )
         if (
             leaf.data != EMPTY
             and np.dtype(dtype).itemsize > _SMALL

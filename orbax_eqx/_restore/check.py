@@ -242,7 +242,8 @@ def _compare_array(where: str, x, record, cast: bool) -> Difference | None:
         return _too_wide(where, dtype, record)
     if dtype == record.dtype or cast:
         return None
-    theirs, fixes = record.dtype, (FIX_CAST,)
+    theirs: str = record.dtype
+    fixes: tuple[str, ...] = (FIX_CAST,)
     if wide.narrowed_stand_in(x.dtype, record.dtype):
         fixes = (FIX_CAST, FIX_EVAL_SHAPE)
         if record.container != JAX:  # else only x64 restores it as it was

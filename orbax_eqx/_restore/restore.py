@@ -59,7 +59,7 @@ class _Request:
 
     record: LeafMetadata
     dtype: Any  # target dtype
-    container: str
+    container: str | None  # (never None here: `check` refused those leaves)
     sharding: Any  # target sharding, for jax arrays
 
 
@@ -251,7 +251,7 @@ def _finish(value: Any, request: _Request) -> Any:
 
 
 def _empty(request: _Request) -> Any:
-    shape = request.record.shape
+    shape = request.record.shape or ()
     if request.container != JAX:
         return _finish(np.zeros(shape, request.dtype), request)
     if is_key_dtype(request.dtype):

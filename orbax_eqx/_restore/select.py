@@ -134,8 +134,8 @@ def _targets(prefix: str | None, walked: Walked):
         walked.modules
     ):
         return plain, {}
-    result = {a.name: b.name for a, b in zip(walked.leaves, inside.leaves)}
-    result.update(zip(walked.modules, inside.modules))
+    result = {a.name: b.name for a, b in zip(walked.leaves, inside.leaves, strict=True)}
+    result.update(zip(walked.modules, inside.modules, strict=True))
     return result, {old: new for new, old in inside.old_names.items()}
 
 
@@ -207,7 +207,7 @@ def select(
     # module moved (State entries are in none).
     by_old_name = {n for n, new in new_names.items() if old_names.get(n, n) == new}
     moved = {n: n if n in by_old_name else new for n, new in new_names.items()}
-    modules = {}
+    modules: dict[str, Any] = {}
     for name, new in _module_names(saved, moved).items():
         if new is not None and _under(prefix, new):
             modules.setdefault(new, saved.modules[name])
@@ -253,7 +253,7 @@ def _module_names(saved: Metadata, new_names) -> dict[str, str | None]:
 
 
 def _nothing_under(prefix: str, saved: Metadata, new_names) -> Exception:
-    known = set()
+    known: set[str] = set()
     for new in new_names.values():
         if new is not None:
             parts = split(new)

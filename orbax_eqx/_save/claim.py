@@ -62,8 +62,11 @@ class Started:
     # The directory's (st_dev, st_ino) once the writes start; None before, and
     # for paths that are not local.
     identity: tuple[int, int] | None = None
-    # The files this save wrote itself: {path: (st_dev, st_ino, st_size)}.
-    written: dict[str, tuple[int, int, int]] = dataclasses.field(default_factory=dict)
+    # The files this save wrote itself: {path: (st_dev, st_ino, st_size)}, or
+    # {path: None} on object stores.
+    written: dict[str, tuple[int, int, int] | None] = dataclasses.field(
+        default_factory=dict
+    )
     # The storage keys of the arrays it gave Orbax to store.
     stored_keys: tuple[str, ...] = ()
 

@@ -199,8 +199,9 @@ def _check_names(item: epath.Path, text: bytes) -> None:
         keys = entry.get("key_metadata") if isinstance(entry, dict) else None
         if not isinstance(keys, list):
             continue
-        parts = [k.get("key") for k in keys if isinstance(k, dict)]
-        if all(isinstance(p, str) for p in parts):
+        found = [k.get("key") for k in keys if isinstance(k, dict)]
+        parts = [p for p in found if isinstance(p, str)]
+        if len(parts) == len(found):
             name = ".".join(parts)
             if not _safe_name(name):
                 bad.append(repr(name))

@@ -65,7 +65,7 @@ def table(
     for row in [header, *rows]:
         cells = [
             cell.rjust(w) if i in right else cell.ljust(w)
-            for i, (cell, w) in enumerate(zip(row[:-1], widths))
+            for i, (cell, w) in enumerate(zip(row[:-1], widths, strict=False))
         ]
         lines.append(("  " + "  ".join([*cells, row[-1]])).rstrip())
     return "\n".join(lines)

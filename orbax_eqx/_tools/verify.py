@@ -3,6 +3,7 @@
 import dataclasses
 import os
 from collections.abc import Callable
+from typing import Any
 
 from etils import epath
 
@@ -94,7 +95,9 @@ def verify(
     if _items.kind_of(path) == _items.PLAIN:
         return verify_plain(path, _plain.read(path), progress)
     saved = read(path)
-    checked, damaged, unchecked = [], [], []
+    checked: list[Any] = []
+    damaged: list[Any] = []
+    unchecked: list[Any] = []
     total = 0
     note = progress or (lambda n: None)
     parts = [(path, saved)]
@@ -224,9 +227,8 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
     except PermissionError:
         raise
     except (OrbaxEqxError, OSError) as e:
-        problem = str(e).split("\n")[0]
         for record in records:
-            yield record, problem, 0
+            yield record, str(e).split("\n")[0], 0
         return
     for record in records:
         done, problem = 0, None
@@ -236,6 +238,7 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
             # read up to there.
             if problem is not None:
                 break
+            assert saved.token is not None  # (shard packs: format 4 on)
             file = path / shard_file(saved.token, chunk.process)
             step = max(_CHUNK // chunk.block, 1) * chunk.block
             try:

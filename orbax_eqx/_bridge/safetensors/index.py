@@ -17,7 +17,6 @@ import json
 import os
 import posixpath
 import re
-from collections.abc import Sequence
 from typing import Any
 
 from ..._bytes import store as _store
@@ -35,7 +34,7 @@ MAX_FILES = 1 << 16
 # starting with a dot, ending in `.safetensors`.
 FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,200}\.safetensors")
 
-Source = str | os.PathLike | Sequence[str | os.PathLike]
+Source = str | os.PathLike | list[str | os.PathLike] | tuple[str | os.PathLike, ...]
 
 
 class SourceError(SafetensorsError):
