@@ -331,14 +331,21 @@ def test_import_unused_tensors(work, capsys):
     assert restored["step"] == 9  # from the files' metadata, not the skeleton's 3
 
 
-def test_missing_safetensors_is_one_line(work, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "safetensors", None)
+def test_missing_safetensors_is_one_line_and_only_export_needs_it(
+    work, capsys, monkeypatch
+):
+    hf = str(work / "hf")
+    assert main(["export", str(work / "a"), "--to", "safetensors", hf]) == 0
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # `import` of it fails
     assert main(["export", str(work / "a"), "--to", "safetensors", "x"]) == 2
     assert capsys.readouterr().err == (
         "orbax_eqx: error: export needs the safetensors package, which is not "
         "installed: pip install 'orbax_eqx[safetensors]' (or pip install "
         "safetensors).\n"
     )
+    # `import` reads the files itself.
+    skeleton = f"{work / 'models.py'}:skeleton"
+    assert main(["import", hf, str(work / "back"), "--skeleton", skeleton]) == 0
 
 
 # ---------------------------------------------------------------- pieces

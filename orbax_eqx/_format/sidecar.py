@@ -75,8 +75,9 @@ bound to the leaf's record, see `bind`), Orbax-stored ones a sum over their
 32-bit words that does not depend on the sharding (`sum32`; from format 5 on
 `null` where no process held the array whole; both defined in `_checksum`).
 Sidecars written before checksums have neither; such leaves are read
-unchecked. From format 3 on, every array with data has
-one, unless the save says `"checksums": false` (saved with `checksums=False`).
+unchecked. Unless the save says `"checksums": false` (saved with
+`checksums=False`), every packed leaf has a `crc32` from format 4 on, and every
+Orbax-stored one a `sum32` key from format 5 on (see `sidecar_read`).
 
 The `token` is drawn at random for each save and names every file the save
 writes, so that two processes saving the same step into one directory (which

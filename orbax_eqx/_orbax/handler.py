@@ -66,7 +66,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
 
     - `pack`: pack unsharded arrays and write sharded ones to shard packs (the
         default). `False` stores every array through Orbax, one stored array
-        per leaf, as orbax_eqx 0.1 did: for storage that pack files cannot be
+        per leaf, as orbax_eqx did before packs: for storage that pack files cannot be
         written to (object stores without ranged writes).
     - `use_ocdbt`: store Orbax's arrays in its OCDBT format (fewer, larger files).
     - `use_zarr3`: use the Zarr v3 array format for Orbax's arrays.
