@@ -274,7 +274,11 @@ _SIZE = re.compile(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([KMGT]?)(i?)B?\s*", re.I)
 
 
 def size(text: str) -> int:
-    """`5GB` (10**9 bytes), `256MiB` (2**20), `1000`: a size in bytes."""
+    """`5GB` (10**9 bytes), `256MiB` (2**20), `1000`: a size in bytes.
+
+    Written here, not taken from a library: humanfriendly's `parse_size` (the
+    one that does this) reads `256Mi` as 256 MB, not MiB.
+    """
     match = _SIZE.fullmatch(text)
     if not match or (match.group(3) and not match.group(2)):
         raise argparse.ArgumentTypeError(
