@@ -255,7 +255,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                 path, prepared.pieces, prepared.pack_nbytes, self._checksums
             )
             _claim.wrote(started, path)
-            crcs = dict(zip(prepared.packed_names, found, strict=True))
+            # (`found` is empty without checksums)
+            crcs = dict(zip(prepared.packed_names, found, strict=False))
             # Lets go of the host copies now, not after the sidecar: a view of
             # a CPU array's buffer keeps donating that array from reusing it.
             prepared.pieces = []

@@ -104,7 +104,8 @@ def _describe(cls, aux, td, path) -> tuple[dict[str, Any], list | None]:
         wrapper, *static_values = aux
         absent = [
             f
-            for f, v in zip(static, static_values, strict=True)
+            # (as before: pairs what both have, whatever Equinox adds to `aux`)
+            for f, v in zip(static, static_values, strict=False)
             if _is_missing(type(v))
         ]
         if absent:
