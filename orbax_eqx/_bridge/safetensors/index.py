@@ -13,11 +13,12 @@ directory (`FILE_NAME`: no `/`, no `..`, no URL, no absolute path), and every
 tensor it names must be in the file it says.
 """
 
-import json
 import os
 import posixpath
 import re
 from typing import Any
+
+import msgspec
 
 from ..._bytes import store as _store
 from ..._errors import inline_list, some
@@ -139,12 +140,15 @@ def read_index(index: str) -> dict[str, str]:
     except FileNotFoundError:  # a dangling link, or gone since
         raise refused("is a link to nothing, or was removed") from None
     try:
-        weight_map = json.loads(data.decode("utf-8"))["weight_map"]
-        if not isinstance(weight_map, dict):
-            raise TypeError(f"weight_map is a {type(weight_map).__name__}")
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        weight_map = msgspec.json.decode(data, type=_Index).weight_map
+    except (
+        msgspec.DecodeError,
+        msgspec.ValidationError,
+        UnicodeDecodeError,
+        RecursionError,
+    ) as e:
         raise SourceError(
-            f"{index} is not a safetensors index (no valid weight_map: {e!r})."
+            f"{index} is not a safetensors index (no valid weight_map: {e})."
         ) from None
     problems = []
     for tensor, file in weight_map.items():
@@ -161,6 +165,13 @@ def read_index(index: str) -> dict[str, str]:
             "Re-download the directory from a source you trust."
         )
     return weight_map
+
+
+class _Index(msgspec.Struct):
+    """An index, as far as a reader needs it: its `weight_map`, each entry
+    then checked on its own (`read_index`); other keys (`metadata`) ignored."""
+
+    weight_map: dict[str, Any]
 
 
 def _file_shown(file: Any) -> str:
