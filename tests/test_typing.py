@@ -52,6 +52,8 @@ def mypy(tmp_path_factory):
                 text=True,
                 # The package under test, not an installed copy.
                 env={**os.environ, "MYPYPATH": PACKAGE_ROOT},
+                # A user's project: not ours, whose [tool.mypy] is the package's.
+                cwd=script.parent,
                 timeout=LIMIT_S,  # then SIGKILL
             )
         except subprocess.TimeoutExpired as e:
