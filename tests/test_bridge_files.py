@@ -72,6 +72,7 @@ def _families():
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.slow
 def test_loads_from_files_and_runs_as_the_reference(tmp_path, family):
     make_sd, make, mapping, reference = _families()[family]
     sd = make_sd(0)
@@ -130,6 +131,7 @@ def test_a_mapping_that_does_not_fit_is_reported_before_any_read(tmp_path):
     assert "Layer 3 is missing from the tensors" in str(raised.value)
 
 
+@pytest.mark.slow
 def test_export_of_a_checkpoint_needs_field_keys_resolved(tmp_path):
     config = bm.GPT2Config()
     model = bm.GPT2(config, key=jax.random.key(0))

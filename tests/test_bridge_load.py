@@ -79,6 +79,7 @@ def test_loads_by_name_from_every_layout(tmp_path, layout):
     assert loaded.activation is jax.nn.relu  # the skeleton's own
 
 
+@pytest.mark.slow
 def test_round_trip_of_the_zoo_through_export_safetensors(tmp_path):
     for name in ("mlp", "prng_keys", "numpy_leaves", "python_scalars", "vmap_stacked"):
         make = zoo.ZOO[name]
@@ -520,6 +521,7 @@ print(json.dumps({"peak": status("VmHWM") - base, "held": loaded.counts.held,
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux only")
+@pytest.mark.slow
 def test_peak_memory_is_the_share_plus_a_window(tmp_path):
     """144 MiB of per-layer tensors (two thirds transposed, copied in) load
     into stacked leaves with a peak RSS growth of at most 1.3x what is held."""

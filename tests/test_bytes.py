@@ -63,6 +63,7 @@ def test_write_new_never_replaces_another_writers_file(where, request, tmp_path)
 
 
 @pytest.mark.parametrize("nbytes", [0, 1000, 1024, 1025, 10_000])
+@pytest.mark.slow
 def test_streamed_files_read_back_in_any_ranges(root, small_parts, nbytes):
     data = DATA[:nbytes]
     path = f"{root}/pack.bin"
@@ -186,6 +187,7 @@ def test_parts_copied_to_a_disk_read_as_the_file(where, request, small_parts, tm
     np.testing.assert_array_equal(got, DATA[500:9500])
 
 
+@pytest.mark.slow
 def test_a_server_that_is_not_there_is_an_error_in_seconds(monkeypatch):
     from integration_tests._object_servers import free_port
 

@@ -34,6 +34,7 @@ def _run(*args, cwd) -> subprocess.CompletedProcess:
         pytest.fail(f"ran past {LIMIT_S} s:\n{e.stdout}\n{e.stderr}")
 
 
+@pytest.mark.slow
 def test_train_resume_after_a_crash_ends_as_an_uninterrupted_run(tmp_path):
     steps = ["--steps", "60", "--save-every", "10"]
     whole = _run("whole", *steps, cwd=tmp_path)

@@ -378,6 +378,7 @@ def test_records_no_orbax_eqx_writes_are_damage_everywhere(varied, capsys, edit,
 # --- a sidecar of a million tiny leaves: memory bounded per byte read ---------
 
 
+@pytest.mark.slow
 def test_reading_a_sidecar_costs_bounded_memory_per_byte(tmp_path):
     import tracemalloc
 

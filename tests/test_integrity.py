@@ -149,6 +149,7 @@ ORBAX_LATE_READS = pytest.mark.filterwarnings(
 
 
 @ORBAX_LATE_READS
+@pytest.mark.slow
 def test_every_single_bit_flip_in_orbax_stored_data_is_caught(tmp_path):
     path = tmp_path / "c"
     item = _item()

@@ -64,6 +64,7 @@ def test_every_array_is_packed_at_an_aligned_offset(tmp_path, make):
 
 
 @pytest.mark.parametrize("make", zoo.ZOO.values(), ids=zoo.ZOO.keys())
+@pytest.mark.slow
 def test_unpacked_layout_still_roundtrips(tmp_path, make):
     item = make(KEY_SAVE)
     oeqx.save(tmp_path / "ckpt", item, pack=False)
@@ -315,6 +316,7 @@ _SHARDED_WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sharded_arrays_go_to_shard_packs_on_8_devices(tmp_path):
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"

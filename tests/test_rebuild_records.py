@@ -94,6 +94,7 @@ def test_inspect_and_rebuild_say_what_is_wrong(saved, capsys, edit, what):
     assert "is damaged: " in item["rebuild"]["why"]
 
 
+@pytest.mark.slow
 def test_a_chain_of_100000_nodes_is_refused_quickly(saved, capsys):
     def chain(c, n=100_000):
         c["nodes"]["d"]["children"] = ["c0"]

@@ -41,6 +41,7 @@ def _slow_step_metadata(monkeypatch, tmp_path, delay_s=0.5):
     monkeypatch.setattr(cls, "write_text", slow)
 
 
+@pytest.mark.slow
 def test_text_that_is_not_unicode_is_refused_on_a_repeated_save(tmp_path, monkeypatch):
     item = {"name": "ok", "w": jnp.arange(4.0)}
     mngr = _manager(tmp_path)

@@ -46,6 +46,7 @@ def _make(name):
 
 
 @pytest.mark.parametrize("name", zoo.ZOO, ids=zoo.ZOO)
+@pytest.mark.slow
 def test_export_then_import_round_trip(tmp_path, name):
     make, item = _make(name)
     oeqx.save(tmp_path / "ckpt", item)
@@ -180,6 +181,7 @@ def test_export_refuses_the_metadata_name(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux only")
+@pytest.mark.slow
 def test_export_streams_in_bounded_memory(tmp_path):
     """Peak memory of an export grows with --buffer, not with the checkpoint."""
     item = {f"w{i}": np.full((512, 1024), i, np.float32) for i in range(64)}  # 128 MiB

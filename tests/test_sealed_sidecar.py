@@ -108,6 +108,7 @@ def test_a_shared_wiring_edit_is_damage(tmp_path):
         oeqx.restore(path, allow=["equinox", "zoo"])
 
 
+@pytest.mark.slow
 def test_every_single_bit_flip_is_damage(saved):
     # Bit 0 and bit 5 of every byte, one at a time: the JSON, the records,
     # the checksum line itself. Whatever breaks, it is a `SidecarError`.

@@ -19,6 +19,9 @@ from unblock import raised_by
 
 import orbax_eqx as oeqx
 
+# Its module-scoped checkpoint takes seconds to make: the whole module is slow.
+pytestmark = pytest.mark.slow
+
 SAVE = textwrap.dedent(
     """
     import sys

@@ -27,6 +27,9 @@ import orbax_eqx as oeqx
 from orbax_eqx._save.prepare import prepare
 from orbax_eqx._storage import staging, to_host
 
+# Its module-scoped checkpoint takes seconds to make: the whole module is slow.
+pytestmark = pytest.mark.slow
+
 MiB = 1 << 20
 WINDOW = 8 * MiB
 

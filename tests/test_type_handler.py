@@ -645,6 +645,7 @@ except OSError as e:
 """
 
 
+@pytest.mark.slow
 def test_a_failed_background_write_names_its_step(tmp_path):
     # A write that fails for want of space (here a file-size limit: the
     # same OSError path) says which step it stopped.

@@ -66,12 +66,14 @@ def test_py_typed_is_shipped():
     assert os.path.isfile(os.path.join(PACKAGE_ROOT, "orbax_eqx", "py.typed"))
 
 
+@pytest.mark.slow
 def test_mypy_strict_passes_options(mypy):
     proc = mypy(_SCRIPT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "Success: no issues found" in proc.stdout
 
 
+@pytest.mark.slow
 def test_mypy_strict_catches_misspelt_options(mypy):
     source = (
         _SCRIPT.replace("use_compression=True", "use_compresion=True")
@@ -92,6 +94,7 @@ def test_mypy_strict_catches_misspelt_options(mypy):
     assert 'Argument "missing" to "restore" has incompatible type' in proc.stdout
 
 
+@pytest.mark.slow
 def test_typed_script_sees_the_args_classes_fields(mypy):
     """`EqxSave` and `EqxRestore` are checked as the dataclasses they are,
     though Orbax's base class is `Any` to type checkers."""

@@ -93,6 +93,7 @@ NOT_HANDLEABLE = {
 
 
 @pytest.mark.parametrize("make", HANDLEABLE.values(), ids=HANDLEABLE.keys())
+@pytest.mark.slow
 def test_claims_trees_holding_a_module(make):
     handler = oeqx.EqxCheckpointableHandler()
     assert handler.is_handleable(make(KEY_SAVE))
