@@ -17,6 +17,7 @@ from .._bytes import store as _store
 from .._errors import UnsupportedLeafError
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
+from .._gc import paused
 from .._rebuild import build as _rebuild
 from .._rebuild.allow import check_allow
 from .._restore.renames import Renames
@@ -155,14 +156,15 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         primary = ocp.multihost.is_primary_host(self._primary_host)
         token = _claim.new_token()
         try:
-            prepared = prepare(
-                tree,
-                token=token,
-                pack=self._pack,
-                copy_packed=primary,
-                checksums=self._checksums,
-                flat=flat,
-            )
+            with paused():  # see `_gc`
+                prepared = prepare(
+                    tree,
+                    token=token,
+                    pack=self._pack,
+                    copy_packed=primary,
+                    checksums=self._checksums,
+                    flat=flat,
+                )
         except UnsupportedLeafError:
             # Refused before anything was written (with `pack=False`, a dtype
             # Orbax's store cannot hold: only this handler knows `pack`). Orbax
@@ -225,7 +227,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         try:
             # The leaves' names and the sidecar's content, and the rest of
             # the host copies (see `_save/prepare.py`).
-            prepared.finish()
+            with paused():  # see `_gc`
+                prepared.finish()
             if prepared.local is not None:
                 token = prepared.content["token"]
                 process = jax.process_index()
@@ -255,7 +258,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         _sidecar.record_checksums(prepared.content, crcs, sums)
         _claim.before_sidecar(started)
         try:
-            _sidecar.write(directory, prepared.content, Polite())
+            with paused():
+                _sidecar.write(directory, prepared.content, Polite())
         except FileExistsError:
             _claim.claim_failed(started)
         _claim.wrote(started, directory / _sidecar.FILE_NAME)
@@ -282,7 +286,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         # With several processes, all succeed or all raise one error (see
         # `together`): one failing alone would leave the rest in Orbax's
         # barriers for good.
-        return together(directory, lambda: self._restore_current(directory, args))
+        with paused():  # one object per leaf, many times over: see `_gc`
+            return together(directory, lambda: self._restore_current(directory, args))
 
     def _restore_current(self, directory: epath.Path, args: "EqxRestore") -> Any:
         try:
