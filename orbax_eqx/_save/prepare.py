@@ -185,7 +185,9 @@ def _walk_snapshot(leaves: list[Any], treedef: Any, pause: Polite) -> Walked:
     walked = walk(jtu.tree_unflatten(treedef, leaves), pause)
     try:
         _same_leaves(walked, leaves)
-        _check(walked)
+        # The bytes were taken before `save` returned (and deleted arrays
+        # refused then): the caller may have donated the arrays since.
+        _check(walked, taken=True)
     except Exception:
         _forget(treedef)
         raise
@@ -207,9 +209,9 @@ def _same_leaves(walked: Walked, leaves: list[Any]) -> None:
         )
 
 
-def _check(walked: Walked, pack: bool = True) -> None:
+def _check(walked: Walked, pack: bool = True, taken: bool = False) -> None:
     _check_savable(walked)
-    storable.check(walked, pack)
+    storable.check(walked, pack, taken)
     recordable.check(walked)
 
 

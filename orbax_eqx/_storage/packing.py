@@ -230,6 +230,7 @@ def _to_arrays(hosts: dict[str, np.ndarray], requests: dict[str, Any]):
     # By target sharding: one `device_put` per sharding costs far less per
     # array than one per array, or one with a list of shardings.
     batches: dict[Any, dict[str, np.ndarray]] = {}
+    addressable: dict[int, bool] = {}  # by sharding: JAX computes it each time
     for name, host in hosts.items():
         request = requests[name]
         saved = parse_dtype(request.record.dtype)
@@ -237,7 +238,12 @@ def _to_arrays(hosts: dict[str, np.ndarray], requests: dict[str, Any]):
             host = host.astype(request.dtype)  # `cast=True`
         if request.container != JAX:
             out[name] = host
-        elif not request.sharding.is_fully_addressable:
+            continue
+        sharding = request.sharding
+        local = addressable.get(id(sharding))
+        if local is None:
+            local = addressable[id(sharding)] = sharding.is_fully_addressable
+        if not local:
             # Other hosts hold part of the target: each gives its own shards.
             # With no shard here, JAX needs the dtype (it gets no data).
             out[name] = _wrap(
@@ -250,12 +256,21 @@ def _to_arrays(hosts: dict[str, np.ndarray], requests: dict[str, Any]):
                 saved,
             )
         else:
-            batches.setdefault(request.sharding, {})[name] = host
+            batches.setdefault(sharding, {})[name] = host
     for sharding, batch in batches.items():
-        arrays = jax.device_put(list(batch.values()), sharding)
-        for name, array in zip(batch, arrays):
-            out[name] = _wrap(array, parse_dtype(requests[name].record.dtype))
+        names = list(batch)
+        # In batches: JAX's cost per array grows with the length of one call's
+        # list (measured: 41 us per array in calls of 4,096, 51 us in one call
+        # of 50,000).
+        for at in range(0, len(names), _PUT_BATCH):
+            part = names[at : at + _PUT_BATCH]
+            arrays = jax.device_put([batch[n] for n in part], sharding)
+            for name, array in zip(part, arrays):
+                out[name] = _wrap(array, parse_dtype(requests[name].record.dtype))
     return out
+
+
+_PUT_BATCH = 4096  # arrays per `jax.device_put` call
 
 
 def _wrap(array: jax.Array, saved: Any) -> jax.Array:
