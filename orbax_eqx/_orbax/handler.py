@@ -2,6 +2,7 @@
 
 import asyncio
 import concurrent.futures
+import contextvars
 import dataclasses
 import functools
 import os
@@ -41,6 +42,9 @@ from . import object_commit as _object_commit
 from . import plain as _plain
 
 TYPESTR = "orbax_eqx.EqxHandler"
+# Set while `EqxHandler.save` runs: the save returns only once written, so the
+# caller cannot change a numpy array meanwhile and none needs copying first.
+_WAITED = contextvars.ContextVar("orbax_eqx_waited", default=False)
 
 
 class EqxHandler(ocp.AsyncCheckpointHandler):
@@ -164,6 +168,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                     copy_packed=primary,
                     checksums=self._checksums,
                     flat=flat,
+                    copy_numpy=not _WAITED.get(),
                 )
         except UnsupportedLeafError:
             # Refused before anything was written (with `pack=False`, a dtype
@@ -270,7 +275,12 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         """Saves and waits until every write is done."""
 
         async def save_and_wait():
-            _background.wait_all(await self.async_save(directory, item, args))
+            waited = _WAITED.set(True)
+            try:
+                futures = await self.async_save(directory, item, args)
+            finally:
+                _WAITED.reset(waited)
+            _background.wait_all(futures)
 
         _run_sync(save_and_wait())
 

@@ -101,10 +101,14 @@ def host_copies(values: list[Any]) -> list[np.ndarray]:
     return start_host_copies(values)()
 
 
-def start_host_copies(values: list[Any]) -> Callable[[], list[np.ndarray]]:
+def start_host_copies(
+    values: list[Any], copy_numpy: bool = True
+) -> Callable[[], list[np.ndarray]]:
     """Starts `host_copies(values)`; returns, once the caller may donate or
     change the values, a function that waits for the copies and returns them
-    (stacks of small arrays are copied to host there; see `to_host.start`)."""
+    (stacks of small arrays are copied to host there; see `to_host.start`).
+    `copy_numpy=False` (a save that waits for its writes before returning)
+    takes C-contiguous numpy arrays as they are."""
     # Fully replicated: this host's first copy is the whole array. Taken from
     # its own device, so that nothing is computed over the others (nor, for
     # keys, across hosts), and only one copy is transferred.
@@ -113,8 +117,10 @@ def start_host_copies(values: list[Any]) -> Callable[[], list[np.ndarray]]:
     for i, x in enumerate(values):
         if container(x) == JAX:
             on_device.append(i)
-        else:
+        elif copy_numpy:
             out[i] = np.array(x, order="C", copy=True)
+        else:
+            out[i] = np.ascontiguousarray(x)  # a copy only if not contiguous
     pending = _to_host.start([_one_copy(values[i]) for i in on_device])
 
     def result() -> list[np.ndarray]:
