@@ -201,6 +201,14 @@ def _free(device) -> int:
 _VIEW, _ONE = object(), object()
 
 
+def viewable(x: jax.Array, force: bool) -> bool:
+    """Whether every host copy of `x`'s shards is numpy's view of its buffer
+    (CPU devices, not forced to copy (`force`: `staging.forced()`); typed
+    keys are copied as key data)."""
+    dtype = x.dtype
+    return not _is_key(dtype) and _how(x.sharding, dtype, force) is _VIEW
+
+
 @functools.cache
 def _is_key(dtype) -> bool:
     return is_key_dtype(dtype)
