@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from .._errors import OrbaxEqxError
+from .._gc import paused
 from .text import printable_lines
 
 PROG = "orbax_eqx"
@@ -156,7 +157,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        return args.run(args)
+        with paused():  # objects per leaf, thousands of them: see `_gc`
+            return args.run(args)
     except BrokenPipeError:
         # The reader went away (`... | head`): not an error worth a message.
         devnull = os.open(os.devnull, os.O_WRONLY)
