@@ -162,10 +162,13 @@ class LeafMetadata:
     value: Any = None  # encoded value or description, for non-array leaves
     pack: int | None = None  # for packed leaves: which pack file...
     offset: int | None = None  # ...and where in it
-    crc32: int | None = None  # packed leaves' checksum (see `_checksum`)
+    # Packed leaves' data checksum (see `_storage/checksum.py`), of the
+    # algorithm `sum_algorithm` names: "crc32" up to format 5, "xxh3" from 6.
+    crc32: int | None = None
     sum32: int | None = None  # Orbax-stored leaves' checksum
     sharding: str | None = None  # shard-pack leaves: the saved sharding, as text
     key: str | None = None  # Orbax-stored leaves' storage key (`_names`)
+    sum_algorithm: str = "crc32"  # of `crc32`
 
     def describe(self) -> str:
         if self.kind == ARRAY:

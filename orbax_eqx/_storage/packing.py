@@ -34,7 +34,7 @@ from .._tree.walk import (
 )
 from . import packfile as _packfile
 from . import to_host as _to_host
-from .checksum import crc32, damaged, mismatch
+from .checksum import CRC32, NAMES, Running, damaged, data_sum, mismatch
 from .to_host import on_cpu as on_cpu
 
 # Two wanted ranges closer than this are read as one: a read call costs more
@@ -66,9 +66,10 @@ def write(
     pieces: Sequence[tuple[int, np.ndarray]],
     nbytes: int,
     checksums: bool = True,
+    algorithm: str = CRC32,
 ) -> list[int]:
-    """Writes pack file `path` (see `_packfile.write`); returns each piece's CRC-32
-    (none without `checksums`).
+    """Writes pack file `path` (see `_packfile.write`); returns each piece's
+    checksum `algorithm` (see `checksum.Running`; none without `checksums`).
 
     The checksums are computed in a second thread while the file is written:
     both release the GIL, so on two cores they cost about the time of the
@@ -78,7 +79,7 @@ def write(
         _packfile.write(path, pieces, nbytes)
         return []
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        crcs = pool.submit(lambda: [crc32(x) for _, x in pieces])
+        crcs = pool.submit(lambda: [data_sum(x, algorithm) for _, x in pieces])
         _packfile.write(path, pieces, nbytes)
         return crcs.result()
 
@@ -187,13 +188,15 @@ def _check(records, where, problems: list[str], buffers, ready) -> None:
     for name in sorted(todo, key=lambda name: where[name]):
         record = records[name]
         i, start = where[name]
-        crc, stop = 0, start + record.nbytes
+        running, stop = Running(record.sum_algorithm), start + record.nbytes
         for at in range(start, stop, _CHECK_PIECE):
             end = min(at + _CHECK_PIECE, stop)
             ready(i, end)
-            crc = crc32(buffers[i][at:end], crc)
-        if crc != record.crc32:
-            problems.append(mismatch(record, "CRC-32", record.crc32, crc))
+            running.update(buffers[i][at:end])
+        found = running.value()
+        if found != record.crc32:
+            kind = NAMES[record.sum_algorithm]
+            problems.append(mismatch(record, kind, record.crc32, found))
 
 
 def _span(record) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from .._format.sidecar import (
 )
 from .._restore.read import LeafReader, release_memory
 from .._storage import packfile as _packfile
-from .._storage.checksum import crc32, host_sum32
+from .._storage.checksum import NAMES, Running, host_sum32
 from .._storage.shard_index import check_blocks, read_all
 from .typed_items import TypedMetadata, find_item, read
 
@@ -153,7 +153,7 @@ def _sort(saved: Metadata, record: LeafMetadata, result, *lists) -> None:
 def _check_packed(path: epath.Path, saved: Metadata, record, note):
     pack = saved.packs[record.pack]
     start, stop = record.offset, record.offset + record.nbytes
-    crc, done = 0, 0
+    running, done = Running(record.sum_algorithm), 0
     try:
         for piece in range(start, stop, _CHUNK):
             (data,) = _packfile.read(
@@ -161,7 +161,7 @@ def _check_packed(path: epath.Path, saved: Metadata, record, note):
                 [(piece, min(piece + _CHUNK, stop))],
                 nbytes=pack.nbytes,
             )
-            crc = crc32(data, crc)
+            running.update(data)
             done += data.nbytes
             note(data.nbytes)
     except PermissionError:  # not damage: nothing can be said of the data
@@ -170,9 +170,10 @@ def _check_packed(path: epath.Path, saved: Metadata, record, note):
         return str(e).split("\n")[0], done
     if record.crc32 is None:
         return None, done
+    crc = running.value()
     if crc != record.crc32:
-        problem = _differs("CRC-32", record.crc32, crc)
-        if saved.format_version >= 5:  # the CRC-32 is bound to the record
+        problem = _differs(NAMES[record.sum_algorithm], record.crc32, crc)
+        if saved.format_version >= 5:  # the checksum is bound to the record
             problem += " (or its sidecar record was edited: dtype, shape, offset)"
         return problem, done
     return True, done
@@ -243,7 +244,8 @@ def _check_stored(reader: LeafReader, record):
 
 
 def _differs(kind: str, recorded: int, found: int) -> str:
+    digits = 18 if max(recorded, found) >= 2**32 else 10  # 64-bit: 16 digits
     return (
-        f"data does not match its {kind}: {recorded:#010x} recorded at save, "
-        f"{found:#010x} computed now"
+        f"data does not match its {kind}: {recorded:#0{digits}x} recorded at "
+        f"save, {found:#0{digits}x} computed now"
     )
