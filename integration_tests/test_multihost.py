@@ -60,6 +60,8 @@ def _check_sidecars(root, processes, steps=(1, 2)):
             kind = {"packed": "crc32", "orbax": "sum32"}.get(record.get("data"))
             if kind:
                 assert isinstance(record.pop(kind), int), record
+        # And, last, the checksum of the sidecar's own bytes (format 6).
+        assert on_disk.pop("checksum").startswith("crc32:")
         assert on_disk == computed[0]
         assert on_disk["leaves"]["model.embed.weight"]["shape"] == [24, 16]
 

@@ -13,6 +13,7 @@ import shutil
 
 import numpy as np
 import pytest
+import sidecars
 
 import orbax_eqx as oeqx
 
@@ -31,10 +32,7 @@ def saved(tmp_path):
 
 
 def _edit(path, change):
-    sidecar = path / "orbax_eqx.json"
-    content = json.loads(sidecar.read_text())
-    change(content)
-    sidecar.write_text(json.dumps(content))
+    sidecars.edit(path, change)  # resealed: the CRC-32s must find the edit
 
 
 def _dtype(c):
@@ -113,8 +111,7 @@ def test_a_pack_of_another_save_under_this_token_is_damage(tmp_path, saved):
 
 
 def test_a_sidecar_with_an_edited_token_is_damage(saved):
-    content = json.loads((saved / "orbax_eqx.json").read_text())
-    old = content["token"]
+    old = sidecars.read(saved)["token"]
     new = "0123456789abcdef"
     (pack,) = saved.glob("orbax_eqx~packed.*.bin")
     pack.rename(saved / pack.name.replace(old, new))
@@ -137,7 +134,7 @@ def test_a_packed_leaf_without_its_crc_is_damage_to_restore_and_verify(saved, le
     _edit(saved, change)
     match = (
         rf"The sidecar in \S+ is damaged: leaf `\['{leaf}'\]` \(leaf name '{leaf}'\) "
-        r"is packed but records no CRC-32, though a format-5 sidecar of a save "
+        r"is packed but records no CRC-32, though a format-6 sidecar of a save "
         r"with checksums records one for every such leaf: it was edited\. "
         r"Restore an earlier step, or re-save the checkpoint\."
     )

@@ -24,6 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sidecars
 import tensorstore as ts
 import zoo
 
@@ -80,9 +81,7 @@ def _fails_touching_nothing(root, path, error, match, skeleton=None, **options):
 
 
 def _edit_sidecar(path, edit) -> None:
-    content = json.loads((path / SIDECAR).read_text())
-    edit(content)
-    (path / SIDECAR).write_text(json.dumps(content))
+    sidecars.edit(path, edit)  # resealed: what is tested is the reader's rules
 
 
 _CHILD = textwrap.dedent(

@@ -1,7 +1,6 @@
 """The packed layout: unsharded arrays as byte ranges of one pack file."""
 
 import errno
-import json
 import os
 import re
 import subprocess
@@ -14,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+import sidecars
 import zoo
 from etils import epath
 
@@ -180,8 +180,7 @@ def test_missing_pack_file(tmp_path):
 def test_version_1_sidecars_still_restore(tmp_path):
     item = zoo.optax_state(KEY_SAVE)
     oeqx.save(tmp_path / "ckpt", item, pack=False)
-    sidecar = tmp_path / "ckpt" / "orbax_eqx.json"
-    content = json.loads(sidecar.read_text())
+    content = sidecars.read(tmp_path / "ckpt")
     # Format 1 kept Orbax's array store in the item directory itself.
     store = tmp_path / "ckpt" / f"orbax_eqx~arrays.{content.pop('token')}"
     for entry in store.iterdir():
@@ -189,7 +188,7 @@ def test_version_1_sidecars_still_restore(tmp_path):
     store.rmdir()
     del content["packs"]
     content["format_version"] = 1
-    sidecar.write_text(json.dumps(content))
+    sidecars.write(tmp_path / "ckpt", content)
     assert oeqx.metadata(tmp_path / "ckpt").format_version == 1
     restored = oeqx.restore(
         tmp_path / "ckpt", zoo.skeleton(zoo.optax_state, KEY_SKELETON)

@@ -5,13 +5,14 @@ bytes are), each module's class and static fields, the pack files, and the
 package versions that wrote it. Reading it is pure data: nothing named in it
 is imported or called.
 
-Format version 5 (versions 1-4 are still read: 1 has no packs, 1 and 2 have
+Format version 6 (versions 1-5 are still read: 1 has no packs, 1 and 2 have
 no token, before 4 there are no shard packs, before 5 packed leaves' CRC-32s
-are not bound to their records):
+are not bound to their records and no tree structure is recorded, before 6
+the sidecar has no checksum of its own):
 
 ```
 {
- "format": "orbax_eqx", "format_version": 5, "versions": {...},
+ "format": "orbax_eqx", "format_version": 6, "versions": {...},
  "token": "9f2c41d07a3be865",
  "packs": [{"file": "orbax_eqx~packed.9f2c41d07a3be865.0.bin",
             "nbytes": 17310080, "byteorder": "little", "alignment": 64}],
@@ -33,9 +34,17 @@ are not bound to their records):
  "nodes": {"": {"path": "<root>", "type": "module", "fields": ["layers"],
                 "children": ["layers"]},
            "layers": {"path": ".layers", "type": "list",
-                      "children": ["layers.0"]}, ...}
+                      "children": ["layers.0"]}, ...},
+ "checksum": "crc32:5d41402a"
 }
 ```
+
+The `checksum` (format 6 on) is the last member, on the file's second-last
+line: `_storage.checksum.digest` of every byte before that line, named by
+its algorithm. It covers every record (each Python value, alias, `Shared`
+wiring, static field, leaf record and the pack table): a reader checks it
+before it reads anything else of the file, so a flipped bit or an edit is
+damage, never a different value restored.
 
 `nodes` (format 5 on) records every inner node of the tree, so that a
 restore with `allow=` can rebuild it without a skeleton (see `_tree/nodes.py`
@@ -92,7 +101,6 @@ import numpy as np
 from etils import epath
 
 from .._bytes import store as _store
-from .._errors import UnsupportedLeafError
 from .._tree import nodes as _nodes
 from .._tree.names import storage_key
 from .._tree.values import describe, encode, scalar_type
@@ -112,14 +120,15 @@ from .._tree.walk import (
     is_key_dtype,
     key_data_struct,
 )
+from .sealed import CHECKSUM as CHECKSUM
+from .sealed import MAX_BYTES as MAX_BYTES
+from .sealed import checksum_line as checksum_line
+from .sealed import dumps
 
 FILE_NAME = "orbax_eqx.json"
-# The largest sidecar read (or written): a model of 100,000 leaves has one of
-# ~30 MB. Reads stop here, so that a sidecar that is a link to an endless
-# stream fails at once (no size of it is recorded anywhere to check against).
-MAX_BYTES = 256 << 20
 FORMAT = "orbax_eqx"
-FORMAT_VERSION = 5  # 5: this turn (object stores, bound records, rebuilt modules)
+# 6: every record bound by the sidecar's own checksum (`CHECKSUM`).
+FORMAT_VERSION = 6
 # `~` never appears in a storage key except before a 16-digit hash, so these
 # names cannot collide with a directory Orbax makes for a leaf.
 PACK_FILE = "orbax_eqx~packed.{token}.{index}.bin"
@@ -395,44 +404,6 @@ def write(
     sidecar is how a save claims its directory (see `_claim`). `pause` is
     called once per line of JSON (see `walk`).
     """
-    text = _dump(content, pause)
-    _check_size(text, content)
+    data = dumps(content, pause)
     path = directory / FILE_NAME
-    _store.write_new(path, text.encode("utf-8", "surrogatepass"))
-
-
-def _check_size(text: str, content: dict[str, Any]) -> None:
-    """Refuses a sidecar larger than readers read (`MAX_BYTES`)."""
-    if len(text) * 4 <= MAX_BYTES:  # UTF-8 takes at most 4 bytes a character
-        return
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size <= MAX_BYTES:
-        return
-    records = [("leaf", n, r) for n, r in content["leaves"].items()]
-    records += [("module", n, r) for n, r in content["modules"].items()]
-    kind, name, _ = max(records, key=lambda r: len(json.dumps(r[2], default=str)))
-    raise UnsupportedLeafError(
-        f"Cannot save this item: its sidecar would be {size} bytes, more than "
-        f"the {MAX_BYTES} orbax_eqx reads back. The largest record is "
-        f"that of {kind} `{name}`. Keep large Python values (str, bytes, static "
-        "fields) out of the item, or store them as arrays "
-        "(`np.frombuffer(data, np.uint8)`)."
-    )
-
-
-def _dump(content: dict[str, Any], pause: Callable[[], None] | None = None) -> str:
-    """JSON with one line per leaf and per module: easy to read and to diff."""
-
-    def line(value: Any) -> str:
-        if pause is not None:
-            pause()
-        return json.dumps(value, allow_nan=False, ensure_ascii=False)
-
-    parts = []
-    for key, value in content.items():
-        if isinstance(value, dict) and key in ("leaves", "modules", "nodes") and value:
-            rows = ",\n".join(f"  {line(k)}: {line(v)}" for k, v in value.items())
-            parts.append(f" {line(key)}: {{\n{rows}\n }}")
-        else:
-            parts.append(f" {line(key)}: {line(value)}")
-    return "{\n" + ",\n".join(parts) + "\n}\n"
+    _store.write_new(path, data)

@@ -4,6 +4,9 @@ Pure data: nothing named in the file is imported or called, and every file
 name and storage key is derived (from the token, from leaf names) and only
 compared with what the file says. The format is described in `_sidecar`.
 
+From format 6 on, the file's checksum is checked first, before its JSON is
+read (see `sidecar.checksum_line`): any changed byte is damage.
+
 Reading is bounded: the file must be a regular file (a FIFO would block the
 read forever, a link to `/dev/zero` would never end) of at most `MAX_BYTES`;
 its JSON may hold no `NaN`/`Infinity` (which orbax_eqx never writes) and no
@@ -14,11 +17,13 @@ never recurses without bound. Any of these is damage, said in one
 """
 
 import dataclasses
+import functools
 import json
 import math
 import sys
 from typing import Any
 
+import numpy as np
 from etils import epath
 
 # The one module of a later stage read here: it imports nothing of ours but
@@ -30,6 +35,7 @@ from .._tree import nodes as _nodes
 from .._tree.names import old_storage_key, storage_key
 from .._tree.values import decode_scalar, scalar_type, too_deep
 from .._tree.walk import ARRAY, SCALAR, ModuleInfo, parse_dtype
+from . import sealed as _sealed
 from .sidecar import (
     ALIAS,
     CONTAINERS,
@@ -82,9 +88,12 @@ def read(directory: epath.Path) -> Metadata:
     except PermissionError:
         raise permission_denied(path) from None
     try:
+        damaged = functools.partial(_damaged, path)
+        sealed = _sealed.check(raw, damaged)
         with paused():  # objects per leaf: see `_gc`
             content = _loads(raw, path)
             del raw  # held no longer than needed: a sidecar may be 256 MiB
+            _sealed.check_sealed(content, sealed, FORMAT_VERSION, damaged)
             return parse(content, str(directory))
     except RecursionError:  # printing a value in an error, say
         raise _damaged(path, _TOO_DEEP) from None
@@ -273,6 +282,26 @@ def _parse_packs(packs_json: Any, token, where, bad) -> tuple[PackMetadata, ...]
     return tuple(packs)
 
 
+@functools.cache
+def _dtype_problem(text: str) -> str | None:
+    """What is wrong with an array's recorded dtype, or None: it must be
+    spelled as a save spells it (`str(dtype)`: `<U2`, not `U2`), and be one a
+    save writes (no structured or object dtype)."""
+    try:
+        dtype = parse_dtype(text)
+    except (TypeError, ValueError, OverflowError, MemoryError, SyntaxError):
+        return f"unknown dtype {text!r}"
+    if isinstance(dtype, np.dtype) and (
+        dtype.fields is not None or dtype.subdtype is not None
+    ):
+        return f"unknown dtype {text!r}"
+    if isinstance(dtype, np.dtype) and dtype.hasobject:
+        return f"dtype {text!r}, which no save writes (it refuses arrays of objects)"
+    if str(dtype) != text:
+        return f"dtype {text!r}, which no save writes (it writes {str(dtype)!r})"
+    return None
+
+
 def _is_size(x: Any) -> bool:
     return type(x) is int and x >= 0
 
@@ -314,10 +343,9 @@ def _parse_leaf(name: str, rec: Any, packs, bad, checks: "_Sums") -> LeafMetadat
     if not isinstance(dtype, str) or cont not in CONTAINERS:
         raise bad(f"leaf {name!r} has no valid dtype or container")
     dtype, cont = sys.intern(dtype), CONTAINERS[CONTAINERS.index(cont)]
-    try:
-        parse_dtype(dtype)  # every array's: zero-size and sharded ones too
-    except (TypeError, ValueError):
-        raise bad(f"leaf {name!r} has unknown dtype {dtype!r}") from None
+    why = _dtype_problem(dtype)  # every array's: zero-size and sharded ones too
+    if why is not None:
+        raise bad(f"leaf {name!r} has {why}")
     if data == STORED and rec.get("key") not in (
         storage_key(name),
         old_storage_key(name),

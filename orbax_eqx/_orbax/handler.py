@@ -6,6 +6,7 @@ import contextvars
 import dataclasses
 import functools
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -19,7 +20,6 @@ from .._errors import UnsupportedLeafError
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
 from .._gc import paused
-from .._rebuild import build as _rebuild
 from .._rebuild.allow import check_allow
 from .._restore.renames import Renames
 from .._restore.restore import restore_flat, restore_tree
@@ -40,6 +40,7 @@ from .._storage import store_files as _store_files
 from .._storage.checksum import host_sum32
 from . import object_commit as _object_commit
 from . import plain as _plain
+from . import rebuilt as _rebuilt
 
 TYPESTR = "orbax_eqx.EqxHandler"
 # Set while `EqxHandler.save` runs: the save returns only once written, so the
@@ -314,8 +315,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                 return _plain.restore(epath.Path(directory), args)
             saved = _sidecar_read.read(epath.Path(directory))
             if args.skeleton is None and args.allow is not None:
-                rebuilt = _rebuild.skeleton(saved, args.allow, args.prefix)
-                args = dataclasses.replace(args, skeleton=rebuilt, allow=None)
+                return _rebuilt.restore(self._inner, directory, saved, args)
             if args.skeleton is None:
                 return restore_flat(
                     self._inner,
@@ -369,7 +369,14 @@ async def _undo_directories(directory: epath.Path, primary: bool) -> None:
     "directory made" signals), then, on the primary host, removes the item
     directory if empty and the temporary step directory around it if it
     holds only Orbax's step metadata: a save refused before writing leaves
-    nothing behind."""
+    nothing behind.
+
+    Orbax writes the step metadata (`_CHECKPOINT_METADATA`) in a thread of
+    its own after the signal; the step directory goes only once that file is
+    there, else Orbax's write would find no directory and fail the manager's
+    next call (`FileNotFoundError`). If it never comes, the directory stays
+    (Orbax replaces a leftover temporary directory on the next save).
+    """
 
     async def nothing() -> None:
         return None
@@ -386,12 +393,29 @@ async def _undo_directories(directory: epath.Path, primary: bool) -> None:
         step = directory.parent
         if _ORBAX_TMP not in step.name:
             return
-        if set(os.listdir(step)) <= {"_CHECKPOINT_METADATA"}:
+        if not await asyncio.to_thread(_appears, step / _STEP_METADATA):
+            return
+        if set(os.listdir(step)) <= {_STEP_METADATA}:
             for name in os.listdir(step):
                 os.remove(step / name)
             os.rmdir(step)
     except OSError:
         pass  # something else is there: keep it
+
+
+_STEP_METADATA = "_CHECKPOINT_METADATA"
+
+
+def _appears(path: epath.Path) -> bool:
+    """Whether `path` exists within `_DIRECTORIES_WAIT_S`. Once it does, Orbax's
+    write of it has opened it: removing it and its directory then harms no
+    write (the open file is written and dropped)."""
+    deadline = time.monotonic() + _DIRECTORIES_WAIT_S
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def _saved_here(directory: epath.Path) -> tuple[str | None, None, bool, int]:

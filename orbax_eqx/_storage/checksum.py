@@ -19,6 +19,13 @@ Two kinds, by where the bytes are when they can be summed without a copy:
   checks it too. (Before orbax_eqx 0.2 it was computed on the devices; the
   value is the same.)
 
+And one for records: `digest` of the sidecar's own bytes (from format 6 on),
+written with the name of its algorithm (`"crc32:1a2b3c4d"`), so that every
+record a restore trusts (a Python value, an alias, a `Shared` wiring, a
+static field, a leaf's record, the pack table) is covered, and a reader
+knows which algorithm to check it with. It is computed only here: changing
+the algorithm is changing `DIGEST` (and adding it to `_DIGESTS`).
+
 Nothing here runs on a device: a checkpoint library that dispatches
 computations over sharded arrays issues collectives per leaf, which on CPU
 devices can deadlock and across hosts adds a lock-step Orbax does not have.
@@ -35,6 +42,27 @@ import xxhash
 from .._errors import CheckpointDamagedError, bullet_list
 
 _CHUNK = 1 << 22  # elements summed at a time by numpy
+
+
+# The algorithms a record's digest may name, and the one a save uses.
+_DIGESTS = {"crc32": lambda data: f"{zlib.crc32(data):08x}"}
+DIGEST = "crc32"
+
+
+def digest(data: bytes | memoryview, algorithm: str = DIGEST) -> str:
+    """The checksum of records (a sidecar's bytes) as written: `algorithm:hex`.
+
+    The one function that computes it: a new algorithm is a new entry of
+    `_DIGESTS` and a new `DIGEST`. Raises `ValueError` for an algorithm it
+    does not know.
+    """
+    compute = _DIGESTS.get(algorithm)
+    if compute is None:
+        raise ValueError(
+            f"unknown checksum algorithm {algorithm[:40]!r} (this orbax_eqx knows "
+            f"{', '.join(sorted(_DIGESTS))})"
+        )
+    return f"{algorithm}:{compute(data)}"
 
 
 def crc32(data: np.ndarray | memoryview, start: int = 0) -> int:

@@ -298,18 +298,28 @@ def rebuild_plan(saved: Metadata) -> dict[str, Any]:
     """Whether `restore(path, allow=...)` can rebuild the item without a
     skeleton, and what to allow: read from the sidecar, importing nothing.
 
-    `{"recorded": bool, "allow": [modules], "cannot": [{"name", "path", "why"}]}`
-    (`name` the leaf name, `path` the leaf path);
-    `recorded` is False for sidecars that do not record the tree (format < 5).
+    `{"recorded": bool, "allow": [modules], "callables": [names],
+    "cannot": [{"name", "path", "why"}]}` (`name` the leaf name, `path` the
+    leaf path; `callables` every function or class a rebuild would install
+    as a callable, by qualified name: anything an allowed module holds can
+    be); `recorded` is False for sidecars that do not record the tree
+    (format < 5) or whose records of it cannot be rebuilt, with `why`.
     """
     try:
-        names, cannot = _rebuild.needs(saved)
+        found = _rebuild.needs(saved)
     except OrbaxEqxError as e:  # no structure recorded, or a damaged one
-        return {"recorded": False, "allow": [], "cannot": [], "why": str(e)}
+        return {
+            "recorded": False,
+            "allow": [],
+            "callables": [],
+            "cannot": [],
+            "why": str(e),
+        }
     return {
         "recorded": True,
-        "allow": _rebuild.modules_to_allow(names),
-        "cannot": [{"name": n, "path": p, "why": why} for n, p, why in cannot],
+        "allow": _rebuild.modules_to_allow(found.names),
+        "callables": found.callables,
+        "cannot": [{"name": n, "path": p, "why": why} for n, p, why in found.cannot],
     }
 
 

@@ -136,13 +136,16 @@ def _writer_line(saved: Metadata) -> str:
 
 
 def _rebuild_line(saved: Metadata) -> str:
-    """What `restore(path, allow=...)` needs to rebuild the item, if it can."""
+    """What `restore(path, allow=...)` needs to rebuild the item, if it can,
+    and the callables a rebuild would install."""
     plan = rebuild_plan(saved)
     if not plan["recorded"]:
-        return (
-            "Without a skeleton: not rebuildable (this sidecar records no tree "
-            "structure; re-save to get one)."
-        )
+        if saved.nodes is None:
+            return (
+                "Without a skeleton: not rebuildable (this sidecar records no tree "
+                "structure; re-save to get one)."
+            )
+        return f"Without a skeleton: not rebuildable: {plan['why']}"
     if plan["cannot"]:
         first = plan["cannot"][0]
         more = len(plan["cannot"]) - 1
@@ -152,7 +155,13 @@ def _rebuild_line(saved: Metadata) -> str:
             + (f" (and {more} more)" if more else "")
             + "; restore it into a skeleton."
         )
-    return f"Without a skeleton: restore with `allow={plan['allow']!r}` to rebuild it."
+    line = f"Without a skeleton: restore with `allow={plan['allow']!r}` to rebuild it."
+    if plan["callables"]:
+        line += "\nCallables a rebuild installs: " + ", ".join(
+            f"`{name}`" for name in plan["callables"]
+        )
+        line += "."
+    return line
 
 
 def _metrics_text(metrics: dict[str, Any] | None) -> str:
