@@ -96,11 +96,11 @@ def test_stripped_checksums_are_damage(tmp_path, capsys, pack):
 
     def strip(content):
         for record in content["leaves"].values():
-            record.pop("crc32" if pack else "sum32")
+            record.pop("xxh3" if pack else "sum32")
 
     _edit(path, strip)
     where, kind = (
-        ("is packed", "CRC-32")
+        ("is packed", "XXH3-64")
         if pack
         else (
             "is in Orbax's array store",
@@ -128,7 +128,7 @@ def test_stripped_checksums_of_format_4_are_damage_to_verify(tmp_path, capsys, p
     def strip(content):
         content["format_version"] = 4
         for record in content["leaves"].values():
-            record.pop("crc32" if pack else "sum32")
+            record.pop("xxh3" if pack else "sum32")  # (format 4 has "crc32")
 
     _edit(path, strip)
     if pack:  # packed leaves always have one: the sidecar is damaged

@@ -160,8 +160,8 @@ def test_a_flipped_bit_in_a_streamed_leaf_is_found(saved, copying, tmp_path):
         f.write(bytes([byte[0] ^ 0x10]))
     with pytest.raises(
         oeqx.CheckpointDamagedError,
-        match=r"Leaf `\['long'\]` \(long\): CRC-32 recorded at save 0x[0-9a-f]{8}, "
-        r"computed from the data now 0x[0-9a-f]{8}",
+        match=r"Leaf `\['long'\]` \(long\): XXH3-64 recorded at save 0x[0-9a-f]{16}, "
+        r"computed from the data now 0x[0-9a-f]{16}",
     ):
         oeqx.restore(copy, _skeleton(item), max_staged_bytes=WINDOW)
 

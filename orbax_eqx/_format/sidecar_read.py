@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import json
 import math
+import re
 import sys
 from typing import Any
 
@@ -31,6 +32,7 @@ from etils import epath
 from .._bytes import store as _store
 from .._errors import SidecarError, permission_denied
 from .._gc import paused
+from .._storage.checksum import NAMES, XXH3
 from .._tree import nodes as _nodes
 from .._tree.names import old_storage_key, storage_key
 from .._tree.values import decode_scalar, scalar_type, too_deep
@@ -53,10 +55,12 @@ from .sidecar import (
     Metadata,
     PackMetadata,
     bind,
+    data_sum_algorithm,
     itemsize,
     pack_file,
 )
 
+_HEX64 = re.compile(r"[0-9a-f]{16}")  # a 64-bit checksum as format 6 writes it
 _MAX_DIM = 2**62  # past this, a shape is no array any numpy can make
 
 
@@ -375,6 +379,17 @@ def _parse_leaf(name: str, rec: Any, packs, bad, checks: "_Sums") -> LeafMetadat
     for k, v in sums.items():
         if v is not None and not (_is_size(v) and v < 2**32):
             raise bad(f"leaf {name!r} has {k} {v!r}, not a 32-bit checksum")
+    algorithm = checks.algorithm
+    if algorithm == XXH3:  # format 6 on: 16 hexadecimal digits, never `crc32`
+        text = rec.get(XXH3)
+        if sums["crc32"] is not None or not (
+            text is None or (isinstance(text, str) and _HEX64.fullmatch(text))
+        ):
+            raise bad(
+                f"leaf {name!r} has a data checksum other than XXH3-64 in 16 "
+                f"hexadecimal digits ({rec.get(XXH3, rec.get('crc32'))!r})"
+            )
+        sums["crc32"] = None if text is None else int(text, 16)
     leaf = LeafMetadata(
         name,
         path,
@@ -391,6 +406,7 @@ def _parse_leaf(name: str, rec: Any, packs, bad, checks: "_Sums") -> LeafMetadat
         sum32=sums["sum32"] if data == STORED else None,
         sharding=str(rec["sharding"]) if data == SHARDS and "sharding" in rec else None,
         key=rec["key"] if data == STORED else None,
+        sum_algorithm=algorithm,
     )
     return checks.check(leaf, rec, bad)
 
@@ -402,6 +418,11 @@ class _Sums:
     version: int
     checksums: bool  # False: saved with `checksums=False`
     token: str | None
+
+    @property
+    def algorithm(self) -> str:
+        """The data checksum of packed leaves (`sidecar.data_sum_algorithm`)."""
+        return data_sum_algorithm(self.version)
 
     def check(self, leaf: LeafMetadata, rec: dict, bad) -> LeafMetadata:
         """From format 4 on, a save with checksums records a CRC-32 for every
@@ -418,9 +439,10 @@ class _Sums:
         if leaf.data != PACKED:
             return leaf
         if leaf.crc32 is None:
-            raise bad(_no_checksum(leaf, "is packed", "CRC-32", version))
+            kind = NAMES[self.algorithm]
+            raise bad(_no_checksum(leaf, "is packed", kind, version))
         if version >= 5:
-            crc = bind(leaf.crc32, self.token, leaf.name, rec)
+            crc = bind(leaf.crc32, self.token, leaf.name, rec, self.algorithm)
             # The record was made just now and is seen by nothing else yet:
             # set in place (`dataclasses.replace` per leaf cost ~10 us).
             object.__setattr__(leaf, "crc32", crc)

@@ -253,7 +253,11 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         if prepared.pack_nbytes:
             path = directory / _sidecar.pack_file(token, 0)
             found = _packing.write(
-                path, prepared.pieces, prepared.pack_nbytes, self._checksums
+                path,
+                prepared.pieces,
+                prepared.pack_nbytes,
+                self._checksums,
+                _sidecar.data_sum_algorithm(prepared.content["format_version"]),
             )
             _claim.wrote(started, path)
             crcs = dict(zip(prepared.packed_names, found))

@@ -17,7 +17,7 @@ from .._format.sidecar import (
 )
 from .._restore.read import LeafReader, release_memory
 from .._storage import packfile as _packfile
-from .._storage.checksum import NAMES, Running, host_sum32
+from .._storage.checksum import NAMES, XXH3, Running, host_sum32
 from .._storage.shard_index import check_blocks, read_all
 from .typed_items import TypedMetadata, find_item, read
 
@@ -244,7 +244,7 @@ def _check_stored(reader: LeafReader, record):
 
 
 def _differs(kind: str, recorded: int, found: int) -> str:
-    digits = 18 if max(recorded, found) >= 2**32 else 10  # 64-bit: 16 digits
+    digits = 18 if kind == NAMES[XXH3] else 10  # 64 bits: 16 hexadecimal digits
     return (
         f"data does not match its {kind}: {recorded:#0{digits}x} recorded at "
         f"save, {found:#0{digits}x} computed now"
