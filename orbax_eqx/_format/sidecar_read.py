@@ -382,12 +382,15 @@ def _parse_leaf(name: str, rec: Any, packs, bad, checks: "_Sums") -> LeafMetadat
     algorithm = checks.algorithm
     if algorithm == XXH3:  # format 6 on: 16 hexadecimal digits, never `crc32`
         text = rec.get(XXH3)
-        if sums["crc32"] is not None or not (
-            text is None or (isinstance(text, str) and _HEX64.fullmatch(text))
-        ):
+        if sums["crc32"] is not None:
             raise bad(
-                f"leaf {name!r} has a data checksum other than XXH3-64 in 16 "
-                f"hexadecimal digits ({rec.get(XXH3, rec.get('crc32'))!r})"
+                f'leaf {name!r} records a CRC-32 ("crc32"), which a format-'
+                f"{checks.version} sidecar never does: it was edited"
+            )
+        if not (text is None or (isinstance(text, str) and _HEX64.fullmatch(text))):
+            raise bad(
+                f"leaf {name!r} has data checksum {_cut(text)}, not XXH3-64 in 16 "
+                "lower-case hexadecimal digits"
             )
         sums["crc32"] = None if text is None else int(text, 16)
     leaf = LeafMetadata(
@@ -447,6 +450,11 @@ class _Sums:
             # set in place (`dataclasses.replace` per leaf cost ~10 us).
             object.__setattr__(leaf, "crc32", crc)
         return leaf
+
+
+def _cut(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _no_checksum(leaf, where: str, kind: str, version: int) -> str:
