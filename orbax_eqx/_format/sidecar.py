@@ -393,11 +393,15 @@ def bind(
         record["offset"],
         record["nbytes"],
     ]
-    text = json.dumps(where, ensure_ascii=False, separators=(",", ":"))
-    data = text.encode("utf-8", "surrogatepass")
+    data = _BIND_ENCODER.encode(where).encode("utf-8", "surrogatepass")
     if algorithm == XXH3:
         return crc ^ xxhash.xxh3_64_intdigest(data)
     return crc ^ zlib.crc32(data)
+
+
+# `json.dumps(where, ensure_ascii=False, separators=(",", ":"))`, with one
+# encoder for all leaves (`dumps` with options makes one per call).
+_BIND_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def nbytes(x: Any) -> int:
