@@ -7,5 +7,5 @@ the v1 checkpointable handler registered on import (`v1`), standalone
 `type_restore`, its local registry `type_registry`), and restoring plain
 Orbax checkpoints of Equinox models into skeletons (`plain`).
 May import: `_save`, `_restore`, `_rebuild`, `_storage`, `_format`, `_tree`,
-`_errors`.
+`_errors`, `_gc`.
 """
