@@ -16,7 +16,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from .._bytes import store as _store
-from .._errors import UnsupportedLeafError
+from .._errors import ObjectStoreError, UnsupportedLeafError
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
 from .._gc import paused
@@ -152,13 +152,19 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         writing them happens in the background.
         """
         _object_commit.check(directory, self._pack)
+        primary = ocp.multihost.is_primary_host(self._primary_host)
+        try:
+            _object_commit.reachable(directory)  # the first save into a bucket
+        except ObjectStoreError:
+            # As for a refused leaf below: let Orbax finish the directories.
+            await _undo_directories(epath.Path(directory), primary)
+            raise
         flat = None
         if args is None:
             check_global(item)  # EqxSave checks its own item when made
         else:
             flat = args.take_flat()
         tree = args.item if args is not None else item
-        primary = ocp.multihost.is_primary_host(self._primary_host)
         token = _claim.new_token()
         try:
             with paused():  # see `_gc`

@@ -8,7 +8,9 @@ from .._format.sidecar import ALIAS, Metadata
 from .._tree.names import label
 from .._tree.values import describe
 from .._tree.walk import ARRAY, display_path
+from . import plain_text
 from .inspect import Report, rebuild_plan, totals
+from .plain_items import PlainMetadata
 from .text import cut, human_bytes, table
 from .tree_view import rows as tree_rows
 from .tree_view import type_text, value_text
@@ -35,7 +37,12 @@ def to_text(report: Report, flat: bool = False) -> str:
             + f"\nShowing the latest step, {report.step}.{note}\n"
         )
     for saved, shardings in zip(report.items, report.shardings):
-        parts.append(_item_text(saved) if flat else _tree_text(saved, shardings))
+        if isinstance(saved, PlainMetadata):
+            parts.append(plain_text.item_text(saved, shardings, flat))
+        else:
+            parts.append(_item_text(saved) if flat else _tree_text(saved, shardings))
+    if report.others:
+        parts.append(plain_text.others_text(report.others, report.step))
     return "\n".join(parts)
 
 
