@@ -28,8 +28,8 @@ A large array's copy to host takes as long as its bytes take to cross (on an
 H100, 0.13 s for 0.5 GiB), and `save` returned only once it was done. So a
 large array is first copied on its own device instead (`jax.device_put` with
 `may_alias=False`: a device-to-device copy, no computation to compile), its
-transfer to host is started, and `save` returns; the save's background
-thread waits for the transfer. Device copies take at most `DEVICE_SHARE` of
+and `save` returns; the save's background thread starts its transfer to host
+and waits for it. Device copies take at most `DEVICE_SHARE` of
 the memory a device has free (`memory_stats()`; where a backend has no such
 figure, as CPU devices in forced-copy mode, `IN_FLIGHT` bytes); arrays past
 that are copied to host before `save` returns, as before.
@@ -100,6 +100,8 @@ class Pending:
     def result(self) -> list[np.ndarray]:
         while self._waiting:
             _split(*self._waiting.popleft(), self._out)
+        for _, copy in self._copied:  # every transfer started, then waited for
+            copy.copy_to_host_async()
         while self._copied:
             i, copy = self._copied.pop()
             self._out[i] = np.asarray(copy)  # and the device copy is let go
@@ -181,8 +183,11 @@ def _device_copies(xs: list, one_by_one: list[int], force: bool) -> list:
     copies = jax.device_put(
         [x for _, x in chosen], [x.sharding for _, x in chosen], may_alias=False
     )
-    for copy in copies:
-        copy.copy_to_host_async()
+    # Their transfers to host are started by `Pending.result()`, in the save's
+    # background thread: on a GPU (jax 0.11.2, H100) `copy_to_host_async`
+    # returned only once most of the bytes had crossed (99 arrays of 0.5 GiB:
+    # 0.06 s of calls against 0.09 s for `jax.device_get`, and 0.006 s for
+    # the device copies; `benchmarks/gpu_transfer_probe.py`).
     return [(i, copy) for (i, _), copy in zip(chosen, copies)]
 
 
