@@ -14,7 +14,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from .._bytes import store as _store
-from .._errors import UnsupportedLeafError
+from .._bytes import verdict as _verdict
+from .._errors import ObjectStoreSaveError, UnsupportedLeafError
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
 from .._rebuild import build as _rebuild
@@ -145,7 +146,17 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         change them as soon as this returns; see `_packing.host_copies`);
         writing them happens in the background.
         """
-        _object_commit.check(directory, self._pack)
+        try:
+            _object_commit.check(directory, self._pack)
+        except ObjectStoreSaveError:
+            # Refused before anything was written, while Orbax makes this
+            # save's directories in the background: let it finish, or its
+            # threads would wait out their timeout at exit (see `released`).
+            await _undo_directories(
+                epath.Path(directory),
+                ocp.multihost.is_primary_host(self._primary_host),
+            )
+            raise
         flat = None
         if args is None:
             check_global(item)  # EqxSave checks its own item when made
@@ -282,7 +293,14 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         # With several processes, all succeed or all raise one error (see
         # `together`): one failing alone would leave the rest in Orbax's
         # barriers for good.
-        return together(directory, lambda: self._restore_current(directory, args))
+        return together(directory, lambda: self._restore_checked(directory, args))
+
+    def _restore_checked(self, directory: epath.Path, args: "EqxRestore") -> Any:
+        # Bytes from an object store that fail their checks are read again
+        # before they are called damage (see `_bytes/verdict.py`).
+        return _verdict.confirmed(
+            directory, lambda: self._restore_current(directory, args)
+        )
 
     def _restore_current(self, directory: epath.Path, args: "EqxRestore") -> Any:
         try:
