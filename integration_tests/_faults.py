@@ -20,9 +20,10 @@ or caching proxy would:
 
 A `Fault` chooses its requests by method, by a regular expression searched in
 the request's path and query (URL-decoded), by whether it has a `Range:`
-header, and by their number among the requests it matches (`nth`, from 1;
-`every`: every n-th). Counting is per fault and under a lock, so a test that
-makes the same requests gets the same faults. `hits` counts the requests a
+header and one searched in its value, and by their number among the
+requests it matches (`nth`, from 1; `every`: every n-th). Counting is per
+fault and under a lock, so a test that makes the same requests gets the same
+faults. `hits` counts the requests a
 fault changed; `requests` logs every request the proxy saw.
 
 Stdlib only. `close()` ends stalls at once.
@@ -65,6 +66,7 @@ class Fault:
     nth: Iterable[int] | None = None  # which matching requests (from 1)
     every: int | None = None  # or every n-th matching request
     ranged: bool | None = None  # only requests with (True) or without a Range
+    range: str | None = None  # regex searched in the Range header's value
     status: int = 503
     at: int | tuple[int, ...] = 0  # byte of the body where a cut, flip or
     # stall happens; a tuple: one after the other, per request changed
@@ -78,10 +80,12 @@ class Fault:
             raise ValueError(f"kind must be one of {KINDS}, not {self.kind!r}")
         self.nth = None if self.nth is None else frozenset(self.nth)
 
-    def _matches(self, method: str, target: str, ranged: bool) -> bool:
+    def _matches(self, method: str, target: str, asked: str | None) -> bool:
         if self.method is not None and method != self.method:
             return False
-        if self.ranged is not None and ranged != self.ranged:
+        if self.ranged is not None and (asked is not None) != self.ranged:
+            return False
+        if self.range is not None and not re.search(self.range, asked or ""):
             return False
         return self.path is None or re.search(self.path, target) is not None
 
@@ -141,8 +145,7 @@ class FaultProxy:
             def _any(self):
                 body = _read_body(self)
                 target = urllib.parse.unquote(self.path)
-                ranged = "range" in {k.lower() for k in self.headers}
-                fault = owner._choose(self.command, target, ranged)
+                fault = owner._choose(self.command, target, self.headers.get("Range"))
                 with owner._lock:
                     owner.requests.append(
                         Seen(
@@ -178,10 +181,10 @@ class FaultProxy:
         with self._lock:
             self.faults.clear()
 
-    def _choose(self, method: str, target: str, ranged: bool) -> Fault | None:
+    def _choose(self, method: str, target: str, asked: str | None) -> Fault | None:
         with self._lock:
             for fault in self.faults:
-                if fault._matches(method, target, ranged) and fault._chosen():
+                if fault._matches(method, target, asked) and fault._chosen():
                     return fault
         return None
 

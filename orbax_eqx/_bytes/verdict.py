@@ -180,11 +180,18 @@ def confirmed(path: Any, read: Callable[[], _T]) -> _T:
         "process (a proxy, a cache, a faulty network card) changes bytes in "
         "transit, and the checkpoint itself may be intact. The checks "
         "failed so:\n"
-        + bullet_list([text.splitlines()[0] for text in seen])
+        + bullet_list([_gist(text) for text in seen])
         + "\nTry again, and check the way to the store; `python -m orbax_eqx "
         "verify PATH` from another machine tells whether the stored bytes are "
         "damaged."
     )
+
+
+def _gist(text: str) -> str:
+    """The first problem a failed check lists (its first line, if none)."""
+    lines = text.splitlines()
+    listed = [line.strip()[2:] for line in lines if line.startswith("  - ")]
+    return (listed or lines or ["(no message)"])[0]
 
 
 def store_failure(error: BaseException, path: Any) -> ObjectStoreError | None:
