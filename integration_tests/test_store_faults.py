@@ -157,6 +157,26 @@ def test_bytes_damaged_in_the_bucket_are_still_damage_and_fall_back(bucket):
     _same(got, 2)
 
 
+def test_verify_reads_again_before_it_reports_damage(bucket):
+    """A byte flipped in transit made `verify` report a damaged leaf; bytes
+    changed in the bucket are still reported."""
+    root = _saved(bucket, steps=(10,))
+    item = f"{root}/10/default"
+    flip = Fault("flip", method="GET", path=_pack(10), range=DATA, nth=[1], at=9)
+    with _proxied(bucket, flip):
+        report = oeqx.verify(item)
+    assert report.ok and sorted(report.checked) == ["a", "b"] and flip.hits == 1
+    pack = f"{item}/{oeqx.metadata(item).packs[0].file}"
+    data = bytearray(epath.Path(pack).read_bytes())
+    data[4040] ^= 0xFF  # in leaf b
+    epath.Path(pack).write_bytes(bytes(data))
+    _object_servers.clear_fsspec_caches()
+    with _proxied(bucket):
+        report = oeqx.verify(item)
+    assert [d.name for d in report.damaged] == ["b"] and report.checked == ("a",)
+    assert report.damaged[0].problem.startswith("data does not match its CRC-32")
+
+
 # -- ranges ------------------------------------------------------------------
 
 

@@ -154,23 +154,34 @@ def failed(where: Any, what: str, path: Any, detail: str) -> ObjectStoreError:
     )
 
 
-def confirmed(path: Any, read: Callable[[], _T]) -> _T:
-    """`read()`, a restore of the item at `path`, read again while its bytes
-    fail their checks differently each time (rule 3).
+def confirmed(
+    path: Any,
+    read: Callable[[], _T],
+    damage: Callable[[_T], str] = lambda result: "",
+) -> _T:
+    """`read()` (a restore or a check of the item at `path`), done again while
+    its bytes fail their checks differently each time (rule 3).
 
-    On a local disk a failed check is the file's: it is raised at once.
+    A failed check is a `CheckpointDamagedError` or `SidecarError` raised, or
+    a result for which `damage(result)` is not empty (a report that lists
+    damaged leaves). On a local disk a failed check is the file's: there is
+    no second read.
     """
     if not is_remote(path):
         return read()
     seen: list[str] = []
     for attempt in range(AGAIN + 1):
         try:
-            return read()
+            result = read()
         except (CheckpointDamagedError, SidecarError) as e:
-            text = str(e)
-            if text in seen:
+            if str(e) in seen:
                 raise  # the same bytes again: they are stored so
-            seen.append(text)
+            seen.append(str(e))
+        else:
+            found = damage(result)
+            if not found or found in seen:
+                return result
+            seen.append(found)
         if attempt < AGAIN:
             time.sleep(patience.backoff(attempt))
     store = for_path(path)
