@@ -12,6 +12,9 @@ or caching proxy would:
 - `"ignore_range"`: forwards the request without its `Range:` header, so the
   server answers 200 with the whole object (an endpoint or caching proxy
   that ignores ranges);
+- `"shift_range"`: forwards the request with its `Range:` moved `at` bytes
+  on, so the server answers 206 with other bytes than asked (and says so in
+  its `Content-Range`);
 - `"stall"`: answers nothing for `seconds` (the request hangs), then closes;
 - `"stall_body"`: sends the headers and `at` bytes of the body, then stalls;
 - `"reset"`: closes the connection at once with a TCP reset, answering nothing;
@@ -47,6 +50,7 @@ KINDS = (
     "cut",
     "flip",
     "ignore_range",
+    "shift_range",
     "stall",
     "stall_body",
     "reset",
@@ -211,6 +215,11 @@ class FaultProxy:
         }
         if kind == "ignore_range":
             headers = {k: v for k, v in headers.items() if k.lower() != "range"}
+        if kind == "shift_range":
+            headers = {
+                k: _shifted(v, fault.offset()) if k.lower() == "range" else v
+                for k, v in headers.items()
+            }
         headers["Content-Length"] = str(len(body))
         conn = http.client.HTTPConnection(
             self.upstream.hostname, self.upstream.port, timeout=UPSTREAM_TIMEOUT
@@ -256,6 +265,12 @@ class FaultProxy:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _shifted(asked: str, by: int) -> str:
+    """`bytes=A-B` as `bytes=(A+by)-(B+by)`."""
+    first, last = asked.split("=", 1)[1].split("-")
+    return f"bytes={int(first) + by}-{int(last) + by}"
 
 
 def _read_body(handler) -> bytes:

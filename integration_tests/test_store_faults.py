@@ -200,6 +200,21 @@ def test_an_endpoint_that_ignores_range_never_gives_other_bytes(
     assert ignore.hits >= 3
 
 
+def test_an_answer_with_other_bytes_than_asked_is_read_again(bucket):
+    """A 206 whose `Content-Range` is not the range asked (here leaf `b`'s
+    bytes for leaf `a`): on s3:// its bytes were taken, unchecked, as `a`; on
+    gs:// the healthy checkpoint was called damaged."""
+    root = _saved(bucket, steps=(10,))
+    other = Fault("shift_range", method="GET", path=_pack(10), range=DATA, nth=[1])
+    other.at = 4032  # where leaf `b` starts
+    with _proxied(bucket, other) as proxy:
+        got = oeqx.restore(
+            f"{root}/10/default", _tree(0)["a"], prefix="a", verify=False
+        )
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(_tree(10)["a"]))
+    assert other.hits == 1 and _data_reads(proxy, 10) == 2
+
+
 # -- a store that fails ------------------------------------------------------
 
 
