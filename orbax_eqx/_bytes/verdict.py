@@ -72,6 +72,14 @@ _UNREACHED = (
     "EndpointConnectionError",
     "Connection refused",
 )
+# S3's error codes of the statuses a failing store answers (TensorStore's text
+# does not always keep the status itself).
+_STATUS_OF = {
+    "SlowDown": 503,
+    "ServiceUnavailable": 503,
+    "InternalError": 500,
+    "RequestTimeout": 400,
+}
 # Where the raw errors of Orbax's own calls on object stores come from.
 FSSPEC_MODULES = ("botocore", "aiobotocore", "s3fs", "gcsfs", "google", "aiohttp")
 
@@ -137,6 +145,10 @@ def failed(where: Any, what: str, path: Any, detail: str) -> ObjectStoreError:
     answer, and the hint that fits it (credentials, the endpoint, or none:
     a store that failed is not fixed by settings)."""
     first = detail.split("[http_response_body")[0].strip().rstrip(".")
+    status = next((n for code, n in _STATUS_OF.items() if code in first), None)
+    said = ("http_response_code", f"HTTP {status}")
+    if status is not None and not any(sign in first for sign in said):
+        first += f" (HTTP {status})"  # TensorStore's text may lose the number
     if any(sign in first for sign in _ACCESS):
         hint = where.setup_hint()
     elif any(sign in first for sign in _UNREACHED):
@@ -207,11 +219,45 @@ def _gist(text: str) -> str:
 
 def store_failure(error: BaseException, path: Any) -> ObjectStoreError | None:
     """`error` as the `ObjectStoreError` it is, if it is a failure of the store
-    that holds `path` (rule 4); None if it may be damage."""
+    that holds `path` (rule 4); None if it may be damage or a deletion.
+
+    Orbax reaches stores through s3fs and gcsfs, whose errors come raw, or
+    turned into builtin ones (s3fs: `OSError(EBUSY, "Service Unavailable")`
+    caused by botocore's error): the cause is looked for along the chain. An
+    answer that the object is not there is no failure of the store.
+    """
     if isinstance(error, ObjectStoreError):
         return error
-    module = type(error).__module__.split(".")[0]
-    if not is_remote(path) or module not in FSSPEC_MODULES:
+    if not is_remote(path):
         return None
-    wrapped = for_path(path).wrap(error, path, "Reading")
+    cause = _store_cause(error)
+    if cause is None or _says_missing(cause):
+        return None
+    wrapped = for_path(path).wrap(cause, path, "Reading")
     return wrapped if isinstance(wrapped, ObjectStoreError) else None
+
+
+def _store_cause(error: BaseException) -> BaseException | None:
+    """The first error along `error`'s causes raised by a library that talks
+    to stores (`FSSPEC_MODULES`), if any."""
+    seen: set[int] = set()
+    at: BaseException | None = error
+    while at is not None and id(at) not in seen and len(seen) < 16:
+        seen.add(id(at))
+        if type(at).__module__.split(".")[0] in FSSPEC_MODULES:
+            return at
+        at = at.__cause__ or at.__context__
+    return None
+
+
+def _says_missing(error: BaseException) -> bool:
+    """Whether the store answered that the object (not the bucket) is not
+    there: a deletion or damage, for the caller to tell."""
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):  # botocore's ClientError
+        code = str(response.get("Error", {}).get("Code", ""))
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return code in ("NoSuchKey", "NotFound", "404") or (
+            status == 404 and code != "NoSuchBucket"
+        )
+    return getattr(error, "code", None) == 404  # gcsfs's HttpError
