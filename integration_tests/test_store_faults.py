@@ -215,6 +215,26 @@ def test_an_answer_with_other_bytes_than_asked_is_read_again(bucket):
     assert other.hits == 1 and _data_reads(proxy, 10) == 2
 
 
+def test_answers_that_stay_wrong_are_the_stores_failure(bucket):
+    """Every answer has other bytes than asked, though the object holds them:
+    neither damage nor the wrong bytes, after the tries."""
+    root = _saved(bucket, steps=(10,))
+    other = Fault("shift_range", method="GET", path=_pack(10), range=DATA, at=4032)
+    with _proxied(bucket, other):
+        with pytest.raises(oeqx.ObjectStoreError) as e:
+            oeqx.restore(f"{root}/10/default", _tree(0)["a"], prefix="a", verify=False)
+    text = str(e.value)
+    assert text.startswith(f"Reading {root}/10/default/orbax_eqx~packed."), text
+    assert text.split(": ", 1)[1].startswith(
+        "a GET of bytes 0-3999 of"
+        if bucket.startswith("s3")
+        else "a read of bytes 0-4000 of"
+    ), text
+    assert "(on each of 7 tries, though the object holds the bytes asked)" in text
+    assert "The store failed, not the checkpoint" in text
+    assert other.hits == 7
+
+
 # -- a store that fails ------------------------------------------------------
 
 
@@ -265,7 +285,7 @@ def test_a_connection_reset_does_not_blame_credentials(bucket):
             oeqx.restore(f"{root}/10/default", _tree(0))
     text = str(e.value)
     assert text.startswith(f"Reading {root}/10/default/orbax_eqx~packed."), text
-    assert "The store failed, not the checkpoint: nothing was changed." in text
+    assert "The store failed, not the checkpoint: this is no sign of damage." in text
     assert "credentials" not in text and "bucket exists" not in text
     assert reset.hits >= 7  # the first try and 6 more (TensorStore: and its own)
 
@@ -313,7 +333,7 @@ def stalls(request, tmp_path_factory):
             timeout=400,
         )
     return {
-        result["case"]: result
+        result["case"]: {**result, "store": request.param}
         for line in log.splitlines()
         if line.startswith("RESULT ")
         for result in [json.loads(line[len("RESULT ") :])]
@@ -335,6 +355,11 @@ def test_a_stalled_request_is_an_error_in_bounded_time(stalls, case):
     assert result["seconds"] < _STALL_BOUND_S, result
     text = result["message"]
     assert "at http://127.0.0.1:" in text and "None" not in text, text
+    if result["store"] == "s3" and case != "put":  # botocore's GETs
+        assert f"no byte within {STALL_S} s, in a GET of " in text, text
+        assert "(twice)" in text
+    else:  # TensorStore's requests
+        assert ": no answer within 19 s, its tries included." in text, text
     assert "The store failed, not the checkpoint" in text
     assert "credentials" not in text and "damaged" not in text
     assert result["stalled"], result

@@ -155,7 +155,7 @@ def failed(where: Any, what: str, path: Any, detail: str) -> ObjectStoreError:
         hint = where.endpoint_hint()
     else:
         hint = (
-            "The store failed, not the checkpoint: nothing was changed. Try "
+            "The store failed, not the checkpoint: this is no sign of damage. Try "
             "again later, and check the store's health if it goes on (a "
             f"request is abandoned after {patience.stall_seconds():g} s "
             f"without progress, {patience.ENV}, and a failed one is tried "
