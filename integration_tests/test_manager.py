@@ -114,6 +114,69 @@ def test_handler_registry_and_policies(tmp_path):
     mngr.close()
 
 
+# Losses of steps 0, 4, ..., 28: the two lowest are steps 24 and 28.
+RESTART_LOSSES = {0: 5.0, 4: 1.0, 8: 2.0, 12: 9.0, 16: 9.0, 20: 9.0, 24: 0.5, 28: 0.7}
+
+
+def _best_n_options(with_best_fn: bool) -> ocp.CheckpointManagerOptions:
+    best_n = ocp.checkpoint_managers.BestN(
+        get_metric_fn=lambda m: m["loss"], reverse=True, n=2
+    )
+    if not with_best_fn:
+        return ocp.CheckpointManagerOptions(preservation_policy=best_n)
+    # `best_fn` beside the policy: Orbax then writes each step's metrics to
+    # disk, where a restarted manager (and `inspect`) reads them.
+    return ocp.CheckpointManagerOptions(
+        preservation_policy=best_n, best_fn=lambda m: m["loss"], best_mode="min"
+    )
+
+
+@pytest.mark.parametrize(
+    "with_best_fn, kept, best, on_disk",
+    [
+        (True, [24, 28], 24, True),
+        # Orbax 0.12.8 without `best_fn`: the metrics live in memory only, so
+        # after a restart BestN never deletes the steps saved before it (4 and
+        # 8 are kept, no metric to rank them by) and `best_step()` is the
+        # latest, before a restart or after.
+        (False, [4, 8, 24, 28], 28, False),
+    ],
+    ids=["policy-and-best_fn", "policy-alone"],
+)
+def test_best_n_across_a_restart(tmp_path, with_best_fn, kept, best, on_disk):
+    from orbax_eqx._tools.inspect import gather
+
+    def manager():
+        return ocp.CheckpointManager(
+            tmp_path,
+            item_handlers=oeqx.EqxHandler(),
+            options=_best_n_options(with_best_fn),
+        )
+
+    mngr = manager()
+    for step, loss in RESTART_LOSSES.items():
+        if step == 16:  # the job restarts: a new manager over the same root
+            mngr.wait_until_finished()
+            mngr.close()
+            mngr = manager()
+        mngr.save(step, args=oeqx.EqxSave(_model_at(step)), metrics={"loss": loss})
+    mngr.wait_until_finished()
+    assert mngr.all_steps() == kept
+    assert mngr.best_step() == best
+    mngr.close()
+    restarted = manager()  # what the next job sees
+    assert restarted.best_step() == best
+    restored = restarted.restore(best, args=oeqx.EqxRestore(skeleton_mlp()))
+    assert_trees_equal(restored, _model_at(best))
+    restarted.close()
+    steps = gather(tmp_path).steps  # `python -m orbax_eqx inspect` shows metrics
+    metrics = {s.step: s.metrics for s in steps}
+    if on_disk:
+        assert metrics == {s: {"loss": RESTART_LOSSES[s]} for s in kept}
+    else:
+        assert metrics == {s: None for s in kept}
+
+
 def test_composite_with_json_item(tmp_path):
     handlers = {"model": oeqx.EqxHandler(), "meta": ocp.JsonCheckpointHandler()}
     mngr = ocp.CheckpointManager(tmp_path, item_handlers=handlers)
@@ -219,7 +282,7 @@ def test_item_metadata(tmp_path):
 
     metadata = mngr.item_metadata(0)
     assert isinstance(metadata, oeqx.Metadata)
-    assert metadata.format_version == 5
+    assert metadata.format_version == 6
     assert metadata.versions["orbax_eqx"] == oeqx.__version__
     weight = metadata.leaves["model.layers.0.weight"]
     assert (weight.kind, weight.shape, weight.dtype) == ("array", (8, 4), "float32")

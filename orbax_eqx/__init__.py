@@ -1,5 +1,15 @@
 """Checkpoint Equinox modules through Orbax, leaf by leaf, with nothing lost."""
 
+from ._bridge.errors import BridgeError as BridgeError
+from ._bridge.errors import MappingError as MappingError
+from ._bridge.export import Exported as Exported
+from ._bridge.export import export_safetensors as export_safetensors
+from ._bridge.export_source import ExportError as ExportError
+from ._bridge.load import load_safetensors as load_safetensors
+from ._bridge.mapping import StateDictMapping as StateDictMapping
+from ._bridge.memory import from_state_dict as from_state_dict
+from ._bridge.memory import to_state_dict as to_state_dict
+from ._bridge.safetensors.header import SafetensorsError as SafetensorsError
 from ._errors import CheckpointDamagedError as CheckpointDamagedError
 from ._errors import CheckpointMismatchError as CheckpointMismatchError
 from ._errors import CheckpointNotFoundError as CheckpointNotFoundError

@@ -2,12 +2,12 @@
 even one nothing foresaw; `--debug` shows its traceback instead. (Errors from
 damaged sidecars: tests/test_hostile_sidecar.py.)"""
 
-import json
 import re
 
 import equinox as eqx
 import jax.numpy as jnp
 import pytest
+import sidecars
 
 import orbax_eqx as oeqx
 from orbax_eqx._tools.cli import main
@@ -46,7 +46,7 @@ def test_inspect_of_a_module_nested_1000_deep(tmp_path, capsys):
     # (building the model itself needs a raised recursion limit).
     path = tmp_path / "ckpt"
     oeqx.save(path, Box(jnp.ones(2)))
-    content = json.loads((path / "orbax_eqx.json").read_text())
+    content = sidecars.read(path)
     record = content["leaves"].pop("inner")
     depth = 1000
     content["leaves"][".".join(["inner"] * depth)] = {
@@ -56,7 +56,16 @@ def test_inspect_of_a_module_nested_1000_deep(tmp_path, capsys):
     module = content["modules"][""]
     for i in range(1, depth):
         content["modules"][".".join(["inner"] * i)] = {**module, "path": ".inner" * i}
-    (path / "orbax_eqx.json").write_text(json.dumps(content))
+    root = content["nodes"][""]
+    content["nodes"] = {
+        ".".join(["inner"] * i): {
+            **root,
+            "path": ".inner" * i or "<root>",
+            "children": [".".join(["inner"] * (i + 1))],
+        }
+        for i in range(depth)
+    }
+    sidecars.write(path, content)
     assert main(["inspect", str(path)]) == 0
     out = capsys.readouterr().out
     rows = [line for line in out.splitlines() if line.strip().startswith("inner")]
@@ -65,3 +74,4 @@ def test_inspect_of_a_module_nested_1000_deep(tmp_path, capsys):
     assert re.match(r"inner +float32 +\(2,\) +8 B", leaf), leaf
     assert len(rows[-1]) - len(leaf) >= 2 * depth  # indented by its depth
     assert "Total: 1 leaves, 1 arrays, 8 B." in out
+    assert "Without a skeleton: restore with `allow=['test_cli_errors']`" in out

@@ -39,6 +39,17 @@ def make(width=8, seed=0):
     return {"model": eqx.nn.MLP(3, 2, width, 1, key=jax.random.key(seed)), "step": 3}
 
 
+@pytest.fixture(autouse=True)
+def _own_imports(monkeypatch):
+    """Forgets the skeleton files a test imports in this process (`m.py`,
+    `skel.py`: each test writes its own under its own `tmp_path`); a file
+    skeleton is imported under its module name, which one process keeps."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield
+    for name in ("m", "skel"):
+        sys.modules.pop(name, None)
+
+
 @pytest.fixture
 def work(tmp_path):
     """`a`, and `b`: `a` with one bias nudged, `step` changed, a leaf added."""
@@ -77,11 +88,11 @@ def test_diff(work):
     out = result.stdout
     assert "Values (rtol=1e-05, atol=0.0001): 1 of 4 arrays differ" in out
     assert re.search(
-        r"^  model\.layers\.0\.bias +0\.001 +\S+ +DIFFERENT \(1 of 8 elements\)$",
+        r"^ +0\.001 +\S+ +DIFFERENT \(1 of 8 elements\)  model\.layers\.0\.bias$",
         out,
         re.M,
     )
-    assert re.search(r"^  model\.layers\.0\.weight +0 +0 +equal$", out, re.M)
+    assert re.search(r"^ +0 +0 +equal +model\.layers\.0\.weight$", out, re.M)
     assert out.endswith("A and B differ: 2 in structure, 1 in values.\n")
 
     result = run_cli("diff", "--json", "--values", "--atol", "0.01", "a", "b", cwd=work)

@@ -1,5 +1,6 @@
-"""Trees nested hundreds of levels deep save, restore, verify and inspect:
-walking them is a loop, not a recursion (JAX flattens ~1000 levels)."""
+"""Trees nested hundreds of levels deep save, restore, verify, inspect and
+rebuild without a skeleton: walking and rebuilding them are loops, not
+recursions (JAX flattens ~1000 levels)."""
 
 import equinox as eqx
 import jax.numpy as jnp
@@ -55,3 +56,31 @@ def test_deep_trees_round_trip(tmp_path, capsys, kind, depth):
     assert main(["inspect", "--flat", str(tmp_path / "ckpt")]) == 0
     assert main(["verify", str(tmp_path / "ckpt")]) == 0
     capsys.readouterr()
+
+
+@pytest.mark.parametrize(
+    "kind, depth",
+    [("list", 400), ("list", 900), ("dict", 600), ("module", 300)],
+    ids=["list-400", "list-900", "dict-600", "module-300"],
+)
+def test_deep_trees_rebuild_without_a_skeleton(tmp_path, capsys, kind, depth):
+    # A real checkpoint is never called damaged for its depth.
+    saved = _nest(kind, depth, np.arange(4.0))
+    oeqx.save(tmp_path / "ckpt", saved)
+    restored = oeqx.restore(tmp_path / "ckpt", allow=["test_deep_trees"])
+    got, want = restored, saved
+    for _ in range(depth):
+        assert type(got) is type(want)
+        if kind == "list":
+            got, want = got[0], want[0]
+        elif kind == "dict":
+            assert got.keys() == want.keys()
+            (got,), (want,) = got.values(), want.values()
+        else:
+            assert float(got.scale) == float(want.scale)
+            got, want = got.child, want.child
+    assert got.tobytes() == want.tobytes()
+    assert main(["inspect", str(tmp_path / "ckpt")]) == 0
+    out = capsys.readouterr().out
+    allow = "['test_deep_trees']" if kind == "module" else "[]"
+    assert f"Without a skeleton: restore with `allow={allow}` to rebuild it." in out

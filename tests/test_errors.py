@@ -273,7 +273,7 @@ def _write_sidecar(path, text):
         ("[1, 2]", r'damaged: expected a JSON object with "format": "orbax_eqx"'),
         (
             '{"format": "orbax_eqx", "format_version": 99, "leaves": {}}',
-            r"format version 99, but this orbax_eqx reads versions up to 5. "
+            r"format version 99, but this orbax_eqx reads versions up to 6. "
             r"Upgrade orbax_eqx",
         ),
         (

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sidecars
 from safetensors import safe_open
 
 import orbax_eqx as oeqx
@@ -98,14 +99,12 @@ def test_checkpoints_saved_before_the_refusal_restore_exactly(tmp_path, capsys):
     oeqx.save(
         path, {"files": {"KEY": jnp.arange(3.0)}, "name": "VALUE"}, checksums=False
     )
-    sidecar = path / "orbax_eqx.json"
-    content = json.loads(sidecar.read_text())
+    content = sidecars.read(path)
     leaves = content["leaves"]
     leaves[f"files.{NOT_UTF8}"] = leaves.pop("files.KEY")
     leaves[f"files.{NOT_UTF8}"]["path"] = "['files']['caf\\udce9']"
     leaves["name"]["value"] = NOT_UTF8
-    text = json.dumps(content, ensure_ascii=False)
-    sidecar.write_bytes(text.encode("utf-8", "surrogatepass"))
+    sidecars.write(path, content)  # as such a save wrote it, checksum and all
     restored = oeqx.restore(path)
     assert restored["name"] == NOT_UTF8
     np.testing.assert_array_equal(restored[f"files.{NOT_UTF8}"], np.arange(3.0))

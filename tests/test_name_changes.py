@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sidecars
 import zoo
 
 import orbax_eqx as oeqx
@@ -175,10 +176,10 @@ def test_checkpoint_with_old_storage_keys_still_restores(tmp_path):
 
 def test_a_storage_key_that_is_neither_derivation_is_refused(tmp_path):
     oeqx.save(tmp_path / "ckpt", {"_METADATA": jnp.ones(2)}, pack=False)
-    path = tmp_path / "ckpt" / "orbax_eqx.json"
-    sidecar = json.loads(path.read_text())
-    sidecar["leaves"]["_METADATA"]["key"] = "../_METADATA"
-    path.write_text(json.dumps(sidecar))
+    sidecars.edit(
+        tmp_path / "ckpt",
+        lambda c: c["leaves"]["_METADATA"].update(key="../_METADATA"),
+    )
     with pytest.raises(
         oeqx.SidecarError,
         match=r"leaf '_METADATA' has storage key '\.\./_METADATA', expected "

@@ -1,7 +1,6 @@
 """The packed layout: unsharded arrays as byte ranges of one pack file."""
 
 import errno
-import json
 import os
 import re
 import subprocess
@@ -14,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+import sidecars
 import zoo
 from etils import epath
 
@@ -180,8 +180,7 @@ def test_missing_pack_file(tmp_path):
 def test_version_1_sidecars_still_restore(tmp_path):
     item = zoo.optax_state(KEY_SAVE)
     oeqx.save(tmp_path / "ckpt", item, pack=False)
-    sidecar = tmp_path / "ckpt" / "orbax_eqx.json"
-    content = json.loads(sidecar.read_text())
+    content = sidecars.read(tmp_path / "ckpt")
     # Format 1 kept Orbax's array store in the item directory itself.
     store = tmp_path / "ckpt" / f"orbax_eqx~arrays.{content.pop('token')}"
     for entry in store.iterdir():
@@ -189,7 +188,7 @@ def test_version_1_sidecars_still_restore(tmp_path):
     store.rmdir()
     del content["packs"]
     content["format_version"] = 1
-    sidecar.write_text(json.dumps(content))
+    sidecars.write(tmp_path / "ckpt", content)
     assert oeqx.metadata(tmp_path / "ckpt").format_version == 1
     restored = oeqx.restore(
         tmp_path / "ckpt", zoo.skeleton(zoo.optax_state, KEY_SKELETON)
@@ -212,6 +211,65 @@ def test_caller_may_change_or_donate_arrays_once_save_returns(tmp_path):
     mngr.close()
     np.testing.assert_array_equal(restored["table"], expected["table"])
     np.testing.assert_array_equal(restored["weight"], expected["weight"])
+
+
+def test_a_large_numpy_array_changed_after_an_async_save_keeps_its_bytes(tmp_path):
+    """An async save copies numpy arrays before it returns, whatever their layout."""
+    big = np.random.default_rng(0).standard_normal((1 << 20) + 3).astype(np.float32)
+    odd = np.arange(24, dtype=">i4").reshape(4, 6).T  # big-endian, not C order
+    expected = {"big": big.copy(), "odd": odd.copy()}
+    mngr = ocp.CheckpointManager(tmp_path, item_handlers=oeqx.EqxHandler())
+    mngr.save(0, args=oeqx.EqxSave({"big": big, "odd": odd}))
+    big[:] = -1
+    odd[:] = -1
+    mngr.wait_until_finished()
+    restored = mngr.restore(0)
+    mngr.close()
+    for name, value in expected.items():
+        assert restored[name].dtype == value.dtype
+        np.testing.assert_array_equal(restored[name], value)
+
+
+@pytest.mark.parametrize("copy_numpy", [True, False], ids=["async", "waited"])
+def test_a_save_that_waits_packs_numpy_arrays_without_copying(copy_numpy):
+    """`oeqx.save` returns once written, so it packs numpy arrays where they
+    are (a copy only where one is not C-contiguous); an async save copies."""
+    from orbax_eqx._save.prepare import prepare
+
+    base = np.arange(2 * (5 << 20), dtype=np.float32)  # 40 MiB
+    item = {
+        "big": base[: 5 << 20],
+        "small": np.arange(10.0),
+        "strided": base[::2],
+        "scalar": np.float32(2.5),
+    }
+    prepared = prepare(item, token="0" * 16, copy_numpy=copy_numpy)
+    prepared.finish()
+    hosts = dict(zip(prepared.packed_names, (h for _, h in prepared.pieces)))
+    for name, x in item.items():
+        np.testing.assert_array_equal(hosts[name], x)
+        assert hosts[name].flags.c_contiguous
+    assert np.shares_memory(hosts["big"], base) is not copy_numpy
+    assert np.shares_memory(hosts["small"], item["small"]) is not copy_numpy
+    assert not np.shares_memory(hosts["strided"], base)
+
+
+def test_standalone_save_of_numpy_leaves_of_every_layout(tmp_path):
+    base = np.arange(4 * (1 << 20), dtype=np.float64)
+    item = {
+        "view": base[: 1 << 20],
+        "strided": base[1::3],
+        "transposed": base[:600].reshape(20, 30).T,
+        "fortran": np.asfortranarray(base[:600].reshape(20, 30)),
+        "scalar": np.int16(-7),
+        "bf16": base[:64].astype(jnp.bfloat16),
+    }
+    oeqx.save(tmp_path / "ckpt", item)
+    skeleton = jax.tree_util.tree_map(np.zeros_like, item)
+    restored = oeqx.restore(tmp_path / "ckpt", skeleton)
+    for name, value in item.items():
+        assert restored[name].dtype == value.dtype, name
+        np.testing.assert_array_equal(restored[name], value)
 
 
 def test_host_arrays_keep_their_bytes_when_the_array_is_donated():

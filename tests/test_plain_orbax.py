@@ -6,6 +6,11 @@ eqx.is_array)`, alone or as a `CheckpointManager` step saved with
 every difference reported at once as for an orbax_eqx checkpoint.
 """
 
+import json
+import os
+import subprocess
+import sys
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -131,17 +136,67 @@ def test_missing_unexpected_and_dtype(tmp_path):
 def test_needs_a_skeleton(tmp_path):
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(tmp_path / "ckpt", {"w": jnp.ones(2)})
+    # What it lacks for these is a sidecar: our errors, which are ValueErrors.
     with pytest.raises(
-        ValueError,
+        oeqx.SidecarError,
         match=r"is a plain Orbax checkpoint \(no orbax_eqx sidecar\): it holds "
         r"arrays only, with no classes or static fields, so it restores into a "
         r"skeleton only\. Pass the skeleton of the model",
     ):
         oeqx.restore(tmp_path / "ckpt")
-    with pytest.raises(ValueError, match=r"not with prefix='w'\.$"):
+    with pytest.raises(oeqx.SidecarError, match=r"not with prefix='w'\.$"):
         oeqx.restore(tmp_path / "ckpt", {"w": jnp.ones(2)}, prefix="w")
-    with pytest.raises(ValueError, match=r"not with allow=\['equinox'\]\.$"):
+    with pytest.raises(oeqx.RebuildError, match=r"not with allow=\['equinox'\]\.$"):
         oeqx.restore(tmp_path / "ckpt", allow=["equinox"])
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["{garbage", "[1, 2]", '{"tree_metadata": 3}', ""],
+    ids=["not-json", "a-list", "odd-shape", "empty"],
+)
+def test_an_orbax_metadata_file_it_cannot_read_is_damage(tmp_path, text):
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(tmp_path / "ckpt", {"w": jnp.ones(2)})
+    (tmp_path / "ckpt" / "_METADATA").write_text(text)
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=rf"{tmp_path / 'ckpt' / '_METADATA'}, Orbax's record of the arrays "
+        r"of this plain Orbax checkpoint, cannot be read \(\w+: .*\): the "
+        r"checkpoint is damaged \(or something else was put in its place\)\. "
+        r"Restore an earlier step\.",
+    ):
+        oeqx.restore(tmp_path / "ckpt", {"w": jnp.zeros(2)})
+
+
+_FIFO_CHILD = """
+import json, sys
+import jax.numpy as jnp
+import orbax_eqx as oeqx
+try:
+    oeqx.restore(sys.argv[1], {"w": jnp.zeros(2)})
+    print(json.dumps({"type": None}))
+except Exception as e:
+    print(json.dumps({"type": type(e).__name__, "message": str(e)}))
+"""
+
+
+def test_a_fifo_in_a_plain_checkpoint_is_refused_not_read(tmp_path):
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(tmp_path / "ckpt", {"w": jnp.ones(2)})
+    (tmp_path / "ckpt" / "_METADATA").unlink()
+    os.mkfifo(tmp_path / "ckpt" / "_METADATA")  # a read of it would never end
+    root = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
+    result = subprocess.run(  # killed (SIGKILL) if it blocks past the limit
+        [sys.executable, "-c", _FIFO_CHILD, str(tmp_path / "ckpt")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found["type"] == "CheckpointDamagedError", result.stderr
+    assert "_METADATA" in found["message"] and "FIFO" in found["message"]
 
 
 def test_metadata_and_inspect_say_what_it_is(tmp_path, capsys):
@@ -156,5 +211,9 @@ def test_metadata_and_inspect_say_what_it_is(tmp_path, capsys):
     )
     with pytest.raises(oeqx.SidecarError, match=message):
         oeqx.metadata(tmp_path / "ckpt")
-    assert cli_main(["inspect", str(tmp_path / "ckpt")]) == 2
-    assert "is a plain Orbax checkpoint" in capsys.readouterr().err
+    # The command line shows what it holds, from Orbax's own metadata
+    # (tests/test_cli_plain.py has the rest).
+    assert cli_main(["inspect", str(tmp_path / "ckpt")]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"Plain Orbax checkpoint {tmp_path / 'ckpt'}\n")
+    assert "  w     float32  (2,)     8 B  single device (cpu:0)\n" in out

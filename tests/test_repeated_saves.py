@@ -6,6 +6,7 @@ the item was when `save` returned, whatever the caller does next.
 """
 
 import os
+import time
 
 import equinox as eqx
 import jax
@@ -13,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from etils import epath
 
 import orbax_eqx as oeqx
 from orbax_eqx._format.sidecar_read import read
@@ -24,11 +26,27 @@ def _manager(path):
     return ocp.CheckpointManager(path, item_handlers=oeqx.EqxHandler())
 
 
-def test_text_that_is_not_unicode_is_refused_on_a_repeated_save(tmp_path):
+def _slow_step_metadata(monkeypatch, tmp_path, delay_s=0.5):
+    """Orbax writes a step's `_CHECKPOINT_METADATA` in a thread of its own,
+    after its directory is made: made slow here, as on a loaded machine (the
+    race a refused save once lost, removing the directory first)."""
+    cls = type(epath.Path(tmp_path))
+    write_text = cls.write_text
+
+    def slow(self, *args, **kwargs):
+        if self.name == "_CHECKPOINT_METADATA":
+            time.sleep(delay_s)
+        return write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(cls, "write_text", slow)
+
+
+def test_text_that_is_not_unicode_is_refused_on_a_repeated_save(tmp_path, monkeypatch):
     item = {"name": "ok", "w": jnp.arange(4.0)}
     mngr = _manager(tmp_path)
     mngr.save(0, args=oeqx.EqxSave(item))
     mngr.wait_until_finished()
+    _slow_step_metadata(monkeypatch, tmp_path)
     bad = {"name": NOT_UTF8, "w": jnp.arange(4.0)}  # an equal structure
     with pytest.raises(
         oeqx.UnsupportedLeafError,
@@ -37,10 +55,13 @@ def test_text_that_is_not_unicode_is_refused_on_a_repeated_save(tmp_path):
         mngr.save(1, args=oeqx.EqxSave(bad))
     mngr.wait_until_finished()
     assert mngr.all_steps() == [0]
-    assert not (tmp_path / "1").exists()
     restored = mngr.restore(0, args=oeqx.EqxRestore(item))
+    mngr.save(2, args=oeqx.EqxSave(item))  # the manager goes on as before
+    mngr.wait_until_finished()
     mngr.close()
     assert restored["name"] == "ok"
+    # Nothing of the refused save is left: no step, no temporary directory.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["0", "2"]
 
 
 def test_a_skeleton_is_refused_on_a_repeated_save(tmp_path):
@@ -92,3 +113,28 @@ def test_what_is_saved_is_the_item_as_save_returned(tmp_path):
     restored = mngr.restore(1, args=oeqx.EqxRestore(item()))
     mngr.close()
     assert eqx.tree_equal(restored, item())
+
+
+def test_arrays_donated_before_the_background_walk_still_save(monkeypatch):
+    """A repeated save walks the item in its background thread, after `save`
+    returned: the caller may have donated the arrays by then (their bytes
+    were taken before it returned). Ordered by hand here: the walk's own
+    check must not call them deleted."""
+    from orbax_eqx._save.prepare import prepare
+
+    # Host copies are real copies, as on an accelerator (on CPU they are
+    # views, which keep a donated buffer alive).
+    monkeypatch.setenv("ORBAX_EQX_STAGING", "copy")
+
+    item = {"w": jnp.arange(6.0) + 1, "b": [jnp.ones(3) * 2, jnp.zeros(2)]}
+    expected = jax.tree_util.tree_map(lambda x: np.array(x, copy=True), item)
+    prepare(item, token="0" * 16).finish()  # a first save: the structure is known
+    prepared = prepare(item, token="1" * 16)  # a repeated one: no walk yet
+    for x in jax.tree_util.tree_leaves(item):
+        x.delete()  # as donating it would
+    prepared.finish()  # the background's part: walk, names, host copies
+    assert prepared.packed_names == ["b.0", "b.1", "w"]
+    for (_, host), x in zip(
+        prepared.pieces, jax.tree_util.tree_leaves(expected), strict=True
+    ):
+        np.testing.assert_array_equal(host, x)

@@ -1,14 +1,23 @@
 """The state_dict bridge: Equinox trees ⇄ PyTorch / Hugging Face tensor layouts.
 
-Owns the mapping between leaf names and another layout's tensor names (a
-list of small transformations, each in a file of its own with its inverse:
-renames, per-field keys from `eqx.field(metadata=...)`, stacking a leading
-layer axis, axis permutations, split/fuse along an axis, a dtype per tensor,
-dropping), the planner that turns a mapping plus both sides' shapes into
-`pieces.Piece`s, the in-memory `to_state_dict` / `from_state_dict`, loading
+Owns the mapping between leaf names and another layout's tensor names
+(`mapping.StateDictMapping`: a list of small rules in `transforms/`, one
+transformation a file with its inverse beside it: renames, regex renames,
+per-field keys from `eqx.field(metadata=...)`, stacking a leading layer axis,
+axis permutations, split/fuse along an axis, a dtype per tensor, dropping,
+ignoring and tying; `templates` and `safe_regex` bound what a rule's names
+and patterns may cost), the planner that runs the rules over both sides'
+shapes into `pieces.Piece`s (`plan`, with `stage` carrying the tensors in the
+making and `report` wording the problems), the leaves of a tree as the
+planner sees them (`leaves`), the in-memory `to_state_dict` /
+`from_state_dict` (`memory`), loading
 safetensors (local, `gs://`, `s3://`) straight onto any sharding by ranged
-reads, and exporting a tree or a checkpoint to safetensors with bounded
-memory.
+reads (`load`, its checks in `load_check`, the reads in `fill`), and
+exporting a tree or a checkpoint to safetensors with bounded memory
+(`export`, what it reads in `export_source`, where its files go in
+`export_files`); the safetensors format itself (`safetensors/`: headers,
+index files, dtypes, writing), sidecar records and PRNG keys as the file
+side sees them (`specs`), and progress hooks (`progress`).
 May import: `_bytes`, `_storage`, `_restore`, `_format`, `_tree`, `_errors`,
 and `_orbax` (to save, restore and read checkpoints). Nothing imports
 `_bridge` except `orbax_eqx/__init__.py` and `_tools` (the CLI's `export` /

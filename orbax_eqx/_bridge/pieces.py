@@ -43,6 +43,11 @@ class Piece:
             raise ValueError(f"{self}: perm is not a permutation of the tensor axes")
         if math.prod(shape(self.leaf_box)) != math.prod(shape(self.tensor_box)):
             raise ValueError(f"{self}: the boxes hold different numbers of values")
+        tensor_shape = shape(self.tensor_box)
+        if size(self.leaf_box) and [n for n in shape(self.leaf_box) if n != 1] != [
+            tensor_shape[a] for a in self.perm if tensor_shape[a] != 1
+        ]:
+            raise ValueError(f"{self}: the boxes differ by more than axes of length 1")
 
 
 def shape(box: Box) -> tuple[int, ...]:
@@ -62,3 +67,45 @@ def to_tensor(piece: Piece, leaf_part: np.ndarray) -> np.ndarray:
     """`leaf_part` (the values of `piece.leaf_box`) as the tensor box's values."""
     permuted = tuple(shape(piece.tensor_box)[a] for a in piece.perm)
     return leaf_part.reshape(permuted).transpose(np.argsort(piece.perm))
+
+
+def size(box: Box) -> int:
+    return math.prod(stop - start for start, stop in box)
+
+
+def _pairs(piece: Piece) -> list[tuple[int, int]]:
+    """`(leaf axis, tensor axis)` of the axes that hold more than one value.
+
+    The reshape of a piece only inserts or removes axes of length 1, so the
+    other axes of the leaf box and of the permuted tensor box pair up in order;
+    an axis of length 1 is clipped whole or not at all, whatever it pairs with.
+    """
+    leaf_shape = shape(piece.leaf_box)
+    tensor_shape = shape(piece.tensor_box)
+    leaf_axes = [a for a, n in enumerate(leaf_shape) if n != 1]
+    tensor_axes = [t for t in piece.perm if tensor_shape[t] != 1]
+    return list(zip(leaf_axes, tensor_axes))
+
+
+def clip(piece: Piece, box: Box, *, leaf_side: bool) -> Piece | None:
+    """The part of `piece` inside `box` (of the leaf, or of the tensor), or
+    None if they do not overlap (or the piece holds no values)."""
+    mine, other = (
+        (piece.leaf_box, piece.tensor_box)
+        if leaf_side
+        else (piece.tensor_box, piece.leaf_box)
+    )
+    if len(box) != len(mine):
+        raise ValueError(f"a box of rank {len(box)} for {piece}")
+    cut = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(mine, box))
+    if any(a >= b for a, b in cut) or size(mine) == 0:  # a 0-d box always overlaps
+        return None
+    if cut == mine:
+        return piece
+    moved = list(other)
+    for leaf_axis, tensor_axis in _pairs(piece):
+        m, o = (leaf_axis, tensor_axis) if leaf_side else (tensor_axis, leaf_axis)
+        offset = other[o][0] - mine[m][0]
+        moved[o] = (cut[m][0] + offset, cut[m][1] + offset)
+    leaf_box, tensor_box = (cut, tuple(moved)) if leaf_side else (tuple(moved), cut)
+    return dataclasses.replace(piece, leaf_box=leaf_box, tensor_box=tensor_box)

@@ -6,20 +6,26 @@ a leaf or of a tensor, the pieces that hold its values (`pieces.Piece`).
 Readers and writers (in memory, safetensors files, a device's shard) follow
 the pieces and nothing else.
 
-This first version plans the identity mapping only (every array leaf is the
-tensor of the same name, shape and dtype); the mapping's transformations
-extend it.
+Both directions run the mapping's rules the same way, from the leaves
+towards the tensors (`stage`, `transforms/`): an export writes what they
+make; a load compares what they make with the tensors it is given, and reads
+the same pieces the other way. Planning costs a few boxes per tensor, never
+anything per element.
 """
 
 import dataclasses
+import re
 from collections.abc import Sequence
 
-from .._errors import OrbaxEqxError
-from .pieces import Box, Piece
-
-
-class BridgeError(OrbaxEqxError, ValueError):
-    """A mapping does not fit the tree or the tensors it is applied to."""
+from .errors import BridgeError as BridgeError
+from .errors import MappingError as MappingError
+from .mapping import StateDictMapping
+from .pieces import Box, Piece, clip, size
+from .report import message, report_missing, report_shapes, report_unexpected
+from .stage import Context, Virtual, examples, whole
+from .templates import MAX_NAME
+from .transforms.drop import Ignore
+from .transforms.tie import Tie
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,18 +47,24 @@ class TensorSpec:
     dtype: str  # numpy dtype name (`bfloat16` for safetensors' BF16)
 
 
-def whole(shape: Sequence[int]) -> Box:
-    return tuple((0, n) for n in shape)
-
-
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Which boxes of which tensors hold each leaf's values, and back."""
+    """Which boxes of which tensors hold each leaf's values, and back.
 
-    leaves: dict[str, LeafSpec]  # the array leaves the plan fills or reads
-    tensors: dict[str, TensorSpec]  # the tensors it reads or writes
+    `leaves` are the array leaves the plan fills (load) or reads (export);
+    `tensors` the tensors it reads or writes. `leaf_pieces` covers each leaf
+    exactly once. `dropped` are leaves the mapping leaves out (a load keeps
+    the skeleton's values for them). `ties` maps a tensor that is a copy of
+    another to that other: on a load, tied tensors that are present (to be
+    checked equal, not read into a leaf); on an export, the copies written
+    (their `tensor_pieces` are their source's)."""
+
+    leaves: dict[str, LeafSpec]
+    tensors: dict[str, TensorSpec]
     _by_leaf: dict[str, list[Piece]]  # whole-leaf pieces, covering each leaf once
     _by_tensor: dict[str, list[Piece]]  # the same pieces, by tensor
+    dropped: dict[str, LeafSpec] = dataclasses.field(default_factory=dict)
+    ties: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def leaf_pieces(self, leaf: str, box: Box | None = None) -> list[Piece]:
         """Pieces covering `box` of `leaf` (default: all of it) exactly once."""
@@ -68,65 +80,242 @@ def _clip(pieces: list[Piece], box: Box | None, leaf_side: bool) -> list[Piece]:
         return list(pieces)
     out = []
     for p in pieces:
-        mine, other = (
-            (p.leaf_box, p.tensor_box) if leaf_side else (p.tensor_box, p.leaf_box)
-        )
-        cut = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(mine, box))
-        if any(a >= b for a, b in cut):  # no overlap (a 0-d box always overlaps)
-            continue
-        # Identity pieces only: the same axes, offsets carried across.
-        moved = tuple(
-            (o0 + a - m0, o0 + b - m0)
-            for (a, b), (m0, _), (o0, _) in zip(cut, mine, other)
-        )
-        leaf_box, tensor_box = (cut, moved) if leaf_side else (moved, cut)
-        out.append(dataclasses.replace(p, leaf_box=leaf_box, tensor_box=tensor_box))
+        part = clip(p, box, leaf_side=leaf_side)
+        if part is not None:
+            out.append(part)
     return out
 
 
 def plan_load(
-    mapping, leaves: Sequence[LeafSpec], tensors: Sequence[TensorSpec], *, cast: bool
+    mapping: StateDictMapping | None,
+    leaves: Sequence[LeafSpec],
+    tensors: Sequence[TensorSpec],
+    *,
+    cast: bool,
+    allow_unused: bool = False,
 ) -> Plan:
     """Plans filling `leaves` from `tensors`; raises `BridgeError` listing every
-    problem at once."""
-    if mapping is not None:
-        raise NotImplementedError("mappings other than the identity")
-    by_name = {t.name: t for t in tensors}
-    problems = []
-    pieces = {}
-    for leaf in leaves:
-        t = by_name.get(leaf.name)
-        if t is None:
-            problems.append(f"leaf {leaf.label} has no tensor")
-        elif t.shape != leaf.shape:
-            problems.append(
-                f"leaf {leaf.label} has shape {leaf.shape} but tensor `{t.name}` "
-                f"has {t.shape}"
-            )
-        elif t.dtype != leaf.dtype and not cast:
-            problems.append(
-                f"leaf {leaf.label} is {leaf.dtype} but `{t.name}` is {t.dtype}"
+    problem at once.
+
+    **Arguments:**
+
+    - `mapping`: the mapping (resolved: see `StateDictMapping.resolve`), or
+        None for leaves and tensors of the same names.
+    - `cast`: whether tensors of other dtypes than expected are cast to the
+        leaves' (else each is a problem).
+    - `allow_unused`: whether tensors no leaf maps to are left alone (else
+        each is a problem, unless an `ignore` rule matches it).
+    """
+    mapping = mapping or StateDictMapping()
+    virtuals, ctx = _run(mapping, leaves)
+    expected = {v.name: v for v in virtuals}
+    given: dict[str, TensorSpec] = {}
+    for spec in tensors:
+        if len(spec.name) > MAX_NAME:  # never matched against a rule
+            ctx.problem(
+                f"Tensor `{spec.name[:60]}...` has a name of {len(spec.name)} "
+                f"characters, more than the {MAX_NAME} a name may have.",
+                "Give tensors names of at most that length.",
             )
         else:
-            box = whole(leaf.shape)
-            pieces[leaf.name] = [
-                Piece(leaf.name, box, t.name, box, tuple(range(len(box))))
-            ]
-    if problems:
-        raise BridgeError("; ".join(problems))
-    used = {p.tensor: p for ps in pieces.values() for p in ps}
-    return Plan(
-        {leaf.name: leaf for leaf in leaves},
-        {name: by_name[name] for name in used},
-        pieces,
-        {name: [p] for name, p in used.items()},
+            given[spec.name] = spec
+    ties = _ties(mapping, expected, ctx)
+    present_ties = {}
+    for tie in ties:
+        copy = given.get(tie.tensor)
+        source = expected.get(tie.to)
+        if copy is None or source is None:
+            continue
+        if copy.shape != source.shape or (copy.dtype != source.dtype and not cast):
+            ctx.problem(
+                f"Tensor `{copy.name}` is tied to `{tie.to}` ({ctx.origin(source)}) "
+                f"but is {copy.dtype}{list(copy.shape)} where `{tie.to}` is "
+                f"{source.dtype}{list(source.shape)}.",
+                _FIX_TIE,
+            )
+        present_ties[copy.name] = tie.to
+    ignored = [r.selector for r in mapping.rules if isinstance(r, Ignore)]
+    missing: list[Virtual] = []
+    shapes: list[tuple[Virtual, TensorSpec]] = []
+    for v in virtuals:
+        t = given.get(v.name)
+        if t is None:
+            missing.append(v)
+        elif t.shape != v.shape:
+            shapes.append((v, t))
+        elif t.dtype != v.dtype and not cast:
+            ctx.problem(
+                f"Tensor `{v.name}` ({ctx.origin(v)}) is {t.dtype} in the tensors, "
+                f"but the mapping expects {v.dtype}.",
+                "To cast tensors to the skeleton's dtypes, pass `cast=True`.",
+            )
+    report_shapes(shapes, virtuals, ctx)
+    report_missing(missing, virtuals, ctx)
+    if not allow_unused:
+        unexpected = [
+            name
+            for name in given
+            if name not in expected
+            and name not in present_ties
+            and not any(s.match(name) for s in ignored)
+        ]
+        report_unexpected(unexpected, mapping, virtuals, ctx)
+    dropped = _coverage(leaves, virtuals, ctx, load=True)
+    if ctx.problems:
+        raise BridgeError(
+            message("The tensors do not fit the skeleton through the mapping", ctx)
+        )
+    specs = {n: given[n] for n in [*expected, *present_ties]}
+    return _plan(leaves, virtuals, dropped, specs, present_ties)
+
+
+def plan_export(
+    mapping: StateDictMapping | None,
+    leaves: Sequence[LeafSpec],
+) -> Plan:
+    """Plans writing `leaves` as tensors; raises `BridgeError` listing every
+    problem at once. Tensors come in natural order of their names (`h.2`
+    before `h.10`)."""
+    mapping = mapping or StateDictMapping()
+    virtuals, ctx = _run(mapping, leaves)
+    expected = {v.name: v for v in virtuals}
+    ties = {t.tensor: t.to for t in _ties(mapping, expected, ctx) if t.export}
+    dropped = _coverage(leaves, virtuals, ctx, load=False)
+    if ctx.problems:
+        raise BridgeError(
+            message("The mapping cannot turn the leaves into tensors", ctx)
+        )
+    order = sorted([*expected, *ties], key=natural)
+    specs = {}
+    for name in order:
+        v = expected[ties.get(name, name)]
+        specs[name] = TensorSpec(name, v.shape, v.dtype)
+    return _plan(leaves, virtuals, dropped, specs, ties)
+
+
+def natural(name: str) -> tuple:
+    """Sort key: digit runs as numbers (`h.2` before `h.10`)."""
+    return tuple(
+        (0, int(part), "") if part.isdigit() else (1, 0, part)
+        for part in re.split(r"(\d+)", name)
     )
 
 
-def plan_export(mapping, leaves: Sequence[LeafSpec]) -> Plan:
-    """Plans writing `leaves` as tensors; raises `BridgeError` listing every
-    problem at once."""
-    if mapping is not None:
-        raise NotImplementedError("mappings other than the identity")
-    tensors = [TensorSpec(leaf.name, leaf.shape, leaf.dtype) for leaf in leaves]
-    return plan_load(None, leaves, tensors, cast=False)
+def _run(mapping: StateDictMapping, leaves: Sequence[LeafSpec]):
+    ctx = Context({leaf.name: f"{leaf.label}" for leaf in leaves})
+    virtuals = []
+    for leaf in leaves:
+        if len(leaf.name) > MAX_NAME:  # never matched against a rule
+            ctx.problem(
+                f"Leaf `{leaf.name[:60]}...` has a name of {len(leaf.name)} "
+                f"characters, more than the {MAX_NAME} a mapping may match.",
+                "Give dict keys in the tree shorter names.",
+            )
+            continue
+        box = whole(leaf.shape)
+        piece = Piece(leaf.name, box, leaf.name, box, tuple(range(len(box))))
+        virtuals.append(
+            Virtual(leaf.name, leaf.shape, leaf.dtype, (piece,), (leaf.name,))
+        )
+    for i, rule in enumerate(mapping.rules):
+        ctx.rule, ctx.rule_label = i, rule.label()
+        virtuals = _unique(rule.apply(virtuals, ctx), ctx)
+    return virtuals, ctx
+
+
+def _unique(virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
+    """Names two virtuals would share, each a problem; the first is kept."""
+    first: dict[str, Virtual] = {}
+    out = []
+    for v in virtuals:
+        other = first.get(v.name)
+        if len(v.name) > MAX_NAME:
+            ctx.problem(
+                f"{ctx.at_rule()} makes a name of {len(v.name)} characters "
+                f"(`{v.name[:60]}...`, {ctx.origin(v)}), more than the {MAX_NAME} "
+                "allowed."
+            )
+        elif other is None:
+            first[v.name] = v
+            out.append(v)
+        else:
+            ctx.problem(
+                f"{ctx.origin(other).capitalize()} and {ctx.origin(v)} both become "
+                f"`{v.name}` at {ctx.at_rule()}.",
+                "Give every tensor its own name: a rename or split that makes one "
+                "name twice needs another name for one of them.",
+            )
+    return out
+
+
+def _ties(mapping, expected, ctx: Context) -> list[Tie]:
+    ties = [r for r in mapping.rules if isinstance(r, Tie)]
+    for tie in ties:
+        ctx.rule_label = tie.label()
+        if tie.to not in expected:
+            ctx.problem(
+                f"`{tie.to}`, to which `{tie.label()}` ties `{tie.tensor}`, is no "
+                f"tensor the mapping makes (they look like {examples(expected)}).",
+                _FIX_TIE,
+            )
+        if tie.tensor in expected:
+            ctx.problem(
+                f"`{tie.tensor}`, which `{tie.label()}` ties to `{tie.to}`, is also "
+                f"made from {ctx.origin(expected[tie.tensor])}.",
+                _FIX_TIE,
+            )
+    return ties
+
+
+_FIX_TIE = (
+    "Tie a tensor that no leaf makes to one that a leaf makes, of the same shape "
+    'and dtype (`.tie("lm_head.weight", "wte.weight")`).'
+)
+
+
+def _coverage(leaves, virtuals, ctx: Context, load: bool) -> dict[str, LeafSpec]:
+    """Leaves the mapping leaves out; on a load, a leaf left out in part is a
+    problem (nothing would fill the rest)."""
+    covered = {leaf.name: 0 for leaf in leaves}
+    for v in virtuals:
+        for p in v.pieces:
+            covered[p.leaf] += size(p.leaf_box)
+    dropped = {}
+    for leaf in leaves:
+        total = 1
+        for n in leaf.shape:
+            total *= n
+        if covered[leaf.name] == 0 and total:
+            dropped[leaf.name] = leaf
+        elif covered[leaf.name] != total and load:
+            held = [v.name for v in ctx.dropped if leaf.name in v.leaves]
+            ctx.problem(
+                f"Leaf {leaf.label} is left out in part by the mapping (as "
+                f"{examples(held)}): a load would fill only part of it.",
+                "Drop whole leaves only (`drop` every tensor they make, or none).",
+            )
+    return dropped
+
+
+def _plan(leaves, virtuals, dropped, tensors, ties) -> Plan:
+    by_tensor: dict[str, list[Piece]] = {}
+    by_leaf: dict[str, list[Piece]] = {
+        leaf.name: [] for leaf in leaves if leaf.name not in dropped
+    }
+    for v in virtuals:
+        pieces = [dataclasses.replace(p, tensor=v.name) for p in v.pieces]
+        by_tensor[v.name] = pieces
+        for p in pieces:
+            by_leaf[p.leaf].append(p)
+    for copy, source in ties.items():  # a copy: its source's pieces
+        by_tensor[copy] = [
+            dataclasses.replace(p, tensor=copy) for p in by_tensor[source]
+        ]
+    return Plan(
+        {leaf.name: leaf for leaf in leaves if leaf.name not in dropped},
+        tensors,
+        by_leaf,
+        by_tensor,
+        dropped,
+        dict(ties),
+    )

@@ -5,13 +5,14 @@ bytes are), each module's class and static fields, the pack files, and the
 package versions that wrote it. Reading it is pure data: nothing named in it
 is imported or called.
 
-Format version 5 (versions 1-4 are still read: 1 has no packs, 1 and 2 have
+Format version 6 (versions 1-5 are still read: 1 has no packs, 1 and 2 have
 no token, before 4 there are no shard packs, before 5 packed leaves' CRC-32s
-are not bound to their records):
+are not bound to their records and no tree structure is recorded, before 6
+the sidecar has no checksum of its own):
 
 ```
 {
- "format": "orbax_eqx", "format_version": 5, "versions": {...},
+ "format": "orbax_eqx", "format_version": 6, "versions": {...},
  "token": "9f2c41d07a3be865",
  "packs": [{"file": "orbax_eqx~packed.9f2c41d07a3be865.0.bin",
             "nbytes": 17310080, "byteorder": "little", "alignment": 64}],
@@ -33,9 +34,17 @@ are not bound to their records):
  "nodes": {"": {"path": "<root>", "type": "module", "fields": ["layers"],
                 "children": ["layers"]},
            "layers": {"path": ".layers", "type": "list",
-                      "children": ["layers.0"]}, ...}
+                      "children": ["layers.0"]}, ...},
+ "checksum": "crc32:5d41402a"
 }
 ```
+
+The `checksum` (format 6 on) is the last member, on the file's second-last
+line: `_storage.checksum.digest` of every byte before that line, named by
+its algorithm. It covers every record (each Python value, alias, `Shared`
+wiring, static field, leaf record and the pack table): a reader checks it
+before it reads anything else of the file, so a flipped bit or an edit is
+damage, never a different value restored.
 
 `nodes` (format 5 on) records every inner node of the tree, so that a
 restore with `allow=` can rebuild it without a skeleton (see `_tree/nodes.py`
@@ -89,10 +98,13 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import xxhash
 from etils import epath
 
 from .._bytes import store as _store
-from .._errors import UnsupportedLeafError
+
+# Names only: which data checksum a format records (computed in `_storage`).
+from .._storage.checksum import CRC32, XXH3
 from .._tree import nodes as _nodes
 from .._tree.names import storage_key
 from .._tree.values import describe, encode, scalar_type
@@ -112,14 +124,15 @@ from .._tree.walk import (
     is_key_dtype,
     key_data_struct,
 )
+from .sealed import CHECKSUM as CHECKSUM
+from .sealed import MAX_BYTES as MAX_BYTES
+from .sealed import checksum_line as checksum_line
+from .sealed import dumps
 
 FILE_NAME = "orbax_eqx.json"
-# The largest sidecar read (or written): a model of 100,000 leaves has one of
-# ~30 MB. Reads stop here, so that a sidecar that is a link to an endless
-# stream fails at once (no size of it is recorded anywhere to check against).
-MAX_BYTES = 256 << 20
 FORMAT = "orbax_eqx"
-FORMAT_VERSION = 5  # 5: this turn (object stores, bound records, rebuilt modules)
+# 6: every record bound by the sidecar's own checksum (`CHECKSUM`).
+FORMAT_VERSION = 6
 # `~` never appears in a storage key except before a 16-digit hash, so these
 # names cannot collide with a directory Orbax makes for a leaf.
 PACK_FILE = "orbax_eqx~packed.{token}.{index}.bin"
@@ -162,10 +175,13 @@ class LeafMetadata:
     value: Any = None  # encoded value or description, for non-array leaves
     pack: int | None = None  # for packed leaves: which pack file...
     offset: int | None = None  # ...and where in it
-    crc32: int | None = None  # packed leaves' checksum (see `_checksum`)
+    # Packed leaves' data checksum (see `_storage/checksum.py`), of the
+    # algorithm `sum_algorithm` names: "crc32" up to format 5, "xxh3" from 6.
+    crc32: int | None = None
     sum32: int | None = None  # Orbax-stored leaves' checksum
     sharding: str | None = None  # shard-pack leaves: the saved sharding, as text
     key: str | None = None  # Orbax-stored leaves' storage key (`_names`)
+    sum_algorithm: str = "crc32"  # of `crc32`
 
     def describe(self) -> str:
         if self.kind == ARRAY:
@@ -326,13 +342,26 @@ def build(
     return content
 
 
+def data_sum_algorithm(version: int) -> str:
+    """The checksum of packed leaves' bytes a sidecar of format `version`
+    records: CRC-32 (`"crc32"`, an integer) up to format 5, XXH3-64 (`"xxh3"`,
+    16 hexadecimal digits) from format 6 on."""
+    return XXH3 if version >= 6 else CRC32
+
+
 def record_checksums(content: dict[str, Any], crc32: dict, sum32: dict) -> None:
     """Adds `{leaf name: checksum}` to the sidecar's JSON `content`, in place
-    (packed leaves' CRC-32s bound to their records: see `bind`)."""
+    (packed leaves' data checksums, of `data_sum_algorithm`, bound to their
+    records: see `bind`)."""
     leaves = content["leaves"]
     token = content["token"]
+    algorithm = data_sum_algorithm(content["format_version"])
     for name, value in crc32.items():
-        leaves[name]["crc32"] = bind(value, token, name, leaves[name])
+        bound = bind(value, token, name, leaves[name], algorithm)
+        if algorithm == XXH3:
+            leaves[name][XXH3] = f"{bound:016x}"
+        else:
+            leaves[name][CRC32] = bound
     for name, value in sum32.items():
         leaves[name]["sum32"] = value
     if content.get("checksums", True):
@@ -343,10 +372,13 @@ def record_checksums(content: dict[str, Any], crc32: dict, sum32: dict) -> None:
                 record.setdefault("sum32", None)
 
 
-def bind(crc: int, token: str, name: str, record: dict[str, Any]) -> int:
-    """A packed leaf's `crc32` as format 5 records it: the CRC-32 of its bytes
-    XOR the CRC-32 of what says where and what they are (the save's token, the
-    leaf name, dtype, shape, pack file, offset and size). Its own inverse:
+def bind(
+    crc: int, token: str, name: str, record: dict[str, Any], algorithm: str = CRC32
+) -> int:
+    """A packed leaf's checksum as formats 5 on record it: the checksum of its
+    bytes XOR the checksum (the same algorithm: CRC-32 in format 5, XXH3-64
+    from format 6 on) of what says where and what they are (the save's token,
+    the leaf name, dtype, shape, pack file, offset and size). Its own inverse:
     a reader binds the recorded value with the record as it reads it, and
     gets the CRC-32 of the bytes back only if no part of that was edited
     (a dtype or shape of the same size, an offset, another leaf's record, a
@@ -361,8 +393,15 @@ def bind(crc: int, token: str, name: str, record: dict[str, Any]) -> int:
         record["offset"],
         record["nbytes"],
     ]
-    text = json.dumps(where, ensure_ascii=False, separators=(",", ":"))
-    return crc ^ zlib.crc32(text.encode("utf-8", "surrogatepass"))
+    data = _BIND_ENCODER.encode(where).encode("utf-8", "surrogatepass")
+    if algorithm == XXH3:
+        return crc ^ xxhash.xxh3_64_intdigest(data)
+    return crc ^ zlib.crc32(data)
+
+
+# `json.dumps(where, ensure_ascii=False, separators=(",", ":"))`, with one
+# encoder for all leaves (`dumps` with options makes one per call).
+_BIND_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def nbytes(x: Any) -> int:
@@ -392,44 +431,6 @@ def write(
     sidecar is how a save claims its directory (see `_claim`). `pause` is
     called once per line of JSON (see `walk`).
     """
-    text = _dump(content, pause)
-    _check_size(text, content)
+    data = dumps(content, pause)
     path = directory / FILE_NAME
-    _store.write_new(path, text.encode("utf-8", "surrogatepass"))
-
-
-def _check_size(text: str, content: dict[str, Any]) -> None:
-    """Refuses a sidecar larger than readers read (`MAX_BYTES`)."""
-    if len(text) * 4 <= MAX_BYTES:  # UTF-8 takes at most 4 bytes a character
-        return
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size <= MAX_BYTES:
-        return
-    records = [("leaf", n, r) for n, r in content["leaves"].items()]
-    records += [("module", n, r) for n, r in content["modules"].items()]
-    kind, name, _ = max(records, key=lambda r: len(json.dumps(r[2], default=str)))
-    raise UnsupportedLeafError(
-        f"Cannot save this item: its sidecar would be {size} bytes, more than "
-        f"the {MAX_BYTES} orbax_eqx reads back. The largest record is "
-        f"that of {kind} `{name}`. Keep large Python values (str, bytes, static "
-        "fields) out of the item, or store them as arrays "
-        "(`np.frombuffer(data, np.uint8)`)."
-    )
-
-
-def _dump(content: dict[str, Any], pause: Callable[[], None] | None = None) -> str:
-    """JSON with one line per leaf and per module: easy to read and to diff."""
-
-    def line(value: Any) -> str:
-        if pause is not None:
-            pause()
-        return json.dumps(value, allow_nan=False, ensure_ascii=False)
-
-    parts = []
-    for key, value in content.items():
-        if isinstance(value, dict) and key in ("leaves", "modules", "nodes") and value:
-            rows = ",\n".join(f"  {line(k)}: {line(v)}" for k, v in value.items())
-            parts.append(f" {line(key)}: {{\n{rows}\n }}")
-        else:
-            parts.append(f" {line(key)}: {line(value)}")
-    return "{\n" + ",\n".join(parts) + "\n}\n"
+    _store.write_new(path, data)

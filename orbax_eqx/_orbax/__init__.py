@@ -5,7 +5,8 @@ the v1 checkpointable handler registered on import (`v1`), standalone
 `save` / `restore` / `metadata` (`api`), and the pack as an Orbax
 `TypeHandler` for Orbax's own handlers (`type_handler`, its restores
 `type_restore`, its local registry `type_registry`), and restoring plain
-Orbax checkpoints of Equinox models into skeletons (`plain`).
+Orbax checkpoints of Equinox models into skeletons (`plain`), and restores
+that rebuild the saved tree under `allow=` (`rebuilt`).
 May import: `_save`, `_restore`, `_rebuild`, `_storage`, `_format`, `_tree`,
-`_errors`.
+`_errors`, `_gc`.
 """

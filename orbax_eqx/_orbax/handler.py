@@ -2,9 +2,11 @@
 
 import asyncio
 import concurrent.futures
+import contextvars
 import dataclasses
 import functools
 import os
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -15,10 +17,10 @@ from etils import epath
 
 from .._bytes import store as _store
 from .._bytes import verdict as _verdict
-from .._errors import ObjectStoreSaveError, UnsupportedLeafError
+from .._errors import ObjectStoreError, ObjectStoreSaveError, UnsupportedLeafError
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
-from .._rebuild import build as _rebuild
+from .._gc import paused
 from .._rebuild.allow import check_allow
 from .._restore.renames import Renames
 from .._restore.restore import restore_flat, restore_tree
@@ -39,8 +41,12 @@ from .._storage import store_files as _store_files
 from .._storage.checksum import host_sum32
 from . import object_commit as _object_commit
 from . import plain as _plain
+from . import rebuilt as _rebuilt
 
 TYPESTR = "orbax_eqx.EqxHandler"
+# Set while `EqxHandler.save` runs: the save returns only once written, so the
+# caller cannot change a numpy array meanwhile and none needs copying first.
+_WAITED = contextvars.ContextVar("orbax_eqx_waited", default=False)
 
 
 class EqxHandler(ocp.AsyncCheckpointHandler):
@@ -146,16 +152,15 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         change them as soon as this returns; see `_packing.host_copies`);
         writing them happens in the background.
         """
+        primary = ocp.multihost.is_primary_host(self._primary_host)
         try:
             _object_commit.check(directory, self._pack)
-        except ObjectStoreSaveError:
+            _object_commit.reachable(directory)  # the first save into a bucket
+        except (ObjectStoreSaveError, ObjectStoreError):
             # Refused before anything was written, while Orbax makes this
             # save's directories in the background: let it finish, or its
             # threads would wait out their timeout at exit (see `released`).
-            await _undo_directories(
-                epath.Path(directory),
-                ocp.multihost.is_primary_host(self._primary_host),
-            )
+            await _undo_directories(epath.Path(directory), primary)
             raise
         flat = None
         if args is None:
@@ -163,17 +168,18 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         else:
             flat = args.take_flat()
         tree = args.item if args is not None else item
-        primary = ocp.multihost.is_primary_host(self._primary_host)
         token = _claim.new_token()
         try:
-            prepared = prepare(
-                tree,
-                token=token,
-                pack=self._pack,
-                copy_packed=primary,
-                checksums=self._checksums,
-                flat=flat,
-            )
+            with paused():  # see `_gc`
+                prepared = prepare(
+                    tree,
+                    token=token,
+                    pack=self._pack,
+                    copy_packed=primary,
+                    checksums=self._checksums,
+                    flat=flat,
+                    copy_numpy=not _WAITED.get(),
+                )
         except UnsupportedLeafError:
             # Refused before anything was written (with `pack=False`, a dtype
             # Orbax's store cannot hold: only this handler knows `pack`). Orbax
@@ -236,7 +242,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         try:
             # The leaves' names and the sidecar's content, and the rest of
             # the host copies (see `_save/prepare.py`).
-            prepared.finish()
+            with paused():  # see `_gc`
+                prepared.finish()
             if prepared.local is not None:
                 token = prepared.content["token"]
                 process = jax.process_index()
@@ -255,7 +262,11 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         if prepared.pack_nbytes:
             path = directory / _sidecar.pack_file(token, 0)
             found = _packing.write(
-                path, prepared.pieces, prepared.pack_nbytes, self._checksums
+                path,
+                prepared.pieces,
+                prepared.pack_nbytes,
+                self._checksums,
+                _sidecar.data_sum_algorithm(prepared.content["format_version"]),
             )
             _claim.wrote(started, path)
             crcs = dict(zip(prepared.packed_names, found))
@@ -266,7 +277,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         _sidecar.record_checksums(prepared.content, crcs, sums)
         _claim.before_sidecar(started)
         try:
-            _sidecar.write(directory, prepared.content, Polite())
+            with paused():
+                _sidecar.write(directory, prepared.content, Polite())
         except FileExistsError:
             _claim.claim_failed(started)
         _claim.wrote(started, directory / _sidecar.FILE_NAME)
@@ -277,7 +289,12 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         """Saves and waits until every write is done."""
 
         async def save_and_wait():
-            _background.wait_all(await self.async_save(directory, item, args))
+            waited = _WAITED.set(True)
+            try:
+                futures = await self.async_save(directory, item, args)
+            finally:
+                _WAITED.reset(waited)
+            _background.wait_all(futures)
 
         _run_sync(save_and_wait())
 
@@ -293,7 +310,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         # With several processes, all succeed or all raise one error (see
         # `together`): one failing alone would leave the rest in Orbax's
         # barriers for good.
-        return together(directory, lambda: self._restore_checked(directory, args))
+        with paused():  # one object per leaf, many times over: see `_gc`
+            return together(directory, lambda: self._restore_checked(directory, args))
 
     def _restore_checked(self, directory: epath.Path, args: "EqxRestore") -> Any:
         # Bytes from an object store that fail their checks are read again
@@ -317,8 +335,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                 return _plain.restore(epath.Path(directory), args)
             saved = _sidecar_read.read(epath.Path(directory))
             if args.skeleton is None and args.allow is not None:
-                rebuilt = _rebuild.skeleton(saved, args.allow, args.prefix)
-                args = dataclasses.replace(args, skeleton=rebuilt, allow=None)
+                return _rebuilt.restore(self._inner, directory, saved, args)
             if args.skeleton is None:
                 return restore_flat(
                     self._inner,
@@ -372,7 +389,14 @@ async def _undo_directories(directory: epath.Path, primary: bool) -> None:
     "directory made" signals), then, on the primary host, removes the item
     directory if empty and the temporary step directory around it if it
     holds only Orbax's step metadata: a save refused before writing leaves
-    nothing behind."""
+    nothing behind.
+
+    Orbax writes the step metadata (`_CHECKPOINT_METADATA`) in a thread of
+    its own after the signal; the step directory goes only once that file is
+    there, else Orbax's write would find no directory and fail the manager's
+    next call (`FileNotFoundError`). If it never comes, the directory stays
+    (Orbax replaces a leftover temporary directory on the next save).
+    """
 
     async def nothing() -> None:
         return None
@@ -389,12 +413,29 @@ async def _undo_directories(directory: epath.Path, primary: bool) -> None:
         step = directory.parent
         if _ORBAX_TMP not in step.name:
             return
-        if set(os.listdir(step)) <= {"_CHECKPOINT_METADATA"}:
+        if not await asyncio.to_thread(_appears, step / _STEP_METADATA):
+            return
+        if set(os.listdir(step)) <= {_STEP_METADATA}:
             for name in os.listdir(step):
                 os.remove(step / name)
             os.rmdir(step)
     except OSError:
         pass  # something else is there: keep it
+
+
+_STEP_METADATA = "_CHECKPOINT_METADATA"
+
+
+def _appears(path: epath.Path) -> bool:
+    """Whether `path` exists within `_DIRECTORIES_WAIT_S`. Once it does, Orbax's
+    write of it has opened it: removing it and its directory then harms no
+    write (the open file is written and dropped)."""
+    deadline = time.monotonic() + _DIRECTORIES_WAIT_S
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def _saved_here(directory: epath.Path) -> tuple[str | None, None, bool, int]:

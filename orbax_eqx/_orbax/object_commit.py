@@ -9,13 +9,25 @@ which `oeqx.save` chooses itself and a `CheckpointManager` is given with
 `CheckpointManagerOptions(temporary_path_class=...)`. Orbax's own array
 writer (`pack=False`) builds TensorStore specs for `gs://` and local paths
 only, so on `s3://` arrays must go in packs.
+
+The first save of a process into a bucket also asks the store once whether
+it is reachable and the bucket exists (`reachable`): under a
+`CheckpointManager`, whose own directory calls may have passed without either
+(gcsfs makes no bucket and may not check one), the save then says which
+bucket, which endpoint and what to set, rather than failing on its first
+write.
 """
 
 import os
+import threading
 
 import orbax.checkpoint as ocp
 
+from .._bytes import store as _store
 from .._errors import ObjectStoreSaveError
+
+_reached: set[str] = set()  # "gs://bucket" roots this process reached
+_lock = threading.Lock()
 
 COMMIT_FILE = ocp.path.atomicity.CommitFileTemporaryPath
 _RENAMED = ocp.path.atomicity.TMP_DIR_SUFFIX
@@ -45,3 +57,20 @@ def check(directory: os.PathLike, pack: bool) -> None:
             "paths only). Leave `pack=True` (the default): orbax_eqx's packs "
             "and shard packs are written to S3 directly."
         )
+
+
+def reachable(directory: os.PathLike) -> None:
+    """Raises `ObjectStoreError` (bucket, endpoint, what to set) unless the
+    bucket of `directory` answers and exists; asked once per bucket and
+    process, on its first save. Nothing for local paths."""
+    text = os.fspath(directory)
+    if not _store.is_remote(text):
+        return
+    scheme, _, rest = text.partition("://")
+    root = f"{scheme}://{rest.split('/', 1)[0]}"
+    with _lock:
+        if root in _reached:
+            return
+    _store.for_path(directory).check_reachable(directory)
+    with _lock:
+        _reached.add(root)

@@ -19,11 +19,17 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from .._errors import CheckpointMismatchError
+from .._errors import (
+    CheckpointDamagedError,
+    CheckpointMismatchError,
+    RebuildError,
+    SidecarError,
+)
 from .._format.locate import is_plain_item
 from .._format.sidecar import STORED, LeafMetadata, Metadata
 from .._restore.check import check
 from .._restore.shardings import resolve
+from .._storage import store_files as _store_files
 from .._tree.names import join, key_part
 from .._tree.values import encode
 from .._tree.walk import ARRAY, JAX, NUMPY_SCALAR, SCALAR, container, walk
@@ -51,19 +57,20 @@ def restore(path: epath.Path, args) -> Any:
             "arrays only, with no classes or static fields, so it restores into a "
             "skeleton only"
         )
+        # What is missing to rebuild or name leaves is the sidecar.
+        error = RebuildError if args.allow is not None else SidecarError
         if asked:
-            raise ValueError(
+            raise error(
                 f"{head}, with `shardings=`, `cast=`, `strict=`, `missing=`; not "
                 f"with {', '.join(asked)}."
             )
-        raise ValueError(
+        raise error(
             f"{head}. Pass the skeleton of the model, usually "
             "`eqx.filter_eval_shape(make_model, key)`."
         )
     handler = ocp.PyTreeCheckpointHandler()
     try:
-        tree_metadata = handler.metadata(path)
-        tree_metadata = getattr(tree_metadata, "tree", tree_metadata)
+        tree_metadata = _tree_metadata(handler, path)
         entries = {
             _key(p): (p, m) for p, m in jtu.tree_flatten_with_path(tree_metadata)[0]
         }
@@ -110,6 +117,24 @@ def restore(path: epath.Path, args) -> Any:
         else:
             values.append(_finish(values_read[key], leaf))
     return jtu.tree_unflatten(walked.treedef, values)
+
+
+def _tree_metadata(handler, path: epath.Path) -> Any:
+    """Orbax's record of the checkpoint's arrays (its `_METADATA`), read by
+    Orbax; a file Orbax cannot read is damage, said as ours."""
+    _store_files.check(path)  # Orbax's reads would block on a FIFO there
+    try:
+        found = handler.metadata(path)
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError) as e:
+        # `json.JSONDecodeError` is a ValueError; the rest: JSON of other shapes.
+        raise CheckpointDamagedError(
+            f"{path / '_METADATA'}, Orbax's record of the arrays of this plain "
+            f"Orbax checkpoint, cannot be read ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''}): the checkpoint is "
+            "damaged (or something else was put in its place). Restore an "
+            "earlier step."
+        ) from None
+    return getattr(found, "tree", found)
 
 
 def _key(path: tuple) -> tuple[str, ...]:

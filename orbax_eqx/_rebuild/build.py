@@ -7,13 +7,15 @@ runs (the fields are those the saved module had), and no converter or check.
 Containers are made as JAX unflattens them; namedtuples with `tuple.__new__`,
 so that no method of theirs runs either. Classes, callables and enums are
 looked up under `allow` (see `allow`); everything else comes from the sidecar
-as data. Every leaf or module that cannot be rebuilt is collected, and all of
-them are reported in one `RebuildError`.
+as data (see `decode`), and only what it records is built: each node once,
+reached from the root, `eqx.nn.Shared`'s selectors through recorded nodes
+only (see `shared`). The tree is built in a loop, not by recursion, so a tree
+as deep as JAX flattens rebuilds. Every leaf or module that cannot be rebuilt
+is collected, and all of them are reported in one `RebuildError`.
 """
 
-import ast
 import dataclasses
-import enum
+from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
@@ -21,23 +23,28 @@ import jax
 import numpy as np
 
 from .._errors import OrbaxEqxError, RebuildError, SidecarError, bullet_list
-from .._format.sidecar import LeafMetadata, Metadata
+from .._format.sidecar import ALIAS, EMPTY, PACKED, LeafMetadata, Metadata
 from .._restore.wide import flat_container
 from .._tree import nodes as _nodes
 from .._tree.names import join, label
-from .._tree.values import decode_scalar, describe, scalar_type
+from .._tree.values import describe
 from .._tree.walk import (
     ARRAY,
     CALLABLE,
-    NUMPY,
+    JAX,
     NUMPY_SCALAR,
     SCALAR,
     SHARED,
     display_path,
     parse_dtype,
 )
-from .allow import Refused, look_up, suggestion, unnameable
-from .shared import Selector, is_path
+from .allow import Refused, Resolver, suggestion, unnameable
+from .decode import DRY, At, Decoder
+from .shared import selectors
+
+# Deeper than any tree JAX flattens (saves flatten with JAX): a rebuild makes
+# no deeper one, so that a sidecar of a 100,000-node chain costs nothing.
+MAX_DEPTH = 10_000
 
 
 @dataclasses.dataclass
@@ -46,6 +53,15 @@ class _Problem:
     path: str  # the leaf path (`keystr`), what `RebuildError.problems` holds
     text: str
     allow: str | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Needs:
+    """What a rebuild of a sidecar would need, told without importing anything."""
+
+    names: list[str]  # every qualified name it would look up
+    callables: list[str]  # of those, the callables it would install, once each
+    cannot: list[tuple[str, str, str]]  # (leaf name, leaf path, why) whatever allow
 
 
 class _Refusing:
@@ -59,37 +75,37 @@ class _Refusing:
         if why is not None:
             return Refused(why)
         self.names.append(name)
-        return _DRY
-
-
-_DRY = object()  # what a dry run finds
+        return DRY
 
 
 def skeleton(saved: Metadata, allow: tuple[str, ...], prefix: str | None = None):
     """The saved tree (or its part under leaf name `prefix`) as a skeleton."""
-    builder = _Builder(saved, lambda name: look_up(name, allow))
+    builder = _Builder(saved, Resolver(allow))
     tree = builder.build(prefix or "")
     if builder.problems:
         raise _error(saved, allow, builder.problems)
     return tree
 
 
-def needs(saved: Metadata) -> tuple[list[str], list[tuple[str, str, str]]]:
-    """Without importing anything: the qualified names a rebuild would look up,
-    and `(leaf name, leaf path, why)` for what cannot be rebuilt whatever
-    `allow` says.
+def needs(saved: Metadata) -> Needs:
+    """Without importing anything: what a rebuild would look up and install,
+    and what cannot be rebuilt whatever `allow` says.
 
-    Raises `RebuildError` if the sidecar records no tree structure."""
+    Raises `RebuildError` if the sidecar records no tree structure, and
+    `SidecarError` if its records of the tree are damaged."""
     look = _Refusing()
     builder = _Builder(saved, look)
     builder.build("")
-    return look.names, [
-        (p.name, display_path(p.path), p.text) for p in builder.problems
-    ]
+    return Needs(
+        look.names,
+        list(dict.fromkeys(builder.callables)),
+        [(p.name, display_path(p.path), p.text) for p in builder.problems],
+    )
 
 
 def modules_to_allow(names: list[str]) -> list[str]:
-    """The top-level packages of qualified names, sorted, once each."""
+    """The modules to allow for qualified names (see `allow.suggestion`),
+    sorted, once each."""
     return sorted({suggestion(n) for n in names})
 
 
@@ -100,8 +116,9 @@ def _error(saved: Metadata, allow: tuple[str, ...], problems) -> RebuildError:
     if needed:
         wanted = sorted(set(allow) | set(needed))
         fix.append(
-            f"If you trust them, pass `allow={wanted!r}` (a name allows that "
-            "module and its submodules)."
+            f"If you trust them, pass `allow={wanted!r}` (a rebuild imports "
+            "exactly these modules, and finds names in them and in what they "
+            "import themselves)."
         )
     if any(p.allow is None for p in problems):
         fix.append(
@@ -119,8 +136,12 @@ def _error(saved: Metadata, allow: tuple[str, ...], problems) -> RebuildError:
     )
 
 
+# Makes a node from the values built for its children, in order.
+_Make = Callable[[list[Any]], Any]
+
+
 class _Builder:
-    def __init__(self, saved: Metadata, look):
+    def __init__(self, saved: Metadata, look: Callable[[str], Any]):
         if saved.nodes is None:
             raise RebuildError(
                 f"The checkpoint at {saved.directory} has sidecar format "
@@ -134,7 +155,9 @@ class _Builder:
         self.nodes = saved.nodes
         self.look = look
         self.problems: list[_Problem] = []
+        self.callables: list[str] = []
         self.used: set[str] = set()
+        self.decoder = Decoder(self.find, self.refuse, self.damaged)
 
     def damaged(self, what: str) -> SidecarError:
         return SidecarError(
@@ -150,42 +173,78 @@ class _Builder:
                 f"{self.saved.directory}` shows the names it has."
             )
         try:
-            return self.child(name)
+            return self._build(name)
         except OrbaxEqxError:
             raise
-        except RecursionError:
-            raise self.damaged("its tree nests deeper than Python recurses") from None
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as e:
+        except (
+            TypeError,
+            ValueError,
+            KeyError,
+            IndexError,
+            AttributeError,
+            OverflowError,
+            RecursionError,
+        ) as e:
             # Malformed records (a value of the wrong shape): pure data, so damage.
-            raise self.damaged(f"its records of the tree are malformed ({e})") from None
+            raise self.damaged(
+                f"its records of the tree are malformed ({type(e).__name__}: {e})"
+            ) from None
 
-    def child(self, name: str | None) -> Any:
-        if name is None:
-            return _MISSING
-        if name in self.used:
-            raise self.damaged(f"node {name!r} is reached twice")
-        self.used.add(name)
-        rec = self.nodes.get(name)
-        if rec is not None:
-            return self.node(name, rec)
-        leaf = self.saved.leaves.get(name)
-        if leaf is None:
-            raise self.damaged(f"node or leaf {name!r} is named but not recorded")
-        return self.leaf(leaf)
+    def _build(self, root: str) -> Any:
+        """Every node from `root` down, parents first (so are their problems
+        listed), then made children first: a loop, as deep as the tree."""
+        makes: list[tuple[str, list[str | None], _Make]] = []
+        built: dict[str, Any] = {}
+        todo: list[tuple[str, int]] = [(root, 0)]
+        while todo:
+            name, depth = todo.pop()
+            if depth > MAX_DEPTH:
+                raise RebuildError(
+                    f"The checkpoint at {self.saved.directory} records a tree "
+                    f"nesting more than {MAX_DEPTH} levels deep (at node {name!r}): "
+                    "deeper than JAX flattens, so no save wrote it, and a rebuild "
+                    "does not make it. Restore an earlier step."
+                )
+            if name in self.used:
+                raise self.damaged(f"node {name!r} is reached twice")
+            self.used.add(name)
+            rec = self.nodes.get(name)
+            if rec is None:
+                leaf = self.saved.leaves.get(name)
+                if leaf is None:
+                    raise self.damaged(
+                        f"node or leaf {name!r} is named but not recorded"
+                    )
+                built[name] = self.leaf(leaf)
+                continue
+            children, make, ready = self.node(name, rec)
+            makes.append((name, children, make))
+            built.update(ready)
+            for child in reversed(children):
+                if child is not None and child not in ready:
+                    todo.append((child, depth + 1))
+        for name, children, make in reversed(makes):
+            built[name] = make([_MISSING if c is None else built[c] for c in children])
+        return built[root]
 
-    def refuse(self, at: tuple[str, str], text: str, allow: str | None = None):
+    def refuse(self, at: At, text: str, allow: str | None = None) -> None:
         """Records what cannot be rebuilt at `at`, `(leaf name, leaf path)`."""
         self.problems.append(_Problem(*at, text, allow))
 
-    def find(self, at: tuple[str, str], what: str, name: str) -> Any:
+    def find(self, at: At, what: str, name: str) -> Any:
+        if what == "callable":
+            self.callables.append(name)
         found = self.look(name)
         if isinstance(found, Refused):
             self.refuse(at, f"{what} `{name}` {found.reason}", found.allow)
             return None
         return found
 
-    def node(self, name: str, rec: dict[str, Any]) -> Any:
+    def node(self, name: str, rec: dict[str, Any]):
+        """`(children, make, built)`: the node's children to build, how to make
+        it from them, and children already made (`Shared`'s selectors)."""
         kind, at = rec["type"], (name, rec["path"])
+        children = rec.get("children", [])
         if kind == _nodes.OTHER:
             self.refuse(
                 at,
@@ -193,49 +252,57 @@ class _Builder:
                 "rebuilds Equinox modules, dicts, lists, tuples, namedtuples and "
                 "`eqx.nn.State`)",
             )
-            return None
+            return [], _none, {}
         if kind == _nodes.MODULE and rec.get("wrapper"):
             self.refuse(at, "a module wrapping a function cannot be rebuilt")
-            return None
+            return [], _none, {}
         if kind == _nodes.MODULE:
             return self.module(name, rec)
-        children = [self.child(c) for c in rec.get("children", [])]
         if kind == _nodes.LIST:
-            return children
+            return children, list, {}
         if kind == _nodes.TUPLE:
-            return tuple(children)
+            return children, tuple, {}
         if kind == _nodes.DICT:
             keys = rec.get("keys", [])
             if len(keys) != len(children):
                 raise self.damaged(f"dict node {name!r} has {len(keys)} keys")
-            return {self.value(at, k): v for k, v in zip(keys, children)}
+            decoded = [self.decoder.key(at, k) for k in keys]
+            if len(set(map(_hashed, decoded))) != len(decoded):
+                raise self.damaged(f"dict node {name!r} has a key twice")
+            return children, lambda values: dict(zip(decoded, values)), {}
         if kind == _nodes.STATE:
-            markers = [self.value(at, m) for m in rec.get("markers", [])]
+            markers = [self.decoder.key(at, m) for m in rec.get("markers", [])]
             if len(markers) != len(children):
                 raise self.damaged(f"State node {name!r} has {len(markers)} markers")
-            if not all(isinstance(m, (str, int)) for m in markers):
+            if not all(type(m) in (str, int) for m in markers):
                 self.refuse(at, "an `eqx.nn.State` not made by `make_with_state`")
-                return None
-            return eqx.nn.State.tree_unflatten(tuple(markers), tuple(children))
+                return children, _none, {}
+            return (
+                children,
+                lambda values: eqx.nn.State.tree_unflatten(
+                    tuple(markers), tuple(values)
+                ),
+                {},
+            )
         fields = rec.get("fields", [])
         if len(fields) != len(children):
             raise self.damaged(f"node {name!r} has {len(fields)} fields")
-        if kind == _nodes.NAMEDTUPLE:
-            cls = self.find(at, "class", rec.get("class", ""))
-            if cls is None or cls is _DRY:
-                return None
-            if not (isinstance(cls, type) and issubclass(cls, tuple)) or tuple(
-                getattr(cls, "_fields", ())
-            ) != tuple(fields):
-                self.refuse(
-                    at,
-                    f"`{rec.get('class')}` is no longer a namedtuple of fields "
-                    f"{tuple(fields)}",
-                )
-                return None
-            return tuple.__new__(cls, children)
+        # A namedtuple.
+        cls = self.find(at, "class", rec.get("class", ""))
+        if cls is None or cls is DRY:
+            return children, _none, {}
+        if not (isinstance(cls, type) and issubclass(cls, tuple)) or tuple(
+            getattr(cls, "_fields", ())
+        ) != tuple(fields):
+            self.refuse(
+                at,
+                f"`{rec.get('class')}` is no longer a namedtuple of fields "
+                f"{tuple(fields)}",
+            )
+            return children, _none, {}
+        return children, lambda values: tuple.__new__(cls, values), {}
 
-    def module(self, name: str, rec: dict[str, Any]) -> Any:
+    def module(self, name: str, rec: dict[str, Any]):
         at = (name, rec["path"])
         fields, absent = rec.get("fields", []), rec.get("absent", [])
         info = self.saved.modules.get(name)
@@ -243,26 +310,21 @@ class _Builder:
             raise self.damaged(f"module node {name!r} has no module record")
         # The class first, so that problems are listed parents first.
         cls = self.find(at, "class", info.cls)
-        static = {f: self.value(_field(at, f), v) for f, v in info.static.items()}
+        static = {
+            f: self.decoder.value(_field(at, f), v) for f, v in info.static.items()
+        }
         names = rec.get("children", [])
         if len(fields) != len(names):
             raise self.damaged(f"node {name!r} has {len(fields)} fields")
-        wiring = _wiring(rec) if info.cls == _SHARED_CLASS else None
-        children = []
-        for field, child in zip(fields, names):
-            if wiring is not None and field in wiring and child in self.saved.leaves:
-                self.used.add(child)
-                many, paths = wiring[field]
-                named = self.saved.leaves[child].value
-                text = named.get("callable") if isinstance(named, dict) else None
-                children.append(Selector(str(text), many, paths))
-            else:
-                children.append(self.child(child))
-        if cls is None or cls is _DRY:
-            return None
+        ready = {}
+        if info.cls == _SHARED:
+            ready = selectors(self.saved.leaves, self.nodes, name, rec, self.damaged)
+            self.used.update(ready)
+        if cls is None or cls is DRY:
+            return names, _none, ready
         if not (isinstance(cls, type) and issubclass(cls, eqx.Module)):
             self.refuse(at, f"`{info.cls}` is not an Equinox module class")
-            return None
+            return names, _none, ready
         dynamic, static_names = _nodes.fields_of(cls)
         if tuple(fields) != dynamic or set(static_names) != set(info.static) | set(
             absent
@@ -273,156 +335,101 @@ class _Builder:
                 f"{dynamic} and static fields {static_names}, the checkpoint "
                 f"{tuple(fields)} and {tuple(sorted(set(info.static) | set(absent)))}",
             )
-            return None
-        # As Equinox unflattens a module (`equinox/_module/_flatten.py`).
-        module = object.__new__(cls)
-        for field, value in zip(fields, children):
-            if value is not _MISSING:
-                object.__setattr__(module, field, value)
-        for field, value in static.items():
-            if field not in absent:
-                object.__setattr__(module, field, value)
-        return module
+            return names, _none, ready
+
+        def make(values: list[Any]) -> Any:
+            # As Equinox unflattens a module (`equinox/_module/_flatten.py`).
+            module = object.__new__(cls)
+            for field, value in zip(fields, values):
+                if value is not _MISSING:
+                    object.__setattr__(module, field, value)
+            for field, value in static.items():
+                if field not in absent:
+                    object.__setattr__(module, field, value)
+            return module
+
+        return names, make, ready
 
     def leaf(self, leaf: LeafMetadata) -> Any:
+        at = (leaf.name, leaf.path)
         if leaf.kind == ARRAY:
-            return _array(leaf)
+            return self.array(leaf)
         if leaf.kind == SCALAR:
-            return decode_scalar(leaf.value)
+            return self.decoder.value(at, leaf.value)
         if leaf.kind == SHARED:
             return _shared_node()
         if leaf.kind == CALLABLE:
-            return self.value((leaf.name, leaf.path), leaf.value)
+            return self.decoder.value(at, leaf.value)
         self.refuse(
-            (leaf.name, leaf.path),
+            at,
             f"an object recorded only as its text `{describe(leaf.value)}` "
             "cannot be rebuilt",
         )
         return None
 
-    def value(self, at: tuple[str, str], encoded: Any) -> Any:
-        """A static field's value, a dict key, a callable leaf: decoded, with
-        classes, callables and enums looked up under `allow`. `at` is
-        `(leaf name, leaf path)` of the value, or of the dict a key is of."""
-        if scalar_type(encoded) is not None:
-            return decode_scalar(encoded)
-        if not (isinstance(encoded, dict) and len(encoded) >= 1):
-            raise self.damaged(f"the value at {label(*at)} is malformed")
-        tag, body = next(iter(encoded.items()))
-        if tag == "tuple":
-            return tuple(self.value(at, v) for v in body)
-        if tag == "list":
-            return [self.value(at, v) for v in body]
-        if tag == "dict":
-            return {self.value(at, k): self.value(at, v) for k, v in body}
-        if tag in ("dtype", "numpy"):
-            try:
-                if tag == "dtype":
-                    return np.dtype(parse_dtype(str(body)))
-                dtype, value = body
-                return np.dtype(parse_dtype(str(dtype))).type(decode_scalar(value))
-            except (TypeError, ValueError) as e:
-                raise self.damaged(
-                    f"the value at {label(*at)} is malformed ({e})"
-                ) from None
-        if tag == "enum":
-            cls_name, _, member = str(body).rpartition(".")
-            cls = self.find(at, "enum", cls_name)
-            if cls is None or cls is _DRY:
-                return None
-            if not (isinstance(cls, type) and issubclass(cls, enum.Enum)):
-                self.refuse(at, f"`{cls_name}` is not an enum")
-                return None
-            if member not in cls.__members__:
-                self.refuse(at, f"enum `{cls_name}` has no member `{member}` now")
-                return None
-            return cls.__members__[member]
-        if tag == "callable":
-            text = str(body)
-            if text.startswith("functools.partial("):
-                self.refuse(
-                    at,
-                    f"`{text}` cannot be rebuilt: a partial's arguments are "
-                    "recorded as text",
-                )
-                return None
-            return self.find(at, "callable", text)
-        if tag == "object" and encoded.get("repr") is not None:
-            found = _literal_set(body, encoded["repr"])
-            if found is not None:
-                return found
-        self.refuse(
-            at,
-            f"an object recorded only as its text `{describe(encoded)}` "
-            "cannot be rebuilt",
-        )
-        return None
+    def array(self, leaf: LeafMetadata) -> Any:
+        """A skeleton leaf for a saved array, in the container a restore
+        without a skeleton gives back (numpy for numpy arrays and for 64-bit
+        arrays while JAX is 32-bit: see `_restore/wide.py`). A numpy stand-in
+        holds one element, whatever the shape: nothing is allocated for what
+        only the record claims (the handler checked that packed leaves' bytes
+        are in their files, see `handler._check_packs`)."""
+        dtype = parse_dtype(leaf.dtype)
+        shape = tuple(leaf.shape or ())
+        kind = flat_container(leaf)
+        if kind == JAX:
+            return jax.ShapeDtypeStruct(shape, dtype)
+        source = self.saved.leaves.get(leaf.alias_of) if leaf.data == ALIAS else leaf
+        if (
+            leaf.data != EMPTY
+            and np.dtype(dtype).itemsize > _SMALL
+            and (source is None or source.data != PACKED)
+        ):
+            self.refuse(
+                (leaf.name, leaf.path),
+                f"an array of dtype {leaf.dtype} stored other than packed cannot "
+                "be rebuilt (a save packs such arrays)",
+            )
+            return None
+        if leaf.data == EMPTY:
+            return np.empty(shape, dtype)  # zero elements: nothing allocated
+        one = _one(np.dtype(dtype))
+        if kind == NUMPY_SCALAR:
+            return one
+        return np.broadcast_to(np.asarray(one), shape)
 
 
-def _field(at: tuple[str, str], field: str) -> tuple[str, str]:
+_SMALL = 64  # bytes an element of any numeric dtype fits in
+_MISSING = object()  # a module field that was not set
+_SHARED = "equinox.nn._shared.Shared"
+
+
+def _none(values: list[Any]) -> None:
+    return None
+
+
+def _hashed(key: Any) -> tuple[type, Any]:
+    # `True == 1 == 1.0`, but they are three keys of a saved dict.
+    return (type(key), key)
+
+
+def _one(dtype: np.dtype) -> Any:
+    """A numpy scalar of `dtype`: strings and bytes of their full size (numpy
+    gives an empty string the dtype `<U0`)."""
+    if dtype.kind == "U":
+        return np.str_("\x01" * (dtype.itemsize // 4))
+    if dtype.kind == "S":
+        return np.bytes_(b"\x01" * dtype.itemsize)
+    if dtype.type is np.void:
+        return np.void(bytes(dtype.itemsize))
+    return np.zeros((), dtype)[()]
+
+
+def _field(at: At, field: str) -> At:
     """`(leaf name, leaf path)` of a module's static field, from the module's."""
     name, path = at
     path = "" if path == "<root>" else path  # as the sidecar records the root
     return (join([name, field]) if name else field), f"{path}.{field}"
-
-
-def _literal_set(cls_name: Any, text: Any) -> Any:
-    """A set or frozenset of literals, from its repr (static fields such as
-    lineax's `tags=frozenset()`); None if it is anything else. `literal_eval`
-    reads literals only: nothing is called."""
-    kinds = {"builtins.frozenset": frozenset, "builtins.set": set}
-    kind = kinds.get(cls_name)
-    if kind is None or not isinstance(text, str):
-        return None
-    prefix = "frozenset(" if kind is frozenset else ""
-    if text in ("frozenset()", "set()"):
-        return kind()
-    if not (text.startswith(prefix) and text.endswith(")" if prefix else "}")):
-        return None
-    inner = text[len(prefix) : len(text) - (1 if prefix else 0)]
-    try:
-        value = ast.literal_eval(inner)
-    except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-        return None
-    return kind(value) if isinstance(value, set) else None
-
-
-_MISSING = object()  # a module field that was not set
-_SHARED_CLASS = "equinox.nn._shared.Shared"
-
-
-def _wiring(rec: dict[str, Any]) -> dict[str, tuple[bool, list]] | None:
-    """`eqx.nn.Shared`'s recorded `where` and `get` selections, if well formed."""
-    wiring = rec.get("wiring")
-    if not isinstance(wiring, dict):
-        return None
-    found = {}
-    for field in ("where", "get"):
-        entry = wiring.get(field)
-        if not (
-            isinstance(entry, dict)
-            and type(entry.get("many")) is bool
-            and isinstance(entry.get("paths"), list)
-            and entry["paths"]
-            and all(is_path(p) for p in entry["paths"])
-        ):
-            return None
-        found[field] = (entry["many"], entry["paths"])
-    return found
-
-
-def _array(leaf: LeafMetadata) -> Any:
-    """A skeleton leaf for a saved array, in the container a restore without a
-    skeleton gives back (numpy for numpy arrays and for 64-bit arrays while
-    JAX is 32-bit: see `_restore/wide.py`)."""
-    dtype = parse_dtype(leaf.dtype)
-    shape = tuple(leaf.shape or ())
-    container = flat_container(leaf)
-    if container == NUMPY:
-        return np.empty(shape, dtype)
-    if container == NUMPY_SCALAR:
-        return np.empty((), dtype)[()]
-    return jax.ShapeDtypeStruct(shape, dtype)
 
 
 def _shared_node() -> Any:

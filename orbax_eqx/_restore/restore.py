@@ -233,8 +233,10 @@ def read_arrays(
             continue
         source = record.alias_of if record.data == ALIAS else record.name
         value = loaded[source]
-        if request.container == JAX and not value.sharding.is_equivalent_to(
-            request.sharding, value.ndim
+        if (
+            request.container == JAX
+            and to_read[source].sharding is not request.sharding  # read as asked
+            and not value.sharding.is_equivalent_to(request.sharding, value.ndim)
         ):
             # The same stored array wanted twice (tied weights), placed elsewhere.
             # (Equivalence, not `==`: Orbax may spell P() as P(None,); a needless

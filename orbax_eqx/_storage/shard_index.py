@@ -311,7 +311,11 @@ def _parse(
         expected = " or ".join(str(v) for v in versions)
         raise bad(
             f"format_version {version!r} is not {expected}"
-            + (" (a version-1 index in a format-5 checkpoint)" if version == 1 else "")
+            + (
+                " (a version-1 index in a checkpoint of sidecar format 5 or later)"
+                if version == 1
+                else ""
+            )
         )
     if content.get("token") != token or content.get("process") != process:
         raise bad(

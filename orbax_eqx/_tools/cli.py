@@ -16,6 +16,8 @@ import sys
 from collections.abc import Sequence
 
 from .._errors import OrbaxEqxError
+from .._gc import paused
+from . import cli_safetensors as _safetensors
 from .text import printable_lines
 
 PROG = "orbax_eqx"
@@ -38,11 +40,27 @@ and their metrics are listed, the best and latest marked, then the latest step
 is shown). Orbax does not record which metric made a step best: --best and
 --mode say it (default: the lowest "loss").
 
+--params counts the parameters (array elements) under every module and
+container, and by dtype, from the metadata alone. --stats reads every array,
+a piece at a time (memory stays near 64 MiB, or one chunk of Orbax's store
+where larger), and shows per leaf its min, max, mean, std and L2 norm over its
+finite elements, and its zero, NaN and Inf counts, then the --params tables;
+exit status 1 if a leaf cannot be read. Their --json shape is described in
+docs/guides/cli.md.
+
+Plain Orbax checkpoints (saved by Orbax's PyTree or Standard handler, or
+ocp.v1.save_pytree; no orbax_eqx sidecar) are shown from Orbax's own
+metadata: every array with its shape, dtype, bytes and sharding, and the
+handler that wrote it. A step's other items (JSON, a data loader's state)
+are listed by name.
+
 With --json, prints one JSON object: {"path", "steps": [{"step", "path",
 "metrics"}], "step", "latest", "best": {"step", "metric", "mode"}, "items":
-[{"path", "format_version", "versions", "leaves": {name: {...}}, "modules":
-{name: {...}}, "totals"}]}. Non-array values are given as the sidecar encodes
-them ("value") and as text ("text"); arrays have "sharding" where known.
+[{"path", "kind", "format_version", "versions", "leaves": {name: {...}},
+"modules": {name: {...}}, "totals"}], "others": [{"name", "path",
+"handler"}]}. Non-array values are given as the sidecar encodes them
+("value") and as text ("text"); arrays have "sharding" where known. A plain
+Orbax item has "kind": "plain Orbax", "handler", "ocdbt", "zarr3", "unread".
 """
 
 _DIFF_HELP = """\
@@ -51,57 +69,28 @@ difference: leaves only in A or only in B, and leaves whose kind, shape, dtype,
 Python value or tying differs; modules whose class or static fields differ.
 Against a skeleton, Python values are compared by type only, as restore does.
 
-A and B are checkpoints (item or step directories), or skeletons given as
-`module:function` (or `path/to/file.py:function`): a function of no arguments
-that returns the skeleton, such as `eqx.filter_eval_shape(make_model, key)`.
-The module is imported from the current directory or PYTHONPATH.
+A and B are checkpoints, or skeletons given as `module:function` (or
+`path/to/file.py:function`): a function of no arguments that returns the
+skeleton, such as `eqx.filter_eval_shape(make_model, key)`. A checkpoint is an
+item directory, a step directory or a CheckpointManager root (its latest
+step). Two steps (or roots) are compared item by item, paired by name: items
+only one side holds are differences, and other items both hold (JSON, a data
+loader's state) are named, not compared. --item NAME compares that item of
+each side that is a step or a root. Plain Orbax checkpoints (no orbax_eqx
+sidecar: Orbax's PyTree or Standard handler, v0 or v1) are compared by their
+arrays, against each other or an orbax_eqx checkpoint.
+The module is imported from the current directory or PYTHONPATH; a file under
+the name your code imports it by (path/to/tmodel.py as tmodel, from its
+directory; a file in a package as package.tmodel), so that the classes of a
+checkpoint made from it are recorded as tmodel.Net.
 
 With --values, the arrays both checkpoints hold with the same shape are read,
 a few at a time (--buffer), and compared: integers and booleans exactly,
 floats as numpy.isclose(a, b, rtol, atol) with B as the reference. Each leaf's
-largest absolute and relative (|a - b| / max(|a|, |b|)) difference is shown.
+largest absolute and relative (|a - b| / max(|a|, |b|)) difference is shown;
+typed PRNG keys are compared as keys, each equal or not.
 
 Exit status: 0 if A and B do not differ, 1 if they do, 2 on an error.
-"""
-
-_EXPORT_HELP = """\
-Writes the arrays of a checkpoint as Hugging Face safetensors, reading and
-writing a few arrays at a time, so memory stays near --buffer whatever the
-size of the checkpoint.
-
-Tensors are named by leaf name (layers.0.weight), or through --rename. Static
-fields, Python leaves and class names go into the files' __metadata__ (under
-"orbax_eqx", as JSON), with "format": "pt". Typed PRNG keys are written as
-their key data (uint32). Tied weights are written once per leaf.
-
-OUT is a directory: model.safetensors, or past --max-shard-size
-model-00001-of-0000N.safetensors ... with model.safetensors.index.json, as
-transformers' save_pretrained writes them. An OUT ending in .safetensors is
-one file, whatever its size.
-
---rename names a JSON file: an object {"leaf name": "tensor name" or null}, or
-a list of rules [["regex", "replacement" or null], ...] where the first rule
-whose regex matches the whole leaf name applies (\\1 for groups). null leaves
-the tensor out. An entry that matches nothing is an error.
-
-Needs the safetensors package: pip install 'orbax_eqx[safetensors]'.
-"""
-
-_IMPORT_HELP = """\
-Saves an orbax_eqx checkpoint at OUT with the tensors of SOURCE, a .safetensors
-file or a directory of them (with or without model.safetensors.index.json),
-filling the skeleton given by --skeleton module:function (see diff --help).
-
-Tensors are matched to leaves by name, or through --rename (as for export,
-from tensor names to leaf names). Everything is checked before any tensor is
-read: every array leaf needs a tensor of its shape and dtype (--cast casts to
-the skeleton's dtypes), and every tensor must fill a leaf (--allow-unused
-leaves the others out). Files written by export carry the saved static fields and
-classes, checked against the skeleton's (--ignore-static keeps the skeleton's), and
-Python leaves, which are restored from them; otherwise Python leaves, static
-fields and callables are the skeleton's.
-
-Needs the safetensors package: pip install 'orbax_eqx[safetensors]'.
 """
 
 _VERIFY_HELP = """\
@@ -156,7 +145,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        return args.run(args)
+        with paused():  # objects per leaf, thousands of them: see `_gc`
+            return args.run(args)
     except BrokenPipeError:
         # The reader went away (`... | head`): not an error worth a message.
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -165,7 +155,7 @@ def _run(args: argparse.Namespace) -> int:
     except (OrbaxEqxError, OSError) as e:
         if args.debug:
             raise
-        print(f"{PROG}: error: {_first_line(e)}", file=sys.stderr)
+        print(f"{PROG}: error: {_one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
@@ -255,6 +245,22 @@ def _parser() -> argparse.ArgumentParser:
         default="min",
         help="whether the best step has the lowest or highest METRIC (default: min)",
     )
+    inspect.add_argument(
+        "--params",
+        action="store_true",
+        help="parameter counts per module subtree and per dtype",
+    )
+    inspect.add_argument(
+        "--stats",
+        action="store_true",
+        help="read every array: min, max, mean, std, L2, NaN/Inf/zero counts",
+    )
+    inspect.add_argument(
+        "--depth",
+        type=_positive_int,
+        metavar="N",
+        help="with --params/--stats: subtrees down to N levels (default: all)",
+    )
     inspect.set_defaults(run=_run_inspect)
 
     diff = commands.add_parser(
@@ -280,75 +286,15 @@ def _parser() -> argparse.ArgumentParser:
         default="256MiB",
         help="array data held at once, such as 512MiB (default: 256MiB)",
     )
+    diff.add_argument(
+        "--item",
+        metavar="NAME",
+        help="compare the item NAME of each side (steps with several items)",
+    )
     diff.add_argument("--json", action="store_true", help="print JSON")
     diff.set_defaults(run=_run_diff)
 
-    export = commands.add_parser(
-        "export",
-        parents=[common],
-        help="write a checkpoint's arrays as safetensors",
-        description=_EXPORT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    export.add_argument("path", metavar="PATH", help="checkpoint (item or step)")
-    export.add_argument(
-        "--to",
-        default="safetensors",
-        choices=("safetensors",),
-        help="the format (default: safetensors, the only one so far)",
-    )
-    export.add_argument("out", metavar="OUT", help="directory, or file.safetensors")
-    export.add_argument("--rename", metavar="MAP", help="JSON rename map")
-    export.add_argument(
-        "--max-shard-size",
-        metavar="SIZE",
-        type=_size,
-        default="5GB",
-        help="most bytes per file, such as 2GB or 500MiB (default: 5GB)",
-    )
-    export.add_argument(
-        "--buffer",
-        metavar="SIZE",
-        type=_size,
-        default="256MiB",
-        help="array data held at once (default: 256MiB)",
-    )
-    export.add_argument(
-        "--overwrite", action="store_true", help="replace safetensors files in OUT"
-    )
-    export.set_defaults(run=_run_export)
-
-    import_ = commands.add_parser(
-        "import",
-        parents=[common],
-        help="save a checkpoint from safetensors, given a skeleton",
-        description=_IMPORT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    import_.add_argument("source", metavar="SOURCE", help="file or directory")
-    import_.add_argument("out", metavar="OUT", help="where to save the checkpoint")
-    import_.add_argument(
-        "--skeleton", required=True, metavar="MODULE:FUNCTION", help="the skeleton"
-    )
-    import_.add_argument("--rename", metavar="MAP", help="JSON rename map")
-    import_.add_argument(
-        "--cast", action="store_true", help="cast tensors to the skeleton's dtypes"
-    )
-    import_.add_argument(
-        "--allow-unused",
-        action="store_true",
-        help="leave out tensors that fill no leaf",
-    )
-    import_.add_argument(
-        "--ignore-static",
-        action="store_true",
-        help="keep the skeleton's static fields and classes where the files "
-        "record others",
-    )
-    import_.add_argument(
-        "--overwrite", action="store_true", help="replace a checkpoint at OUT"
-    )
-    import_.set_defaults(run=_run_import)
+    _safetensors.add_commands(commands, common, _size)
 
     verify = commands.add_parser(
         "verify",
@@ -387,6 +333,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _run_inspect(args: argparse.Namespace) -> int:
+    if args.params or args.stats:
+        from .numbers_text import run
+
+        return run(args)
     from .inspect import gather, to_json
     from .inspect_text import to_text
 
@@ -402,75 +352,6 @@ def _run_diff(args: argparse.Namespace) -> int:
     from .diff_text import run
 
     return run(args)
-
-
-def _run_export(args: argparse.Namespace) -> int:
-    _need_safetensors("export")
-    from .._restore.rename_map import load
-    from .export import export
-    from .text import human_bytes
-
-    result = export(
-        args.path,
-        args.out,
-        renames=load(args.rename),
-        max_shard_size=args.max_shard_size,
-        buffer=args.buffer,
-        overwrite=args.overwrite,
-    )
-    files = result.files
-    where = files[0] if len(files) == 1 else f"{len(files) - 1} files and {files[-1]}"
-    print(
-        f"Exported {result.tensors} tensors ({human_bytes(result.nbytes)}) to {where}."
-    )
-    if result.modules or result.in_metadata:
-        print(
-            f"The __metadata__ of each file holds the static fields of "
-            f"{result.modules} modules and {result.in_metadata} non-array leaves."
-        )
-    if result.left_out:
-        print(f"The rename map left out {result.left_out} arrays.")
-    return 0
-
-
-def _run_import(args: argparse.Namespace) -> int:
-    _need_safetensors("import")
-    from .._restore.rename_map import load
-    from . import skeleton as _skeleton
-    from .importing import import_
-    from .text import human_bytes
-
-    renames = load(args.rename)
-    skeleton = _skeleton.load(args.skeleton)
-    result = import_(
-        args.source,
-        args.out,
-        skeleton,
-        renames=renames,
-        cast=args.cast,
-        allow_unused=args.allow_unused,
-        ignore_static=args.ignore_static,
-        overwrite=args.overwrite,
-    )
-    print(
-        f"Imported {result.tensors} tensors ({human_bytes(result.nbytes)}) from "
-        f"{len(result.files)} file(s) into {result.path} ({result.leaves} leaves)."
-    )
-    return 0
-
-
-def _need_safetensors(command: str) -> None:
-    try:
-        import safetensors  # noqa: F401
-    except ImportError:
-        raise _UsageError(
-            f"{command} needs the safetensors package, which is not installed: "
-            "pip install 'orbax_eqx[safetensors]' (or pip install safetensors)."
-        ) from None
-
-
-class _UsageError(OrbaxEqxError):
-    """Something the command line cannot do as asked."""
 
 
 def _run_verify(args: argparse.Namespace) -> int:
@@ -532,6 +413,23 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
     return value
+
+
+def _one_line(error: BaseException) -> str:
+    """An error's message on one line: the state_dict bridge's messages list
+    their problems on lines of their own (`  - ...`), joined here with `; `."""
+    from .._bridge.errors import BridgeError
+
+    if not isinstance(error, BridgeError):
+        return _first_line(error)
+    lines = [line.strip() for line in str(error).strip().splitlines()]
+    out = ""
+    for line in lines:
+        if line.startswith("- "):
+            out += (" " if out.endswith(":") else "; ") + line[2:]
+        elif line:
+            out += ("" if not out else " ") + line
+    return out or type(error).__name__
 
 
 def _first_line(error: BaseException) -> str:

@@ -8,21 +8,28 @@ restore does: a skeleton's `step=0` is a placeholder.
 With `values=True`, arrays held by both sides with the same shape are read a
 batch at a time and compared element by element, as `numpy.isclose` does with
 B as the reference, reporting the largest absolute and relative difference of
-each leaf.
+each leaf; typed PRNG keys are compared as keys (equal or not).
+
+A plain Orbax checkpoint (arrays only) is compared by its arrays: the other
+side's leaves it could not hold (callables, strings, None) and its modules
+are left out, and a Python number is the 0-d array Orbax stores it as.
 """
 
 import dataclasses
+import math
 from typing import Any, TextIO
 
 import numpy as np
 
 from .._format.locate import find_item
-from .._format.sidecar import ALIAS, LeafMetadata, Metadata
-from .._format.sidecar_read import read
+from .._format.sidecar import ALIAS, EMPTY, LeafMetadata, Metadata
 from .._restore.read import LeafReader, read_cost
 from .._tree.values import describe, scalar_type
 from .._tree.walk import ARRAY, SCALAR
 from . import skeleton as _skeleton
+from . import step_items as _items
+from .plain_items import PlainMetadata
+from .plain_read import StoreReader
 from .progress import Progress
 
 DEFAULT_RTOL = 1e-5
@@ -58,21 +65,30 @@ class ValueDiff:
     name: str
     max_abs: float
     max_rel: float
-    mismatched: int  # elements outside the tolerances
+    mismatched: int  # elements (keys) outside the tolerances (not equal)
     size: int
+    # Typed PRNG keys, compared as keys: `size` keys, `mismatched` of them
+    # not equal; `max_abs` and `max_rel` are nan (a key has no magnitude).
+    keys: bool = False
 
     @property
     def equal(self) -> bool:
         return self.mismatched == 0
 
 
-def open_side(text: str) -> Side:
-    """A checkpoint path, or a skeleton given as `module:function`."""
+def open_side(text: str, item: Any = None) -> Side:
+    """A checkpoint path, or a skeleton given as `module:function`; `item`, if
+    given, the item directory to read (found from `text` by `diff_items`)."""
     if _skeleton.looks_like_spec(text):
         tree = _skeleton.load(text)
         return Side(text, _skeleton.metadata(tree, f"skeleton {text}"))
-    directory = find_item(text)
-    return Side(text, read(directory), directory)
+    directory = item if item is not None else find_item(text)
+    return Side(text, _items.read(directory), directory)
+
+
+def is_plain(side: Side) -> bool:
+    """Whether `side` is a plain Orbax item: arrays only, no modules."""
+    return isinstance(side.saved, PlainMetadata)
 
 
 def structure(a: Side, b: Side) -> list[Difference]:
@@ -80,12 +96,20 @@ def structure(a: Side, b: Side) -> list[Difference]:
     diffs = []
     la, lb = a.saved.leaves, b.saved.leaves
     both_saved = a.directory is not None and b.directory is not None
+    plain = is_plain(a) or is_plain(b)
+    if plain:
+        # Orbax recorded arrays only: the other side's leaves it cannot hold
+        # are not missing from it, and its Python scalars are 0-d arrays.
+        la = {n: r for n, r in la.items() if n in lb or _plain_holds(r)}
+        lb = {n: r for n, r in lb.items() if n in la or _plain_holds(r)}
     for name, ra in la.items():
         rb = lb.get(name)
         if rb is None:
             diffs.append(Difference("removed", name, ra.describe(), ""))
             continue
-        diff = _leaf(ra, rb, both_saved)
+        if plain and ARRAY in (ra.kind, rb.kind) and ra.kind != rb.kind:
+            ra, rb = _as_array(ra), _as_array(rb)
+        diff = _leaf(ra, rb, both_saved and not plain)
         if diff is not None and ra.kind == SCALAR and not both_saved:
             # A skeleton's Python values are placeholders, as restore treats
             # them: only their types must match.
@@ -99,6 +123,8 @@ def structure(a: Side, b: Side) -> list[Difference]:
         if name not in la
     ]
     ma, mb = a.saved.modules, b.saved.modules
+    if plain:  # a plain Orbax checkpoint records no modules to compare
+        return diffs
     for name, m in ma.items():
         other = mb.get(name)
         if other is None:
@@ -118,6 +144,25 @@ def structure(a: Side, b: Side) -> list[Difference]:
     return diffs
 
 
+def _plain_holds(record: LeafMetadata) -> bool:
+    """Whether a plain Orbax checkpoint of the same tree would hold the leaf:
+    arrays, and Python numbers (as 0-d arrays)."""
+    if record.kind == ARRAY:
+        return record.data != EMPTY
+    return record.kind == SCALAR and scalar_type(record.value) in _NUMBERS
+
+
+_NUMBERS = ("int", "float", "bool")
+
+
+def _as_array(record: LeafMetadata) -> LeafMetadata:
+    """A Python number's record as the 0-d array Orbax stores it as: its
+    dtype is Orbax's choice, so it is compared by shape only."""
+    if record.kind == ARRAY:
+        return dataclasses.replace(record, dtype=None) if record.shape == () else record
+    return dataclasses.replace(record, kind=ARRAY, shape=(), dtype=None)
+
+
 def _field(static: dict, field: str) -> str:
     return describe(static[field]) if field in static else "absent"
 
@@ -129,7 +174,7 @@ def _leaf(ra: LeafMetadata, rb: LeafMetadata, both_saved: bool):
     if ra.kind == ARRAY:
         if ra.shape != rb.shape:
             return Difference("shape", name, str(ra.shape), str(rb.shape))
-        if ra.dtype != rb.dtype:
+        if ra.dtype != rb.dtype and None not in (ra.dtype, rb.dtype):
             return Difference("dtype", name, str(ra.dtype), str(rb.dtype))
         if both_saved and (ra.alias_of if ra.data == ALIAS else None) != (
             rb.alias_of if rb.data == ALIAS else None
@@ -181,16 +226,39 @@ def values(
     pairs = comparable(a, b)
     total = sum(read_cost(ra) + read_cost(rb) for ra, rb in pairs)
     with (
-        LeafReader(a.directory, a.saved) as reader_a,
-        LeafReader(b.directory, b.saved) as reader_b,
+        _reader(a) as reader_a,
+        _reader(b) as reader_b,
         Progress("diff --values", total, progress) as bar,
     ):
         stream_b = reader_b.stream((rb for _, rb in pairs), buffer // 2)
         for ra, xa in reader_a.stream((ra for ra, _ in pairs), buffer // 2):
             rb, xb = next(stream_b)  # both streams follow `pairs`
-            yield compare(ra.name, xa, xb, rtol, atol)
+            if ra.dtype.startswith("key<"):
+                yield compare_keys(ra.name, ra.dtype, rb.dtype, xa, xb)
+            else:
+                yield compare(ra.name, xa, xb, rtol, atol)
             bar.advance(read_cost(ra) + read_cost(rb))
             del xa, xb
+
+
+def _reader(side: Side):
+    """Reads a side's arrays: through the sidecar, or for a plain Orbax item
+    from Orbax's array store."""
+    if is_plain(side):
+        return StoreReader(side.directory, side.saved.ocdbt, side.saved.zarr3)
+    return LeafReader(side.directory, side.saved)
+
+
+def compare_keys(name: str, dtype_a: str, dtype_b: str, a, b) -> "ValueDiff":
+    """Compares typed PRNG keys as keys: each key equal (all of its key data)
+    or not, and both of one implementation. `a`, `b`: their key data (uint32,
+    one trailing axis of words per key)."""
+    size = int(np.prod(a.shape[:-1])) if a.ndim else 0
+    if dtype_a != dtype_b or a.shape != b.shape:
+        return ValueDiff(name, math.nan, math.nan, size, size, keys=True)
+    same = np.all(a.reshape(size, -1) == b.reshape(size, -1), axis=1)
+    mismatched = int(size - np.count_nonzero(same))
+    return ValueDiff(name, math.nan, math.nan, mismatched, size, keys=True)
 
 
 def compare(name: str, a: np.ndarray, b: np.ndarray, rtol: float, atol: float):

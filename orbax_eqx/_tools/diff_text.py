@@ -5,7 +5,8 @@ import json
 import math
 
 from .._tree.walk import display_path
-from .diff import Difference, ValueDiff, open_side, structure, values
+from . import diff_items as _items
+from .diff import Difference, ValueDiff, is_plain, open_side, structure, values
 from .text import table
 
 _ARROW = " -> "
@@ -13,19 +14,99 @@ _ARROW = " -> "
 
 def run(args: argparse.Namespace) -> int:
     """Runs `diff` for parsed arguments; returns the exit status (0 same, 1 not)."""
-    a, b = open_side(args.a), open_side(args.b)
-    diffs = structure(a, b)
-    found = (
-        list(values(a, b, rtol=args.rtol, atol=args.atol, buffer=args.buffer))
-        if args.values
-        else None
-    )
-    differ = bool(diffs) or any(not v.equal for v in found or [])
+    item = getattr(args, "item", None)
+    ra, rb = _items.resolve(args.a, item), _items.resolve(args.b, item)
+    found_pairs, changes = _items.pairs(ra, rb)
+    single = ra.what in ("item", "skeleton") or rb.what in ("item", "skeleton")
+    results = []
+    for name, ia, ib in found_pairs:
+        a, b = open_side(args.a, _item(ia)), open_side(args.b, _item(ib))
+        diffs = structure(a, b)
+        found = (
+            list(values(a, b, rtol=args.rtol, atol=args.atol, buffer=args.buffer))
+            if args.values
+            else None
+        )
+        results.append((name, a, b, diffs, found))
+    if single:
+        ((_, a, b, diffs, found),) = results
+        if args.json:
+            doc = _json(a, b, diffs, found, args)
+            print(json.dumps(doc, indent=2, ensure_ascii=False))
+        else:
+            print(_text(a, b, diffs, found, args), end="")
+        return 1 if _differ(diffs, found) else 0
+    differ = bool(changes) or any(_differ(d, f) for _, _, _, d, f in results)
+    others = _items.not_compared(ra, rb)
     if args.json:
-        print(json.dumps(_json(a, b, diffs, found, args), indent=2, ensure_ascii=False))
+        doc = {
+            "a": _items.describe(ra),
+            "b": _items.describe(rb),
+            "items": [
+                {"name": name} | _json(a, b, d, f, args) for name, a, b, d, f in results
+            ],
+            "item_differences": [
+                {"what": w, "name": n, "a": x or None, "b": y or None}
+                for w, n, x, y in changes
+            ],
+            "not_compared": others,
+            "differ": differ,
+        }
+        print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
-        print(_text(a, b, diffs, found, args), end="")
+        print(_steps_text(ra, rb, results, changes, others, args), end="")
     return 1 if differ else 0
+
+
+def _item(target):
+    return None if isinstance(target, str) else target
+
+
+def _differ(diffs, found) -> bool:
+    return bool(diffs) or any(not v.equal for v in found or [])
+
+
+def _steps_text(ra, rb, results, changes, others, args) -> str:
+    """Two steps (or roots), item by item, then one verdict."""
+    lines = [f"A: {_items.describe(ra)}", f"B: {_items.describe(rb)}", ""]
+    if changes:
+        rows = [
+            [w, display_path(n), f"{x or '(absent)'}{_ARROW}{y or '(absent)'}"]
+            for w, n, x, y in changes
+        ]
+        lines += [
+            f"Items: {len(changes)} difference{'s' if len(changes) != 1 else ''}",
+            table(["difference", "item", "A -> B"], rows, max_pad=None),
+            "",
+        ]
+    for name, a, b, diffs, found in results:
+        # Each item's own A:/B: lines, then its structure and values (its
+        # verdict is the last line's, for all items).
+        body = _text(a, b, diffs, found, args).rstrip("\n").splitlines()[:-1]
+        while body and not body[-1]:
+            body.pop()
+        lines += [f"Item {name}:", *("  " + x if x else "" for x in body), ""]
+    if others:
+        lines.append(
+            f"Not compared (neither orbax_eqx nor plain Orbax items, in both): "
+            f"{', '.join(others)}."
+        )
+    differing = [name for name, _, _, d, f in results if _differ(d, f)]
+    parts = []
+    if changes:
+        parts.append(f"{len(changes)} in which items they hold")
+    if differing:
+        parts.append(f"item(s) {', '.join(differing)}")
+    if parts:
+        verdict = f"A and B differ: {'; '.join(parts)}."
+    else:
+        verdict = f"A and B do not differ ({len(results)} item(s) compared" + (
+            ", values within tolerance)." if args.values else " in structure)."
+        )
+    if not args.values:
+        verdict += " Array values were not compared: pass --values to compare them."
+    lines.append(verdict)
+    return "\n".join(lines) + "\n"
 
 
 def _where(side) -> str:
@@ -38,8 +119,14 @@ def _text(a, b, diffs: list[Difference], found, args) -> str:
         rows = [[d.what, _name(d), _change(d)] for d in diffs]
         lines += [
             f"Structure: {len(diffs)} difference{'s' if len(diffs) != 1 else ''}",
-            table(["difference", "name", "A -> B"], rows),
+            # Every row aligned, however long its name (optimizer state...).
+            table(["difference", "name", "A -> B"], rows, max_pad=None),
         ]
+    elif is_plain(a) or is_plain(b):
+        lines.append(
+            f"Structure: the same ({len(a.saved.leaves)} leaves; a plain Orbax "
+            "checkpoint records arrays only, so modules were not compared)."
+        )
     else:
         n = len(a.saved.leaves)
         lines.append(
@@ -58,18 +145,19 @@ def _text(a, b, diffs: list[Difference], found, args) -> str:
         ]
         if found:
             lines.append(
+                # The name last: the numbers line up whatever its length.
                 table(
-                    ["name", "max abs", "max rel", "status"],
+                    ["max abs", "max rel", "status", "name"],
                     [
                         [
-                            display_path(v.name),
-                            _num(v.max_abs),
-                            _num(v.max_rel),
+                            _num(v.max_abs) if not v.keys else "-",
+                            _num(v.max_rel) if not v.keys else "-",
                             _status(v),
+                            display_path(v.name),
                         ]
                         for v in found
                     ],
-                    right=(1, 2),
+                    right=(0, 1),
                 )
             )
     lines += ["", _verdict(a, b, diffs, found)]
@@ -98,6 +186,10 @@ def _num(x: float) -> str:
 
 
 def _status(v: ValueDiff) -> str:
+    if v.keys:  # typed PRNG keys: equal or not, key by key
+        return (
+            "equal keys" if v.equal else f"DIFFERENT ({v.mismatched} of {v.size} keys)"
+        )
     if v.equal:
         return "equal" if v.max_abs == 0 else "close"
     return f"DIFFERENT ({v.mismatched} of {v.size} elements)"
@@ -154,10 +246,12 @@ def _json(a, b, diffs, found, args) -> dict:
             "leaves": [
                 {
                     "name": v.name,
-                    "max_abs": number(v.max_abs),
-                    "max_rel": number(v.max_rel),
+                    # Keys have no magnitude: null, and "keys": true.
+                    "max_abs": None if v.keys else number(v.max_abs),
+                    "max_rel": None if v.keys else number(v.max_rel),
                     "mismatched": v.mismatched,
                     "size": v.size,
+                    "keys": v.keys,
                 }
                 for v in found
             ],

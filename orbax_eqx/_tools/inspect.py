@@ -18,14 +18,19 @@ from etils import epath
 
 from .._bytes.store import read_bounded
 from .._errors import OrbaxEqxError
-from .._format.locate import as_path, find_item, is_item, items_in, steps_in
+from .._format.locate import as_path
 from .._format.sidecar import ALIAS, PACKED, SHARDS, STORED, Metadata, arrays_dir
 from .._orbax.type_restore import sharding_metadata
 from .._rebuild import build as _rebuild
 from .._storage.store_files import check as check_store_files
 from .._tree.values import describe
 from .._tree.walk import ARRAY, JAX
+from . import plain_text
+from . import step_items as _items
 from . import typed_items as _typed
+from .plain_items import PlainMetadata
+from .sharding_text import sharding_text as _sharding_text
+from .step_items import OtherItem
 from .tree_view import type_text, value_text
 
 # Where Orbax keeps a step's metrics: the step metadata (newer Orbax), or the
@@ -63,6 +68,9 @@ class Report:
     items: list[Metadata]
     shardings: list[dict[str, str]]  # per item: leaf name -> saved sharding
     best: Best | None = None
+    # The shown step's items that are none of ours or plain Orbax's (a JSON
+    # item, a data loader's state): listed, not read.
+    others: list[OtherItem] = dataclasses.field(default_factory=list)
 
 
 def gather(
@@ -72,8 +80,10 @@ def gather(
 
     **Arguments:**
 
-    - `directory`: an item directory, a step directory (every orbax_eqx item in
-        it is inspected), or a CheckpointManager root (its latest step is).
+    - `directory`: an item directory, a step directory (every item in it is
+        inspected: orbax_eqx items, and plain Orbax ones from Orbax's own
+        metadata; the others are listed by name), or a CheckpointManager root
+        (its latest step is).
     - `best_metric`, `best_mode`: on a CheckpointManager root, the best step is
         the one whose metric `best_metric` is lowest (`"min"`) or highest
         (`"max"`). Orbax does not record its `best_fn`, so this is asked.
@@ -84,29 +94,20 @@ def gather(
     path = as_path(directory)
     steps: list[Step] = []
     step = best = None
-    items = None
-    if path.is_dir() and not is_item(path):
-        items = items_in(path)
-        found = [] if items else steps_in(path)
-        if found:
-            steps = [Step(n, p, _metrics(p)) for n, p in found]
-            step, latest_path = found[-1]
-            items = items_in(latest_path)
-            best = _best(steps, best_metric, best_mode)
-    typed = [] if items or steps else _typed.typed_items(path)
-    if typed:  # saved through `oeqx.type_handler_registry()`
-        numbers = sorted({n for n, _ in typed if n is not None})
-        if numbers:
-            where = {n: p.parent for n, p in typed if n is not None}
-            steps = [Step(n, where[n], _metrics(where[n])) for n in numbers]
-            step = numbers[-1]
-            best = _best(steps, best_metric, best_mode)
-        items = [p for n, p in typed if n == (step if numbers else None)]
-    # An item, or nothing we know: `find_item` raises the error that says which.
-    items = items or [find_item(path)]
-    saved = [_typed.read(p) for p in items]
+    found = _items.items_under(path)
+    numbers = sorted({n for n, _ in found if n is not None})
+    shown = path  # the step whose other items are listed
+    if numbers:
+        where = {n: p.parent for n, p in found if n is not None}
+        steps = [Step(n, where[n], _metrics(where[n])) for n in numbers]
+        step = numbers[-1]
+        best = _best(steps, best_metric, best_mode)
+        shown = where[step]
+    items = [p for n, p in found if n == step]
+    saved = [_items.read(p) for p in items]
     shardings = [saved_shardings(p, m) for p, m in zip(items, saved)]
-    return Report(path, steps, step, saved, shardings, best)
+    others = _items.others_in(shown) if _items.kind_of(shown) is None else []
+    return Report(path, steps, step, saved, shardings, best, others)
 
 
 def _best(steps: list[Step], metric: str, mode: str) -> Best | None:
@@ -139,6 +140,8 @@ def saved_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
     """
     if isinstance(saved, _typed.TypedMetadata):
         return _typed_shardings(saved)
+    if isinstance(saved, PlainMetadata):  # Orbax's own record, read already
+        return {n: r.sharding for n, r in saved.leaves.items() if r.sharding}
     packed = {
         name: "unsharded"
         for name, leaf in saved.leaves.items()
@@ -193,26 +196,6 @@ def _typed_shardings(saved: "_typed.TypedMetadata") -> dict[str, str]:
     return result
 
 
-def _sharding_text(sharding) -> str:
-    if sharding is None:
-        return ""
-    device = getattr(sharding, "device_str", None)
-    if device is not None:
-        return f"single device ({device})"
-    spec = getattr(sharding, "partition_spec", None)
-    axes = getattr(sharding, "axis_names", None)
-    shape = getattr(sharding, "shape", None)
-    if spec is not None and axes is not None and shape is not None:
-        mesh = ", ".join(f"{a}={int(n)}" for a, n in zip(axes, list(shape)))
-        if all(p is None or p == [] for p in spec):
-            return f"replicated over {mesh}"
-        parts = ", ".join(
-            repr(p) if not isinstance(p, list) else repr(tuple(p)) for p in spec
-        )
-        return f"P({parts}) over {mesh}"
-    return type(sharding).__name__
-
-
 def _metrics(step_dir: epath.Path) -> dict[str, Any] | None:
     # Plain JSON reads: metrics are a nicety, so a missing or odd file is
     # skipped rather than reported.
@@ -248,6 +231,7 @@ def to_json(report: Report) -> dict[str, Any]:
         "latest": report.steps[-1].step if report.steps else None,
         "best": dataclasses.asdict(report.best) if report.best else None,
         "items": [_item_json(m, s) for m, s in zip(report.items, report.shardings)],
+        "others": plain_text.others_json(report.others),
     }
 
 
@@ -282,8 +266,18 @@ def _item_json(saved: Metadata, shardings: dict[str, str]) -> dict[str, Any]:
         for name, m in saved.modules.items()
     }
     arrays, nbytes = totals(saved)
+    if isinstance(saved, PlainMetadata):
+        return {
+            "path": saved.directory,
+            **plain_text.item_json(saved),
+            "leaves": leaves,
+            "totals": {"leaves": len(saved.leaves), "arrays": arrays, "nbytes": nbytes},
+        }
     return {
         "path": saved.directory,
+        "kind": _items.TYPED
+        if isinstance(saved, _typed.TypedMetadata)
+        else _items.ORBAX_EQX,
         "rebuild": rebuild_plan(saved),
         "format_version": saved.format_version,
         "versions": saved.versions,
@@ -298,18 +292,28 @@ def rebuild_plan(saved: Metadata) -> dict[str, Any]:
     """Whether `restore(path, allow=...)` can rebuild the item without a
     skeleton, and what to allow: read from the sidecar, importing nothing.
 
-    `{"recorded": bool, "allow": [modules], "cannot": [{"name", "path", "why"}]}`
-    (`name` the leaf name, `path` the leaf path);
-    `recorded` is False for sidecars that do not record the tree (format < 5).
+    `{"recorded": bool, "allow": [modules], "callables": [names],
+    "cannot": [{"name", "path", "why"}]}` (`name` the leaf name, `path` the
+    leaf path; `callables` every function or class a rebuild would install
+    as a callable, by qualified name: anything an allowed module holds can
+    be); `recorded` is False for sidecars that do not record the tree
+    (format < 5) or whose records of it cannot be rebuilt, with `why`.
     """
     try:
-        names, cannot = _rebuild.needs(saved)
+        found = _rebuild.needs(saved)
     except OrbaxEqxError as e:  # no structure recorded, or a damaged one
-        return {"recorded": False, "allow": [], "cannot": [], "why": str(e)}
+        return {
+            "recorded": False,
+            "allow": [],
+            "callables": [],
+            "cannot": [],
+            "why": str(e),
+        }
     return {
         "recorded": True,
-        "allow": _rebuild.modules_to_allow(names),
-        "cannot": [{"name": n, "path": p, "why": why} for n, p, why in cannot],
+        "allow": _rebuild.modules_to_allow(found.names),
+        "callables": found.callables,
+        "cannot": [{"name": n, "path": p, "why": why} for n, p, why in found.cannot],
     }
 
 

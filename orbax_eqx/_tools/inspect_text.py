@@ -8,7 +8,9 @@ from .._format.sidecar import ALIAS, Metadata
 from .._tree.names import label
 from .._tree.values import describe
 from .._tree.walk import ARRAY, display_path
+from . import plain_text
 from .inspect import Report, rebuild_plan, totals
+from .plain_items import PlainMetadata
 from .text import cut, human_bytes, table
 from .tree_view import rows as tree_rows
 from .tree_view import type_text, value_text
@@ -35,7 +37,12 @@ def to_text(report: Report, flat: bool = False) -> str:
             + f"\nShowing the latest step, {report.step}.{note}\n"
         )
     for saved, shardings in zip(report.items, report.shardings):
-        parts.append(_item_text(saved) if flat else _tree_text(saved, shardings))
+        if isinstance(saved, PlainMetadata):
+            parts.append(plain_text.item_text(saved, shardings, flat))
+        else:
+            parts.append(_item_text(saved) if flat else _tree_text(saved, shardings))
+    if report.others:
+        parts.append(plain_text.others_text(report.others, report.step))
     return "\n".join(parts)
 
 
@@ -136,13 +143,16 @@ def _writer_line(saved: Metadata) -> str:
 
 
 def _rebuild_line(saved: Metadata) -> str:
-    """What `restore(path, allow=...)` needs to rebuild the item, if it can."""
+    """What `restore(path, allow=...)` needs to rebuild the item, if it can,
+    and the callables a rebuild would install."""
     plan = rebuild_plan(saved)
     if not plan["recorded"]:
-        return (
-            "Without a skeleton: not rebuildable (this sidecar records no tree "
-            "structure; re-save to get one)."
-        )
+        if saved.nodes is None:
+            return (
+                "Without a skeleton: not rebuildable (this sidecar records no tree "
+                "structure; re-save to get one)."
+            )
+        return f"Without a skeleton: not rebuildable: {plan['why']}"
     if plan["cannot"]:
         first = plan["cannot"][0]
         more = len(plan["cannot"]) - 1
@@ -152,7 +162,13 @@ def _rebuild_line(saved: Metadata) -> str:
             + (f" (and {more} more)" if more else "")
             + "; restore it into a skeleton."
         )
-    return f"Without a skeleton: restore with `allow={plan['allow']!r}` to rebuild it."
+    line = f"Without a skeleton: restore with `allow={plan['allow']!r}` to rebuild it."
+    if plan["callables"]:
+        line += "\nCallables a rebuild installs: " + ", ".join(
+            f"`{name}`" for name in plan["callables"]
+        )
+        line += "."
+    return line
 
 
 def _metrics_text(metrics: dict[str, Any] | None) -> str:

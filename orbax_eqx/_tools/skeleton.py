@@ -4,10 +4,15 @@
 `path/to/file.py:function`): a function of no arguments that returns the
 skeleton, usually `eqx.filter_eval_shape(make_model, key)`. Unlike a
 checkpoint, this runs the user's code, which is the point.
+
+A file is imported under the name the user's own code imports it by
+(`path/to/tmodel.py` as `tmodel`, from its directory; a file in a package as
+`package.tmodel`): the classes of a checkpoint saved from the skeleton are
+recorded as `tmodel.Net`, so it restores into `tmodel.skeleton()` imported
+normally. A file that no name imports is refused.
 """
 
 import importlib
-import importlib.util
 import os
 import sys
 from typing import Any
@@ -64,20 +69,7 @@ def load(spec: str) -> Any:
 
 def _import(spec: str, module_name: str):
     if module_name.endswith(".py"):
-        path = os.path.abspath(module_name)
-        if not os.path.isfile(path):
-            raise SkeletonError(
-                f"{path}, named by the skeleton {spec!r}, does not exist."
-            )
-        name = "_orbax_eqx_skeleton_" + os.path.basename(path)[:-3]
-        loader = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(loader)
-        sys.modules[name] = module
-        try:
-            loader.loader.exec_module(module)
-        except Exception as e:
-            raise _failed(f"Importing {path}", e) from e
-        return module
+        return _import_file(spec, module_name)
     # As `python -m` does, so that `module:function` finds modules in the
     # current directory under the `orbax-eqx` script too.
     if os.getcwd() not in sys.path and "" not in sys.path:
@@ -95,6 +87,99 @@ def _import(spec: str, module_name: str):
         raise _failed(f"Importing `{module_name}`", e) from e
     except Exception as e:
         raise _failed(f"Importing `{module_name}`", e) from e
+
+
+def _import_file(spec: str, file: str):
+    """Imports `path/to/name.py` as `import name` would (in a package, as
+    `import package.name`), so that its classes are recorded under the names
+    the user's own code imports them by, and a checkpoint saved from them
+    restores into `name.skeleton()`."""
+    path = os.path.abspath(file)
+    if not os.path.isfile(path):
+        raise SkeletonError(f"{path}, named by the skeleton {spec!r}, does not exist.")
+    root, dotted = _import_name(path)
+    if dotted is None:
+        stem = os.path.basename(path)[:-3]
+        raise SkeletonError(
+            f"{path}, named by the skeleton {spec!r}, cannot be imported by name: "
+            f"{stem!r} is not a Python module name, and the classes in it would be "
+            "recorded under a name that no `import` finds, so the checkpoint would "
+            "not restore into the same skeleton imported normally. Rename the file "
+            f"to a valid module name (such as {_identifier(stem)}.py)."
+        )
+    loaded = sys.modules.get(dotted)
+    if loaded is not None and _ours.get(dotted) is loaded:
+        # A skeleton file of the same name that this process loaded before
+        # (`diff dir1/model.py:f dir2/model.py:f`, or the command line called
+        # twice): the name now means this file.
+        if not _same_file(getattr(loaded, "__file__", None), path):
+            del sys.modules[dotted]
+            loaded = None
+    if loaded is not None and not _same_file(getattr(loaded, "__file__", None), path):
+        raise SkeletonError(
+            f"{path}, named by the skeleton {spec!r}, would be imported as "
+            f"`{dotted}`, but `{dotted}` is already imported from "
+            f"{getattr(loaded, '__file__', None) or 'a built-in module'}: its "
+            "classes would be recorded under another module's name. Rename the "
+            "file, or give the skeleton as `module:function` with its directory "
+            "on PYTHONPATH."
+        )
+    if root in sys.path:  # first, so that this file is the one found
+        sys.path.remove(root)
+    sys.path.insert(0, root)
+    importlib.invalidate_caches()  # a file written since the last import
+    try:
+        module = importlib.import_module(dotted)
+    except Exception as e:
+        raise _failed(f"Importing {path}", e) from e
+    _ours[dotted] = module
+    found = getattr(module, "__file__", None)
+    if not _same_file(found, path):
+        raise SkeletonError(
+            f"{path}, named by the skeleton {spec!r}, was to be imported as "
+            f"`{dotted}`, but that name imports {found or 'a built-in module'} "
+            "(earlier on sys.path): its classes would be recorded under another "
+            "module's name. Rename the file, or give the skeleton as "
+            "`module:function` with its directory on PYTHONPATH."
+        )
+    return module
+
+
+# Skeleton files this process imported, by module name.
+_ours: dict[str, Any] = {}
+
+
+def _import_name(path: str) -> tuple[str, str | None]:
+    """The directory to put on `sys.path` and the dotted name that imports
+    `path` from there (None if no name can): a file in a package (a directory
+    with `__init__.py`) is imported through the package."""
+    directory, file = os.path.split(path)
+    parts = [file[:-3]]
+    while os.path.isfile(os.path.join(directory, "__init__.py")):
+        parent, name = os.path.split(directory)
+        if not name.isidentifier() or parent == directory:
+            break
+        parts.insert(0, name)
+        directory = parent
+    if parts[-1] == "__init__":
+        parts.pop()
+    if not parts or not all(p.isidentifier() for p in parts):
+        return directory, None
+    return directory, ".".join(parts)
+
+
+def _identifier(stem: str) -> str:
+    name = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
+    return name if name.isidentifier() else f"_{name}"
+
+
+def _same_file(a: str | None, b: str) -> bool:
+    if a is None:
+        return False
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def _failed(what: str, error: BaseException) -> SkeletonError:

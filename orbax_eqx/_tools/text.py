@@ -33,6 +33,8 @@ def _escape(match: re.Match) -> str:
 def printable(text: str) -> str:
     """`text` with every control character escaped (`\\x1b`, `\\n`): one line,
     inert on a terminal. For names and values read from a checkpoint."""
+    if text.isascii() and text.isprintable():  # most text: nothing to escape
+        return text
     return _CONTROL.sub(_escape, text)
 
 
@@ -46,13 +48,19 @@ def cut(text: str, limit: int = MAX_VALUE) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def table(header: list[str], rows: list[list[str]], right: tuple[int, ...] = ()) -> str:
+def table(
+    header: list[str],
+    rows: list[list[str]],
+    right: tuple[int, ...] = (),
+    max_pad: int | None = _MAX_NAME_PAD,
+) -> str:
     """Indented columns; the last column is never padded, so lines end cleanly.
-    Every cell is one line: control characters in it are escaped."""
-    widths = [
-        min(max(len(r[i]) for r in [header, *rows]), _MAX_NAME_PAD)
-        for i in range(len(header))
-    ]
+    Every cell is one line: control characters in it are escaped. A cell
+    longer than `max_pad` pushes its row out rather than widen every row;
+    `max_pad=None` aligns every row, however long."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    if max_pad is not None:
+        widths = [min(w, max_pad) for w in widths]
     header = [printable(cell) for cell in header]
     rows = [[printable(cell) for cell in row] for row in rows]
     lines = []

@@ -23,6 +23,7 @@ from .._tree.walk import ARRAY, NUMPY, NUMPY_SCALAR, SCALAR, SHARED
 from .text import cut, human_bytes
 
 _INDENT = "  "
+PYTHON = "python"  # a Python scalar stored by Orbax (see `plain_items`)
 _MAX_FIELD = 40  # longer static field values are cut
 
 
@@ -159,6 +160,8 @@ def value_text(leaf: LeafMetadata) -> str:
             notes.append("numpy array")
         elif leaf.container == NUMPY_SCALAR:
             notes.append("numpy scalar")
+        elif leaf.container == PYTHON:  # plain Orbax checkpoints only
+            notes.append("Python scalar")
         if leaf.data == EMPTY:
             notes.append("zero-size")
         elif leaf.data == ALIAS:

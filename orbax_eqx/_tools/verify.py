@@ -18,8 +18,11 @@ from .._format.sidecar import (
 )
 from .._restore.read import LeafReader, release_memory
 from .._storage import packfile as _packfile
-from .._storage.checksum import crc32, host_sum32
+from .._storage.checksum import NAMES, XXH3, Running, host_sum32
 from .._storage.shard_index import check_blocks, read_all
+from . import plain_items as _plain
+from . import step_items as _items
+from .plain_read import StoreReader, UnreadableArray
 from .typed_items import TypedMetadata, find_item, read
 
 _CHUNK = 64 << 20  # bytes of a packed leaf read at a time
@@ -78,7 +81,9 @@ def verify(
 
     - `directory`: a checkpoint: an item directory, or a step with one item;
         one saved through `oeqx.type_handler_registry()` too (its jax arrays
-        are checked: Orbax's own handler stored its other leaves).
+        are checked: Orbax's own handler stored its other leaves); or a plain
+        Orbax checkpoint, whose arrays are read back whole (Orbax records no
+        checksums: every one is `unchecked` unless it cannot be read).
     - `progress`: called with the bytes of each piece read (for a progress bar).
 
     **Returns:** a `VerifyReport`; `report.ok` is False if any leaf is damaged.
@@ -90,6 +95,8 @@ def verify(
     read, like a store that fails, raise `ObjectStoreError`, no damage.
     """
     path = find_item(directory)
+    if _items.kind_of(path) == _items.PLAIN:
+        return verify_plain(path, _plain.read(path), progress)
     return _verdict.confirmed(path, lambda: _verify(path, progress), _listed)
 
 
@@ -111,6 +118,38 @@ def _verify(path: epath.Path, progress) -> VerifyReport:
     return VerifyReport(
         str(path), tuple(checked), tuple(damaged), tuple(unchecked), total
     )
+
+
+def verify_plain(
+    path: epath.Path,
+    saved: "_plain.PlainMetadata",
+    progress: Callable[[int], None] | None = None,
+) -> VerifyReport:
+    """Reads every array of a plain Orbax item back, a block of whole chunks
+    at a time (see `plain_read`): one that cannot be read (a missing chunk or
+    file, bytes that do not decode, a shape that does not match Orbax's
+    metadata) is damaged; the others are `unchecked`, as no checksum exists."""
+    note = progress or (lambda n: None)
+    damaged, unchecked = [], []
+    total = 0
+    with StoreReader(path, saved.ocdbt, saved.zarr3) as reader:
+        for record in saved.leaves.values():
+            try:
+                for block in reader.blocks(record, _CHUNK):
+                    total += block.nbytes
+                    note(block.nbytes)
+            except PermissionError:  # not damage: nothing can be said of the data
+                raise
+            except UnreadableArray as e:
+                damaged.append(DamagedLeaf(record.name, record.path, e.problem))
+                continue
+            except (OrbaxEqxError, OSError) as e:
+                problem = str(e).split("\n")[0]
+                damaged.append(DamagedLeaf(record.name, record.path, problem))
+                continue
+            unchecked.append(record.name)
+            release_memory()
+    return VerifyReport(str(path), (), tuple(damaged), tuple(unchecked), total)
 
 
 def _check(path: epath.Path, saved: Metadata, note, *lists) -> int:
@@ -166,7 +205,7 @@ def _sort(saved: Metadata, record: LeafMetadata, result, *lists) -> None:
 def _check_packed(path: epath.Path, saved: Metadata, record, note):
     pack = saved.packs[record.pack]
     start, stop = record.offset, record.offset + record.nbytes
-    crc, done = 0, 0
+    running, done = Running(record.sum_algorithm), 0
     try:
         for piece in range(start, stop, _CHUNK):
             (data,) = _packfile.read(
@@ -174,7 +213,7 @@ def _check_packed(path: epath.Path, saved: Metadata, record, note):
                 [(piece, min(piece + _CHUNK, stop))],
                 nbytes=pack.nbytes,
             )
-            crc = crc32(data, crc)
+            running.update(data)
             done += data.nbytes
             note(data.nbytes)
     except (PermissionError, ObjectStoreError):  # not damage: nothing can be
@@ -183,9 +222,10 @@ def _check_packed(path: epath.Path, saved: Metadata, record, note):
         return str(e).split("\n")[0], done
     if record.crc32 is None:
         return None, done
+    crc = running.value()
     if crc != record.crc32:
-        problem = _differs("CRC-32", record.crc32, crc)
-        if saved.format_version >= 5:  # the CRC-32 is bound to the record
+        problem = _differs(NAMES[record.sum_algorithm], record.crc32, crc)
+        if saved.format_version >= 5:  # the checksum is bound to the record
             problem += " (or its sidecar record was edited: dtype, shape, offset)"
         return problem, done
     return True, done
@@ -256,7 +296,8 @@ def _check_stored(reader: LeafReader, record):
 
 
 def _differs(kind: str, recorded: int, found: int) -> str:
+    digits = 18 if kind == NAMES[XXH3] else 10  # 64 bits: 16 hexadecimal digits
     return (
-        f"data does not match its {kind}: {recorded:#010x} recorded at save, "
-        f"{found:#010x} computed now"
+        f"data does not match its {kind}: {recorded:#0{digits}x} recorded at "
+        f"save, {found:#0{digits}x} computed now"
     )

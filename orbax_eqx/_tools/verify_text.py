@@ -14,10 +14,11 @@ from .._errors import CheckpointPermissionError, OrbaxEqxError
 from .._format.locate import as_path
 from .._format.sidecar import PACKED, SHARDS, STORED
 from .._tree.names import label
+from .plain_items import PlainMetadata, handler_text
 from .progress import Progress
+from .step_items import ORBAX_EQX, PLAIN, items_under, read
 from .text import human_bytes, printable
-from .typed_items import items_under, read
-from .verify import VerifyReport, verify
+from .verify import VerifyReport, verify, verify_plain
 
 
 def run(args: argparse.Namespace) -> int:
@@ -35,9 +36,9 @@ def _one(args: argparse.Namespace, item) -> int:
     """One item: its damaged leaves, then one line (the format of old)."""
     saved = read(item)
     with Progress("verify", _nbytes(saved)) as bar:
-        report = verify(item, progress=bar.advance)
+        report = _verify(item, saved, bar.advance)
     if args.json:
-        print(json.dumps(_json(report), indent=2))
+        print(json.dumps(_json(report, saved), indent=2))
     else:
         print(_text(report, saved), end="")
     return 0 if report.ok else 1
@@ -71,7 +72,7 @@ def _several(args: argparse.Namespace, items, steps) -> int:
         for step, item in items:
             found = sidecars[item]
             if not isinstance(found, Exception):
-                found = verify(item, progress=bar.advance)
+                found = _verify(item, found, bar.advance)
             results.append((step, item, found))
     if args.json:
         doc = {"path": str(root), "steps": steps, "checkpoints": []}
@@ -80,7 +81,7 @@ def _several(args: argparse.Namespace, items, steps) -> int:
             if isinstance(found, Exception):
                 entry |= {"directory": str(item), "ok": False, "error": str(found)}
             else:
-                entry |= _json(found)
+                entry |= _json(found, sidecars[item])
             doc["checkpoints"].append(entry)
         doc["ok"] = all(entry["ok"] for entry in doc["checkpoints"])
         print(json.dumps(doc, indent=2))
@@ -91,7 +92,8 @@ def _several(args: argparse.Namespace, items, steps) -> int:
         else:
             print(_text(found, sidecars[item]), end="")
     bad = [(step, item) for step, item, found in results if not _ok(found)]
-    print(_verdict(root, results, bad, bool(steps)))
+    plain = any(isinstance(s, PlainMetadata) for s in sidecars.values())
+    print(_verdict(root, results, bad, bool(steps), plain))
     return 1 if bad else 0
 
 
@@ -99,13 +101,19 @@ def _ok(found) -> bool:
     return not isinstance(found, Exception) and found.ok
 
 
-def _verdict(root, results, bad, by_step: bool) -> str:
+def _verdict(root, results, bad, by_step: bool, plain: bool = False) -> str:
+    # Plain Orbax items have no checksums: their arrays read back, no more.
+    all_sound = (
+        "every array matches (or, in plain Orbax items, reads back)."
+        if plain
+        else "every array matches."
+    )
     if by_step:
         checked = sorted({step for step, _, _ in results})
         damaged = sorted({step for step, _ in bad})
         sound = [s for s in checked if s not in damaged]
         if not damaged:
-            return f"{_count(checked, 'step')} of {root}: every array matches."
+            return f"{_count(checked, 'step')} of {root}: {all_sound}"
         newest = (
             f"The newest sound step is {sound[-1]}"
             if sound
@@ -118,7 +126,7 @@ def _verdict(root, results, bad, by_step: bool) -> str:
         )
     names = [item.name for _, item in bad]
     if not bad:
-        return f"{_count(results, 'item')} of {root}: every array matches."
+        return f"{_count(results, 'item')} of {root}: {all_sound}"
     return (
         f"Damaged: {_count(bad, 'item')} of {len(results)} ({', '.join(names)}). "
         "Restore an earlier step, or re-save this one."
@@ -135,11 +143,45 @@ def _nbytes(saved) -> int:
     )
 
 
-def _json(report: VerifyReport) -> dict:
-    return dataclasses.asdict(report) | {"ok": report.ok}
+def _verify(item, saved, progress) -> VerifyReport:
+    if isinstance(saved, PlainMetadata):  # its metadata is read already
+        return verify_plain(item, saved, progress)
+    return verify(item, progress=progress)
+
+
+def _json(report: VerifyReport, saved) -> dict:
+    kind = PLAIN if isinstance(saved, PlainMetadata) else ORBAX_EQX
+    return dataclasses.asdict(report) | {"ok": report.ok, "kind": kind}
+
+
+def _plain_text(report: VerifyReport, saved: PlainMetadata) -> str:
+    """A plain Orbax item: every array read back, none checked (Orbax records
+    no checksums)."""
+    lines = [
+        f"DAMAGED {printable(label(leaf.name, leaf.path))}: {printable(leaf.problem)}"
+        for leaf in report.damaged
+    ]
+    arrays = len(report.damaged) + len(report.unchecked)
+    who = handler_text(saved.handler)
+    if report.ok:
+        lines.append(
+            f"{arrays} of {arrays} arrays ({human_bytes(report.nbytes)}) in "
+            f"{report.directory} read back whole. It is a plain Orbax checkpoint "
+            f"({who}), which records no checksums: every array is there and "
+            "decodes, but whether its values changed since the save cannot be told."
+        )
+    else:
+        lines.append(
+            f"{len(report.damaged)} of {arrays} arrays in {report.directory} "
+            f"cannot be read (a plain Orbax checkpoint, {who}). Restore an "
+            "earlier step, or re-save this one."
+        )
+    return "\n".join(lines) + "\n"
 
 
 def _text(report: VerifyReport, saved) -> str:
+    if isinstance(saved, PlainMetadata):
+        return _plain_text(report, saved)
     lines = [
         f"DAMAGED {printable(label(leaf.name, leaf.path))}: {printable(leaf.problem)}"
         for leaf in report.damaged

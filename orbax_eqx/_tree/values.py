@@ -21,6 +21,7 @@ import re
 import reprlib
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 # Python types whose leaves are saved by value.
@@ -98,7 +99,9 @@ def encode(value: Any) -> Any:
     if isinstance(value, np.dtype):
         return {"dtype": str(value)}
     if isinstance(value, np.generic):
-        return {"numpy": [str(value.dtype), encode(value.item())]}
+        item = value.item()
+        if not isinstance(item, np.generic):  # longdouble's item is itself
+            return {"numpy": [str(value.dtype), encode(item)]}
     if isinstance(value, enum.Enum):
         return {"enum": f"{qualified_name(kind)}.{value.name}"}
     if isinstance(value, type) or is_named_callable(value):
@@ -150,6 +153,128 @@ def decode_scalar(encoded: Any) -> Any:
     if kind == "bytes":
         return base64.b64decode(_checked_str(encoded["bytes"]), validate=True)
     raise ValueError(f"not an encoded Python scalar: {encoded!r}")
+
+
+class Unrebuildable(ValueError):
+    """A value a save can write but a rebuild cannot make (a datetime64
+    scalar, recorded as text): not damage."""
+
+
+# The kinds of numpy scalars a rebuild makes, by `np.dtype.kind`: the value's
+# encoded type for each. ml_dtypes' types (bfloat16, int4...) are kind `V`
+# too, and are told apart by `ml_dtypes.iinfo`/`finfo`.
+_NUMPY_VALUES = {"b": "bool", "i": "int", "u": "int", "f": "float", "c": "complex"}
+
+
+def decode_numpy(body: Any) -> Any:
+    """A numpy scalar from its record `[dtype, encoded value]`, checked before
+    anything is made: the dtype as a save spells it (`str(dtype)`), a value of
+    the type its kind holds, in range, and of at most its size; the scalar
+    made must encode back to the very record. So nothing is allocated past
+    what the record's own text holds (`["S1", 10**9]` and `["V8", 2e10]`
+    make no gigabyte), and nothing overflows.
+
+    Raises `ValueError` saying what is wrong (damage: no save writes it), or
+    `Unrebuildable` for what a save writes but a rebuild cannot make.
+    """
+    if not (type(body) is list and len(body) == 2 and type(body[0]) is str):
+        raise ValueError("not a [dtype, value] pair")
+    text, encoded = body
+    if text.startswith(("[", "(")):
+        raise Unrebuildable(f"a numpy scalar of structured dtype {_SHORT.repr(text)}")
+    dtype = saved_dtype(text)
+    kind = _numpy_kind(dtype)
+    if kind in ("datetime", "object"):
+        raise Unrebuildable(f"a numpy {dtype} scalar, recorded as text,")
+    found = scalar_type(encoded)
+    if found != kind:
+        raise ValueError(
+            f"a {dtype} scalar recorded with {_a(found or 'malformed')} value"
+        )
+    value = decode_scalar(encoded)
+    _check_range(dtype, kind, value)
+    made = _make(dtype, kind, value)
+    if encode(made) != {"numpy": body}:
+        raise ValueError(
+            f"the {dtype} scalar {_SHORT.repr(value)} does not read back as "
+            "recorded (a save records the value a scalar holds)"
+        )
+    return made
+
+
+def _a(word: str) -> str:
+    return f"{'an' if word[0] in 'aeiou' else 'a'} {word}"
+
+
+def saved_dtype(text: Any) -> np.dtype:
+    """The numpy dtype a save spells `text` (`str(dtype)`), other than structured
+    and object dtypes, which a save refuses. Raises `ValueError` for
+    anything else: other spellings (`U2` for `<U2`, `M8[s]`), unknown names."""
+    if not isinstance(text, str):
+        raise ValueError(f"dtype {_SHORT.repr(text)} is not a string")
+    try:
+        dtype = np.dtype(text)
+    except (TypeError, ValueError, OverflowError, MemoryError, SyntaxError):
+        raise ValueError(f"unknown dtype {_SHORT.repr(text)}") from None
+    if str(dtype) != text:
+        raise ValueError(
+            f"dtype {_SHORT.repr(text)} is spelled {str(dtype)!r} where a save "
+            "writes it"
+        )
+    if dtype.fields is not None or dtype.subdtype is not None or dtype.hasobject:
+        raise ValueError(f"dtype {_SHORT.repr(text)} is one a save refuses")
+    return dtype
+
+
+def _numpy_kind(dtype: np.dtype) -> str:
+    if dtype.kind in _NUMPY_VALUES:
+        return _NUMPY_VALUES[dtype.kind]
+    if dtype.kind == "S" or (dtype.kind == "V" and dtype.type is np.void):
+        return "bytes"
+    if dtype.kind == "U":
+        return "str"
+    if dtype.kind in "Mm":
+        return "datetime"
+    if dtype.kind == "V":  # ml_dtypes
+        try:
+            ml_dtypes.iinfo(dtype)
+            return "int"
+        except (TypeError, ValueError):
+            pass
+        try:
+            ml_dtypes.finfo(dtype)
+            return "float"
+        except (TypeError, ValueError):
+            pass
+    return "object"
+
+
+def _check_range(dtype: np.dtype, kind: str, value: Any) -> None:
+    if kind == "int":
+        info = ml_dtypes.iinfo(dtype) if dtype.kind == "V" else np.iinfo(dtype)
+        if not int(info.min) <= value <= int(info.max):
+            raise ValueError(
+                f"{value if abs(value).bit_length() < 64 else '<a huge int>'} is "
+                f"out of range for {dtype} ({info.min} to {info.max})"
+            )
+    elif kind in ("float", "complex"):
+        info = ml_dtypes.finfo(dtype) if dtype.kind == "V" else np.finfo(dtype)
+        parts = (value.real, value.imag) if kind == "complex" else (value,)
+        limit = float(info.max)
+        if any(abs(p) > limit and abs(p) != float("inf") for p in parts):
+            raise ValueError(f"{value!r} is out of range for {dtype}")
+    elif kind == "str":
+        # Numpy holds 4 bytes a character: the record's text is at most that.
+        if len(value) > dtype.itemsize // 4:
+            raise ValueError(f"a string of {len(value)} characters is no {dtype}")
+    elif kind == "bytes" and len(value) > dtype.itemsize:
+        raise ValueError(f"{len(value)} bytes are no {dtype}")
+
+
+def _make(dtype: np.dtype, kind: str, value: Any) -> Any:
+    if kind == "bytes" and dtype.type is np.void:
+        return np.void(value)
+    return dtype.type(value)
 
 
 def _checked_str(text: Any) -> str:

@@ -1,0 +1,589 @@
+"""Loading a sharded safetensors set into a scanned (stacked) skeleton.
+
+    python benchmarks/bridge_load.py [--layers 24] [--dim 1024] [--small]
+                                     [--dir DIR] [--repeats 1]
+
+Writes (once, into DIR) a GPT-2-like Hugging Face set: per-layer tensors
+with the published names and layouts (`h.{i}.attn.c_attn.weight` is
+PyTorch's Conv1D, (in, 3 x out): transposed and split into q, k, v;
+`c_proj`, `c_fc` transposed; layer norms and biases stacked), `wte` with the
+vocabulary padded to 50304, `wpe`, split into files of at most 500 MB with
+`model.safetensors.index.json`; 24 layers of width 1024 are 1.42 GB (f32).
+The skeleton is scanned: every per-layer tensor is a slice of a stacked leaf
+(L, ...), in Equinox's Linear layout (out x in).
+
+Loads it, each in fresh processes, with the page cache of the files evicted
+before each (`posix_fadvise(DONTNEED)`), on three topologies: 1 device; 8
+CPU devices in one process (stacked leaves cut across layers, P("x"), `wte`
+by rows); 2 processes of 4 devices (`jax.distributed` on 127.0.0.1, the same
+shardings over the 8 devices). Contenders:
+
+- `orbax_eqx`: `oeqx.load_safetensors` with a GPT-2 mapping (`mapping()`:
+  renames, stack, fused qkv, Conv1D transposes), straight onto the target
+  shardings;
+- `glue`: what users write today: `safetensors.safe_open` per file,
+  `get_tensor`, `.T`, `np.stack`, then `jax.make_array_from_callback`
+  (`jax.device_put` for one device): every process reads the whole model;
+- `raw`: the same byte ranges `orbax_eqx` reads, read with `os.preadv` into
+  one buffer per range and nothing else: the floor;
+- `orbax`: Orbax's own safetensors loading (public in orbax-checkpoint
+  0.12.8 as `orbax.checkpoint.experimental.v1`, `Context(checkpoint_layout=
+  "safetensors")`, `load`), every tensor onto the first device, then stacked
+  and transposed with `jnp` and put on the target sharding; one process only
+  (its per-tensor arrays cannot be stacked across processes without a
+  collective).
+
+Per process: wall time of the load (arrays ready), peak RSS growth (`VmHWM`
+after resetting it through `/proc/self/clear_refs`), bytes read
+(`/proc/self/io`: rchar, or read_bytes where larger; `safe_open` maps its
+files, and the pages it faults in are counted by neither here, so `glue`'s
+figure is a floor), and the process's share (the distinct bytes its
+devices hold). Printed as ratios from one run: time / the raw read's on the
+same topology, peak / share, read / share. Targets (issue 28): time <= 1.2x
+raw, peak RSS <= 1.3x share, bytes read <= 1.3x share.
+
+Linux only. A benchmark, not a test: it prints.
+"""
+
+import argparse
+import gc
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+
+HERE = os.path.abspath(__file__)
+REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, REPO_ROOT)  # this checkout's orbax_eqx, not an installed one
+sys.path.insert(0, os.path.dirname(HERE))
+TIMEOUT_S = 1800
+MIB = 2**20
+CONTENDERS = ("raw", "orbax_eqx", "glue", "orbax")
+TOPOLOGIES = ("1", "8", "2x4")
+MAX_FILE = 500 * 10**6
+
+
+# --------------------------------------------------------------- the layout
+
+
+def sizes(args) -> tuple[int, int, int]:
+    if args.small:
+        return 8, 256, 4096
+    return args.layers, args.dim, args.vocab
+
+
+def tensor_shapes(layers: int, dim: int, vocab: int) -> dict[str, tuple[int, ...]]:
+    """The published GPT-2 names and shapes (vocabulary as given)."""
+    out = {"wte.weight": (vocab, dim), "wpe.weight": (1024, dim)}
+    for i in range(layers):
+        h = f"h.{i}"
+        out |= {
+            f"{h}.ln_1.weight": (dim,),
+            f"{h}.ln_1.bias": (dim,),
+            f"{h}.attn.c_attn.weight": (dim, 3 * dim),
+            f"{h}.attn.c_attn.bias": (3 * dim,),
+            f"{h}.attn.c_proj.weight": (dim, dim),
+            f"{h}.attn.c_proj.bias": (dim,),
+            f"{h}.ln_2.weight": (dim,),
+            f"{h}.ln_2.bias": (dim,),
+            f"{h}.mlp.c_fc.weight": (dim, 4 * dim),
+            f"{h}.mlp.c_fc.bias": (4 * dim,),
+            f"{h}.mlp.c_proj.weight": (4 * dim, dim),
+            f"{h}.mlp.c_proj.bias": (dim,),
+        }
+    out |= {"ln_f.weight": (dim,), "ln_f.bias": (dim,)}
+    return out
+
+
+def write(directory: str, layers: int, dim: int, vocab: int) -> None:
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    shapes = tensor_shapes(layers, dim, vocab)
+    os.makedirs(directory, exist_ok=True)
+    groups, size = [[]], 0
+    for name, shape in shapes.items():
+        n = math.prod(shape) * 4
+        if groups[-1] and size + n > MAX_FILE:
+            groups.append([])
+            size = 0
+        groups[-1].append(name)
+        size += n
+    weight_map = {}
+    rng = np.random.default_rng(0)
+    for k, group in enumerate(groups):
+        file = f"model-{k + 1:05d}-of-{len(groups):05d}.safetensors"
+        tensors = {n: rng.standard_normal(shapes[n], dtype=np.float32) for n in group}
+        save_file(tensors, os.path.join(directory, file), metadata={"format": "pt"})
+        weight_map |= {n: file for n in group}
+        del tensors
+    total = sum(math.prod(s) * 4 for s in shapes.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    with open(os.path.join(directory, "model.safetensors.index.json"), "w") as f:
+        json.dump(index, f)
+    from _contenders import fsync_tree
+
+    fsync_tree(directory)
+
+
+# Each stacked leaf: (leaf, tensor template, part of the tensor, transposed).
+# `part` is (axis, j, parts): the j-th of `parts` equal blocks along `axis`.
+def stacked_leaves(dim: int) -> list[tuple[str, str, tuple | None, bool]]:
+    out = [
+        ("blocks.ln_1.weight", "h.{}.ln_1.weight", None, False),
+        ("blocks.ln_1.bias", "h.{}.ln_1.bias", None, False),
+        ("blocks.attn.proj.weight", "h.{}.attn.c_proj.weight", None, True),
+        ("blocks.attn.proj.bias", "h.{}.attn.c_proj.bias", None, False),
+        ("blocks.ln_2.weight", "h.{}.ln_2.weight", None, False),
+        ("blocks.ln_2.bias", "h.{}.ln_2.bias", None, False),
+        ("blocks.mlp.fc.weight", "h.{}.mlp.c_fc.weight", None, True),
+        ("blocks.mlp.fc.bias", "h.{}.mlp.c_fc.bias", None, False),
+        ("blocks.mlp.proj.weight", "h.{}.mlp.c_proj.weight", None, True),
+        ("blocks.mlp.proj.bias", "h.{}.mlp.c_proj.bias", None, False),
+    ]
+    for j, x in enumerate("qkv"):
+        out.append(
+            (f"blocks.attn.{x}.weight", "h.{}.attn.c_attn.weight", (1, j, 3), True)
+        )
+        out.append((f"blocks.attn.{x}.bias", "h.{}.attn.c_attn.bias", (0, j, 3), False))
+    return out
+
+
+def leaf_shapes(layers, dim, vocab) -> dict[str, tuple[int, ...]]:
+    t = tensor_shapes(1, dim, vocab)
+    out = {"wte.weight": (vocab, dim), "wpe.weight": (1024, dim)}
+    for leaf, template, part, transposed in stacked_leaves(dim):
+        shape = list(t[template.format(0)])
+        if part is not None:
+            shape[part[0]] //= part[2]
+        if transposed:
+            shape.reverse()
+        out[leaf] = (layers, *shape)
+    out |= {"ln_f.weight": (dim,), "ln_f.bias": (dim,)}
+    return out
+
+
+MAPPING = None  # made on first use: importing orbax_eqx costs a second
+
+
+def mapping():
+    """The GPT-2 mapping for this skeleton's leaf names (`stacked_leaves`)."""
+    global MAPPING
+    if MAPPING is None:
+        import orbax_eqx as oeqx
+
+        MAPPING = (
+            oeqx.StateDictMapping()
+            .rename(
+                {
+                    "blocks.attn.proj": "blocks.attn.c_proj",
+                    "blocks.mlp.fc": "blocks.mlp.c_fc",
+                    "blocks.mlp.proj": "blocks.mlp.c_proj",
+                }
+            )
+            .stack("blocks", "h.{i}")
+            .fuse(
+                [f"h.{{i}}.attn.{x}.weight" for x in "qkv"],
+                "h.{i}.attn.c_attn.weight",
+                axis=0,
+            )
+            .fuse(
+                [f"h.{{i}}.attn.{x}.bias" for x in "qkv"],
+                "h.{i}.attn.c_attn.bias",
+                axis=0,
+            )
+            .transpose("h.{i}.*.c_*.weight")  # Conv1D holds (in, out)
+        )
+    return MAPPING
+
+
+def skeleton(lshapes):
+    """A tree whose leaf names are `lshapes`' keys (nested dicts)."""
+    import jax
+    import numpy as np
+
+    tree: dict = {}
+    for name, shape in lshapes.items():
+        *parents, last = name.split(".")
+        node = tree
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = jax.ShapeDtypeStruct(shape, np.float32)
+    return tree
+
+
+def shardings(topology: str, lshapes):
+    import jax
+    import numpy as np
+    from jax.sharding import Mesh, NamedSharding, SingleDeviceSharding
+    from jax.sharding import PartitionSpec as P
+
+    if topology == "1":
+        one = SingleDeviceSharding(jax.devices()[0])
+        return {name: one for name in lshapes}
+    mesh = Mesh(np.array(jax.devices()), ("x",))
+    out = {}
+    for name, shape in lshapes.items():
+        cut = shape[0] % 8 == 0
+        out[name] = NamedSharding(mesh, P("x") if cut else P())
+    return out
+
+
+def share(put, lshapes) -> int:
+    """Distinct bytes this process's devices hold."""
+    total = 0
+    for name, shape in lshapes.items():
+        boxes = set()
+        for index in put[name].addressable_devices_indices_map(shape).values():
+            boxes.add(tuple(s.indices(n)[:2] for s, n in zip(index, shape)))
+        total += sum(math.prod(b - a for a, b in box) * 4 for box in boxes)
+    return total
+
+
+# --------------------------------------------------------------- contenders
+
+
+def load_ours(directory, layers, dim, vocab, put):
+    import orbax_eqx as oeqx
+
+    lshapes = leaf_shapes(layers, dim, vocab)
+    return oeqx.load_safetensors(
+        directory,
+        skeleton(lshapes),
+        mapping=mapping(),
+        shardings=lambda name, leaf: put[name],
+    )
+
+
+def _ranges(directory, layers, dim, vocab, put):
+    """The merged byte ranges, per file, that `orbax_eqx` reads here."""
+    import numpy as np
+
+    from orbax_eqx._bridge import fill as _fill
+    from orbax_eqx._bridge.leaves import leaf_specs
+    from orbax_eqx._bridge.plan import TensorSpec, plan_load
+    from orbax_eqx._bridge.safetensors import index as _index
+    from orbax_eqx._storage.packing import plan as merge
+    from orbax_eqx._tree.walk import walk
+
+    lshapes = leaf_shapes(layers, dim, vocab)
+    headers = _index.find(directory)
+    tensors = {n: (h, t) for h in headers for n, t in h.tensors.items()}
+    specs = leaf_specs(walk(skeleton(lshapes)))
+    given = [TensorSpec(n, t.shape, t.dtype) for n, (_, t) in tensors.items()]
+    plan = plan_load(mapping(), specs, given, cast=False)
+    spans: dict[str, dict] = {}
+    for spec in specs:
+        r = _fill.Request(spec.name, spec.shape, np.dtype(spec.dtype), put[spec.name])
+        for box in _fill._boxes(plan, r):
+            for p in box.pieces:
+                w = _fill._work(r, box, p, tensors)
+                mine = spans.setdefault(w.path, {})
+                mine[len(mine)] = (w.first, w.stop)
+    return {path: merge(s, max_gap=_fill.GAP)[0] for path, s in spans.items()}
+
+
+def load_raw(directory, layers, dim, vocab, put):
+    from orbax_eqx._storage.packfile import aligned_empty
+
+    ranges = _ranges(directory, layers, dim, vocab, put)
+    t0 = time.perf_counter()
+    held = []
+    for path, rs in sorted(ranges.items()):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for a, z in rs:
+                buf = aligned_empty(z - a)
+                view, at = memoryview(buf), a
+                while view.nbytes:
+                    n = os.preadv(fd, [view[: 64 * MIB]], at)
+                    view, at = view[n:], at + n
+                held.append(buf)
+        finally:
+            os.close(fd)
+    return held, time.perf_counter() - t0
+
+
+def load_glue(directory, layers, dim, vocab, put):
+    import jax
+    import numpy as np
+    from safetensors import safe_open
+
+    with open(os.path.join(directory, "model.safetensors.index.json")) as f:
+        weight_map = json.load(f)["weight_map"]
+    files = {}
+
+    def get(name):
+        path = os.path.join(directory, weight_map[name])
+        if path not in files:
+            files[path] = safe_open(path, framework="numpy").__enter__()
+        return files[path].get_tensor(name)
+
+    out = {}
+    for name in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"):
+        out[name] = _put(get(name), put[name])
+    for name, template, part, transposed in stacked_leaves(dim):
+        layers_ = []
+        for i in range(layers):
+            x = get(template.format(i))
+            if part is not None:
+                axis, j, n = part
+                step = x.shape[axis] // n
+                x = np.take(x, range(j * step, (j + 1) * step), axis=axis)
+            layers_.append(x.T if transposed else x)
+        out[name] = _put(np.stack(layers_), put[name])
+        del layers_
+    jax.block_until_ready(out)
+    return out
+
+
+def _put(x, sharding):
+    import jax
+
+    if jax.process_count() == 1:
+        return jax.device_put(x, sharding)
+    return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+
+def load_orbax(directory, layers, dim, vocab, put):
+    import jax
+    import jax.numpy as jnp
+    import orbax.checkpoint.experimental.v1 as ocp1
+
+    first = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    abstract = {
+        n: jax.ShapeDtypeStruct(s, jnp.float32, sharding=first)
+        for n, s in tensor_shapes(layers, dim, vocab).items()
+    }
+    with ocp1.Context(checkpoint_layout="safetensors"):
+        flat = ocp1.load(directory, abstract)
+    out = {}
+    for name in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"):
+        out[name] = jax.device_put(flat.pop(name), put[name])
+    for name, template, part, transposed in stacked_leaves(dim):
+        layers_ = []
+        for i in range(layers):
+            x = flat[template.format(i)]
+            if part is not None:
+                axis, j, n = part
+                step = x.shape[axis] // n
+                x = jax.lax.slice_in_dim(x, j * step, (j + 1) * step, axis=axis)
+            layers_.append(x.T if transposed else x)
+        out[name] = jax.device_put(jnp.stack(layers_), put[name])
+        del layers_
+    del flat
+    jax.block_until_ready(out)
+    return out
+
+
+# --------------------------------------------------------------- one probe
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) * 1024
+    raise KeyError(field)
+
+
+def _read() -> int:
+    """Bytes read: by calls (`rchar`), or from storage (`read_bytes`: pages of
+    a mapped file, which `safetensors.safe_open` reads), the larger."""
+    found = {}
+    with open("/proc/self/io") as f:
+        for line in f:
+            key, value = line.split(":")
+            found[key] = int(value)
+    return max(found["rchar"], found["read_bytes"])
+
+
+def probe(args) -> None:
+    import warnings
+
+    warnings.simplefilter("ignore")
+    import jax
+
+    if args.processes > 1:
+        address = f"127.0.0.1:{args.port}"
+        jax.distributed.initialize(
+            address,
+            num_processes=args.processes,
+            process_id=args.process_id,
+            coordinator_bind_address=address,
+            initialization_timeout=120,
+        )
+    # Everything any contender imports, before anything is measured.
+    import orbax.checkpoint.experimental.v1  # noqa: F401
+    import safetensors.numpy  # noqa: F401
+
+    import orbax_eqx  # noqa: F401
+
+    mapping()
+
+    layers, dim, vocab = sizes(args)
+    lshapes = leaf_shapes(layers, dim, vocab)
+    put = shardings(args.topology, lshapes)
+    mine = share(put, lshapes)
+    load = {
+        "raw": load_raw,
+        "orbax_eqx": load_ours,
+        "glue": load_glue,
+        "orbax": load_orbax,
+    }[args.probe]
+    gc.collect()
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    rss, read = _status("VmRSS"), _read()
+    t0 = time.perf_counter()
+    out = load(args.dir, layers, dim, vocab, put)
+    if args.probe == "raw":
+        out, seconds = out
+    else:
+        jax.block_until_ready(out)
+        seconds = time.perf_counter() - t0
+    result = {
+        "s": seconds,
+        "peak": _status("VmHWM") - rss,
+        "read": _read() - read,
+        "share": mine,
+        "process": jax.process_index(),
+    }
+    print("RESULT " + json.dumps(result), flush=True)
+    del out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_probe(args, contender: str, topology: str) -> list[dict]:
+    from _contenders import evict
+
+    evict(args.dir)
+    processes = 2 if topology == "2x4" else 1
+    devices = {"1": 1, "8": 8, "2x4": 4}[topology]
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = REPO_ROOT
+    port = _free_port()
+    procs = []
+    for i in range(processes):
+        argv = [sys.executable, HERE, "--probe", contender, "--topology", topology]
+        argv += [
+            "--dir",
+            args.dir,
+            "--layers",
+            str(args.layers),
+            "--dim",
+            str(args.dim),
+        ]
+        argv += ["--vocab", str(args.vocab)] + (["--small"] if args.small else [])
+        argv += [
+            "--processes",
+            str(processes),
+            "--process-id",
+            str(i),
+            "--port",
+            str(port),
+        ]
+        procs.append(
+            subprocess.Popen(
+                argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    results = []
+    try:
+        for p in procs:
+            out, err = p.communicate(timeout=TIMEOUT_S)
+            lines = [x for x in out.splitlines() if x.startswith("RESULT ")]
+            if p.returncode or not lines:
+                raise RuntimeError(f"{contender} on {topology} failed:\n{err[-3000:]}")
+            results.append(json.loads(lines[-1][7:]))
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--dim", type=int, default=1024)
+    parser.add_argument("--vocab", type=int, default=50304)
+    parser.add_argument("--small", action="store_true", help="8 layers of 256: a check")
+    parser.add_argument("--dir", default=None)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument(
+        "--topologies", default=",".join(TOPOLOGIES), help="a subset, as 1,8"
+    )
+    parser.add_argument(
+        "--contenders", default=",".join(CONTENDERS), help="a subset (raw first)"
+    )
+    parser.add_argument("--probe", choices=CONTENDERS)
+    parser.add_argument("--topology", choices=TOPOLOGIES)
+    parser.add_argument("--processes", type=int, default=1)
+    parser.add_argument("--process-id", type=int, default=0)
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    if args.probe:
+        probe(args)
+        return
+    import tempfile
+
+    layers, dim, vocab = sizes(args)
+    if args.dir is None:
+        args.dir = os.path.join(
+            tempfile.gettempdir(), f"bridge-load-{layers}x{dim}x{vocab}"
+        )
+    if not os.path.exists(os.path.join(args.dir, "model.safetensors.index.json")):
+        print(f"writing {args.dir} ...", flush=True)
+        write(args.dir, layers, dim, vocab)
+    total = sum(math.prod(s) * 4 for s in tensor_shapes(layers, dim, vocab).values())
+    print(
+        f"{layers} layers of {dim}, vocabulary {vocab}: {total / 2**30:.2f} GiB in "
+        f"{len([f for f in os.listdir(args.dir) if f.endswith('.safetensors')])} files "
+        f"at {args.dir}; page cache evicted before each load; python "
+        f"{sys.version.split()[0]}, {os.cpu_count()} CPUs",
+        flush=True,
+    )
+    header = (
+        f"{'topology':<9}{'contender':<11}{'process':>8}{'time s':>9}{'x raw':>7}"
+        f"{'peak MiB':>10}{'x share':>9}{'read MiB':>10}{'x share':>9}"
+    )
+    print(header)
+    for topology in args.topologies.split(","):
+        raw_s = None
+        for contender in args.contenders.split(","):
+            if contender == "orbax" and topology == "2x4":
+                print(f"{topology:<9}{contender:<11}  not run: one process only")
+                continue
+            best = None
+            for _ in range(args.repeats):
+                results = run_probe(args, contender, topology)
+                if best is None or max(r["s"] for r in results) < max(
+                    r["s"] for r in best
+                ):
+                    best = results
+            if contender == "raw" or raw_s is None:
+                raw_s = max(r["s"] for r in best)
+            for r in best:
+                print(
+                    f"{topology:<9}{contender:<11}{r['process']:>8}{r['s']:>9.2f}"
+                    f"{r['s'] / raw_s:>7.2f}{r['peak'] / MIB:>10.0f}"
+                    f"{r['peak'] / r['share']:>9.2f}{r['read'] / MIB:>10.0f}"
+                    f"{r['read'] / r['share']:>9.2f}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

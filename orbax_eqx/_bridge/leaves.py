@@ -1,0 +1,25 @@
+"""The array leaves of a tree as the planner sees them (`plan.LeafSpec`).
+
+Named by the restore's walk (`_tree/walk.py`), so leaf names are the ones
+`inspect`, `prefix=` and `renames=` use. A typed PRNG key leaf is its key
+data: shape `(..., 2)` uint32 for threefry keys, as `jax.random.key_data`
+gives it; loading wraps the data back into keys of the skeleton's type.
+"""
+
+from .._tree.walk import ARRAY, Walked, is_key_dtype, key_data_struct
+from .plan import LeafSpec
+
+
+def leaf_specs(walked: Walked) -> list[LeafSpec]:
+    """One `LeafSpec` per array leaf of `walked`, in the tree's order."""
+    specs = []
+    for leaf in walked.leaves:
+        if leaf.kind != ARRAY:
+            continue
+        x = leaf.value
+        shape, dtype = tuple(x.shape), x.dtype
+        if is_key_dtype(dtype):
+            data = key_data_struct(dtype)
+            shape, dtype = shape + tuple(data.shape), data.dtype
+        specs.append(LeafSpec(leaf.name, leaf.label, shape, str(dtype)))
+    return specs

@@ -1,0 +1,246 @@
+"""`load_safetensors`: safetensors files straight into a skeleton, on any sharding.
+
+The way through: find the files and read every header (`safetensors.index`,
+bounded, checked); check the skeleton against the tensors and plan which
+tensor boxes fill which leaf boxes (`load_check`, `plan.plan_load`), every
+problem at once, before any tensor byte is read; then read, per process,
+only the byte ranges its own devices' boxes need (`fill`); then put the
+arrays, and the skeleton's (or the files' recorded) non-array leaves, back
+into the structure.
+"""
+
+import dataclasses
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import jax.tree_util as jtu
+import numpy as np
+
+from .._restore.rename_map import RenameMap
+from .._restore.shardings import Shardings, resolve
+from .._tree.values import SCALAR_TYPES, decode_scalar, scalar_type
+from .._tree.walk import ARRAY, JAX, NUMPY_SCALAR, SCALAR, container, walk
+from . import fill as _fill
+from . import load_check as _check
+from .errors import BridgeError
+from .leaves import leaf_specs
+from .memory import _check_kept as keep_dropped
+from .memory import _kept as kept
+from .memory import _mapping as as_mapping
+from .plan import TensorSpec, plan_load
+from .progress import Progress, Quiet
+from .safetensors import index as _index
+from .safetensors.header import Header, TensorInfo
+from .specs import is_key, wrap_key
+
+DEFAULT_WINDOW = _fill.DEFAULT_WINDOW
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """What a load did: the tree, its files, and the bytes it read and held."""
+
+    tree: Any
+    files: list[str]
+    leaves: int  # of the skeleton, all kinds
+    tensors: int  # tensors read
+    nbytes: int  # of the tensors read, whole
+    counts: _fill.Counts
+
+
+def load_safetensors(
+    source: str | os.PathLike | Sequence[str | os.PathLike],
+    skeleton: Any,
+    *,
+    mapping: Any = None,
+    shardings: Shardings = None,
+    cast: bool = False,
+    allow_unused: bool = False,
+    ignore_static: bool = False,
+    window: int = DEFAULT_WINDOW,
+) -> Any:
+    """Loads safetensors files into `skeleton`, straight onto its shardings.
+
+    Each process reads only the bytes its own devices hold (a device's slice
+    of a stacked leaf is read from the rows of the per-layer tensors it
+    needs), with no collective; host memory stays near the process's share
+    plus a bounded window. Everything is checked before any tensor byte is
+    read, and every problem is reported at once.
+
+    **Arguments:**
+
+    - `source`: a `.safetensors` file; a directory holding a
+        `model.safetensors.index.json` (Hugging Face's sharded layout), or
+        without one, its `.safetensors` files; or a list of files. Local
+        paths, `gs://...` or `s3://...` (an object-store directory needs an
+        index or a `model.safetensors`).
+    - `skeleton`: the PyTree to fill, as for `orbax_eqx.restore` (usually from
+        `eqx.filter_eval_shape`): its structure, classes, static fields,
+        callables and non-array leaves are kept.
+    - `mapping`: how leaf names map to tensor names; `None` matches them by
+        name.
+    - `shardings`: where each array goes, as `orbax_eqx.restore` takes it:
+        one `Sharding`, a PyTree of them, or a function of `(name, leaf)`;
+        by default the skeleton leaf's own sharding, else one local device.
+    - `cast`: cast tensors to the skeleton's dtypes where they differ
+        (otherwise a difference is an error).
+    - `allow_unused`: let tensors that fill no leaf be left out (otherwise
+        an error).
+    - `ignore_static`: keep the skeleton's classes and static fields where the
+        files (from `export_safetensors`) record others.
+    - `window`: about how many bytes to read at once.
+
+    **Returns:** the skeleton with every array leaf read from the files, and
+    Python leaves that files from `export_safetensors` record.
+
+    Raises `SafetensorsError` for a damaged file or index, and for a skeleton
+    that does not fit the files (naming every leaf and tensor concerned).
+
+    !!! example
+
+        ```python
+        skeleton = eqx.filter_eval_shape(GPT, config, key=jax.random.key(0))
+        model = oeqx.load_safetensors("gpt2/", skeleton, mapping=GPT2_MAPPING)
+        ```
+    """
+    return load(
+        source,
+        skeleton,
+        mapping=mapping,
+        shardings=shardings,
+        cast=cast,
+        allow_unused=allow_unused,
+        ignore_static=ignore_static,
+        window=window,
+    ).tree
+
+
+def load(
+    source,
+    skeleton: Any,
+    *,
+    mapping: Any = None,
+    renames: RenameMap | None = None,
+    shardings: Shardings = None,
+    cast: bool = False,
+    allow_unused: bool = False,
+    ignore_static: bool = False,
+    window: int = DEFAULT_WINDOW,
+    words: _check.Words = _check.API,
+    progress: Progress | None = None,
+) -> Loaded:
+    """`load_safetensors`, telling what it read; for the command line,
+    `renames` (a rename map from tensor names to leaf names, `--rename`),
+    `words` (how fixes are put) and `progress` (see `progress.Progress`)."""
+    headers = _index.find(source)
+    where = _index.describe(source)
+    tensors = {name: (h, t) for h in headers for name, t in h.tensors.items()}
+    walked = walk(skeleton)
+    arrays = [leaf for leaf in walked.leaves if leaf.kind == ARRAY]
+    specs = leaf_specs(walked)  # one per array leaf, in order
+    saved = _check.ours(headers)
+    problems = _check.Problems()
+    if not ignore_static:
+        _check.statics(walked, saved.get("modules"), words, problems)
+    if mapping is None:
+        # Matched by name (through renames): checked here as a restore checks.
+        new = renames.apply(list(tensors)) if renames else {t: t for t in tensors}
+        by_leaf = {n: old for old, n in new.items() if n is not None}
+        infos = {name: info for name, (_, info) in tensors.items()}
+        checked = _check.Problems()
+        _check.by_name(walked, by_leaf, infos, cast, allow_unused, words, checked)
+        checked.problems += problems.problems
+        checked.fixes += [f for f in problems.fixes if f not in checked.fixes]
+        checked.raise_if_any(where)
+        wanted = {leaf.name for leaf in arrays}
+        named = {n: tensors[old] for n, old in by_leaf.items() if n in wanted}
+        plan = plan_load(None, specs, _tensor_specs(named), cast=cast)
+    else:
+        mapping = as_mapping(mapping).resolve(skeleton)
+        try:
+            plan = plan_load(
+                mapping,
+                specs,
+                _tensor_specs(tensors),
+                cast=cast,
+                allow_unused=allow_unused,
+            )
+        except BridgeError as e:
+            raise _check.MismatchError(
+                f"{e}" + problems.also(where) if problems.problems else str(e)
+            ) from None
+        problems.raise_if_any(where)
+        keep_dropped(walked, plan)
+        named = tensors
+    resolved = resolve(shardings, walked)
+    requests = []
+    for leaf, spec in zip(arrays, specs):
+        if leaf.name not in plan.leaves:
+            continue  # dropped by the mapping: the skeleton's value
+        sharding = resolved.get(leaf.name) if container(leaf.value) == JAX else None
+        dtype = np.dtype(spec.dtype)
+        requests.append(_fill.Request(leaf.name, spec.shape, dtype, sharding))
+    # A tied copy (a head tied to the embedding) is checked by shape and
+    # dtype, not read: the leaf it shares is read from its source.
+    read = {t: named[t] for t in plan.tensors if t not in plan.ties}
+    counts = _fill.Counts()
+    nbytes = sum(info.nbytes for _, info in read.values())
+    with (progress or Quiet)(nbytes) as bar:
+        filled = _fill.fill(
+            plan,
+            read,
+            requests,
+            window=window,
+            counts=counts,
+            advance=bar.advance,
+        )
+    recorded = saved.get("leaves")
+    recorded = recorded if isinstance(recorded, dict) else {}
+    values = []
+    for leaf in walked.leaves:
+        if leaf.name in filled:
+            values.append(_as_leaf(filled.pop(leaf.name), leaf))
+        elif leaf.kind == ARRAY:  # dropped
+            values.append(kept(leaf.value, resolved.get(leaf.name)))
+        elif leaf.kind == SCALAR:
+            values.append(_scalar(leaf, recorded.get(leaf.name)))
+        else:  # callables, objects, shared markers: the skeleton's own
+            values.append(leaf.value)
+    tree = jtu.tree_unflatten(walked.treedef, values)
+    return Loaded(
+        tree,
+        [h.path for h in headers],
+        len(walked.leaves),
+        len(read),
+        nbytes,
+        counts,
+    )
+
+
+def _tensor_specs(tensors: dict[str, tuple[Header, TensorInfo]]) -> list[TensorSpec]:
+    return [
+        TensorSpec(name, info.shape, info.dtype) for name, (_, info) in tensors.items()
+    ]
+
+
+def _as_leaf(data: Any, leaf) -> Any:
+    """What `fill` made, as the skeleton leaf holds it."""
+    if is_key(leaf):
+        return wrap_key(data, leaf.value)
+    if container(leaf.value) == NUMPY_SCALAR:
+        return data[()]
+    return data
+
+
+def _scalar(leaf, record: Any) -> Any:
+    """A Python leaf: the files' (from `export`), if of the skeleton's type."""
+    if not isinstance(record, dict) or record.get("kind") != SCALAR:
+        return leaf.value
+    encoded = record.get("value", ...)
+    if scalar_type(encoded) != SCALAR_TYPES[type(leaf.value)]:
+        return leaf.value
+    try:
+        return decode_scalar(encoded)
+    except ValueError:  # damaged: the skeleton's own
+        return leaf.value

@@ -1,0 +1,318 @@
+"""`to_state_dict` and `from_state_dict`: the bridge in memory.
+
+Both plan first (`plan.py`), so every problem is reported before any value
+moves, then follow the plan's pieces: an export fills each tensor from the
+boxes of leaves it holds; a load fills each device's box of each leaf from
+the boxes of tensors that hold it (`jax.make_array_from_callback`), as the
+file readers do.
+"""
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.tree_util as jtu
+import numpy as np
+
+from .._errors import bullet_list
+from .._restore.shardings import resolve
+from .._tree.walk import (
+    ARRAY,
+    JAX,
+    NUMPY_SCALAR,
+    Walked,
+    container,
+    is_key_dtype,
+    key_impl,
+    walk,
+)
+from .errors import BridgeError
+from .leaves import leaf_specs
+from .mapping import StateDictMapping
+from .pieces import Box, shape, slices, to_leaf, to_tensor
+from .plan import Plan, TensorSpec, plan_export, plan_load
+
+
+def to_state_dict(
+    tree: Any, mapping: StateDictMapping | None = None
+) -> dict[str, np.ndarray]:
+    """The array leaves of `tree` as a flat dict of numpy arrays, named and
+    shaped as another layout's tensors (a PyTorch `state_dict`).
+
+    **Arguments:**
+
+    - `tree`: a model, or any PyTree holding arrays (jax or numpy). Every
+        array must be on this process (for a model sharded across hosts, use
+        `oeqx.export_safetensors`).
+    - `mapping`: how leaves become tensors (`oeqx.StateDictMapping`, or its
+        JSON data); `None` names each tensor by its leaf name
+        (`layers.0.weight`).
+
+    **Returns:**
+
+    `{tensor name: numpy array}`, in natural order of the names (`h.2` before
+    `h.10`). Typed PRNG keys become their key data (uint32). Non-array leaves
+    (activation functions, Python numbers, static fields) are not tensors;
+    keep the model's code or an orbax_eqx checkpoint for them.
+
+    Raises `oeqx.BridgeError` listing every problem at once (rules that
+    match nothing, names two leaves would share, shapes a rule cannot take).
+
+    !!! example
+
+        ```python
+        tensors = oeqx.to_state_dict(model, mapping)
+        safetensors.numpy.save_file(tensors, "model.safetensors")
+        ```
+    """
+    walked = walk(tree)
+    mapping = _mapping(mapping).resolve(tree)
+    _check_concrete(walked)
+    specs = leaf_specs(walked)
+    plan = plan_export(mapping, specs)
+    wanted = [leaf for leaf in walked.leaves if leaf.name in plan.leaves]
+    host = dict(zip((leaf.name for leaf in wanted), _to_host(wanted)))
+    result = {}
+    for name, spec in plan.tensors.items():
+        out = np.empty(spec.shape, spec.dtype)
+        for p in plan.tensor_pieces(name):
+            out[slices(p.tensor_box)] = to_tensor(p, host[p.leaf][slices(p.leaf_box)])
+        result[name] = out
+    return result
+
+
+def from_state_dict(
+    skeleton: Any,
+    tensors: Mapping[str, Any],
+    mapping: StateDictMapping | None = None,
+    *,
+    cast: bool = False,
+    shardings: Any = None,
+    allow_unused: bool = False,
+) -> Any:
+    """A model filled with the tensors of another layout (a PyTorch
+    `state_dict`, converted to numpy), through a mapping.
+
+    **Arguments:**
+
+    - `skeleton`: the model's structure, as for `oeqx.restore`: usually
+        `eqx.filter_eval_shape(make_model, key)`, which allocates nothing. It
+        gives the structure, classes, static fields, callables and non-array
+        leaves; every array leaf is filled from the tensors, except those the
+        mapping drops, which keep the skeleton's values.
+    - `tensors`: `{name: array}`, numpy or jax arrays (a PyTorch state_dict
+        as `{k: v.numpy() for k, v in state_dict.items()}`; `bfloat16` tensors
+        as `v.float().numpy()`, or read with `safetensors.numpy`).
+    - `mapping`: how leaves become tensors (`oeqx.StateDictMapping`, or its
+        JSON data), read the other way; `None` for tensors named as the leaves.
+    - `cast`: cast tensors whose dtype differs from what the mapping expects
+        to the skeleton's dtypes (else each such tensor is an error).
+    - `shardings`: where the arrays go, as for `oeqx.restore`: one
+        `jax.sharding.Sharding`, a PyTree of them shaped like the skeleton, or
+        a function `(leaf name, leaf) -> Sharding`; by default the skeleton
+        leaf's own sharding, else one local device.
+    - `allow_unused`: leave alone tensors no leaf maps to (else each is an
+        error, unless an `ignore` rule of the mapping matches it).
+
+    **Returns:**
+
+    The skeleton with its arrays filled: jax arrays where the skeleton has
+    jax arrays or `jax.ShapeDtypeStruct`s, numpy where it has numpy. Typed
+    PRNG keys are read from their key data.
+
+    Raises `oeqx.BridgeError` before any value is read, listing every
+    problem at once, each naming the tensor and the leaf: missing tensors (a
+    missing layer as one), tensors no leaf maps to, shapes, dtypes, rules
+    that match nothing.
+
+    !!! example
+
+        ```python
+        skeleton = eqx.filter_eval_shape(GPT2, config, key=jax.random.key(0))
+        model = oeqx.from_state_dict(skeleton, tensors, mapping)
+        ```
+    """
+    walked = walk(skeleton)
+    mapping = _mapping(mapping).resolve(skeleton)
+    given = _tensor_specs(tensors)
+    plan = plan_load(
+        mapping, leaf_specs(walked), given, cast=cast, allow_unused=allow_unused
+    )
+    _check_kept(walked, plan)
+    _check_ties(plan, tensors)
+    targets = resolve(shardings, walked)
+    host: dict[str, np.ndarray] = {}
+
+    def tensor(name: str) -> np.ndarray:
+        if name not in host:
+            host[name] = np.asarray(tensors[name])
+        return host[name]
+
+    values = []
+    for leaf in walked.leaves:
+        if leaf.kind != ARRAY:
+            values.append(leaf.value)  # the skeleton's own
+        elif leaf.name in plan.dropped:
+            values.append(_kept(leaf.value, targets.get(leaf.name)))
+        else:
+            values.append(_build(plan, leaf, tensor, targets.get(leaf.name)))
+    return jtu.tree_unflatten(walked.treedef, values)
+
+
+def _mapping(mapping: Any) -> StateDictMapping:
+    if mapping is None:
+        return StateDictMapping()
+    if isinstance(mapping, StateDictMapping):
+        return mapping
+    return StateDictMapping.from_json(mapping)
+
+
+def _tensor_specs(tensors: Any) -> list[TensorSpec]:
+    if not isinstance(tensors, Mapping):
+        raise BridgeError(
+            f"`tensors` is a {type(tensors).__name__}: pass a dict "
+            "{name: numpy or jax array}."
+        )
+    specs, problems = [], []
+    for name, x in tensors.items():
+        if not isinstance(name, str):
+            problems.append(f"The key {name!r} is {type(name).__name__}, not a name.")
+            continue
+        dtype = getattr(x, "dtype", None)
+        try:
+            dtype = np.dtype(dtype) if dtype is not None else None
+        except TypeError:
+            dtype = None
+        if dtype is None or not hasattr(x, "shape"):
+            problems.append(
+                f"Tensor `{name}` is a {type(x).__name__}, not a numpy or jax array."
+            )
+            continue
+        specs.append(TensorSpec(name, tuple(int(n) for n in x.shape), str(dtype)))
+    if problems:
+        raise BridgeError(
+            "Some tensors are not named arrays:\n"
+            + bullet_list(problems)
+            + "\nPass a dict {name: numpy or jax array}; a PyTorch state_dict as "
+            "`{k: v.numpy() for k, v in state_dict.items()}` (bfloat16 tensors as "
+            "`v.float().numpy()`)."
+        )
+    return specs
+
+
+def _check_concrete(walked: Walked) -> None:
+    problems = []
+    for leaf in walked.leaves:
+        if leaf.kind != ARRAY:
+            continue
+        x = leaf.value
+        if isinstance(x, jax.ShapeDtypeStruct):
+            problems.append(
+                f"Leaf {leaf.label} is a jax.ShapeDtypeStruct, which holds no values."
+            )
+        elif isinstance(x, jax.Array) and not x.is_fully_addressable:
+            problems.append(
+                f"Leaf {leaf.label} is sharded across processes: this process holds "
+                "only part of it."
+            )
+    if problems:
+        raise BridgeError(
+            "`to_state_dict` needs every array's values on this process:\n"
+            + bullet_list(problems)
+            + "\nPass the model itself, not a skeleton; for a model sharded across "
+            "hosts, export it with `oeqx.export_safetensors`."
+        )
+
+
+def _to_host(leaves) -> list[np.ndarray]:
+    """The leaves' values in host memory, key data for typed keys, fetched from
+    devices in one call (one transfer per leaf costs a round each on GPUs)."""
+    values = []
+    for leaf in leaves:
+        x = leaf.value
+        if is_key_dtype(x.dtype):
+            x = jax.random.key_data(x)
+        values.append(x)
+    return [np.asarray(x) for x in jax.device_get(values)]
+
+
+def _check_kept(walked: Walked, plan: Plan) -> None:
+    problems = [
+        f"Leaf {leaf.label} is dropped by the mapping, and the skeleton holds a "
+        "jax.ShapeDtypeStruct there, which has no value to keep."
+        for leaf in walked.leaves
+        if leaf.name in plan.dropped and isinstance(leaf.value, jax.ShapeDtypeStruct)
+    ]
+    if problems:
+        raise BridgeError(
+            "Some leaves get no values:\n"
+            + bullet_list(problems)
+            + "\nA leaf the mapping drops keeps the skeleton's value: build those "
+            "parts of the skeleton as arrays (with a real key, not "
+            "`eqx.filter_eval_shape`), or map a tensor to them."
+        )
+
+
+def _check_ties(plan: Plan, tensors: Mapping[str, Any]) -> None:
+    problems = []
+    for copy, source in plan.ties.items():
+        a, b = np.asarray(tensors[copy]), np.asarray(tensors[source])
+        if a.shape != b.shape or a.astype(b.dtype).tobytes() != b.tobytes():
+            problems.append(
+                f"Tensor `{copy}` is tied to `{source}` by the mapping, but holds "
+                "other values."
+            )
+    if problems:
+        raise BridgeError(
+            "Tied tensors differ:\n"
+            + bullet_list(problems)
+            + "\nThese tensors come from a model whose output head is its own: "
+            "load them into a model with an untied head (a leaf mapped to the "
+            "tensor), or remove the `tie` rule and `ignore` the tensor to drop it."
+        )
+
+
+def _build(plan: Plan, leaf, tensor, sharding) -> Any:
+    spec = plan.leaves[leaf.name]
+    x = leaf.value
+    kind = container(x)
+    key = is_key_dtype(x.dtype)
+    dtype = np.dtype(spec.dtype)
+
+    def fill(box: Box) -> np.ndarray:
+        out = np.empty(shape(box), dtype)
+        for p in plan.leaf_pieces(leaf.name, box):
+            src = tensor(p.tensor)[slices(p.tensor_box)]
+            at = tuple(
+                slice(a - start, b - start)
+                for (a, b), (start, _) in zip(p.leaf_box, box)
+            )
+            out[at] = to_leaf(p, src)
+        return out
+
+    full = tuple((0, n) for n in spec.shape)
+    if kind != JAX:
+        value = fill(full)
+        return value[()] if kind == NUMPY_SCALAR else value
+    if key:
+        data = jax.device_put(fill(full), sharding)
+        return jax.random.wrap_key_data(data, impl=key_impl(x.dtype))
+    done: dict[Box, np.ndarray] = {}  # replicas ask for the same box
+
+    def callback(index) -> np.ndarray:
+        box = tuple(
+            (s.start or 0, spec.shape[a] if s.stop is None else s.stop)
+            for a, s in enumerate(index)
+        )
+        if box not in done:
+            done[box] = fill(box)
+        return done[box]
+
+    return jax.make_array_from_callback(spec.shape, sharding, callback)
+
+
+def _kept(x: Any, sharding) -> Any:
+    if isinstance(x, jax.Array) and sharding is not None:
+        if not x.sharding.is_equivalent_to(sharding, x.ndim):
+            return jax.device_put(x, sharding)
+    return x

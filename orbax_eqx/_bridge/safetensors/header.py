@@ -1,0 +1,274 @@
+"""Reading and checking the header of one safetensors file, wherever it is.
+
+The header is attacker input. It is read through the byte layer (a local
+regular file, never a FIFO; or an object, every response's length checked),
+in two bounded reads: the 8-byte length, then the JSON, whose length is
+checked against the file before anything of that size is allocated. Then,
+as allow lists: a JSON object of tensors and one `__metadata__` map of
+strings; no name twice; each name a string of at most `MAX_NAME` characters,
+valid Unicode, no control characters; each dtype code one of `dtypes.DTYPES`;
+each shape at most `MAX_RANK` dimensions of at most 2**62; each tensor's
+offsets spanning exactly its bytes, the tensors back to back from the end of
+the header; and the file exactly as long as its last tensor's end.
+"""
+
+import concurrent.futures
+import dataclasses
+import json
+import os
+import re
+import struct
+import unicodedata
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..._bytes import store as _store
+from ..._errors import OrbaxEqxError
+from ..._tree.values import is_text
+from .dtypes import DTYPES, nbytes_of
+
+METADATA_KEY = "__metadata__"
+MAX_HEADER = 100_000_000  # bytes, as the reference implementation
+MAX_NAME = 4096  # characters in a tensor name
+MAX_RANK = 64  # numpy's own limit
+_MAX_DIM = 2**62  # past this, a dimension is no array numpy can make
+_READERS = 8  # headers read at once (round trips on an object store)
+
+
+class SafetensorsError(OrbaxEqxError, ValueError):
+    """A safetensors file is damaged, or cannot hold what it was asked to."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a safetensors file: where its bytes are and what they mean."""
+
+    name: str
+    dtype: str  # numpy dtype name, e.g. "bfloat16"
+    shape: tuple[int, ...]
+    start: int  # absolute byte offset in the file
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Header:
+    """A parsed safetensors header: the file's path (local and absolute, or a
+    URL), its tensors in the order of their data, its metadata, its size."""
+
+    path: str
+    tensors: dict[str, TensorInfo]
+    metadata: dict[str, str]
+    size: int = 0
+
+
+def where(path: str | os.PathLike) -> str:
+    """How a file is named in messages and headers: absolute if local."""
+    text = os.fspath(path)
+    return text if _store.is_remote(text) else os.path.abspath(text)
+
+
+def read_headers(paths: Sequence[str]) -> list[Header]:
+    """`read_header` of each path, a few at once; in the order given."""
+    if len(paths) <= 1:
+        return [read_header(p) for p in paths]
+    with concurrent.futures.ThreadPoolExecutor(min(_READERS, len(paths))) as pool:
+        return list(pool.map(read_header, paths))
+
+
+def read_header(path: str | os.PathLike) -> Header:
+    """Reads and checks the header of the safetensors file at `path` (a local
+    path, `gs://...` or `s3://...`); raises `SafetensorsError` naming the file
+    and what is wrong."""
+    path = where(path)
+
+    def bad(what: str) -> SafetensorsError:
+        return SafetensorsError(
+            f"{path} is not a valid safetensors file: {what}. Re-download or "
+            "re-export it."
+        )
+
+    store = _store.for_path(path)
+    head = _read(
+        store,
+        path,
+        0,
+        8,
+        lambda what: bad(f"it {what}"),
+        short=lambda what: bad(f"it {what}, too short for a header"),
+    )
+    (length,) = struct.unpack("<Q", head)
+    if length > MAX_HEADER:
+        raise bad(
+            f"the header claims {length} bytes, more than the {MAX_HEADER} a "
+            "header may have"
+        )
+    raw = _read(
+        store,
+        path,
+        8,
+        8 + length,
+        lambda what: bad(f"the header claims {length} bytes, but the file {what}"),
+    )
+    tensors, metadata = parse(raw, 8 + length, bad)
+    end = 8 + length + sum(t.nbytes for t in tensors)
+    # The file is exactly as long as its tensors: a longer one holds bytes no
+    # header describes, a shorter one tensors that are not there.
+    described = lambda what: bad(  # noqa: E731
+        f"the header describes {end} bytes of file, but it {what}"
+    )
+    for nbytes in (None, end):
+        try:
+            store.open(path, end, nbytes).close()
+        except _store.BadFile as e:
+            raise described(_plain(e.what)) from None
+    return Header(path, {t.name: t for t in tensors}, metadata, end)
+
+
+def _read(
+    store: _store.Store,
+    path: str,
+    start: int,
+    stop: int,
+    error: Callable[[str], Exception],
+    short: Callable[[str], Exception] | None = None,
+) -> bytes:
+    """Bytes `[start, stop)` of `path`. Unless `short` words a file too short
+    for them (then only the read finds out), the file is checked to hold them
+    (one small request) before a buffer of that size is made."""
+    try:
+        reader = store.open(path, 0 if short else stop, None)
+    except _store.BadFile as e:
+        raise error(_plain(e.what)) from None
+    except FileNotFoundError:
+        raise error("is missing") from None
+    buffer = np.empty(stop - start, np.uint8)
+    with reader:
+        try:
+            _store_read(reader, [(start, stop)], [buffer])
+        except _store.BadFile as e:
+            raise (short or error)(e.what) from None
+    return buffer.tobytes()
+
+
+_LENGTH = re.compile(r"has (\d+) bytes where \d+ were written")
+
+
+def _plain(what: str) -> str:
+    """A store's words on a file's length, for a file nobody wrote for us:
+    "has 10 bytes where 24 were written" is "has 10"."""
+    found = _LENGTH.fullmatch(what)
+    return f"has {found.group(1)}" if found else what
+
+
+def _store_read(reader: _store.Reader, ranges, buffers) -> None:
+    """Fills `buffers` with `ranges` of an open reader (a small read may be
+    done, or fail, as it starts)."""
+    reads = reader.start(ranges, buffers)
+    try:
+        reads.wait()
+    finally:
+        reads.cancel()
+
+
+def parse(raw: bytes, data_start: int, bad) -> tuple[list[TensorInfo], dict]:
+    """The tensors (in the order of their data) and metadata of a header's JSON
+    `raw`, whose data starts at byte `data_start` of the file."""
+    try:
+        content = json.loads(raw.decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except _Duplicate as e:
+        raise bad(f"the header names {_shown(e.name)} twice") from None
+    except (ValueError, RecursionError) as e:  # an int too long, nested too deep
+        raise bad(f"the header is not JSON ({e})") from None
+    if not isinstance(content, dict):
+        raise bad("the header is not a JSON object")
+    metadata = content.pop(METADATA_KEY, None)
+    if metadata is None:
+        metadata = {}
+    if not (
+        isinstance(metadata, dict)
+        and all(isinstance(v, str) for v in metadata.values())
+    ):
+        raise bad(f"{METADATA_KEY} is not a map of strings")
+    tensors = [
+        _tensor_info(name, rec, data_start, bad) for name, rec in content.items()
+    ]
+    tensors.sort(key=lambda t: t.start)
+    end = data_start
+    for t in tensors:
+        if t.start != end:
+            raise bad(
+                f"the data of tensor {_shown(t.name)} is not where the header says"
+            )
+        end += t.nbytes
+    return tensors, dict(metadata)
+
+
+class _Duplicate(ValueError):
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict:
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise _Duplicate(key)
+        out[key] = value
+    return out
+
+
+def name_problem(name: Any) -> str | None:
+    """Why `name` cannot be a tensor name (None if it can)."""
+    if not isinstance(name, str):
+        return "is not a string"
+    if len(name) > MAX_NAME:
+        return f"is {len(name)} characters long, more than the {MAX_NAME} allowed"
+    if not is_text(name):
+        return "is not valid Unicode (a lone surrogate)"
+    if any(unicodedata.category(c) == "Cc" for c in name):
+        return "holds control characters"
+    return None
+
+
+def _shown(name: str, limit: int = 80) -> str:
+    """A name for a message: quoted, escaped, cut at `limit` characters."""
+    shown = repr(name[:limit])
+    return shown + (f" (cut; {len(name)} characters)" if len(name) > limit else "")
+
+
+def _tensor_info(name: str, rec: Any, data_start: int, bad) -> TensorInfo:
+    problem = name_problem(name)
+    if problem is not None:
+        raise bad(f"the tensor name {_shown(name)} {problem}")
+    if not isinstance(rec, dict):
+        raise bad(f"tensor {_shown(name)} is not a JSON object")
+    code, shape, offsets = rec.get("dtype"), rec.get("shape"), rec.get("data_offsets")
+    if not isinstance(code, str) or code not in DTYPES:
+        known = ", ".join(DTYPES)
+        code_shown = _shown(code) if isinstance(code, str) else repr(code)[:80]
+        raise bad(
+            f"tensor {_shown(name)} has dtype {code_shown}; this reader knows {known}"
+        )
+    if not (
+        isinstance(shape, list)
+        and len(shape) <= MAX_RANK
+        and all(type(d) is int and 0 <= d <= _MAX_DIM for d in shape)
+    ):
+        raise bad(f"tensor {_shown(name)} has shape {repr(shape)[:200]}")
+    if not (
+        isinstance(offsets, list)
+        and len(offsets) == 2
+        and all(type(o) is int and o >= 0 for o in offsets)
+    ):
+        raise bad(f"tensor {_shown(name)} has data_offsets {repr(offsets)[:200]}")
+    dtype = DTYPES[code]
+    nbytes = nbytes_of(dtype, tuple(shape))
+    if offsets[1] - offsets[0] != nbytes:
+        raise bad(
+            f"tensor {_shown(name)} is {code}{shape} ({nbytes} bytes) but its "
+            f"offsets span {offsets[1] - offsets[0]} bytes"
+        )
+    return TensorInfo(name, dtype, tuple(shape), data_start + offsets[0], nbytes)

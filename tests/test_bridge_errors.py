@@ -1,0 +1,264 @@
+"""The bridge's errors: every problem at once, each naming the tensor and the
+leaf, then fixes that work."""
+
+import re
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import orbax_eqx as oeqx
+from orbax_eqx._bridge.leaves import leaf_specs
+from orbax_eqx._bridge.plan import TensorSpec, plan_load
+from orbax_eqx._tree.walk import walk
+
+M = oeqx.StateDictMapping
+GPT = M().stack("blocks", "h.{i}").transpose("h.{i}.attn.w")
+
+
+def _stacked(layers=4):
+    return {
+        "blocks": {
+            "attn": {"w": jax.ShapeDtypeStruct((layers, 3, 2), jnp.float32)},
+            "ln": {"w": jax.ShapeDtypeStruct((layers, 2), jnp.float32)},
+        },
+        "wte": jax.ShapeDtypeStruct((5, 2), jnp.float32),
+    }
+
+
+def _tensors(layers=4):
+    out = {"wte": np.zeros((5, 2), np.float32)}
+    for i in range(layers):
+        out[f"h.{i}.attn.w"] = np.zeros((2, 3), np.float32)
+        out[f"h.{i}.ln.w"] = np.zeros((2,), np.float32)
+    return out
+
+
+def test_every_load_problem_at_once():
+    tensors = _tensors(5)  # one layer too many
+    del tensors["h.1.attn.w"], tensors["h.1.ln.w"]  # a layer missing
+    tensors["h.2.attn.w"] = np.zeros((3, 2), np.float32)  # not transposed
+    tensors["h.3.attn.w"] = np.zeros((2, 4), np.float32)  # an uneven stack
+    tensors["wte"] = np.zeros((5, 2), np.float16)  # dtype
+    tensors["h.0.attn.bias"] = np.zeros(1, np.float32)  # a buffer
+    with pytest.raises(oeqx.BridgeError) as info:
+        oeqx.from_state_dict(_stacked(), tensors, GPT)
+    text = str(info.value)
+    expected = [
+        r"The tensors do not fit the skeleton through the mapping \(6 problems\):",
+        r"Tensor `wte` \(leaf `wte`\) is float16 in the tensors, but the mapping "
+        r"expects float32\.",
+        r"Tensor `h\.2\.attn\.w` \(leaf `blocks\.attn\.w`, layer 2\) has shape "
+        r"\(3, 2\) in the tensors, but the mapping makes \(2, 3\) of the skeleton "
+        r"\(the same axes in another order: a `transpose` rule may be missing\)\.",
+        r"Tensor `h\.3\.attn\.w` \(leaf `blocks\.attn\.w`, layer 3\) has shape "
+        r"\(2, 4\) in the tensors, but the mapping makes \(2, 3\) of the skeleton "
+        r"\(an uneven stack: `h\.0\.attn\.w`, \.\.\. and other layers have the "
+        r"expected shape\)\.",
+        r"Layer 1 is missing from the tensors: none of its 2 tensors is there "
+        r"\(`h\.1\.attn\.w`, `h\.1\.ln\.w`; from leaves `blocks\.attn\.w`, "
+        r"`blocks\.ln\.w`\)\.",
+        r"Layer 4 is in the tensors \(2 tensors, `h\.4\.attn\.w`, `h\.4\.ln\.w`\), but "
+        r"the skeleton stacks 4 layers at `\.stack\(\"blocks\", \"h\.\{i\}\"\)` "
+        r"\(0 to 3\)\.",
+        r"Tensor `h\.0\.attn\.bias` is in the tensors, but no leaf maps to it\.",
+        r"To cast tensors to the skeleton's dtypes, pass `cast=True`\.",
+        r"add an `ignore` rule for them .* or pass `allow_unused=True`\.",
+        r"Build the skeleton with the number of layers the tensors hold\.",
+    ]
+    for pattern in expected:
+        assert re.search(pattern, text), (pattern, text)
+
+
+def test_one_missing_tensor_is_named_alone():
+    tensors = _tensors()
+    del tensors["h.2.ln.w"]
+    with pytest.raises(
+        oeqx.BridgeError,
+        match=r"\(1 problem\):\n  - Tensor `h\.2\.ln\.w` \(leaf `blocks\.ln\.w`, "
+        r"layer 2\) is missing from the tensors\.\nBuild the skeleton of the model",
+    ):
+        oeqx.from_state_dict(_stacked(), tensors, GPT)
+
+
+def test_long_lists_are_capped():
+    tensors = _tensors() | {f"extra.{i}": np.zeros(1) for i in range(30)}
+    with pytest.raises(oeqx.BridgeError, match=r"\(30 problems\)(?s:.*)and 10 more"):
+        oeqx.from_state_dict(_stacked(), tensors, GPT)
+
+
+def test_unmatched_rules_collisions_and_shapes_at_once():
+    tree = {
+        "blocks": {"qkv": np.zeros((2, 9, 4)), "scalar": np.zeros(2)},
+        "a": np.zeros(3),
+        "b": np.zeros(3),
+        "fused": np.zeros((7, 2)),
+    }
+    mapping = (
+        M()
+        .rename({"a": "same", "b": "same", "nothing": "x"})
+        .stack("blocks", "h.{i}")
+        .transpose("h.{i}.qkv", (1, 0, 2))
+        .split("h.{i}.qkv", ["h.{i}.q", "h.{i}.k"], axis=0, sizes=[4, 4])
+        .split("fused", ["f0", "f1"], axis=0)
+        .stack("h.{i}.scalar", "h.{i}.s.{j}")
+        .cast("nope.**", "bfloat16")
+    )
+    with pytest.raises(oeqx.BridgeError) as info:
+        oeqx.to_state_dict(tree, mapping)
+    text = str(info.value)
+    expected = [
+        r"The mapping cannot turn the leaves into tensors \(10 problems\):",
+        r"Leaf `a` and leaf `b` both become `same` at rule 0 `\.rename\(",
+        r'The entry "nothing" of rule 0 .* matches no name',
+        r"`h\.0\.qkv` \(leaf `blocks\.qkv`, layer 0\) has 2 axes \(shape \(9, 4\)\), "
+        r"but rule 2 `\.transpose\(\"h\.\{i\}\.qkv\", \(1, 0, 2\)\)` permutes 3\.",
+        r"`h\.1\.qkv` \(leaf `blocks\.qkv`, layer 1\) has 9 along axis 0, but the "
+        r"sizes \[4, 4\] of rule 3 .* sum to 8\.",
+        r"`fused` \(leaf `fused`\) has 7 along axis 0, which rule 4 .* cannot split "
+        r"into 2 equal parts\.",
+        r"`h\.0\.scalar` \(leaf `blocks\.scalar`, layer 0\) has shape \(\), but rule 5 "
+        r".* unstacks 1 leading layer axis from it\.",
+        r'The pattern "nope\.\*\*" of rule 6 `\.cast\("nope\.\*\*", "bfloat16"\)` '
+        r"matches no name",
+        r"Fix the rules that match nothing",  # first of the fixes
+        r"Give every tensor its own name",
+        r"Give `split` the size of each part",
+    ]
+    for pattern in expected:
+        assert re.search(pattern, text), (pattern, text)
+
+
+def test_fuse_problems():
+    tree = {
+        "l0": {"q": np.zeros((2, 3)), "k": np.zeros((2, 3))},
+        "l1": {"q": np.zeros((2, 3))},
+        "l2": {"k": np.zeros((2, 3))},
+        "l3": {"q": np.zeros((2, 3)), "k": np.zeros((2, 4))},
+    }
+    mapping = (
+        M().rename("l{i}", "h.{i}").fuse(["h.{i}.q", "h.{i}.k"], "h.{i}.qk", axis=0)
+    )
+    with pytest.raises(oeqx.BridgeError) as info:
+        oeqx.to_state_dict(tree, mapping)
+    text = str(info.value)
+    for pattern in [
+        r"`h\.1\.q` \(leaf `l1\.q`\) is the first part of rule 1 .* but there is no "
+        r"`h\.1\.k` to fuse it with\.",
+        r"`h\.2\.k` \(leaf `l2\.k`\) is part 1 of rule 1 .* but there is no `h\.2\.q`",
+        r"rule 1 .* cannot fuse `h\.3\.q` float64\[2, 3\], `h\.3\.k` float64\[2, 4\] "
+        r"into `h\.3\.qk` along axis 0",
+    ]:
+        assert re.search(pattern, text), (pattern, text)
+
+
+def test_tie_problems():
+    tree = {"wte": np.zeros((3, 2)), "head": np.zeros((3, 2))}
+    mapping = M().tie("head", "wte").tie("x", "nowhere")
+    with pytest.raises(oeqx.BridgeError) as info:
+        oeqx.to_state_dict(tree, mapping)
+    text = str(info.value)
+    assert (
+        '`head`, which `.tie("head", "wte")` ties to `wte`, is also made from '
+        "leaf `head`." in text
+    )
+    assert re.search(
+        r"`nowhere`, to which .* ties `x`, is no tensor the mapping makes", text
+    )
+    skeleton = {"wte": np.zeros((3, 2))}
+    with pytest.raises(
+        oeqx.BridgeError,
+        match=r"Tensor `head` is tied to `wte` \(leaf `wte`\) but is float64\[3\] "
+        r"where `wte` is float64\[3, 2\]",
+    ):
+        oeqx.from_state_dict(
+            skeleton,
+            {"wte": np.zeros((3, 2)), "head": np.zeros(3)},
+            M().tie("head", "wte"),
+        )
+
+
+def test_partial_drop_cannot_load():
+    tree = {"blocks": {"w": np.zeros((3, 2))}}
+    mapping = M().stack("blocks", "h.{i}").drop("h.1.w")
+    assert sorted(oeqx.to_state_dict(tree, mapping)) == ["h.0.w", "h.2.w"]  # exports
+    with pytest.raises(
+        oeqx.BridgeError,
+        match=r"Leaf `blocks\.w` is left out in part by the mapping \(as `h\.1\.w`\): "
+        r"a load would fill only part of it\.\nDrop whole leaves only",
+    ):
+        oeqx.from_state_dict(
+            tree, {"h.0.w": np.zeros(2), "h.2.w": np.zeros(2)}, mapping
+        )
+
+
+def test_dropped_leaf_of_an_abstract_skeleton():
+    skeleton = {
+        "w": jax.ShapeDtypeStruct((2,), jnp.float32),
+        "freqs": jax.ShapeDtypeStruct((3,), jnp.float32),
+    }
+    with pytest.raises(
+        oeqx.BridgeError,
+        match=r"Leaf `freqs` is dropped by the mapping, and the skeleton holds a "
+        r"jax\.ShapeDtypeStruct there, which has no value to keep\.\nA leaf the "
+        r"mapping drops keeps the skeleton's value",
+    ):
+        oeqx.from_state_dict(
+            skeleton, {"w": np.zeros(2, np.float32)}, M().drop("freqs")
+        )
+
+
+def test_tensors_that_are_not_arrays():
+    with pytest.raises(
+        oeqx.BridgeError,
+        match=r"Some tensors are not named arrays:\n  - The key 3 is int, not a "
+        r"name\.\n  - Tensor `b` is a list, not a numpy or jax array\.\nPass a dict",
+    ):
+        oeqx.from_state_dict({"a": np.zeros(1)}, {3: np.zeros(1), "b": [1.0]})
+    with pytest.raises(oeqx.BridgeError, match=r"`tensors` is a list: pass a dict"):
+        oeqx.from_state_dict({"a": np.zeros(1)}, [np.zeros(1)])
+
+
+def test_to_state_dict_of_a_skeleton():
+    skeleton = eqx.filter_eval_shape(eqx.nn.Linear, 2, 3, key=jax.random.key(0))
+    with pytest.raises(
+        oeqx.BridgeError,
+        match=r"`to_state_dict` needs every array's values on this process:\n  - Leaf "
+        r"`weight` is a jax\.ShapeDtypeStruct, which holds no values\.",
+    ):
+        oeqx.to_state_dict(skeleton)
+
+
+class _Keyed(eqx.Module):
+    w: jax.Array = eqx.field(metadata={"state_dict_key": 3})
+
+
+class _Plain(eqx.Module):
+    w: jax.Array
+
+
+def test_field_key_problems():
+    with pytest.raises(
+        oeqx.MappingError,
+        match=r"Some field keys are not names:\n  - Field `w` of `_Keyed` has "
+        r"state_dict_key=3, not a string\.",
+    ):
+        oeqx.to_state_dict(_Keyed(jnp.zeros(1)), M().field_keys())
+    with pytest.raises(
+        oeqx.MappingError,
+        match=r'\.field_keys\("sd"\)` finds no field declared with '
+        r'`eqx\.field\(metadata=\{"sd": \.\.\.\}\)`',
+    ):
+        oeqx.to_state_dict(_Plain(jnp.zeros(1)), M().field_keys("sd"))
+    # Planned on names alone, without the tree to read keys from.
+    with pytest.raises(
+        oeqx.BridgeError, match=r"`mapping\.resolve\(model_or_skeleton\)`"
+    ):
+        plan_load(
+            M().field_keys(),
+            leaf_specs(walk({"w": np.zeros(1)})),
+            [TensorSpec("w", (1,), "float64")],
+            cast=False,
+        )

@@ -1,0 +1,177 @@
+"""`oeqx.export_safetensors`: trees and checkpoints written as safetensors,
+read back with the `safetensors` library; stacked, transposed and fused
+layouts through hand-made plans (`integration_tests/_hand_plan.py`); work
+grouped so that memory stays near the buffer."""
+
+import json
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors import safe_open
+
+import orbax_eqx as oeqx
+from integration_tests import _hand_plan as hp
+from orbax_eqx._bridge import export as _export
+from orbax_eqx._bridge.export_source import TreeSource
+
+KEY = jax.random.key(0)
+
+
+def _read_all(out):
+    files = sorted(p for p in out.iterdir() if p.suffix == ".safetensors")
+    tensors, metadata = {}, []
+    for path in files:
+        with safe_open(path, framework="numpy") as f:
+            tensors |= {name: f.get_tensor(name) for name in f.keys()}
+            metadata.append(f.metadata())
+    return tensors, metadata
+
+
+def test_a_tree_in_memory(tmp_path):
+    model = eqx.nn.MLP(3, 2, 8, 2, key=KEY)
+    item = {"model": model, "step": 7, "w": np.arange(6, dtype=np.int16)}
+    result = oeqx.export_safetensors(item, tmp_path / "hf")
+    assert result == oeqx.Exported(
+        [str(tmp_path / "hf" / "model.safetensors")],
+        tensors=7,
+        nbytes=(3 * 8 + 8 + 8 * 8 + 8 + 8 * 2 + 2) * 4 + 12,
+        modules=4,
+        in_metadata=3,
+        left_out=0,
+    )
+    tensors, (metadata,) = _read_all(tmp_path / "hf")
+    np.testing.assert_array_equal(
+        tensors["model.layers.1.weight"], model.layers[1].weight
+    )
+    np.testing.assert_array_equal(tensors["w"], item["w"])
+    assert metadata["format"] == "pt"
+    ours = json.loads(metadata["orbax_eqx"])
+    assert ours["leaves"]["step"] == {"path": "['step']", "kind": "scalar", "value": 7}
+    assert ours["modules"]["model"]["static"]["depth"] == 2
+
+
+def test_sharded_files_and_index(tmp_path):
+    item = {f"w{i}": np.full((10,), i, np.float32) for i in range(5)}
+    result = oeqx.export_safetensors(item, tmp_path / "hf", max_shard_size=100)
+    names = [f"model-0000{i}-of-00003.safetensors" for i in (1, 2, 3)]
+    assert result.files == [str(tmp_path / "hf" / n) for n in names] + [
+        str(tmp_path / "hf" / "model.safetensors.index.json")
+    ]
+    index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
+    assert index["metadata"] == {"total_size": 200}
+    assert index["weight_map"] == {
+        "w0": names[0],
+        "w1": names[0],
+        "w2": names[1],
+        "w3": names[1],
+        "w4": names[2],
+    }
+    tensors, _ = _read_all(tmp_path / "hf")
+    assert {k: float(v[0]) for k, v in tensors.items()} == {
+        f"w{i}": float(i) for i in range(5)
+    }
+
+
+def test_refuses_shapes_without_values(tmp_path):
+    skeleton = eqx.filter_eval_shape(eqx.nn.Linear, 2, 3, key=KEY)
+    with pytest.raises(
+        oeqx.ExportError,
+        match=r"^2 leaf\(s\) are shapes without values \(jax\.ShapeDtypeStruct\): "
+        r"`weight`; `bias`\. Export a tree of arrays, or a checkpoint's path\.$",
+    ):
+        oeqx.export_safetensors(skeleton, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
+def _leaf_values(plan, seed=0):
+    rng = np.random.default_rng(seed)
+    return {
+        name: rng.standard_normal(spec.shape).astype(np.float32)
+        for name, spec in plan.leaves.items()
+    }
+
+
+@pytest.mark.parametrize(
+    "make, reference",
+    [
+        (
+            lambda: hp.plan_of(hp.stacked("blocks.w", 3, (4, 5), "h.{}.w")),
+            lambda x, i: x["blocks.w"][i],
+        ),
+        (
+            lambda: hp.plan_of(
+                hp.stacked("blocks.w", 3, (4, 5), "h.{}.w", transpose=True)
+            ),
+            lambda x, i: x["blocks.w"][i].T,
+        ),
+        (
+            lambda: hp.plan_of(hp.fused(["blocks.q", "blocks.k"], 3, 2, 5, "h.{}.w")),
+            lambda x, i: np.concatenate([x["blocks.q"][i].T, x["blocks.k"][i].T], 1),
+        ),
+    ],
+    ids=["stacked", "stacked-transposed", "fused"],
+)
+def test_hand_made_plans_write_what_they_say(tmp_path, make, reference):
+    plan = make()
+    leaves = _leaf_values(plan)
+    names = {t: t for t in plan.tensors}
+    tree = {}
+    for name, x in leaves.items():  # `blocks.w` is the leaf of tree["blocks"]["w"]
+        head, tail = name.split(".")
+        tree.setdefault(head, {})[tail] = x
+    _export._write_all(
+        TreeSource(tree),
+        plan,
+        names,
+        0,
+        tmp_path / "hf",
+        150,  # bytes per file: several files
+        1 << 20,
+        False,
+        None,
+        _export.API,
+    )
+    tensors, _ = _read_all(tmp_path / "hf")
+    assert sorted(tensors) == [f"h.{i}.w" for i in range(3)]
+    for i in range(3):
+        np.testing.assert_array_equal(tensors[f"h.{i}.w"], reference(leaves, i))
+
+
+class _Costs:
+    def __init__(self, plan):
+        self.plan = plan
+
+    def cost(self, leaf):
+        return int(np.prod(self.plan.leaves[leaf].shape)) * 4
+
+
+def test_groups_keep_a_tensors_leaves_together_within_the_buffer():
+    plan = hp.plan_of(
+        hp.fused(["q", "k", "v"], 4, 8, 8, "h.{}.qkv"),  # 3 x 1 KiB, one group
+        hp.stacked("mlp", 4, (8, 8), "h.{}.mlp"),  # 1 KiB
+        hp.stacked("norm", 4, (8,), "h.{}.norm"),  # 128 bytes
+    )
+    groups = list(_export._groups(plan, _Costs(plan), buffer=2 * 1200))
+    assert [g.leaves for g in groups] == [["q", "k", "v"], ["mlp", "norm"]]
+    assert groups[0].tensors == [f"h.{i}.qkv" for i in range(4)]
+    assert groups[1].tensors == [f"h.{i}.mlp" for i in range(4)] + [
+        f"h.{i}.norm" for i in range(4)
+    ]
+
+
+def test_export_then_load_on_the_public_api(tmp_path):
+    model = eqx.nn.MLP(3, 2, 8, 2, key=KEY)
+    item = {"model": model, "scale": jnp.float32(2.0), "steps": 3}
+    oeqx.save(tmp_path / "ckpt", item)
+    result = oeqx.export_safetensors(tmp_path / "ckpt", tmp_path / "hf.safetensors")
+    assert result.files == [str(tmp_path / "hf.safetensors")]
+    skeleton = eqx.filter_eval_shape(lambda: item | {"steps": 0})
+    loaded = oeqx.load_safetensors(tmp_path / "hf.safetensors", skeleton)
+    assert loaded["steps"] == 3  # recorded in the file's __metadata__
+    np.testing.assert_array_equal(
+        loaded["model"].layers[0].weight, model.layers[0].weight
+    )
+    assert float(loaded["scale"]) == 2.0

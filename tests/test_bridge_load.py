@@ -1,0 +1,572 @@
+"""`oeqx.load_safetensors` and the ranged reads behind it (`_bridge/fill.py`),
+on files written by the `safetensors` library: values, bytes read, and every
+check before any tensor byte is read.
+
+Plans for stacked, transposed and fused layouts are made by hand
+(`integration_tests/_hand_plan.py`); the mapping's own planner is tested
+with them in `test_bridge_models.py`.
+"""
+
+import concurrent.futures
+import json
+import os
+import struct
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+import zoo
+from safetensors.numpy import save_file
+
+import orbax_eqx as oeqx
+from integration_tests import _hand_plan as hp
+from orbax_eqx._bridge import fill as _fill
+from orbax_eqx._bridge.load import load
+from orbax_eqx._bridge.safetensors import header as _header
+from orbax_eqx._bridge.safetensors import index as _index
+
+KEY = jax.random.key(0)
+
+
+def _values(shape, seed, dtype=np.float32):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def _mlp_tensors(model):
+    out = {}
+    for i, layer in enumerate(model.layers):
+        out[f"layers.{i}.weight"] = np.asarray(layer.weight)
+        out[f"layers.{i}.bias"] = np.asarray(layer.bias)
+    return out
+
+
+def _skeleton():
+    return eqx.filter_eval_shape(eqx.nn.MLP, 3, 2, 8, 2, key=jax.random.key(9))
+
+
+# --------------------------------------------------------------- by name
+
+
+@pytest.mark.parametrize("layout", ["file", "directory", "index", "list"])
+def test_loads_by_name_from_every_layout(tmp_path, layout):
+    model = eqx.nn.MLP(3, 2, 8, 2, key=KEY)
+    tensors = _mlp_tensors(model)
+    names = sorted(tensors)
+    if layout == "file":
+        save_file(tensors, tmp_path / "m.safetensors")
+        source = tmp_path / "m.safetensors"
+    else:
+        halves = [names[:3], names[3:]]
+        files = [f"model-0000{i + 1}-of-00002.safetensors" for i in range(2)]
+        for half, f in zip(halves, files):
+            save_file({n: tensors[n] for n in half}, tmp_path / f)
+        if layout == "index":
+            weight_map = {n: f for half, f in zip(halves, files) for n in half}
+            (tmp_path / _index.INDEX_FILE).write_text(
+                json.dumps({"weight_map": weight_map})
+            )
+        source = [tmp_path / f for f in files] if layout == "list" else tmp_path
+    loaded = oeqx.load_safetensors(source, _skeleton())
+    for got, want in zip(loaded.layers, model.layers):
+        assert isinstance(got.weight, jax.Array)
+        np.testing.assert_array_equal(got.weight, want.weight)
+        np.testing.assert_array_equal(got.bias, want.bias)
+    assert loaded.activation is jax.nn.relu  # the skeleton's own
+
+
+def test_round_trip_of_the_zoo_through_export_safetensors(tmp_path):
+    for name in ("mlp", "prng_keys", "numpy_leaves", "python_scalars", "vmap_stacked"):
+        make = zoo.ZOO[name]
+        item = make(KEY)
+        out = tmp_path / name
+        oeqx.export_safetensors(item, out, max_shard_size=300)
+        loaded = oeqx.load_safetensors(out, zoo.skeleton(make, jax.random.key(5)))
+        zoo.assert_same(loaded, item)
+
+
+def test_cast_and_numpy_leaves(tmp_path):
+    tensors = {
+        "w": _values((4, 3), 1).astype(ml_dtypes.bfloat16),
+        "n": np.arange(5, dtype=np.int64),
+        "s": np.array(2.5, np.float32),
+    }
+    save_file(tensors, tmp_path / "m.safetensors")
+    skeleton = {
+        "w": jax.ShapeDtypeStruct((4, 3), jnp.float32),
+        "n": np.zeros(5, np.int64),
+        "s": np.float32(0),
+    }
+    with pytest.raises(
+        oeqx.SafetensorsError,
+        match=r"^The skeleton does not fit the safetensors at \S+m\.safetensors "
+        r"\(1 problem\): leaf `w` is float32 in the skeleton but its tensor is "
+        r"bfloat16\. To fix: pass `cast=True` to cast tensors to the skeleton's "
+        r"dtypes\.$",
+    ):
+        oeqx.load_safetensors(tmp_path / "m.safetensors", skeleton)
+    loaded = oeqx.load_safetensors(tmp_path / "m.safetensors", skeleton, cast=True)
+    assert loaded["w"].dtype == jnp.float32
+    np.testing.assert_array_equal(loaded["w"], tensors["w"].astype(np.float32))
+    assert type(loaded["n"]) is np.ndarray
+    np.testing.assert_array_equal(loaded["n"], tensors["n"])
+    assert type(loaded["s"]) is np.float32 and loaded["s"] == 2.5
+
+
+def test_every_problem_at_once_before_any_read(tmp_path):
+    tensors = {"a": _values((2, 3), 0), "extra": _values((1,), 1)}
+    tensors |= {f"z{i}": _values((1,), i) for i in range(5)}
+    save_file(tensors, tmp_path / "m.safetensors")
+    skeleton = {
+        "a": jax.ShapeDtypeStruct((3, 2), jnp.float32),
+        "b": jax.ShapeDtypeStruct((1,), jnp.float32),
+        "k": jax.ShapeDtypeStruct((), jax.random.key(0).dtype),
+    }
+    with pytest.raises(
+        oeqx.SafetensorsError,
+        match=r"\(3 problems\): 2 leaf\(s\) have no tensor: `b`, `k`; 6 tensor\(s\) "
+        r"fill no leaf: `extra`, `z0`, `z1` and 3 more; leaf `a` has shape \(3, 2\) "
+        r"in the skeleton but its tensor has \(2, 3\)\. To fix: map tensor names to "
+        r"leaf names with `mapping=`; pass `allow_unused=True` to leave them out; "
+        r"build the skeleton of the model the tensors are for\.$",
+    ):
+        oeqx.load_safetensors(tmp_path / "m.safetensors", skeleton)
+
+
+def test_reads_only_the_tensors_it_fills(tmp_path):
+    tensors = {f"t{i}": _values((64, 64), i) for i in range(8)}
+    save_file(tensors, tmp_path / "m.safetensors")
+    skeleton = {"t3": jax.ShapeDtypeStruct((64, 64), jnp.float32)}
+    loaded = load(tmp_path / "m.safetensors", skeleton, allow_unused=True)
+    np.testing.assert_array_equal(loaded.tree["t3"], tensors["t3"])
+    assert loaded.counts.read == 64 * 64 * 4  # that tensor's bytes, no more
+    assert loaded.counts.copied == 0  # read straight into its buffer
+    assert loaded.counts.held == 64 * 64 * 4
+
+
+# --------------------------------------------------------------- hand-made plans
+
+
+def _files(tmp_path, plan, seed=0, per_file=3):
+    """Writes the plan's tensors with the library (a few per file), returns
+    `{name: (header, info)}` and the values."""
+    values = {
+        t.name: _values(t.shape, seed + i) for i, t in enumerate(plan.tensors.values())
+    }
+    names = list(values)
+    for k in range(0, len(names), per_file):
+        save_file(
+            {n: values[n] for n in names[k : k + per_file]},
+            tmp_path / f"f{k}.safetensors",
+        )
+    headers = _index.find(tmp_path)
+    return {n: (h, t) for h in headers for n, t in h.tensors.items()}, values
+
+
+def _expected(plan, values):
+    out = {}
+    for name, spec in plan.leaves.items():
+        x = np.zeros(spec.shape, np.float32)
+        for p in plan.leaf_pieces(name):
+            part = values[p.tensor][tuple(slice(a, b) for a, b in p.tensor_box)]
+            x[tuple(slice(a, b) for a, b in p.leaf_box)] = part.transpose(
+                p.perm
+            ).reshape([b - a for a, b in p.leaf_box])
+        out[name] = x
+    return out
+
+
+LAYERS = 4
+
+
+@pytest.mark.parametrize(
+    "make, direct",
+    [
+        (lambda: hp.plan_of(hp.stacked("blocks.w", LAYERS, (6, 5), "h.{}.w")), True),
+        (
+            lambda: hp.plan_of(
+                hp.stacked("blocks.w", LAYERS, (6, 5), "h.{}.w", transpose=True)
+            ),
+            False,
+        ),
+        (
+            lambda: hp.plan_of(
+                hp.fused(["blocks.q", "blocks.k", "blocks.v"], LAYERS, 4, 6, "h.{}.qkv")
+            ),
+            False,
+        ),
+    ],
+    ids=["stacked", "stacked-transposed", "fused-qkv"],
+)
+def test_fill_follows_hand_made_plans(tmp_path, make, direct):
+    plan = make()
+    tensors, values = _files(tmp_path, plan)
+    requests = [
+        _fill.Request(s.name, s.shape, np.dtype(s.dtype), sharding)
+        for s in plan.leaves.values()
+        for sharding in [jax.sharding.SingleDeviceSharding(jax.devices()[0])]
+    ]
+    counts = _fill.Counts()
+    got = _fill.fill(plan, tensors, requests, counts=counts, window=1000)
+    for name, want in _expected(plan, values).items():
+        np.testing.assert_array_equal(np.asarray(got[name]), want)
+    total = sum(v.nbytes for v in values.values())
+    assert counts.read == total == counts.held
+    assert counts.copied == (0 if direct else total)
+
+
+@pytest.mark.parametrize(
+    "box, nbytes, direct",
+    [
+        (((0, LAYERS), (0, 6), (0, 5)), LAYERS * 6 * 5 * 4, True),  # whole
+        (((1, 3), (0, 6), (0, 5)), 2 * 6 * 5 * 4, True),  # layers 1-2
+        (((0, LAYERS), (2, 5), (0, 5)), LAYERS * 3 * 5 * 4, True),  # rows 2-4
+        (((1, 2), (0, 6), (1, 3)), (5 * 5 + 2) * 4, False),  # columns: their rows
+        (((2, 3), (3, 4), (4, 5)), 4, True),  # one element
+    ],
+    ids=["whole", "layers", "rows", "columns", "element"],
+)
+def test_a_box_reads_the_rows_that_hold_it(tmp_path, box, nbytes, direct):
+    # What one device's box of a stacked leaf costs: the bytes read, and
+    # whether they go straight into the box's buffer.
+    plan = hp.plan_of(hp.stacked("blocks.w", LAYERS, (6, 5), "h.{}.w"))
+    tensors, values = _files(tmp_path, plan)
+    full = _expected(plan, values)["blocks.w"]
+    request = _fill.Request("blocks.w", full.shape, np.dtype("float32"), None)
+    start, stop = tuple(a for a, _ in box), tuple(b for _, b in box)
+    target = _fill._Box(start, stop, plan.leaf_pieces("blocks.w", box))
+    works = [_fill._work(request, target, p, tensors) for p in target.pieces]
+    assert sum(w.stop - w.first for w in works) == nbytes
+    assert all((w.direct is not None) == direct for w in works)
+    counts = _fill.Counts()
+    with concurrent.futures.ThreadPoolExecutor(2) as placers:
+        _fill._Batch(works, counts, placers).finish()
+    assert counts.read == nbytes and counts.copied == (0 if direct else nbytes)
+    np.testing.assert_array_equal(
+        target.buffer, full[tuple(slice(a, b) for a, b in box)]
+    )
+
+
+def test_file_replaced_after_its_header_was_read(tmp_path):
+    plan = hp.plan_of(hp.stacked("w", 2, (4,), "h.{}.w"))
+    tensors, _ = _files(tmp_path, plan)
+    path = tensors["h.0.w"][0].path
+    with open(path, "ab") as f:
+        f.write(b"more")
+    with pytest.raises(
+        oeqx.SafetensorsError,
+        match=rf"^{path} has \d+ bytes where \d+ were written \(its header was "
+        r"read from a \d+-byte file\); it was replaced while being read\. Load it "
+        r"again\.$",
+    ):
+        _fill.fill(plan, tensors, [_fill.Request("w", (2, 4), np.dtype("f4"), None)])
+
+
+# --------------------------------------------------------------- hostile files
+
+
+def _raw(path, header, data=b""):
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+    return path
+
+
+def _text(path, text, data=b"", length=None):
+    length = len(text) if length is None else length
+    path.write_bytes(struct.pack("<Q", length) + text + data)
+    return path
+
+
+def _entry(dtype="F32", shape=(1,), offsets=(0, 4)):
+    return {"dtype": dtype, "shape": list(shape), "data_offsets": list(offsets)}
+
+
+@pytest.mark.parametrize(
+    "write, message",
+    [
+        (
+            lambda p: _text(
+                p,
+                b'{"a":{"dtype":"U8","shape":[1],"data_offsets":[0,1]},'
+                b'"a":{"dtype":"U8","shape":[1],"data_offsets":[1,2]}}',
+                b"ab",
+            ),
+            "the header names 'a' twice",
+        ),
+        (
+            lambda p: _raw(p, {"a\x1b[2J": _entry()}, b"abcd"),
+            r"the tensor name 'a\\x1b\[2J' holds control characters",
+        ),
+        (
+            lambda p: _raw(p, {"\ud800": _entry()}, b"abcd"),
+            r"the tensor name '\\ud800' is not valid Unicode \(a lone surrogate\)",
+        ),
+        (
+            lambda p: _raw(p, {"x" * 5000: _entry()}, b"abcd"),
+            r"the tensor name 'x+' \(cut; 5000 characters\) is 5000 characters "
+            r"long, more than the 4096 allowed",
+        ),
+        (
+            lambda p: _raw(p, {"a": _entry(shape=[1] * 65)}, b"abcd"),
+            r"tensor 'a' has shape \[1, 1, 1",
+        ),
+        (
+            lambda p: _raw(p, {"a": _entry(dtype=5)}, b"abcd"),
+            r"tensor 'a' has dtype 5; this reader knows BOOL",
+        ),
+        (
+            lambda p: _raw(p, {"a": _entry(offsets=(0, 4, 8))}, b"abcd"),
+            r"tensor 'a' has data_offsets \[0, 4, 8\]",
+        ),
+        (
+            lambda p: _raw(p, {"a": _entry(offsets=(0, True))}, b"abcd"),
+            r"tensor 'a' has data_offsets \[0, true\]|has data_offsets \[0, True\]",
+        ),
+        (
+            lambda p: _text(p, b"{}", length=2**63),
+            rf"the header claims {2**63} bytes, more than the 100000000 a header "
+            "may have",
+        ),
+        (
+            lambda p: _raw(p, {"a": _entry(offsets=(0, 4))}, b"ab"),
+            r"the header describes \d+ bytes of file, but it has \d+",
+        ),
+        (lambda p: _raw(p, [1, 2]), "the header is not a JSON object"),
+    ],
+    ids=[
+        "duplicate",
+        "control",
+        "surrogate",
+        "long-name",
+        "rank",
+        "dtype-int",
+        "offsets-3",
+        "offsets-bool",
+        "huge-header",
+        "short-data",
+        "list",
+    ],
+)
+def test_hostile_headers_are_refused(tmp_path, write, message):
+    path = write(tmp_path / "bad.safetensors")
+    with pytest.raises(
+        oeqx.SafetensorsError,
+        match=rf"^\S+bad\.safetensors is not a valid safetensors file: {message}.*"
+        r"\. Re-download or re-export it\.$",
+    ):
+        oeqx.load_safetensors(path, {})
+
+
+@pytest.mark.parametrize(
+    "file, shown",
+    [
+        (
+            "../model.safetensors",
+            r"'\.\./model\.safetensors', not a file beside the index",
+        ),
+        ("/etc/passwd", r"'/etc/passwd', not a file beside the index"),
+        ("sub/m.safetensors", r"'sub/m\.safetensors', not a file beside the index"),
+        (
+            "gs://b/m.safetensors",
+            r"'gs://b/m\.safetensors', not a file beside the index",
+        ),
+        (
+            ".hidden.safetensors",
+            r"'\.hidden\.safetensors', not a file beside the index",
+        ),
+        ("m.bin", r"'m\.bin', not a file beside the index"),
+        (7, r"int 7, not a file name"),
+    ],
+    ids=["parent", "absolute", "subdirectory", "url", "hidden", "suffix", "int"],
+)
+def test_hostile_index_is_refused_before_any_file_is_read(tmp_path, file, shown):
+    (tmp_path / "hf").mkdir()
+    save_file({"w": np.ones(2, np.float32)}, tmp_path / "model.safetensors")
+    index = tmp_path / "hf" / _index.INDEX_FILE
+    index.write_text(json.dumps({"weight_map": {"w": file}}))
+    with pytest.raises(
+        oeqx.SafetensorsError,
+        match=rf"^{index} names what an index may not: `w` is in {shown}\. An "
+        r"index names tensors, and files beside it by plain names "
+        r"\(model-00001-of-00002\.safetensors: no `/`, no `\.\.`, no URL\)\. "
+        r"Re-download the directory from a source you trust\.$",
+    ):
+        oeqx.load_safetensors(tmp_path / "hf", {})
+
+
+def test_hostile_index_tensor_names_and_shapes(tmp_path):
+    index = tmp_path / _index.INDEX_FILE
+    index.write_text(json.dumps({"weight_map": {"a\nb": "m.safetensors"}}))
+    with pytest.raises(
+        oeqx.SafetensorsError,
+        match=r"names what an index may not: the tensor name 'a\\nb' holds control "
+        r"characters\.",
+    ):
+        oeqx.load_safetensors(tmp_path, {})
+    index.write_text(json.dumps({"weight_map": ["m.safetensors"]}))
+    with pytest.raises(
+        oeqx.SafetensorsError,
+        match=r"is not a safetensors index \(no valid weight_map: TypeError\("
+        r"'weight_map is a list'\)\)\.$",
+    ):
+        oeqx.load_safetensors(tmp_path, {})
+    index.write_text(json.dumps({"weight_map": "m.safetensors"}))
+    with pytest.raises(
+        oeqx.SafetensorsError,
+        match=r"no valid weight_map: TypeError\('weight_map is a str'\)",
+    ):
+        oeqx.load_safetensors(tmp_path, {})
+
+
+def test_an_index_too_large_is_refused_unread(tmp_path):
+    index = tmp_path / _index.INDEX_FILE
+    limit = _index.MAX_INDEX_BYTES
+    with open(index, "wb") as f:
+        f.truncate(limit + 1)
+    with pytest.raises(
+        oeqx.SafetensorsError,
+        match=rf"^{index} is not a safetensors index: it has {limit + 1} bytes, more "
+        rf"than the {limit} allowed\.",
+    ):
+        oeqx.load_safetensors(tmp_path, {})
+
+
+def test_a_fifo_listed_as_a_file_is_refused_unread(tmp_path):
+    os.mkfifo(tmp_path / "f.safetensors")
+    with pytest.raises(
+        oeqx.SafetensorsError,
+        match=r"f\.safetensors is not a valid safetensors file: it is a FIFO \(named "
+        r"pipe\), not a regular file\.",
+    ):
+        oeqx.load_safetensors([tmp_path / "f.safetensors"], {})
+
+
+def test_empty_list_of_files(tmp_path):
+    with pytest.raises(
+        oeqx.SafetensorsError,
+        match=r"^The list of safetensors files is empty\. Give a file, a directory, "
+        r"or a non-empty list of files\.$",
+    ):
+        oeqx.load_safetensors([], {})
+
+
+def test_header_reads_are_bounded_by_the_file(tmp_path):
+    # A header that claims 99 MB in a 10-byte file: refused before a buffer of
+    # that size is made (the length is checked first).
+    path = tmp_path / "h.safetensors"
+    path.write_bytes(struct.pack("<Q", 99_000_000) + b"{}")
+    with pytest.raises(
+        oeqx.SafetensorsError,
+        match=r"the header claims 99000000 bytes, but the file has 10\.",
+    ):
+        _header.read_header(path)
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda x: x.transpose(0, 2, 1),  # tiled: partial tiles at both edges
+        lambda x: x,  # contiguous: one copy
+        lambda x: x[:, :3, :].transpose(0, 2, 1),  # narrow: one copy
+    ],
+    ids=["transposed", "contiguous", "narrow"],
+)
+def test_copy_in_tiles_equals_numpy(make):
+    x = _values((3, 600, 700), 0)
+    src = make(x)
+    dst = np.zeros(src.shape, ml_dtypes.bfloat16)  # and casts
+    _fill.copy(dst, src)
+    np.testing.assert_array_equal(dst, src.astype(ml_dtypes.bfloat16))
+
+
+_PEAK = """
+import json, sys
+import jax, numpy as np
+import orbax_eqx as oeqx
+from orbax_eqx._bridge.load import load
+
+mapping = (
+    oeqx.StateDictMapping().stack("blocks", "h.{i}").transpose("h.{i}.conv.weight")
+)
+layers, n = 24, 512
+skeleton = {"blocks": {
+    "conv": {"weight": jax.ShapeDtypeStruct((layers, n, 2 * n), np.float32)},
+    "lin": {"weight": jax.ShapeDtypeStruct((layers, n, n), np.float32)},
+}}
+def status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+open("/proc/self/clear_refs", "w").write("5")
+base = status("VmRSS")
+loaded = load(sys.argv[1], skeleton, mapping=mapping, window=16 << 20)
+jax.block_until_ready(loaded.tree)
+print(json.dumps({"peak": status("VmHWM") - base, "held": loaded.counts.held,
+                  "read": loaded.counts.read}))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux only")
+def test_peak_memory_is_the_share_plus_a_window(tmp_path):
+    """144 MiB of per-layer tensors (two thirds transposed, copied in) load
+    into stacked leaves with a peak RSS growth of at most 1.3x what is held."""
+    import subprocess
+    import sys
+
+    layers, n = 24, 512
+    rng = np.random.default_rng(0)
+    for half in (0, 1):
+        tensors = {}
+        for i in range(half * layers // 2, (half + 1) * layers // 2):
+            tensors[f"h.{i}.conv.weight"] = rng.standard_normal((2 * n, n), np.float32)
+            tensors[f"h.{i}.lin.weight"] = rng.standard_normal((n, n), np.float32)
+        save_file(tensors, tmp_path / f"part{half}.safetensors")
+        del tensors
+    root = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
+    result = subprocess.run(
+        [sys.executable, "-c", _PEAK, str(tmp_path)],
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": root},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    r = json.loads(result.stdout.splitlines()[-1])
+    assert r["held"] == r["read"] == layers * 3 * n * n * 4
+    assert r["peak"] <= 1.3 * r["held"], r
+
+
+def test_index_naming_too_many_files_is_refused_before_any_request(tmp_path):
+    limit = _index.MAX_FILES
+    weight_map = {f"t{i}": f"f{i}.safetensors" for i in range(limit + 1)}
+    (tmp_path / _index.INDEX_FILE).write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(
+        oeqx.SafetensorsError,
+        match=rf"index\.json names {limit + 1} files, more than the {limit} a source "
+        r"may have\. Re-download or re-export the directory\.$",
+    ):
+        oeqx.load_safetensors(tmp_path, {})
+    del weight_map["t0"]
+    weight_map = dict(list(weight_map.items())[:10])
+    (tmp_path / _index.INDEX_FILE).write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(
+        oeqx.SafetensorsError,
+        match=r"names files that are not there: f1\.safetensors, f10\.safetensors, "
+        r"f2\.safetensors and more\. Re-download",
+    ):
+        oeqx.load_safetensors(tmp_path, {})
+
+
+def test_recorded_metadata_nested_too_deep_is_ignored(tmp_path):
+    deep = "[" * 500 + "]" * 500
+    text = '{"modules": {"": {"class": "x", "static": {"a": ' + deep + "}}}}"
+    save_file(
+        {"w": np.ones(2, np.float32)},
+        tmp_path / "m.safetensors",
+        metadata={"orbax_eqx": text},
+    )
+    skeleton = {"w": jax.ShapeDtypeStruct((2,), jnp.float32)}
+    loaded = oeqx.load_safetensors(tmp_path / "m.safetensors", skeleton)
+    np.testing.assert_array_equal(loaded["w"], np.ones(2))
