@@ -114,7 +114,7 @@ def test_a_body_cut_short_once_is_read_again(bucket):
 
 def test_a_byte_flipped_in_transit_once_is_read_again(bucket):
     """One flipped byte made `restore_latest` fall back (S3: 10 -> 2, GCS too):
-    the CRC-32 failed, and it was called damage without a second read."""
+    the checksum failed, and it was called damage without a second read."""
     root = _saved(bucket)
     flip = Fault("flip", method="GET", path=_pack(10), range=DATA, nth=[1], at=77)
     with _proxied(bucket, flip) as proxy, _manager(root) as mngr:
@@ -134,7 +134,7 @@ def test_bytes_changed_differently_on_every_read_are_the_stores_failure(bucket):
     assert text.startswith(f"Reading {root}/10/default from bucket '"), text
     assert "gave different bytes on each of 3 reads" in text
     assert "the checkpoint itself may be intact" in text
-    assert text.count("  - Leaf `['a']` (a): CRC-32 recorded at save") == 3, text
+    assert text.count("  - Leaf `['a']` (a): XXH3-64 recorded at save") == 3, text
     assert flip.hits == 3
 
 
@@ -174,7 +174,7 @@ def test_verify_reads_again_before_it_reports_damage(bucket):
     with _proxied(bucket):
         report = oeqx.verify(item)
     assert [d.name for d in report.damaged] == ["b"] and report.checked == ("a",)
-    assert report.damaged[0].problem.startswith("data does not match its CRC-32")
+    assert report.damaged[0].problem.startswith("data does not match its XXH3-64")
 
 
 # -- ranges ------------------------------------------------------------------
