@@ -16,7 +16,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from .._bytes import store as _store
-from .._errors import ObjectStoreError, UnsupportedLeafError
+from .._bytes import verdict as _verdict
+from .._errors import ObjectStoreError, ObjectStoreSaveError, UnsupportedLeafError
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
 from .._gc import paused
@@ -151,12 +152,14 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         change them as soon as this returns; see `_packing.host_copies`);
         writing them happens in the background.
         """
-        _object_commit.check(directory, self._pack)
         primary = ocp.multihost.is_primary_host(self._primary_host)
         try:
+            _object_commit.check(directory, self._pack)
             _object_commit.reachable(directory)  # the first save into a bucket
-        except ObjectStoreError:
-            # As for a refused leaf below: let Orbax finish the directories.
+        except (ObjectStoreSaveError, ObjectStoreError):
+            # Refused before anything was written, while Orbax makes this
+            # save's directories in the background: let it finish, or its
+            # threads would wait out their timeout at exit (see `released`).
             await _undo_directories(epath.Path(directory), primary)
             raise
         flat = None
@@ -308,7 +311,14 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         # `together`): one failing alone would leave the rest in Orbax's
         # barriers for good.
         with paused():  # one object per leaf, many times over: see `_gc`
-            return together(directory, lambda: self._restore_current(directory, args))
+            return together(directory, lambda: self._restore_checked(directory, args))
+
+    def _restore_checked(self, directory: epath.Path, args: "EqxRestore") -> Any:
+        # Bytes from an object store that fail their checks are read again
+        # before they are called damage (see `_bytes/verdict.py`).
+        return _verdict.confirmed(
+            directory, lambda: self._restore_current(directory, args)
+        )
 
     def _restore_current(self, directory: epath.Path, args: "EqxRestore") -> Any:
         try:

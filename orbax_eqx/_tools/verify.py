@@ -6,7 +6,8 @@ from collections.abc import Callable
 
 from etils import epath
 
-from .._errors import OrbaxEqxError
+from .._bytes import verdict as _verdict
+from .._errors import ObjectStoreError, OrbaxEqxError
 from .._format.sidecar import (
     PACKED,
     SHARDS,
@@ -88,11 +89,23 @@ def verify(
     **Returns:** a `VerifyReport`; `report.ok` is False if any leaf is damaged.
     Raises if the sidecar itself cannot be read (without it nothing can be
     checked), and `CheckpointPermissionError` if any file may not be read by
-    this user: that is no damage, and says nothing of the data.
+    this user: that is no damage, and says nothing of the data. On an object
+    store, leaves found damaged are checked again before they are reported
+    (the whole checkpoint is read again): bytes that fail differently on each
+    read, like a store that fails, raise `ObjectStoreError`, no damage.
     """
     path = find_item(directory)
     if _items.kind_of(path) == _items.PLAIN:
         return verify_plain(path, _plain.read(path), progress)
+    return _verdict.confirmed(path, lambda: _verify(path, progress), _listed)
+
+
+def _listed(report: VerifyReport) -> str:
+    """What `report` found damaged, as text (empty if nothing)."""
+    return "\n".join(f"  - {d.name}: {d.problem}" for d in report.damaged)
+
+
+def _verify(path: epath.Path, progress) -> VerifyReport:
     saved = read(path)
     checked, damaged, unchecked = [], [], []
     total = 0
@@ -203,8 +216,8 @@ def _check_packed(path: epath.Path, saved: Metadata, record, note):
             running.update(data)
             done += data.nbytes
             note(data.nbytes)
-    except PermissionError:  # not damage: nothing can be said of the data
-        raise
+    except (PermissionError, ObjectStoreError):  # not damage: nothing can be
+        raise  # said of the data
     except (OrbaxEqxError, OSError) as e:
         return str(e).split("\n")[0], done
     if record.crc32 is None:
@@ -222,7 +235,7 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
     """Yields `(record, result, bytes read)` for each leaf in the shard packs."""
     try:
         chunks = read_all(path, saved)
-    except PermissionError:
+    except (PermissionError, ObjectStoreError):
         raise
     except (OrbaxEqxError, OSError) as e:
         problem = str(e).split("\n")[0]
@@ -258,7 +271,7 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
                             "changed, or the index moved the chunk)"
                         )
                         break  # the leaf is damaged: no need to read on
-            except PermissionError:
+            except (PermissionError, ObjectStoreError):
                 raise
             except (OrbaxEqxError, OSError) as e:
                 problem = problem or str(e).split("\n")[0]
@@ -270,8 +283,8 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
 def _check_stored(reader: LeafReader, record):
     try:
         (data,) = reader.read([record.name], verify=False).values()
-    except PermissionError:  # not damage: nothing can be said of the data
-        raise
+    except (PermissionError, ObjectStoreError):  # not damage: nothing can be
+        raise  # said of the data
     except Exception as e:  # whatever Orbax or TensorStore raise on bad files
         return f"cannot be read: {str(e).splitlines()[0] if str(e) else e!r}"
     if record.sum32 is None:
