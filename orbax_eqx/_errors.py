@@ -162,7 +162,11 @@ def some(items: Sequence[object], limit: int = 3, sep: str = ", ") -> str:
 
 class ObjectStoreError(OrbaxEqxError, OSError):
     """A request to an object store (`gs://`, `s3://`) failed after its
-    retries: the message names the bucket, the endpoint and what to set."""
+    retries, or stalled: the message names the file, the bucket and endpoint,
+    and the store's answer, and what to set where settings can help (refused
+    credentials, an endpoint where nothing answers). A failing store is never
+    taken for a damaged checkpoint: `restore_latest` raises this rather than
+    falling back to an older step."""
 
 
 class ObjectStoreSaveError(OrbaxEqxError, ValueError):

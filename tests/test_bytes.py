@@ -227,3 +227,38 @@ def test_environment_sets_endpoint_region_and_credentials(monkeypatch):
     assert spec["endpoint"] == "http://127.0.0.1:9001"
     assert spec["aws_credentials"] == {"type": "environment"}
     assert os.environ.get("AWS_REGION") is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["soon", "0", "-5", "inf", "1e9"],
+    ids=["word", "zero", "<0", "inf", "huge"],
+)
+def test_a_stall_timeout_that_is_no_time_is_refused_naming_the_variable(
+    value, monkeypatch
+):
+    monkeypatch.setenv("ORBAX_EQX_STALL_SECONDS", value)
+    with pytest.raises(oeqx.OrbaxEqxError) as e:
+        oeqx.metadata("s3://bucket/m")
+    assert isinstance(e.value, ValueError)
+    assert str(e.value) == (
+        f"ORBAX_EQX_STALL_SECONDS is {value!r}: expected the seconds a request "
+        "to an object store may go without progress, a number above 0 and at "
+        "most 86400 (default 60). Set it to, say, `ORBAX_EQX_STALL_SECONDS=60`, "
+        "or unset it."
+    )
+
+
+def test_version_tells_a_file_written_anew(root):
+    """What a restore compares to tell a checkpoint replaced or deleted under it
+    (`_restore/vanished.py`): the same on every store."""
+    path = f"{root}/sidecar.json"
+    found = store.for_path(path)
+    assert found.version(path) is None
+    found.write_whole(path, b"one")
+    first = found.version(path)
+    assert first is not None and found.version(path) == first
+    found.write_whole(path, b"two")
+    assert found.version(path) not in (None, first)
+    found.delete(path)
+    assert found.version(path) is None

@@ -48,7 +48,7 @@ def test_verify_lists_each_damaged_leaf_and_exits_1(ckpt):
     assert result.returncode == 1, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith(
-        "DAMAGED `model.layers.1.weight`: data does not match its CRC-32: 0x"
+        "DAMAGED `model.layers.1.weight`: data does not match its XXH3-64: 0x"
     )
     assert lines[1] == (
         f"1 of 4 arrays in {ckpt} are damaged. Restore an earlier step, or re-save "

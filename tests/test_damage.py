@@ -481,7 +481,7 @@ def test_escaping_leaf_names_stay_inside(tmp_path, layout, escape):
         # renamed leaf is an edited record.
         with pytest.raises(
             oeqx.CheckpointDamagedError,
-            match=rf"\({re.escape(name)}\): CRC-32 recorded at save",
+            match=rf"\({re.escape(name)}\): XXH3-64 recorded at save",
         ):
             oeqx.restore(path)
     else:

@@ -214,6 +214,65 @@ def test_caller_may_change_or_donate_arrays_once_save_returns(tmp_path):
     np.testing.assert_array_equal(restored["weight"], expected["weight"])
 
 
+def test_a_large_numpy_array_changed_after_an_async_save_keeps_its_bytes(tmp_path):
+    """An async save copies numpy arrays before it returns, whatever their layout."""
+    big = np.random.default_rng(0).standard_normal((1 << 20) + 3).astype(np.float32)
+    odd = np.arange(24, dtype=">i4").reshape(4, 6).T  # big-endian, not C order
+    expected = {"big": big.copy(), "odd": odd.copy()}
+    mngr = ocp.CheckpointManager(tmp_path, item_handlers=oeqx.EqxHandler())
+    mngr.save(0, args=oeqx.EqxSave({"big": big, "odd": odd}))
+    big[:] = -1
+    odd[:] = -1
+    mngr.wait_until_finished()
+    restored = mngr.restore(0)
+    mngr.close()
+    for name, value in expected.items():
+        assert restored[name].dtype == value.dtype
+        np.testing.assert_array_equal(restored[name], value)
+
+
+@pytest.mark.parametrize("copy_numpy", [True, False], ids=["async", "waited"])
+def test_a_save_that_waits_packs_numpy_arrays_without_copying(copy_numpy):
+    """`oeqx.save` returns once written, so it packs numpy arrays where they
+    are (a copy only where one is not C-contiguous); an async save copies."""
+    from orbax_eqx._save.prepare import prepare
+
+    base = np.arange(2 * (5 << 20), dtype=np.float32)  # 40 MiB
+    item = {
+        "big": base[: 5 << 20],
+        "small": np.arange(10.0),
+        "strided": base[::2],
+        "scalar": np.float32(2.5),
+    }
+    prepared = prepare(item, token="0" * 16, copy_numpy=copy_numpy)
+    prepared.finish()
+    hosts = dict(zip(prepared.packed_names, (h for _, h in prepared.pieces)))
+    for name, x in item.items():
+        np.testing.assert_array_equal(hosts[name], x)
+        assert hosts[name].flags.c_contiguous
+    assert np.shares_memory(hosts["big"], base) is not copy_numpy
+    assert np.shares_memory(hosts["small"], item["small"]) is not copy_numpy
+    assert not np.shares_memory(hosts["strided"], base)
+
+
+def test_standalone_save_of_numpy_leaves_of_every_layout(tmp_path):
+    base = np.arange(4 * (1 << 20), dtype=np.float64)
+    item = {
+        "view": base[: 1 << 20],
+        "strided": base[1::3],
+        "transposed": base[:600].reshape(20, 30).T,
+        "fortran": np.asfortranarray(base[:600].reshape(20, 30)),
+        "scalar": np.int16(-7),
+        "bf16": base[:64].astype(jnp.bfloat16),
+    }
+    oeqx.save(tmp_path / "ckpt", item)
+    skeleton = jax.tree_util.tree_map(np.zeros_like, item)
+    restored = oeqx.restore(tmp_path / "ckpt", skeleton)
+    for name, value in item.items():
+        assert restored[name].dtype == value.dtype, name
+        np.testing.assert_array_equal(restored[name], value)
+
+
 def test_host_arrays_keep_their_bytes_when_the_array_is_donated():
     """What a save holds stays intact: on CPU it is numpy's view of the device
     buffer, and JAX must not reuse a buffer that numpy holds."""

@@ -99,9 +99,13 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import xxhash
 from etils import epath
 
 from .._bytes import store as _store
+
+# Names only: which data checksum a format records (computed in `_storage`).
+from .._storage.checksum import CRC32, XXH3
 from .._tree import nodes as _nodes
 from .._tree.names import storage_key
 from .._tree.values import describe, encode, scalar_type
@@ -172,10 +176,13 @@ class LeafMetadata:
     value: Any = None  # encoded value or description, for non-array leaves
     pack: int | None = None  # for packed leaves: which pack file...
     offset: int | None = None  # ...and where in it
-    crc32: int | None = None  # packed leaves' checksum (see `_checksum`)
+    # Packed leaves' data checksum (see `_storage/checksum.py`), of the
+    # algorithm `sum_algorithm` names: "crc32" up to format 5, "xxh3" from 6.
+    crc32: int | None = None
     sum32: int | None = None  # Orbax-stored leaves' checksum
     sharding: str | None = None  # shard-pack leaves: the saved sharding, as text
     key: str | None = None  # Orbax-stored leaves' storage key (`_names`)
+    sum_algorithm: str = "crc32"  # of `crc32`
 
     def describe(self) -> str:
         if self.kind == ARRAY:
@@ -344,13 +351,26 @@ def build(
     return content
 
 
+def data_sum_algorithm(version: int) -> str:
+    """The checksum of packed leaves' bytes a sidecar of format `version`
+    records: CRC-32 (`"crc32"`, an integer) up to format 5, XXH3-64 (`"xxh3"`,
+    16 hexadecimal digits) from format 6 on."""
+    return XXH3 if version >= 6 else CRC32
+
+
 def record_checksums(content: dict[str, Any], crc32: dict, sum32: dict) -> None:
     """Adds `{leaf name: checksum}` to the sidecar's JSON `content`, in place
-    (packed leaves' CRC-32s bound to their records: see `bind`)."""
+    (packed leaves' data checksums, of `data_sum_algorithm`, bound to their
+    records: see `bind`)."""
     leaves = content["leaves"]
     token = content["token"]
+    algorithm = data_sum_algorithm(content["format_version"])
     for name, value in crc32.items():
-        leaves[name]["crc32"] = bind(value, token, name, leaves[name])
+        bound = bind(value, token, name, leaves[name], algorithm)
+        if algorithm == XXH3:
+            leaves[name][XXH3] = f"{bound:016x}"
+        else:
+            leaves[name][CRC32] = bound
     for name, value in sum32.items():
         leaves[name]["sum32"] = value
     if content.get("checksums", True):
@@ -361,10 +381,13 @@ def record_checksums(content: dict[str, Any], crc32: dict, sum32: dict) -> None:
                 record.setdefault("sum32", None)
 
 
-def bind(crc: int, token: str, name: str, record: dict[str, Any]) -> int:
-    """A packed leaf's `crc32` as format 5 records it: the CRC-32 of its bytes
-    XOR the CRC-32 of what says where and what they are (the save's token, the
-    leaf name, dtype, shape, pack file, offset and size). Its own inverse:
+def bind(
+    crc: int, token: str, name: str, record: dict[str, Any], algorithm: str = CRC32
+) -> int:
+    """A packed leaf's checksum as formats 5 on record it: the checksum of its
+    bytes XOR the checksum (the same algorithm: CRC-32 in format 5, XXH3-64
+    from format 6 on) of what says where and what they are (the save's token,
+    the leaf name, dtype, shape, pack file, offset and size). Its own inverse:
     a reader binds the recorded value with the record as it reads it, and
     gets the CRC-32 of the bytes back only if no part of that was edited
     (a dtype or shape of the same size, an offset, another leaf's record, a
@@ -379,8 +402,15 @@ def bind(crc: int, token: str, name: str, record: dict[str, Any]) -> int:
         record["offset"],
         record["nbytes"],
     ]
-    text = json.dumps(where, ensure_ascii=False, separators=(",", ":"))
-    return crc ^ zlib.crc32(text.encode("utf-8", "surrogatepass"))
+    data = _BIND_ENCODER.encode(where).encode("utf-8", "surrogatepass")
+    if algorithm == XXH3:
+        return crc ^ xxhash.xxh3_64_intdigest(data)
+    return crc ^ zlib.crc32(data)
+
+
+# `json.dumps(where, ensure_ascii=False, separators=(",", ":"))`, with one
+# encoder for all leaves (`dumps` with options makes one per call).
+_BIND_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def nbytes(x: Any) -> int:

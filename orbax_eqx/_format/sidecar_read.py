@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import json
 import math
+import re
 import sys
 from typing import Any
 
@@ -30,6 +31,8 @@ from etils import epath
 # `_errors`, and opening files safely is the same job for every file.
 from .._bytes import store as _store
 from .._errors import SidecarError, permission_denied
+from .._gc import paused
+from .._storage.checksum import NAMES, XXH3
 from .._tree import nodes as _nodes
 from .._tree.names import old_storage_key, storage_key
 from .._tree.values import decode_scalar, scalar_type, too_deep
@@ -52,10 +55,12 @@ from .sidecar import (
     Metadata,
     PackMetadata,
     bind,
+    data_sum_algorithm,
     itemsize,
     pack_file,
 )
 
+_HEX64 = re.compile(r"[0-9a-f]{16}")  # a 64-bit checksum as format 6 writes it
 _MAX_DIM = 2**62  # past this, a shape is no array any numpy can make
 
 
@@ -89,10 +94,11 @@ def read(directory: epath.Path) -> Metadata:
     try:
         damaged = functools.partial(_damaged, path)
         sealed = _sealed.check(raw, damaged)
-        content = _loads(raw, path)
-        del raw  # held no longer than needed: a sidecar may be 256 MiB
-        _sealed.check_sealed(content, sealed, FORMAT_VERSION, damaged)
-        return parse(content, str(directory))
+        with paused():  # objects per leaf: see `_gc`
+            content = _loads(raw, path)
+            del raw  # held no longer than needed: a sidecar may be 256 MiB
+            _sealed.check_sealed(content, sealed, FORMAT_VERSION, damaged)
+            return parse(content, str(directory))
     except RecursionError:  # printing a value in an error, say
         raise _damaged(path, _TOO_DEEP) from None
 
@@ -373,6 +379,20 @@ def _parse_leaf(name: str, rec: Any, packs, bad, checks: "_Sums") -> LeafMetadat
     for k, v in sums.items():
         if v is not None and not (_is_size(v) and v < 2**32):
             raise bad(f"leaf {name!r} has {k} {v!r}, not a 32-bit checksum")
+    algorithm = checks.algorithm
+    if algorithm == XXH3:  # format 6 on: 16 hexadecimal digits, never `crc32`
+        text = rec.get(XXH3)
+        if sums["crc32"] is not None:
+            raise bad(
+                f'leaf {name!r} records a CRC-32 ("crc32"), which a format-'
+                f"{checks.version} sidecar never does: it was edited"
+            )
+        if not (text is None or (isinstance(text, str) and _HEX64.fullmatch(text))):
+            raise bad(
+                f"leaf {name!r} has data checksum {_cut(text)}, not XXH3-64 in 16 "
+                "lower-case hexadecimal digits"
+            )
+        sums["crc32"] = None if text is None else int(text, 16)
     leaf = LeafMetadata(
         name,
         path,
@@ -389,6 +409,7 @@ def _parse_leaf(name: str, rec: Any, packs, bad, checks: "_Sums") -> LeafMetadat
         sum32=sums["sum32"] if data == STORED else None,
         sharding=str(rec["sharding"]) if data == SHARDS and "sharding" in rec else None,
         key=rec["key"] if data == STORED else None,
+        sum_algorithm=algorithm,
     )
     return checks.check(leaf, rec, bad)
 
@@ -400,6 +421,11 @@ class _Sums:
     version: int
     checksums: bool  # False: saved with `checksums=False`
     token: str | None
+
+    @property
+    def algorithm(self) -> str:
+        """The data checksum of packed leaves (`sidecar.data_sum_algorithm`)."""
+        return data_sum_algorithm(self.version)
 
     def check(self, leaf: LeafMetadata, rec: dict, bad) -> LeafMetadata:
         """From format 4 on, a save with checksums records a CRC-32 for every
@@ -416,11 +442,19 @@ class _Sums:
         if leaf.data != PACKED:
             return leaf
         if leaf.crc32 is None:
-            raise bad(_no_checksum(leaf, "is packed", "CRC-32", version))
+            kind = NAMES[self.algorithm]
+            raise bad(_no_checksum(leaf, "is packed", kind, version))
         if version >= 5:
-            crc = bind(leaf.crc32, self.token, leaf.name, rec)
-            return dataclasses.replace(leaf, crc32=crc)
+            crc = bind(leaf.crc32, self.token, leaf.name, rec, self.algorithm)
+            # The record was made just now and is seen by nothing else yet:
+            # set in place (`dataclasses.replace` per leaf cost ~10 us).
+            object.__setattr__(leaf, "crc32", crc)
         return leaf
+
+
+def _cut(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _no_checksum(leaf, where: str, kind: str, version: int) -> str:

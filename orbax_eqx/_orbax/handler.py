@@ -2,6 +2,7 @@
 
 import asyncio
 import concurrent.futures
+import contextvars
 import functools
 import os
 import time
@@ -13,9 +14,11 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from .._bytes import store as _store
-from .._errors import ObjectStoreError, UnsupportedLeafError
+from .._bytes import verdict as _verdict
+from .._errors import ObjectStoreError, ObjectStoreSaveError, UnsupportedLeafError
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
+from .._gc import paused
 from .._restore.restore import restore_flat, restore_tree
 from .._restore.together import together
 from .._restore.vanished import CheckpointReplacedError, noticed
@@ -36,6 +39,9 @@ from . import rebuilt as _rebuilt
 from .args import EqxRestore, EqxSave
 
 TYPESTR = "orbax_eqx.EqxHandler"
+# Set while `EqxHandler.save` runs: the save returns only once written, so the
+# caller cannot change a numpy array meanwhile and none needs copying first.
+_WAITED = contextvars.ContextVar("orbax_eqx_waited", default=False)
 
 
 class EqxHandler(ocp.AsyncCheckpointHandler):
@@ -142,12 +148,14 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         change them as soon as this returns; see `_packing.host_copies`);
         writing them happens in the background.
         """
-        _object_commit.check(directory, self._pack)
         primary = ocp.multihost.is_primary_host(self._primary_host)
         try:
+            _object_commit.check(directory, self._pack)
             _object_commit.reachable(directory)  # the first save into a bucket
-        except ObjectStoreError:
-            # As for a refused leaf below: let Orbax finish the directories.
+        except (ObjectStoreSaveError, ObjectStoreError):
+            # Refused before anything was written, while Orbax makes this
+            # save's directories in the background: let it finish, or its
+            # threads would wait out their timeout at exit (see `released`).
             await _undo_directories(epath.Path(directory), primary)
             raise
         flat = None
@@ -158,14 +166,16 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         tree = args.item if args is not None else item
         token = _claim.new_token()
         try:
-            prepared = prepare(
-                tree,
-                token=token,
-                pack=self._pack,
-                copy_packed=primary,
-                checksums=self._checksums,
-                flat=flat,
-            )
+            with paused():  # see `_gc`
+                prepared = prepare(
+                    tree,
+                    token=token,
+                    pack=self._pack,
+                    copy_packed=primary,
+                    checksums=self._checksums,
+                    flat=flat,
+                    copy_numpy=not _WAITED.get(),
+                )
         except UnsupportedLeafError:
             # Refused before anything was written (with `pack=False`, a dtype
             # Orbax's store cannot hold: only this handler knows `pack`). Orbax
@@ -228,7 +238,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         try:
             # The leaves' names and the sidecar's content, and the rest of
             # the host copies (see `_save/prepare.py`).
-            prepared.finish()
+            with paused():  # see `_gc`
+                prepared.finish()
             if prepared.local is not None:
                 token = prepared.content["token"]
                 process = jax.process_index()
@@ -247,7 +258,11 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         if prepared.pack_nbytes:
             path = directory / _sidecar.pack_file(token, 0)
             found = _packing.write(
-                path, prepared.pieces, prepared.pack_nbytes, self._checksums
+                path,
+                prepared.pieces,
+                prepared.pack_nbytes,
+                self._checksums,
+                _sidecar.data_sum_algorithm(prepared.content["format_version"]),
             )
             _claim.wrote(started, path)
             # (`found` is empty without checksums)
@@ -259,7 +274,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         _sidecar.record_checksums(prepared.content, crcs, sums)
         _claim.before_sidecar(started)
         try:
-            _sidecar.write(directory, prepared.content, Polite())
+            with paused():
+                _sidecar.write(directory, prepared.content, Polite())
         except FileExistsError:
             _claim.claim_failed(started)
         _claim.wrote(started, directory / _sidecar.FILE_NAME)
@@ -270,7 +286,12 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         """Saves and waits until every write is done."""
 
         async def save_and_wait():
-            _background.wait_all(await self.async_save(directory, item, args))
+            waited = _WAITED.set(True)
+            try:
+                futures = await self.async_save(directory, item, args)
+            finally:
+                _WAITED.reset(waited)
+            _background.wait_all(futures)
 
         _run_sync(save_and_wait())
 
@@ -286,7 +307,15 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         # With several processes, all succeed or all raise one error (see
         # `together`): one failing alone would leave the rest in Orbax's
         # barriers for good.
-        return together(directory, lambda: self._restore_current(directory, args))
+        with paused():  # one object per leaf, many times over: see `_gc`
+            return together(directory, lambda: self._restore_checked(directory, args))
+
+    def _restore_checked(self, directory: epath.Path, args: "EqxRestore") -> Any:
+        # Bytes from an object store that fail their checks are read again
+        # before they are called damage (see `_bytes/verdict.py`).
+        return _verdict.confirmed(
+            directory, lambda: self._restore_current(directory, args)
+        )
 
     def _restore_current(self, directory: epath.Path, args: "EqxRestore") -> Any:
         try:

@@ -6,6 +6,7 @@ with `classes` saying why classes differ and
 (`select`, `renames`, `rename_map`), target shardings (`shardings`, `rules`),
 reading arrays and rebuilding the tree (`restore`), reading batches of leaves
 for tools (`read`), telling a checkpoint deleted during a restore (`vanished`)
-and falling back past damaged or deleted steps (`fallback`).
-May import: `_storage`, `_format`, `_tree`, `_errors`.
+and falling back past damaged or deleted steps, never past a failing store
+(`fallback`).
+May import: `_bytes`, `_storage`, `_format`, `_tree`, `_errors`.
 """

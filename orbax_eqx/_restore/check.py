@@ -183,8 +183,29 @@ def _describe_field(static: dict, field: str) -> str:
     return describe(static[field])
 
 
+_DTYPE_NAMES: dict = {}  # dtype -> str(dtype): numpy's `__str__` is slow
+
+
+def _dtype_name(dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = str(dtype)
+        if len(_DTYPE_NAMES) < 256:
+            _DTYPE_NAMES[dtype] = name
+    return name
+
+
 def _compare_leaf(leaf: Leaf, record, cast: bool) -> Difference | None:
     """One leaf against its record."""
+    if leaf.kind == ARRAY and record.kind == ARRAY:
+        # The common case first, without building the leaf's label.
+        x = leaf.value
+        if (
+            tuple(x.shape) == record.shape
+            and _dtype_name(x.dtype) == record.dtype
+            and wide.wanted_container(x, record) is not None
+        ):
+            return None
     where = f"Leaf {leaf.label}"
     if record.name != leaf.name:  # found through `prefix=` or `renames=`
         where += f" (checkpoint leaf `{record.name}`)"

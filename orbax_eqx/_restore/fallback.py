@@ -1,12 +1,21 @@
-"""Restoring "the latest" when the newest steps are damaged, or deleted meanwhile."""
+"""Restoring "the latest" when the newest steps are damaged, or deleted meanwhile.
+
+Only damage moves it to an older step. A store that fails (throttling that
+outlasts the retries, 5xx answers, a stall, a dropped connection: see
+`_bytes/verdict.py`) is raised at once as an `ObjectStoreError`: the older
+steps live on the same store, and a healthy newest step must not be passed
+over because a request failed.
+"""
 
 from typing import Any, NamedTuple
 
 import orbax.checkpoint as ocp
 
+from .._bytes import verdict as _verdict
 from .._errors import (
     CheckpointMismatchError,
     CheckpointNotFoundError,
+    ObjectStoreError,
     RebuildError,
     bullet_list,
     first_line,
@@ -38,8 +47,10 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
     deletes while it is being restored (`max_to_keep`, perhaps in another
     process) is no damage: the manager's list of steps is read again
     (`manager.reload()`) and the newest step now there is restored. A skeleton
-    that does not match (`CheckpointMismatchError`) is the caller's to fix, so
-    it is raised at once rather than skipped.
+    that does not match (`CheckpointMismatchError`) is the caller's to fix,
+    and a store that fails (`ObjectStoreError`: its requests failed after
+    their retries) is no damage of the step, so both are raised at once
+    rather than skipped.
 
     **Arguments:**
 
@@ -69,6 +80,8 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
             item = manager.restore(step, args=args)
         except (CheckpointMismatchError, RebuildError):  # the caller's to fix
             raise
+        except ObjectStoreError:  # the store failed, not the step
+            raise
         except CheckpointReplacedError:
             # Saved anew under this restore (twice: the handler retried once).
             # Not damage: read it again, a few times at most.
@@ -77,6 +90,9 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
                 continue
             raise
         except Exception as e:  # any damage: missing, truncated, unreadable
+            failure = _verdict.store_failure(e, manager.directory)
+            if failure is not None:  # raw, from Orbax's own calls to the store
+                raise failure from e
             if len(deleted) < MAX_DELETED:
                 steps = _reread(manager, steps)
                 if step not in steps or isinstance(e, CheckpointDeletedError):

@@ -231,9 +231,12 @@ def read_arrays(
         if record.data == EMPTY:
             result[name] = _empty(request)
             continue
-        value = loaded[saved.source(record).name]
-        if request.container == JAX and not value.sharding.is_equivalent_to(
-            request.sharding, value.ndim
+        source = saved.source(record).name
+        value = loaded[source]
+        if (
+            request.container == JAX
+            and to_read[source].sharding is not request.sharding  # read as asked
+            and not value.sharding.is_equivalent_to(request.sharding, value.ndim)
         ):
             # The same stored array wanted twice (tied weights), placed elsewhere.
             # (Equivalence, not `==`: Orbax may spell P() as P(None,); a needless

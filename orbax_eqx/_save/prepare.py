@@ -89,6 +89,7 @@ def prepare(
     copy_packed: bool = True,
     checksums: bool = True,
     flat: tuple[list[Any], Any] | None = None,
+    copy_numpy: bool = True,
 ) -> Prepared:
     """Decides where every leaf of `item` goes and takes packed arrays' bytes.
 
@@ -101,7 +102,9 @@ def prepare(
     `_storage/shards.py`). Nothing here computes over a sharded array.
     With `checksums`, Orbax-stored arrays that this process holds whole are
     copied to host, to be summed in the background. `flat` is
-    `flatten(item)`, if the caller has it.
+    `flatten(item)`, if the caller has it. `copy_numpy=False`, for a save
+    that returns only once its writes are done (the caller cannot change an
+    array meanwhile), packs numpy arrays without copying them first.
     """
     leaves, treedef = flat if flat is not None else flatten(item)
     walked = None
@@ -136,7 +139,7 @@ def prepare(
         local = _shards.start_take([(i, leaves[i]) for i in to_shard])
     hosts = None
     if copy_packed and to_pack:
-        hosts = start_host_copies([leaves[i] for i in to_pack])
+        hosts = start_host_copies([leaves[i] for i in to_pack], copy_numpy)
     shard_files = jax.process_count() if to_shard else 0
 
     def finish() -> tuple:
@@ -197,7 +200,9 @@ def _walk_snapshot(leaves: list[Any], treedef: Any, pause: Polite) -> Walked:
     walked = walk(jtu.tree_unflatten(treedef, leaves), pause)
     try:
         _same_leaves(walked, leaves)
-        _check(walked)
+        # The bytes were taken before `save` returned (and deleted arrays
+        # refused then): the caller may have donated the arrays since.
+        _check(walked, taken=True)
     except Exception:
         _forget(treedef)
         raise
@@ -219,9 +224,9 @@ def _same_leaves(walked: Walked, leaves: list[Any]) -> None:
         )
 
 
-def _check(walked: Walked, pack: bool = True) -> None:
+def _check(walked: Walked, pack: bool = True, taken: bool = False) -> None:
     _check_savable(walked)
-    storable.check(walked, pack)
+    storable.check(walked, pack, taken)
     recordable.check(walked)
 
 

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Sequence
 
 from .._errors import OrbaxEqxError, first_line
+from .._gc import paused
 from . import cli_commands as _commands
 from . import cli_safetensors as _safetensors
 from .cli_commands import PROG
@@ -43,7 +44,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
-        return args.run(args)
+        with paused():  # objects per leaf, thousands of them: see `_gc`
+            return args.run(args)
     except BrokenPipeError:
         # The reader went away (`... | head`): not an error worth a message.
         devnull = os.open(os.devnull, os.O_WRONLY)

@@ -33,6 +33,8 @@ def _escape(match: re.Match) -> str:
 def printable(text: str) -> str:
     """`text` with every control character escaped (`\\x1b`, `\\n`): one line,
     inert on a terminal. For names and values read from a checkpoint."""
+    if text.isascii() and text.isprintable():  # most text: nothing to escape
+        return text
     return _CONTROL.sub(_escape, text)
 
 
