@@ -114,7 +114,7 @@ def export_then_from_pretrained(tmp, name, model, mapping, config, cls, shard) -
     config.save_pretrained(out)
     files = sorted(p.name for p in out.iterdir())
     print(
-        f"{name}: exported {exported.tensors} tensors in {len(files)} files: {files[-1]}"
+        f"{name}: exported {exported.tensors} tensors, {len(files)} files: {files[-1]}"
     )
     loaded, info = cls.from_pretrained(out, output_loading_info=True)
     ok = keys_report(f"{name}: {cls.__name__}.from_pretrained keys", info)

@@ -246,7 +246,9 @@ def test_a_save_that_waits_packs_numpy_arrays_without_copying(copy_numpy):
     }
     prepared = prepare(item, token="0" * 16, copy_numpy=copy_numpy)
     prepared.finish()
-    hosts = dict(zip(prepared.packed_names, (h for _, h in prepared.pieces)))
+    hosts = dict(
+        zip(prepared.packed_names, (h for _, h in prepared.pieces), strict=True)
+    )
     for name, x in item.items():
         np.testing.assert_array_equal(hosts[name], x)
         assert hosts[name].flags.c_contiguous

@@ -231,11 +231,11 @@ def read_arrays(
         if record.data == EMPTY:
             result[name] = _empty(request)
             continue
-        source = saved.source(record).name
-        value = loaded[source]
+        held_by = saved.source(record).name
+        value = loaded[held_by]
         if (
             request.container == JAX
-            and to_read[source].sharding is not request.sharding  # read as asked
+            and to_read[held_by].sharding is not request.sharding  # read as asked
             and not value.sharding.is_equivalent_to(request.sharding, value.ndim)
         ):
             # The same stored array wanted twice (tied weights), placed elsewhere.
