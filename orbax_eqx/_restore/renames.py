@@ -38,7 +38,9 @@ def compile_renames(renames: Renames | None) -> tuple[_Rename, list[str]]:
     if renames is None:
         return (lambda name: (name, None)), []
     if isinstance(renames, Mapping):
-        bad = [k for k, v in renames.items() if not _is_name(k) or not _is_new(v)]
+        bad = [
+            k for k, v in renames.items() if not isinstance(k, str) or not _is_new(v)
+        ]
         if bad:
             raise RenameError(
                 f"`renames=` maps {bad[0]!r} to {renames[bad[0]]!r}: a dict of "
@@ -111,10 +113,6 @@ def compile_renames(renames: Renames | None) -> tuple[_Rename, list[str]]:
         "{old name: new name}, a list of (regex, replacement) rules, or a function "
         "old name -> new name."
     )
-
-
-def _is_name(x: Any) -> bool:
-    return isinstance(x, str)
 
 
 def _is_new(x: Any) -> bool:

@@ -260,18 +260,6 @@ def read_all(directory: epath.Path, saved: Metadata) -> dict[str, list[Chunk]]:
     return chunks
 
 
-def read_pack(
-    directory: epath.Path,
-    token: str,
-    process: int,
-    stored: dict[str, str],
-    versions=(1, INDEX_VERSION),
-) -> ShardPack:
-    """One process's index, checked for form only (see `read_all`); `stored`:
-    `stored_text` of each leaf's element type, as the sidecar records it."""
-    return _read_one(directory, token, process, versions, stored)
-
-
 def _read_one(
     directory: epath.Path, token: str, process: int, versions, stored
 ) -> ShardPack:
