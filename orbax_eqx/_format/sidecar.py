@@ -73,7 +73,7 @@ An array leaf's `data` says where its bytes are:
 Packed leaves record the CRC-32 of their bytes (`crc32`; from format 5 on
 bound to the leaf's record, see `bind`), Orbax-stored ones a sum over their
 32-bit words that does not depend on the sharding (`sum32`; from format 5 on
-`null` where no process held the array whole; both defined in `_checksum`).
+`null` where no process held the array whole; both defined in `_storage.checksum`).
 Sidecars written before checksums have neither; such leaves are read
 unchecked. From format 3 on, every array with data has
 one, unless the save says `"checksums": false` (saved with `checksums=False`).
@@ -81,7 +81,7 @@ one, unless the save says `"checksums": false` (saved with `checksums=False`).
 The `token` is drawn at random for each save and names every file the save
 writes, so that two processes saving the same step into one directory (which
 Orbax allows) never write to the same file: the sidecar, claimed by whichever
-finishes first, names the files of one save only (see `_claim`). File names
+finishes first, names the files of one save only (see `_save.claim`). File names
 are derived from the token, never read from the sidecar.
 """
 
@@ -171,10 +171,10 @@ class LeafMetadata:
     value: Any = None  # encoded value or description, for non-array leaves
     pack: int | None = None  # for packed leaves: which pack file...
     offset: int | None = None  # ...and where in it
-    crc32: int | None = None  # packed leaves' checksum (see `_checksum`)
+    crc32: int | None = None  # packed leaves' checksum (see `_storage.checksum`)
     sum32: int | None = None  # Orbax-stored leaves' checksum
     sharding: str | None = None  # shard-pack leaves: the saved sharding, as text
-    key: str | None = None  # Orbax-stored leaves' storage key (`_names`)
+    key: str | None = None  # Orbax-stored leaves' storage key (`_tree.names`)
 
     def describe(self) -> str:
         if self.kind == ARRAY:
@@ -398,7 +398,7 @@ def write(
 
     A reader sees no sidecar, or all of it. If another save put one there
     first, this raises `FileExistsError` and leaves that one alone: the
-    sidecar is how a save claims its directory (see `_claim`). `pause` is
+    sidecar is how a save claims its directory (see `_save.claim`). `pause` is
     called once per line of JSON (see `walk`).
     """
     data = dumps(content, pause)

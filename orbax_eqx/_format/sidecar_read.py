@@ -2,7 +2,7 @@
 
 Pure data: nothing named in the file is imported or called, and every file
 name and storage key is derived (from the token, from leaf names) and only
-compared with what the file says. The format is described in `_sidecar`.
+compared with what the file says. The format is described in `sidecar`.
 
 From format 6 on, the file's checksum is checked first, before its JSON is
 read (see `sidecar.checksum_line`): any changed byte is damage.

@@ -8,5 +8,5 @@ the v1 checkpointable handler registered on import (`v1`), standalone
 Orbax checkpoints of Equinox models into skeletons (`plain`), and restores
 that rebuild the saved tree under `allow=` (`rebuilt`).
 May import: `_save`, `_restore`, `_rebuild`, `_storage`, `_format`, `_tree`,
-`_errors`.
+`_bytes`, `_errors`; never `_bridge` or `_tools`, which sit above it.
 """

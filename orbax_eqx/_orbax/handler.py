@@ -88,7 +88,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         every 1 MiB of shard-pack chunks, computed on host while the files are
         written; for Orbax-stored arrays (`pack=False`) a sum computed on host
         where one process holds the whole array (multi-host `pack=False`
-        saves are not summed; see `_checksum`). Costs a few percent of the
+        saves are not summed; see `_storage.checksum`). Costs a few percent of the
         save time (BENCHMARKS.md); False saves without them.
 
     !!! example
@@ -116,7 +116,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         self._primary_host = mp.primary_host
         self._pack = pack
         self._checksums = checksums
-        # Item directories this handler is saving: (token, `_claim.Started` on
+        # Item directories this handler is saving: (token, `_save.claim.Started` on
         # the primary host, whether Orbax stores arrays). `finalize` needs
         # them; re-reading the sidecar costs ~0.1 s on a 6,000-leaf model.
         self._saving: dict[str, tuple[str, Any, bool]] = {}

@@ -7,10 +7,10 @@ while the other is under way deletes that directory and makes it anew. Plain
 Orbax can then commit a step holding files of both. Here:
 
 - every save draws a token that names each file it writes (its pack files,
-  its Orbax array store: see `_sidecar.pack_file`, `_sidecar.arrays_dir`), so
-  the two never write to one file;
+  its Orbax array store: see `_format.sidecar.pack_file` and `arrays_dir`),
+  so the two never write to one file;
 - the sidecar, which names the token, is claimed: it is linked into place,
-  which fails if the other save's is there (`_sidecar.write`);
+  which fails if the other save's is there (`_format.sidecar.write`);
 - a save remembers the directory it writes in (device and inode; Orbax makes
   it in the background, so this is taken when the writes start) and the
   files it writes, and checks that the path still names that directory and
