@@ -8,6 +8,7 @@ import jax
 import orbax.checkpoint as ocp
 
 from .._bytes import store as _store
+from .._bytes.paths import is_remote
 from .._errors import CheckpointNotFoundError, OrbaxEqxError
 from .._format.locate import as_path, find_item
 from .._format.sidecar import Metadata
@@ -90,7 +91,7 @@ def save(
         multiprocessing_options=multiprocessing_options,
         checksums=checksums,
     )
-    if _store.is_remote(path):  # object stores have no atomic rename
+    if is_remote(path):  # object stores have no atomic rename
         store = _store.for_path(path)
         store.check_reachable(path)
         try:
@@ -151,7 +152,7 @@ def _all_agree(ok: bool) -> bool:
 
 def _check_writable(path) -> None:
     """Fails before any work if the nearest existing ancestor is read-only."""
-    if "://" in os.fspath(path):
+    if is_remote(path):
         return  # object stores: permissions are checked by the store itself
     ancestor = os.fspath(path)
     while not os.path.exists(ancestor):

@@ -24,6 +24,7 @@ import threading
 import orbax.checkpoint as ocp
 
 from .._bytes import store as _store
+from .._bytes.paths import is_remote
 from .._errors import ObjectStoreSaveError
 
 _reached: set[str] = set()  # "gs://bucket" roots this process reached
@@ -64,7 +65,7 @@ def reachable(directory: os.PathLike) -> None:
     bucket of `directory` answers and exists; asked once per bucket and
     process, on its first save. Nothing for local paths."""
     text = os.fspath(directory)
-    if not _store.is_remote(text):
+    if not is_remote(text):
         return
     scheme, _, rest = text.partition("://")
     root = f"{scheme}://{rest.split('/', 1)[0]}"

@@ -36,6 +36,7 @@ from etils import epath
 
 from .._bytes import files as _files
 from .._bytes import store as _store
+from .._bytes.paths import is_remote
 from .._errors import OrbaxEqxError
 from .._format.sidecar import (
     ARRAYS_DIR,
@@ -162,7 +163,7 @@ def wrote(started: Started, path: epath.Path) -> None:
     if started.identity is not None:
         st = os.stat(os.fspath(path))
         started.written[os.fspath(path)] = (st.st_dev, st.st_ino, st.st_size)
-    elif _store.is_remote(path):
+    elif is_remote(path):
         started.written[os.fspath(path)] = None
 
 
@@ -230,7 +231,7 @@ def _some(names: list[str], shown: int = 3) -> str:
 
 
 def _identity(path: epath.Path) -> tuple[int, int] | None:
-    if "://" in os.fspath(path):
+    if is_remote(path):
         return None
     try:
         st = os.stat(os.fspath(path))
@@ -270,7 +271,7 @@ def _lose(started: Started, what: str) -> None:
 
 def remove(directory: epath.Path, token: str) -> None:
     """Removes the files of the save `token` from `directory`, if there."""
-    if "://" in os.fspath(directory):
+    if is_remote(directory):
         return
     shutil.rmtree(os.fspath(arrays_dir(directory, token)), ignore_errors=True)
     prefixes = tuple(prefix + token + "." for prefix in TOKEN_FILE_PREFIXES)
@@ -284,7 +285,7 @@ def _remove_written_objects(started: Started) -> None:
     (an object store is not listed here by prefix); the sidecar apart: see
     `_remove_own_sidecar`."""
     for path in started.written:
-        if _store.is_remote(path) and os.path.basename(path) != FILE_NAME:
+        if is_remote(path) and os.path.basename(path) != FILE_NAME:
             _unlink(path)
 
 
@@ -302,7 +303,7 @@ def _remove_own_sidecar(started: Started) -> None:
 def _is_sidecar_of(sidecar: str | epath.Path, token: str) -> bool:
     """Whether `sidecar` is the one of the save `token` (the token is near
     its start)."""
-    if _store.is_remote(sidecar):
+    if is_remote(sidecar):
         try:
             head = _store.read_bounded(sidecar, MAX_BYTES)[: 1 << 16]
         except OSError:  # missing: not this save's
@@ -350,7 +351,7 @@ def _names(directory: epath.Path) -> list[str]:
 
 def _unlink(path: epath.Path | str) -> None:
     try:
-        if _store.is_remote(path):
+        if is_remote(path):
             _store.for_path(path).delete(path)
         else:
             os.unlink(os.fspath(path))

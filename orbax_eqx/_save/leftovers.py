@@ -32,6 +32,7 @@ from collections.abc import Iterator
 import jax
 from etils import epath
 
+from .._bytes.paths import is_remote
 from .claim import from_process_0
 
 NEW, OLD = "new", "old"
@@ -159,7 +160,7 @@ def recover(target: epath.Path) -> epath.Path:
     **Returns:** where the checkpoint now is: `target`, or the `OLD` directory
     if it could not be renamed back (a read-only file system).
     """
-    if "://" in os.fspath(target) or os.path.lexists(os.fspath(target)):
+    if is_remote(target) or os.path.lexists(os.fspath(target)):
         return target
     olds = [x for x in leftovers(target) if x.kind == OLD]
     if not olds:
@@ -183,7 +184,7 @@ def recover(target: epath.Path) -> epath.Path:
 def tidy(target: epath.Path) -> None:
     """Recovers `target` (see `recover`), then deletes the directories beside
     it whose owners are dead."""
-    if "://" in os.fspath(target):
+    if is_remote(target):
         return
     recover(target)
     for leftover in leftovers(target):

@@ -32,6 +32,7 @@ import time
 
 from etils import epath
 
+from .._bytes.paths import is_remote
 from .._errors import OrbaxEqxError
 from .._format.locate import is_item, steps_in
 from .._format.sidecar import FILE_NAME
@@ -324,7 +325,7 @@ _QUIET_S = 0.2
 def discard(new: epath.Path) -> None:
     """Removes the new checkpoint of a save that failed, and Orbax's temporary
     directory of it."""
-    if "://" in os.fspath(new):
+    if is_remote(new):
         return
     paths = [new.parent / (new.name + _leftovers.ORBAX_TMP), new]
     for _ in range(50):
@@ -336,7 +337,7 @@ def discard(new: epath.Path) -> None:
 
 
 def _lexists(path: epath.Path) -> bool:
-    if "://" in os.fspath(path):
+    if is_remote(path):
         return path.exists()
     return os.path.lexists(os.fspath(path))
 

@@ -56,6 +56,7 @@ from typing import Any
 import numpy as np
 from etils import epath
 
+from .._bytes.paths import is_remote
 from .._bytes.store import read_bounded
 from .._errors import CheckpointDamagedError, permission_denied
 from .._format.sidecar import (
@@ -375,7 +376,7 @@ def _parse(
 def _check_file(directory, pack: ShardPack, records) -> None:
     """The shard pack must be there, with the size its index records."""
     path = epath.Path(directory) / pack.file
-    if "://" in os.fspath(path):
+    if is_remote(path):
         return  # checked by the reads
     try:
         st = os.stat(os.fspath(path))

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..._bytes import store as _store
+from ..._bytes.paths import is_remote
 from ..._errors import OrbaxEqxError
 from ..._tree.values import is_text
 from .dtypes import DTYPES, nbytes_of
@@ -66,7 +67,7 @@ class Header:
 def where(path: str | os.PathLike) -> str:
     """How a file is named in messages and headers: absolute if local."""
     text = os.fspath(path)
-    return text if _store.is_remote(text) else os.path.abspath(text)
+    return text if is_remote(text) else os.path.abspath(text)
 
 
 def read_headers(paths: Sequence[str]) -> list[Header]:

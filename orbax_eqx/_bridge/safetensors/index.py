@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..._bytes import store as _store
+from ..._bytes.paths import is_remote
 from ..._errors import inline_list
 from .header import Header, SafetensorsError, name_problem, read_headers, where
 
@@ -57,7 +58,7 @@ def find(source: Source) -> list[Header]:
             )
         return _checked(read_headers([where(p) for p in source]))
     path = where(source)
-    if _store.is_remote(path):
+    if is_remote(path):
         return _remote(path.rstrip("/"))
     if os.path.lexists(path) and not os.path.isdir(path):
         return [read_headers([path])[0]]  # which refuses a FIFO, a device...
