@@ -4,7 +4,6 @@ import os
 from collections.abc import Sequence
 from typing import Any, Literal
 
-import jax
 import orbax.checkpoint as ocp
 
 from .._bytes import store as _store
@@ -16,7 +15,7 @@ from .._format.sidecar_read import read
 from .._restore.renames import Renames
 from .._save import leftovers as _leftovers
 from .._save import replace as _replace
-from .._save.claim import ConcurrentSaveError, from_process_0
+from .._save.claim import ConcurrentSaveError, from_process
 from .._save.replace import CheckpointExistsError as CheckpointExistsError
 from .._save.replace import NotACheckpointError as NotACheckpointError
 from .._storage.typed import GROUP_PREFIX
@@ -106,18 +105,25 @@ def save(
                 raise
             raise wrapped from e
         return
-    primary = jax.process_index() == 0
+    # The handler's primary host (it writes the sidecar) tidies, publishes and
+    # says whether publishing worked: one process, process 0 where Orbax's
+    # `primary_host=None` would make every process one.
+    mp = multiprocessing_options or ocp.options.MultiprocessingOptions()
+    source = 0 if mp.primary_host is None else mp.primary_host
+    primary = ocp.multihost.is_primary_host(source)
     if primary:
         _leftovers.tidy(path)
     owner = _leftovers.new_owner()  # with several processes: after the tidy
     _replace.check_target(path, overwrite)
     _check_writable(path)
     with _leftovers.saving(owner):
-        _save_beside(path, args, owner, overwrite, primary, options)
+        _save_beside(path, args, owner, overwrite, (primary, source), options)
 
 
-def _save_beside(path, args, owner, overwrite, primary, options) -> None:
-    """Saves beside `path` and swaps the new checkpoint in."""
+def _save_beside(path, args, owner, overwrite, host, options) -> None:
+    """Saves beside `path` and swaps the new checkpoint in; `host`: whether
+    this process is the primary host, and which process that is."""
+    primary, source = host
     new = _leftovers.beside(path, owner, _leftovers.NEW)
     try:
         with ocp.Checkpointer(EqxHandler(**options)) as checkpointer:
@@ -137,17 +143,17 @@ def _save_beside(path, args, owner, overwrite, primary, options) -> None:
         except BaseException as e:
             _replace.discard(new)
             failed = e
-    if not _all_agree(failed is None):
+    if not _all_agree(failed is None, source):
         raise failed or ConcurrentSaveError(
-            f"Process 0 could not put the new checkpoint in place at {path} (its "
-            "error says why); this save did not change it."
+            f"Process {source} could not put the new checkpoint in place at "
+            f"{path} (its error says why); this save did not change it."
         )
 
 
-def _all_agree(ok: bool) -> bool:
-    """Process 0's `ok`, in every process (through the coordinator's key-value
-    store: no computation on a device)."""
-    return from_process_0("published", "1" if ok else "0") == "1"
+def _all_agree(ok: bool, source: int) -> bool:
+    """Process `source`'s `ok`, in every process (through the coordinator's
+    key-value store: no computation on a device)."""
+    return from_process("published", "1" if ok else "0", source) == "1"
 
 
 def _check_writable(path) -> None:

@@ -78,12 +78,12 @@ def new_token() -> str:
     computation on any device, so no collective that could interleave with
     Orbax's own in its background threads.
     """
-    return from_process_0("token", secrets.token_hex(8))
+    return from_process("token", secrets.token_hex(8))
 
 
-def from_process_0(kind: str, value: str) -> str:
-    """Process 0's `value`, in every process; each process calls this once per
-    save for each `kind`, in the same order.
+def from_process(kind: str, value: str, source: int = 0) -> str:
+    """Process `source`'s `value`, in every process; each process calls this
+    once per save for each `kind`, in the same order.
 
     Through the key-value store of JAX's distributed client (the coordinator
     Orbax's barriers use), never a computation on a device: no collective of
@@ -93,7 +93,7 @@ def from_process_0(kind: str, value: str) -> str:
         return value
     key = f"orbax_eqx/{kind}/{next(_CALLS.setdefault(kind, itertools.count()))}"
     client = ocp.multihost.get_jax_distributed_client()
-    if jax.process_index() == 0:
+    if jax.process_index() == source:
         client.key_value_set(key, value)
         return value
     timeout_ms = ocp.multihost.coordination_timeout() * 1000

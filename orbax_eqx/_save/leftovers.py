@@ -33,7 +33,7 @@ import jax
 from etils import epath
 
 from .._bytes.paths import is_remote
-from .claim import from_process_0
+from .claim import from_process
 
 NEW, OLD = "new", "old"
 ORBAX_TMP = ".orbax-checkpoint-tmp"  # what Orbax adds to a directory it writes
@@ -100,11 +100,11 @@ def saving(owner: Owner) -> Iterator[None]:
 def new_owner() -> Owner:
     """This save's owner: process 0's, the same in every process of a
     multi-host run (every process calls this once per save, in the same order;
-    shared through the coordinator's key-value store, see `from_process_0`)."""
+    shared through the coordinator's key-value store, see `claim.from_process`)."""
     owner = Owner(secrets.token_hex(4), os.getpid(), HOST)
     if jax.process_count() == 1:
         return owner
-    text = from_process_0("owner", f"{owner.token}-{owner.pid}-{owner.host}")
+    text = from_process("owner", f"{owner.token}-{owner.pid}-{owner.host}")
     token, pid, host = text.split("-", 2)
     return Owner(token, int(pid), host)
 
