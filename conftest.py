@@ -24,6 +24,15 @@ def pytest_cmdline_main(config):
             config.option.dist = "loadscope"
 
 
+def pytest_collection_modifyitems(config, items):
+    """Every integration test is slow (subprocesses, several processes, object
+    store servers): `pytest -m "not slow"` leaves them out. Unit tests that
+    are slow say so themselves (`@pytest.mark.slow`)."""
+    for item in items:
+        if item.path.parent.name == "integration_tests":
+            item.add_marker(pytest.mark.slow)
+
+
 # Object stores on loopback (integration_tests/_object_servers.py): one real
 # moto_server (S3) and one fake-gcs-server (GCS) per test process, started on
 # first use. A server that does not start fails the tests that use it, with

@@ -12,7 +12,7 @@
 
 Not run by default (`--contenders` adds them), for the compression decision:
 `orbax_eqx_perleaf` (`pack=False`: every array through Orbax, one stored
-array per leaf, as orbax_eqx 0.1 did, uncompressed) and `orbax_eqx_zstd` (the
+array per leaf, as orbax_eqx did before packs, uncompressed) and `orbax_eqx_zstd` (the
 same with zstd, 0.1's default).
 
 `arrays` is no contender but a floor for the peak-RSS probes: the arrays of
@@ -258,7 +258,10 @@ class ArraysAlone:
                 x.shape,
                 sharding,
                 lambda index: buffer(
-                    tuple(len(range(*s.indices(n))) for s, n in zip(index, x.shape)),
+                    tuple(
+                        len(range(*s.indices(n)))
+                        for s, n in zip(index, x.shape, strict=True)
+                    ),
                     x.dtype,
                 ),
             )

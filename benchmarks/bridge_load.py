@@ -238,7 +238,9 @@ def share(put, lshapes) -> int:
     for name, shape in lshapes.items():
         boxes = set()
         for index in put[name].addressable_devices_indices_map(shape).values():
-            boxes.add(tuple(s.indices(n)[:2] for s, n in zip(index, shape)))
+            boxes.add(
+                tuple(s.indices(n)[:2] for s, n in zip(index, shape, strict=True))
+            )
         total += sum(math.prod(b - a for a, b in box) * 4 for box in boxes)
     return total
 

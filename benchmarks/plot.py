@@ -45,7 +45,7 @@ def plot(doc: dict, out: str) -> None:
     contenders = [c for c in NAMES if any(c in table[m] for m in models)]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.8), sharey=True)
     width = 0.8 / max(len(contenders), 1)
-    for ax, kind, index in zip(axes, ("save", "restore"), (0, 1)):
+    for ax, kind, index in zip(axes, ("save", "restore"), (0, 1), strict=True):
         for i, c in enumerate(contenders):
             values = [table[m].get(c, (float("nan"),) * 2)[index] for m in models]
             shift = (i - (len(contenders) - 1) / 2) * width

@@ -80,7 +80,7 @@ def _same(restored, item) -> bool:
     b = _contenders.host_views(item)
     return len(a) == len(b) and all(
         x.dtype == y.dtype and x.shape == y.shape and np.array_equal(x, y)
-        for x, y in zip(a, b)
+        for x, y in zip(a, b, strict=True)
     )
 
 

@@ -208,7 +208,8 @@ def _same(a, b) -> bool:
     xs = [x for x in jax.tree_util.tree_leaves(a) if eqx.is_array(x)]
     ys = [y for y in jax.tree_util.tree_leaves(b) if eqx.is_array(y)]
     return len(xs) == len(ys) and all(
-        np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(xs, ys)
+        np.array_equal(np.asarray(x), np.asarray(y))
+        for x, y in zip(xs, ys, strict=True)
     )
 
 

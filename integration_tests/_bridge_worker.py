@@ -256,7 +256,9 @@ def load_gpt2(directory: str, target: str) -> None:
     rchar = _rchar() - rchar
     expected = oeqx.from_state_dict(skeleton, sd, bm.GPT2_MAPPING)
     for (path, got), want in zip(
-        jax.tree_util.tree_leaves_with_path(loaded.tree), jax.tree.leaves(expected)
+        jax.tree_util.tree_leaves_with_path(loaded.tree),
+        jax.tree.leaves(expected),
+        strict=True,
     ):
         want = np.asarray(want)
         for shard in got.addressable_shards:

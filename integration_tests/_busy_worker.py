@@ -83,7 +83,7 @@ skeleton = jtu.tree_map(
     values,
 )
 restored = oeqx.restore(args.root, skeleton)
-for x, full in zip(jtu.tree_leaves(restored), jtu.tree_leaves(values)):
+for x, full in zip(jtu.tree_leaves(restored), jtu.tree_leaves(values), strict=True):
     assert x.sharding == target
     for shard in x.addressable_shards:
         np.testing.assert_array_equal(np.asarray(shard.data), full[shard.index])

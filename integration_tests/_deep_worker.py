@@ -128,7 +128,9 @@ def restore():
     mngr.close()
     pairs = [
         (x, full)
-        for x, full in zip(jtu.tree_leaves(restored), jtu.tree_leaves(want))
+        for x, full in zip(
+            jtu.tree_leaves(restored), jtu.tree_leaves(want), strict=True
+        )
         if isinstance(full, np.ndarray)
     ]
     assert len(pairs) == 12 * int(args.blocks) + 3, len(pairs)

@@ -34,7 +34,9 @@ class HandPlan:
                 out.append(p)
                 continue
             mine = p.leaf_box if leaf_side else p.tensor_box
-            cut = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(mine, box))
+            cut = tuple(
+                (max(a, c), min(b, d)) for (a, b), (c, d) in zip(mine, box, strict=True)
+            )
             if any(a >= b for a, b in cut):
                 continue
             other = list(p.tensor_box if leaf_side else p.leaf_box)

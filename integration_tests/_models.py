@@ -44,7 +44,9 @@ def assert_trees_equal(actual, expected) -> None:
     e_leaves, e_def = jtu.tree_flatten(expected, is_leaf=lambda x: x is None)
     assert a_def == e_def, f"structures differ:\n{a_def}\n{e_def}"
     for (path, a), e in zip(
-        jtu.tree_flatten_with_path(actual, is_leaf=lambda x: x is None)[0], e_leaves
+        jtu.tree_flatten_with_path(actual, is_leaf=lambda x: x is None)[0],
+        e_leaves,
+        strict=True,
     ):
         where = jtu.keystr(path)
         if isinstance(e, (jax.Array, np.ndarray, np.generic)):

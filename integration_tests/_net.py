@@ -173,7 +173,7 @@ def check_restored(restored, expected, shardings=None) -> None:
     assert got.treedef == want.treedef, f"{got.treedef}\n!=\n{want.treedef}"
     assert got.modules == want.modules
     checked = 0
-    for g, w in zip(got.leaves, want.leaves):
+    for g, w in zip(got.leaves, want.leaves, strict=True):
         assert g.name == w.name
         if not isinstance(w.value, jax.Array):
             assert type(g.value) is type(w.value) and g.value == w.value, g.name

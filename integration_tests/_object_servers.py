@@ -382,11 +382,20 @@ def clear_fsspec_caches() -> None:
 
     fsspec keeps one filesystem per constructor arguments, and each keeps the
     endpoint, credentials and HTTP session it set up first, whatever the
-    environment says later. Imports nothing that isn't imported already.
+    environment says later; so does epath, once more. Imports nothing that
+    isn't imported already.
     """
     for module, name in (("s3fs", "S3FileSystem"), ("gcsfs", "GCSFileSystem")):
         if module in sys.modules:
             getattr(sys.modules[module], name).clear_instance_cache()
+    # etils' epath (Orbax's paths) keeps the first filesystem of each kind it
+    # made for good (an lru_cache): one made while a test's proxy stood in
+    # for the server would send every later test's requests to a closed port.
+    backend = sys.modules.get("etils.epath.backend")
+    spec = getattr(backend, "_FileSystemSpecBackend", None)
+    cached = getattr(spec, "_get_filesystem", None)
+    if hasattr(cached, "cache_clear"):
+        cached.cache_clear()
 
 
 def _apply(values: Mapping[str, str | None]) -> None:

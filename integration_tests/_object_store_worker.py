@@ -41,7 +41,7 @@ def save():
     mesh = jax.make_mesh((4, 2), ("data", "model"))
     shardings = _net.rules(mesh, _net.SAVE_RULES)
     with manager() as mngr:
-        for step, loss in zip(STEPS, (0.5, 0.9)):
+        for step, loss in zip(STEPS, (0.5, 0.9), strict=True):
             item = _net.globalize(_net.saved_item(step), shardings)
             mngr.save(step, args=oeqx.EqxSave(item), metrics={"loss": loss})
         mngr.wait_until_finished()

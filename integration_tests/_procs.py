@@ -95,7 +95,7 @@ def run(
     if failure:
         shown = "\n".join(
             f"----- worker {i} ({log}), exit {p.returncode} -----\n{text[-TAIL_CHARS:]}"
-            for i, (p, log, text) in enumerate(zip(procs, logs, texts))
+            for i, (p, log, text) in enumerate(zip(procs, logs, texts, strict=True))
         )
         raise AssertionError(f"{script} {' '.join(map(str, args))}: {failure}\n{shown}")
     return texts

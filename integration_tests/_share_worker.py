@@ -99,7 +99,7 @@ def _views(directory, restored) -> tuple[int, int]:
             content = json.load(f)
         for leaf, rows in content["chunks"].items():
             for row in rows:
-                box = tuple(zip(row[0], row[1]))
+                box = tuple(zip(row[0], row[1], strict=True))
                 where[(leaf.replace("\\.", "."), box)] = (path, row[2], row[3])
     found = []  # (file, offset, nbytes, device pointer)
     for name, x in restored.items():
@@ -107,18 +107,48 @@ def _views(directory, restored) -> tuple[int, int]:
             continue
         for shard in x.addressable_shards:
             box = tuple(
-                (s.start or 0, s.stop or n) for s, n in zip(shard.index, x.shape)
+                (s.start or 0, s.stop or n)
+                for s, n in zip(shard.index, x.shape, strict=True)
             )
             place = where.get((name, box))
             if place is not None:
                 found.append((*place, shard.data.unsafe_buffer_pointer()))
     found = sorted(set(found))
     views = pairs = 0
-    for (f1, o1, n1, p1), (f2, o2, _, p2) in zip(found, found[1:]):
+    for (f1, o1, n1, p1), (f2, o2, _, p2) in zip(found, found[1:], strict=False):
         if f1 == f2 and 0 <= o2 - (o1 + n1) < 64:
             pairs += 1
             views += p2 - p1 == o2 - o1
     return views, pairs
+
+
+def _save(args) -> None:
+    """Saves the model on a 2x4 mesh at DIR (or step 0 of a manager there)."""
+    import jax
+
+    import orbax_eqx as oeqx
+
+    names = list(specs())
+    put = shardings("2x4")
+    tree = {}
+    for i, name in enumerate(names):
+        shape, _ = specs()[name]
+        full = model_values(i, shape)
+        tree[name] = jax.make_array_from_callback(
+            full.shape, put[name], lambda index, full=full: full[index]
+        )
+        if name == "keys":
+            tree[name] = jax.random.wrap_key_data(tree[name])
+    if args.target == "manager":  # step 0 of a CheckpointManager at DIR
+        import orbax.checkpoint as ocp
+
+        mngr = ocp.CheckpointManager(args.dir, item_handlers=oeqx.EqxHandler())
+        mngr.save(0, args=oeqx.EqxSave(tree))
+        mngr.wait_until_finished()
+        mngr.close()
+    else:
+        oeqx.save(args.dir, tree)
+    print("saved ok", flush=True)
 
 
 def main() -> None:
@@ -130,26 +160,7 @@ def main() -> None:
 
     names = list(specs())
     if args.mode == "save":
-        put = shardings("2x4")
-        tree = {}
-        for i, name in enumerate(names):
-            shape, _ = specs()[name]
-            full = model_values(i, shape)
-            tree[name] = jax.make_array_from_callback(
-                full.shape, put[name], lambda index, full=full: full[index]
-            )
-            if name == "keys":
-                tree[name] = jax.random.wrap_key_data(tree[name])
-        if args.target == "manager":  # step 0 of a CheckpointManager at DIR
-            import orbax.checkpoint as ocp
-
-            mngr = ocp.CheckpointManager(args.dir, item_handlers=oeqx.EqxHandler())
-            mngr.save(0, args=oeqx.EqxSave(tree))
-            mngr.wait_until_finished()
-            mngr.close()
-        else:
-            oeqx.save(args.dir, tree)
-        print("saved ok", flush=True)
+        _save(args)
         return
     skeleton = {
         name: jax.ShapeDtypeStruct(shape, np.float32)

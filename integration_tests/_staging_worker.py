@@ -95,7 +95,9 @@ def restore():
     assert stats.parts >= 4, stats  # the 16 MiB boxes, streamed
     flat_want = jax.tree.leaves(want)
     flat_shardings = jax.tree.leaves(shardings)
-    for x, full, sharding in zip(jax.tree.leaves(restored), flat_want, flat_shardings):
+    for x, full, sharding in zip(
+        jax.tree.leaves(restored), flat_want, flat_shardings, strict=True
+    ):
         assert x.sharding.is_equivalent_to(sharding, x.ndim), x.sharding
         for shard in x.addressable_shards:
             np.testing.assert_array_equal(

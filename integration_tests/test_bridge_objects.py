@@ -42,9 +42,9 @@ def _upload_hf(root, tensors):
     names = sorted(tensors)
     files = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
     halves = [names[:2], names[2:]]
-    for half, f in zip(halves, files):
+    for half, f in zip(halves, files, strict=True):
         _put(f"{root}/{f}", save({n: tensors[n] for n in half}))
-    weight_map = {n: f for half, f in zip(halves, files) for n in half}
+    weight_map = {n: f for half, f in zip(halves, files, strict=True) for n in half}
     _put(
         f"{root}/model.safetensors.index.json",
         json.dumps({"weight_map": weight_map}).encode(),
@@ -60,7 +60,7 @@ def test_a_directory_with_its_index(bucket):
     tensors = _tensors(model)
     _upload_hf(f"{bucket}/hf", tensors)
     loaded = load(f"{bucket}/hf", _skeleton())
-    for got, want in zip(loaded.tree.layers, model.layers):
+    for got, want in zip(loaded.tree.layers, model.layers, strict=True):
         np.testing.assert_array_equal(got.weight, want.weight)
         np.testing.assert_array_equal(got.bias, want.bias)
     assert loaded.files == [

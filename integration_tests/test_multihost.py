@@ -8,6 +8,7 @@ leaf, before anything is written.
 """
 
 import json
+import re
 
 import pytest
 
@@ -56,12 +57,15 @@ def _check_sidecars(root, processes, steps=(1, 2)):
             (root / str(step) / "default" / "orbax_eqx.json").read_text()
         )
         # Every array with data has its checksum, added by the primary alone.
+        # (Format 6: a packed leaf's is XXH3-64 in 16 hexadecimal digits.)
         for record in on_disk["leaves"].values():
-            kind = {"packed": "crc32", "orbax": "sum32"}.get(record.get("data"))
-            if kind:
-                assert isinstance(record.pop(kind), int), record
+            data = record.get("data")
+            if data == "packed":
+                assert re.fullmatch(r"[0-9a-f]{16}", record.pop("xxh3")), record
+            elif data == "orbax":
+                assert isinstance(record.pop("sum32"), int), record
         # And, last, the checksum of the sidecar's own bytes (format 6).
-        assert on_disk.pop("checksum").startswith("crc32:")
+        assert on_disk.pop("checksum").startswith("xxh3:")
         assert on_disk == computed[0]
         assert on_disk["leaves"]["model.embed.weight"]["shape"] == [24, 16]
 

@@ -126,7 +126,7 @@ def test_manager_with_retention_and_best_metric(bucket, spelling):
     models = {step: _model(step) for step in range(3)}
     root = f"{bucket}/run"
     with ocp.CheckpointManager(root, options=options, **kwargs) as mngr:
-        for step, loss in zip(range(3), [0.9, 0.4, 0.7]):
+        for step, loss in zip(range(3), [0.9, 0.4, 0.7], strict=True):
             mngr.save(step, args=oeqx.EqxSave(models[step]), metrics={"loss": loss})
         mngr.wait_until_finished()
         assert mngr.all_steps() == [1, 2] and mngr.best_step() == 1
@@ -308,11 +308,12 @@ def test_throttling_is_retried_with_backoff(s3_server):
     """Every third request answered 503 SlowDown: the save and the restore
     succeed, through retries (TensorStore's for our files, botocore's for
     Orbax's directories)."""
-    from integration_tests._throttle import Throttle
+    from integration_tests._faults import Fault, FaultProxy
 
     url = s3_server.create_bucket("throttled")
     model = _model(0)
-    with Throttle(s3_server.url, every=3) as proxy:
+    slow_down = Fault("status", status=503, every=3)  # S3's SlowDown
+    with FaultProxy(s3_server.url, [slow_down]) as proxy:
         env = {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.url}
         env["AWS_ENDPOINT_URL_S3"] = proxy.url
         with _object_servers.environ(env):
@@ -322,14 +323,14 @@ def test_throttling_is_retried_with_backoff(s3_server):
                 _same(oeqx.restore(f"{url}/m", _skeleton()), model)
             finally:
                 _object_servers.clear_fsspec_caches()
-        assert proxy.refused >= 3
+        assert slow_down.hits >= 3
 
 
 def test_a_store_that_always_throttles_is_an_error_in_bounded_time(s3_server):
-    from integration_tests._throttle import Throttle
+    from integration_tests._faults import Fault, FaultProxy
 
     url = s3_server.create_bucket("throttledforgood")
-    with Throttle(s3_server.url, every=1) as proxy:
+    with FaultProxy(s3_server.url, [Fault("status", status=503)]) as proxy:
         env = {**s3_server.env(), "AWS_ENDPOINT_URL": proxy.url}
         env["AWS_ENDPOINT_URL_S3"] = proxy.url
         with _object_servers.environ(env):

@@ -61,7 +61,7 @@ def _run(base):
             )
     deadline = start_at + TRIALS * PERIOD_S + EXIT_S
     try:
-        for p, log in zip(procs, logs):
+        for p, log in zip(procs, logs, strict=True):
             try:
                 p.wait(timeout=max(1.0, deadline - time.time()))
             except subprocess.TimeoutExpired:

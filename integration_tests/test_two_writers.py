@@ -92,7 +92,7 @@ def _trial(base, delays):
             time.sleep(0.1)
         outcomes = [json.loads(f.read_text()) for f in outcome_files]
         exit_by = time.monotonic() + EXIT_S
-        for who, (p, log) in enumerate(zip(procs, logs)):
+        for who, (p, log) in enumerate(zip(procs, logs, strict=True)):
             try:
                 p.wait(timeout=max(1.0, exit_by - time.monotonic()))
             except subprocess.TimeoutExpired:

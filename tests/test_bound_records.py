@@ -1,6 +1,7 @@
 """Sidecar records of packed leaves are bound to their data and the save.
 
-Format 5 records each packed leaf's CRC-32 XOR the CRC-32 of its record (the
+Format 5 records each packed leaf's CRC-32 XOR the CRC-32 of its record, format
+6 its XXH3-64 XOR the XXH3-64 of its record (the
 save's token, leaf name, dtype, shape, pack file, offset, size), so that an
 edit to any of these that keeps the sizes consistent (a dtype of the same
 width, a reshape, another leaf's offset, swapped records, another save's pack)
@@ -44,13 +45,13 @@ def _shape(c):
 
 
 def _offset(c):  # `a` pointing at `b`'s bytes, with `b`'s CRC-32
-    for key in ("offset", "crc32"):
+    for key in ("offset", "xxh3"):
         c["leaves"]["a"][key] = c["leaves"]["b"][key]
 
 
 def _swap(c):  # `a` and `b` swap where their bytes are, each keeping its CRC
     a, b = c["leaves"]["a"], c["leaves"]["b"]
-    for key in ("offset", "crc32"):
+    for key in ("offset", "xxh3"):
         a[key], b[key] = b[key], a[key]
 
 
@@ -90,7 +91,7 @@ def test_edited_records_are_damage_to_restore_and_verify(saved, change, damaged)
     skeleton = {
         name: np.zeros(leaf.shape, leaf.dtype) for name, leaf in meta.leaves.items()
     }
-    with pytest.raises(oeqx.CheckpointDamagedError, match=r"CRC-32 recorded at"):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=r"XXH3-64 recorded at"):
         oeqx.restore(saved, skeleton)
     # Leaves not edited still restore alone.
     intact = [n for n in ITEM if n not in damaged]
@@ -105,7 +106,7 @@ def test_a_pack_of_another_save_under_this_token_is_damage(tmp_path, saved):
     (mine,) = saved.glob("orbax_eqx~packed.*.bin")
     (theirs,) = other.glob("orbax_eqx~packed.*.bin")
     shutil.copyfile(theirs, mine)
-    with pytest.raises(oeqx.CheckpointDamagedError, match=r"CRC-32 recorded"):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=r"XXH3-64 recorded"):
         oeqx.restore(saved, ITEM)
     assert sorted(d.name for d in oeqx.verify(saved).damaged) == ["a", "b", "c"]
 
@@ -121,7 +122,7 @@ def test_a_sidecar_with_an_edited_token_is_damage(saved):
         c["packs"][0]["file"] = c["packs"][0]["file"].replace(old, new)
 
     _edit(saved, change)
-    with pytest.raises(oeqx.CheckpointDamagedError, match=r"CRC-32 recorded"):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=r"XXH3-64 recorded"):
         oeqx.restore(saved, ITEM)
     assert sorted(d.name for d in oeqx.verify(saved).damaged) == ["a", "b", "c"]
 
@@ -129,12 +130,12 @@ def test_a_sidecar_with_an_edited_token_is_damage(saved):
 @pytest.mark.parametrize("leaf", ["a", "c"])
 def test_a_packed_leaf_without_its_crc_is_damage_to_restore_and_verify(saved, leaf):
     def change(c):
-        del c["leaves"][leaf]["crc32"]
+        del c["leaves"][leaf]["xxh3"]
 
     _edit(saved, change)
     match = (
         rf"The sidecar in \S+ is damaged: leaf `\['{leaf}'\]` \(leaf name '{leaf}'\) "
-        r"is packed but records no CRC-32, though a format-6 sidecar of a save "
+        r"is packed but records no XXH3-64, though a format-6 sidecar of a save "
         r"with checksums records one for every such leaf: it was edited\. "
         r"Restore an earlier step, or re-save the checkpoint\."
     )
@@ -147,7 +148,7 @@ def test_a_packed_leaf_without_its_crc_is_damage_to_restore_and_verify(saved, le
 def test_without_checksums_nothing_is_bound(tmp_path):
     oeqx.save(tmp_path / "ckpt", ITEM, checksums=False)
     content = json.loads((tmp_path / "ckpt" / "orbax_eqx.json").read_text())
-    assert all("crc32" not in leaf for leaf in content["leaves"].values())
+    assert all("xxh3" not in leaf for leaf in content["leaves"].values())
     restored = oeqx.restore(tmp_path / "ckpt", ITEM)
     assert all(restored[n].tobytes() == ITEM[n].tobytes() for n in ITEM)
     report = oeqx.verify(tmp_path / "ckpt")

@@ -72,6 +72,7 @@ def _families():
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.slow
 def test_loads_from_files_and_runs_as_the_reference(tmp_path, family):
     make_sd, make, mapping, reference = _families()[family]
     sd = make_sd(0)
@@ -113,7 +114,7 @@ def test_exports_the_published_layout_from_memory_and_checkpoints(tmp_path, fami
             assert got[name].shape == value.shape, name
             assert got[name].tobytes() == value.tobytes(), name
         again = oeqx.load_safetensors(out, skeleton, mapping=mapping)
-        for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(again)):
+        for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(again), strict=True):
             assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
 
@@ -130,6 +131,7 @@ def test_a_mapping_that_does_not_fit_is_reported_before_any_read(tmp_path):
     assert "Layer 3 is missing from the tensors" in str(raised.value)
 
 
+@pytest.mark.slow
 def test_export_of_a_checkpoint_needs_field_keys_resolved(tmp_path):
     config = bm.GPT2Config()
     model = bm.GPT2(config, key=jax.random.key(0))
@@ -175,7 +177,7 @@ def test_the_command_line_exports_and_imports_through_a_mapping(tmp_path, capsys
     argv = ["import", str(hf), str(back), "--skeleton", skeleton]
     assert main([*argv, "--mapping", str(mapping)]) == 0
     again = oeqx.restore(back, eqx.filter_eval_shape(lambda: model))
-    for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(again)):
+    for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(again), strict=True):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
     # A mapping's problems, on one line; --rename and --mapping exclude.
     deeper = f"{tmp_path / 'models.py'}:deeper"

@@ -44,6 +44,7 @@ def _gpt2_names(config: bm.GPT2Config) -> set[str]:
 @pytest.mark.parametrize(
     "head, masks", [(False, False), (True, True)], ids=["GPT2Model", "LMHead+masks"]
 )
+@pytest.mark.slow
 def test_gpt2_loads_and_runs_as_the_reference(head, masks):
     config = bm.GPT2Config()
     sd = bm.gpt2_state_dict(config, seed=0, head=head, masks=masks)
@@ -73,10 +74,11 @@ def test_gpt2_exports_the_published_names_shapes_and_values():
     # ... and back again, bitwise, into a differently initialised model.
     zeros = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), model)
     again = oeqx.from_state_dict(zeros, out, bm.GPT2_MAPPING)
-    for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(again)):
+    for a, b in zip(jax.tree.leaves(model), jax.tree.leaves(again), strict=True):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
 
+@pytest.mark.slow
 def test_gpt2_model_exports_what_the_reference_runs():
     """The other way: an Equinox-initialised model, exported, runs the same in
     the numpy reference."""
@@ -119,6 +121,7 @@ def test_gpt2_export_with_the_tied_head():
 
 
 @pytest.mark.parametrize("inv_freq", [False, True], ids=["plain", "inv_freq"])
+@pytest.mark.slow
 def test_llama_loads_and_runs_as_the_reference(inv_freq):
     config = bm.LlamaConfig()
     sd = bm.llama_state_dict(config, seed=0, inv_freq=inv_freq)

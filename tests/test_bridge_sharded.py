@@ -8,6 +8,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 SCRIPT = textwrap.dedent(
@@ -53,6 +55,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_from_state_dict_onto_eight_devices(tmp_path):
     env = {
         k: v

@@ -37,7 +37,7 @@ def _round_trip(tree, mapping, expected: dict):
         np.testing.assert_array_equal(out[name], value, err_msg=name)
     zeros = jax.tree.map(lambda x: np.zeros_like(x), tree)
     back = oeqx.from_state_dict(zeros, out, mapping)
-    for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(back)):
+    for a, b in zip(jax.tree.leaves(tree), jax.tree.leaves(back), strict=True):
         assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
     return out
 
@@ -204,7 +204,9 @@ def test_stack_transpose_split_together():
     )
     expected = {}
     for i in range(3):
-        for n, part in zip("kqv", (w[i].T[:, 2:4], w[i].T[:, :2], w[i].T[:, 4:])):
+        for n, part in zip(
+            "kqv", (w[i].T[:, 2:4], w[i].T[:, :2], w[i].T[:, 4:]), strict=True
+        ):
             expected[f"h.{i}.{n}"] = part
     _round_trip(tree, mapping, expected)
 
@@ -316,7 +318,9 @@ def test_any_box_of_a_leaf_and_of_a_tensor(box):
     # A leaf box from the tensors' boxes.
     out = np.full(shape(box), np.nan, np.float32)
     for p in plan.leaf_pieces("blocks.qkv", box):
-        at = tuple(slice(a - s, b - s) for (a, b), (s, _) in zip(p.leaf_box, box))
+        at = tuple(
+            slice(a - s, b - s) for (a, b), (s, _) in zip(p.leaf_box, box, strict=True)
+        )
         assert np.isnan(out[at]).all()  # covered once
         out[at] = to_leaf(p, tensors[p.tensor][slices(p.tensor_box)])
     np.testing.assert_array_equal(out, w[slices(box)])
@@ -326,7 +330,8 @@ def test_any_box_of_a_leaf_and_of_a_tensor(box):
             got = np.full(shape(tbox), np.nan, np.float32)
             for p in plan.tensor_pieces(name, tbox):
                 at = tuple(
-                    slice(a - s, b - s) for (a, b), (s, _) in zip(p.tensor_box, tbox)
+                    slice(a - s, b - s)
+                    for (a, b), (s, _) in zip(p.tensor_box, tbox, strict=True)
                 )
                 got[at] = to_tensor(p, w[slices(p.leaf_box)])
             np.testing.assert_array_equal(got, t[slices(tbox)])
@@ -372,13 +377,18 @@ def test_any_box_through_a_fuse(box):
     plan = plan_export(mapping, leaf_specs(walk(tree)))
     out = np.full(shape(box), np.nan, np.float32)
     for p in plan.leaf_pieces("blocks.q", box):
-        at = tuple(slice(a - s, b - s) for (a, b), (s, _) in zip(p.leaf_box, box))
+        at = tuple(
+            slice(a - s, b - s) for (a, b), (s, _) in zip(p.leaf_box, box, strict=True)
+        )
         out[at] = to_leaf(p, tensors[p.tensor][slices(p.tensor_box)])
     np.testing.assert_array_equal(out, q[slices(box)])
     tbox = ((box[2][0], box[2][1]), (1, 3))  # rows of the fused tensor: q's 2nd, k
     got = np.full(shape(tbox), np.nan, np.float32)
     leaves = {"blocks.q": q, "blocks.k": k}
     for p in plan.tensor_pieces("h.1.qk", tbox):
-        at = tuple(slice(a - s, b - s) for (a, b), (s, _) in zip(p.tensor_box, tbox))
+        at = tuple(
+            slice(a - s, b - s)
+            for (a, b), (s, _) in zip(p.tensor_box, tbox, strict=True)
+        )
         got[at] = to_tensor(p, leaves[p.leaf][slices(p.leaf_box)])
     np.testing.assert_array_equal(got, tensors["h.1.qk"][slices(tbox)])

@@ -63,6 +63,7 @@ def test_write_new_never_replaces_another_writers_file(where, request, tmp_path)
 
 
 @pytest.mark.parametrize("nbytes", [0, 1000, 1024, 1025, 10_000])
+@pytest.mark.slow
 def test_streamed_files_read_back_in_any_ranges(root, small_parts, nbytes):
     data = DATA[:nbytes]
     path = f"{root}/pack.bin"
@@ -76,7 +77,7 @@ def test_streamed_files_read_back_in_any_ranges(root, small_parts, nbytes):
     ranges = [(0, nbytes), (nbytes // 3, nbytes - 1), (1023, min(1030, nbytes))]
     ranges = [(a, b) for a, b in ranges if a <= b]
     buffers = packfile.read(epath.Path(path), ranges, nbytes=nbytes)
-    for (a, b), got in zip(ranges, buffers):
+    for (a, b), got in zip(ranges, buffers, strict=True):
         np.testing.assert_array_equal(got, data[a:b])
         assert got.size == 0 or got.ctypes.data % 64 == 0  # for zero-copy device_put
 
@@ -186,6 +187,7 @@ def test_parts_copied_to_a_disk_read_as_the_file(where, request, small_parts, tm
     np.testing.assert_array_equal(got, DATA[500:9500])
 
 
+@pytest.mark.slow
 def test_a_server_that_is_not_there_is_an_error_in_seconds(monkeypatch):
     from integration_tests._object_servers import free_port
 
@@ -225,3 +227,38 @@ def test_environment_sets_endpoint_region_and_credentials(monkeypatch):
     assert spec["endpoint"] == "http://127.0.0.1:9001"
     assert spec["aws_credentials"] == {"type": "environment"}
     assert os.environ.get("AWS_REGION") is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["soon", "0", "-5", "inf", "1e9"],
+    ids=["word", "zero", "<0", "inf", "huge"],
+)
+def test_a_stall_timeout_that_is_no_time_is_refused_naming_the_variable(
+    value, monkeypatch
+):
+    monkeypatch.setenv("ORBAX_EQX_STALL_SECONDS", value)
+    with pytest.raises(oeqx.OrbaxEqxError) as e:
+        oeqx.metadata("s3://bucket/m")
+    assert isinstance(e.value, ValueError)
+    assert str(e.value) == (
+        f"ORBAX_EQX_STALL_SECONDS is {value!r}: expected the seconds a request "
+        "to an object store may go without progress, a number above 0 and at "
+        "most 86400 (default 60). Set it to, say, `ORBAX_EQX_STALL_SECONDS=60`, "
+        "or unset it."
+    )
+
+
+def test_version_tells_a_file_written_anew(root):
+    """What a restore compares to tell a checkpoint replaced or deleted under it
+    (`_restore/vanished.py`): the same on every store."""
+    path = f"{root}/sidecar.json"
+    found = store.for_path(path)
+    assert found.version(path) is None
+    found.write_whole(path, b"one")
+    first = found.version(path)
+    assert first is not None and found.version(path) == first
+    found.write_whole(path, b"two")
+    assert found.version(path) not in (None, first)
+    found.delete(path)
+    assert found.version(path) is None

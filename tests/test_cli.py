@@ -70,6 +70,7 @@ def _venv_in(directory):
     return venv / "bin" / "python"
 
 
+@pytest.mark.slow
 def test_demo_then_inspect_root(tmp_path):
     # The README's set-up: the demo run by the venv's python, never activated.
     python = _venv_in(tmp_path)
@@ -144,6 +145,7 @@ def test_demo_then_inspect_root(tmp_path):
 RELU = f"{jax.nn.relu.__module__}.{jax.nn.relu.__qualname__}"
 
 
+@pytest.mark.slow
 def test_inspect_item_dir_flat(step_dir, tmp_path):
     result = run_cli("inspect", "--flat", step_dir / "default", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -168,6 +170,7 @@ def test_inspect_item_dir_flat(step_dir, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_inspect_step_dir_json(step_dir, tmp_path):
     result = run_cli("inspect", "--json", "run/7", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -274,6 +277,7 @@ def _corrupt_sidecar(tmp_path):
     ],
     ids=["missing", "not-a-checkpoint", "corrupt-sidecar"],
 )
+@pytest.mark.slow
 def test_inspect_bad_path(tmp_path, make_path, message):
     result = run_cli("inspect", make_path(tmp_path), cwd=tmp_path)
     assert result.returncode == 2
@@ -313,6 +317,7 @@ oeqx.save("unpacked", {"r": b, "s": jnp.ones(2)}, pack=False)
 """
 
 
+@pytest.mark.slow
 def test_inspect_shows_saved_sharding(tmp_path):
     env = {
         **os.environ,
@@ -395,6 +400,7 @@ def test_inspect_best_step_by_metric(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["best"] is None
 
 
+@pytest.mark.slow
 def test_inspect_tree_of_odd_names(tmp_path, capsys):
     import zoo
 

@@ -41,6 +41,7 @@ class Box(eqx.Module):
     inner: object
 
 
+@pytest.mark.slow
 def test_inspect_of_a_module_nested_1000_deep(tmp_path, capsys):
     # The sidecar of `Box(Box(...Box(x)))`, 1,000 deep, as a save writes it
     # (building the model itself needs a raised recursion limit).

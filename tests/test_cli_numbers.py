@@ -23,6 +23,7 @@ from orbax_eqx._tools.stats import leaf_stats
 from orbax_eqx._tools.step_items import read
 
 
+@pytest.mark.slow
 def test_params_per_subtree_and_dtype(tmp_path, capsys):
     mlp = eqx.nn.MLP(4, 2, 8, 2, key=jax.random.key(0))
     oeqx.save(tmp_path / "ckpt", {"model": mlp, "step": 3, "key": jax.random.key(1)})
@@ -182,6 +183,7 @@ oeqx.save({path!r}, {{"x": x, "y": y}})
 """
 
 
+@pytest.mark.slow
 def test_stats_of_shard_packs(tmp_path):
     # Saved on 8 devices in a subprocess; read here, on one.
     env = dict(

@@ -185,7 +185,8 @@ def test_a_lost_chunk_is_damage(tmp_path, capsys):
     )
     assert out.endswith(
         f"1 of 4 arrays in {item} cannot be read (a plain Orbax checkpoint, "
-        "PyTreeCheckpointHandler). Restore an earlier step, or re-save this one.\n"
+        "PyTreeCheckpointHandler). Restore an earlier step, or re-save the "
+        "checkpoint.\n"
     )
     assert main(["inspect", "--stats", str(item)]) == 1
     assert "CANNOT READ model.weight: Leaf " in capsys.readouterr().out

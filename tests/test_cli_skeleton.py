@@ -61,6 +61,7 @@ def _restore_normally(ckpt, path_entry: str, module: str):
     )
 
 
+@pytest.mark.slow
 def test_file_skeleton_records_import_names(tmp_path):
     models = tmp_path / "models"
     models.mkdir()
@@ -86,6 +87,7 @@ def test_file_skeleton_records_import_names(tmp_path):
     ]
 
 
+@pytest.mark.slow
 def test_file_skeleton_in_a_package(tmp_path):
     package = tmp_path / "src" / "proj" / "nets"
     package.mkdir(parents=True)
@@ -133,6 +135,7 @@ def test_file_skeleton_in_a_package(tmp_path):
     ],
     ids=["not-a-module-name", "name-taken"],
 )
+@pytest.mark.slow
 def test_file_skeleton_refused(tmp_path, file, message):
     # In a folder of its own: `python -m` puts the working directory first on
     # sys.path, where a json.py would shadow the standard library's at start.
@@ -151,6 +154,7 @@ def test_file_skeleton_refused(tmp_path, file, message):
     assert not (tmp_path / "ckpt").exists()
 
 
+@pytest.mark.slow
 def test_two_skeleton_files_of_one_name(tmp_path):
     # Each file is imported as `tmodel` in turn: the second replaces the first
     # (both were loaded by the command line itself, not by the user's code).

@@ -31,6 +31,7 @@ def _flip_first_byte_of(path, name):
         f.write(bytes([byte ^ 1]))
 
 
+@pytest.mark.slow
 def test_verify_a_sound_checkpoint(ckpt):
     result = run_cli("verify", ckpt, cwd=ckpt.parent)
     assert result.returncode == 0, result.stderr
@@ -40,20 +41,22 @@ def test_verify_a_sound_checkpoint(ckpt):
     assert result.stderr == ""  # no progress bar in a pipe
 
 
+@pytest.mark.slow
 def test_verify_lists_each_damaged_leaf_and_exits_1(ckpt):
     _flip_first_byte_of(ckpt, "model.layers.1.weight")
     result = run_cli("verify", ckpt, cwd=ckpt.parent)
     assert result.returncode == 1, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith(
-        "DAMAGED `model.layers.1.weight`: data does not match its CRC-32: 0x"
+        "DAMAGED `model.layers.1.weight`: data does not match its XXH3-64: 0x"
     )
     assert lines[1] == (
         f"1 of 4 arrays in {ckpt} are damaged. Restore an earlier step, or re-save "
-        "this one."
+        "the checkpoint."
     )
 
 
+@pytest.mark.slow
 def test_verify_json(ckpt):
     _flip_first_byte_of(ckpt, "model.layers.0.bias")
     result = run_cli("verify", ckpt, "--json", cwd=ckpt.parent)
@@ -68,6 +71,7 @@ def test_verify_json(ckpt):
     ]
 
 
+@pytest.mark.slow
 def test_verify_reports_a_missing_pack_per_leaf(ckpt):
     (ckpt / oeqx.metadata(ckpt).packs[0].file).unlink()
     result = run_cli("verify", ckpt, cwd=ckpt.parent)
@@ -76,6 +80,7 @@ def test_verify_reports_a_missing_pack_per_leaf(ckpt):
     assert "is missing: the checkpoint is damaged" in result.stdout
 
 
+@pytest.mark.slow
 def test_verify_without_checksums_says_so(tmp_path):
     path = tmp_path / "old"
     oeqx.save(path, {"w": jnp.ones(3)}, checksums=False)
@@ -98,6 +103,7 @@ def test_verify_without_checksums_says_so(tmp_path):
     ],
     ids=["missing", "bad_sidecar"],
 )
+@pytest.mark.slow
 def test_verify_errors_are_one_line_and_exit_2(ckpt, setup, message):
     setup(ckpt.parent)
     target = ckpt if "sidecar" in message else ckpt.parent / "nope"
@@ -117,6 +123,7 @@ def root(tmp_path):
     return tmp_path / "run"
 
 
+@pytest.mark.slow
 def test_verify_a_manager_root_checks_every_step(root):
     _flip_first_byte_of(root / "6" / "default", "layers.1.weight")
     result = run_cli("verify", "run", cwd=root.parent)
@@ -131,7 +138,7 @@ def test_verify_a_manager_root_checks_every_step(root):
     assert lines[2].startswith("DAMAGED `layers.1.weight`: ")
     assert lines[3] == (
         f"1 of 4 arrays in {root}/6/default are damaged. Restore an earlier step, "
-        "or re-save this one."
+        "or re-save the checkpoint."
     )
     assert (
         lines[4] == f"4 of 4 arrays (200 B) in {root}/7/default match their checksums."
@@ -151,6 +158,7 @@ def test_verify_a_manager_root_checks_every_step(root):
     ]
 
 
+@pytest.mark.slow
 def test_verify_a_manager_root_goes_on_past_an_unreadable_step(root):
     (root / "7" / "default" / "orbax_eqx.json").write_text("{")
     result = run_cli("verify", "run", "--json", cwd=root.parent)
@@ -181,6 +189,7 @@ def test_verify_a_manager_root_goes_on_past_an_unreadable_step(root):
     )
 
 
+@pytest.mark.slow
 def test_verify_a_step_with_several_items_checks_each(tmp_path):
     step = tmp_path / "3"
     oeqx.save(step / "model", {"w": jnp.ones(3)})

@@ -227,6 +227,7 @@ _ORBAX_UNAWAITED = pytest.mark.filterwarnings(
         "process_tree_deleted",
     ],
 )
+@pytest.mark.slow
 def test_damaged_orbax_store(tmp_path, damage, match):
     path, item = _unpacked(tmp_path)
     damage(path)
@@ -245,6 +246,7 @@ def test_damaged_orbax_store(tmp_path, damage, match):
 
 
 @_ORBAX_UNAWAITED
+@pytest.mark.slow
 def test_damaged_orbax_error_keeps_orbax_details_as_the_cause(tmp_path):
     path, _ = _unpacked(tmp_path)
     shutil.rmtree(_store(path) / "ocdbt.process_0")
@@ -332,6 +334,7 @@ def test_leaves_named_like_orbax_files_pass_the_comparison(tmp_path, use_ocdbt):
     zoo.assert_same(oeqx.restore(tmp_path / "ckpt", skeleton), item)
 
 
+@pytest.mark.slow
 def test_orbax_metadata_comparison_passes_for_the_dtypes_entry_with_zarr3(tmp_path):
     item = zoo.dtypes(KEY_SAVE)
     oeqx.save(tmp_path / "ckpt", item, pack=False, use_zarr3=True)
@@ -377,6 +380,7 @@ def test_enormous_sidecar_shape_fails_the_skeleton_check(tmp_path):
     [(HUGE,), (2**62, 2**62)],
     ids=["terabytes", "overflowing_int64"],
 )
+@pytest.mark.slow
 def test_enormous_packed_leaf_is_refused_before_allocating(tmp_path, shape):
     path = _packed(tmp_path)
     _edit_sidecar(path, lambda c: _huge_packed(c, shape))
@@ -420,6 +424,7 @@ def test_enormous_sidecar_shape_of_orbax_leaf_is_refused(tmp_path):
     ],
     ids=["orbax_shape", "orbax_chunks"],
 )
+@pytest.mark.slow
 def test_enormous_orbax_metadata_is_refused_before_reading(tmp_path, field, match):
     path, _ = _unpacked(tmp_path)
     _ocdbt_write(path, "a/.zarray", lambda z: z.__setitem__(field, [HUGE]))
@@ -476,7 +481,7 @@ def test_escaping_leaf_names_stay_inside(tmp_path, layout, escape):
         # renamed leaf is an edited record.
         with pytest.raises(
             oeqx.CheckpointDamagedError,
-            match=rf"\({re.escape(name)}\): CRC-32 recorded at save",
+            match=rf"\({re.escape(name)}\): XXH3-64 recorded at save",
         ):
             oeqx.restore(path)
     else:
@@ -547,6 +552,7 @@ def test_escaping_module_names_are_only_dict_keys(tmp_path, module):
 
 @pytest.mark.parametrize("run", ["restore", "verify"])
 @pytest.mark.parametrize("what", ["directory", "sidecar", "pack", "store", "data"])
+@pytest.mark.slow
 def test_unreadable_checkpoint(tmp_path, what, run):
     # Unreadable is not damaged: `verify` raises too, rather than report a leaf
     # as damaged (which could get a good checkpoint deleted).

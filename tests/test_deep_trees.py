@@ -33,6 +33,7 @@ def _nest(kind, depth, value):
     [("list", 500), ("list", 900), ("dict", 600), ("module", 300)],
     ids=["list-500", "list-900", "dict-600", "module-300"],
 )
+@pytest.mark.slow
 def test_deep_trees_round_trip(tmp_path, capsys, kind, depth):
     saved = _nest(kind, depth, np.arange(4.0))
     oeqx.save(tmp_path / "ckpt", saved)

@@ -38,6 +38,7 @@ def test_every_block_runs_or_is_bash(page):
 
 
 @pytest.mark.parametrize("page", WITH_EXAMPLES, ids=WITH_EXAMPLES)
+@pytest.mark.slow
 def test_examples_run(page, tmp_path, monkeypatch):
     path = str(ROOT / page)
     if page in DEVICES:

@@ -34,6 +34,7 @@ def _run(*args, cwd) -> subprocess.CompletedProcess:
         pytest.fail(f"ran past {LIMIT_S} s:\n{e.stdout}\n{e.stderr}")
 
 
+@pytest.mark.slow
 def test_train_resume_after_a_crash_ends_as_an_uninterrupted_run(tmp_path):
     steps = ["--steps", "60", "--save-every", "10"]
     whole = _run("whole", *steps, cwd=tmp_path)
@@ -59,7 +60,7 @@ def test_train_resume_after_a_crash_ends_as_an_uninterrupted_run(tmp_path):
     a = oeqx.restore(tmp_path / "whole" / "60", skeleton)
     b = oeqx.restore(tmp_path / "crashed" / "60", skeleton)
     assert a["step"] == b["step"] == 60
-    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         np.testing.assert_array_equal(x, y)
     assert sorted(os.listdir(tmp_path / "crashed"))[-3:] == ["40", "50", "60"]
 

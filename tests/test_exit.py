@@ -64,10 +64,11 @@ def _restores_step_2(path) -> None:
     skeleton = eqx.nn.MLP(4, 4, 64, 3, key=jax.random.key(1))
     restored = oeqx.restore(path / "2", skeleton)
     expected = eqx.nn.MLP(4, 4, 64, 3, key=jax.random.key(0))
-    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(expected)):
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(expected), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.slow
 def test_exit_without_waiting_finishes_the_last_step(tmp_path):
     proc = _run(tmp_path / "run", "exit")
     assert "Traceback" not in proc.stderr
@@ -84,6 +85,7 @@ def test_exit_without_waiting_finishes_the_last_step(tmp_path):
     _restores_step_2(tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_exit_after_waiting_says_nothing(tmp_path):
     proc = _run(tmp_path / "run", "wait")
     assert "orbax_eqx" not in proc.stderr
@@ -91,6 +93,7 @@ def test_exit_after_waiting_says_nothing(tmp_path):
     _restores_step_2(tmp_path / "run")
 
 
+@pytest.mark.slow
 def test_exit_without_waiting_finishes_a_type_handler_step(tmp_path):
     proc = _run(tmp_path / "run", "exit", "typed")
     assert "Traceback" not in proc.stderr

@@ -227,10 +227,13 @@ def test_a_pack_file_is_never_written_through_a_planted_link(tmp_path):
     assert planted.read_bytes() == b"precious"
 
 
-def test_the_type_handlers_index_is_never_written_through_a_planted_link(tmp_path):
-    # `typed` once wrote its index through `{final}.tmp-{pid}`, a plain open.
+def test_a_whole_file_is_never_written_through_a_planted_link(tmp_path):
+    # The byte layer's whole-file write (shard indexes, the type handler's index
+    # and seal: each through a temporary name of its own, then a rename); the
+    # type handler once wrote its index through `{final}.tmp-{pid}`, a plain
+    # open. A file of any name: this tests the write, not who calls it.
     (tmp_path / "d").mkdir()
     final = tmp_path / "d" / "orbax_eqx~typed.json"
     planted = _planted(tmp_path, final)
-    store.write_whole(epath.Path(final), b"{}\n")  # as `typed` writes it
+    store.write_whole(epath.Path(final), b"{}\n")
     _written(final, b"{}\n", planted)

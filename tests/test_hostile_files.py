@@ -141,6 +141,7 @@ def _on_checkpoint(path, out) -> dict:
     )
 
 
+@pytest.mark.slow
 def test_fifo_in_place_of_the_pack_fails_fast(tmp_path):
     path = _checkpoint(tmp_path)
     pack = _pack(path)
@@ -176,6 +177,7 @@ def test_fifo_in_place_of_the_pack_fails_fast(tmp_path):
     ],
     ids=["fifo", "dev_zero"],
 )
+@pytest.mark.slow
 def test_sidecar_that_would_never_end_fails_fast(tmp_path, plant, what):
     path = _checkpoint(tmp_path)
     (path / SIDECAR).unlink()
@@ -248,6 +250,7 @@ def skeleton():
 """
 
 
+@pytest.mark.slow
 def test_import_from_a_fifo_fails_fast(tmp_path):
     (tmp_path / "skeletons.py").write_text(SKELETON_PY)
     skeleton = f"{tmp_path / 'skeletons.py'}:skeleton"
@@ -363,6 +366,7 @@ def _replace_with(planted, plant):
     ],
     ids=["fifo_chunk", "dev_zero_metadata"],
 )
+@pytest.mark.slow
 def test_array_store_entry_that_would_never_end_fails_fast(
     tmp_path, where, plant, what
 ):

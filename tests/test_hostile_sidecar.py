@@ -96,11 +96,11 @@ def test_stripped_checksums_are_damage(tmp_path, capsys, pack):
 
     def strip(content):
         for record in content["leaves"].values():
-            record.pop("crc32" if pack else "sum32")
+            record.pop("xxh3" if pack else "sum32")
 
     _edit(path, strip)
     where, kind = (
-        ("is packed", "CRC-32")
+        ("is packed", "XXH3-64")
         if pack
         else (
             "is in Orbax's array store",
@@ -128,7 +128,7 @@ def test_stripped_checksums_of_format_4_are_damage_to_verify(tmp_path, capsys, p
     def strip(content):
         content["format_version"] = 4
         for record in content["leaves"].values():
-            record.pop("crc32" if pack else "sum32")
+            record.pop("xxh3" if pack else "sum32")  # (format 4 has "crc32")
 
     _edit(path, strip)
     if pack:  # packed leaves always have one: the sidecar is damaged
@@ -378,6 +378,7 @@ def test_records_no_orbax_eqx_writes_are_damage_everywhere(varied, capsys, edit,
 # --- a sidecar of a million tiny leaves: memory bounded per byte read ---------
 
 
+@pytest.mark.slow
 def test_reading_a_sidecar_costs_bounded_memory_per_byte(tmp_path):
     import tracemalloc
 
@@ -399,3 +400,56 @@ def test_reading_a_sidecar_costs_bounded_memory_per_byte(tmp_path):
     # Measured 12x (the JSON's own objects at their peak); 17x before records
     # were dropped as read and leaves had slots.
     assert peak < 14 * len(text)
+
+
+# --- format 6's data checksums -----------------------------------------------------
+
+
+def test_format_6_records_xxh3_of_packed_data_and_of_itself(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"a": jnp.arange(10.0), "b": np.ones(3, np.int8)})
+    text = (path / SIDECAR).read_text()
+    content = json.loads(text)
+    assert content["format_version"] == 6
+    for record in content["leaves"].values():
+        assert re.fullmatch(r"[0-9a-f]{16}", record["xxh3"]) and "crc32" not in record
+    assert re.fullmatch(r"xxh3:[0-9a-f]{16}", content["checksum"])
+    assert oeqx.metadata(path).leaves["a"].sum_algorithm == "xxh3"
+    assert oeqx.verify(path).ok
+
+
+_NOT_HEX = r", not XXH3-64 in 16 lower-case hexadecimal digits"
+
+
+@pytest.mark.parametrize(
+    "change, what",
+    [
+        (lambda r: r.update(xxh3="0x1234"), r"has data checksum '0x1234'" + _NOT_HEX),
+        (
+            lambda r: r.update(xxh3="ABCDEF0123456789"),
+            r"has data checksum 'ABCDEF0123456789'" + _NOT_HEX,
+        ),
+        (lambda r: r.update(xxh3=12345), r"has data checksum 12345" + _NOT_HEX),
+        (
+            lambda r: r.update(xxh3="0" * 99),
+            r"has data checksum '0{36}\.\.\." + _NOT_HEX,
+        ),
+        (
+            lambda r: r.update(crc32=12345),
+            r'records a CRC-32 \("crc32"\), which a format-6 sidecar never does: '
+            r"it was edited",
+        ),
+    ],
+    ids=["prefixed", "upper-case", "integer", "too-long", "crc32"],
+)
+def test_a_format_6_data_checksum_not_in_16_hex_digits_is_damage(
+    tmp_path, change, what
+):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"a": jnp.arange(10.0)})
+    _edit(path, lambda c: change(c["leaves"]["a"]))
+    match = _damaged(f"leaf 'a' {what}")
+    with pytest.raises(oeqx.SidecarError, match=match):
+        oeqx.restore(path, {"a": jnp.zeros(10)})
+    with pytest.raises(oeqx.SidecarError, match=match):
+        oeqx.verify(path)

@@ -129,10 +129,10 @@ def test_every_single_bit_flip_in_packed_data_is_caught(tmp_path):
         _flip(_pack(path), byte, bit)
         report = oeqx.verify(path)
         assert [d.name for d in report.damaged] == [name]
-        assert "does not match its CRC-32" in report.damaged[0].problem
+        assert "does not match its XXH3-64" in report.damaged[0].problem
         with pytest.raises(oeqx.CheckpointDamagedError) as info:
             oeqx.restore(path, _skeleton())
-        assert f"`['{name}']` ({name}): CRC-32 recorded at save" in str(info.value)
+        assert f"`['{name}']` ({name}): XXH3-64 recorded at save" in str(info.value)
         caught += 1
         _flip(_pack(path), byte, bit)  # undo
     assert caught == FLIPS_PACKED
@@ -149,6 +149,7 @@ ORBAX_LATE_READS = pytest.mark.filterwarnings(
 
 
 @ORBAX_LATE_READS
+@pytest.mark.slow
 def test_every_single_bit_flip_in_orbax_stored_data_is_caught(tmp_path):
     path = tmp_path / "c"
     item = _item()
@@ -184,7 +185,7 @@ def test_a_flat_restore_and_a_partial_restore_check_what_they_read(tmp_path):
     oeqx.save(path, _item())
     start, _ = _packed_spans(path)["w"]
     _flip(_pack(path), start + 5, 0)
-    with pytest.raises(oeqx.CheckpointDamagedError, match=r"`\['w'\]` \(w\): CRC-32"):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=r"`\['w'\]` \(w\): XXH3-64"):
         oeqx.restore(path)
     # Leaves other than the damaged one still restore.
     part = oeqx.restore(path, {"ids": _skeleton()["ids"]}, strict=False)
@@ -205,7 +206,9 @@ def test_checkpoints_without_checksums_are_read_and_reported_unchecked(tmp_path)
     path = tmp_path / "c"
     oeqx.save(path, _item(), checksums=False)
     sidecar = json.loads((path / "orbax_eqx.json").read_text())
-    assert not any("crc32" in r or "sum32" in r for r in sidecar["leaves"].values())
+    assert not any(
+        "crc32" in r or "xxh3" in r or "sum32" in r for r in sidecar["leaves"].values()
+    )
     report = oeqx.verify(path)
     assert report.ok and not report.checked
     assert sorted(report.unchecked) == ["b16", "ids", "keys", "mask", "np", "w"]

@@ -102,6 +102,7 @@ def test_storage_keys_are_safe_file_names():
         assert all(c.isascii() for c in key)
 
 
+@pytest.mark.slow
 def test_same_model_same_names_from_skeleton_and_concrete():
     make = zoo.ZOO["optax_state"]
     assert names(make(jax.random.key(0))) == names(
@@ -110,6 +111,7 @@ def test_same_model_same_names_from_skeleton_and_concrete():
 
 
 @pytest.mark.parametrize("make", sorted(zoo.ZOO), ids=str)
+@pytest.mark.slow
 def test_names_and_paths_built_on_parents_match_whole_paths(make):
     """A walk builds each name and printed path on its parent's; the result
     is what joining every part of the whole path gives."""

@@ -76,6 +76,7 @@ def test_kvstore_write_ranged_read_list_delete(bucket):
     assert kv.list().result() == [b"runner.txt"]
 
 
+@pytest.mark.slow
 def test_epath_sees_kvstore_objects(bucket):
     kv = kvstore(bucket)
     kv.write("ckpt/0/data.bin", DATA).result()

@@ -45,7 +45,7 @@ def test_every_array_is_packed_at_an_aligned_offset(tmp_path, make):
     spans = sorted((r.offset, r.offset + r.nbytes) for r in packed)
     for start, _ in spans:
         assert start % 64 == 0
-    for (_, stop), (start, _) in zip(spans, spans[1:]):
+    for (_, stop), (start, _) in zip(spans, spans[1:], strict=False):
         assert stop <= start  # no overlap
     arrays = [r for r in md.leaves.values() if r.kind == "array"]
     # One device, so every non-empty array that is not a tied twin is packed.
@@ -64,6 +64,7 @@ def test_every_array_is_packed_at_an_aligned_offset(tmp_path, make):
 
 
 @pytest.mark.parametrize("make", zoo.ZOO.values(), ids=zoo.ZOO.keys())
+@pytest.mark.slow
 def test_unpacked_layout_still_roundtrips(tmp_path, make):
     item = make(KEY_SAVE)
     oeqx.save(tmp_path / "ckpt", item, pack=False)
@@ -213,6 +214,67 @@ def test_caller_may_change_or_donate_arrays_once_save_returns(tmp_path):
     np.testing.assert_array_equal(restored["weight"], expected["weight"])
 
 
+def test_a_large_numpy_array_changed_after_an_async_save_keeps_its_bytes(tmp_path):
+    """An async save copies numpy arrays before it returns, whatever their layout."""
+    big = np.random.default_rng(0).standard_normal((1 << 20) + 3).astype(np.float32)
+    odd = np.arange(24, dtype=">i4").reshape(4, 6).T  # big-endian, not C order
+    expected = {"big": big.copy(), "odd": odd.copy()}
+    mngr = ocp.CheckpointManager(tmp_path, item_handlers=oeqx.EqxHandler())
+    mngr.save(0, args=oeqx.EqxSave({"big": big, "odd": odd}))
+    big[:] = -1
+    odd[:] = -1
+    mngr.wait_until_finished()
+    restored = mngr.restore(0)
+    mngr.close()
+    for name, value in expected.items():
+        assert restored[name].dtype == value.dtype
+        np.testing.assert_array_equal(restored[name], value)
+
+
+@pytest.mark.parametrize("copy_numpy", [True, False], ids=["async", "waited"])
+def test_a_save_that_waits_packs_numpy_arrays_without_copying(copy_numpy):
+    """`oeqx.save` returns once written, so it packs numpy arrays where they
+    are (a copy only where one is not C-contiguous); an async save copies."""
+    from orbax_eqx._save.prepare import prepare
+
+    base = np.arange(2 * (5 << 20), dtype=np.float32)  # 40 MiB
+    item = {
+        "big": base[: 5 << 20],
+        "small": np.arange(10.0),
+        "strided": base[::2],
+        "scalar": np.float32(2.5),
+    }
+    prepared = prepare(item, token="0" * 16, copy_numpy=copy_numpy)
+    prepared.finish()
+    hosts = dict(
+        zip(prepared.packed_names, (h for _, h in prepared.pieces), strict=True)
+    )
+    for name, x in item.items():
+        np.testing.assert_array_equal(hosts[name], x)
+        assert hosts[name].flags.c_contiguous
+    assert np.shares_memory(hosts["big"], base) is not copy_numpy
+    assert np.shares_memory(hosts["small"], item["small"]) is not copy_numpy
+    assert not np.shares_memory(hosts["strided"], base)
+
+
+def test_standalone_save_of_numpy_leaves_of_every_layout(tmp_path):
+    base = np.arange(4 * (1 << 20), dtype=np.float64)
+    item = {
+        "view": base[: 1 << 20],
+        "strided": base[1::3],
+        "transposed": base[:600].reshape(20, 30).T,
+        "fortran": np.asfortranarray(base[:600].reshape(20, 30)),
+        "scalar": np.int16(-7),
+        "bf16": base[:64].astype(jnp.bfloat16),
+    }
+    oeqx.save(tmp_path / "ckpt", item)
+    skeleton = jax.tree_util.tree_map(np.zeros_like, item)
+    restored = oeqx.restore(tmp_path / "ckpt", skeleton)
+    for name, value in item.items():
+        assert restored[name].dtype == value.dtype, name
+        np.testing.assert_array_equal(restored[name], value)
+
+
 def test_host_arrays_keep_their_bytes_when_the_array_is_donated():
     """What a save holds stays intact: on CPU it is numpy's view of the device
     buffer, and JAX must not reuse a buffer that numpy holds."""
@@ -315,6 +377,7 @@ _SHARDED_WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_sharded_arrays_go_to_shard_packs_on_8_devices(tmp_path):
     env = dict(os.environ)
     env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
@@ -360,7 +423,7 @@ def test_read_lets_bytes_be_checked_as_they_arrive(tmp_path, monkeypatch):
 
     buffers = _packfile.read(epath.Path(path), ranges, meanwhile=meanwhile)
     assert seen == [True] * 6
-    for (start, stop), buffer in zip(ranges, buffers):
+    for (start, stop), buffer in zip(ranges, buffers, strict=True):
         np.testing.assert_array_equal(buffer, data[start:stop])
     # A read that fails (an I/O error at byte 200,000) raises from `ready`.
     pread = _local._pread_exactly

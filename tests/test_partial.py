@@ -219,6 +219,7 @@ class Classifier(eqx.Module):
         self.head = eqx.nn.Linear(8, classes, key=k2)
 
 
+@pytest.mark.slow
 def test_missing_keep_keeps_a_new_head_from_the_skeleton(tmp_path):
     pretrained = Classifier(10, KEY_SAVE)
     oeqx.save(tmp_path / "ckpt", pretrained)

@@ -181,6 +181,7 @@ except Exception as e:
 """
 
 
+@pytest.mark.slow
 def test_a_fifo_in_a_plain_checkpoint_is_refused_not_read(tmp_path):
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(tmp_path / "ckpt", {"w": jnp.ones(2)})

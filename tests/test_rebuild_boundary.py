@@ -88,6 +88,7 @@ def _restore_in_fresh_process(path, allow, site=None):
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_a_script_module_is_never_imported(mlp):
     # numpy's f2py command line parses the caller's `sys.argv` when imported,
     # and exits: it must not run, whatever `allow` holds.
@@ -143,6 +144,7 @@ def planted(tmp_path):
     return site, mark
 
 
+@pytest.mark.slow
 def test_a_submodule_nothing_imported_is_not_imported(mlp, planted):
     site, mark = planted
     sidecars.edit(
@@ -165,6 +167,7 @@ def test_a_submodule_nothing_imported_is_not_imported(mlp, planted):
     assert mark.exists()
 
 
+@pytest.mark.slow
 def test_the_allow_list_inspect_prints_works_in_a_fresh_process(mlp, planted, capsys):
     site, _ = planted
     sidecars.edit(

@@ -41,6 +41,7 @@ def _slow_step_metadata(monkeypatch, tmp_path, delay_s=0.5):
     monkeypatch.setattr(cls, "write_text", slow)
 
 
+@pytest.mark.slow
 def test_text_that_is_not_unicode_is_refused_on_a_repeated_save(tmp_path, monkeypatch):
     item = {"name": "ok", "w": jnp.arange(4.0)}
     mngr = _manager(tmp_path)
@@ -113,3 +114,28 @@ def test_what_is_saved_is_the_item_as_save_returned(tmp_path):
     restored = mngr.restore(1, args=oeqx.EqxRestore(item()))
     mngr.close()
     assert eqx.tree_equal(restored, item())
+
+
+def test_arrays_donated_before_the_background_walk_still_save(monkeypatch):
+    """A repeated save walks the item in its background thread, after `save`
+    returned: the caller may have donated the arrays by then (their bytes
+    were taken before it returned). Ordered by hand here: the walk's own
+    check must not call them deleted."""
+    from orbax_eqx._save.prepare import prepare
+
+    # Host copies are real copies, as on an accelerator (on CPU they are
+    # views, which keep a donated buffer alive).
+    monkeypatch.setenv("ORBAX_EQX_STAGING", "copy")
+
+    item = {"w": jnp.arange(6.0) + 1, "b": [jnp.ones(3) * 2, jnp.zeros(2)]}
+    expected = jax.tree_util.tree_map(lambda x: np.array(x, copy=True), item)
+    prepare(item, token="0" * 16).finish()  # a first save: the structure is known
+    prepared = prepare(item, token="1" * 16)  # a repeated one: no walk yet
+    for x in jax.tree_util.tree_leaves(item):
+        x.delete()  # as donating it would
+    prepared.finish()  # the background's part: walk, names, host copies
+    assert prepared.packed_names == ["b.0", "b.1", "w"]
+    for (_, host), x in zip(
+        prepared.pieces, jax.tree_util.tree_leaves(expected), strict=True
+    ):
+        np.testing.assert_array_equal(host, x)

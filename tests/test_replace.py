@@ -384,6 +384,7 @@ def test_a_swap_cut_between_its_renames_is_undone(tmp_path, by):
         assert os.listdir(tmp_path) == ["ckpt"]
 
 
+@pytest.mark.slow
 def test_a_restore_gives_a_live_save_a_moment_to_finish_its_swap(tmp_path):
     # Its owner runs (this process), yet the swap never finishes: after the
     # moment, the replaced checkpoint is put back all the same.

@@ -46,6 +46,7 @@ def _make(name):
 
 
 @pytest.mark.parametrize("name", zoo.ZOO, ids=zoo.ZOO)
+@pytest.mark.slow
 def test_export_then_import_round_trip(tmp_path, name):
     make, item = _make(name)
     oeqx.save(tmp_path / "ckpt", item)
@@ -180,6 +181,7 @@ def test_export_refuses_the_metadata_name(tmp_path):
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="Linux only")
+@pytest.mark.slow
 def test_export_streams_in_bounded_memory(tmp_path):
     """Peak memory of an export grows with --buffer, not with the checkpoint."""
     item = {f"w{i}": np.full((512, 1024), i, np.float32) for i in range(64)}  # 128 MiB
@@ -304,6 +306,35 @@ def _write(path, header, data=b""):
             ),
             rf"tensor 'x' has shape \[0, {2**70}\]",
         ),
+        # The schema is an allow list: each field's type, bounds and length.
+        (
+            lambda p: _write(p, {"x": {"shape": [2], "data_offsets": [0, 2]}}, b"ab"),
+            r"tensor 'x' has dtype None; this reader knows BOOL",
+        ),
+        (
+            lambda p: _write(
+                p, {"x": {"dtype": "U8", "shape": [True], "data_offsets": [0, 1]}}
+            ),
+            r"tensor 'x' has shape \[True\]",
+        ),
+        (
+            lambda p: _write(
+                p, {"x": {"dtype": "U8", "shape": [1] * 65, "data_offsets": [0, 1]}}
+            ),
+            r"tensor 'x' has shape \[1, 1, ",
+        ),
+        (
+            lambda p: _write(
+                p, {"x": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1, 1]}}
+            ),
+            r"tensor 'x' has data_offsets \[0, 1, 1\]",
+        ),
+        (
+            lambda p: _write(
+                p, {"x": {"dtype": "U8", "shape": [1], "data_offsets": [-1, 0]}}
+            ),
+            r"tensor 'x' has data_offsets \[-1, 0\]",
+        ),
     ],
     ids=[
         "short",
@@ -319,6 +350,11 @@ def _write(path, header, data=b""):
         "size-wraps-int64",
         "size-past-int64",
         "dimension-past-numpy",
+        "no-dtype",
+        "bool-dimension",
+        "rank-65",
+        "three-offsets",
+        "negative-offset",
     ],
 )
 def test_damaged_files_are_refused(tmp_path, make, message):

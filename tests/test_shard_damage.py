@@ -19,6 +19,9 @@ from unblock import raised_by
 
 import orbax_eqx as oeqx
 
+# Its module-scoped checkpoint takes seconds to make: the whole module is slow.
+pytestmark = pytest.mark.slow
+
 SAVE = textwrap.dedent(
     """
     import sys
@@ -113,7 +116,7 @@ def test_a_flipped_bit_in_a_chunk(ckpt):
     raw = bytearray(data.read_bytes())
     raw[offset + nbytes - 5] ^= 0x10  # in the chunk's last CRC block
     data.write_bytes(bytes(raw))
-    box = ", ".join(f"{a}:{b}" for a, b in zip(start, stop))
+    box = ", ".join(f"{a}:{b}" for a, b in zip(start, stop, strict=True))
     last = (len(crcs) - 1) * block
     with pytest.raises(
         oeqx.CheckpointDamagedError,

@@ -22,8 +22,8 @@ def _chunks(shape, cuts0, cuts1=None, gap=0):
     after the other in that order with `gap` bytes between them."""
     cuts1 = cuts1 or [0, shape[1]]
     chunks, offset = [], 0
-    for a, b in zip(cuts0, cuts0[1:]):
-        for c, d in zip(cuts1, cuts1[1:]):
+    for a, b in zip(cuts0, cuts0[1:], strict=False):
+        for c, d in zip(cuts1, cuts1[1:], strict=False):
             nbytes = (b - a) * (d - c) * SIZE
             chunks.append(Chunk("w", 0, (a, c), (b, d), offset, nbytes, nbytes, ()))
             offset += nbytes + gap

@@ -22,6 +22,9 @@ import sidecars
 import orbax_eqx as oeqx
 from orbax_eqx._storage.shard_index import block_size
 
+# Its module-scoped checkpoint takes seconds to make: the whole module is slow.
+pytestmark = pytest.mark.slow
+
 DATA = Path(__file__).parent / "data"
 
 

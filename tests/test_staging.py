@@ -27,6 +27,9 @@ import orbax_eqx as oeqx
 from orbax_eqx._save.prepare import prepare
 from orbax_eqx._storage import staging, to_host
 
+# Its module-scoped checkpoint takes seconds to make: the whole module is slow.
+pytestmark = pytest.mark.slow
+
 MiB = 1 << 20
 WINDOW = 8 * MiB
 
@@ -160,8 +163,8 @@ def test_a_flipped_bit_in_a_streamed_leaf_is_found(saved, copying, tmp_path):
         f.write(bytes([byte[0] ^ 0x10]))
     with pytest.raises(
         oeqx.CheckpointDamagedError,
-        match=r"Leaf `\['long'\]` \(long\): CRC-32 recorded at save 0x[0-9a-f]{8}, "
-        r"computed from the data now 0x[0-9a-f]{8}",
+        match=r"Leaf `\['long'\]` \(long\): XXH3-64 recorded at save 0x[0-9a-f]{16}, "
+        r"computed from the data now 0x[0-9a-f]{16}",
     ):
         oeqx.restore(copy, _skeleton(item), max_staged_bytes=WINDOW)
 
@@ -251,7 +254,7 @@ def test_thousands_of_small_arrays_take_a_copy_per_batch(copying):
     stack = to_host.STACK
     assert copies == -(-1500 // stack) * 2 + -(-300 // stack) + 3 < 3303 / 25
     assert stats.transfers == copies and stats.gathered == 3300
-    for host, x in zip(hosts, jax.tree_util.tree_leaves(item)):
+    for host, x in zip(hosts, jax.tree_util.tree_leaves(item), strict=True):
         assert host.dtype == x.dtype and host.shape == x.shape
         assert host.tobytes() == np.asarray(x).tobytes()
 
@@ -286,6 +289,68 @@ def test_shapes_past_the_compile_budget_go_one_by_one(copying, monkeypatch):
     with staging.watch() as again:  # the next save gathers two more
         prepare(item, token="0" * 16)
     assert again.compiles == 2 and again.gathered == 32
+
+
+def _large(count=4):
+    rng = np.random.default_rng(3)
+    return {
+        f"w{i}": jnp.asarray(rng.standard_normal((512, 1024), np.float32))  # 2 MiB
+        for i in range(count)
+    } | {"key": jax.random.split(jax.random.key(1), 300_000)}  # 2.3 MiB of keys
+
+
+def test_large_arrays_are_copied_on_their_device_then_to_host_later(copying):
+    item = _large()
+    with staging.watch() as stats:
+        prepared = prepare(item, token="0" * 16)
+    # Before the background's part: device copies made, none on host yet.
+    assert stats.device_copies == 5 and stats.transfers == 5
+    prepared.finish()
+    hosts = [host for _, host in prepared.pieces]
+    for host, x in zip(hosts, jax.tree_util.tree_leaves(item), strict=True):
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x = jax.random.key_data(x)
+        assert host.tobytes() == np.asarray(x).tobytes()
+
+
+def test_device_copies_stay_within_the_devices_room(copying, monkeypatch):
+    # Where a device reports no free memory (CPU), copies take IN_FLIGHT bytes;
+    # on an accelerator, half of what it has free.
+    monkeypatch.setattr(to_host, "IN_FLIGHT", 5 * MiB)
+    item = _large()
+    room = to_host._free(jax.devices()[0])
+    fit = 0
+    for x in jax.tree_util.tree_leaves(item):  # in leaf order: "key" first
+        size = (
+            jax.random.key_data(x).nbytes if x.dtype == item["key"].dtype else x.nbytes
+        )
+        if size <= room:
+            room, fit = room - size, fit + 1
+    with staging.watch() as stats:
+        prepared = prepare(item, token="0" * 16)
+    prepared.finish()
+    assert stats.device_copies == fit and stats.transfers == 5
+    if jax.default_backend() == "cpu":
+        assert fit == 2  # 2.3 MiB of keys and one 2 MiB array in 5 MiB
+    leaves = jax.tree_util.tree_leaves(item)  # "key" first
+    for (_, host), x in zip(prepared.pieces[1:], leaves[1:], strict=True):
+        assert host.tobytes() == np.asarray(x).tobytes()
+
+
+def test_device_copied_saves_let_the_caller_donate_at_once(tmp_path, copying):
+    item = {k: v for k, v in _large().items() if k != "key"}
+    expected = {k: np.array(v, copy=True) for k, v in item.items()}
+    mngr = ocp.CheckpointManager(tmp_path, item_handlers=oeqx.EqxHandler())
+    with staging.watch() as stats:
+        mngr.save(0, args=oeqx.EqxSave(item))
+    clobber = jax.jit(lambda x: x * 0 - 5, donate_argnums=0)
+    jax.block_until_ready({k: clobber(v) for k, v in item.items()})
+    mngr.wait_until_finished()
+    restored = mngr.restore(0)
+    mngr.close()
+    assert stats.device_copies == 4
+    for name, value in restored.items():
+        np.testing.assert_array_equal(value, expected[name])
 
 
 # ------------------------------------------------------- host memory, RSS

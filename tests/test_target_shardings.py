@@ -110,6 +110,7 @@ _WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_a_dimension_that_does_not_divide_is_named_on_4_devices(saved):
     env = {
         **os.environ,

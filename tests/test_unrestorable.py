@@ -171,6 +171,7 @@ _NOT_IN_TENSORSTORE_IDS = [
 
 
 @pytest.mark.parametrize("value", _NOT_IN_TENSORSTORE, ids=_NOT_IN_TENSORSTORE_IDS)
+@pytest.mark.slow
 def test_pack_false_refuses_what_tensorstore_cannot_store(tmp_path, value):
     dtype = np.dtype(value.dtype)
     shown = dtype.str if not dtype.isnative else str(dtype)

@@ -49,7 +49,7 @@ def _assert_arrays_equal(restored, expected):
     r_leaves, r_def = jax.tree_util.tree_flatten(restored)
     e_leaves, e_def = jax.tree_util.tree_flatten(expected)
     assert r_def == e_def
-    for r, e in zip(r_leaves, e_leaves):
+    for r, e in zip(r_leaves, e_leaves, strict=True):
         assert r.dtype == e.dtype and r.shape == e.shape
         np.testing.assert_array_equal(np.asarray(r), np.asarray(e))
 
@@ -93,6 +93,7 @@ NOT_HANDLEABLE = {
 
 
 @pytest.mark.parametrize("make", HANDLEABLE.values(), ids=HANDLEABLE.keys())
+@pytest.mark.slow
 def test_claims_trees_holding_a_module(make):
     handler = oeqx.EqxCheckpointableHandler()
     assert handler.is_handleable(make(KEY_SAVE))

@@ -221,7 +221,7 @@ def assert_same(restored, expected):
     r_leaves, r_def = jax.tree_util.tree_flatten(restored, is_leaf=lambda x: x is None)
     e_leaves, e_def = jax.tree_util.tree_flatten(expected, is_leaf=lambda x: x is None)
     assert r_def == e_def
-    for r, e in zip(r_leaves, e_leaves):
+    for r, e in zip(r_leaves, e_leaves, strict=True):
         assert type(r) is type(e) or (
             isinstance(r, jax.Array) and isinstance(e, jax.Array)
         ), (type(r), type(e))

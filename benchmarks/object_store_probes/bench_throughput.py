@@ -80,14 +80,14 @@ def fsspec_client(kind, url, bucket):
     paths = [f"{bucket}/{key(i)}" for i in range(OBJECTS)]
 
     def write(blobs):
-        fs.pipe(dict(zip(paths, blobs)))
+        fs.pipe(dict(zip(paths, blobs, strict=True)))
 
     def read():
         rs = list(ranges())
         got = fs.cat_ranges(
             [paths[i] for i, _, _ in rs], [s for _, s, _ in rs], [e for _, _, e in rs]
         )
-        return [(i, s, g) for (i, s, _), g in zip(rs, got)]
+        return [(i, s, g) for (i, s, _), g in zip(rs, got, strict=True)]
 
     def cleanup():
         fs.rm(paths)

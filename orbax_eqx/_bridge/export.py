@@ -276,7 +276,7 @@ def _write_all(
     total = sum(sizes.values())
     try:
         file_of = {}
-        for shard, final in zip(shards, finals):
+        for shard, final in zip(shards, finals, strict=True):
             entries = [
                 (file_names[t], plan.tensors[t].dtype, plan.tensors[t].shape)
                 for t in shard
@@ -387,7 +387,7 @@ def _tensor(plan: Plan, tensor: str, arrays: dict[str, np.ndarray]) -> np.ndarra
 
 def _renamed(plan: Plan, file_names) -> dict[str, Any]:
     """For `__metadata__`: each tensor that is not simply its leaf, as it was."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for t, spec in plan.tensors.items():
         leaves = _feeding(plan, t)
         leaf = plan.leaves[leaves[0]]

@@ -76,7 +76,9 @@ def write_index(out_dir, shards, names, file_names, total) -> str:
     index = {
         "metadata": {"total_size": total},
         "weight_map": {
-            file_names[t]: name for shard, name in zip(shards, names) for t in shard
+            file_names[t]: name
+            for shard, name in zip(shards, names, strict=True)
+            for t in shard
         },
     }
     final = os.path.join(out_dir, _index.INDEX_FILE)

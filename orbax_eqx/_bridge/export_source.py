@@ -129,7 +129,7 @@ class TreeSource:
             x = self._values[name]
             values.append(jax.random.key_data(x) if is_key_dtype(x.dtype) else x)
         hosts = jax.device_get(values)  # one transfer for the batch
-        return {name: np.asarray(h) for name, h in zip(names, hosts)}
+        return {name: np.asarray(h) for name, h in zip(names, hosts, strict=True)}
 
     def metadata(self) -> dict[str, Any]:
         return {

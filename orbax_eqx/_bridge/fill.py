@@ -181,14 +181,14 @@ def _complete(batch: "_Batch", left, boxes, out, advance) -> None:
 def _boxes(plan: Plan, r: Request) -> list[_Box]:
     """The distinct boxes of `r` on this process's devices, with their pieces."""
     if r.sharding is None:
-        found = {(tuple(0 for _ in r.shape), r.shape)}
+        found = {(tuple(0 for _ in r.shape), r.shape): None}
     else:
         found = {}
         for index in r.sharding.addressable_devices_indices_map(r.shape).values():
             found.setdefault(_bounds(index, r.shape), None)
     out = []
     for start, stop in found:
-        box = tuple(zip(start, stop))
+        box = tuple(zip(start, stop, strict=True))
         empty = any(a >= b for a, b in box)
         pieces = [] if empty else plan.leaf_pieces(r.leaf, box)
         out.append(_Box(start, stop, pieces))
@@ -197,7 +197,7 @@ def _boxes(plan: Plan, r: Request) -> list[_Box]:
 
 def _bounds(index, full) -> tuple[tuple[int, ...], tuple[int, ...]]:
     start, stop = [], []
-    for s, n in zip(index, full):
+    for s, n in zip(index, full, strict=True):
         a, b, _ = s.indices(n)
         start.append(a)
         stop.append(b)
@@ -205,7 +205,7 @@ def _bounds(index, full) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def _box_of(b: _Box) -> Box:
-    return tuple(zip(b.start, b.stop))
+    return tuple(zip(b.start, b.stop, strict=True))
 
 
 def _buffer(r: Request, b: _Box) -> np.ndarray:
@@ -221,13 +221,15 @@ def _work(r: Request, b: _Box, p: Piece, tensors) -> _Work:
     size = numpy_dtype(info.dtype).itemsize
     strides = strides_of(info.shape, size)
     part = shape(p.tensor_box)
-    first = sum(a * s for (a, _), s in zip(p.tensor_box, strides))
-    last = sum((z - 1) * s for (_, z), s in zip(p.tensor_box, strides)) + size
+    first = sum(a * s for (a, _), s in zip(p.tensor_box, strides, strict=True))
+    last = (
+        sum((z - 1) * s for (_, z), s in zip(p.tensor_box, strides, strict=True)) + size
+    )
     if math.prod(part) == 0:
         last = first
     direct = None
     inner = tuple(z - a for a, z in p.leaf_box)
-    outer = tuple(z - a for a, z in zip(b.start, b.stop))
+    outer = tuple(z - a for a, z in zip(b.start, b.stop, strict=True))
     if (
         numpy_dtype(info.dtype) == r.dtype
         and (_LITTLE or size == 1)
@@ -237,7 +239,9 @@ def _work(r: Request, b: _Box, p: Piece, tensors) -> _Work:
     ):
         at = sum(
             (a - s) * st
-            for (a, _), s, st in zip(p.leaf_box, b.start, strides_of(outer, size))
+            for (a, _), s, st in zip(
+                p.leaf_box, b.start, strides_of(outer, size), strict=True
+            )
         )
         direct = at
     return _Work(
@@ -280,11 +284,11 @@ class _Batch:
         buffers: list[np.ndarray] = []
         for w in works:
             if w.direct is not None:
-                raw = w.box.buffer.reshape(-1).view(np.uint8)
+                raw = _made(w.box).reshape(-1).view(np.uint8)
                 ranges.append((w.first, w.stop))
                 buffers.append(raw[w.direct : w.direct + w.stop - w.first])
         copies = sorted((w for w in works if w.direct is None), key=lambda w: w.first)
-        spans = {i: (w.first, w.stop) for i, w in enumerate(copies)}
+        spans = {str(i): (w.first, w.stop) for i, w in enumerate(copies)}
         merged, where = merge(spans, max_gap=GAP)
         temps = [aligned_empty(z - a) for a, z in merged]
         first = len(ranges)  # ranges[first + k] is merged[k]
@@ -299,7 +303,7 @@ class _Batch:
             path, size, [ranges[k] for k in order], [buffers[k] for k in order]
         )
         jobs = [
-            (w, slot[first + where[i][0]], where[i][0], where[i][1])
+            (w, slot[first + where[str(i)][0]], where[str(i)][0], where[str(i)][1])
             for i, w in enumerate(copies)
         ]
         return path, size, reader, reads, jobs, temps
@@ -365,14 +369,23 @@ def _open(path: str, size: int, ranges, buffers):
         raise
 
 
+def _made(box: _Box) -> np.ndarray:
+    """A box's buffer, which `_buffer` made before any of its pieces is read."""
+    if box.buffer is None:
+        raise RuntimeError(f"the buffer of box {box.start}..{box.stop} was not made")
+    return box.buffer
+
+
 def _place(w: _Work, raw: np.ndarray) -> None:
     """Copies a piece read into `raw` (its tensor part's rows) into its box."""
     p, info = w.piece, w.info
     dtype = numpy_dtype(info.dtype).newbyteorder("<")
     strides = strides_of(info.shape, dtype.itemsize)
     part = np.ndarray(shape(p.tensor_box), dtype, raw, 0, strides)
-    dst = tuple(slice(a - s, z - s) for (a, z), s in zip(p.leaf_box, w.box.start))
-    copy(w.box.buffer[dst], to_leaf(p, part))
+    dst = tuple(
+        slice(a - s, z - s) for (a, z), s in zip(p.leaf_box, w.box.start, strict=True)
+    )
+    copy(_made(w.box)[dst], to_leaf(p, part))
 
 
 TILE = 256

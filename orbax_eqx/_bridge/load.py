@@ -145,42 +145,24 @@ def load(
         _check.statics(walked, saved.get("modules"), words, problems)
     if mapping is None:
         # Matched by name (through renames): checked here as a restore checks.
-        new = renames.apply(list(tensors)) if renames else {t: t for t in tensors}
-        by_leaf = {n: old for old, n in new.items() if n is not None}
-        infos = {name: info for name, (_, info) in tensors.items()}
-        checked = _check.Problems()
-        _check.by_name(walked, by_leaf, infos, cast, allow_unused, words, checked)
-        checked.problems += problems.problems
-        checked.fixes += [f for f in problems.fixes if f not in checked.fixes]
-        checked.raise_if_any(where)
-        wanted = {leaf.name for leaf in arrays}
-        named = {n: tensors[old] for n, old in by_leaf.items() if n in wanted}
-        plan = plan_load(None, specs, _tensor_specs(named), cast=cast)
+        checks = (cast, allow_unused, words, where)
+        plan, named = _by_name(walked, specs, tensors, renames, checks, problems)
     else:
         mapping = as_mapping(mapping).resolve(skeleton)
-        try:
-            plan = plan_load(
-                mapping,
-                specs,
-                _tensor_specs(tensors),
-                cast=cast,
-                allow_unused=allow_unused,
-            )
-        except BridgeError as e:
-            raise _check.MismatchError(
-                f"{e}" + problems.also(where) if problems.problems else str(e)
-            ) from None
-        problems.raise_if_any(where)
+        plan = _by_mapping(mapping, specs, tensors, cast, allow_unused, problems, where)
         keep_dropped(walked, plan)
         named = tensors
     resolved = resolve(shardings, walked)
-    requests = []
-    for leaf, spec in zip(arrays, specs):
-        if leaf.name not in plan.leaves:
-            continue  # dropped by the mapping: the skeleton's value
-        sharding = resolved.get(leaf.name) if container(leaf.value) == JAX else None
-        dtype = np.dtype(spec.dtype)
-        requests.append(_fill.Request(leaf.name, spec.shape, dtype, sharding))
+    requests = [
+        _fill.Request(
+            leaf.name,
+            spec.shape,
+            np.dtype(spec.dtype),
+            resolved.get(leaf.name) if container(leaf.value) == JAX else None,
+        )
+        for leaf, spec in zip(arrays, specs, strict=True)
+        if leaf.name in plan.leaves  # else dropped by the mapping: the skeleton's
+    ]
     # A tied copy (a head tied to the embedding) is checked by shape and
     # dtype, not read: the leaf it shares is read from its source.
     read = {t: named[t] for t in plan.tensors if t not in plan.ties}
@@ -197,16 +179,7 @@ def load(
         )
     recorded = saved.get("leaves")
     recorded = recorded if isinstance(recorded, dict) else {}
-    values = []
-    for leaf in walked.leaves:
-        if leaf.name in filled:
-            values.append(_as_leaf(filled.pop(leaf.name), leaf))
-        elif leaf.kind == ARRAY:  # dropped
-            values.append(kept(leaf.value, resolved.get(leaf.name)))
-        elif leaf.kind == SCALAR:
-            values.append(_scalar(leaf, recorded.get(leaf.name)))
-        else:  # callables, objects, shared markers: the skeleton's own
-            values.append(leaf.value)
+    values = [_value(leaf, filled, resolved, recorded) for leaf in walked.leaves]
     tree = jtu.tree_unflatten(walked.treedef, values)
     return Loaded(
         tree,
@@ -216,6 +189,50 @@ def load(
         nbytes,
         counts,
     )
+
+
+def _by_name(walked, specs, tensors, renames, checks, problems):
+    """`(plan, tensors by leaf name)` of a load without a mapping: tensors
+    matched to leaves by name (through `renames`), every difference listed
+    with `problems` (the skeleton's static fields) as one error."""
+    cast, allow_unused, words, where = checks
+    new = renames.apply(list(tensors)) if renames else {t: t for t in tensors}
+    by_leaf = {n: old for old, n in new.items() if n is not None}
+    infos = {name: info for name, (_, info) in tensors.items()}
+    checked = _check.Problems()
+    _check.by_name(walked, by_leaf, infos, cast, allow_unused, words, checked)
+    checked.problems += problems.problems
+    checked.fixes += [f for f in problems.fixes if f not in checked.fixes]
+    checked.raise_if_any(where)
+    wanted = {leaf.name for leaf in walked.leaves if leaf.kind == ARRAY}
+    named = {n: tensors[old] for n, old in by_leaf.items() if n in wanted}
+    return plan_load(None, specs, _tensor_specs(named), cast=cast), named
+
+
+def _by_mapping(mapping, specs, tensors, cast, allow_unused, problems, where):
+    """The plan of a load through `mapping`; its problems and `problems` (the
+    skeleton's static fields) as one error."""
+    try:
+        plan = plan_load(
+            mapping, specs, _tensor_specs(tensors), cast=cast, allow_unused=allow_unused
+        )
+    except BridgeError as e:
+        raise _check.MismatchError(
+            f"{e}" + problems.also(where) if problems.problems else str(e)
+        ) from None
+    problems.raise_if_any(where)
+    return plan
+
+
+def _value(leaf, filled: dict, resolved: dict, recorded: dict) -> Any:
+    """A leaf of the loaded tree: filled from the files, or the skeleton's."""
+    if leaf.name in filled:
+        return _as_leaf(filled.pop(leaf.name), leaf)
+    if leaf.kind == ARRAY:  # dropped
+        return kept(leaf.value, resolved.get(leaf.name))
+    if leaf.kind == SCALAR:
+        return _scalar(leaf, recorded.get(leaf.name))
+    return leaf.value  # callables, objects, shared markers: the skeleton's own
 
 
 def _tensor_specs(tensors: dict[str, tuple[Header, TensorInfo]]) -> list[TensorSpec]:

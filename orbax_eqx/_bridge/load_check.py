@@ -13,7 +13,7 @@ import dataclasses
 import json
 from typing import Any
 
-from .._errors import inline_list
+from .._errors import inline_list, some
 from .._restore.classes import explain
 from .._tree.names import label
 from .._tree.values import describe, too_deep
@@ -86,8 +86,7 @@ class Problems:
 
 
 def names(items: list[str], limit: int = 3) -> str:
-    shown = ", ".join(f"`{n}`" for n in items[:limit])
-    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+    return some([f"`{n}`" for n in items], limit)
 
 
 def by_name(

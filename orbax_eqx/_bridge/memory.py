@@ -71,7 +71,7 @@ def to_state_dict(
     specs = leaf_specs(walked)
     plan = plan_export(mapping, specs)
     wanted = [leaf for leaf in walked.leaves if leaf.name in plan.leaves]
-    host = dict(zip((leaf.name for leaf in wanted), _to_host(wanted)))
+    host = dict(zip((leaf.name for leaf in wanted), _to_host(wanted), strict=True))
     result = {}
     for name, spec in plan.tensors.items():
         out = np.empty(spec.shape, spec.dtype)
@@ -285,7 +285,7 @@ def _build(plan: Plan, leaf, tensor, sharding) -> Any:
             src = tensor(p.tensor)[slices(p.tensor_box)]
             at = tuple(
                 slice(a - start, b - start)
-                for (a, b), (start, _) in zip(p.leaf_box, box)
+                for (a, b), (start, _) in zip(p.leaf_box, box, strict=True)
             )
             out[at] = to_leaf(p, src)
         return out

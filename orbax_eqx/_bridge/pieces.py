@@ -84,7 +84,7 @@ def _pairs(piece: Piece) -> list[tuple[int, int]]:
     tensor_shape = shape(piece.tensor_box)
     leaf_axes = [a for a, n in enumerate(leaf_shape) if n != 1]
     tensor_axes = [t for t in piece.perm if tensor_shape[t] != 1]
-    return list(zip(leaf_axes, tensor_axes))
+    return list(zip(leaf_axes, tensor_axes, strict=False))
 
 
 def clip(piece: Piece, box: Box, *, leaf_side: bool) -> Piece | None:
@@ -97,7 +97,9 @@ def clip(piece: Piece, box: Box, *, leaf_side: bool) -> Piece | None:
     )
     if len(box) != len(mine):
         raise ValueError(f"a box of rank {len(box)} for {piece}")
-    cut = tuple((max(a, c), min(b, d)) for (a, b), (c, d) in zip(mine, box))
+    cut = tuple(
+        (max(a, c), min(b, d)) for (a, b), (c, d) in zip(mine, box, strict=True)
+    )
     if any(a >= b for a, b in cut) or size(mine) == 0:  # a 0-d box always overlaps
         return None
     if cut == mine:

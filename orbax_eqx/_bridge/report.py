@@ -2,7 +2,7 @@
 fixes them (a missing layer as one, layers past a stack's end as one), each
 naming the tensor and the leaf, and the fixes after them."""
 
-from .._errors import bullet_list
+from .._errors import bullet_list, some
 from .stage import Context, Virtual, examples
 from .transforms.base import FIX_UNMATCHED
 from .transforms.stack import Stack
@@ -75,9 +75,8 @@ def report_missing(missing, virtuals, ctx: Context) -> None:
 
 def _leaves(group: list[Virtual], ctx: Context) -> str:
     names = list(dict.fromkeys(n for v in group for n in v.leaves))
-    shown = ", ".join(ctx.labels.get(n, f"`{n}`") for n in names[:3])
-    more = f" and {len(names) - 3} more" if len(names) > 3 else ""
-    return ("leaf " if len(names) == 1 else "leaves ") + shown + more
+    shown = some([ctx.labels.get(n, f"`{n}`") for n in names])
+    return ("leaf " if len(names) == 1 else "leaves ") + shown
 
 
 def report_unexpected(names, mapping, virtuals, ctx: Context) -> None:

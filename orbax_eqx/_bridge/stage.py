@@ -16,6 +16,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from .._errors import some
 from .pieces import Box, Piece, clip
 
 # A layer a virtual belongs to: (index of the stack rule, the layer's indices).
@@ -56,9 +57,7 @@ class Context:
     def origin(self, v: Virtual) -> str:
         """`leaf `x`` or `leaves `x`, `y``, with the layer if there is one."""
         names = [self.labels.get(n, f"`{n}`") for n in v.leaves]
-        text = ("leaf " if len(names) == 1 else "leaves ") + ", ".join(names[:3])
-        if len(names) > 3:
-            text += f" and {len(names) - 3} more"
+        text = ("leaf " if len(names) == 1 else "leaves ") + some(names)
         if v.layers:
             text += ", layer " + ", ".join(
                 ".".join(map(str, idx)) for _, idx in v.layers

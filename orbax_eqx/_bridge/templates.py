@@ -22,6 +22,7 @@ at worst.
 
 import dataclasses
 import functools
+import itertools
 import re
 
 MAX_LENGTH = 1024  # characters of a template or of a name a rule writes
@@ -110,6 +111,14 @@ def _parse(text: str, wildcards: bool, what: str) -> Template:
             f"{what} is {len(text)} characters long, more than the {MAX_LENGTH} "
             "a template may have"
         )
+    tokens = _tokens(text, wildcards, what)
+    _check_tokens(text, what, tokens)
+    return Template(text, tuple(tokens))
+
+
+def _tokens(text: str, wildcards: bool, what: str) -> list[tuple[str, str]]:
+    """`text` cut into `("text", ...)`, `("hole", name)` and `("glob", "*" or
+    "**")` tokens."""
     tokens: list[tuple[str, str]] = []
     literal: list[str] = []
 
@@ -159,6 +168,11 @@ def _parse(text: str, wildcards: bool, what: str) -> Template:
             literal.append(c)
             i += 1
     flush()
+    return tokens
+
+
+def _check_tokens(text: str, what: str, tokens: list[tuple[str, str]]) -> None:
+    """Refuses too many holes or wildcards, and two that nothing separates."""
     holes = [v for kind, v in tokens if kind == "hole"]
     globs = [v for kind, v in tokens if kind == "glob"]
     if len(holes) > MAX_HOLES:
@@ -170,7 +184,7 @@ def _parse(text: str, wildcards: bool, what: str) -> Template:
             f"{what} {text!r} has {len(globs)} wildcards, more than the "
             f"{MAX_WILDCARDS} allowed"
         )
-    for (kind, value), (next_kind, next_value) in zip(tokens, tokens[1:]):
+    for (kind, value), (next_kind, next_value) in itertools.pairwise(tokens):
         if kind != "text" and next_kind != "text":
             raise TemplateError(
                 f"{what} {text!r} has `{_shown(kind, value)}"
@@ -184,7 +198,6 @@ def _parse(text: str, wildcards: bool, what: str) -> Template:
                 f"{what} {text!r} has a digit next to a hole: a hole must be "
                 "between text that is not digits (such as `.`)"
             )
-    return Template(text, tuple(tokens))
 
 
 def _shown(kind: str, value: str) -> str:

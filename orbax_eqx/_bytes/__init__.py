@@ -10,7 +10,12 @@ decides where the bytes of each go, and owns nothing of their meaning:
 - `local`: local files (`pwritev`/`preadv`, `O_EXCL|O_NOFOLLOW`, fsync,
   rename), through `files`, which opens only regular files, never blocking;
 - `objects`: `gs://` and `s3://` through TensorStore's kvstore (concurrent
-  ranged reads, retries, credentials), large files as parts of bounded size;
+  requests, retries, credentials), large files as parts of bounded size;
+  its ranged reads in `object_reads`, and on S3 in `s3_reads` (botocore,
+  straight into the buffers);
+- `verdict`: the one place that decides whether a read that went wrong is
+  the file's damage or the store's failure, and what is read again;
+  `patience`: how long a request may stall, how often it is tried;
 - `endpoints`: which bucket, endpoint, region and credentials a path means,
   from each ecosystem's standard environment;
 - `parts`: how a large file is cut into objects, shared by both stores so

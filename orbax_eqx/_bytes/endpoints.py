@@ -20,10 +20,8 @@ import os
 from typing import Any
 
 from .._errors import OrbaxEqxError
+from . import patience
 
-# Bounded retries: a dead or refusing server is an error in seconds, not a
-# hang; throttling (503, SlowDown) is retried with backoff within the bound.
-RETRIES = {"max_retries": 6, "initial_delay": "0.2s", "max_delay": "4s"}
 CONCURRENCY = 32  # requests in flight to one store
 
 
@@ -48,7 +46,7 @@ class Where:
                 "driver": "gcs",
                 "bucket": self.bucket,
                 "context": {
-                    "gcs_request_retries": RETRIES,
+                    "gcs_request_retries": patience.tensorstore_retries(),
                     "gcs_request_concurrency": {"limit": CONCURRENCY},
                 },
             }
@@ -57,7 +55,7 @@ class Where:
             "bucket": self.bucket,
             "aws_region": self.region or "us-east-1",
             "context": {
-                "s3_request_retries": RETRIES,
+                "s3_request_retries": patience.tensorstore_retries(),
                 "s3_request_concurrency": {"limit": CONCURRENCY},
             },
         }
@@ -78,7 +76,7 @@ class Where:
         return f"bucket {self.bucket!r} at {self.endpoint or 'AWS S3'}"
 
     def setup_hint(self) -> str:
-        """What to set to reach the store, for messages."""
+        """What to set to be let in, for messages of refused requests."""
         if self.scheme == "gs":
             return (
                 "Check the bucket exists and your credentials reach it "
@@ -91,6 +89,18 @@ class Where:
             "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE); for "
             "an S3-compatible store set AWS_ENDPOINT_URL, and AWS_REGION if it "
             "needs one."
+        )
+
+    def endpoint_hint(self) -> str:
+        """What to check when nothing answers at the endpoint, for messages."""
+        if self.scheme == "gs":
+            return (
+                "Check the store is up and reachable from here; for an emulator "
+                "set STORAGE_EMULATOR_HOST to where it listens."
+            )
+        return (
+            "Check the store is up and reachable from here; for an "
+            "S3-compatible store set AWS_ENDPOINT_URL to where it listens."
         )
 
 

@@ -100,6 +100,13 @@ class LocalStore(Store):
             raise
         return _FileReader([fd], [None])
 
+    def version(self, path: Any) -> Any:
+        try:
+            found = os.stat(path)
+        except OSError:  # missing, or its directory is
+            return None
+        return (found.st_dev, found.st_ino, found.st_ctime_ns)
+
     def exists(self, path: Any) -> bool:
         return os.path.lexists(os.fspath(path))
 

@@ -6,45 +6,38 @@ retried, a dead server fails in seconds), credentials from the standard
 environment (see `endpoints`), and byte-range reads. Writes of large files
 go out as parts (see `parts`), a few uploads in flight at once, each part
 copied once into the bytes of its request: a save never holds more than
-`_WRITE_WINDOW` parts beyond the arrays. Reads go out as pieces of at most
-`_READ_PIECE` bytes, `_READ_WINDOW` in flight, each copied into the caller's
-buffer as it arrives; on S3, with botocore installed, as whole parts streamed
-straight into the buffers instead (`s3_reads`).
+`_WRITE_WINDOW` parts beyond the arrays. Ranged reads are `object_reads`'
+(and on S3, with botocore installed, `s3_reads`').
 
 An object is replaced whole or not at all, so a whole-file write needs no
-temporary name. Every wait is bounded (`_TIMEOUT`): no request blocks
-forever.
+temporary name. Every wait is bounded (`patience`): no request blocks
+forever. Whether a read that went wrong is the file's damage or the store's
+failure is decided in `verdict`, for these reads as for `s3_reads`. An
+endpoint that ignores `Range:` (answering 200 with the whole object) is
+told by TensorStore from every answer; a read then takes its bytes from the
+whole object, never others.
 """
 
 import collections
-import concurrent.futures
+import dataclasses
 import functools
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
-import numpy as np
 import tensorstore as ts
 
 from .._errors import ObjectStoreError
 from . import endpoints as _endpoints
+from . import object_reads as _object_reads
 from . import parts as _parts
-from . import s3_reads as _s3_reads
-from .store import BadFile, ErrorFor, InOrder, Reader, Reads, Store
+from . import patience as _patience
+from . import verdict as _verdict
+from .store import BadFile, ErrorFor, Reader, Store
 
-# 8 MiB pieces, 4 in flight (measured on model (a), moto_server and
-# fake-gcs-server, BENCHMARKS.md): as fast as whole-object downloads, with a
-# restore's peak memory 1.2-1.25x the model's bytes. 4 MiB pieces doubled the
-# requests and, on stores that read a whole part per ranged request (moto),
-# the restore's time; 16 MiB or more in flight went past 1.3x.
-_READ_PIECE = 8 << 20
-_READ_WINDOW = 4
 _WRITE_WINDOW = 2
-_COPIERS = 2  # threads copying arrived pieces into the buffers
-# Where the errors of Orbax's directory calls on object stores come from.
-_FSSPEC_MODULES = ("botocore", "aiobotocore", "s3fs", "gcsfs", "google")
 _NO_VALUE = b"\x02"  # TensorStore's generation of a key that has no value
-_TIMEOUT = 300.0  # seconds one request may take, retries included
+_RANGE_IGNORED = _object_reads.RANGE_IGNORED
 
 
 class ObjectStore(Store):
@@ -52,7 +45,9 @@ class ObjectStore(Store):
 
     def __init__(self, where: _endpoints.Where):
         self.where = where
-        self._kv = ts.KvStore.open(where.spec()).result(timeout=_TIMEOUT)
+        self._kv = ts.KvStore.open(where.spec()).result(
+            timeout=_patience.operation_seconds()
+        )
 
     def _key(self, path: Any) -> str:
         return _endpoints.split(str(path))[1]
@@ -60,30 +55,61 @@ class ObjectStore(Store):
     # -- requests, each bounded and with its errors worded ------------------
 
     def _result(self, future: Any, what: str, path: Any) -> Any:
+        """The request's result; `ValueError` for OUT_OF_RANGE and for a
+        range the server ignored (the caller decides), `ObjectStoreError`
+        for the rest."""
+        timeout = _patience.operation_seconds()
         try:
-            return future.result(timeout=_TIMEOUT)
+            return future.result(timeout=timeout)
         except TimeoutError:
             future.cancel()
-            raise ObjectStoreError(
-                f"{what} {path} had no answer within {_TIMEOUT:.0f} s from "
-                f"{self.where.describe()}. Check the store is up and reachable."
+            raise self._failed(
+                what, path, f"no answer within {timeout:.0f} s, its tries included"
             ) from None
         except ValueError as e:
             text = str(e)
-            if text.startswith("OUT_OF_RANGE"):
+            if text.startswith("OUT_OF_RANGE") or _RANGE_IGNORED in text:
                 raise
             raise self._failed(what, path, text) from None
 
     def _failed(self, what: str, path: Any, text: str) -> ObjectStoreError:
-        first = text.split("[http_response_body")[0].strip()
-        return ObjectStoreError(
-            f"{what} {path} failed at {self.where.describe()}: {first}. "
-            f"{self.where.setup_hint()}"
-        )
+        return _verdict.failed(self.where, what, path, text)
 
     def _read(self, key: str, path: Any, byte_range: slice | None = None) -> Any:
         future = self._kv.read(key, byte_range=byte_range)
-        return self._result(future, "Reading", path)
+        try:
+            return self._result(future, "Reading", path)
+        except ValueError as e:
+            if _RANGE_IGNORED not in str(e):
+                raise
+            return self._from_whole(key, path, byte_range)
+
+    def _from_whole(self, key: str, path: Any, byte_range: slice | None) -> Any:
+        """A ranged read's bytes taken from the whole object: what an endpoint
+        that ignores `Range:` answers (TensorStore refuses such an answer)."""
+        got = self._result(self._kv.read(key), "Reading", path)
+        if got.state == "missing" or byte_range is None:
+            return got
+        start, stop = byte_range.start or 0, byte_range.stop
+        if stop is not None and len(got.value) < stop:
+            raise ValueError("OUT_OF_RANGE: the object ends before the range")
+        return _Value(got.value[start:stop], got.state, got.stamp)
+
+    def holds(self, key: str, path: Any, end: int) -> bool | None:
+        """Whether object `key` has at least `end` bytes now (None: there is
+        no object): one small ranged read."""
+        if end <= 0:
+            return self._read(key, path, slice(0, 0)).state != "missing" or None
+        try:
+            got = self._read(key, path, slice(end - 1, end))
+        except ValueError:  # OUT_OF_RANGE: ends before
+            return False
+        return None if got.state == "missing" else True
+
+    def version(self, path: Any) -> Any:
+        key = self._key(path)
+        got = self._read(key, path, slice(0, 0))
+        return None if got.state == "missing" else got.stamp.generation
 
     # -- the Store interface ------------------------------------------------
 
@@ -157,9 +183,9 @@ class ObjectStore(Store):
                 ):
                     raise BadFile("is missing")
                 # Without a recorded length, the reads check what they need.
-                return _ObjectReader(self, path, key, True)
+                return _object_reads.ObjectReader(self, path, key, True)
         self._check_length(key, path, end, nbytes, "is missing")
-        return _ObjectReader(self, path, key, False)
+        return _object_reads.ObjectReader(self, path, key, False)
 
     def _check_length(self, key, path, end: int, nbytes: int | None, missing: str):
         """Raises `BadFile` unless object `key` has `nbytes` bytes (if known),
@@ -175,11 +201,15 @@ class ObjectStore(Store):
     def _checked(self, request, path, end: int, nbytes: int | None, missing: str):
         try:
             got = self._result(request, "Reading", path)
-        except ValueError:  # OUT_OF_RANGE: ends at or before the probe
-            if nbytes is None and end > 0:
-                raise BadFile(f"ends before byte {end}") from None
-            return
-        if got.state == "missing":
+        except ValueError as e:
+            if _RANGE_IGNORED not in str(e):  # OUT_OF_RANGE: ends at or before
+                if nbytes is None and end > 0:  # the probe
+                    raise BadFile(f"ends before byte {end}") from None
+                return
+            # The whole object came, so it has the probe's byte (TensorStore
+            # checks that a range it was not sent lies within what came).
+            got = None
+        if got is not None and got.state == "missing":
             raise BadFile(missing)
         if nbytes is not None:
             raise BadFile(f"has more bytes than the {nbytes} written")
@@ -246,14 +276,16 @@ class ObjectStore(Store):
         except Exception:  # no answer: the requests after this one say why
             return True
 
-    def wrap(self, error: BaseException, path: Any) -> BaseException:
+    def wrap(
+        self, error: BaseException, path: Any, what: str = "Saving to"
+    ) -> BaseException:
         """An error of the filesystem library Orbax makes directories with
         (s3fs, gcsfs: no credentials, no endpoint), as an `ObjectStoreError`
         that says what to set; other errors as they are."""
         module = type(error).__module__.split(".")[0]
-        if module not in _FSSPEC_MODULES:
+        if module not in _verdict.FSSPEC_MODULES:
             return error
-        return self._failed("Saving to", path, f"{type(error).__name__}: {error}")
+        return self._failed(what, path, f"{type(error).__name__}: {error}")
 
     def exists(self, path: Any) -> bool:
         key = self._key(path)
@@ -288,83 +320,13 @@ def _cut(views: Iterable[memoryview], size: int) -> Iterable[memoryview]:
             yield head
 
 
-class _ObjectReader(Reader):
-    def __init__(self, store: ObjectStore, path: Any, key: str, parts: bool):
-        self._store, self._path, self._key, self._parts = store, path, key, parts
+@dataclasses.dataclass(frozen=True)
+class _Value:
+    """A read's result, as TensorStore's `ReadResult` has it."""
 
-    def _where(self, start: int, stop: int) -> list[tuple[str, int, int]]:
-        if not self._parts:
-            return [(self._key, start, stop)]
-        return [
-            (_parts.part_name(self._key, k), a, z)
-            for k, a, z in _parts.pieces(start, stop)
-        ]
-
-    def start(
-        self, ranges: Sequence[tuple[int, int]], buffers: Sequence[np.ndarray]
-    ) -> Reads:
-        streamed = self._store.where.scheme == "s3" and _s3_reads.available()
-        size = _s3_reads.PIECE if streamed else _READ_PIECE
-        jobs = []  # (buffer, its start, its stop, key, start, stop, file end)
-        for i, ((start, stop), buf) in enumerate(zip(ranges, buffers)):
-            at = 0
-            for key, a, z in self._where(start, stop):
-                for piece in range(a, z, size):
-                    n = min(size, z - piece)
-                    jobs.append((i, at, at + n, key, piece, piece + n, start + at + n))
-                    at += n
-        if streamed:
-            return _s3_reads.S3Reads(self._store, self._path, jobs, buffers)
-        return _ObjectReads(self._store, self._path, jobs, buffers)
-
-
-class _ObjectReads(InOrder):
-    """Pieces read in order, at most `_READ_WINDOW` in flight; each copied
-    into its buffer by a helper thread as it arrives, so that the copies (and
-    first touches of the buffers' pages) overlap the caller's checks."""
-
-    def __init__(self, store: ObjectStore, path: Any, jobs, buffers):
-        super().__init__(jobs, buffers)
-        self._store, self._path = store, path
-        self._flight: collections.deque = collections.deque()  # (request, copy)
-        self._issued = 0
-        self._copiers = concurrent.futures.ThreadPoolExecutor(_COPIERS)
-        self._issue()
-
-    def _issue(self) -> None:
-        kv = self._store._kv
-        while self._issued < len(self._jobs) and len(self._flight) < _READ_WINDOW:
-            job = self._jobs[self._issued]
-            request = kv.read(job[3], byte_range=slice(job[4], job[5]))
-            self._flight.append(
-                (request, self._copiers.submit(self._fill, request, job))
-            )
-            self._issued += 1
-
-    def _fill(self, request: Any, job) -> None:
-        i, at, to, _, a, z, end = job
-        try:
-            got = self._store._result(request, "Reading", self._path)
-        except ValueError:  # OUT_OF_RANGE
-            raise BadFile(f"ends before byte {end}") from None
-        if got.state == "missing":
-            raise BadFile("is missing")
-        value = got.value
-        if len(value) != z - a:
-            raise BadFile(f"ends before byte {end}")
-        self._buffers[i][at:to] = np.frombuffer(value, np.uint8)
-
-    def _finish_next(self) -> None:
-        _, copy = self._flight.popleft()
-        copy.result()
-        self._issue()
-
-    def cancel(self) -> None:
-        for request, copy in self._flight:
-            request.cancel()
-            copy.cancel()
-        self._flight.clear()
-        self._copiers.shutdown(wait=True)
+    value: bytes
+    state: str
+    stamp: Any
 
 
 @functools.lru_cache(maxsize=64)
@@ -376,4 +338,5 @@ def _store(spec_json: str, where: _endpoints.Where) -> ObjectStore:
 def store_for(url: str) -> ObjectStore:
     """The store of the bucket `url` is in, reached as the environment says now."""
     where, _ = _endpoints.split(url)
+    _patience.configure_tensorstore()  # before TensorStore's first request
     return _store(json.dumps(where.spec(), sort_keys=True), where)

@@ -10,26 +10,44 @@ buffers, so whole parts can be asked for, several at once, which is what
 object stores serve fastest.
 
 The client finds the endpoint, region and credentials in the standard AWS
-environment, as TensorStore does (`endpoints`). Retries are botocore's
-"standard" mode, bounded (throttling, 5xx, dropped connections); every
-connection and read has a timeout: nothing waits forever.
+environment, as TensorStore does (`endpoints`). Every answer is checked
+before its bytes are taken: a 206 must carry exactly the `Content-Range`
+asked; a 200 is the whole object (an endpoint or caching proxy that ignores
+`Range:`), whose bytes before the range are read past, not kept. Tries are
+ours, not botocore's, so that each failure is judged by the rules of
+`verdict` (with the timeouts of `patience`): a throttled, failed, cut short
+or stalled GET is sent again, a short answer is checked against the object's
+length, and nothing waits forever.
 """
 
 import concurrent.futures
 import functools
+import re
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from .._errors import ObjectStoreError
 from . import endpoints as _endpoints
+from . import patience as _patience
+from . import verdict as _verdict
 from .store import BadFile, InOrder
 
 PIECE = 32 << 20  # bytes asked in one GET: a whole part
 WINDOW = 4  # GETs in flight
-_TIMEOUT = 60  # seconds to connect, and between two reads of one response
+_SKIP = 1 << 20  # bytes read at a time past the start of a whole object
+# Answers worth another try: throttling, and the store's own failures.
+_AGAIN_CODES = (
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "RequestTimeTooSkewed",
+    "InternalError",
+    "ServiceUnavailable",
+)
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 
 def available() -> bool:
@@ -41,16 +59,21 @@ def available() -> bool:
     return True
 
 
-@functools.lru_cache(maxsize=16)
 def client(where: _endpoints.Where) -> Any:
-    """A botocore S3 client for `where`, made once (they are thread-safe)."""
+    """A botocore S3 client for `where`, with the stall timeout now set."""
+    return _client(where, _patience.stall_seconds())
+
+
+@functools.lru_cache(maxsize=16)
+def _client(where: _endpoints.Where, stall: float) -> Any:
     import botocore.config
     import botocore.session
 
     config = botocore.config.Config(
-        retries={"max_attempts": _endpoints.RETRIES["max_retries"], "mode": "standard"},
-        connect_timeout=_TIMEOUT,
-        read_timeout=_TIMEOUT,
+        # One try per call: `S3Reads` tries again, by `verdict`'s rules.
+        retries={"total_max_attempts": 1, "mode": "standard"},
+        connect_timeout=stall,
+        read_timeout=stall,  # between two reads of the socket: no progress
         max_pool_connections=2 * WINDOW,
         s3={"addressing_style": "path"} if where.endpoint else None,
     )
@@ -76,42 +99,56 @@ class S3Reads(InOrder):
         self._futures = [self._pool.submit(self._fill, job) for job in jobs]
 
     def _fill(self, job) -> None:
-        import botocore.exceptions
-
         i, at, to, key, a, z, end = job
-        if self._stop.is_set():
-            return
         view = memoryview(self._buffers[i]).cast("B")[at:to]
+        _verdict.ranged(
+            lambda: self._once(view, key, a, z),
+            lambda: self._store.holds(key, self._path, z),
+            lambda detail: self._store._failed("Reading", self._path, detail),
+            end,
+            self._stop.is_set,
+        )
+
+    def _once(self, view: memoryview, key: str, a: int, z: int) -> None:
+        """One GET of bytes `[a, z)` of `key` into `view`; raises `Retry` for
+        what is worth another try."""
+        import botocore.exceptions as errors
+
         try:
             answer = self._client.get_object(
                 Bucket=self._store.where.bucket, Key=key, Range=f"bytes={a}-{z - 1}"
             )
             body = answer["Body"]
             try:
-                got = 0
-                while got < z - a and not self._stop.is_set():
-                    n = body.readinto(view[got:])
-                    if not n:
-                        break
-                    got += n
+                skip = _checked_answer(answer, key, a, z)
+                got = _read_into(body, view, skip, self._stop)
             finally:
                 body.close()
-        except botocore.exceptions.ClientError as e:
-            code = str(e.response.get("Error", {}).get("Code", ""))
-            if code in ("NoSuchKey", "404"):
-                raise BadFile("is missing") from None
-            if code in ("InvalidRange", "416"):
-                raise BadFile(f"ends before byte {end}") from None
-            raise self._failed(e) from None
-        except botocore.exceptions.BotoCoreError as e:
-            raise self._failed(e) from None
+        except errors.ClientError as e:
+            judged = _judged(e, key, z)
+            if isinstance(judged, str):  # the store's answer for good
+                raise self._store._failed("Reading", self._path, judged) from None
+            raise judged from None
+        except (errors.ReadTimeoutError, errors.ConnectTimeoutError) as e:
+            raise _verdict.Retry(_stalled(e, key), stall=True) from None
+        except errors.IncompleteReadError as e:  # a body cut short
+            raise _verdict.Retry(f"{type(e).__name__}: {e}", short=True) from None
+        except (
+            errors.EndpointConnectionError,
+            errors.ConnectionClosedError,
+            errors.ResponseStreamingError,  # a connection reset halfway
+        ) as e:
+            raise _verdict.Retry(f"{type(e).__name__}: {e}") from None
+        except errors.BotoCoreError as e:
+            raise self._store._failed(
+                "Reading", self._path, f"{type(e).__name__}: {e}"
+            ) from None
         if got != z - a and not self._stop.is_set():
-            raise BadFile(f"ends before byte {end}")
-
-    def _failed(self, error: BaseException) -> ObjectStoreError:
-        return self._store._failed(
-            "Reading", self._path, f"{type(error).__name__}: {error}"
-        )
+            raise _verdict.Retry(
+                f"the answer to a GET of bytes {a}-{z - 1} of {key} ended after "
+                f"{got} bytes",
+                short=True,
+            )
 
     def _finish_next(self) -> None:
         self._futures[self._done].result()  # bounded: every request times out
@@ -119,3 +156,75 @@ class S3Reads(InOrder):
     def cancel(self) -> None:
         self._stop.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _checked_answer(answer: dict, key: str, a: int, z: int) -> int:
+    """How many bytes of the body come before byte `a`: 0 for a 206 with the
+    range asked, `a` for a 200 (the whole object); `Retry` for anything else."""
+    status = answer.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    length = answer.get("ContentLength")
+    asked = f"bytes {a}-{z - 1}"
+    if status == 206:
+        found = _CONTENT_RANGE.fullmatch(str(answer.get("ContentRange", "")))
+        if found and (int(found[1]), int(found[2]) + 1) == (a, z) and length == z - a:
+            return 0
+        raise _verdict.Retry(
+            f"a GET of {asked} of {key} was answered with "
+            f"{answer.get('ContentRange')!r} ({length} bytes)",
+            short=True,
+        )
+    if status == 200 and isinstance(length, int):
+        if length < z:
+            raise _verdict.Retry(
+                f"a GET of {asked} of {key} was answered with the whole object "
+                f"({length} bytes)",
+                short=True,
+            )
+        return a
+    raise _verdict.Retry(f"a GET of {asked} of {key} was answered HTTP {status}")
+
+
+def _read_into(body: Any, view: memoryview, skip: int, stop: threading.Event) -> int:
+    """Reads past `skip` bytes of `body`, then into `view`; returns the bytes
+    put in `view` (fewer if the body ends first, or the reads are cancelled)."""
+    if skip:
+        scratch = memoryview(bytearray(min(_SKIP, skip)))
+        while skip and not stop.is_set():
+            n = body.readinto(scratch[: min(skip, len(scratch))])
+            if not n:
+                return 0
+            skip -= n
+    got = 0
+    while got < len(view) and not stop.is_set():
+        n = body.readinto(view[got:])
+        if not n:
+            break
+        got += n
+    return got
+
+
+def _judged(error: Any, key: str, z: int) -> Exception | str:
+    """A refused GET as what it means: a missing object or range is the
+    file's (`BadFile`), throttling and 5xx are worth another try (`Retry`),
+    the rest is the store's answer for good (its detail)."""
+    response = error.response
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+    if code in ("NoSuchKey", "404") or status == 404 and code != "NoSuchBucket":
+        return BadFile("is missing")
+    if code in ("InvalidRange", "416") or status == 416:
+        return _verdict.Retry(
+            f"HTTP 416 {code}: no bytes up to {z} in {key}", short=True
+        )
+    message = response.get("Error", {}).get("Message", "")
+    detail = f"HTTP {status} {code}: {message}".rstrip(": ")
+    if code in _AGAIN_CODES or (isinstance(status, int) and status >= 500):
+        return _verdict.Retry(detail)
+    return detail
+
+
+def _stalled(error: Exception, key: str) -> str:
+    seconds = _patience.stall_seconds()
+    if "Connect" in type(error).__name__:
+        return f"no connection within {seconds:g} s, for a GET of {key}"
+    return f"no byte within {seconds:g} s, in a GET of {key}"

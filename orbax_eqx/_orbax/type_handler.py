@@ -18,11 +18,13 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from .._errors import (
+    EARLIER_STEP,
     CheckpointDamagedError,
     HostLocalArrayError,
     OrbaxEqxError,
     UnsupportedLeafError,
     bullet_list,
+    problem,
 )
 from .._save import at_exit as _at_exit
 from .._save import background as _background
@@ -188,7 +190,7 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
             got = await orbax.deserialize(
                 [infos[i] for i in theirs], [args[i] for i in theirs]
             )
-            for i, x in zip(theirs, got):
+            for i, x in zip(theirs, got, strict=True):
                 out[i] = x
         if ours:
             plans = _restore.plan(
@@ -199,7 +201,7 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
                 numpy=True,
             )
             got = await asyncio.to_thread(_restore.read, plans, self._verify)
-            for i, x in zip(ours, got):
+            for i, x in zip(ours, got, strict=True):
                 out[i] = x
         return out
 
@@ -231,11 +233,15 @@ def _check_none_were_ours(directory, infos, error: Exception) -> None:
     except OSError:
         return
     if f'"{TYPESTR}"'.encode() in text:
-        raise CheckpointDamagedError(
+        raise problem(
+            CheckpointDamagedError,
             f"Orbax's metadata in {directory} says its arrays (such as "
             f"`{leaf_path(infos[0])}`) were saved with orbax_eqx's type handler, "
             "but it holds no orbax_eqx~typed.* directory: they were deleted, or "
-            "not copied with the checkpoint. Restore an earlier step."
+            "not copied with the checkpoint.",
+            file=directory,
+            leaves=[i.name for i in infos],
+            remedy=EARLIER_STEP,
         ) from error
 
 
@@ -243,11 +249,14 @@ def _orbax_handler(directory) -> ocp.type_handlers.TypeHandler:
     """Orbax's global handler of jax arrays, for a checkpoint it saved."""
     handler = ocp.type_handlers.get_type_handler(jax.Array)
     if isinstance(handler, PackedArrayHandler):  # registered globally after all
-        raise CheckpointDamagedError(
+        raise problem(
+            CheckpointDamagedError,
             f"{directory} holds no orbax_eqx~typed.* directory, so none of its "
             "arrays was saved with orbax_eqx's type handler (or they were "
             "deleted), and Orbax's global handler for jax.Array is that handler "
-            "too. Restore an earlier step."
+            "too.",
+            file=directory,
+            remedy=EARLIER_STEP,
         )
     return handler
 
@@ -255,14 +264,15 @@ def _orbax_handler(directory) -> ocp.type_handlers.TypeHandler:
 def _check_savable(values: Sequence[Any], labels: Sequence[str]) -> None:
     problems, local = [], []
     multihost = jax.process_count() > 1
-    for path, x in zip(labels, values):
+    for path, x in zip(labels, values, strict=True):
         if not isinstance(x, jax.Array):
             problems.append(
                 f"Leaf {path} is a {type(x).__module__}.{type(x).__qualname__}, "
                 "not a jax.Array."
             )
         elif multihost and x.is_fully_addressable and x.size:
-            ids = sorted(d.id for d in x.sharding.device_set)
+            # (jaxlib's `Device` is untyped to mypy)
+            ids = sorted(d.id for d in x.sharding.device_set)  # type: ignore[attr-defined]
             local.append(
                 f"Leaf {path} is a host-local jax.Array (shape {x.shape}, on "
                 f"device{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids))} "

@@ -15,13 +15,19 @@ import jax.tree_util as jtu
 import numpy as np
 import orbax.checkpoint as ocp
 
-from .._errors import CheckpointDamagedError, CheckpointMismatchError, bullet_list
+from .._errors import (
+    EARLIER_STEP,
+    CheckpointDamagedError,
+    CheckpointMismatchError,
+    bullet_list,
+    problem,
+)
 from .._storage import typed_read as _typed
 from .._tree.names import label
 from .._tree.walk import JAX, NUMPY, is_key_dtype, parse_dtype
 
 # The shardings Orbax has metadata for, by the name the index stores.
-SHARDING_METADATA = {
+SHARDING_METADATA: dict[str, tuple[type[jax.sharding.Sharding], Any]] = {
     "NamedSharding": (
         jax.sharding.NamedSharding,
         ocp.metadata.NamedShardingMetadata,
@@ -65,12 +71,16 @@ def check_listed(directory, groups, infos) -> None:
     missing = [leaf_label(i) for i in infos if i.name not in groups]
     if missing:
         found = ", ".join(sorted({g.directory.name for g in groups.values()}))
-        raise CheckpointDamagedError(
+        raise problem(
+            CheckpointDamagedError,
             f"No index of arrays saved with orbax_eqx's type handler in "
             f"{directory} lists these leaves (it has {found}):\n"
             + bullet_list([f"Leaf {p}" for p in missing])
             + "\nThe checkpoint is damaged, or they were saved by another handler "
-            "into the same directory. Restore an earlier step."
+            "into the same directory.",
+            file=directory,
+            leaves=[i.name for i in infos if i.name not in groups],
+            remedy=EARLIER_STEP,
         )
 
 
@@ -114,7 +124,7 @@ def plan(directory, groups, infos, args, *, numpy: bool = False) -> list[_Plan]:
     problems: list[str] = []
     fixes: dict[str, None] = {}  # in order, once each
     plans = []
-    for info, arg in zip(infos, args):
+    for info, arg in zip(infos, args, strict=True):
         group = groups[info.name]
         found = _plan_one(info, arg, group, numpy)
         if isinstance(found, _Plan):
@@ -244,7 +254,7 @@ def read(plans: list[_Plan], verify: bool) -> list[Any]:
 def _resized(host: np.ndarray, shape: tuple[int, ...], sharding) -> Any:
     """`host` truncated or zero-padded to `shape`, placed on `sharding` (if any)."""
     out = np.zeros(shape, host.dtype)
-    common = tuple(slice(0, min(a, b)) for a, b in zip(host.shape, shape))
+    common = tuple(slice(0, min(a, b)) for a, b in zip(host.shape, shape, strict=False))
     out[common] = host[common]
     if sharding is None:
         return out

@@ -22,7 +22,14 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .._errors import OrbaxEqxError, RebuildError, SidecarError, bullet_list
+from .._errors import (
+    EARLIER_STEP,
+    OrbaxEqxError,
+    RebuildError,
+    SidecarError,
+    bullet_list,
+    problem,
+)
 from .._format.sidecar import ALIAS, EMPTY, PACKED, LeafMetadata, Metadata
 from .._restore.wide import flat_container
 from .._tree import nodes as _nodes
@@ -160,9 +167,11 @@ class _Builder:
         self.decoder = Decoder(self.find, self.refuse, self.damaged)
 
     def damaged(self, what: str) -> SidecarError:
-        return SidecarError(
-            f"The sidecar in {self.saved.directory} is damaged: {what}. Restore "
-            "an earlier step, or re-save the checkpoint."
+        return problem(
+            SidecarError,
+            f"The sidecar in {self.saved.directory} is damaged: {what}.",
+            file=self.saved.directory,
+            remedy=EARLIER_STEP,
         )
 
     def build(self, name: str) -> Any:
@@ -199,11 +208,14 @@ class _Builder:
         while todo:
             name, depth = todo.pop()
             if depth > MAX_DEPTH:
-                raise RebuildError(
+                raise problem(
+                    RebuildError,
                     f"The checkpoint at {self.saved.directory} records a tree "
                     f"nesting more than {MAX_DEPTH} levels deep (at node {name!r}): "
                     "deeper than JAX flattens, so no save wrote it, and a rebuild "
-                    "does not make it. Restore an earlier step."
+                    "does not make it.",
+                    file=self.saved.directory,
+                    remedy=EARLIER_STEP,
                 )
             if name in self.used:
                 raise self.damaged(f"node {name!r} is reached twice")
@@ -269,7 +281,7 @@ class _Builder:
             decoded = [self.decoder.key(at, k) for k in keys]
             if len(set(map(_hashed, decoded))) != len(decoded):
                 raise self.damaged(f"dict node {name!r} has a key twice")
-            return children, lambda values: dict(zip(decoded, values)), {}
+            return children, lambda values: dict(zip(decoded, values, strict=True)), {}
         if kind == _nodes.STATE:
             markers = [self.decoder.key(at, m) for m in rec.get("markers", [])]
             if len(markers) != len(children):
@@ -340,7 +352,7 @@ class _Builder:
         def make(values: list[Any]) -> Any:
             # As Equinox unflattens a module (`equinox/_module/_flatten.py`).
             module = object.__new__(cls)
-            for field, value in zip(fields, values):
+            for field, value in zip(fields, values, strict=True):
                 if value is not _MISSING:
                     object.__setattr__(module, field, value)
             for field, value in static.items():
@@ -379,7 +391,11 @@ class _Builder:
         kind = flat_container(leaf)
         if kind == JAX:
             return jax.ShapeDtypeStruct(shape, dtype)
-        source = self.saved.leaves.get(leaf.alias_of) if leaf.data == ALIAS else leaf
+        source = (
+            self.saved.source(leaf)
+            if leaf.data != ALIAS or (leaf.alias_of in self.saved.leaves)
+            else None
+        )
         if (
             leaf.data != EMPTY
             and np.dtype(dtype).itemsize > _SMALL

@@ -65,29 +65,13 @@ class Decoder:
         if tag == "dict":
             return self._dict(at, body)
         if tag == "numpy":
-            try:
-                return decode_numpy(body)
-            except Unrebuildable as e:
-                self.refuse(at, f"{e} cannot be rebuilt")
-                return None
-            except ValueError as e:
-                raise self.damaged(
-                    f"the numpy scalar at {label(*at)} is none a save writes: {e}"
-                ) from None
+            return self._numpy(at, body)
         if tag == "dtype":
             return self._dtype(at, body)
         if tag == "enum":
             return self._enum(at, body)
         if tag == "callable":
-            text = str(body)
-            if text.startswith("functools.partial("):
-                self.refuse(
-                    at,
-                    f"`{text}` cannot be rebuilt: a partial's arguments are "
-                    "recorded as text",
-                )
-                return None
-            return self.find(at, "callable", text)
+            return self._callable(at, str(body))
         if tag == "object" and encoded.get("repr") is not None:
             found = _literal_set(body, encoded["repr"])
             if found is not None:
@@ -98,6 +82,27 @@ class Decoder:
             "cannot be rebuilt",
         )
         return None
+
+    def _numpy(self, at: At, body: Any) -> Any:
+        try:
+            return decode_numpy(body)
+        except Unrebuildable as e:
+            self.refuse(at, f"{e} cannot be rebuilt")
+            return None
+        except ValueError as e:
+            raise self.damaged(
+                f"the numpy scalar at {label(*at)} is none a save writes: {e}"
+            ) from None
+
+    def _callable(self, at: At, text: str) -> Any:
+        if text.startswith("functools.partial("):
+            self.refuse(
+                at,
+                f"`{text}` cannot be rebuilt: a partial's arguments are recorded "
+                "as text",
+            )
+            return None
+        return self.find(at, "callable", text)
 
     def key(self, at: At, encoded: Any) -> Any:
         """A dict key or `State` marker: a value that must be hashable."""

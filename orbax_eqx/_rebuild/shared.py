@@ -56,7 +56,7 @@ def selectors(
         return {}
     start, *named = rec.get("children", [])
     ready = {}
-    for field, child in zip(("where", "get"), named):
+    for field, child in zip(("where", "get"), named, strict=False):
         if child is None or child not in leaves:
             continue
         many, paths = wiring[field]
@@ -158,7 +158,11 @@ def _step(tree: Any, kind: str, key: Any) -> Any:
             or isinstance(fields, tuple)
         ):
             raise LookupError(f"{_show((kind, key))}: not a module or namedtuple")
-        names = fields if isinstance(tree, tuple) else _field_names(tree)
+        names = (
+            fields
+            if isinstance(tree, tuple) and isinstance(fields, tuple)
+            else _field_names(tree)
+        )
         if key not in names:
             raise LookupError(f"{_show((kind, key))}: no such field")
         return getattr(tree, key)

@@ -1,15 +1,25 @@
-"""Restoring "the latest" when the newest steps are damaged, or deleted meanwhile."""
+"""Restoring "the latest" when the newest steps are damaged, or deleted meanwhile.
 
-import warnings
+Only damage moves it to an older step. A store that fails (throttling that
+outlasts the retries, 5xx answers, a stall, a dropped connection: see
+`_bytes/verdict.py`) is raised at once as an `ObjectStoreError`: the older
+steps live on the same store, and a healthy newest step must not be passed
+over because a request failed.
+"""
+
 from typing import Any, NamedTuple
 
 import orbax.checkpoint as ocp
 
+from .._bytes import verdict as _verdict
 from .._errors import (
     CheckpointMismatchError,
     CheckpointNotFoundError,
+    ObjectStoreError,
     RebuildError,
     bullet_list,
+    first_line,
+    warn_user,
 )
 from .vanished import CheckpointDeletedError, CheckpointReplacedError
 
@@ -37,8 +47,10 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
     deletes while it is being restored (`max_to_keep`, perhaps in another
     process) is no damage: the manager's list of steps is read again
     (`manager.reload()`) and the newest step now there is restored. A skeleton
-    that does not match (`CheckpointMismatchError`) is the caller's to fix, so
-    it is raised at once rather than skipped.
+    that does not match (`CheckpointMismatchError`) is the caller's to fix,
+    and a store that fails (`ObjectStoreError`: its requests failed after
+    their retries) is no damage of the step, so both are raised at once
+    rather than skipped.
 
     **Arguments:**
 
@@ -68,6 +80,8 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
             item = manager.restore(step, args=args)
         except (CheckpointMismatchError, RebuildError):  # the caller's to fix
             raise
+        except ObjectStoreError:  # the store failed, not the step
+            raise
         except CheckpointReplacedError:
             # Saved anew under this restore (twice: the handler retried once).
             # Not damage: read it again, a few times at most.
@@ -76,21 +90,25 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
                 continue
             raise
         except Exception as e:  # any damage: missing, truncated, unreadable
+            failure = _verdict.store_failure(e, manager.directory)
+            if failure is not None:  # raw, from Orbax's own calls to the store
+                raise failure from e
             if len(deleted) < MAX_DELETED:
                 steps = _reread(manager, steps)
                 if step not in steps or isinstance(e, CheckpointDeletedError):
                     deleted.append(step)  # not damage: gone; try what is there now
                     steps = [s for s in steps if s != step]  # (if half deleted)
                     continue
-            failures.append(f"step {step}: {type(e).__name__}: {_first_line(e)}")
+            failures.append(
+                f"step {step}: {type(e).__name__}: {first_line(e, '(no message)')}"
+            )
             damaged.add(step)
             continue
         if failures:
-            warnings.warn(
+            warn_user(
                 f"Restored step {step} of {manager.directory}, because newer steps "
                 "could not be restored:\n" + bullet_list(failures),
                 FallbackWarning,
-                stacklevel=2,
             )
         return RestoredStep(step, item)
     if not failures:
@@ -129,8 +147,3 @@ def _reread(manager: ocp.CheckpointManager, steps: list[int]) -> list[int]:
 
 def _steps(steps: list[int]) -> str:
     return ("step " if len(steps) == 1 else "steps ") + ", ".join(map(str, steps))
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else "(no message)"

@@ -12,7 +12,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from .._errors import bullet_list
+from .._errors import bullet_list, some
 from .._format.sidecar import Metadata
 from .._tree.walk import Walked
 from .rename_map import RenameError
@@ -38,81 +38,97 @@ def compile_renames(renames: Renames | None) -> tuple[_Rename, list[str]]:
     if renames is None:
         return (lambda name: (name, None)), []
     if isinstance(renames, Mapping):
-        bad = [
-            k for k, v in renames.items() if not isinstance(k, str) or not _is_new(v)
-        ]
-        if bad:
-            raise RenameError(
-                f"`renames=` maps {bad[0]!r} to {renames[bad[0]]!r}: a dict of "
-                "renames maps checkpoint leaf names (str) to skeleton leaf names "
-                "(str), or to None to leave a leaf out."
-            )
-        table = dict(renames)
-
-        def by_name(name: str):
-            if name in table:
-                return table[name], _label_name(name, table[name])
-            return name, None
-
-        return by_name, [_label_name(k, v) for k, v in table.items()]
+        return _by_name(renames)
     if callable(renames):
-        label = f"function {_describe(renames)}"
-
-        def by_function(name: str):
-            new = renames(name)
-            if not _is_new(new):
-                raise RenameError(
-                    f"The `renames=` {label} returned {new!r} for the "
-                    f"checkpoint leaf `{name}`: it must return a leaf name (str), "
-                    "or None to leave the leaf out."
-                )
-            return new, (label if new != name else None)
-
-        return by_function, [label]
+        return _by_function(renames)
     if isinstance(renames, Sequence) and not isinstance(renames, str):
-        rules = []
-        for rule in renames:
-            if not (
-                isinstance(rule, Sequence)
-                and not isinstance(rule, str)
-                and len(rule) == 2
-                and isinstance(rule[0], str | re.Pattern)
-                and _is_new(rule[1])
-            ):
-                raise RenameError(
-                    f"`renames=` holds the rule {rule!r}: a rule is a pair "
-                    '(regex, replacement), such as (r"blocks\\.(.*)", r"layers.\\1"); '
-                    "the replacement may be None to leave leaves out."
-                )
-            pattern, replacement = rule
-            try:
-                regex = re.compile(pattern)
-            except re.error as e:
-                raise RenameError(
-                    f"`renames=` has an invalid pattern {pattern!r} ({e})."
-                ) from None
-            label = f"rule ({regex.pattern!r}, {replacement!r})"
-            rules.append((regex, replacement, label))
-
-        def by_rules(name: str):
-            for regex, replacement, label in rules:
-                match = regex.fullmatch(name)
-                if match:
-                    try:
-                        new = None if replacement is None else match.expand(replacement)
-                    except (re.error, IndexError) as e:
-                        raise RenameError(
-                            f"The `renames=` {label} cannot rename `{name}`: {e}."
-                        ) from None
-                    return new, label
-            return name, None
-
-        return by_rules, [label for _, _, label in rules]
+        return _by_rules(renames)
     raise RenameError(
         f"`renames=` is a {type(renames).__name__}: expected a dict "
         "{old name: new name}, a list of (regex, replacement) rules, or a function "
         "old name -> new name."
     )
+
+
+def _by_name(renames: Mapping) -> tuple[_Rename, list[str]]:
+    bad = [k for k, v in renames.items() if not _is_name(k) or not _is_new(v)]
+    if bad:
+        raise RenameError(
+            f"`renames=` maps {bad[0]!r} to {renames[bad[0]]!r}: a dict of "
+            "renames maps checkpoint leaf names (str) to skeleton leaf names "
+            "(str), or to None to leave a leaf out."
+        )
+    table = dict(renames)
+
+    def by_name(name: str):
+        if name in table:
+            return table[name], _label_name(name, table[name])
+        return name, None
+
+    return by_name, [_label_name(k, v) for k, v in table.items()]
+
+
+def _by_function(renames: Callable) -> tuple[_Rename, list[str]]:
+    label = f"function {_describe(renames)}"
+
+    def by_function(name: str):
+        new = renames(name)
+        if not _is_new(new):
+            raise RenameError(
+                f"The `renames=` {label} returned {new!r} for the "
+                f"checkpoint leaf `{name}`: it must return a leaf name (str), "
+                "or None to leave the leaf out."
+            )
+        return new, (label if new != name else None)
+
+    return by_function, [label]
+
+
+def _by_rules(renames: Sequence) -> tuple[_Rename, list[str]]:
+    rules = [_rule(rule) for rule in renames]
+
+    def by_rules(name: str):
+        for regex, replacement, label in rules:
+            match = regex.fullmatch(name)
+            if match:
+                try:
+                    new = None if replacement is None else match.expand(replacement)
+                except (re.error, IndexError) as e:
+                    raise RenameError(
+                        f"The `renames=` {label} cannot rename `{name}`: {e}."
+                    ) from None
+                return new, label
+        return name, None
+
+    return by_rules, [label for _, _, label in rules]
+
+
+def _rule(rule: Any) -> tuple[re.Pattern, str | None, str]:
+    """A `(regex, replacement)` rule checked and compiled, with its label."""
+    if not (
+        isinstance(rule, Sequence)
+        and not isinstance(rule, str)
+        and len(rule) == 2
+        and isinstance(rule[0], str | re.Pattern)
+        and _is_new(rule[1])
+    ):
+        raise RenameError(
+            f"`renames=` holds the rule {rule!r}: a rule is a pair "
+            '(regex, replacement), such as (r"blocks\\.(.*)", r"layers.\\1"); '
+            "the replacement may be None to leave leaves out."
+        )
+    pattern, replacement = rule
+    try:
+        regex = re.compile(pattern)
+    except re.error as e:
+        raise RenameError(
+            f"`renames=` has an invalid pattern {pattern!r} ({e})."
+        ) from None
+    return regex, replacement, f"rule ({regex.pattern!r}, {replacement!r})"
+
+
+def _is_name(x: Any) -> bool:
+    return isinstance(x, str)
 
 
 def _is_new(x: Any) -> bool:
@@ -160,10 +176,10 @@ def check_used(hits, wanted: set[str], saved: Metadata, walked: Walked) -> None:
             )
         elif not any(new is None or new in wanted for _, new in matched):
             old, new = matched[0]
-            more = f" and {len(matched) - 1} more" if len(matched) > 1 else ""
+            shown = some([f"`{old}` -> `{new}`" for old, new in matched], 1)
             problems.append(
-                f"The `renames=` {label} renames checkpoint leaves (`{old}` -> "
-                f"`{new}`{more}) only to names the skeleton lacks (its leaves are "
+                f"The `renames=` {label} renames checkpoint leaves ({shown}) only "
+                "to names the skeleton lacks (its leaves are "
                 f"named like {examples([leaf.name for leaf in walked.leaves])})."
             )
     if problems:

@@ -59,7 +59,7 @@ class _Request:
 
     record: LeafMetadata
     dtype: Any  # target dtype
-    container: str
+    container: str | None  # (never None here: `check` refused those leaves)
     sharding: Any  # target sharding, for jax arrays
 
 
@@ -121,7 +121,7 @@ def restore_tree(inner, directory, saved: Metadata, args) -> Any:
     if args.report:
         return tree, report
     if kept:
-        warn_kept(report, saved.directory, stacklevel=4)  # the caller of `restore`
+        warn_kept(report, saved.directory)
     return tree
 
 
@@ -195,7 +195,7 @@ def read_arrays(
     for request in requests.values():
         source = request.record
         if source.data == ALIAS:
-            source = saved.leaves[source.alias_of]
+            source = saved.source(source)
             request = dataclasses.replace(request, record=source)
         if source.data != EMPTY:
             to_read.setdefault(source.name, request)
@@ -231,10 +231,12 @@ def read_arrays(
         if record.data == EMPTY:
             result[name] = _empty(request)
             continue
-        source = record.alias_of if record.data == ALIAS else record.name
-        value = loaded[source]
-        if request.container == JAX and not value.sharding.is_equivalent_to(
-            request.sharding, value.ndim
+        held_by = saved.source(record).name
+        value = loaded[held_by]
+        if (
+            request.container == JAX
+            and to_read[held_by].sharding is not request.sharding  # read as asked
+            and not value.sharding.is_equivalent_to(request.sharding, value.ndim)
         ):
             # The same stored array wanted twice (tied weights), placed elsewhere.
             # (Equivalence, not `==`: Orbax may spell P() as P(None,); a needless
@@ -252,7 +254,7 @@ def _finish(value: Any, request: _Request) -> Any:
 
 
 def _empty(request: _Request) -> Any:
-    shape = request.record.shape
+    shape = request.record.shape or ()
     if request.container != JAX:
         return _finish(np.zeros(shape, request.dtype), request)
     if is_key_dtype(request.dtype):

@@ -21,13 +21,12 @@ it).
 import dataclasses
 import difflib
 import re
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import jax.tree_util as jtu
 
-from .._errors import CheckpointMismatchError, bullet_list
+from .._errors import CheckpointMismatchError, bullet_list, warn_user
 from .._format.sidecar import Metadata
 from .._tree.names import ESCAPE, SEPARATOR, join, label
 from .._tree.walk import Leaf, Walked, walk
@@ -93,21 +92,20 @@ class Selection:
         )
 
 
-def warn_kept(report: RestoreReport, where: str, stacklevel: int) -> None:
+def warn_kept(report: RestoreReport, where: str) -> None:
     """Says which leaves were kept from the skeleton.
 
     They were asked for, but worth a word: a mistyped rename would otherwise
     leave a layer at its fresh initialisation without any other sign.
     """
     n = len(report.kept)
-    warnings.warn(
+    warn_user(
         f"{n} skeleton {'leaf is' if n == 1 else 'leaves are'} not in the "
         f'checkpoint at {where}, so kept from the skeleton (missing="keep"):\n'
         + bullet_list([label(name) for name in report.kept])
         + "\nPass `report=True` to get this list as a `RestoreReport` instead of "
         "this warning.",
         KeptLeavesWarning,
-        stacklevel=stacklevel + 1,
     )
 
 
@@ -136,8 +134,8 @@ def _targets(prefix: str | None, walked: Walked):
         walked.modules
     ):
         return plain, {}
-    result = {a.name: b.name for a, b in zip(walked.leaves, inside.leaves)}
-    result.update(zip(walked.modules, inside.modules))
+    result = {a.name: b.name for a, b in zip(walked.leaves, inside.leaves, strict=True)}
+    result.update(zip(walked.modules, inside.modules, strict=True))
     return result, {old: new for new, old in inside.old_names.items()}
 
 
@@ -209,7 +207,7 @@ def select(
     # module moved (State entries are in none).
     by_old_name = {n for n, new in new_names.items() if old_names.get(n, n) == new}
     moved = {n: n if n in by_old_name else new for n, new in new_names.items()}
-    modules = {}
+    modules: dict[str, Any] = {}
     for name, new in _module_names(saved, moved).items():
         if new is not None and _under(prefix, new):
             modules.setdefault(new, saved.modules[name])
@@ -255,7 +253,7 @@ def _module_names(saved: Metadata, new_names) -> dict[str, str | None]:
 
 
 def _nothing_under(prefix: str, saved: Metadata, new_names) -> Exception:
-    known = set()
+    known: set[str] = set()
     for new in new_names.values():
         if new is not None:
             parts = split(new)

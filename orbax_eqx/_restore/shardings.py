@@ -39,7 +39,9 @@ def _resolve(shardings: Shardings, walked: Walked, wanted: list) -> dict[str, An
         return {leaf.name: shardings for leaf in wanted}
     # A module is callable too, but a module of shardings is a tree of them.
     if callable(shardings) and not isinstance(shardings, eqx.Module):
-        result, problems, fixes = {}, [], []
+        result: dict[str, Any] = {}
+        problems: list[str] = []
+        fixes: list[str] = []
         for leaf in wanted:
             try:
                 sharding = shardings(leaf.name, leaf.value)
@@ -65,13 +67,13 @@ def _from_tree(shardings, walked, wanted) -> dict[str, Any]:
     if given_def != walked.treedef:
         raise CheckpointMismatchError(
             "`shardings=` is a PyTree that does not match the skeleton: it has "
-            f"{given_def.num_leaves} leaves where the skeleton has "
+            f"{len(given)} leaves where the skeleton has "
             f"{walked.treedef.num_leaves}.\n  shardings: {given_def}\n  skeleton: "
             f"{walked.treedef}\nPass one Sharding for every array, a function "
             "`(name, leaf) -> Sharding`, or a tree shaped like the skeleton with a "
             "Sharding (or None) at each leaf."
         )
-    by_name = {leaf.name: s for leaf, s in zip(walked.leaves, given)}
+    by_name = {leaf.name: s for leaf, s in zip(walked.leaves, given, strict=True)}
     result = {
         leaf.name: by_name[leaf.name]
         if by_name[leaf.name] is not None
@@ -134,6 +136,7 @@ def _misfit(sharding: Any, shape: tuple[int, ...]) -> str | None:
         )
     spec = getattr(sharding, "spec", None)
     if isinstance(sharding, jax.sharding.NamedSharding) and spec is not None:
+        mesh = sharding.mesh
         if len(spec) > len(shape):
             return (
                 f"the PartitionSpec {spec} has {len(spec)} entries, more than its "

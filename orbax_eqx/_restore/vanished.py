@@ -11,19 +11,26 @@ restore has failed, the checkpoint is gone, that deletion is what happened;
 if its sidecar is another file than the one there when the restore began, it
 was replaced (the handler then restores the new one, once). A deletion in
 progress may have removed data files and not yet the sidecar: the check
-looks again for a moment before it lets the error stand.
+looks again for a moment before it lets the error stand (on an object
+store, whose objects are not listed here, always). Which sidecar is there is
+asked of the byte layer, so that a disk and an object store tell the same:
+its inode and change time, or its object's generation. A store that fails
+to answer is said so (`ObjectStoreError`), not taken for a deletion.
 """
 
 import contextlib
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 from etils import epath
 
+from .._bytes import store as _store
 from .._errors import (
     CheckpointDamagedError,
     CheckpointNotFoundError,
+    ObjectStoreError,
     OrbaxEqxError,
     SidecarError,
 )
@@ -50,20 +57,23 @@ def noticed(directory: epath.Path | str) -> Iterator[None]:
     and into `CheckpointReplacedError` if its sidecar is another file now."""
     directory = epath.Path(directory)
     before = _identity(directory)  # None: the failure says what is missing
-    entries = _entries(directory) if before is not None else set()
+    remote = _store.is_remote(directory)
+    entries = _entries(directory) if before not in (None, _UNKNOWN) else set()
     try:
         yield
     except Exception as e:
-        if before is None or not _ours_to_explain(e):
+        if before in (None, _UNKNOWN) or not _ours_to_explain(e):
             raise
         # Only if files went missing meanwhile: a deletion may be under way.
         # (Damage found in files that are all there is said at once.)
-        settling = not entries <= _entries(directory)
+        settling = remote or not entries <= _entries(directory)
         deadline = time.monotonic() + (SETTLE_S if settling else 0.0)
         while True:
             now = _identity(directory)
             if now is None:
                 raise deleted(directory) from e
+            if now is _UNKNOWN:
+                raise
             if now != before:
                 raise replaced(directory) from e
             if time.monotonic() >= deadline:
@@ -98,6 +108,8 @@ def _ours_to_explain(e: Exception) -> bool:
     # a bad option, which is the caller's whatever happened to the files.
     if isinstance(e, (CheckpointDeletedError, CheckpointReplacedError)):
         return False
+    if isinstance(e, ObjectStoreError):  # the store failed, whatever is there
+        return False
     if isinstance(e, (OSError, SidecarError, CheckpointDamagedError)):
         return True
     return not isinstance(e, OrbaxEqxError)  # Orbax's and TensorStore's own
@@ -125,15 +137,15 @@ def _entries(directory: epath.Path) -> set[str]:
     return found
 
 
-def _identity(directory: epath.Path) -> tuple[int, int, int] | None:
-    """Which sidecar file `directory` holds (device, inode, change time), or
-    None if it holds none. Every save writes a new one."""
-    if "://" in os.fspath(directory):
-        return (0, 0, 0)  # object stores: nothing to tell; say nothing
+_UNKNOWN = object()  # `_identity` of a store that did not answer
+
+
+def _identity(directory: epath.Path) -> Any:
+    """Which sidecar file `directory` holds (see `Store.version`: every save
+    writes a new one), None if it holds none, `_UNKNOWN` if the store did not
+    say."""
+    path = directory / FILE_NAME
     try:
-        if not os.path.isdir(directory):
-            return None
-        found = os.stat(os.path.join(directory, FILE_NAME))
-    except OSError:
-        return None
-    return (found.st_dev, found.st_ino, found.st_ctime_ns)
+        return _store.for_path(path).version(path)
+    except ObjectStoreError:
+        return _UNKNOWN

@@ -37,7 +37,7 @@ from etils import epath
 from .._bytes import files as _files
 from .._bytes import store as _store
 from .._bytes.paths import is_remote
-from .._errors import OrbaxEqxError
+from .._errors import OrbaxEqxError, some
 from .._format.sidecar import (
     ARRAYS_DIR,
     FILE_NAME,
@@ -63,8 +63,11 @@ class Started:
     # The directory's (st_dev, st_ino) once the writes start; None before, and
     # for paths that are not local.
     identity: tuple[int, int] | None = None
-    # The files this save wrote itself: {path: (st_dev, st_ino, st_size)}.
-    written: dict[str, tuple[int, int, int]] = dataclasses.field(default_factory=dict)
+    # The files this save wrote itself: {path: (st_dev, st_ino, st_size)}, or
+    # {path: None} on object stores.
+    written: dict[str, tuple[int, int, int] | None] = dataclasses.field(
+        default_factory=dict
+    )
     # The storage keys of the arrays it gave Orbax to store.
     stored_keys: tuple[str, ...] = ()
 
@@ -123,7 +126,7 @@ def before_sidecar(started: Started) -> None:
         _lose(started, _REPLACED)
     gone = _gone_files(started)
     if gone:
-        _lose(started, f"{_DELETED}; gone: {_some(gone)}")
+        _lose(started, f"{_DELETED}; gone: {some(gone)}")
 
 
 def explain(started: Started | None, error: BaseException) -> None:
@@ -186,7 +189,7 @@ def before_commit(started: Started) -> None:
         _lose(started, f"the other save committed the step first, at {final}")
     gone = _gone_arrays(started)
     if gone:
-        _lose(started, f"{_DELETED}; gone: {_some(gone)}")
+        _lose(started, f"{_DELETED}; gone: {some(gone)}")
     _remove_others(started)
 
 
@@ -223,11 +226,6 @@ def _gone_files(started: Started) -> list[str]:
         ):
             gone.append(name)
     return gone
-
-
-def _some(names: list[str], shown: int = 3) -> str:
-    more = len(names) - shown
-    return ", ".join(names[:shown]) + (f" and {more} more" if more > 0 else "")
 
 
 def _identity(path: epath.Path) -> tuple[int, int] | None:

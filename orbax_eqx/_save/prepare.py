@@ -89,6 +89,7 @@ def prepare(
     copy_packed: bool = True,
     checksums: bool = True,
     flat: tuple[list[Any], Any] | None = None,
+    copy_numpy: bool = True,
 ) -> Prepared:
     """Decides where every leaf of `item` goes and takes packed arrays' bytes.
 
@@ -101,7 +102,9 @@ def prepare(
     `_storage/shards.py`). Nothing here computes over a sharded array.
     With `checksums`, Orbax-stored arrays that this process holds whole are
     copied to host, to be summed in the background. `flat` is
-    `flatten(item)`, if the caller has it.
+    `flatten(item)`, if the caller has it. `copy_numpy=False`, for a save
+    that returns only once its writes are done (the caller cannot change an
+    array meanwhile), packs numpy arrays without copying them first.
     """
     leaves, treedef = flat if flat is not None else flatten(item)
     walked = None
@@ -114,34 +117,29 @@ def prepare(
     elif _bad_values(leaves):
         _check(walk(item))  # raises, naming the leaves
     aliases = _aliases(leaves)
-    to_pack, to_shard, sizes = [], [], {}
-    arrays = [i for i, x in enumerate(leaves) if is_array_leaf(x)]
+    # The arrays with bytes of their own (a tied weight's are its twin's).
+    sizes = {
+        i: size
+        for i, x in enumerate(leaves)
+        if is_array_leaf(x) and i not in aliases and (size := nbytes(x))
+    }
+    arrays = list(sizes)
+    to_pack: list[int] = []
+    to_shard: list[int] = []
+    stored: dict[str, Any] = {}
+    sums: dict[str, Any] = {}
     if pack:
         for i in arrays:
-            x = leaves[i]
-            size = nbytes(x)
-            if i in aliases or not size:
-                continue
-            sizes[i] = size
-            (to_pack if packable(x) else to_shard).append(i)
-    stored, sums = {}, {}
-    if not pack:  # every array through Orbax, by name: the walk is done
-        for i in arrays:
-            if i in aliases or not nbytes(leaves[i]):
-                continue
-            name = walked.leaves[i].name
-            x = _plain_bools(_host_safe(leaves[i]))
-            stored[storage_key(name)] = x
-            if checksums and _held_whole(x):
-                # Now: the caller may donate or change the array once `save`
-                # returns. (Orbax copies it too; the pack path needs neither.)
-                sums[name] = _shards.gather(x) if container(x) == JAX else x
+            (to_pack if packable(leaves[i]) else to_shard).append(i)
+    else:  # every array through Orbax, by name: the walk is done
+        assert walked is not None  # (walked above whenever not `pack`)
+        stored, sums = _to_store(walked, leaves, arrays, checksums)
     local = None
     if to_shard:
         local = _shards.start_take([(i, leaves[i]) for i in to_shard])
     hosts = None
     if copy_packed and to_pack:
-        hosts = start_host_copies([leaves[i] for i in to_pack])
+        hosts = start_host_copies([leaves[i] for i in to_pack], copy_numpy)
     shard_files = jax.process_count() if to_shard else 0
 
     def finish() -> tuple:
@@ -168,11 +166,28 @@ def prepare(
             local.names = [names[i] for i in local.names]
         pieces, packed_names = [], []
         if hosts is not None:
-            pieces = [(offsets[names[i]], h) for i, h in zip(to_pack, hosts())]
+            pieces = [
+                (offsets[names[i]], h) for i, h in zip(to_pack, hosts(), strict=True)
+            ]
             packed_names = [names[i] for i in to_pack]
         return content, pieces, pack_nbytes, packed_names
 
     return Prepared(stored, sums, shard_files, local, finish)
+
+
+def _to_store(walked: Walked, leaves: list[Any], arrays: list[int], checksums: bool):
+    """`(stored, sums)`: the arrays that Orbax stores, by storage key, and those
+    to sum on host, by leaf name (with `checksums`, those held whole here)."""
+    stored, sums = {}, {}
+    for i in arrays:
+        name = walked.leaves[i].name
+        x = _plain_bools(_host_safe(leaves[i]))
+        stored[storage_key(name)] = x
+        if checksums and _held_whole(x):
+            # Now: the caller may donate or change the array once `save`
+            # returns. (Orbax copies it too; the pack path needs neither.)
+            sums[name] = _shards.gather(x) if container(x) == JAX else x
+    return stored, sums
 
 
 def _walk_snapshot(leaves: list[Any], treedef: Any, pause: Polite) -> Walked:
@@ -185,7 +200,9 @@ def _walk_snapshot(leaves: list[Any], treedef: Any, pause: Polite) -> Walked:
     walked = walk(jtu.tree_unflatten(treedef, leaves), pause)
     try:
         _same_leaves(walked, leaves)
-        _check(walked)
+        # The bytes were taken before `save` returned (and deleted arrays
+        # refused then): the caller may have donated the arrays since.
+        _check(walked, taken=True)
     except Exception:
         _forget(treedef)
         raise
@@ -198,7 +215,7 @@ def _same_leaves(walked: Walked, leaves: list[Any]) -> None:
     # (By type, not identity: a custom PyTree node may make new leaf objects
     # each time it is flattened.)
     if len(walked.leaves) != len(leaves) or any(
-        type(a.value) is not type(b) for a, b in zip(walked.leaves, leaves)
+        type(a.value) is not type(b) for a, b in zip(walked.leaves, leaves, strict=True)
     ):
         raise OrbaxEqxError(
             "Internal error: the walk of the item found other leaves than its "
@@ -207,9 +224,9 @@ def _same_leaves(walked: Walked, leaves: list[Any]) -> None:
         )
 
 
-def _check(walked: Walked, pack: bool = True) -> None:
+def _check(walked: Walked, pack: bool = True, taken: bool = False) -> None:
     _check_savable(walked)
-    storable.check(walked, pack)
+    storable.check(walked, pack, taken)
     recordable.check(walked)
 
 

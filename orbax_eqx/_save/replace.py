@@ -33,7 +33,7 @@ import time
 from etils import epath
 
 from .._bytes.paths import is_remote
-from .._errors import OrbaxEqxError
+from .._errors import OrbaxEqxError, some
 from .._format.locate import is_item, steps_in
 from .._format.sidecar import FILE_NAME
 from .._format.sidecar_read import read
@@ -89,6 +89,43 @@ _ORBAX_TOP_FILES = frozenset(
 _ELSEWHERE = (
     "Choose another directory, or move or delete it yourself if it is not needed."
 )
+_MOVE_OUT = (
+    "Overwriting deletes the whole directory: move those entries out of it "
+    "first, or choose another directory."
+)
+# What each kind of thing that is no checkpoint is called, and the fix:
+# `_what_else` finds the kind and the details that fill these in.
+_WORDS = {
+    "link": ("a symbolic link (to {target})", _ELSEWHERE),
+    "file": ("a file", _ELSEWHERE),
+    "item with others": (
+        "a directory holding a checkpoint's files and entries neither orbax_eqx "
+        "nor Orbax wrote ({odd})",
+        _MOVE_OUT,
+    ),
+    "separate items": (
+        "a directory of {count} checkpoint(s) each saved on its own ({alone})",
+        "To replace one of them, save to its path (such as {first}) instead; else "
+        "choose another directory.",
+    ),
+    "step with others": (
+        "a step of checkpoints whose item directories also hold entries neither "
+        "orbax_eqx nor Orbax wrote ({odd})",
+        _MOVE_OUT,
+    ),
+    "items among others": (
+        "a directory holding the checkpoint{plural} {held} beside other entries "
+        "({others})",
+        "To replace a checkpoint in it, save to its path ({such}{first}) instead; "
+        "else choose another directory.",
+    ),
+    "manager root": ("a CheckpointManager root (steps {steps})", _ELSEWHERE),
+    "other files": (
+        "a directory of other files ({names}; no {sidecar} in it or its "
+        "subdirectories)",
+        _ELSEWHERE,
+    ),
+}
 
 
 def _not_a_checkpoint(path: epath.Path) -> tuple[str, str] | None:
@@ -96,32 +133,34 @@ def _not_a_checkpoint(path: epath.Path) -> tuple[str, str] | None:
     directory), else None (also if nothing is there: another save may be
     swapping it)."""
     try:
-        return _what_else(path)
+        found = _what_else(path)
     except FileNotFoundError:
         return None
+    if found is None:
+        return None
+    kind, details = found
+    what, fix = _WORDS[kind]
+    return what.format(**details), fix.format(**details)
 
 
-def _what_else(path: epath.Path) -> tuple[str, str] | None:
-    """A checkpoint is an item directory, or a directory of item directories
-    and Orbax's own files (a step, a Composite checkpoint): deleting it
-    deletes nothing else. A directory that merely holds a checkpoint among
-    other entries is no checkpoint."""
+def _what_else(path: epath.Path) -> tuple[str, dict[str, object]] | None:
+    """The kind of thing at `path` (a key of `_WORDS`) and its details, unless
+    it is a checkpoint, an empty directory or nothing.
+
+    A checkpoint is an item directory, or a directory of item directories and
+    Orbax's own files (a step, a Composite checkpoint): deleting it deletes
+    nothing else. A directory that merely holds a checkpoint among other
+    entries is no checkpoint."""
     if not _lexists(path):
         return None
     local = "://" not in os.fspath(path)
     if local and os.path.islink(os.fspath(path)):
-        return f"a symbolic link (to {os.readlink(os.fspath(path))})", _ELSEWHERE
+        return "link", {"target": os.readlink(os.fspath(path))}
     if not path.is_dir():
-        return "a file", _ELSEWHERE
+        return "file", {}
     if is_item(path):
         odd = foreign(path)
-        if not odd:
-            return None
-        return (
-            "a directory holding a checkpoint's files and entries neither "
-            f"orbax_eqx nor Orbax wrote ({', '.join(odd[:3])}{_more(odd)})",
-            _MOVE_OUT,
-        )
+        return ("item with others", {"odd": some(odd)}) if odd else None
     entries = list(path.iterdir())
     if not entries:
         return None
@@ -132,53 +171,39 @@ def _what_else(path: epath.Path) -> tuple[str, str] | None:
         if p not in items and not (p.name in _ORBAX_TOP_FILES and p.is_file())
     )
     if items and not others:
-        # A step (or Composite) of items saved together, not a folder of
-        # checkpoints each saved on its own (`folder/exp1`, `folder/exp2`):
-        # Orbax puts a standalone save's metadata in the item directory.
-        alone = [p.name for p in items if (p / _STEP_METADATA).exists()]
-        if alone:
-            return (
-                f"a directory of {len(items)} checkpoint(s) each saved on its own "
-                f"({', '.join(alone[:3])}{_more(alone)})",
-                f"To replace one of them, save to its path (such as {items[0]}) "
-                "instead; else choose another directory.",
-            )
-        odd = [f"{p.name}/{name}" for p in items for name in foreign(p)]
-        if odd:
-            return (
-                "a step of checkpoints whose item directories also hold entries "
-                f"neither orbax_eqx nor Orbax wrote ({', '.join(odd[:3])}"
-                f"{_more(odd)})",
-                _MOVE_OUT,
-            )
-        return None
+        return _what_step(items)
     if items:
-        held = ", ".join(p.name for p in items[:3]) + _more(items)
-        plural = "s" if len(items) > 1 else ""
-        such = "" if len(items) == 1 else "such as "
-        return (
-            f"a directory holding the checkpoint{plural} {held} beside other "
-            f"entries ({', '.join(others[:3])}{_more(others)})",
-            f"To replace a checkpoint in it, save to its path ({such}{items[0]}) "
-            "instead; else choose another directory.",
-        )
+        return "items among others", {
+            "plural": "s" if len(items) > 1 else "",
+            "held": some([p.name for p in items]),
+            "others": some(others),
+            "such": "" if len(items) == 1 else "such as ",
+            "first": items[0],
+        }
     steps = steps_in(path)
     if steps:
-        numbers = ", ".join(str(step) for step, _ in steps[-10:])
-        return f"a CheckpointManager root (steps {numbers})", _ELSEWHERE
+        return "manager root", {"steps": ", ".join(str(s) for s, _ in steps[-10:])}
     names = sorted(p.name for p in entries)
-    return (
-        f"a directory of other files ({', '.join(names[:3])}{_more(names)}; no "
-        f"{FILE_NAME} in it or its subdirectories)",
-        _ELSEWHERE,
-    )
+    return "other files", {"names": some(names), "sidecar": FILE_NAME}
+
+
+def _what_step(items: list[epath.Path]) -> tuple[str, dict[str, object]] | None:
+    """`_what_else` of a directory of item directories and Orbax's files only."""
+    # A step (or Composite) of items saved together, not a folder of
+    # checkpoints each saved on its own (`folder/exp1`, `folder/exp2`): Orbax
+    # puts a standalone save's metadata in the item directory.
+    alone = [p.name for p in items if (p / _STEP_METADATA).exists()]
+    if alone:
+        return "separate items", {
+            "count": len(items),
+            "alone": some(alone),
+            "first": items[0],
+        }
+    odd = [f"{p.name}/{name}" for p in items for name in foreign(p)]
+    return ("step with others", {"odd": some(odd)}) if odd else None
 
 
 _STEP_METADATA = "_CHECKPOINT_METADATA"
-_MOVE_OUT = (
-    "Overwriting deletes the whole directory: move those entries out of it "
-    "first, or choose another directory."
-)
 # What Orbax writes in an item directory: its own metadata and, before sidecar
 # format 3, its array store's files (now in `orbax_eqx~arrays.<token>`).
 _ORBAX_ITEM_FILES = frozenset(
@@ -223,11 +248,6 @@ def _old_storage_keys(item: epath.Path) -> set[str]:
     if saved.token is not None:
         return set()
     return {leaf.key for leaf in saved.leaves.values() if leaf.key is not None}
-
-
-def _more(shown: list) -> str:
-    """ " and N more" after the first three of `shown`, if it has more."""
-    return f" and {len(shown) - 3} more" if len(shown) > 3 else ""
 
 
 def publish(

@@ -73,7 +73,8 @@ def _category(kind: type) -> int:
 def bad_value(x: Any) -> bool:
     """Whether an array leaf would be refused whatever `pack` is; cheap, for
     every leaf of every save."""
-    category = _category(type(x))
+    cls: type = type(x)  # (to mypy a `type[Any]` is no `Hashable` to cache on)
+    category = _category(cls)
     if category == _NUMPY:
         return _bad_dtype(x.dtype)
     if category == _JAX:
@@ -86,15 +87,17 @@ def _bad_dtype(dtype: np.dtype) -> bool:
     return dtype.fields is not None or dtype.hasobject
 
 
-def check(walked: Walked, pack: bool = True) -> None:
+def check(walked: Walked, pack: bool = True, taken: bool = False) -> None:
     """Raises `UnsupportedLeafError` listing every array leaf that would save
-    but not restore as it was (see the module's docstring)."""
+    but not restore as it was (see the module's docstring). `taken`: the
+    arrays' bytes were taken already (a save's background check), so an
+    array deleted since (donated once `save` returned) is no problem."""
     problems, kinds = [], []
     for leaf in walked.leaves:
         x = leaf.value
         if leaf.kind != ARRAY or not is_array_leaf(x):
             continue
-        found = _problem(x, pack)
+        found = _problem(x, pack, taken)
         if found is not None:
             kind, what = found
             problems.append(f"Leaf `{leaf.path_str}` {what}.")
@@ -110,9 +113,9 @@ def check(walked: Walked, pack: bool = True) -> None:
         )
 
 
-def _problem(x: Any, pack: bool) -> tuple[str, str] | None:
+def _problem(x: Any, pack: bool, taken: bool = False) -> tuple[str, str] | None:
     kind = type(x)
-    if isinstance(x, jax.Array) and x.is_deleted():
+    if not taken and isinstance(x, jax.Array) and x.is_deleted():
         return (
             "deleted",
             f"is a jax array ({x.dtype}{list(x.shape)}) that was deleted "

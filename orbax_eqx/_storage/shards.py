@@ -25,6 +25,7 @@ from .._bytes import store as _store
 from .._format.sidecar import shard_file, shard_index
 from .._tree.walk import is_key_dtype
 from . import packfile as _packfile
+from . import staging as _staging
 from . import to_host as _to_host
 from .packing import layout
 from .shard_index import (
@@ -82,18 +83,37 @@ def take(items: Sequence[tuple[Any, jax.Array]]) -> Local:
 def start_take(items: Sequence[tuple[Any, jax.Array]]) -> Local:
     """`take(items)`, returning once the caller may donate or change the
     arrays; `Local.wait()` waits for the rest of the host copies."""
-    chosen = []
+    names, starts, stops = [], [], []
+    hosts: list[Any] = []
+    copied: list[tuple[int, jax.Array]] = []  # (place in `hosts`, shard)
+    force = _staging.forced()
     for name, x in items:
+        # Decided per array, not per shard: 8 devices make 8 shards of each
+        # array, and `save` waits for whatever is done per shard here.
+        view = _to_host.viewable(x, force)
         for i, start, stop in _owned(x):
-            chosen.append((name, start, stop, x.addressable_data(i)))
-    pending = _to_host.start([c[3] for c in chosen])
-    return Local(
-        [c[0] for c in chosen],
-        [c[1] for c in chosen],
-        [c[2] for c in chosen],
-        [],
-        pending,
-    )
+            names.append(name)
+            starts.append(start)
+            stops.append(stop)
+            if view:
+                hosts.append(np.asarray(x.addressable_data(i)))  # no copy
+            else:
+                copied.append((len(hosts), x.addressable_data(i)))
+                hosts.append(None)
+    pending = _Pending(hosts, copied, _to_host.start([c[1] for c in copied]))
+    return Local(names, starts, stops, [], pending)
+
+
+class _Pending:
+    """Views taken, copies under way: `result()` puts the copies in place."""
+
+    def __init__(self, hosts: list, copied: list, pending: _to_host.Pending):
+        self._hosts, self._copied, self._pending = hosts, copied, pending
+
+    def result(self) -> list[np.ndarray]:
+        for (at, _), host in zip(self._copied, self._pending.result()):
+            self._hosts[at] = host
+        return self._hosts
 
 
 _PLANS: dict = {}  # (sharding, shape) -> what `_owned` returns

@@ -49,7 +49,7 @@ class Leaf:
     targets: tuple[Target, ...]
     packed: bool
     left: int = 0  # units still to arrive
-    crc: int = 0  # of a streamed packed leaf's bytes so far...
+    crc: Any = None  # `checksum.Running` of a streamed packed leaf's bytes...
     summed: int = 0  # ... which are its first `summed` bytes
     # What is on devices: {None: the whole array} or {(box, device): its part}.
     on_device: dict | None = None

@@ -29,7 +29,7 @@ from .._format.sidecar import PACK_ALIGNMENT, Metadata
 from .._tree.walk import JAX, key_impl, parse_dtype
 from . import packfile as _packfile
 from . import streaming
-from .checksum import crc32, damaged, mismatch
+from .checksum import NAMES, Running, damaged, mismatch
 from .packing import plan
 from .shard_read import Target, check_chunk, damaged_chunks, strides_of
 from .staged_plan import Leaf, Plan, Step, leaves, offset, stored_type
@@ -130,10 +130,13 @@ class _Reading:
             # The bytes not summed yet: a leaf's last slab may overlap the one
             # before it (see `streaming.slabs`).
             first = offset(step.slab[0], leaf.shape, leaf.size) if step.slab else 0
-            leaf.crc = crc32(data[leaf.summed - first :], leaf.crc)
+            if leaf.crc is None:
+                leaf.crc = Running(record.sum_algorithm)
+            leaf.crc.update(data[leaf.summed - first :])
             leaf.summed = first + data.nbytes
-            if step.last and leaf.crc != record.crc32:
-                problem = mismatch(record, "CRC-32", record.crc32, leaf.crc)
+            if step.last and leaf.crc.value() != record.crc32:
+                kind = NAMES[record.sum_algorithm]
+                problem = mismatch(record, kind, record.crc32, leaf.crc.value())
                 self.problems["pack"].append(problem)
         shape = step.slab[1] if step.slab else leaf.shape
         host = data.view(leaf.elem).reshape(shape + leaf.tail)

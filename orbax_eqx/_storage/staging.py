@@ -118,7 +118,9 @@ class Stats:
     - `copy`: whether any watched restore went through the window;
     - `transfers`: device-to-host copies of saves;
     - `gathered`: arrays a save copied to host in a gathered batch;
-    - `compiles`: gather functions a save had to compile.
+    - `compiles`: gather functions a save had to compile;
+    - `device_copies`: large arrays a save copied on their device, to be
+        transferred to host in its background thread.
     """
 
     peak: int = 0
@@ -129,6 +131,7 @@ class Stats:
     transfers: int = 0
     gathered: int = 0
     compiles: int = 0
+    device_copies: int = 0
 
 
 _WATCHERS: list[Stats] = []

@@ -1,6 +1,7 @@
 """Tools: the command line and what it runs.
 
-Owns `python -m orbax_eqx` (`cli`; `cli_safetensors` for `export` and
+Owns `python -m orbax_eqx` (`cli`; `cli_commands` for `inspect`, `diff`,
+`verify` and `demo`, `cli_safetensors` for `export` and
 `import`), the demo, `inspect`, `diff`, `verify`, `export` and `import` (thin
 layers over the state_dict bridge, `_bridge`; each command with a `*_text`
 module for its printed output where it has one), progress lines and text

@@ -51,8 +51,6 @@ leaves the others out). Files written by export carry the saved static fields an
 classes, checked against the skeleton's (--ignore-static keeps the skeleton's), and
 Python leaves, which are restored from them; otherwise Python leaves, static
 fields and callables are the skeleton's.
-
-Needs the safetensors package: pip install 'orbax_eqx[safetensors]'.
 """
 
 
@@ -194,7 +192,7 @@ def _mapping(path, skeleton):
 
 
 def _run_import(args: argparse.Namespace) -> int:
-    _need_safetensors("import")
+    # No safetensors package needed: the bridge reads the files itself.
     from .._restore.rename_map import load
     from . import skeleton as _skeleton
     from .importing import import_

@@ -196,8 +196,8 @@ def comparable(a: Side, b: Side) -> list[tuple[LeafMetadata, LeafMetadata]]:
     for name, ra in a.saved.leaves.items():
         rb = b.saved.leaves.get(name)
         if ra.kind == ARRAY and rb is not None and rb.kind == ARRAY:
-            if ra.shape == rb.shape and ra.dtype.startswith("key<") == (
-                rb.dtype.startswith("key<")
+            if ra.shape == rb.shape and (ra.dtype or "").startswith("key<") == (
+                (rb.dtype or "").startswith("key<")
             ):
                 pairs.append((ra, rb))
     return pairs
@@ -244,7 +244,7 @@ def values(
 def _reader(side: Side):
     """Reads a side's arrays: through the sidecar, or for a plain Orbax item
     from Orbax's array store."""
-    if is_plain(side):
+    if isinstance(side.saved, PlainMetadata):
         return StoreReader(side.directory, side.saved.ocdbt, side.saved.zarr3)
     return LeafReader(side.directory, side.saved)
 

@@ -3,6 +3,7 @@
 import argparse
 import json
 import math
+from typing import Any
 
 from .._tree.walk import display_path
 from . import diff_items as _items
@@ -230,7 +231,7 @@ def _json(a, b, diffs, found, args) -> dict:
     def number(x: float):
         return x if math.isfinite(x) else repr(x)
 
-    doc = {
+    doc: dict[str, Any] = {
         "a": _where(a),
         "b": _where(b),
         "differences": [

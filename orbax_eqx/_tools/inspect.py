@@ -105,7 +105,7 @@ def gather(
         shown = where[step]
     items = [p for n, p in found if n == step]
     saved = [_items.read(p) for p in items]
-    shardings = [saved_shardings(p, m) for p, m in zip(items, saved)]
+    shardings = [saved_shardings(p, m) for p, m in zip(items, saved, strict=True)]
     others = _items.others_in(shown) if _items.kind_of(shown) is None else []
     return Report(path, steps, step, saved, shardings, best, others)
 
@@ -145,14 +145,10 @@ def saved_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
     packed = {
         name: "unsharded"
         for name, leaf in saved.leaves.items()
-        if leaf.container == JAX
-        and (
-            leaf.data == PACKED
-            or (leaf.data == ALIAS and saved.leaves[leaf.alias_of].data == PACKED)
-        )
+        if leaf.container == JAX and saved.source(leaf).data == PACKED
     }
     for name, leaf in saved.leaves.items():
-        source = saved.leaves[leaf.alias_of] if leaf.data == ALIAS else leaf
+        source = saved.source(leaf)
         if source.data == SHARDS and source.sharding:
             packed[name] = source.sharding  # recorded by the save itself
     if not any(leaf.data == STORED for leaf in saved.leaves.values()):
@@ -170,7 +166,7 @@ def saved_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
         return packed
     result = packed
     for name, leaf in saved.leaves.items():
-        source = saved.leaves[leaf.alias_of] if leaf.data == ALIAS else leaf
+        source = saved.source(leaf)
         if leaf.data in (STORED, ALIAS) and source.key is not None:
             text = _sharding_text(getattr(tree.get(source.key), "sharding", None))
             if text:
@@ -230,7 +226,10 @@ def to_json(report: Report) -> dict[str, Any]:
         "step": report.step,
         "latest": report.steps[-1].step if report.steps else None,
         "best": dataclasses.asdict(report.best) if report.best else None,
-        "items": [_item_json(m, s) for m, s in zip(report.items, report.shardings)],
+        "items": [
+            _item_json(m, s)
+            for m, s in zip(report.items, report.shardings, strict=True)
+        ],
         "others": plain_text.others_json(report.others),
     }
 

@@ -36,7 +36,7 @@ def to_text(report: Report, flat: bool = False) -> str:
             + table(["step", "metrics", ""], rows, right=(0,))
             + f"\nShowing the latest step, {report.step}.{note}\n"
         )
-    for saved, shardings in zip(report.items, report.shardings):
+    for saved, shardings in zip(report.items, report.shardings, strict=True):
         if isinstance(saved, PlainMetadata):
             parts.append(plain_text.item_text(saved, shardings, flat))
         else:

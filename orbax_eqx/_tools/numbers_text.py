@@ -24,6 +24,7 @@ import os
 
 from etils import epath
 
+from .._errors import some
 from .._tree.walk import display_path
 from .inspect import Report, gather
 from .params import Counts, counts
@@ -114,8 +115,7 @@ def _stats_lines(stats: list[LeafStats]) -> list[str]:
     if nonfinite:
         lines.append(
             f"Not finite: {len(nonfinite)} array(s) hold NaN or Inf: "
-            + ", ".join(display_path(s.name) for s in nonfinite[:10])
-            + (f" and {len(nonfinite) - 10} more" if len(nonfinite) > 10 else "")
+            + some([display_path(s.name) for s in nonfinite], 10)
             + "."
         )
     keys = [s for s in stats if s.keys]

@@ -28,7 +28,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from .._bytes.store import read_bounded
-from .._errors import CheckpointDamagedError, OrbaxEqxError, inline_list
+from .._errors import CheckpointDamagedError, OrbaxEqxError, first_line, inline_list
 from .._format.locate import PLAIN_METADATA, is_plain_item
 from .._format.sidecar import STORED, LeafMetadata, Metadata
 from .._storage.store_files import check as check_store_files
@@ -104,7 +104,7 @@ def read(item: epath.Path) -> PlainMetadata:
     except Exception as e:  # Orbax's and TensorStore's errors, whatever they are
         raise PlainCheckpointError(
             f"{item} looks like a plain Orbax checkpoint (it has {PLAIN_METADATA}), "
-            f"but Orbax cannot read its metadata: {_first_line(e)}. The checkpoint "
+            f"but Orbax cannot read its metadata: {first_line(e)}. The checkpoint "
             "is damaged or incomplete; use another step."
         ) from e
     finally:
@@ -199,8 +199,9 @@ def _check_names(item: epath.Path, text: bytes) -> None:
         keys = entry.get("key_metadata") if isinstance(entry, dict) else None
         if not isinstance(keys, list):
             continue
-        parts = [k.get("key") for k in keys if isinstance(k, dict)]
-        if all(isinstance(p, str) for p in parts):
+        found = [k.get("key") for k in keys if isinstance(k, dict)]
+        parts = [p for p in found if isinstance(p, str)]
+        if len(parts) == len(found):
             name = ".".join(parts)
             if not _safe_name(name):
                 bad.append(repr(name))
@@ -271,8 +272,3 @@ def _check_size(path: epath.Path, limit: int) -> None:
             "of any checkpoint needs: the checkpoint is damaged, or not one; it "
             "is not read."
         )
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else type(error).__name__

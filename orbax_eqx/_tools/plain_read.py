@@ -115,9 +115,12 @@ class StoreReader:
         block = _block_shape(
             shape, _chunk_shape(store), store.dtype.numpy_dtype, min(budget, MAX_BLOCK)
         )
-        ranges = [range(0, n, b) for n, b in zip(shape, block)]
+        ranges = [range(0, n, b) for n, b in zip(shape, block, strict=True)]
         for start in itertools.product(*ranges):
-            box = tuple(slice(a, min(a + b, n)) for a, b, n in zip(start, block, shape))
+            box = tuple(
+                slice(a, min(a + b, n))
+                for a, b, n in zip(start, block, shape, strict=True)
+            )
             try:
                 data = store[box].read().result(timeout=TIMEOUT)
             except Exception as e:
@@ -167,7 +170,8 @@ def _chunk_shape(store: ts.TensorStore) -> tuple[int, ...]:
     if chunk is None:
         return shape
     return tuple(
-        max(1, min(int(c), n)) if c else max(n, 1) for c, n in zip(chunk, shape)
+        max(1, min(int(c), n)) if c else max(n, 1)
+        for c, n in zip(chunk, shape, strict=False)
     )
 
 

@@ -1,13 +1,44 @@
-"""A progress bar for long commands, drawn only when stderr is a terminal."""
+"""A progress bar for long commands (tqdm's), drawn only when stderr is a
+terminal."""
 
 import sys
-import time
-from typing import TextIO
+from typing import Any, TextIO
+
+from tqdm import tqdm
 
 from .text import human_bytes
 
-_WIDTH = 30
+_FORMAT = "{desc} [{bar:30}] {percentage:3.0f}% {done} / {whole}"
 _INTERVAL = 0.1  # seconds between redraws
+
+
+class _Bar(tqdm):
+    """tqdm's bar, with sizes written as the rest of the command line writes
+    them (`1.5 GiB`)."""
+
+    monitor_interval = 0  # no monitor thread: every redraw is in `update`
+
+    @property
+    def format_dict(self) -> dict[str, Any]:
+        d = super().format_dict
+        d["done"] = human_bytes(d["n"])
+        d["whole"] = human_bytes(d["total"])
+        return d
+
+
+class _Raw:
+    """Writes past the CLI's stderr, which escapes control characters: the
+    bar's own carriage returns must reach the terminal."""
+
+    def __init__(self, stream: TextIO):
+        self._write = getattr(stream, "write_raw", stream.write)
+        self._stream = stream
+
+    def write(self, text: str) -> None:
+        self._write(text)
+
+    def flush(self) -> None:
+        self._stream.flush()
 
 
 class Progress:
@@ -25,42 +56,36 @@ class Progress:
     def __init__(self, label: str, total: int, stream: TextIO | None = None):
         self.label = label
         self.total = total
-        self.done = 0
-        self._stream = sys.stderr if stream is None else stream
-        # The CLI's stderr escapes control characters; the bar's own are
-        # written past it (`write_raw`).
-        self._write = getattr(self._stream, "write_raw", self._stream.write)
-        isatty = getattr(self._stream, "isatty", None)
+        stream = sys.stderr if stream is None else stream
+        isatty = getattr(stream, "isatty", None)
         self.enabled = bool(isatty and isatty())
-        self._last = 0.0
-        self._drawn = False
+        self._bar = _Bar(
+            total=total,
+            desc=label,
+            file=_Raw(stream),
+            disable=not self.enabled or total <= 0,  # (nothing to count)
+            leave=False,  # erased at the end: what follows starts on a clean line
+            ascii=".#",
+            bar_format=_FORMAT,
+            mininterval=_INTERVAL,
+            dynamic_ncols=False,
+        )
+
+    @property
+    def done(self) -> int:
+        return int(self._bar.n)
 
     def advance(self, nbytes: int) -> None:
-        self.done += nbytes
-        now = time.monotonic()
-        if self.enabled and (now - self._last >= _INTERVAL or self.done >= self.total):
-            self._last = now
-            self._draw()
-
-    def _draw(self) -> None:
-        fraction = min(self.done / self.total, 1.0) if self.total else 1.0
-        filled = int(fraction * _WIDTH)
-        bar = "#" * filled + "." * (_WIDTH - filled)
-        self._write(
-            f"\r{self.label} [{bar}] {fraction:4.0%} "
-            f"{human_bytes(self.done)} / {human_bytes(self.total)}\x1b[K"
-        )
-        self._stream.flush()
-        self._drawn = True
+        self._bar.update(nbytes)
+        if self._bar.n >= self.total:  # the end is drawn, however soon it came
+            self._bar.refresh()
 
     def close(self) -> None:
         """Erases the bar, so that what follows starts on a clean line."""
-        if self._drawn:
-            self._write("\r\x1b[K")
-            self._stream.flush()
+        self._bar.close()
 
     def __enter__(self) -> "Progress":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:
         self.close()

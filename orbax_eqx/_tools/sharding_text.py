@@ -15,7 +15,9 @@ def sharding_text(sharding: Any) -> str:
     axes = getattr(sharding, "axis_names", None)
     shape = getattr(sharding, "shape", None)
     if spec is not None and axes is not None and shape is not None:
-        mesh = ", ".join(f"{a}={int(n)}" for a, n in zip(axes, list(shape)))
+        mesh = ", ".join(
+            f"{a}={int(n)}" for a, n in zip(axes, list(shape), strict=False)
+        )
         if all(p is None or p == [] for p in spec):
             return f"replicated over {mesh}"
         parts = ", ".join(

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 
 from .._bytes.paths import is_remote
-from .._errors import OrbaxEqxError
+from .._errors import OrbaxEqxError, first_line
 from .._format.sidecar import EMPTY, STORED, LeafMetadata, Metadata
 from .._tree.values import encode
 from .._tree.walk import ARRAY, SHARED, container, dtype_str, is_key_dtype, walk
@@ -186,13 +186,8 @@ def _same_file(a: str | None, b: str) -> bool:
 def _failed(what: str, error: BaseException) -> SkeletonError:
     return SkeletonError(
         f"{what} for the skeleton failed: {type(error).__name__}: "
-        f"{_first_line(error)} (--debug shows where)."
+        f"{first_line(error, '')} (--debug shows where)."
     )
-
-
-def _first_line(error: BaseException) -> str:
-    lines = str(error).strip().splitlines()
-    return lines[0] if lines else ""
 
 
 def metadata(tree: Any, where: str) -> Metadata:

@@ -210,6 +210,8 @@ class _Source:
         elif record.data == STORED:
             yield from self._store_reader().blocks(record, self.budget)
         elif record.data == PACKED:
+            # (the sidecar's reader refused a packed leaf without these)
+            assert record.pack is not None and record.offset is not None
             pack = self.saved.packs[record.pack]
             yield from self._ranges(
                 self.item / pack.file, record.offset, record.nbytes, dtype, pack.nbytes
@@ -217,6 +219,7 @@ class _Source:
         elif record.data == SHARDS:
             if self._chunks is None:
                 self._chunks = read_all(self.item, self.saved)
+            assert self.saved.token is not None  # (shard packs: format 4 on)
             for chunk in self._chunks[record.name]:
                 file = self.item / shard_file(self.saved.token, chunk.process)
                 yield from self._ranges(file, chunk.offset, chunk.nbytes, dtype)

@@ -10,6 +10,7 @@ steps, directories named by integers that hold items.
 
 import dataclasses
 import os
+from typing import Any
 
 from etils import epath
 
@@ -99,7 +100,9 @@ def items_under(directory: str | os.PathLike) -> list[tuple[int | None, epath.Pa
         items = items_in(path)
         if items:
             return [(None, p) for p in items]
-        found = [(n, p) for n, step in steps_in(path) for p in items_in(step)]
+        found: list[tuple[int | None, Any]] = [
+            (n, p) for n, step in steps_in(path) for p in items_in(step)
+        ]
         if found:
             return found
     return [(None, _typed.find_item(path))]

@@ -33,6 +33,8 @@ def _escape(match: re.Match) -> str:
 def printable(text: str) -> str:
     """`text` with every control character escaped (`\\x1b`, `\\n`): one line,
     inert on a terminal. For names and values read from a checkpoint."""
+    if text.isascii() and text.isprintable():  # most text: nothing to escape
+        return text
     return _CONTROL.sub(_escape, text)
 
 
@@ -65,7 +67,7 @@ def table(
     for row in [header, *rows]:
         cells = [
             cell.rjust(w) if i in right else cell.ljust(w)
-            for i, (cell, w) in enumerate(zip(row[:-1], widths))
+            for i, (cell, w) in enumerate(zip(row[:-1], widths, strict=False))
         ]
         lines.append(("  " + "  ".join([*cells, row[-1]])).rstrip())
     return "\n".join(lines)

@@ -141,8 +141,8 @@ def stored_in(leaf: LeafMetadata, saved: Metadata) -> str:
     """Where an array leaf's bytes are: `pack`, `Orbax`, or "" (zero-size);
     a tied leaf's are its twin's."""
     if leaf.data == ALIAS and leaf.alias_of in saved.leaves:
-        leaf = saved.leaves[leaf.alias_of]
-    return STORED_IN.get(leaf.data, "")
+        leaf = saved.source(leaf)
+    return STORED_IN.get(leaf.data or "", "")
 
 
 def type_text(leaf: LeafMetadata) -> str:

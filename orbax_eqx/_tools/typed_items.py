@@ -10,6 +10,7 @@ the groups' indexes in place of a sidecar.
 
 import dataclasses
 import os
+from typing import Any
 
 from etils import epath
 
@@ -74,7 +75,9 @@ def typed_items(path: epath.Path) -> list[tuple[int | None, epath.Path]]:
         children = sorted(p for p in path.iterdir() if p.is_dir())
     except OSError:
         return []
-    items = [(None, p) for p in children if is_typed_item(p)]
+    items: list[tuple[int | None, Any]] = [
+        (None, p) for p in children if is_typed_item(p)
+    ]
     if items:
         return items
     found = []

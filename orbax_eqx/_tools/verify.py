@@ -3,10 +3,12 @@
 import dataclasses
 import os
 from collections.abc import Callable
+from typing import Any
 
 from etils import epath
 
-from .._errors import OrbaxEqxError
+from .._bytes import verdict as _verdict
+from .._errors import ObjectStoreError, OrbaxEqxError
 from .._format.sidecar import (
     PACKED,
     SHARDS,
@@ -17,7 +19,7 @@ from .._format.sidecar import (
 )
 from .._restore.read import LeafReader, release_memory
 from .._storage import packfile as _packfile
-from .._storage.checksum import crc32, host_sum32
+from .._storage.checksum import NAMES, XXH3, Running, host_sum32
 from .._storage.shard_index import check_blocks, read_all
 from . import plain_items as _plain
 from . import step_items as _items
@@ -88,13 +90,27 @@ def verify(
     **Returns:** a `VerifyReport`; `report.ok` is False if any leaf is damaged.
     Raises if the sidecar itself cannot be read (without it nothing can be
     checked), and `CheckpointPermissionError` if any file may not be read by
-    this user: that is no damage, and says nothing of the data.
+    this user: that is no damage, and says nothing of the data. On an object
+    store, leaves found damaged are checked again before they are reported
+    (the whole checkpoint is read again): bytes that fail differently on each
+    read, like a store that fails, raise `ObjectStoreError`, no damage.
     """
     path = find_item(directory)
     if _items.kind_of(path) == _items.PLAIN:
         return verify_plain(path, _plain.read(path), progress)
+    return _verdict.confirmed(path, lambda: _verify(path, progress), _listed)
+
+
+def _listed(report: VerifyReport) -> str:
+    """What `report` found damaged, as text (empty if nothing)."""
+    return "\n".join(f"  - {d.name}: {d.problem}" for d in report.damaged)
+
+
+def _verify(path: epath.Path, progress) -> VerifyReport:
     saved = read(path)
-    checked, damaged, unchecked = [], [], []
+    checked: list[Any] = []
+    damaged: list[Any] = []
+    unchecked: list[Any] = []
     total = 0
     note = progress or (lambda n: None)
     parts = [(path, saved)]
@@ -192,7 +208,7 @@ def _sort(saved: Metadata, record: LeafMetadata, result, *lists) -> None:
 def _check_packed(path: epath.Path, saved: Metadata, record, note):
     pack = saved.packs[record.pack]
     start, stop = record.offset, record.offset + record.nbytes
-    crc, done = 0, 0
+    running, done = Running(record.sum_algorithm), 0
     try:
         for piece in range(start, stop, _CHUNK):
             (data,) = _packfile.read(
@@ -200,18 +216,19 @@ def _check_packed(path: epath.Path, saved: Metadata, record, note):
                 [(piece, min(piece + _CHUNK, stop))],
                 nbytes=pack.nbytes,
             )
-            crc = crc32(data, crc)
+            running.update(data)
             done += data.nbytes
             note(data.nbytes)
-    except PermissionError:  # not damage: nothing can be said of the data
-        raise
+    except (PermissionError, ObjectStoreError):  # not damage: nothing can be
+        raise  # said of the data
     except (OrbaxEqxError, OSError) as e:
         return str(e).split("\n")[0], done
     if record.crc32 is None:
         return None, done
+    crc = running.value()
     if crc != record.crc32:
-        problem = _differs("CRC-32", record.crc32, crc)
-        if saved.format_version >= 5:  # the CRC-32 is bound to the record
+        problem = _differs(NAMES[record.sum_algorithm], record.crc32, crc)
+        if saved.format_version >= 5:  # the checksum is bound to the record
             problem += " (or its sidecar record was edited: dtype, shape, offset)"
         return problem, done
     return True, done
@@ -221,12 +238,11 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
     """Yields `(record, result, bytes read)` for each leaf in the shard packs."""
     try:
         chunks = read_all(path, saved)
-    except PermissionError:
+    except (PermissionError, ObjectStoreError):
         raise
     except (OrbaxEqxError, OSError) as e:
-        problem = str(e).split("\n")[0]
         for record in records:
-            yield record, problem, 0
+            yield record, str(e).split("\n")[0], 0
         return
     for record in records:
         done, problem = 0, None
@@ -236,6 +252,7 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
             # read up to there.
             if problem is not None:
                 break
+            assert saved.token is not None  # (shard packs: format 4 on)
             file = path / shard_file(saved.token, chunk.process)
             step = max(_CHUNK // chunk.block, 1) * chunk.block
             try:
@@ -257,7 +274,7 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
                             "changed, or the index moved the chunk)"
                         )
                         break  # the leaf is damaged: no need to read on
-            except PermissionError:
+            except (PermissionError, ObjectStoreError):
                 raise
             except (OrbaxEqxError, OSError) as e:
                 problem = problem or str(e).split("\n")[0]
@@ -269,8 +286,8 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
 def _check_stored(reader: LeafReader, record):
     try:
         (data,) = reader.read([record.name], verify=False).values()
-    except PermissionError:  # not damage: nothing can be said of the data
-        raise
+    except (PermissionError, ObjectStoreError):  # not damage: nothing can be
+        raise  # said of the data
     except Exception as e:  # whatever Orbax or TensorStore raise on bad files
         return f"cannot be read: {str(e).splitlines()[0] if str(e) else e!r}"
     if record.sum32 is None:
@@ -282,7 +299,8 @@ def _check_stored(reader: LeafReader, record):
 
 
 def _differs(kind: str, recorded: int, found: int) -> str:
+    digits = 18 if kind == NAMES[XXH3] else 10  # 64 bits: 16 hexadecimal digits
     return (
-        f"data does not match its {kind}: {recorded:#010x} recorded at save, "
-        f"{found:#010x} computed now"
+        f"data does not match its {kind}: {recorded:#0{digits}x} recorded at "
+        f"save, {found:#0{digits}x} computed now"
     )

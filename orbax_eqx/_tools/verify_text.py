@@ -10,7 +10,7 @@ import argparse
 import dataclasses
 import json
 
-from .._errors import CheckpointPermissionError, OrbaxEqxError
+from .._errors import EARLIER_STEP, CheckpointPermissionError, OrbaxEqxError
 from .._format.locate import as_path
 from .._format.sidecar import PACKED, SHARDS, STORED
 from .._tree.names import label
@@ -129,7 +129,7 @@ def _verdict(root, results, bad, by_step: bool, plain: bool = False) -> str:
         return f"{_count(results, 'item')} of {root}: {all_sound}"
     return (
         f"Damaged: {_count(bad, 'item')} of {len(results)} ({', '.join(names)}). "
-        "Restore an earlier step, or re-save this one."
+        + EARLIER_STEP
     )
 
 
@@ -173,8 +173,7 @@ def _plain_text(report: VerifyReport, saved: PlainMetadata) -> str:
     else:
         lines.append(
             f"{len(report.damaged)} of {arrays} arrays in {report.directory} "
-            f"cannot be read (a plain Orbax checkpoint, {who}). Restore an "
-            "earlier step, or re-save this one."
+            f"cannot be read (a plain Orbax checkpoint, {who}). " + EARLIER_STEP
         )
     return "\n".join(lines) + "\n"
 
@@ -213,6 +212,6 @@ def _text(report: VerifyReport, saved) -> str:
     else:
         lines.append(
             f"{len(report.damaged)} of {arrays} arrays in {report.directory} are "
-            "damaged. Restore an earlier step, or re-save this one."
+            "damaged. " + EARLIER_STEP
         )
     return "\n".join(lines) + "\n"

@@ -79,13 +79,14 @@ def _visit(treedef, path, name_of, leaf_names, nodes, shared) -> None:
             for _ in range(td.num_leaves):
                 next(leaf_names)
             continue
-        for child, key in reversed(list(zip(td.children(), keys))):
+        for child, key in reversed(list(zip(td.children(), keys, strict=True))):
             work.append((child, p + (key,), rec["children"]))
 
 
 def _describe(cls, aux, td, path) -> tuple[dict[str, Any], list | None]:
     shown = display_path(jtu.keystr(path))
     n = len(td.children())
+    rec: dict[str, Any]
     if cls is dict:
         keys = list(aux)
         rec = {"path": shown, "type": DICT, "keys": [encode(k) for k in keys]}
@@ -101,7 +102,12 @@ def _describe(cls, aux, td, path) -> tuple[dict[str, Any], list | None]:
         dynamic, static = fields_of(cls)
         rec = {"path": shown, "type": MODULE, "fields": list(dynamic)}
         wrapper, *static_values = aux
-        absent = [f for f, v in zip(static, static_values) if _is_missing(type(v))]
+        absent = [
+            f
+            # (as before: pairs what both have, whatever Equinox adds to `aux`)
+            for f, v in zip(static, static_values, strict=False)
+            if _is_missing(type(v))
+        ]
         if absent:
             rec["absent"] = absent
         if not _is_missing(type(wrapper)):
@@ -127,7 +133,8 @@ def _with_children(rec: dict[str, Any]) -> dict[str, Any]:
 
 @functools.cache
 def fields_of(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    dynamic, static = [], []
+    dynamic: list[str] = []
+    static: list[str] = []
     for f in dataclasses.fields(cls):
         (static if f.metadata.get("static", False) else dynamic).append(f.name)
     return tuple(dynamic), tuple(static)

@@ -258,9 +258,9 @@ def _check_range(dtype: np.dtype, kind: str, value: Any) -> None:
                 f"out of range for {dtype} ({info.min} to {info.max})"
             )
     elif kind in ("float", "complex"):
-        info = ml_dtypes.finfo(dtype) if dtype.kind == "V" else np.finfo(dtype)
+        finfo = ml_dtypes.finfo(dtype) if dtype.kind == "V" else np.finfo(dtype)
         parts = (value.real, value.imag) if kind == "complex" else (value,)
-        limit = float(info.max)
+        limit = float(finfo.max)
         if any(abs(p) > limit and abs(p) != float("inf") for p in parts):
             raise ValueError(f"{value!r} is out of range for {dtype}")
     elif kind == "str":

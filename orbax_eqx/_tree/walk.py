@@ -7,6 +7,7 @@ way, so the same model always yields the same names.
 import ast
 import dataclasses
 import functools
+import itertools
 import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -81,11 +82,13 @@ def _is_none(x: Any) -> bool:
 
 def is_array_leaf(x: Any) -> bool:
     """Whether a leaf is an array (`leaf_kind(x) == ARRAY`), quickly."""
-    return _category(type(x)) is _ARRAY_TYPE
+    cls: type = type(x)  # (to mypy a `type[Any]` is no `Hashable` to cache on)
+    return _category(cls) is _ARRAY_TYPE
 
 
 def leaf_kind(x: Any) -> str:
-    category = _category(type(x))
+    cls: type = type(x)
+    category = _category(cls)
     if category is _ARRAY_TYPE:
         return ARRAY
     if category is _SCALAR_TYPE:
@@ -105,7 +108,8 @@ def _is_shared_node(x: Any) -> bool:
 
 
 def container(x: Any) -> str:
-    return _container(type(x))
+    cls: type = type(x)
+    return _container(cls)
 
 
 @functools.cache
@@ -234,7 +238,8 @@ def _collect_nodes(node, path, modules, states) -> None:
 
     In the order, and with the key paths, of `jtu.tree_flatten_with_path`.
     """
-    category = _category(type(node))
+    cls: type = type(node)
+    category = _category(cls)
     if category is _ARRAY_TYPE or category is _SCALAR_TYPE:
         return  # holds no module; skipped without asking JAX to flatten it
     if category is _STATE_TYPE:
@@ -245,7 +250,7 @@ def _collect_nodes(node, path, modules, states) -> None:
         # A module's children are its dynamic fields, in order, keyed by
         # name (as Equinox flattens it), read directly: asking JAX to
         # flatten every module costs more than the rest of a save.
-        dynamic, _ = _fields(type(node))
+        dynamic, _ = _fields(cls)
         values = object.__getattribute__(node, "__dict__")
         for name in dynamic:
             if name in values:
@@ -271,7 +276,8 @@ def _collect_nodes(node, path, modules, states) -> None:
 @functools.cache
 def _fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The names of a module class's dynamic and static fields."""
-    dynamic, static = [], []
+    dynamic: list[str] = []
+    static: list[str] = []
     for f in dataclasses.fields(cls):
         (static if f.metadata.get("static", False) else dynamic).append(f.name)
     return tuple(dynamic), tuple(static)
@@ -335,7 +341,7 @@ class _Namer:
     def __init__(self, states: dict[tuple, tuple], modules: list):
         self._states = states
         self.crossed_state = False  # whether the last path named went through one
-        owners = {}
+        owners: dict[Any, tuple] = {}
         if states:
             for path, m in modules:
                 if isinstance(m, eqx.nn.StateIndex):
@@ -354,8 +360,9 @@ class _Namer:
                 parts.append(key_part(entry))
                 continue
             crossed = True
-            if not old and self._relative[path[:i]] is not None:
-                parts.extend(self._relative[path[:i]][entry.key])
+            relative = self._relative[path[:i]]
+            if not old and relative is not None:
+                parts.extend(relative[entry.key])
             else:
                 parts.append(self._old_part(markers[entry.key], entry.key, old))
         self.crossed_state = crossed  # (after `_old_part`, which names an owner)
@@ -411,7 +418,7 @@ def _relative_parts(markers: tuple) -> list[list[str]] | None:
         found.append(parts)
     # Injective: no entry's name is another's, or a prefix of another's.
     ordered = sorted(tuple(p) for p in found)
-    for a, b in zip(ordered, ordered[1:]):
+    for a, b in itertools.pairwise(ordered):
         if b[: len(a)] == a:
             return None
     return found
@@ -421,7 +428,7 @@ def _marker_parts(marker: str) -> list[str] | None:
     """`BNModel.bn.state_index` -> [`bn`, `state_index`]: the class name that
     `make_with_state` puts first dropped, the key path's steps named as a
     walk names them."""
-    start = re.match(r"[^.\[]*", marker).end()
+    start = next((i for i, c in enumerate(marker) if c in ".["), len(marker))
     parts, at = [], start
     while at < len(marker):
         step = _KEY_STEP.match(marker, at)

@@ -6,8 +6,9 @@ in two bounded reads: the 8-byte length, then the JSON, whose length is
 checked against the file before anything of that size is allocated. Then,
 as allow lists: a JSON object of tensors and one `__metadata__` map of
 strings; no name twice; each name a string of at most `MAX_NAME` characters,
-valid Unicode, no control characters; each dtype code one of `dtypes.DTYPES`;
-each shape at most `MAX_RANK` dimensions of at most 2**62; each tensor's
+valid Unicode, no control characters; each record as the schema `_Tensor`
+spells it: a dtype code of `dtypes.DTYPES`, a shape of at most `MAX_RANK`
+dimensions of at most 2**62, two offsets; and across records, each tensor's
 offsets spanning exactly its bytes, the tensors back to back from the end of
 the header; and the file exactly as long as its last tensor's end.
 """
@@ -20,8 +21,9 @@ import re
 import struct
 import unicodedata
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
 import numpy as np
 
 from ..._bytes import store as _store
@@ -240,36 +242,55 @@ def _shown(name: str, limit: int = 80) -> str:
     return shown + (f" (cut; {len(name)} characters)" if len(name) > limit else "")
 
 
+class _Tensor(msgspec.Struct):
+    """A tensor's record, as a header must spell it: the allow list. (Other
+    keys are ignored, as the reference reader ignores them.)"""
+
+    dtype: Literal[tuple(DTYPES)]  # type: ignore[valid-type]
+    shape: Annotated[
+        list[Annotated[int, msgspec.Meta(ge=0, le=_MAX_DIM)]],
+        msgspec.Meta(max_length=MAX_RANK),
+    ]
+    data_offsets: tuple[
+        Annotated[int, msgspec.Meta(ge=0)], Annotated[int, msgspec.Meta(ge=0)]
+    ]
+
+
+# A schema error's field (`... - at `$.shape[1]``, `... field `dtype``).
+_FIELD = re.compile(r"(?:at `\$\.|field `)(\w+)")
+
+
 def _tensor_info(name: str, rec: Any, data_start: int, bad) -> TensorInfo:
+    """One tensor: its record checked against `_Tensor`, then its offsets
+    against its size (the checks across tensors are `parse`'s)."""
     problem = name_problem(name)
     if problem is not None:
         raise bad(f"the tensor name {_shown(name)} {problem}")
     if not isinstance(rec, dict):
         raise bad(f"tensor {_shown(name)} is not a JSON object")
-    code, shape, offsets = rec.get("dtype"), rec.get("shape"), rec.get("data_offsets")
-    if not isinstance(code, str) or code not in DTYPES:
-        known = ", ".join(DTYPES)
-        code_shown = _shown(code) if isinstance(code, str) else repr(code)[:80]
+    try:
+        t = msgspec.convert(rec, _Tensor)
+    except msgspec.ValidationError as e:
+        raise bad(_refused(name, rec, e)) from None
+    dtype = DTYPES[t.dtype]
+    nbytes = nbytes_of(dtype, tuple(t.shape))
+    start, stop = t.data_offsets
+    if stop - start != nbytes:
         raise bad(
-            f"tensor {_shown(name)} has dtype {code_shown}; this reader knows {known}"
+            f"tensor {_shown(name)} is {t.dtype}{t.shape} ({nbytes} bytes) but its "
+            f"offsets span {stop - start} bytes"
         )
-    if not (
-        isinstance(shape, list)
-        and len(shape) <= MAX_RANK
-        and all(type(d) is int and 0 <= d <= _MAX_DIM for d in shape)
-    ):
-        raise bad(f"tensor {_shown(name)} has shape {repr(shape)[:200]}")
-    if not (
-        isinstance(offsets, list)
-        and len(offsets) == 2
-        and all(type(o) is int and o >= 0 for o in offsets)
-    ):
-        raise bad(f"tensor {_shown(name)} has data_offsets {repr(offsets)[:200]}")
-    dtype = DTYPES[code]
-    nbytes = nbytes_of(dtype, tuple(shape))
-    if offsets[1] - offsets[0] != nbytes:
-        raise bad(
-            f"tensor {_shown(name)} is {code}{shape} ({nbytes} bytes) but its "
-            f"offsets span {offsets[1] - offsets[0]} bytes"
+    return TensorInfo(name, dtype, tuple(t.shape), data_start + start, nbytes)
+
+
+def _refused(name: str, rec: dict, error: msgspec.ValidationError) -> str:
+    """What the schema refused in tensor `name`'s record, in words."""
+    found = _FIELD.search(str(error))
+    field = found.group(1) if found else "dtype"
+    value = rec.get(field)
+    if field == "dtype":
+        shown = _shown(value) if isinstance(value, str) else repr(value)[:80]
+        return f"tensor {_shown(name)} has dtype {shown}; this reader knows " + (
+            ", ".join(DTYPES)
         )
-    return TensorInfo(name, dtype, tuple(shape), data_start + offsets[0], nbytes)
+    return f"tensor {_shown(name)} has {field} {repr(value)[:200]}"

@@ -13,16 +13,16 @@ directory (`FILE_NAME`: no `/`, no `..`, no URL, no absolute path), and every
 tensor it names must be in the file it says.
 """
 
-import json
 import os
 import posixpath
 import re
-from collections.abc import Sequence
 from typing import Any
+
+import msgspec
 
 from ..._bytes import store as _store
 from ..._bytes.paths import is_remote
-from ..._errors import inline_list
+from ..._errors import inline_list, some
 from .header import Header, SafetensorsError, name_problem, read_headers, where
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -36,7 +36,7 @@ MAX_FILES = 1 << 16
 # starting with a dot, ending in `.safetensors`.
 FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,200}\.safetensors")
 
-Source = str | os.PathLike | Sequence[str | os.PathLike]
+Source = str | os.PathLike | list[str | os.PathLike] | tuple[str | os.PathLike, ...]
 
 
 class SourceError(SafetensorsError):
@@ -141,12 +141,15 @@ def read_index(index: str) -> dict[str, str]:
     except FileNotFoundError:  # a dangling link, or gone since
         raise refused("is a link to nothing, or was removed") from None
     try:
-        weight_map = json.loads(data.decode("utf-8"))["weight_map"]
-        if not isinstance(weight_map, dict):
-            raise TypeError(f"weight_map is a {type(weight_map).__name__}")
-    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        weight_map = msgspec.json.decode(data, type=_Index).weight_map
+    except (
+        msgspec.DecodeError,
+        msgspec.ValidationError,
+        UnicodeDecodeError,
+        RecursionError,
+    ) as e:
         raise SourceError(
-            f"{index} is not a safetensors index (no valid weight_map: {e!r})."
+            f"{index} is not a safetensors index (no valid weight_map: {e})."
         ) from None
     problems = []
     for tensor, file in weight_map.items():
@@ -163,6 +166,13 @@ def read_index(index: str) -> dict[str, str]:
             "Re-download the directory from a source you trust."
         )
     return weight_map
+
+
+class _Index(msgspec.Struct):
+    """An index, as far as a reader needs it: its `weight_map`, each entry
+    then checked on its own (`read_index`); other keys (`metadata`) ignored."""
+
+    weight_map: dict[str, Any]
 
 
 def _file_shown(file: Any) -> str:
@@ -188,6 +198,5 @@ def _checked(headers: list[Header]) -> list[Header]:
 def describe(source: Source) -> str:
     """How messages name a source."""
     if isinstance(source, (list, tuple)):
-        first = where(source[0]) if source else "(none)"
-        return first + (f" and {len(source) - 1} more" if len(source) > 1 else "")
+        return some([where(s) for s in source], 1) if source else "(none)"
     return where(source)

@@ -60,7 +60,7 @@ def as_bytes(array: np.ndarray) -> memoryview:
     if sys.byteorder == "big" and array.dtype.itemsize > 1:
         array = array.byteswap()
     # Through uint8: the buffer protocol knows neither bfloat16 nor float8.
-    return memoryview(array.reshape(-1).view(np.uint8))
+    return array.reshape(-1).view(np.uint8).data
 
 
 def write_array(f, array: np.ndarray) -> None:

@@ -9,6 +9,7 @@ rule's inverse is derived from the same pieces.
 """
 
 import re
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from ..stage import Context, Virtual, examples
@@ -62,6 +63,32 @@ class Selector:
         if len(self.patterns) == 1:
             return quote(self.patterns[0])
         return "[" + ", ".join(quote(p) for p in self.patterns) + "]"
+
+
+def each_matched(
+    selector: "Selector",
+    virtuals: list[Virtual],
+    ctx: Context,
+    change: Callable[[Virtual], list[Virtual]],
+) -> list[Virtual]:
+    """The tensors after a rule that changes each one `selector` matches:
+    `change(v)` says what stands in its place (nothing, itself, or a changed
+    one); the others stay as they are. A pattern that matches nothing is a
+    problem (`unmatched`)."""
+    used = [False] * len(selector.patterns)
+    out = []
+    for v in virtuals:
+        found = selector.match(v.name)
+        if found is None:
+            out.append(v)
+            continue
+        used[found[0]] = True
+        out.extend(change(v))
+    names = [v.name for v in virtuals]
+    for k, ok in enumerate(used):
+        if not ok:
+            unmatched(ctx, f"The pattern {quote(selector.patterns[k])}", names)
+    return out
 
 
 def unmatched(ctx: Context, what: str, names: list[str]) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import MappingError
 from ..stage import Context, Virtual
 from . import schema
-from .base import Rule, Selector, quote, unmatched
+from .base import Rule, Selector, each_matched, quote
 
 # Dtypes a tensor may be cast to: what safetensors and PyTorch hold, by their
 # numpy (ml_dtypes) names.
@@ -72,18 +72,9 @@ class Cast(Rule):
         return f".cast({self._selector.shown()}, {quote(self.dtype)})"
 
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
-        selector: Selector = self._selector
-        used = [False] * len(self.match)
-        out = []
-        for v in virtuals:
-            found = selector.match(v.name)
-            if found is None:
-                out.append(v)
-                continue
-            used[found[0]] = True
-            out.append(dataclasses.replace(v, dtype=self.dtype))
-        names = [v.name for v in virtuals]
-        for k, ok in enumerate(used):
-            if not ok:
-                unmatched(ctx, f"The pattern {quote(self.match[k])}", names)
-        return out
+        return each_matched(
+            self._selector,
+            virtuals,
+            ctx,
+            lambda v: [dataclasses.replace(v, dtype=self.dtype)],
+        )

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..stage import Context, Virtual
 from . import schema
-from .base import Rule, Selector, quote, unmatched
+from .base import Rule, Selector, each_matched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,21 +42,11 @@ class Drop(Rule):
         return f".drop({self._selector.shown()})"
 
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
-        selector: Selector = self._selector
-        used = [False] * len(self.match)
-        out = []
-        for v in virtuals:
-            found = selector.match(v.name)
-            if found is None:
-                out.append(v)
-            else:
-                used[found[0]] = True
-                ctx.dropped.append(v)
-        names = [v.name for v in virtuals]
-        for k, ok in enumerate(used):
-            if not ok:
-                unmatched(ctx, f"The pattern {quote(self.match[k])}", names)
-        return out
+        def drop(v: Virtual) -> list[Virtual]:
+            ctx.dropped.append(v)
+            return []
+
+        return each_matched(self._selector, virtuals, ctx, drop)
 
 
 @dataclasses.dataclass(frozen=True)

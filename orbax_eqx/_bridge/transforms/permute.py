@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import MappingError
 from ..stage import Context, Virtual, permute
 from . import schema
-from .base import Rule, Selector, unmatched
+from .base import Rule, Selector, each_matched
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,15 +59,7 @@ class Transpose(Rule):
         )
 
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
-        selector: Selector = self._selector
-        used = [False] * len(self.match)
-        out = []
-        for v in virtuals:
-            found = selector.match(v.name)
-            if found is None:
-                out.append(v)
-                continue
-            used[found[0]] = True
+        def permuted(v: Virtual) -> list[Virtual]:
             perm = self.perm
             if perm is None:
                 perm = tuple(reversed(range(len(v.shape))))
@@ -78,17 +70,13 @@ class Transpose(Rule):
                     "Give `transpose` a permutation of every axis of the tensors it "
                     "matches (after any `stack`, without the layer axes).",
                 )
-                out.append(v)
-                continue
-            out.append(
+                return [v]
+            return [
                 dataclasses.replace(
                     v,
                     shape=tuple(v.shape[a] for a in perm),
                     pieces=tuple(permute(p, perm) for p in v.pieces),
                 )
-            )
-        names = [v.name for v in virtuals]
-        for k, ok in enumerate(used):
-            if not ok:
-                unmatched(ctx, f'The pattern "{self.match[k]}"', names)
-        return out
+            ]
+
+        return each_matched(self._selector, virtuals, ctx, permuted)

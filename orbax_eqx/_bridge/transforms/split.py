@@ -143,7 +143,7 @@ class Split(Rule):
                 continue
             binding = templates.binding(found[1], holes)
             start = 0
-            for part, size in zip(self._parts, sizes):
+            for part, size in zip(self._parts, sizes, strict=True):
                 box = list(whole(v.shape))
                 box[axis] = (start, start + size)
                 shape = list(v.shape)

@@ -110,7 +110,7 @@ class Stack(Rule):
             rest = m.group("_rest")
             rest_box = tuple((0, n) for n in v.shape[k:])
             for index in itertools.product(*(range(n) for n in layers)):
-                named = binding | dict(zip(self.new_holes, index))
+                named = binding | dict(zip(self.new_holes, index, strict=False))
                 name = target.render(named)
                 if rest is not None:
                     name = f"{name}.{rest}"

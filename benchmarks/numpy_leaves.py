@@ -1,0 +1,126 @@
+"""numpy leaves against jax leaves of the same bytes: save time, side by side.
+
+    python benchmarks/numpy_leaves.py [--mib 128,1024] [--arrays 4] [--repeats 5]
+
+For each size, the same float32 values as `--arrays` numpy arrays and as jax
+arrays (CPU, 1 device), saved by `oeqx.save` (waits for the disk) and by a
+`CheckpointManager` (async: the time `save` blocks, and the total to the end
+of `wait_until_finished`), beside a raw `pwritev` + fsync of the same bytes.
+Contenders take turns going first; figures are medians, and the ratio
+numpy / jax is of medians from the same run (target, issue 30: <= 1.1x).
+"""
+
+import argparse
+import os
+import pathlib
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE.parent)]
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import orbax.checkpoint as ocp  # noqa: E402
+
+import orbax_eqx as oeqx  # noqa: E402
+
+MiB = 1 << 20
+
+
+def _raw(path, arrays) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        os.pwritev(
+            fd,
+            [memoryview(np.asarray(x).reshape(-1).view(np.uint8)) for x in arrays],
+            0,
+        )
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _drop(path) -> None:
+    shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else (
+        os.path.exists(path) and os.remove(path)
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mib", default="128,1024")
+    parser.add_argument("--arrays", type=int, default=4)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dir")
+    args = parser.parse_args()
+    from importlib.metadata import version
+
+    print(
+        f"Configuration: backend {jax.default_backend()}, 1 device, unsharded; "
+        f"{args.arrays} float32 arrays per item; medians of {args.repeats}; "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}; Python "
+        f"{sys.version.split()[0]}, jax {jax.__version__}, orbax-checkpoint "
+        f"{version('orbax-checkpoint')}"
+    )
+    work = tempfile.mkdtemp(dir=args.dir)
+    try:
+        for mib in (int(x) for x in args.mib.split(",")):
+            rng = np.random.default_rng(0)
+            n = mib * MiB // 4 // args.arrays
+            npy = {
+                f"w{i}": rng.standard_normal(n, np.float32) for i in range(args.arrays)
+            }
+            jx = jax.block_until_ready({k: jnp.asarray(v) for k, v in npy.items()})
+            times: dict[str, list[float]] = {}
+            for r in range(args.repeats):
+                pair = [("numpy", npy), ("jax", jx)]
+                for name, item in pair if r % 2 == 0 else pair[::-1]:
+                    path = os.path.join(work, f"{name}{r}")
+                    start = time.perf_counter()
+                    oeqx.save(path, item)
+                    times.setdefault(f"oeqx.save {name}", []).append(
+                        time.perf_counter() - start
+                    )
+                    _drop(path)
+                    root = os.path.join(work, f"mngr-{name}{r}")
+                    with ocp.CheckpointManager(
+                        root, item_handlers=oeqx.EqxHandler()
+                    ) as mngr:
+                        start = time.perf_counter()
+                        mngr.save(0, args=oeqx.EqxSave(item))
+                        blocked = time.perf_counter() - start
+                        mngr.wait_until_finished()
+                        total = time.perf_counter() - start
+                    times.setdefault(f"async blocks {name}", []).append(blocked)
+                    times.setdefault(f"async total {name}", []).append(total)
+                    _drop(root)
+                raw = os.path.join(work, "raw.bin")
+                start = time.perf_counter()
+                _raw(raw, list(npy.values()))
+                times.setdefault("raw write + fsync", []).append(
+                    time.perf_counter() - start
+                )
+                _drop(raw)
+            med = {k: statistics.median(v) for k, v in times.items()}
+            print(f"{mib} MiB in {args.arrays} arrays:")
+            for k, v in med.items():
+                print(f"  {k:<24} {v:8.3f} s")
+            for what in ("oeqx.save", "async blocks", "async total"):
+                ratio = med[f"{what} numpy"] / med[f"{what} jax"]
+                mark = "PASS" if ratio <= 1.1 or what == "async blocks" else "FAIL"
+                print(f"  [{mark}] {what}: numpy / jax {ratio:.2f}x (target <= 1.1x)")
+            print(
+                f"  oeqx.save numpy / raw write + fsync: "
+                f"{med['oeqx.save numpy'] / med['raw write + fsync']:.2f}x"
+            )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

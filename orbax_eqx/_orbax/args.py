@@ -1,0 +1,222 @@
+"""`EqxSave` and `EqxRestore`: the arguments of `EqxHandler`, checked when made.
+
+Registered with the handler right below it (`handler.py`), as Orbax's own
+args are; they live here, apart, because the handler's file would be too long
+with them (each of their checks runs before Orbax makes any directory).
+"""
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import orbax.checkpoint as ocp
+
+from .._rebuild.allow import check_allow
+from .._restore.renames import Renames
+from .._restore.select import check_options
+from .._save.hosts import check_global
+from .._save.prepare import check_has_data, flatten
+from .._storage import staging as _staging
+
+# Orbax ships no `py.typed`, so to type checkers `ocp.args.CheckpointArgs` is
+# `Any`, and a dataclass deriving from `Any` takes any keyword: a misspelt
+# option would pass. So type checkers see the args classes derive from
+# `object`, and check their dataclass `__init__` as written.
+if TYPE_CHECKING:
+    _CheckpointArgs = object
+else:
+    _CheckpointArgs = ocp.args.CheckpointArgs
+
+
+@dataclasses.dataclass
+class EqxSave(_CheckpointArgs):
+    """Arguments to save `item` with `EqxHandler`.
+
+    **Arguments:**
+
+    - `item`: any PyTree: an `eqx.Module`, `(model, state)`,
+        `{"model": m, "opt_state": s, "step": 3}`, an optax state... In a
+        multi-host run every jax array in it must be global (span the
+        processes' devices); a host-local one is an error, raised here.
+    """
+
+    item: Any
+    # `item` flattened once, for the checks here and the handler's save.
+    _flat: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        # Here, not in the handler: the manager makes directories before the
+        # handler runs, and a save that cannot happen should leave none.
+        self._flat = flatten(self.item)
+        check_has_data(self.item, self._flat[0])
+        check_global(self.item, self._flat)
+
+    def take_flat(self) -> Any:
+        """The flatten made here, once (a second save with these args, after
+        the item's dicts or lists changed, flattens anew)."""
+        flat, self._flat = self._flat, None
+        return flat
+
+
+@dataclasses.dataclass
+class EqxRestore(_CheckpointArgs):
+    r"""Arguments to restore with `EqxHandler`.
+
+    **Arguments:**
+
+    - `skeleton`: a PyTree of the saved structure, usually
+        `eqx.filter_eval_shape(make_model, key)`. It supplies classes, static
+        fields, callables and `eqx.nn.Shared` wiring; the checkpoint supplies
+        arrays and Python-scalar leaves. Leaves may be `jax.ShapeDtypeStruct`s
+        or concrete arrays. `None` restores a flat `{leaf name: value}` dict,
+        or with `allow=` rebuilds the saved tree.
+    - `allow`: without a skeleton, rebuild the saved tree (its modules,
+        containers, static fields, callables) from the checkpoint, importing
+        only these modules (a name allows that module and its submodules),
+        whatever the checkpoint names: `allow=["equinox", "jax", "my_models"]`.
+        Anything the checkpoint names outside them, or that cannot be rebuilt
+        (a lambda, a local class), is one `RebuildError` listing every such
+        leaf. Needs a checkpoint saved with sidecar format 5 or later.
+    - `shardings`: where restored jax arrays go: one `jax.sharding.Sharding`
+        for all, a PyTree shaped like the skeleton with a Sharding (or None) at
+        each leaf, or a function `(leaf name, skeleton leaf) -> Sharding`.
+        Default: the skeleton leaf's `.sharding`, else the first local device.
+    - `cast`: if True, arrays whose dtype differs from the skeleton's are cast
+        to the skeleton's dtype (to load float32 weights into a bfloat16 model).
+        If False (the default), a dtype difference is an error.
+    - `strict`: if True (the default), checkpoint leaves that the skeleton
+        lacks are an error; if False they are left unread, so a skeleton of
+        part of the checkpoint (`{"model": skeleton}` of a checkpoint of
+        `{"model": m, "opt_state": s, "step": 3}`) restores that part and reads
+        only its arrays.
+    - `prefix`: restore one part of the checkpoint into a skeleton of that
+        part: a leaf name (`"model.encoder"`, as `python -m orbax_eqx inspect`
+        shows names) put before every skeleton leaf name, so the skeleton leaf
+        `layers.0.weight` is restored from `model.encoder.layers.0.weight`.
+        Leaves outside the prefix are never read, and are no error even with
+        `strict=True`, which then applies to the leaves under the prefix.
+    - `renames`: restore a checkpoint saved under older names. Maps checkpoint
+        leaf names to the names the skeleton has, as if the checkpoint had
+        been saved with the new ones (`prefix` applies after it): a dict
+        `{old name: new name}`; a list of `(regex, replacement)` rules, of
+        which the first whose pattern matches the whole name gives the new name
+        (`re.Match.expand`: `(r"blocks\.(.*)", r"layers.\1")`); or a function
+        `old name -> new name`. A new name of `None` leaves the leaf out (it
+        is then no error with `strict=True`). Renames map names to names
+        only: to change an array (split a fused `attn.qkv` into `q`, `k`, `v`),
+        restore it under a name of its own and change it after the restore
+        (the README shows how); a restore never computes on your arrays.
+    - `renames_must_match`: if True (the default), a dict entry or rule that
+        matches no checkpoint leaf name, a function that renames nothing, and
+        a rename whose new names the skeleton lacks are errors, since they are
+        almost always typos. False allows them.
+    - `missing`: `"error"` (the default) or `"keep"`. With `"keep"`, a skeleton
+        leaf that the checkpoint lacks keeps the skeleton's own value: build
+        the skeleton with a freshly initialised new head, and every other leaf
+        comes from the checkpoint (fine-tuning). A `jax.ShapeDtypeStruct`
+        has no value to keep, so it is still an error. Kept jax arrays go
+        where `shardings` says.
+    - `report`: if True, return `(tree, report)`, where `report` is a
+        `oeqx.RestoreReport` naming the leaves kept from the skeleton, the
+        checkpoint leaves left unread, and the renames done. If False (the
+        default), a restore that kept leaves warns (`oeqx.KeptLeavesWarning`)
+        and lists them: kept leaves are asked for, but a mistyped rename would
+        otherwise leave a layer at its fresh initialisation without a sign. A
+        caller that asks for the report has the list, so is not warned.
+    - `on_static_mismatch`: `"error"` (the default) or `"warn"`. What to do
+        when static fields, callables or module classes differ between the
+        skeleton and the checkpoint; with `"warn"` the skeleton's are kept.
+    - `verify`: if True (the default), every array read is checked against
+        the checksum recorded when it was saved, and a mismatch is a
+        `CheckpointDamagedError` naming the leaf: a flipped bit is never
+        restored as a wrong value. Costs a few percent of the restore time
+        (BENCHMARKS.md). Arrays cast by `cast=True` from Orbax's store, and
+        checkpoints saved without checksums, are read unchecked.
+    - `max_staged_bytes`: the most host memory, in bytes, that array data takes
+        on its way to devices that copy it (GPUs, TPUs): bytes are read a job
+        at a time (at most half of this, and at most a 32nd of what is
+        restored but at least 1 MiB), the next job read while this one is
+        transferred, and let go
+        once it is on its devices; a leaf larger than a job is streamed into
+        place in parts. Default (None): the smaller of 1 GiB and a tenth of
+        the RAM; at least 8 MiB. On CPU devices aligned host buffers become
+        the arrays without a copy, so nothing is staged (the environment
+        variable `ORBAX_EQX_STAGING=copy` makes CPUs copy too, for tests).
+
+    **Returns** (from `restore`): the skeleton's structure filled with the
+    checkpoint's values; with `report=True`, `(tree, RestoreReport)`.
+
+    !!! example
+
+        ```python
+        # The model alone, from a checkpoint of {"model": m, "opt_state": s, ...}.
+        args = oeqx.EqxRestore({"model": skeleton}, strict=False)
+        model = mngr.restore(step, args=args)["model"]
+        # One submodule.
+        args = oeqx.EqxRestore(encoder_skeleton, prefix="model.encoder")
+        # Fine-tuning: a fresh head, everything else from the checkpoint.
+        args = oeqx.EqxRestore(new_model, missing="keep", report=True)
+        model, report = mngr.restore(step, args=args)  # report.kept: the head
+        # After a refactor that renamed `blocks` to `layers`.
+        args = oeqx.EqxRestore(skeleton, renames=[(r"blocks\.(.*)", r"layers.\1")])
+        # No skeleton: the saved tree rebuilt, importing only these modules.
+        args = oeqx.EqxRestore(allow=["equinox", "jax", "my_models"])
+        ```
+    """
+
+    skeleton: Any = None
+    allow: Sequence[str] | None = dataclasses.field(default=None, kw_only=True)
+    shardings: Any = dataclasses.field(default=None, kw_only=True)
+    cast: bool = dataclasses.field(default=False, kw_only=True)
+    strict: bool = dataclasses.field(default=True, kw_only=True)
+    prefix: str | None = dataclasses.field(default=None, kw_only=True)
+    renames: Renames | None = dataclasses.field(default=None, kw_only=True)
+    renames_must_match: bool = dataclasses.field(default=True, kw_only=True)
+    missing: Literal["error", "keep"] = dataclasses.field(default="error", kw_only=True)
+    report: bool = dataclasses.field(default=False, kw_only=True)
+    on_static_mismatch: Literal["error", "warn"] = dataclasses.field(
+        default="error", kw_only=True
+    )
+    verify: bool = dataclasses.field(default=True, kw_only=True)
+    max_staged_bytes: int | None = dataclasses.field(default=None, kw_only=True)
+
+    def __post_init__(self):
+        _staging.check_max_bytes(self.max_staged_bytes)
+        if self.on_static_mismatch not in ("error", "warn"):
+            raise ValueError(
+                f"EqxRestore(on_static_mismatch={self.on_static_mismatch!r}): expected "
+                '"error" or "warn".'
+            )
+        if self.missing not in ("error", "keep"):
+            raise ValueError(
+                f'EqxRestore(missing={self.missing!r}): expected "error" or "keep".'
+            )
+        check_options(self.prefix, self.renames)
+        if self.allow is not None:
+            self.allow = check_allow(self.allow)
+            if self.skeleton is not None:
+                raise ValueError(
+                    "EqxRestore(skeleton, allow=...): `allow` rebuilds the tree "
+                    "when there is no skeleton; pass one or the other."
+                )
+        if self.skeleton is None and self.allow is None:
+            asked = [
+                f"{name}={getattr(self, name)!r}"
+                for name, default in _NEED_SKELETON.items()
+                if getattr(self, name) != default
+            ]
+            if asked:
+                raise ValueError(
+                    f"EqxRestore({', '.join(asked)}) needs a skeleton: without "
+                    "one, restore returns every leaf in a flat {leaf name: value} "
+                    "dict. Pass the skeleton of what to restore."
+                )
+
+
+# Options that act on a skeleton, with their defaults.
+_NEED_SKELETON = {
+    "prefix": None,
+    "renames": None,
+    "missing": "error",
+    "report": False,
+}
