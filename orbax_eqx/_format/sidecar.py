@@ -102,7 +102,7 @@ import numpy as np
 import xxhash
 from etils import epath
 
-from .._bytes import store as _store
+from .._bytes import route as _route
 
 # Names only: which data checksum a format records (computed in `_storage`).
 from .._storage.checksum import CRC32, XXH3
@@ -442,4 +442,4 @@ def write(
     """
     data = dumps(content, pause)
     path = directory / FILE_NAME
-    _store.write_new(path, data)
+    _route.write_new(path, data)

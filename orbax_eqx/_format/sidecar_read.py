@@ -29,7 +29,7 @@ from etils import epath
 
 # The one module of a later stage read here: it imports nothing of ours but
 # `_errors`, and opening files safely is the same job for every file.
-from .._bytes import store as _store
+from .._bytes import route as _route
 from .._errors import SidecarError, permission_denied
 from .._gc import paused
 from .._storage.checksum import NAMES, XXH3
@@ -86,7 +86,7 @@ def read(directory: epath.Path) -> Metadata:
             )
         raise missing
     try:
-        raw = _store.read_bounded(path, MAX_BYTES, lambda what: _damaged(path, what))
+        raw = _route.read_bounded(path, MAX_BYTES, lambda what: _damaged(path, what))
     except FileNotFoundError:  # deleted since, or a link to nothing
         raise missing from None
     except PermissionError:

@@ -5,7 +5,7 @@ from typing import Any
 
 import orbax.checkpoint as ocp
 
-from .._bytes import store as _store
+from .._bytes import route as _route
 from .._bytes.paths import is_remote
 from .._errors import CheckpointNotFoundError, OrbaxEqxError
 from .._format.locate import as_path, find_item
@@ -90,7 +90,7 @@ def save(
         checksums=checksums,
     )
     if is_remote(path):  # object stores have no atomic rename
-        store = _store.for_path(path)
+        store = _route.for_path(path)
         store.check_reachable(path)
         try:
             _replace.check_target(path, overwrite)
@@ -212,7 +212,7 @@ def _find(directory: str | os.PathLike[str]) -> Any:
     first; a checkpoint saved
     through the type handler is no error of the path, and is told apart."""
     path = as_path(directory)
-    _store.for_path(path).check_reachable(path)  # says what to set, if not
+    _route.for_path(path).check_reachable(path)  # says what to set, if not
     path = _leftovers.recover(path)
     if not (_typed(path) or any(_typed(p) for p in _dirs(path))):
         return find_item(path)

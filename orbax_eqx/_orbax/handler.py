@@ -13,8 +13,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from .._bytes import store as _store
+from .._bytes import route as _route
 from .._bytes import verdict as _verdict
+from .._bytes.paths import is_remote
 from .._errors import ObjectStoreError, ObjectStoreSaveError, UnsupportedLeafError
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
@@ -403,7 +404,7 @@ async def _undo_directories(directory: epath.Path, primary: bool) -> None:
         await asyncio.to_thread(made.result, _DIRECTORIES_WAIT_S)
     except Exception:  # not made in time, or could not be: leave it to Orbax
         return
-    if not primary or "://" in os.fspath(directory):
+    if not primary or is_remote(directory):
         return
     try:
         os.rmdir(directory)  # fails unless empty
@@ -456,7 +457,7 @@ def _check_shard_files(directory: epath.Path, token, shard_files: int, started):
             _sidecar.shard_file(token, process),
             _sidecar.shard_index(token, process),
         )
-        if not _store.for_path(directory / name).exists(directory / name)
+        if not _route.for_path(directory / name).exists(directory / name)
     ]
     if missing:
         error = FileNotFoundError(

@@ -23,7 +23,7 @@ import threading
 
 import orbax.checkpoint as ocp
 
-from .._bytes import store as _store
+from .._bytes import route as _route
 from .._bytes.paths import is_remote
 from .._errors import ObjectStoreSaveError
 
@@ -72,6 +72,6 @@ def reachable(directory: os.PathLike) -> None:
     with _lock:
         if root in _reached:
             return
-    _store.for_path(directory).check_reachable(directory)
+    _route.for_path(directory).check_reachable(directory)
     with _lock:
         _reached.add(root)

@@ -35,7 +35,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from .._bytes import files as _files
-from .._bytes import store as _store
+from .._bytes import route as _route
 from .._bytes.paths import is_remote
 from .._errors import OrbaxEqxError, some
 from .._format.sidecar import (
@@ -208,7 +208,7 @@ def _gone_files(started: Started) -> list[str]:
     for path, was in started.written.items():
         if was is None:  # an object: is it still there?
             name = os.path.basename(path)
-            if not _store.for_path(path).exists(path) or (
+            if not _route.for_path(path).exists(path) or (
                 name == FILE_NAME and not _is_sidecar_of(path, started.token)
             ):
                 gone.append(name)
@@ -303,7 +303,7 @@ def _is_sidecar_of(sidecar: str | epath.Path, token: str) -> bool:
     its start)."""
     if is_remote(sidecar):
         try:
-            head = _store.read_bounded(sidecar, MAX_BYTES)[: 1 << 16]
+            head = _route.read_bounded(sidecar, MAX_BYTES)[: 1 << 16]
         except OSError:  # missing: not this save's
             return False
         return f'"token": "{token}"'.encode() in head
@@ -350,7 +350,7 @@ def _names(directory: epath.Path) -> list[str]:
 def _unlink(path: epath.Path | str) -> None:
     try:
         if is_remote(path):
-            _store.for_path(path).delete(path)
+            _route.for_path(path).delete(path)
         else:
             os.unlink(os.fspath(path))
     except OSError:

@@ -153,7 +153,7 @@ def _what_else(path: epath.Path) -> tuple[str, dict[str, object]] | None:
     entries is no checkpoint."""
     if not _lexists(path):
         return None
-    local = "://" not in os.fspath(path)
+    local = not is_remote(path)
     if local and os.path.islink(os.fspath(path)):
         return "link", {"target": os.readlink(os.fspath(path))}
     if not path.is_dir():

@@ -57,7 +57,7 @@ import numpy as np
 from etils import epath
 
 from .._bytes.paths import is_remote
-from .._bytes.store import read_bounded
+from .._bytes.route import read_bounded
 from .._errors import CheckpointDamagedError, permission_denied
 from .._format.sidecar import (
     SHARDS,

@@ -26,6 +26,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
+from ..._bytes import route as _route
 from ..._bytes import store as _store
 from ..._bytes.paths import is_remote
 from ..._errors import OrbaxEqxError
@@ -92,7 +93,7 @@ def read_header(path: str | os.PathLike) -> Header:
             "re-export it."
         )
 
-    store = _store.for_path(path)
+    store = _route.for_path(path)
     head = _read(
         store,
         path,

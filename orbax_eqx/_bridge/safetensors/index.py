@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from ..._bytes import store as _store
+from ..._bytes import route as _route
 from ..._bytes.paths import is_remote
 from ..._errors import inline_list, some
 from .header import Header, SafetensorsError, name_problem, read_headers, where
@@ -76,7 +76,7 @@ def find(source: Source) -> list[Header]:
 def _remote(url: str) -> list[Header]:
     if url.endswith(SUFFIX):
         return read_headers([url])
-    store = _store.for_path(url)
+    store = _route.for_path(url)
     index = posixpath.join(url, INDEX_FILE)
     if store.exists(index):
         return _indexed(url, index, posixpath.join)
@@ -98,7 +98,7 @@ def _indexed(directory: str, index: str, join) -> list[Header]:
             f"{index} names {len(names)} files, more than the {MAX_FILES} a "
             "source may have. Re-download or re-export the directory."
         )
-    store = _store.for_path(index)
+    store = _route.for_path(index)
     gone = []
     for n in names:  # a few missing say enough: no request for every name
         if not store.exists(join(directory, n)):
@@ -137,7 +137,7 @@ def read_index(index: str) -> dict[str, str]:
         )
 
     try:
-        data = _store.read_bounded(index, MAX_INDEX_BYTES, refused)
+        data = _route.read_bounded(index, MAX_INDEX_BYTES, refused)
     except FileNotFoundError:  # a dangling link, or gone since
         raise refused("is a link to nothing, or was removed") from None
     try:
