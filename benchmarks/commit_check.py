@@ -5,7 +5,7 @@ every array the save gave it?
 
 Before Orbax commits a step, each save lists Orbax's array store and reads the
 first byte of every value in it (`_stored_check.missing_in_store`, called by
-`_claim.before_commit`): another save of the same step may have deleted some
+`_save.claim.before_commit`): another save of the same step may have deleted some
 of its files. This saves each benchmark model with `pack=False` (every array
 in Orbax's store: the most the check can have to do), times the check on the
 saved store (page cache warm, as it is just after a save), and prints it

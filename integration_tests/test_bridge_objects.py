@@ -16,7 +16,7 @@ from safetensors.numpy import save
 
 import orbax_eqx as oeqx
 from orbax_eqx._bridge.load import load
-from orbax_eqx._bytes import store as _store
+from orbax_eqx._bytes import route as _route
 
 KEY = jax.random.key(0)
 
@@ -35,7 +35,7 @@ def _tensors(model):
 
 
 def _put(url, data: bytes):
-    _store.for_path(url).write_whole(url, data)
+    _route.for_path(url).write_whole(url, data)
 
 
 def _upload_hf(root, tensors):

@@ -52,5 +52,4 @@ from ._storage.staging import StagingError as StagingError
 from ._tools.verify import DamagedLeaf as DamagedLeaf
 from ._tools.verify import VerifyReport as VerifyReport
 from ._tools.verify import verify as verify
-
-__version__ = "0.1.0"
+from ._version import __version__ as __version__

@@ -1,4 +1,4 @@
-"""`python -m orbax_eqx ...`: see `orbax_eqx._cli`."""
+"""`python -m orbax_eqx ...`: see `orbax_eqx._tools.cli`."""
 
 from ._tools.cli import main
 

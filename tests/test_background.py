@@ -1,4 +1,4 @@
-"""Which save a background write error names (`_background.target`)."""
+"""Which save a background write error names (`_save.background.target`)."""
 
 import pytest
 from etils import epath

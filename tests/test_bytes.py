@@ -13,7 +13,7 @@ import pytest
 from etils import epath
 
 import orbax_eqx as oeqx
-from orbax_eqx._bytes import parts, store
+from orbax_eqx._bytes import parts, route, store
 from orbax_eqx._storage import packfile
 
 DATA = np.random.default_rng(0).integers(0, 256, 10_000, np.uint8)
@@ -38,28 +38,28 @@ def _views(data: np.ndarray, size: int):
 
 def test_whole_files_round_trip_and_reads_are_bounded(root):
     path = f"{root}/index.json"
-    store.write_whole(path, b'{"a": 1}')
-    assert store.read_bounded(path, 100) == b'{"a": 1}'
-    store.write_whole(path, b"[]")  # replaced whole
-    assert store.read_bounded(path, 2) == b"[]"
+    route.write_whole(path, b'{"a": 1}')
+    assert route.read_bounded(path, 100) == b'{"a": 1}'
+    route.write_whole(path, b"[]")  # replaced whole
+    assert route.read_bounded(path, 2) == b"[]"
 
     def error(what):
         return ValueError(f"index {what}")
 
     with pytest.raises(ValueError, match=r"index has .*more than the 1 allowed"):
-        store.read_bounded(path, 1, error)
+        route.read_bounded(path, 1, error)
     with pytest.raises(FileNotFoundError):
-        store.read_bounded(f"{root}/none.json", 100)
+        route.read_bounded(f"{root}/none.json", 100)
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
 def test_write_new_never_replaces_another_writers_file(where, request, tmp_path):
     root = str(tmp_path) if where == "local" else request.getfixturevalue("s3_bucket")
     path = f"{root}/sidecar.json"
-    store.write_new(path, b"first")
+    route.write_new(path, b"first")
     with pytest.raises(FileExistsError):
-        store.write_new(path, b"second")
-    assert store.read_bounded(path, 100) == b"first"
+        route.write_new(path, b"second")
+    assert route.read_bounded(path, 100) == b"first"
 
 
 @pytest.mark.parametrize("nbytes", [0, 1000, 1024, 1025, 10_000])
@@ -67,12 +67,12 @@ def test_write_new_never_replaces_another_writers_file(where, request, tmp_path)
 def test_streamed_files_read_back_in_any_ranges(root, small_parts, nbytes):
     data = DATA[:nbytes]
     path = f"{root}/pack.bin"
-    store.for_path(path).write_stream(path, _views(data, 300), nbytes)
+    route.for_path(path).write_stream(path, _views(data, 300), nbytes)
     stored_in_parts = nbytes > parts.PART_BYTES
-    assert store.for_path(path).exists(path)
+    assert route.for_path(path).exists(path)
     if root.startswith(("s3://", "gs://")):
         # One object, or parts of PART_BYTES and a shorter last one.
-        whole = store.for_path(path).exists(f"{root}/pack.bin.part-00000")
+        whole = route.for_path(path).exists(f"{root}/pack.bin.part-00000")
         assert whole == stored_in_parts
     ranges = [(0, nbytes), (nbytes // 3, nbytes - 1), (1023, min(1030, nbytes))]
     ranges = [(a, b) for a, b in ranges if a <= b]
@@ -83,7 +83,7 @@ def test_streamed_files_read_back_in_any_ranges(root, small_parts, nbytes):
 
 
 def test_delete_takes_the_file_and_its_parts_only(root, small_parts):
-    one = store.for_path(root)
+    one = route.for_path(root)
     for name in ("pack.bin", "pack.bin2", "other.bin"):
         one.write_stream(f"{root}/{name}", _views(DATA, 4096), DATA.nbytes)
     one.write_whole(f"{root}/pack", b"a neighbour whose name starts the same")
@@ -99,7 +99,7 @@ def test_delete_takes_the_file_and_its_parts_only(root, small_parts):
 
 def test_bytes_can_be_checked_as_they_arrive(root, small_parts):
     path = f"{root}/pack.bin"
-    store.for_path(path).write_stream(path, _views(DATA, 4096), DATA.nbytes)
+    route.for_path(path).write_stream(path, _views(DATA, 4096), DATA.nbytes)
     seen = []
 
     def meanwhile(buffers, ready):
@@ -127,7 +127,7 @@ def test_damaged_files_are_damage_not_a_hang_nor_a_raw_error(root, damage, messa
     path = f"{root}/pack.bin"
     data = {"missing": None, "longer": DATA.tobytes() + b"x", "shorter": DATA[:9000]}
     if data[damage] is not None:
-        store.write_whole(path, bytes(data[damage]))
+        route.write_whole(path, bytes(data[damage]))
     with pytest.raises(
         packfile.CheckpointDamagedError, match=f"pack file .*({message})"
     ):
@@ -146,7 +146,7 @@ def test_parts_damaged_after_open_are_damage(
     the reads: the reads say so (on S3 they are streamed by botocore)."""
     root = request.getfixturevalue(f"{where}_bucket")
     path = f"{root}/pack.bin"
-    one = store.for_path(path)
+    one = route.for_path(path)
     one.write_stream(path, _views(DATA, 4096), DATA.nbytes)
     part = f"{path}.part-00002"  # bytes 2048-3071
     with one.open(path, DATA.nbytes, DATA.nbytes) as reader:
@@ -166,8 +166,8 @@ def test_parts_damaged_after_open_are_damage(
 def test_a_missing_part_is_damage(where, request, small_parts):
     root = request.getfixturevalue(f"{where}_bucket")
     path = f"{root}/pack.bin"
-    store.for_path(path).write_stream(path, _views(DATA, 4096), DATA.nbytes)
-    store.for_path(path)._kv.write("pack.bin.part-00003", None).result()
+    route.for_path(path).write_stream(path, _views(DATA, 4096), DATA.nbytes)
+    route.for_path(path)._kv.write("pack.bin.part-00003", None).result()
     with pytest.raises(packfile.CheckpointDamagedError, match="is missing its part 3"):
         packfile.read(epath.Path(path), [(0, 100)], nbytes=DATA.nbytes)
 
@@ -176,8 +176,8 @@ def test_a_missing_part_is_damage(where, request, small_parts):
 def test_parts_copied_to_a_disk_read_as_the_file(where, request, small_parts, tmp_path):
     root = request.getfixturevalue(f"{where}_bucket")
     path = f"{root}/pack.bin"
-    store.for_path(path).write_stream(path, _views(DATA, 4096), DATA.nbytes)
-    kv = store.for_path(path)._kv
+    route.for_path(path).write_stream(path, _views(DATA, 4096), DATA.nbytes)
+    kv = route.for_path(path)._kv
     for k in range(parts.count(DATA.nbytes)):  # as `gsutil cp -r` brings them
         name = parts.part_name("pack.bin", k)
         (tmp_path / name).write_bytes(kv.read(name).result().value)
@@ -195,7 +195,7 @@ def test_a_server_that_is_not_there_is_an_error_in_seconds(monkeypatch):
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
     with pytest.raises(oeqx.ObjectStoreError) as e:
-        store.read_bounded("s3://nowhere/ckpt/orbax_eqx.json", 100)
+        route.read_bounded("s3://nowhere/ckpt/orbax_eqx.json", 100)
     text = str(e.value)
     assert "bucket 'nowhere' at http://127.0.0.1:" in text
     assert "Could not connect" in text or "connect" in text.lower()
@@ -204,9 +204,9 @@ def test_a_server_that_is_not_there_is_an_error_in_seconds(monkeypatch):
 
 def test_paths_on_other_stores_are_refused():
     with pytest.raises(ValueError, match="knows local paths, gs:// and s3://"):
-        store.for_path("hdfs://cluster/ckpt")
+        route.for_path("hdfs://cluster/ckpt")
     with pytest.raises(ValueError, match="names no bucket"):
-        store.for_path("s3:///ckpt")
+        route.for_path("s3:///ckpt")
 
 
 def test_environment_sets_endpoint_region_and_credentials(monkeypatch):
@@ -253,7 +253,7 @@ def test_version_tells_a_file_written_anew(root):
     """What a restore compares to tell a checkpoint replaced or deleted under it
     (`_restore/vanished.py`): the same on every store."""
     path = f"{root}/sidecar.json"
-    found = store.for_path(path)
+    found = route.for_path(path)
     assert found.version(path) is None
     found.write_whole(path, b"one")
     first = found.version(path)

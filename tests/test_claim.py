@@ -1,5 +1,5 @@
 """A save that another save of the same step overtook stops, clearly, and
-takes nothing of the other's with it (`_claim`). The real race, two processes
+takes nothing of the other's with it (`_save.claim`). The real race, two processes
 at once, is in integration_tests/test_two_writers.py; here each way of losing
 is staged, deterministically, by holding a save at a known point."""
 
@@ -72,7 +72,7 @@ DELETED = (
 
 def _begun(tmp_path):
     """A save's item directory, and the save, begun in it: for staging on
-    `_claim` itself."""
+    `_save.claim` itself."""
     directory = tmp_path / "5.orbax-checkpoint-tmp" / "default.orbax-checkpoint-tmp"
     directory.mkdir(parents=True)
     started = _claim.Started(epath.Path(directory), _claim.new_token())
@@ -81,7 +81,7 @@ def _begun(tmp_path):
 
 
 def _claimed_sidecar(directory, started):
-    """The save's sidecar, written (its token is all `_claim` reads of it)."""
+    """The save's sidecar, written (its token is all `_save.claim` reads of it)."""
     sidecar = directory / "orbax_eqx.json"
     sidecar.write_text(f'{{\n "token": "{started.token}"\n}}\n')
     _claim.wrote(started, sidecar)
@@ -89,7 +89,7 @@ def _claimed_sidecar(directory, started):
 
 
 def test_a_save_whose_directory_was_replaced_stops(tmp_path):
-    # Staged on `_claim` itself: through a manager, Orbax's own background
+    # Staged on `_save.claim` itself: through a manager, Orbax's own background
     # making of the directory races with the test's replacing it.
     directory, started = _begun(tmp_path)  # as its writes start
     # What a second save of step 5 does when it starts: delete, make anew.

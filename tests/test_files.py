@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from etils import epath
 
-from orbax_eqx._bytes import files, store
+from orbax_eqx._bytes import files, route
 from orbax_eqx._storage import packfile
 
 
@@ -235,5 +235,5 @@ def test_a_whole_file_is_never_written_through_a_planted_link(tmp_path):
     (tmp_path / "d").mkdir()
     final = tmp_path / "d" / "orbax_eqx~typed.json"
     planted = _planted(tmp_path, final)
-    store.write_whole(epath.Path(final), b"{}\n")
+    route.write_whole(epath.Path(final), b"{}\n")
     _written(final, b"{}\n", planted)

@@ -18,8 +18,9 @@ exporting a tree or a checkpoint to safetensors with bounded memory
 `export_files`); the safetensors format itself (`safetensors/`: headers,
 index files, dtypes, writing), sidecar records and PRNG keys as the file
 side sees them (`specs`), and progress hooks (`progress`).
-May import: `_bytes`, `_storage`, `_restore`, `_format`, `_tree`, `_errors`,
-and `_orbax` (to save, restore and read checkpoints). Nothing imports
-`_bridge` except `orbax_eqx/__init__.py` and `_tools` (the CLI's `export` /
-`import`, thin layers over it).
+May import: `_restore` (reading a checkpoint's leaves), `_storage`, `_format`,
+`_tree`, `_bytes`, `_errors`; not `_orbax`, a stage beside it (the CLI's
+`import` saves through `_orbax` itself). Nothing imports `_bridge` except
+`orbax_eqx/__init__.py` and `_tools` (the CLI's `export` / `import`, thin
+layers over it).
 """

@@ -41,6 +41,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from .._bytes import route as _route
 from .._bytes import store as _store
 from .._storage.packfile import aligned_empty
 from .._storage.packing import plan as merge
@@ -360,7 +361,7 @@ def _open(path: str, size: int, ranges, buffers):
     """Opens `path` (checked to be of `size` bytes still) and starts reading
     `ranges` into `buffers`; returns the reader and its reads."""
     with _worded(path, size):
-        reader = _store.for_path(path).open(path, size, size)
+        reader = _route.for_path(path).open(path, size, size)
     try:
         with _worded(path, size):
             return reader, reader.start(ranges, buffers)

@@ -14,6 +14,7 @@ from typing import Any, Self
 
 import numpy as np
 
+from .._bytes.paths import is_remote
 from .._tree.walk import walk
 from .errors import MappingError
 from .templates import escape
@@ -333,7 +334,7 @@ class StateDictMapping:
                 f"The mapping {source} {what}. Pass the path of a JSON file."
             )
 
-        where = epath.Path(source) if _files.is_remote(source) else source
+        where = epath.Path(source) if is_remote(source) else source
         try:
             data = _files.read_bounded(where, MAX_JSON_BYTES, refused)
         except FileNotFoundError:

@@ -48,11 +48,6 @@ class FileCheckError(OrbaxEqxError, OSError):
     """A file that is not a regular file, or not of the size expected."""
 
 
-def is_remote(path: Any) -> bool:
-    """Whether `path` is not a local file (`gs://...`): no `os.open` there."""
-    return "://" in os.fspath(path)
-
-
 def kind(mode: int) -> str:
     """What a file of `stat` mode `mode` is, for messages: "a directory"..."""
     for test, text in _KINDS:
@@ -130,7 +125,7 @@ def read_bounded(path: Any, limit: int, error: ErrorFor | None = None) -> bytes:
 
     A file that is not regular (see `open_regular`), or holds more than
     `limit` bytes (checked before reading, and while reading, in case it
-    grows), raises `error(...)`. Local paths only (`_bytes.store.read_bounded`
+    grows), raises `error(...)`. Local paths only (`_bytes.route.read_bounded`
     reads any). `FileNotFoundError` and `PermissionError` are
     raised as opening raises them.
     """

@@ -20,7 +20,7 @@ import numpy as np
 
 from . import parts as _parts
 from . import s3_reads as _s3_reads
-from . import verdict as _verdict
+from . import tries as _tries
 from .store import BadFile, InOrder, Reader, Reads
 
 # 8 MiB pieces, 4 in flight (measured on model (a), moto_server and
@@ -108,7 +108,7 @@ class _ObjectReads(InOrder):
                 else:  # tried again
                     got = store._read(key, path, slice(a, z))
             except ValueError as e:  # OUT_OF_RANGE: fewer bytes, or others
-                raise _verdict.Retry(
+                raise _tries.Retry(
                     f"a read of bytes {a}-{z} of {key} was answered out of range "
                     f"({str(e).splitlines()[0]})",
                     short=True,
@@ -116,14 +116,14 @@ class _ObjectReads(InOrder):
             if got.state == "missing":
                 raise BadFile("is missing")
             if len(got.value) != z - a:
-                raise _verdict.Retry(
+                raise _tries.Retry(
                     f"{len(got.value)} bytes answered to a read of bytes "
                     f"{a}-{z} of {key}",
                     short=True,
                 )
             return got.value
 
-        value = _verdict.ranged(
+        value = _tries.ranged(
             once,
             lambda: store.holds(key, path, z),
             lambda detail: store._failed("Reading", path, detail),

@@ -32,7 +32,7 @@ from . import endpoints as _endpoints
 from . import object_reads as _object_reads
 from . import parts as _parts
 from . import patience as _patience
-from . import verdict as _verdict
+from . import tries as _tries
 from .store import BadFile, ErrorFor, Reader, Store
 
 _WRITE_WINDOW = 2
@@ -73,7 +73,7 @@ class ObjectStore(Store):
             raise self._failed(what, path, text) from None
 
     def _failed(self, what: str, path: Any, text: str) -> ObjectStoreError:
-        return _verdict.failed(self.where, what, path, text)
+        return _tries.failed(self.where, what, path, text)
 
     def _read(self, key: str, path: Any, byte_range: slice | None = None) -> Any:
         future = self._kv.read(key, byte_range=byte_range)
@@ -283,7 +283,7 @@ class ObjectStore(Store):
         (s3fs, gcsfs: no credentials, no endpoint), as an `ObjectStoreError`
         that says what to set; other errors as they are."""
         module = type(error).__module__.split(".")[0]
-        if module not in _verdict.FSSPEC_MODULES:
+        if module not in _tries.FSSPEC_MODULES:
             return error
         return self._failed(what, path, f"{type(error).__name__}: {error}")
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from . import endpoints as _endpoints
 from . import patience as _patience
-from . import verdict as _verdict
+from . import tries as _tries
 from .store import BadFile, InOrder
 
 PIECE = 32 << 20  # bytes asked in one GET: a whole part
@@ -101,7 +101,7 @@ class S3Reads(InOrder):
     def _fill(self, job) -> None:
         i, at, to, key, a, z, end = job
         view = memoryview(self._buffers[i]).cast("B")[at:to]
-        _verdict.ranged(
+        _tries.ranged(
             lambda: self._once(view, key, a, z),
             lambda: self._store.holds(key, self._path, z),
             lambda detail: self._store._failed("Reading", self._path, detail),
@@ -130,21 +130,21 @@ class S3Reads(InOrder):
                 raise self._store._failed("Reading", self._path, judged) from None
             raise judged from None
         except (errors.ReadTimeoutError, errors.ConnectTimeoutError) as e:
-            raise _verdict.Retry(_stalled(e, key), stall=True) from None
+            raise _tries.Retry(_stalled(e, key), stall=True) from None
         except errors.IncompleteReadError as e:  # a body cut short
-            raise _verdict.Retry(f"{type(e).__name__}: {e}", short=True) from None
+            raise _tries.Retry(f"{type(e).__name__}: {e}", short=True) from None
         except (
             errors.EndpointConnectionError,
             errors.ConnectionClosedError,
             errors.ResponseStreamingError,  # a connection reset halfway
         ) as e:
-            raise _verdict.Retry(f"{type(e).__name__}: {e}") from None
+            raise _tries.Retry(f"{type(e).__name__}: {e}") from None
         except errors.BotoCoreError as e:
             raise self._store._failed(
                 "Reading", self._path, f"{type(e).__name__}: {e}"
             ) from None
         if got != z - a and not self._stop.is_set():
-            raise _verdict.Retry(
+            raise _tries.Retry(
                 f"the answer to a GET of bytes {a}-{z - 1} of {key} ended after "
                 f"{got} bytes",
                 short=True,
@@ -168,20 +168,20 @@ def _checked_answer(answer: dict, key: str, a: int, z: int) -> int:
         found = _CONTENT_RANGE.fullmatch(str(answer.get("ContentRange", "")))
         if found and (int(found[1]), int(found[2]) + 1) == (a, z) and length == z - a:
             return 0
-        raise _verdict.Retry(
+        raise _tries.Retry(
             f"a GET of {asked} of {key} was answered with "
             f"{answer.get('ContentRange')!r} ({length} bytes)",
             short=True,
         )
     if status == 200 and isinstance(length, int):
         if length < z:
-            raise _verdict.Retry(
+            raise _tries.Retry(
                 f"a GET of {asked} of {key} was answered with the whole object "
                 f"({length} bytes)",
                 short=True,
             )
         return a
-    raise _verdict.Retry(f"a GET of {asked} of {key} was answered HTTP {status}")
+    raise _tries.Retry(f"a GET of {asked} of {key} was answered HTTP {status}")
 
 
 def _read_into(body: Any, view: memoryview, skip: int, stop: threading.Event) -> int:
@@ -213,13 +213,11 @@ def _judged(error: Any, key: str, z: int) -> Exception | str:
     if code in ("NoSuchKey", "404") or status == 404 and code != "NoSuchBucket":
         return BadFile("is missing")
     if code in ("InvalidRange", "416") or status == 416:
-        return _verdict.Retry(
-            f"HTTP 416 {code}: no bytes up to {z} in {key}", short=True
-        )
+        return _tries.Retry(f"HTTP 416 {code}: no bytes up to {z} in {key}", short=True)
     message = response.get("Error", {}).get("Message", "")
     detail = f"HTTP {status} {code}: {message}".rstrip(": ")
     if code in _AGAIN_CODES or (isinstance(status, int) and status >= 500):
-        return _verdict.Retry(detail)
+        return _tries.Retry(detail)
     return detail
 
 

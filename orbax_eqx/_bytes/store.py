@@ -2,18 +2,16 @@
 
 A `Store` reads and writes files named by full paths (`/ckpt/7/default/x`,
 `gs://bucket/run/7/default/x`). It knows nothing of what the bytes mean; the
-caller words every error about a file's contents. `for_path` picks the store
-once from the path: nothing else asks whether a path is local.
+caller words every error about a file's contents. This module is the
+interface only: `route.for_path` picks the store from a path, and the
+implementations (`local`, `objects`) import this module, never the reverse.
 """
 
 import abc
-import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
-
-from . import files as _files
 
 ErrorFor = Callable[[str], Exception]
 
@@ -158,37 +156,3 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def delete(self, path: Any) -> None:
         """Removes file `path` and its parts, if there; no error if not."""
-
-
-def is_remote(path: Any) -> bool:
-    """Whether `path` names an object (`gs://...`, `s3://...`), not a local file."""
-    return "://" in os.fspath(path)
-
-
-def for_path(path: Any) -> Store:
-    """The store that holds `path`: local files, or objects of a bucket."""
-    if is_remote(path):
-        from . import objects  # TensorStore is only loaded for object stores
-
-        return objects.store_for(os.fspath(path))
-    from . import local
-
-    return local.STORE
-
-
-def read_bounded(path: Any, limit: int, error: ErrorFor | None = None) -> bytes:
-    """A whole file of at most `limit` bytes, wherever it is (see
-    `Store.read_whole`); `error` as for `files.read_bounded`."""
-    return for_path(path).read_whole(path, limit, error or _files.default_error(path))
-
-
-def write_new(path: Any, data: bytes) -> None:
-    """Writes file `path` whole if there is none yet, wherever it is (see
-    `Store.write_new`)."""
-    for_path(path).write_new(path, data)
-
-
-def write_whole(path: Any, data: bytes) -> None:
-    """Writes file `path` whole or not at all, wherever it is (see
-    `Store.write_whole`)."""
-    for_path(path).write_whole(path, data)

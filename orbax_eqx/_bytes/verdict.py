@@ -27,8 +27,9 @@ healthy step, or hides a damaged one. The rules:
    stores through): `restore_latest` raises it rather than falling back to
    an older step, which would only meet the same store.
 
-`failed` words every `ObjectStoreError` of a request: what failed, where
-(bucket and endpoint), the status, and the one hint that fits.
+Rules 1 and 2 are one request's, in `tries` (`ranged`, `Retry`, and `failed`,
+which words every `ObjectStoreError` of a request); rules 3 and 4 judge
+whole reads, here.
 """
 
 import time
@@ -42,128 +43,13 @@ from .._errors import (
     bullet_list,
 )
 from . import patience
-from .store import BadFile, for_path, is_remote
+from .paths import is_remote
+from .route import for_path
+from .tries import FSSPEC_MODULES
 
 _T = TypeVar("_T")
 
 AGAIN = 2  # more reads of an item whose bytes failed their checks
-
-# What an error's text says went wrong, for the hint (see `failed`).
-_ACCESS = (
-    "PERMISSION_DENIED",
-    "UNAUTHENTICATED",
-    "AccessDenied",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "ExpiredToken",
-    "NoCredentialsError",
-    "PartialCredentialsError",
-    "NoSuchBucket",
-    "HTTP 401",
-    "HTTP 403",
-    "status 401",
-    "status 403",
-)
-_UNREACHED = (
-    "Could not connect",
-    "Couldn't connect",
-    "Could not resolve",
-    "Couldn't resolve",
-    "EndpointConnectionError",
-    "Connection refused",
-)
-# S3's error codes of the statuses a failing store answers (TensorStore's text
-# does not always keep the status itself).
-_STATUS_OF = {
-    "SlowDown": 503,
-    "ServiceUnavailable": 503,
-    "InternalError": 500,
-    "RequestTimeout": 400,
-}
-# Where the raw errors of Orbax's own calls on object stores come from.
-FSSPEC_MODULES = ("botocore", "aiobotocore", "s3fs", "gcsfs", "google", "aiohttp")
-
-
-class Retry(Exception):
-    """One try of a ranged read that went wrong in a way worth another.
-
-    `detail` says how; `short`: the answer had fewer bytes (or others) than
-    asked, so the object's length decides in the end; `stall`: nothing moved
-    for `patience.stall_seconds()`.
-    """
-
-    def __init__(self, detail: str, *, short: bool = False, stall: bool = False):
-        super().__init__(detail)
-        self.detail, self.short, self.stall = detail, short, stall
-
-
-def ranged(
-    once: Callable[[], _T],
-    holds: Callable[[], bool | None],
-    failure: Callable[[str], ObjectStoreError],
-    end: int,
-    stopped: Callable[[], bool] = lambda: False,
-) -> _T | None:
-    """`once()`, tried again while it raises `Retry` (rules 1 and 2).
-
-    **Arguments:**
-
-    - `once`: one try of the read; raises `Retry`, `BadFile` (the file's
-        damage, final) or `ObjectStoreError` (final).
-    - `holds`: whether the object holds the bytes the read needs now (None:
-        there is no object); asked after each short answer.
-    - `failure`: the store's error for a detail.
-    - `end`: the byte of the file the read needs, for a `BadFile`.
-    - `stopped`: whether the reads were cancelled (then None is returned).
-    """
-    stalls = 0
-    for attempt in range(patience.RETRIES + 1):
-        if stopped():
-            return None
-        try:
-            return once()
-        except Retry as e:
-            last = e
-        if last.short:
-            held = holds()
-            if held is None:
-                raise BadFile("is missing")
-            if not held:
-                raise BadFile(f"ends before byte {end}")
-        stalls += last.stall
-        if stalls >= patience.STALL_TRIES or attempt == patience.RETRIES:
-            break
-        time.sleep(patience.backoff(attempt))
-    if last.stall:
-        raise failure(f"{last.detail} (twice)")
-    though = ", though the object holds the bytes asked" if last.short else ""
-    raise failure(f"{last.detail} (on each of {attempt + 1} tries{though})")
-
-
-def failed(where: Any, what: str, path: Any, detail: str) -> ObjectStoreError:
-    """The error of a request that failed after its tries: what, where, the
-    answer, and the hint that fits it (credentials, the endpoint, or none:
-    a store that failed is not fixed by settings)."""
-    first = detail.split("[http_response_body")[0].strip().rstrip(".")
-    status = next((n for code, n in _STATUS_OF.items() if code in first), None)
-    said = ("http_response_code", f"HTTP {status}")
-    if status is not None and not any(sign in first for sign in said):
-        first += f" (HTTP {status})"  # TensorStore's text may lose the number
-    if any(sign in first for sign in _ACCESS):
-        hint = where.setup_hint()
-    elif any(sign in first for sign in _UNREACHED):
-        hint = where.endpoint_hint()
-    else:
-        hint = (
-            "The store failed, not the checkpoint: this is no sign of damage. Try "
-            "again later, and check the store's health if it goes on (a "
-            f"request is abandoned after {patience.stall_seconds():g} s "
-            f"without progress, {patience.ENV}, and a failed one is tried "
-            f"{patience.RETRIES} more times)."
-        )
-    return ObjectStoreError(
-        f"{what} {path} failed at {where.describe()}: {first}. {hint}"
-    )
 
 
 def confirmed(

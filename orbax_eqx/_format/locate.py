@@ -5,6 +5,7 @@ from typing import Any
 
 from etils import epath
 
+from .._bytes.paths import is_remote
 from .._errors import CheckpointNotFoundError, permission_denied
 from .sidecar import FILE_NAME
 
@@ -14,7 +15,7 @@ PLAIN_METADATA = "_METADATA"  # what Orbax's PyTree handlers write in an item
 def as_path(directory: str | os.PathLike) -> epath.Path:
     """An absolute `epath.Path`; relative local paths are resolved here."""
     text = os.fspath(directory)
-    if "://" in text:
+    if is_remote(text):
         return epath.Path(text)
     return epath.Path(os.path.abspath(text))
 
@@ -51,7 +52,7 @@ def items_under(directory: str | os.PathLike) -> list[tuple[int | None, epath.Pa
     that names none raises what `find_item` raises.
     """
     path = as_path(directory)
-    readable = "://" in os.fspath(path) or os.access(path, os.R_OK | os.X_OK)
+    readable = is_remote(path) or os.access(path, os.R_OK | os.X_OK)
     if path.is_dir() and readable and not is_item(path):
         items = items_in(path)
         if items:
@@ -73,7 +74,7 @@ def find_item(directory: str | os.PathLike) -> epath.Path:
         raise CheckpointNotFoundError(
             f"{path} is a file; pass the directory of a checkpoint."
         )
-    if "://" not in os.fspath(path) and not os.access(path, os.R_OK | os.X_OK):
+    if not is_remote(path) and not os.access(path, os.R_OK | os.X_OK):
         # Else the sidecar looks absent, and the error would say "no checkpoint".
         raise permission_denied(path)
     if is_item(path):
@@ -108,7 +109,7 @@ def find_item(directory: str | os.PathLike) -> epath.Path:
 def _other_steps(path: epath.Path) -> str:
     """For a missing step (`<root>/99` or `<root>/99/<item>`) of a manager root:
     the steps there are."""
-    if "://" in os.fspath(path):
+    if is_remote(path):
         return ""
     root, rest = path.parent, tuple[str, ...]()
     if not root.exists():  # perhaps `<root>/99/<item>`

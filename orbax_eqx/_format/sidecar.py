@@ -73,7 +73,7 @@ An array leaf's `data` says where its bytes are:
 Packed leaves record the CRC-32 of their bytes (`crc32`; from format 5 on
 bound to the leaf's record, see `bind`), Orbax-stored ones a sum over their
 32-bit words that does not depend on the sharding (`sum32`; from format 5 on
-`null` where no process held the array whole; both defined in `_checksum`).
+`null` where no process held the array whole; both defined in `_storage.checksum`).
 Sidecars written before checksums have neither; such leaves are read
 unchecked. Unless the save says `"checksums": false` (saved with
 `checksums=False`), every packed leaf has a `crc32` from format 4 on, and every
@@ -82,7 +82,7 @@ Orbax-stored one a `sum32` key from format 5 on (see `sidecar_read`).
 The `token` is drawn at random for each save and names every file the save
 writes, so that two processes saving the same step into one directory (which
 Orbax allows) never write to the same file: the sidecar, claimed by whichever
-finishes first, names the files of one save only (see `_claim`). File names
+finishes first, names the files of one save only (see `_save.claim`). File names
 are derived from the token, never read from the sidecar.
 """
 
@@ -102,7 +102,7 @@ import numpy as np
 import xxhash
 from etils import epath
 
-from .._bytes import store as _store
+from .._bytes import route as _route
 
 # Names only: which data checksum a format records (computed in `_storage`).
 from .._storage.checksum import CRC32, XXH3
@@ -181,7 +181,7 @@ class LeafMetadata:
     crc32: int | None = None
     sum32: int | None = None  # Orbax-stored leaves' checksum
     sharding: str | None = None  # shard-pack leaves: the saved sharding, as text
-    key: str | None = None  # Orbax-stored leaves' storage key (`_names`)
+    key: str | None = None  # Orbax-stored leaves' storage key (`_tree.names`)
     sum_algorithm: str = "crc32"  # of `crc32`
 
     def describe(self) -> str:
@@ -437,9 +437,9 @@ def write(
 
     A reader sees no sidecar, or all of it. If another save put one there
     first, this raises `FileExistsError` and leaves that one alone: the
-    sidecar is how a save claims its directory (see `_claim`). `pause` is
+    sidecar is how a save claims its directory (see `_save.claim`). `pause` is
     called once per line of JSON (see `walk`).
     """
     data = dumps(content, pause)
     path = directory / FILE_NAME
-    _store.write_new(path, data)
+    _route.write_new(path, data)

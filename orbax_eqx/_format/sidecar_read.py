@@ -2,7 +2,7 @@
 
 Pure data: nothing named in the file is imported or called, and every file
 name and storage key is derived (from the token, from leaf names) and only
-compared with what the file says. The format is described in `_sidecar`.
+compared with what the file says. The format is described in `sidecar`.
 
 From format 6 on, the file's checksum is checked first, before its JSON is
 read (see `sidecar.checksum_line`): any changed byte is damage.
@@ -29,7 +29,7 @@ from etils import epath
 
 # The one module of a later stage read here: it imports nothing of ours but
 # `_errors`, and opening files safely is the same job for every file.
-from .._bytes import store as _store
+from .._bytes import route as _route
 from .._errors import SidecarError, permission_denied
 from .._gc import paused
 from .._storage.checksum import NAMES, XXH3
@@ -86,7 +86,7 @@ def read(directory: epath.Path) -> Metadata:
             )
         raise missing
     try:
-        raw = _store.read_bounded(path, MAX_BYTES, lambda what: _damaged(path, what))
+        raw = _route.read_bounded(path, MAX_BYTES, lambda what: _damaged(path, what))
     except FileNotFoundError:  # deleted since, or a link to nothing
         raise missing from None
     except PermissionError:

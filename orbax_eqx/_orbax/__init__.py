@@ -9,5 +9,5 @@ options typed by `options`), and the pack as an Orbax
 Orbax checkpoints of Equinox models into skeletons (`plain`), and restores
 that rebuild the saved tree under `allow=` (`rebuilt`).
 May import: `_save`, `_restore`, `_rebuild`, `_storage`, `_format`, `_tree`,
-`_errors`, `_gc`.
+`_bytes`, `_errors`, `_gc`; never `_bridge` or `_tools`, which sit above it.
 """

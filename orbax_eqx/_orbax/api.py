@@ -3,17 +3,17 @@
 import os
 from typing import Any
 
-import jax
 import orbax.checkpoint as ocp
 
-from .._bytes import store as _store
+from .._bytes import route as _route
+from .._bytes.paths import is_remote
 from .._errors import CheckpointNotFoundError, OrbaxEqxError
 from .._format.locate import as_path, find_item
 from .._format.sidecar import Metadata
 from .._format.sidecar_read import read
 from .._save import leftovers as _leftovers
 from .._save import replace as _replace
-from .._save.claim import ConcurrentSaveError, from_process_0
+from .._save.claim import ConcurrentSaveError, from_process
 from .._save.replace import CheckpointExistsError as CheckpointExistsError
 from .._save.replace import NotACheckpointError as NotACheckpointError
 from .._storage.typed import GROUP_PREFIX
@@ -89,8 +89,8 @@ def save(
         multiprocessing_options=multiprocessing_options,
         checksums=checksums,
     )
-    if _store.is_remote(path):  # object stores have no atomic rename
-        store = _store.for_path(path)
+    if is_remote(path):  # object stores have no atomic rename
+        store = _route.for_path(path)
         store.check_reachable(path)
         try:
             _replace.check_target(path, overwrite)
@@ -104,18 +104,25 @@ def save(
                 raise
             raise wrapped from e
         return
-    primary = jax.process_index() == 0
+    # The handler's primary host (it writes the sidecar) tidies, publishes and
+    # says whether publishing worked: one process, process 0 where Orbax's
+    # `primary_host=None` would make every process one.
+    mp = multiprocessing_options or ocp.options.MultiprocessingOptions()
+    source = 0 if mp.primary_host is None else mp.primary_host
+    primary = ocp.multihost.is_primary_host(source)
     if primary:
         _leftovers.tidy(path)
     owner = _leftovers.new_owner()  # with several processes: after the tidy
     _replace.check_target(path, overwrite)
     _check_writable(path)
     with _leftovers.saving(owner):
-        _save_beside(path, args, owner, overwrite, primary, options)
+        _save_beside(path, args, owner, overwrite, (primary, source), options)
 
 
-def _save_beside(path, args, owner, overwrite, primary, options) -> None:
-    """Saves beside `path` and swaps the new checkpoint in."""
+def _save_beside(path, args, owner, overwrite, host, options) -> None:
+    """Saves beside `path` and swaps the new checkpoint in; `host`: whether
+    this process is the primary host, and which process that is."""
+    primary, source = host
     new = _leftovers.beside(path, owner, _leftovers.NEW)
     try:
         with ocp.Checkpointer(EqxHandler(**options)) as checkpointer:
@@ -135,22 +142,22 @@ def _save_beside(path, args, owner, overwrite, primary, options) -> None:
         except BaseException as e:
             _replace.discard(new)
             failed = e
-    if not _all_agree(failed is None):
+    if not _all_agree(failed is None, source):
         raise failed or ConcurrentSaveError(
-            f"Process 0 could not put the new checkpoint in place at {path} (its "
-            "error says why); this save did not change it."
+            f"Process {source} could not put the new checkpoint in place at "
+            f"{path} (its error says why); this save did not change it."
         )
 
 
-def _all_agree(ok: bool) -> bool:
-    """Process 0's `ok`, in every process (through the coordinator's key-value
-    store: no computation on a device)."""
-    return from_process_0("published", "1" if ok else "0") == "1"
+def _all_agree(ok: bool, source: int) -> bool:
+    """Process `source`'s `ok`, in every process (through the coordinator's
+    key-value store: no computation on a device)."""
+    return from_process("published", "1" if ok else "0", source) == "1"
 
 
 def _check_writable(path) -> None:
     """Fails before any work if the nearest existing ancestor is read-only."""
-    if "://" in os.fspath(path):
+    if is_remote(path):
         return  # object stores: permissions are checked by the store itself
     ancestor = os.fspath(path)
     while not os.path.exists(ancestor):
@@ -205,7 +212,7 @@ def _find(directory: str | os.PathLike[str]) -> Any:
     first; a checkpoint saved
     through the type handler is no error of the path, and is told apart."""
     path = as_path(directory)
-    _store.for_path(path).check_reachable(path)  # says what to set, if not
+    _route.for_path(path).check_reachable(path)  # says what to set, if not
     path = _leftovers.recover(path)
     if not (_typed(path) or any(_typed(p) for p in _dirs(path))):
         return find_item(path)

@@ -13,8 +13,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from .._bytes import store as _store
+from .._bytes import route as _route
 from .._bytes import verdict as _verdict
+from .._bytes.paths import is_remote
 from .._errors import ObjectStoreError, ObjectStoreSaveError, UnsupportedLeafError
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
@@ -89,7 +90,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         every 1 MiB of shard-pack chunks, computed on host while the files are
         written; for Orbax-stored arrays (`pack=False`) a sum computed on host
         where one process holds the whole array (multi-host `pack=False`
-        saves are not summed; see `_checksum`). Costs a few percent of the
+        saves are not summed; see `_storage.checksum`). Costs a few percent of the
         save time (BENCHMARKS.md); False saves without them.
 
     !!! example
@@ -117,7 +118,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         self._primary_host = mp.primary_host
         self._pack = pack
         self._checksums = checksums
-        # Item directories this handler is saving: (token, `_claim.Started` on
+        # Item directories this handler is saving: (token, `_save.claim.Started` on
         # the primary host, whether Orbax stores arrays, how many shard packs).
         # `finalize` needs them; re-reading the sidecar costs ~0.1 s on a
         # 6,000-leaf model.
@@ -403,7 +404,7 @@ async def _undo_directories(directory: epath.Path, primary: bool) -> None:
         await asyncio.to_thread(made.result, _DIRECTORIES_WAIT_S)
     except Exception:  # not made in time, or could not be: leave it to Orbax
         return
-    if not primary or "://" in os.fspath(directory):
+    if not primary or is_remote(directory):
         return
     try:
         os.rmdir(directory)  # fails unless empty
@@ -456,7 +457,7 @@ def _check_shard_files(directory: epath.Path, token, shard_files: int, started):
             _sidecar.shard_file(token, process),
             _sidecar.shard_index(token, process),
         )
-        if not _store.for_path(directory / name).exists(directory / name)
+        if not _route.for_path(directory / name).exists(directory / name)
     ]
     if missing:
         error = FileNotFoundError(

@@ -23,7 +23,8 @@ import threading
 
 import orbax.checkpoint as ocp
 
-from .._bytes import store as _store
+from .._bytes import route as _route
+from .._bytes.paths import is_remote
 from .._errors import ObjectStoreSaveError
 
 _reached: set[str] = set()  # "gs://bucket" roots this process reached
@@ -64,13 +65,13 @@ def reachable(directory: os.PathLike) -> None:
     bucket of `directory` answers and exists; asked once per bucket and
     process, on its first save. Nothing for local paths."""
     text = os.fspath(directory)
-    if not _store.is_remote(text):
+    if not is_remote(text):
         return
     scheme, _, rest = text.partition("://")
     root = f"{scheme}://{rest.split('/', 1)[0]}"
     with _lock:
         if root in _reached:
             return
-    _store.for_path(directory).check_reachable(directory)
+    _route.for_path(directory).check_reachable(directory)
     with _lock:
         _reached.add(root)

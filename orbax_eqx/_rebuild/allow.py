@@ -224,11 +224,6 @@ class Resolver:
         return next(iter(found.values()))
 
 
-def look_up(name: str, allow: tuple[str, ...]) -> Any:
-    """The object named `name` under `allow` (see `Resolver`), or `Refused`."""
-    return Resolver(allow)(name)
-
-
 _ABSENT = object()
 _LAMBDA = ".<lambda>"
 

@@ -385,7 +385,7 @@ class _Builder:
         arrays while JAX is 32-bit: see `_restore/wide.py`). A numpy stand-in
         holds one element, whatever the shape: nothing is allocated for what
         only the record claims (the handler checked that packed leaves' bytes
-        are in their files, see `handler._check_packs`)."""
+        are in their files, see `_orbax.rebuilt._check_packs`)."""
         dtype = parse_dtype(leaf.dtype)
         shape = tuple(leaf.shape or ())
         kind = flat_container(leaf)

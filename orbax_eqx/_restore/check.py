@@ -65,7 +65,7 @@ def check(
     """Raises `CheckpointMismatchError` listing every difference.
 
     `saved.leaves` and `saved.modules` are keyed by the name `target(skeleton
-    name)` (`_select.Selection`). Returns the skeleton leaves to keep as they
+    name)` (`select.Selection`). Returns the skeleton leaves to keep as they
     are: those that the checkpoint lacks, with `missing="keep"`.
 
     Each fix offered is one that works: `on_static_mismatch="warn"` only when

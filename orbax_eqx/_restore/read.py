@@ -26,7 +26,7 @@ class LeafReader:
     **Arguments:**
 
     - `directory`: the item directory of the checkpoint.
-    - `saved`: its sidecar, from `orbax_eqx._sidecar_read.read(directory)`.
+    - `saved`: its sidecar, from `_format.sidecar_read.read(directory)`.
 
     Use as a context manager, or call `close()`.
     """

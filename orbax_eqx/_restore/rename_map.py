@@ -21,6 +21,7 @@ from collections.abc import Callable
 from etils import epath
 
 from .._bytes import files as _files
+from .._bytes.paths import is_remote
 from .._errors import OrbaxEqxError, inline_list
 
 
@@ -74,7 +75,7 @@ def load(path: str | os.PathLike | None) -> RenameMap:
         )
 
     # Bounded and never blocking: a FIFO or `/dev/zero` given by mistake.
-    where = epath.Path(source) if _files.is_remote(source) else source
+    where = epath.Path(source) if is_remote(source) else source
     try:
         data = _files.read_bounded(where, _MAX_BYTES, refused)
     except FileNotFoundError:

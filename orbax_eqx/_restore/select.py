@@ -140,7 +140,7 @@ def _targets(prefix: str | None, walked: Walked):
 
 
 def _key(part: str) -> str | int | None:
-    """The dict key whose name part is `part` (`_names.key_part` reversed)."""
+    """The dict key whose name part is `part` (`_tree.names.key_part` reversed)."""
     if part.startswith(ESCAPE + "("):
         return None  # a key that is neither str nor int
     if re.fullmatch(r"-?[0-9]+", part):

@@ -26,7 +26,8 @@ from typing import Any
 
 from etils import epath
 
-from .._bytes import store as _store
+from .._bytes import paths as _paths
+from .._bytes import route as _route
 from .._errors import (
     CheckpointDamagedError,
     CheckpointNotFoundError,
@@ -57,7 +58,7 @@ def noticed(directory: epath.Path | str) -> Iterator[None]:
     and into `CheckpointReplacedError` if its sidecar is another file now."""
     directory = epath.Path(directory)
     before = _identity(directory)  # None: the failure says what is missing
-    remote = _store.is_remote(directory)
+    remote = _paths.is_remote(directory)
     entries = _entries(directory) if before not in (None, _UNKNOWN) else set()
     try:
         yield
@@ -118,7 +119,7 @@ def _ours_to_explain(e: Exception) -> bool:
 def _entries(directory: epath.Path) -> set[str]:
     """The names in `directory` and in its subdirectories (one level down:
     Orbax's array store, typed groups), to tell files deleted meanwhile."""
-    if "://" in os.fspath(directory):
+    if _paths.is_remote(directory):
         return set()
     found = set()
     try:
@@ -146,6 +147,6 @@ def _identity(directory: epath.Path) -> Any:
     say."""
     path = directory / FILE_NAME
     try:
-        return _store.for_path(path).version(path)
+        return _route.for_path(path).version(path)
     except ObjectStoreError:
         return _UNKNOWN

@@ -9,5 +9,6 @@ errors from background writes (`background`), finishing the saves still
 under way when a script ends (`at_exit`), keeping a failed save's threads
 from holding the process (`released`), and a standalone save's atomic replace
 (`replace`) with the directories it writes beside its target (`leftovers`).
-May import: `_storage`, `_format`, `_tree`, `_errors`.
+May import: `_storage`, `_format`, `_tree`, `_bytes`, `_errors`; never
+`_restore` (a save checks nothing a restore owns).
 """

@@ -28,7 +28,7 @@ import threading
 from etils import epath
 
 # What a message calls a save under way (`step `3` (/ckpts/3/default)`, see
-# `_background.target`) -> the directory it is committed to.
+# `background.target`) -> the directory it is committed to.
 _pending: dict[str, epath.Path | None] = {}
 _lock = threading.Lock()
 # Orbax names the thread that waits for a save's writes and commits it.

@@ -77,7 +77,7 @@ class NotedFuture:
     """An Orbax future whose error, if any, carries the note.
 
     `explain`, if given, is called with the error first and may raise a
-    clearer one in its place (see `_claim.explain`).
+    clearer one in its place (see `claim.explain`).
     """
 
     def __init__(self, future: Any, where: str, explain: Any = None):

@@ -7,10 +7,10 @@ while the other is under way deletes that directory and makes it anew. Plain
 Orbax can then commit a step holding files of both. Here:
 
 - every save draws a token that names each file it writes (its pack files,
-  its Orbax array store: see `_sidecar.pack_file`, `_sidecar.arrays_dir`), so
-  the two never write to one file;
+  its Orbax array store: see `_format.sidecar.pack_file` and `arrays_dir`),
+  so the two never write to one file;
 - the sidecar, which names the token, is claimed: it is linked into place,
-  which fails if the other save's is there (`_sidecar.write`);
+  which fails if the other save's is there (`_format.sidecar.write`);
 - a save remembers the directory it writes in (device and inode; Orbax makes
   it in the background, so this is taken when the writes start) and the
   files it writes, and checks that the path still names that directory and
@@ -35,7 +35,8 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from .._bytes import files as _files
-from .._bytes import store as _store
+from .._bytes import route as _route
+from .._bytes.paths import is_remote
 from .._errors import OrbaxEqxError, some
 from .._format.sidecar import (
     ARRAYS_DIR,
@@ -80,12 +81,12 @@ def new_token() -> str:
     computation on any device, so no collective that could interleave with
     Orbax's own in its background threads.
     """
-    return from_process_0("token", secrets.token_hex(8))
+    return from_process("token", secrets.token_hex(8))
 
 
-def from_process_0(kind: str, value: str) -> str:
-    """Process 0's `value`, in every process; each process calls this once per
-    save for each `kind`, in the same order.
+def from_process(kind: str, value: str, source: int = 0) -> str:
+    """Process `source`'s `value`, in every process; each process calls this
+    once per save for each `kind`, in the same order.
 
     Through the key-value store of JAX's distributed client (the coordinator
     Orbax's barriers use), never a computation on a device: no collective of
@@ -95,7 +96,7 @@ def from_process_0(kind: str, value: str) -> str:
         return value
     key = f"orbax_eqx/{kind}/{next(_CALLS.setdefault(kind, itertools.count()))}"
     client = ocp.multihost.get_jax_distributed_client()
-    if jax.process_index() == 0:
+    if jax.process_index() == source:
         client.key_value_set(key, value)
         return value
     timeout_ms = ocp.multihost.coordination_timeout() * 1000
@@ -165,7 +166,7 @@ def wrote(started: Started, path: epath.Path) -> None:
     if started.identity is not None:
         st = os.stat(os.fspath(path))
         started.written[os.fspath(path)] = (st.st_dev, st.st_ino, st.st_size)
-    elif _store.is_remote(path):
+    elif is_remote(path):
         started.written[os.fspath(path)] = None
 
 
@@ -207,7 +208,7 @@ def _gone_files(started: Started) -> list[str]:
     for path, was in started.written.items():
         if was is None:  # an object: is it still there?
             name = os.path.basename(path)
-            if not _store.for_path(path).exists(path) or (
+            if not _route.for_path(path).exists(path) or (
                 name == FILE_NAME and not _is_sidecar_of(path, started.token)
             ):
                 gone.append(name)
@@ -228,7 +229,7 @@ def _gone_files(started: Started) -> list[str]:
 
 
 def _identity(path: epath.Path) -> tuple[int, int] | None:
-    if "://" in os.fspath(path):
+    if is_remote(path):
         return None
     try:
         st = os.stat(os.fspath(path))
@@ -268,7 +269,7 @@ def _lose(started: Started, what: str) -> None:
 
 def remove(directory: epath.Path, token: str) -> None:
     """Removes the files of the save `token` from `directory`, if there."""
-    if "://" in os.fspath(directory):
+    if is_remote(directory):
         return
     shutil.rmtree(os.fspath(arrays_dir(directory, token)), ignore_errors=True)
     prefixes = tuple(prefix + token + "." for prefix in TOKEN_FILE_PREFIXES)
@@ -282,7 +283,7 @@ def _remove_written_objects(started: Started) -> None:
     (an object store is not listed here by prefix); the sidecar apart: see
     `_remove_own_sidecar`."""
     for path in started.written:
-        if _store.is_remote(path) and os.path.basename(path) != FILE_NAME:
+        if is_remote(path) and os.path.basename(path) != FILE_NAME:
             _unlink(path)
 
 
@@ -300,9 +301,9 @@ def _remove_own_sidecar(started: Started) -> None:
 def _is_sidecar_of(sidecar: str | epath.Path, token: str) -> bool:
     """Whether `sidecar` is the one of the save `token` (the token is near
     its start)."""
-    if _store.is_remote(sidecar):
+    if is_remote(sidecar):
         try:
-            head = _store.read_bounded(sidecar, MAX_BYTES)[: 1 << 16]
+            head = _route.read_bounded(sidecar, MAX_BYTES)[: 1 << 16]
         except OSError:  # missing: not this save's
             return False
         return f'"token": "{token}"'.encode() in head
@@ -348,8 +349,8 @@ def _names(directory: epath.Path) -> list[str]:
 
 def _unlink(path: epath.Path | str) -> None:
     try:
-        if _store.is_remote(path):
-            _store.for_path(path).delete(path)
+        if is_remote(path):
+            _route.for_path(path).delete(path)
         else:
             os.unlink(os.fspath(path))
     except OSError:

@@ -32,7 +32,8 @@ from collections.abc import Iterator
 import jax
 from etils import epath
 
-from .claim import from_process_0
+from .._bytes.paths import is_remote
+from .claim import from_process
 
 NEW, OLD = "new", "old"
 ORBAX_TMP = ".orbax-checkpoint-tmp"  # what Orbax adds to a directory it writes
@@ -99,11 +100,11 @@ def saving(owner: Owner) -> Iterator[None]:
 def new_owner() -> Owner:
     """This save's owner: process 0's, the same in every process of a
     multi-host run (every process calls this once per save, in the same order;
-    shared through the coordinator's key-value store, see `from_process_0`)."""
+    shared through the coordinator's key-value store, see `claim.from_process`)."""
     owner = Owner(secrets.token_hex(4), os.getpid(), HOST)
     if jax.process_count() == 1:
         return owner
-    text = from_process_0("owner", f"{owner.token}-{owner.pid}-{owner.host}")
+    text = from_process("owner", f"{owner.token}-{owner.pid}-{owner.host}")
     token, pid, host = text.split("-", 2)
     return Owner(token, int(pid), host)
 
@@ -159,7 +160,7 @@ def recover(target: epath.Path) -> epath.Path:
     **Returns:** where the checkpoint now is: `target`, or the `OLD` directory
     if it could not be renamed back (a read-only file system).
     """
-    if "://" in os.fspath(target) or os.path.lexists(os.fspath(target)):
+    if is_remote(target) or os.path.lexists(os.fspath(target)):
         return target
     olds = [x for x in leftovers(target) if x.kind == OLD]
     if not olds:
@@ -183,7 +184,7 @@ def recover(target: epath.Path) -> epath.Path:
 def tidy(target: epath.Path) -> None:
     """Recovers `target` (see `recover`), then deletes the directories beside
     it whose owners are dead."""
-    if "://" in os.fspath(target):
+    if is_remote(target):
         return
     recover(target)
     for leftover in leftovers(target):

@@ -22,7 +22,6 @@ class Polite:
     def __init__(self):
         self._count = 0
         self._due = time.perf_counter() + EVERY
-        self.pauses = 0
 
     def __call__(self) -> None:
         self._count += 1
@@ -30,5 +29,4 @@ class Polite:
             return
         if time.perf_counter() >= self._due:
             time.sleep(REST)
-            self.pauses += 1
             self._due = time.perf_counter() + EVERY

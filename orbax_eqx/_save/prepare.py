@@ -93,7 +93,7 @@ def prepare(
 ) -> Prepared:
     """Decides where every leaf of `item` goes and takes packed arrays' bytes.
 
-    `token` names the files of this save (see `_claim`). Checks the whole
+    `token` names the files of this save (see `claim`). Checks the whole
     item first and raises one error listing every leaf that cannot be saved,
     before anything is written. With `pack`, unsharded arrays are packed (see
     `_packing`); `copy_packed=False` (hosts other than the primary, which do

@@ -32,6 +32,7 @@ import time
 
 from etils import epath
 
+from .._bytes.paths import is_remote
 from .._errors import OrbaxEqxError, some
 from .._format.locate import is_item, steps_in
 from .._format.sidecar import FILE_NAME
@@ -152,7 +153,7 @@ def _what_else(path: epath.Path) -> tuple[str, dict[str, object]] | None:
     entries is no checkpoint."""
     if not _lexists(path):
         return None
-    local = "://" not in os.fspath(path)
+    local = not is_remote(path)
     if local and os.path.islink(os.fspath(path)):
         return "link", {"target": os.readlink(os.fspath(path))}
     if not path.is_dir():
@@ -344,7 +345,7 @@ _QUIET_S = 0.2
 def discard(new: epath.Path) -> None:
     """Removes the new checkpoint of a save that failed, and Orbax's temporary
     directory of it."""
-    if "://" in os.fspath(new):
+    if is_remote(new):
         return
     paths = [new.parent / (new.name + _leftovers.ORBAX_TMP), new]
     for _ in range(50):
@@ -356,7 +357,7 @@ def discard(new: epath.Path) -> None:
 
 
 def _lexists(path: epath.Path) -> bool:
-    if "://" in os.fspath(path):
+    if is_remote(path):
         return path.exists()
     return os.path.lexists(os.fspath(path))
 

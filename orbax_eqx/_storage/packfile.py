@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from etils import epath
 
+from .._bytes import route as _route
 from .._bytes import store as _store
 from .._errors import CheckpointDamagedError, permission_denied
 from .._format.sidecar import PACK_ALIGNMENT as ALIGNMENT
@@ -78,7 +79,7 @@ def write(
     file is written under a new name beside `path` and renamed onto it (never
     through a link planted at the name); an object store gets it in parts.
     """
-    _store.for_path(path).write_stream(path, _gaps_and_arrays(pieces, nbytes), nbytes)
+    _route.for_path(path).write_stream(path, _gaps_and_arrays(pieces, nbytes), nbytes)
 
 
 def read(
@@ -128,7 +129,7 @@ def check_size(path: epath.Path, end: int, nbytes: int | None = None) -> None:
 
 def _open(path, end: int, nbytes: int | None):
     try:
-        return _store.for_path(path).open(path, end, nbytes)
+        return _route.for_path(path).open(path, end, nbytes)
     except _store.BadFile as e:
         raise _damaged(path, e.what) from None
     except FileNotFoundError:

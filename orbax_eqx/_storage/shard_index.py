@@ -56,7 +56,8 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from .._bytes.store import read_bounded
+from .._bytes.paths import is_remote
+from .._bytes.route import read_bounded
 from .._errors import CheckpointDamagedError, permission_denied
 from .._format.sidecar import (
     SHARDS,
@@ -260,18 +261,6 @@ def read_all(directory: epath.Path, saved: Metadata) -> dict[str, list[Chunk]]:
     return chunks
 
 
-def read_pack(
-    directory: epath.Path,
-    token: str,
-    process: int,
-    stored: dict[str, str],
-    versions=(1, INDEX_VERSION),
-) -> ShardPack:
-    """One process's index, checked for form only (see `read_all`); `stored`:
-    `stored_text` of each leaf's element type, as the sidecar records it."""
-    return _read_one(directory, token, process, versions, stored)
-
-
 def _read_one(
     directory: epath.Path, token: str, process: int, versions, stored
 ) -> ShardPack:
@@ -387,7 +376,7 @@ def _parse(
 def _check_file(directory, pack: ShardPack, records) -> None:
     """The shard pack must be there, with the size its index records."""
     path = epath.Path(directory) / pack.file
-    if "://" in os.fspath(path):
+    if is_remote(path):
         return  # checked by the reads
     try:
         st = os.stat(os.fspath(path))

@@ -21,7 +21,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from .._bytes import store as _store
+from .._bytes import route as _route
 from .._format.sidecar import shard_file, shard_index
 from .._tree.walk import is_key_dtype
 from . import packfile as _packfile
@@ -175,7 +175,7 @@ def write(directory: epath.Path, token: str, process: int, local: Local) -> list
     chunks = [dataclasses.replace(c, crcs=tuple(x)) for c, x in zip(chunks, crcs)]
     local.hosts = []  # let go of device buffers' views (see `take`)
     index = directory / shard_index(token, process)
-    _store.write_whole(index, to_json(token, process, nbytes, chunks).encode())
+    _route.write_whole(index, to_json(token, process, nbytes, chunks).encode())
     return [pack, index]
 
 

@@ -22,6 +22,7 @@ from collections.abc import Collection
 from etils import epath
 
 from .._bytes import files as _files
+from .._bytes.paths import is_remote
 from .._errors import CheckpointDamagedError, permission_denied
 
 # Far more than Orbax writes: a store without OCDBT has a directory, a
@@ -45,7 +46,7 @@ def check(
         the message then says so.
     """
     top = os.fspath(store)
-    if _files.is_remote(top):
+    if is_remote(top):
         return
     try:
         mode = os.stat(top).st_mode

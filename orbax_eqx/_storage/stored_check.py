@@ -21,6 +21,7 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 from etils import epath
 
+from .._bytes.paths import is_remote
 from .._errors import (
     CheckpointDamagedError,
     CheckpointPermissionError,
@@ -110,7 +111,7 @@ def missing_in_store(directory: epath.Path, keys: Sequence[str]) -> list[str]:
 
 def _open(directory: epath.Path) -> ts.KvStore:
     text = os.fspath(directory).rstrip("/") + "/"
-    base = text if "://" in text else "file://" + text
+    base = text if is_remote(text) else "file://" + text
     # As Orbax decides it, so that both read the same store.
     ocdbt = ocp.type_handlers.is_ocdbt_checkpoint(directory)
     spec = {"driver": "ocdbt", "base": base} if ocdbt else base

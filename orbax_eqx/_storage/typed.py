@@ -51,7 +51,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from .._bytes import store as _store
+from .._bytes import route as _route
 from .._format.sidecar import (
     EMPTY,
     PACKED,
@@ -215,10 +215,10 @@ def write(directory: epath.Path, taken: Taken, process: int, primary: bool) -> N
         for name, crc in zip(taken.packed, crcs):
             index["leaves"][name]["crc32"] = crc
     text = _dump(index).encode("utf-8")
-    _store.write_whole(where / INDEX_FILE, text)
+    _route.write_whole(where / INDEX_FILE, text)
     # Beside the group's directory, not in it: binds the directory's index
     # (and through its CRC-32s and save token, its packs) to this checkpoint.
-    _store.write_whole(
+    _route.write_whole(
         epath.Path(directory) / SEAL_FILE.format(group=taken.group),
         seal(text).encode("ascii"),
     )

@@ -17,7 +17,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from .._bytes import store as _store
+from .._bytes import route as _route
 from .._errors import CheckpointDamagedError, permission_denied
 from .._format.sidecar import (
     EMPTY,
@@ -165,7 +165,7 @@ def _check_seal(where: epath.Path, group: str, index: bytes) -> None:
     path = where.parent / SEAL_FILE.format(group=group)
     problem = None
     try:
-        found = _store.read_bounded(path, 1024, lambda what: _damaged(path, what))
+        found = _route.read_bounded(path, 1024, lambda what: _damaged(path, what))
     except FileNotFoundError:
         problem = (
             f"{path.name} beside it, which binds it to this checkpoint, is missing"
@@ -240,7 +240,7 @@ def _read_bounded(path: epath.Path) -> bytes:
     """The index's bytes; refuses what is missing, not a regular file (a FIFO
     is refused, not waited on), or huge."""
     try:
-        return _store.read_bounded(
+        return _route.read_bounded(
             path, _MAX_INDEX_BYTES, lambda what: _damaged(path, f"it {what}")
         )
     except FileNotFoundError:

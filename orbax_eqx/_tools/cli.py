@@ -104,7 +104,7 @@ def _escape_unprintable(stream) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from .. import __version__
+    from .._version import __version__
 
     parser = argparse.ArgumentParser(
         prog=PROG,

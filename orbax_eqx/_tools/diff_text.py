@@ -1,4 +1,4 @@
-"""`python -m orbax_eqx diff`: runs `_diff` and shows what it found, as text or JSON."""
+"""`python -m orbax_eqx diff`: runs `diff` and shows what it found, as text or JSON."""
 
 import argparse
 import json

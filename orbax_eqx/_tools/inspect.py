@@ -16,7 +16,7 @@ from typing import Any
 import orbax.checkpoint as ocp
 from etils import epath
 
-from .._bytes.store import read_bounded
+from .._bytes.route import read_bounded
 from .._errors import OrbaxEqxError
 from .._format.locate import as_path
 from .._format.sidecar import ALIAS, PACKED, SHARDS, STORED, Metadata, arrays_dir

@@ -27,7 +27,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
-from .._bytes.store import read_bounded
+from .._bytes.route import read_bounded
 from .._errors import CheckpointDamagedError, OrbaxEqxError, first_line, inline_list
 from .._format.locate import PLAIN_METADATA, is_plain_item
 from .._format.sidecar import STORED, LeafMetadata, Metadata

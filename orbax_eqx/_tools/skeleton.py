@@ -19,6 +19,7 @@ from typing import Any
 
 import jax
 
+from .._bytes.paths import is_remote
 from .._errors import OrbaxEqxError, first_line
 from .._format.sidecar import EMPTY, STORED, LeafMetadata, Metadata
 from .._tree.values import encode
@@ -31,7 +32,7 @@ class SkeletonError(OrbaxEqxError, ValueError):
 
 def looks_like_spec(text: str) -> bool:
     """Whether `text` names a skeleton (`module:function`) rather than a path."""
-    if "://" in text or os.path.exists(text):
+    if is_remote(text) or os.path.exists(text):
         return False
     module, sep, function = text.rpartition(":")
     return bool(sep and module and function)

@@ -14,6 +14,7 @@ from typing import Any
 
 from etils import epath
 
+from .._bytes.paths import is_remote
 from .._format.locate import as_path, is_item
 from . import plain_items as _plain
 from . import typed_items as _typed
@@ -91,7 +92,7 @@ def items_under(directory: str | os.PathLike) -> list[tuple[int | None, epath.Pa
     that names none raises what `typed_items.find_item` raises (no such path,
     a file, no checkpoint...)."""
     path = as_path(directory)
-    remote = "://" in os.fspath(path)
+    remote = is_remote(path)
     readable = remote or os.access(path, os.R_OK | os.X_OK)
     if readable and path.is_dir():
         if kind_of(path) is not None:

@@ -80,10 +80,6 @@ def _is_none(x: Any) -> bool:
     return x is None
 
 
-def is_array_like(x: Any) -> bool:
-    return isinstance(x, (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct))
-
-
 def is_array_leaf(x: Any) -> bool:
     """Whether a leaf is an array (`leaf_kind(x) == ARRAY`), quickly."""
     cls: type = type(x)  # (to mypy a `type[Any]` is no `Hashable` to cache on)

@@ -26,7 +26,9 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
+from ..._bytes import route as _route
 from ..._bytes import store as _store
+from ..._bytes.paths import is_remote
 from ..._errors import OrbaxEqxError
 from ..._tree.values import is_text
 from .dtypes import DTYPES, nbytes_of
@@ -68,7 +70,7 @@ class Header:
 def where(path: str | os.PathLike) -> str:
     """How a file is named in messages and headers: absolute if local."""
     text = os.fspath(path)
-    return text if _store.is_remote(text) else os.path.abspath(text)
+    return text if is_remote(text) else os.path.abspath(text)
 
 
 def read_headers(paths: Sequence[str]) -> list[Header]:
@@ -91,7 +93,7 @@ def read_header(path: str | os.PathLike) -> Header:
             "re-export it."
         )
 
-    store = _store.for_path(path)
+    store = _route.for_path(path)
     head = _read(
         store,
         path,

@@ -20,7 +20,8 @@ from typing import Any
 
 import msgspec
 
-from ..._bytes import store as _store
+from ..._bytes import route as _route
+from ..._bytes.paths import is_remote
 from ..._errors import inline_list, some
 from .header import Header, SafetensorsError, name_problem, read_headers, where
 
@@ -57,7 +58,7 @@ def find(source: Source) -> list[Header]:
             )
         return _checked(read_headers([where(p) for p in source]))
     path = where(source)
-    if _store.is_remote(path):
+    if is_remote(path):
         return _remote(path.rstrip("/"))
     if os.path.lexists(path) and not os.path.isdir(path):
         return [read_headers([path])[0]]  # which refuses a FIFO, a device...
@@ -75,7 +76,7 @@ def find(source: Source) -> list[Header]:
 def _remote(url: str) -> list[Header]:
     if url.endswith(SUFFIX):
         return read_headers([url])
-    store = _store.for_path(url)
+    store = _route.for_path(url)
     index = posixpath.join(url, INDEX_FILE)
     if store.exists(index):
         return _indexed(url, index, posixpath.join)
@@ -97,7 +98,7 @@ def _indexed(directory: str, index: str, join) -> list[Header]:
             f"{index} names {len(names)} files, more than the {MAX_FILES} a "
             "source may have. Re-download or re-export the directory."
         )
-    store = _store.for_path(index)
+    store = _route.for_path(index)
     gone = []
     for n in names:  # a few missing say enough: no request for every name
         if not store.exists(join(directory, n)):
@@ -136,7 +137,7 @@ def read_index(index: str) -> dict[str, str]:
         )
 
     try:
-        data = _store.read_bounded(index, MAX_INDEX_BYTES, refused)
+        data = _route.read_bounded(index, MAX_INDEX_BYTES, refused)
     except FileNotFoundError:  # a dangling link, or gone since
         raise refused("is a link to nothing, or was removed") from None
     try:
