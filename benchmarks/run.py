@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
 import orbax_eqx  # noqa: E402
-from orbax_eqx._storage.packing import host_copies  # noqa: E402
+from orbax_eqx._storage.packed.read import host_copies  # noqa: E402
 
 GiB = 2**30
 ASYNC = ("orbax_eqx", "orbax")

@@ -19,8 +19,8 @@ from etils import epath
 
 import orbax_eqx as oeqx
 from orbax_eqx._bytes import local as _local
-from orbax_eqx._storage import packfile as _packfile
-from orbax_eqx._storage import packing as _packing
+from orbax_eqx._storage import ranges as _packfile
+from orbax_eqx._storage.packed import read as _packing
 
 KEY_SAVE = jax.random.key(1)
 KEY_SKELETON = jax.random.key(2)

@@ -43,10 +43,10 @@ import numpy as np
 
 from .._bytes import route as _route
 from .._bytes import store as _store
-from .._storage.packfile import aligned_empty
-from .._storage.packing import plan as merge
-from .._storage.shard_read import strides_of
-from .._storage.streaming import contiguous
+from .._storage.packed.read import plan as merge
+from .._storage.ranges import aligned_empty
+from .._storage.sharded.read import strides_of
+from .._storage.transfer.streaming import contiguous
 from .pieces import Box, Piece, shape, to_leaf
 from .plan import Plan
 from .safetensors.dtypes import numpy_dtype

@@ -30,10 +30,10 @@ from .._save import released as _released
 from .._save.hosts import check_global
 from .._save.polite import Polite
 from .._save.prepare import prepare
-from .._storage import packing as _packing
-from .._storage import shards as _shards
-from .._storage import store_files as _store_files
 from .._storage.checksum import host_sum32
+from .._storage.orbax_store import files as _store_files
+from .._storage.packed import read as _packing
+from .._storage.sharded import write as _shards
 from . import object_commit as _object_commit
 from . import plain as _plain
 from . import rebuilt as _rebuilt

@@ -17,7 +17,7 @@ from .._format.sidecar import PACKED, Metadata
 from .._rebuild import build as _rebuild
 from .._restore.rename_map import RenameError
 from .._restore.restore import restore_tree
-from .._storage import packfile as _packfile
+from .._storage import ranges as _packfile
 
 
 def restore(inner, directory: epath.Path, saved: Metadata, args) -> Any:

@@ -17,11 +17,11 @@ from .._format.sidecar import (
     LeafMetadata,
     Metadata,
 )
-from .._storage import packing as _packing
-from .._storage import shard_read as _shard_read
-from .._storage import staged_read as _staged_read
-from .._storage import staging as _staging
-from .._storage import stored_read as _stored_read
+from .._storage.orbax_store import read as _stored_read
+from .._storage.packed import read as _packing
+from .._storage.sharded import read as _shard_read
+from .._storage.staged import read as _staged_read
+from .._storage.transfer import staging as _staging
 from .._tree.values import decode_scalar, describe
 from .._tree.walk import (
     ARRAY,

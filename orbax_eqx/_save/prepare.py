@@ -31,8 +31,8 @@ import numpy as np
 
 from .._errors import OrbaxEqxError, UnsupportedLeafError, bullet_list
 from .._format.sidecar import build, nbytes
-from .._storage import shards as _shards
-from .._storage.packing import layout, packable, start_host_copies
+from .._storage.packed.read import layout, packable, start_host_copies
+from .._storage.sharded import write as _shards
 from .._tree.names import storage_key
 from .._tree.values import is_text
 from .._tree.walk import JAX, Walked, container, is_array_leaf, walk

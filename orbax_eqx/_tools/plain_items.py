@@ -31,7 +31,7 @@ from .._bytes.route import read_bounded
 from .._errors import CheckpointDamagedError, OrbaxEqxError, first_line, inline_list
 from .._format.locate import PLAIN_METADATA, is_plain_item
 from .._format.sidecar import STORED, LeafMetadata, Metadata
-from .._storage.store_files import check as check_store_files
+from .._storage.orbax_store.files import check as check_store_files
 from .._tree.names import join, key_part
 from .._tree.walk import ARRAY, JAX, NUMPY
 from .sharding_text import sharding_text as _sharding_text

@@ -18,9 +18,9 @@ from .._format.sidecar import (
     shard_file,
 )
 from .._restore.read import LeafReader, release_memory
-from .._storage import packfile as _packfile
+from .._storage import ranges as _packfile
 from .._storage.checksum import NAMES, XXH3, Running, host_sum32
-from .._storage.shard_index import check_blocks, read_all
+from .._storage.sharded.index import check_blocks, read_all
 from . import plain_items as _plain
 from . import step_items as _items
 from .plain_read import StoreReader, UnreadableArray

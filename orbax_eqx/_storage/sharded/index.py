@@ -56,10 +56,10 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from .._bytes.paths import is_remote
-from .._bytes.route import read_bounded
-from .._errors import CheckpointDamagedError, permission_denied
-from .._format.sidecar import (
+from ..._bytes.paths import is_remote
+from ..._bytes.route import read_bounded
+from ..._errors import CheckpointDamagedError, permission_denied
+from ..._format.sidecar import (
     SHARDS,
     LeafMetadata,
     Metadata,
@@ -67,7 +67,7 @@ from .._format.sidecar import (
     shard_file,
     shard_index,
 )
-from .._tree.walk import is_key_dtype, key_data_struct, parse_dtype
+from ..._tree.walk import is_key_dtype, key_data_struct, parse_dtype
 
 INDEX_FORMAT = "orbax_eqx.shards"
 INDEX_VERSION = 2

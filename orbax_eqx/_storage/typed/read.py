@@ -17,9 +17,9 @@ import jax
 import numpy as np
 from etils import epath
 
-from .._bytes import route as _route
-from .._errors import CheckpointDamagedError, permission_denied
-from .._format.sidecar import (
+from ..._bytes import route as _route
+from ..._errors import CheckpointDamagedError, permission_denied
+from ..._format.sidecar import (
     EMPTY,
     PACKED,
     SHARDS,
@@ -29,7 +29,7 @@ from .._format.sidecar import (
     itemsize,
     pack_file,
 )
-from .._tree.walk import (
+from ..._tree.walk import (
     ARRAY,
     JAX,
     is_key_dtype,
@@ -37,9 +37,9 @@ from .._tree.walk import (
     key_impl,
     parse_dtype,
 )
-from . import packing as _packing
-from . import shard_read as _shard_read
-from .typed import (
+from ..packed import read as _packing
+from ..sharded import read as _shard_read
+from .write import (
     GROUP_DIR,
     GROUP_PREFIX,
     INDEX_FILE,

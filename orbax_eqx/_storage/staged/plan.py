@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from .._format.sidecar import PACK_ALIGNMENT, PACKED, Metadata, itemsize, shard_file
-from .._tree.walk import JAX, is_key_dtype, key_data_struct, parse_dtype
-from . import packfile as _packfile
-from . import streaming
-from .shard_index import MAX_BLOCK, read_all, widen
-from .shard_read import Target, geometry, strides_of, target
+from ..._format.sidecar import PACK_ALIGNMENT, PACKED, Metadata, itemsize, shard_file
+from ..._tree.walk import JAX, is_key_dtype, key_data_struct, parse_dtype
+from .. import ranges as _packfile
+from ..sharded.index import MAX_BLOCK, read_all, widen
+from ..sharded.read import Target, geometry, strides_of, target
+from ..transfer import streaming
 
 # The least a streamed slab of a shard pack may stage: its bytes, plus up to
 # two CRC blocks (at most `MAX_BLOCK` each) read only to check them. Half of

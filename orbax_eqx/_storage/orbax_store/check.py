@@ -21,15 +21,15 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 from etils import epath
 
-from .._bytes.paths import is_remote
-from .._errors import (
+from ..._bytes.paths import is_remote
+from ..._errors import (
     CheckpointDamagedError,
     CheckpointPermissionError,
     bullet_list,
     permission_denied,
 )
-from .._format.sidecar import LeafMetadata
-from .._tree.walk import is_key_dtype, key_data_struct, parse_dtype
+from ..._format.sidecar import LeafMetadata
+from ..._tree.walk import is_key_dtype, key_data_struct, parse_dtype
 
 _ZARR2 = ".zarray"
 _ZARR3 = "zarr.json"

@@ -23,8 +23,8 @@ import jax
 import numpy as np
 from etils import epath
 
-from .._format.sidecar import PACK_ALIGNMENT, PackMetadata
-from .._tree.walk import (
+from ..._format.sidecar import PACK_ALIGNMENT, PackMetadata
+from ..._tree.walk import (
     JAX,
     container,
     is_key_dtype,
@@ -32,10 +32,10 @@ from .._tree.walk import (
     key_impl,
     parse_dtype,
 )
-from . import packfile as _packfile
-from . import to_host as _to_host
-from .checksum import CRC32, NAMES, Running, damaged, data_sum, mismatch
-from .to_host import on_cpu as on_cpu
+from .. import ranges as _packfile
+from ..checksum import CRC32, NAMES, Running, damaged, data_sum, mismatch
+from ..transfer import to_host as _to_host
+from ..transfer.to_host import on_cpu as on_cpu
 
 # Two wanted ranges closer than this are read as one: a read call costs more
 # than reading the bytes between them.

@@ -46,13 +46,13 @@ import jax
 import numpy as np
 from etils import epath
 
-from .._errors import CheckpointDamagedError, bullet_list
-from .._format.sidecar import PACK_ALIGNMENT, Metadata, itemsize, shard_file
-from .._tree.walk import JAX, is_key_dtype, key_data_struct, key_impl, parse_dtype
-from . import packfile as _packfile
-from . import streaming
-from .packing import plan
-from .shard_index import Chunk, check_blocks, read_all, widen
+from ..._errors import CheckpointDamagedError, bullet_list
+from ..._format.sidecar import PACK_ALIGNMENT, Metadata, itemsize, shard_file
+from ..._tree.walk import JAX, is_key_dtype, key_data_struct, key_impl, parse_dtype
+from .. import ranges as _packfile
+from ..packed.read import plan
+from ..transfer import streaming
+from .index import Chunk, check_blocks, read_all, widen
 
 DEFAULT_WINDOW = 1 << 30
 # Bytes read to be copied into assembled boxes, per batch: transient memory.

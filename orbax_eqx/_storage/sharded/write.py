@@ -21,14 +21,14 @@ import jax
 import numpy as np
 from etils import epath
 
-from .._bytes import route as _route
-from .._format.sidecar import shard_file, shard_index
-from .._tree.walk import is_key_dtype
-from . import packfile as _packfile
-from . import staging as _staging
-from . import to_host as _to_host
-from .packing import layout
-from .shard_index import (
+from ..._bytes import route as _route
+from ..._format.sidecar import shard_file, shard_index
+from ..._tree.walk import is_key_dtype
+from .. import ranges as _packfile
+from ..packed.read import layout
+from ..transfer import staging as _staging
+from ..transfer import to_host as _to_host
+from .index import (
     Chunk,
     binding,
     block_crcs,

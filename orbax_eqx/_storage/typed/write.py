@@ -51,8 +51,8 @@ import jax
 import numpy as np
 from etils import epath
 
-from .._bytes import route as _route
-from .._format.sidecar import (
+from ..._bytes import route as _route
+from ..._format.sidecar import (
     EMPTY,
     PACKED,
     SHARDS,
@@ -60,9 +60,9 @@ from .._format.sidecar import (
     pack_file,
     package_versions,
 )
-from .._tree.walk import is_key_dtype
-from . import packing as _packing
-from . import shards as _shards
+from ..._tree.walk import is_key_dtype
+from ..packed import read as _packing
+from ..sharded import write as _shards
 
 GROUP_DIR = "orbax_eqx~typed.{group}"
 GROUP_PREFIX = "orbax_eqx~typed."

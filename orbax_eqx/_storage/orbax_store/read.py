@@ -17,13 +17,13 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from .._errors import CheckpointDamagedError, inline_list
-from .._format.sidecar import STORED, Metadata, arrays_dir
-from .._tree.walk import JAX, parse_dtype
-from . import store_files as _store_files
-from .checksum import damaged, host_sum32, mismatch
-from .shards import gather
-from .stored_check import check_stored, first_line, permission_error
+from ..._errors import CheckpointDamagedError, inline_list
+from ..._format.sidecar import STORED, Metadata, arrays_dir
+from ..._tree.walk import JAX, parse_dtype
+from ..checksum import damaged, host_sum32, mismatch
+from ..sharded.write import gather
+from . import files as _store_files
+from .check import check_stored, first_line, permission_error
 
 
 def read(inner, directory, saved: Metadata, requests: dict, *, verify: bool):

@@ -25,15 +25,15 @@ import jax
 import numpy as np
 from etils import epath
 
-from .._format.sidecar import PACK_ALIGNMENT, Metadata
-from .._tree.walk import JAX, key_impl, parse_dtype
-from . import packfile as _packfile
-from . import streaming
-from .checksum import NAMES, Running, damaged, mismatch
-from .packing import plan
-from .shard_read import Target, check_chunk, damaged_chunks, strides_of
-from .staged_plan import Leaf, Plan, Step, leaves, offset, stored_type
-from .staging import Job, Staging
+from ..._format.sidecar import PACK_ALIGNMENT, Metadata
+from ..._tree.walk import JAX, key_impl, parse_dtype
+from .. import ranges as _packfile
+from ..checksum import NAMES, Running, damaged, mismatch
+from ..packed.read import plan
+from ..sharded.read import Target, check_chunk, damaged_chunks, strides_of
+from ..transfer import streaming
+from ..transfer.staging import Job, Staging
+from .plan import Leaf, Plan, Step, leaves, offset, stored_type
 
 
 def read(

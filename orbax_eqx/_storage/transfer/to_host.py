@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._tree.walk import is_key_dtype
+from ..._tree.walk import is_key_dtype
 from . import staging as _staging
 
 SMALL = 1 << 20  # arrays under this many bytes are gathered

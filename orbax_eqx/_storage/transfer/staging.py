@@ -40,8 +40,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._errors import OrbaxEqxError
-from .._format.sidecar import PACK_ALIGNMENT
+from ..._errors import OrbaxEqxError
+from ..._format.sidecar import PACK_ALIGNMENT
 
 ENV = "ORBAX_EQX_STAGING"
 _MODES = ("auto", "copy")

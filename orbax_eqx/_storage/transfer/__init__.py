@@ -1,0 +1,7 @@
+"""The way bytes cross between host and devices.
+
+Owns host copies for a save (`to_host`), the staging window of a restore
+(`staging`) and the on-device buffers a large leaf is streamed into
+(`streaming`). Nothing here knows a layout.
+May import: `_format`, `_tree`, `_errors`.
+"""
