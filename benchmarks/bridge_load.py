@@ -268,7 +268,7 @@ def _ranges(directory, layers, dim, vocab, put):
     from orbax_eqx._bridge.leaves import leaf_specs
     from orbax_eqx._bridge.plan import TensorSpec, plan_load
     from orbax_eqx._bridge.safetensors import index as _index
-    from orbax_eqx._storage.packed.read import plan as merge
+    from orbax_eqx._storage.ranges import plan as merge
     from orbax_eqx._tree.walk import walk
 
     lshapes = leaf_shapes(layers, dim, vocab)

@@ -3,7 +3,7 @@
 For users of Orbax's own handlers (`ocp.PyTreeCheckpointHandler`,
 `ocp.StandardCheckpointHandler`): Orbax hands a `TypeHandler` all the leaves of
 its type in one `serialize` call, so they can be written as one group of
-files (see `_storage/typed.py`, `typed_read.py`) instead of one stored array each: fully
+files (see `_storage/typed/`) instead of one stored array each: fully
 replicated arrays into one pack, sharded ones into a shard pack per process.
 Registered in a local registry (`type_registry`), never in Orbax's global one.
 """

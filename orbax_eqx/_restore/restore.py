@@ -190,7 +190,8 @@ def read_arrays(
     """Reads each requested array once, from its pack, the shard packs or Orbax;
     builds empty ones and aliases. With `verify`, checks each against its
     recorded checksum. Packed and shard-packed bytes go to devices through a
-    window of `max_staged_bytes` where transfers copy (see `_storage.staging`)."""
+    window of `max_staged_bytes` where transfers copy (see
+    `_storage.transfer.staging`)."""
     to_read: dict[str, _Request] = {}
     for request in requests.values():
         source = request.record

@@ -10,9 +10,9 @@ sharding each was saved with), and the handler that wrote it from the
 arrays here; `plain_read` reads them.
 
 A plain checkpoint may come from anywhere: before Orbax reads it, its files
-are checked to be regular files (`store_files`), its `_METADATA` to be of a
-sane size, and every name Orbax will use as a storage key to stay inside the
-item.
+are checked to be regular files (`_storage/orbax_store/files.py`), its
+`_METADATA` to be of a sane size, and every name Orbax will use as a storage
+key to stay inside the item.
 """
 
 import dataclasses

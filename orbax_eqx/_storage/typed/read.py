@@ -3,7 +3,7 @@
 Reading the index (see `typed`) validates every record before any array
 byte is read: shapes, dtypes, where each leaf's bytes are. File names are
 derived from the group's name, never read from the index. Leaves then go to
-the pack reader (`packing`) or the shard-pack reader (`shard_read`), which
+the pack reader (`packed.read`) or the shard-pack reader (`sharded.read`), which
 read just the byte ranges wanted and check their CRC-32s.
 """
 
@@ -37,7 +37,7 @@ from ..._tree.walk import (
     key_impl,
     parse_dtype,
 )
-from ..packed import read as _packing
+from ..packed import read as _packed
 from ..sharded import read as _shard_read
 from .write import (
     GROUP_DIR,
@@ -278,7 +278,7 @@ def read(group: Group, requests: dict[str, Request], *, verify: bool = True):
     try:
         if packed:
             out.update(
-                _packing.read(group.directory, group.saved.packs, packed, verify=verify)
+                _packed.read(group.directory, group.saved.packs, packed, verify=verify)
             )
         if sharded:
             out.update(
