@@ -20,7 +20,8 @@ from .._format.sidecar import (
 from .._restore.read import LeafReader, release_memory
 from .._storage import ranges as _ranges
 from .._storage.checksum import NAMES, XXH3, Running, host_sum32
-from .._storage.sharded.index import check_blocks, read_all
+from .._storage.sharded.index import check_blocks
+from .._storage.sharded.index_read import read_all
 from . import plain_items as _plain
 from . import step_items as _items
 from .plain_read import StoreReader, UnreadableArray

@@ -48,7 +48,8 @@ from ..._tree.walk import JAX, is_key_dtype, key_data_struct, key_impl, parse_dt
 from .. import ranges as _ranges
 from ..boxes import Target, geometry, start_of, strides_of
 from ..ranges import plan
-from .index import Chunk, check_blocks, read_all, widen
+from .index import Chunk, check_blocks, widen
+from .index_read import read_all
 
 DEFAULT_WINDOW = 1 << 30
 # Bytes read to be copied into assembled boxes, per batch: transient memory.

@@ -24,7 +24,8 @@ from ..._format.sidecar import PACK_ALIGNMENT, PACKED, Metadata, itemsize, shard
 from ..._tree.walk import JAX, is_key_dtype, key_data_struct, parse_dtype
 from .. import ranges as _ranges
 from ..boxes import Target, contiguous, geometry, strides_of, target
-from ..sharded.index import MAX_BLOCK, read_all, widen
+from ..sharded.index import MAX_BLOCK, widen
+from ..sharded.index_read import read_all
 from ..transfer import streaming
 
 # The least a streamed slab of a shard pack may stage: its bytes, plus up to
