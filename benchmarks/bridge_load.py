@@ -268,7 +268,7 @@ def _ranges(directory, layers, dim, vocab, put):
     from orbax_eqx._bridge.leaves import leaf_specs
     from orbax_eqx._bridge.plan import TensorSpec, plan_load
     from orbax_eqx._bridge.safetensors import index as _index
-    from orbax_eqx._storage.packing import plan as merge
+    from orbax_eqx._storage.ranges import plan as merge
     from orbax_eqx._tree.walk import walk
 
     lshapes = leaf_shapes(layers, dim, vocab)
@@ -289,7 +289,7 @@ def _ranges(directory, layers, dim, vocab, put):
 
 
 def load_raw(directory, layers, dim, vocab, put):
-    from orbax_eqx._storage.packfile import aligned_empty
+    from orbax_eqx._storage.ranges import aligned_empty
 
     ranges = _ranges(directory, layers, dim, vocab, put)
     t0 = time.perf_counter()

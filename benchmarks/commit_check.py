@@ -28,7 +28,7 @@ from etils import epath  # noqa: E402
 
 import orbax_eqx as oeqx  # noqa: E402
 from orbax_eqx._format.sidecar import STORED, arrays_dir  # noqa: E402
-from orbax_eqx._storage.stored_check import missing_in_store  # noqa: E402
+from orbax_eqx._storage.orbax_store.keys import missing_in_store  # noqa: E402
 from orbax_eqx._tree.names import storage_key  # noqa: E402
 
 

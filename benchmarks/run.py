@@ -18,7 +18,7 @@ PASS/FAIL. See `_contenders.py` for exactly what each contender runs.
 `--staging copy` sets `ORBAX_EQX_STAGING=copy` for the run and its probes:
 CPU devices then copy host buffers as an accelerator does, so orbax_eqx
 restores through its staging window and saves gather small arrays on device
-before copying them (see `orbax_eqx/_storage/staging.py`).
+before copying them (see `orbax_eqx/_storage/transfer/staging.py`).
 """
 
 import argparse
@@ -48,7 +48,7 @@ import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
 
 import orbax_eqx  # noqa: E402
-from orbax_eqx._storage.packing import host_copies  # noqa: E402
+from orbax_eqx._storage.transfer.to_host import host_copies  # noqa: E402
 
 GiB = 2**30
 ASYNC = ("orbax_eqx", "orbax")

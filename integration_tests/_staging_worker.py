@@ -31,7 +31,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import orbax_eqx as oeqx  # noqa: E402
-from orbax_eqx._storage import staging  # noqa: E402
+from orbax_eqx._storage.transfer import staging  # noqa: E402
 
 ROOT = Path(args.root)
 WINDOW = 8 << 20

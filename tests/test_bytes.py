@@ -14,7 +14,7 @@ from etils import epath
 
 import orbax_eqx as oeqx
 from orbax_eqx._bytes import parts, route, store
-from orbax_eqx._storage import packfile
+from orbax_eqx._storage import ranges as packfile
 
 DATA = np.random.default_rng(0).integers(0, 256, 10_000, np.uint8)
 

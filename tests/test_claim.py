@@ -16,8 +16,8 @@ from etils import epath
 import orbax_eqx as oeqx
 from orbax_eqx._format.sidecar import arrays_dir
 from orbax_eqx._save import claim as _claim
-from orbax_eqx._storage import packing as _packing
-from orbax_eqx._storage.stored_check import missing_in_store
+from orbax_eqx._storage.orbax_store.keys import missing_in_store
+from orbax_eqx._storage.packed import write as _packing
 
 GATE_TIMEOUT_S = 60
 

@@ -17,7 +17,7 @@ import pytest
 from etils import epath
 
 from orbax_eqx._bytes import files, route
-from orbax_eqx._storage import packfile
+from orbax_eqx._storage import ranges as packfile
 
 
 def _within(seconds, fn, *args, **kwargs):

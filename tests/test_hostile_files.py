@@ -25,7 +25,8 @@ import orbax_eqx as oeqx
 from orbax_eqx._format.sidecar import MAX_BYTES, arrays_dir
 from orbax_eqx._restore.rename_map import RenameError, load
 from orbax_eqx._save.claim import _is_sidecar_of
-from orbax_eqx._storage import staging, store_files
+from orbax_eqx._storage.orbax_store import files as store_files
+from orbax_eqx._storage.transfer import staging
 from orbax_eqx._tools.cli import main
 from orbax_eqx._tools.export import export
 from orbax_eqx._tools.importing import ImportMismatchError, import_

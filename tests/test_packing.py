@@ -19,8 +19,8 @@ from etils import epath
 
 import orbax_eqx as oeqx
 from orbax_eqx._bytes import local as _local
-from orbax_eqx._storage import packfile as _packfile
-from orbax_eqx._storage import packing as _packing
+from orbax_eqx._storage import ranges as _packfile
+from orbax_eqx._storage.transfer import to_host as _to_host
 
 KEY_SAVE = jax.random.key(1)
 KEY_SKELETON = jax.random.key(2)
@@ -112,10 +112,10 @@ def test_mixed_containers_and_dtypes_restore_exactly(tmp_path):
 
 def test_plan_merges_close_spans_and_keeps_far_ones_apart():
     spans = {"a": (0, 100), "b": (128, 200), "far": (10_000, 10_064)}
-    ranges, where = _packing.plan(spans, max_gap=64)
+    ranges, where = _packfile.plan(spans, max_gap=64)
     assert ranges == [(0, 200), (10_000, 10_064)]
     assert where == {"a": (0, 0), "b": (0, 128), "far": (1, 0)}
-    ranges, where = _packing.plan({"b": (128, 200), "a": (0, 100)}, max_gap=0)
+    ranges, where = _packfile.plan({"b": (128, 200), "a": (0, 100)}, max_gap=0)
     assert ranges == [(0, 100), (128, 200)]
     assert where == {"a": (0, 0), "b": (1, 0)}
 
@@ -280,7 +280,7 @@ def test_host_arrays_keep_their_bytes_when_the_array_is_donated():
     buffer, and JAX must not reuse a buffer that numpy holds."""
     weight = jnp.arange(1 << 16, dtype=jnp.float32)
     table = np.arange(10)
-    (held, held_table) = _packing.host_copies([weight, table])
+    (held, held_table) = _to_host.host_copies([weight, table])
     clobber = jax.jit(lambda x: x * 0 - 5, donate_argnums=0)
     out = jax.block_until_ready(clobber(weight))
     if held.ctypes.data == np.asarray(out).ctypes.data:

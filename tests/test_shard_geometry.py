@@ -11,8 +11,9 @@ These cases are worked out here on numpy buffers, as `shard_read` sees them.
 import numpy as np
 import pytest
 
-from orbax_eqx._storage.shard_index import Chunk
-from orbax_eqx._storage.shard_read import _joined, target
+from orbax_eqx._storage.boxes import target
+from orbax_eqx._storage.sharded.index import Chunk
+from orbax_eqx._storage.sharded.read import _joined
 
 SIZE = 4  # float32
 

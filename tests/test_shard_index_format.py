@@ -20,7 +20,7 @@ import pytest
 import sidecars
 
 import orbax_eqx as oeqx
-from orbax_eqx._storage.shard_index import block_size
+from orbax_eqx._storage.sharded.index import block_size
 
 # Its module-scoped checkpoint takes seconds to make: the whole module is slow.
 pytestmark = pytest.mark.slow

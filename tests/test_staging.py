@@ -25,7 +25,7 @@ import zoo
 
 import orbax_eqx as oeqx
 from orbax_eqx._save.prepare import prepare
-from orbax_eqx._storage import staging, to_host
+from orbax_eqx._storage.transfer import staging, to_host
 
 # Its module-scoped checkpoint takes seconds to make: the whole module is slow.
 pytestmark = pytest.mark.slow
@@ -361,7 +361,7 @@ _PROBE = textwrap.dedent(
     import json, sys
     import equinox as eqx, jax, numpy as np
     import orbax_eqx as oeqx
-    from orbax_eqx._storage import staging, to_host
+    from orbax_eqx._storage.transfer import staging, to_host
 
     def status(field):
         for line in open("/proc/self/status"):
@@ -441,7 +441,8 @@ _SHARDED = textwrap.dedent(
     sys.path.insert(0, sys.argv[2])
     import test_staging as t
     import orbax_eqx as oeqx
-    from orbax_eqx._storage import shards, staging
+    from orbax_eqx._storage.sharded import write as shards
+    from orbax_eqx._storage.transfer import staging
 
     path, window = sys.argv[1], t.WINDOW
     mesh = jax.make_mesh((4, 2), ("a", "b"))

@@ -43,10 +43,9 @@ import numpy as np
 
 from .._bytes import route as _route
 from .._bytes import store as _store
-from .._storage.packfile import aligned_empty
-from .._storage.packing import plan as merge
-from .._storage.shard_read import strides_of
-from .._storage.streaming import contiguous
+from .._storage.boxes import contiguous, strides_of
+from .._storage.ranges import aligned_empty
+from .._storage.ranges import plan as merge
 from .pieces import Box, Piece, shape, to_leaf
 from .plan import Plan
 from .safetensors.dtypes import numpy_dtype

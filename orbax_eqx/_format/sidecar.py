@@ -62,7 +62,7 @@ An array leaf's `data` says where its bytes are:
 - `"shards"`: chunks of shard packs, one pack per process of the save
   (`shard_files` of them): a sharded array's distinct shards, each written
   once, by the process holding its first replica. Each process's index file
-  says where each chunk is and its CRC-32s (see `_storage/shard_index.py`).
+  says where each chunk is and its CRC-32s (see `_storage/sharded/index.py`).
 - `"orbax"`: one stored array in Orbax's array store under `key` (always
   derived from the name): every array with `pack=False`.
   The store is the directory `orbax_eqx~arrays.<token>` (before version 3: the

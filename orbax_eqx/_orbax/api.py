@@ -16,7 +16,7 @@ from .._save import replace as _replace
 from .._save.claim import ConcurrentSaveError, from_process
 from .._save.replace import CheckpointExistsError as CheckpointExistsError
 from .._save.replace import NotACheckpointError as NotACheckpointError
-from .._storage.typed import GROUP_PREFIX
+from .._storage.typed.write import GROUP_PREFIX
 from .handler import EqxHandler, EqxRestore, EqxSave
 from .object_commit import COMMIT_FILE
 from .options import Directory, typed_like

@@ -16,7 +16,7 @@ from .._restore.renames import Renames
 from .._restore.select import check_options
 from .._save.hosts import check_global
 from .._save.prepare import check_has_data, flatten
-from .._storage import staging as _staging
+from .._storage.transfer import staging as _staging
 
 # Orbax ships no `py.typed`, so to type checkers `ocp.args.CheckpointArgs` is
 # `Any`, and a dataclass deriving from `Any` takes any keyword: a misspelt

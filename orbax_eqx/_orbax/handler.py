@@ -30,10 +30,10 @@ from .._save import released as _released
 from .._save.hosts import check_global
 from .._save.polite import Polite
 from .._save.prepare import prepare
-from .._storage import packing as _packing
-from .._storage import shards as _shards
-from .._storage import store_files as _store_files
 from .._storage.checksum import host_sum32
+from .._storage.orbax_store import files as _store_files
+from .._storage.packed import write as _packed
+from .._storage.sharded import write as _shards
 from . import object_commit as _object_commit
 from . import plain as _plain
 from . import rebuilt as _rebuilt
@@ -146,8 +146,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         """Starts a save; returns once arrays are safe in host memory.
 
         Packed arrays are taken to host memory here (the caller may donate or
-        change them as soon as this returns; see `_packing.host_copies`);
-        writing them happens in the background.
+        change them as soon as this returns; see
+        `_storage/transfer/to_host.py: host_copies`); writing them happens in
+        the background.
         """
         primary = ocp.multihost.is_primary_host(self._primary_host)
         try:
@@ -258,7 +259,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         token = prepared.content["token"]
         if prepared.pack_nbytes:
             path = directory / _sidecar.pack_file(token, 0)
-            found = _packing.write(
+            found = _packed.write(
                 path,
                 prepared.pieces,
                 prepared.pack_nbytes,

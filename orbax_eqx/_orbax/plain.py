@@ -29,7 +29,7 @@ from .._format.locate import is_plain_item
 from .._format.sidecar import STORED, LeafMetadata, Metadata
 from .._restore.check import check
 from .._restore.shardings import resolve
-from .._storage import store_files as _store_files
+from .._storage.orbax_store import files as _store_files
 from .._tree.names import join, key_part
 from .._tree.values import encode
 from .._tree.walk import ARRAY, JAX, NUMPY_SCALAR, SCALAR, container, walk

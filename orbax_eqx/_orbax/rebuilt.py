@@ -17,7 +17,7 @@ from .._format.sidecar import PACKED, Metadata
 from .._rebuild import build as _rebuild
 from .._restore.rename_map import RenameError
 from .._restore.restore import restore_tree
-from .._storage import packfile as _packfile
+from .._storage import ranges as _ranges
 
 
 def restore(inner, directory: epath.Path, saved: Metadata, args) -> Any:
@@ -54,7 +54,7 @@ def _check_packs(directory: epath.Path, saved: Metadata) -> None:
             ends[leaf.pack] = max(ends.get(leaf.pack, 0), end)
     for pack, end in ends.items():
         record = saved.packs[pack]
-        _packfile.check_size(directory / record.file, end, record.nbytes)
+        _ranges.check_size(directory / record.file, end, record.nbytes)
 
 
 def _of_the_tree(text: str) -> str:

@@ -3,7 +3,7 @@
 For users of Orbax's own handlers (`ocp.PyTreeCheckpointHandler`,
 `ocp.StandardCheckpointHandler`): Orbax hands a `TypeHandler` all the leaves of
 its type in one `serialize` call, so they can be written as one group of
-files (see `_storage/typed.py`, `typed_read.py`) instead of one stored array each: fully
+files (see `_storage/typed/`) instead of one stored array each: fully
 replicated arrays into one pack, sharded ones into a shard pack per process.
 Registered in a local registry (`type_registry`), never in Orbax's global one.
 """
@@ -28,9 +28,9 @@ from .._errors import (
 )
 from .._save import at_exit as _at_exit
 from .._save import background as _background
-from .._storage import typed as _typed
-from .._storage import typed_read as _typed_read
-from .._storage.shards import describe
+from .._storage.sharded.write import describe
+from .._storage.typed import read as _typed_read
+from .._storage.typed import write as _typed
 from . import type_restore as _restore
 from .type_restore import SHARDING_METADATA, leaf_label, leaf_path
 

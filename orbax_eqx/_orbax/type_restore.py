@@ -22,7 +22,7 @@ from .._errors import (
     bullet_list,
     problem,
 )
-from .._storage import typed_read as _typed
+from .._storage.typed import read as _typed
 from .._tree.names import label
 from .._tree.walk import JAX, NUMPY, is_key_dtype, parse_dtype
 

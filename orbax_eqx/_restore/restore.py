@@ -17,11 +17,11 @@ from .._format.sidecar import (
     LeafMetadata,
     Metadata,
 )
-from .._storage import packing as _packing
-from .._storage import shard_read as _shard_read
-from .._storage import staged_read as _staged_read
-from .._storage import staging as _staging
-from .._storage import stored_read as _stored_read
+from .._storage.orbax_store import read as _stored_read
+from .._storage.packed import read as _packing
+from .._storage.sharded import read as _shard_read
+from .._storage.staged import read as _staged_read
+from .._storage.transfer import staging as _staging
 from .._tree.values import decode_scalar, describe
 from .._tree.walk import (
     ARRAY,
@@ -190,7 +190,8 @@ def read_arrays(
     """Reads each requested array once, from its pack, the shard packs or Orbax;
     builds empty ones and aliases. With `verify`, checks each against its
     recorded checksum. Packed and shard-packed bytes go to devices through a
-    window of `max_staged_bytes` where transfers copy (see `_storage.staging`)."""
+    window of `max_staged_bytes` where transfers copy (see
+    `_storage.transfer.staging`)."""
     to_read: dict[str, _Request] = {}
     for request in requests.values():
         source = request.record

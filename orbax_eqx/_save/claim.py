@@ -46,7 +46,7 @@ from .._format.sidecar import (
     TOKEN_FILE_PREFIXES,
     arrays_dir,
 )
-from .._storage.stored_check import missing_in_store
+from .._storage.orbax_store.keys import missing_in_store
 from .background import final_directory
 
 

@@ -31,8 +31,10 @@ import numpy as np
 
 from .._errors import OrbaxEqxError, UnsupportedLeafError, bullet_list
 from .._format.sidecar import build, nbytes
-from .._storage import shards as _shards
-from .._storage.packing import layout, packable, start_host_copies
+from .._storage.packed.write import packable
+from .._storage.ranges import layout
+from .._storage.sharded import write as _shards
+from .._storage.transfer.to_host import gather, start_host_copies
 from .._tree.names import storage_key
 from .._tree.values import is_text
 from .._tree.walk import JAX, Walked, container, is_array_leaf, walk
@@ -99,7 +101,7 @@ def prepare(
     `_packing`); `copy_packed=False` (hosts other than the primary, which do
     not write the pack) skips their host copies. Sharded arrays go to the
     shard packs: every process takes its distinct shards here (see
-    `_storage/shards.py`). Nothing here computes over a sharded array.
+    `_storage/sharded/write.py`). Nothing here computes over a sharded array.
     With `checksums`, Orbax-stored arrays that this process holds whole are
     copied to host, to be summed in the background. `flat` is
     `flatten(item)`, if the caller has it. `copy_numpy=False`, for a save
@@ -186,7 +188,7 @@ def _to_store(walked: Walked, leaves: list[Any], arrays: list[int], checksums: b
         if checksums and _held_whole(x):
             # Now: the caller may donate or change the array once `save`
             # returns. (Orbax copies it too; the pack path needs neither.)
-            sums[name] = _shards.gather(x) if container(x) == JAX else x
+            sums[name] = gather(x) if container(x) == JAX else x
     return stored, sums
 
 
@@ -342,7 +344,7 @@ def _plain_bools(x: Any) -> Any:
     hold part of is stored as it is: nothing here computes over it."""
     if x.dtype != np.bool_ or not _held_whole(x):
         return x
-    host = _shards.gather(x) if container(x) == JAX else x
+    host = gather(x) if container(x) == JAX else x
     if np.asarray(host).view(np.uint8).max(initial=0) <= 1:
         return x
     return np.asarray(host).view(np.uint8) != 0

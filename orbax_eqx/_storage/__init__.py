@@ -1,17 +1,22 @@
 """Storage: where array bytes live on disk, and how they are checked.
 
-Owns pack files (`packfile`: aligned records written and read with
-pwritev/preadv; `packing`: which arrays go there and where), shard packs
-(`shards`: per-process files of sharded arrays' chunks with their index),
-typed groups (`typed`, `typed_read`: the files of one `serialize` call of the
-pack's Orbax type handler), checksums (`checksum`), arrays kept in Orbax's own
-store (`stored_read`, `stored_check`), opening files safely (`files`: only
-regular files, never blocking, bounded reads; new files never through a
-planted link), and the way bytes cross between host and devices: host copies
-for a save (`to_host`), restores through a bounded staging window (`staging`,
-`staged_plan`, `staged_read`, `streaming`). Nothing here runs a computation
-over a sharded array; the only computations are on one device's own data
-(small arrays stacked before one copy to host, a large leaf streamed into a
-buffer on its device).
-May import: `_format`, `_tree`, `_errors`.
+One folder per layout, each with its writer, its index or format, and its
+reader: `packed/` (unsharded arrays end to end in one pack file), `sharded/`
+(each process's distinct shards in a shard pack, with an index), `orbax_store/`
+(Orbax's own array store, `pack=False`), `typed/` (the files of one
+`serialize` call of the pack's Orbax type handler), and `staged/` (restores of
+packed and shard-packed leaves through a bounded staging window). The way
+bytes cross between host and devices is `transfer/` (host copies for a save,
+the staging window, streaming a large leaf into a buffer on its device).
+What several of them share: `ranges` (byte ranges of one file, written and
+read with pwritev/preadv; where records go), `boxes` (target boxes made of
+stored boxes) and `checksum`.
+
+No layout imports another; `staged/` and `typed/` sit over the layouts, and
+`boxes`, `ranges`, `transfer` and `checksum` under them (import-linter's
+"storage" contract in pyproject.toml). Nothing here runs a computation over a
+sharded array; the only computations are on one device's own data (small
+arrays stacked before one copy to host, a large leaf streamed into a buffer on
+its device).
+May import: `_format`, `_tree`, `_bytes`, `_errors`.
 """

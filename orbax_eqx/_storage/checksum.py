@@ -7,7 +7,7 @@ Two kinds, by where the bytes are when they can be summed without a copy:
   catches every single-bit error, and every burst of up to 32 bits.
 - `crc32` of every block of each chunk of a shard pack (sharded arrays;
   blocks sized per chunk, each CRC-32 seeded by where the chunk belongs: see
-  `shard_index`), computed the same way by the process that writes the chunk.
+  `sharded.index`), computed the same way by the process that writes the chunk.
 - `sum32` for arrays Orbax stores (`pack=False`): `sum((2 * i + 1) * word_i)
   mod 2**32` over the array's 32-bit words `word_i` in C order (each element
   as the unsigned integer of its bits, zero-extended to 32 bits; 64-bit and

@@ -22,7 +22,7 @@ from .._format.locate import as_path
 from .._format.sidecar import ALIAS, PACKED, SHARDS, STORED, Metadata, arrays_dir
 from .._orbax.type_restore import sharding_metadata
 from .._rebuild import build as _rebuild
-from .._storage.store_files import check as check_store_files
+from .._storage.orbax_store.files import check as check_store_files
 from .._tree.values import describe
 from .._tree.walk import ARRAY, JAX
 from . import plain_text

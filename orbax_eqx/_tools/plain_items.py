@@ -10,9 +10,9 @@ sharding each was saved with), and the handler that wrote it from the
 arrays here; `plain_read` reads them.
 
 A plain checkpoint may come from anywhere: before Orbax reads it, its files
-are checked to be regular files (`store_files`), its `_METADATA` to be of a
-sane size, and every name Orbax will use as a storage key to stay inside the
-item.
+are checked to be regular files (`_storage/orbax_store/files.py`), its
+`_METADATA` to be of a sane size, and every name Orbax will use as a storage
+key to stay inside the item.
 """
 
 import dataclasses
@@ -31,7 +31,7 @@ from .._bytes.route import read_bounded
 from .._errors import CheckpointDamagedError, OrbaxEqxError, first_line, inline_list
 from .._format.locate import PLAIN_METADATA, is_plain_item
 from .._format.sidecar import STORED, LeafMetadata, Metadata
-from .._storage.store_files import check as check_store_files
+from .._storage.orbax_store.files import check as check_store_files
 from .._tree.names import join, key_part
 from .._tree.walk import ARRAY, JAX, NUMPY
 from .sharding_text import sharding_text as _sharding_text

@@ -35,8 +35,8 @@ from .._format.sidecar import (
     shard_file,
 )
 from .._restore.read import release_memory
-from .._storage import packfile as _packfile
-from .._storage.shard_index import read_all
+from .._storage import ranges as _packfile
+from .._storage.sharded.index_read import read_all
 from .._tree.walk import ARRAY, parse_dtype
 from .plain_items import PlainMetadata
 from .plain_read import StoreReader

@@ -18,9 +18,9 @@ from .._errors import CheckpointNotFoundError
 from .._format import locate as _locate
 from .._format.sidecar import Metadata
 from .._format.sidecar_read import read as read_sidecar
-from .._storage.typed import GROUP_PREFIX, INDEX_FILE
-from .._storage.typed_read import Group
-from .._storage.typed_read import find as find_groups
+from .._storage.typed.read import Group
+from .._storage.typed.read import find as find_groups
+from .._storage.typed.write import GROUP_PREFIX, INDEX_FILE
 
 
 @dataclasses.dataclass(frozen=True)

@@ -18,9 +18,10 @@ from .._format.sidecar import (
     shard_file,
 )
 from .._restore.read import LeafReader, release_memory
-from .._storage import packfile as _packfile
+from .._storage import ranges as _ranges
 from .._storage.checksum import NAMES, XXH3, Running, host_sum32
-from .._storage.shard_index import check_blocks, read_all
+from .._storage.sharded.index import check_blocks
+from .._storage.sharded.index_read import read_all
 from . import plain_items as _plain
 from . import step_items as _items
 from .plain_read import StoreReader, UnreadableArray
@@ -211,7 +212,7 @@ def _check_packed(path: epath.Path, saved: Metadata, record, note):
     running, done = Running(record.sum_algorithm), 0
     try:
         for piece in range(start, stop, _CHUNK):
-            (data,) = _packfile.read(
+            (data,) = _ranges.read(
                 path / pack.file,
                 [(piece, min(piece + _CHUNK, stop))],
                 nbytes=pack.nbytes,
@@ -259,10 +260,11 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
                 for at in range(0, chunk.nbytes, step):
                     stop = min(at + step, chunk.nbytes)
                     start = chunk.offset + at
-                    (data,) = _packfile.read(file, [(start, chunk.offset + stop)])
+                    (data,) = _ranges.read(file, [(start, chunk.offset + stop)])
                     done += data.nbytes
                     note(data.nbytes)
-                    # The same check as a restore's (`shard_read.check_chunk`).
+                    # The same check as a restore's
+                    # (`_storage/sharded/read.py: check_chunk`).
                     bad = check_blocks(chunk, at, data)
                     if bad:
                         i, recorded, found = bad[0]

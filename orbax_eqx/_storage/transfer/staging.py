@@ -9,7 +9,7 @@ checkpoint and more (measured on one H100: 2.04x the bytes of a 0.5 GiB
 model, 6.28x those of a model of 6,313 small leaves).
 
 So a restore that copies moves its bytes through a window instead (see
-`staged_read`): reads are grouped in jobs of at most half the window (and at
+`staged.read`): reads are grouped in jobs of at most half the window (and at
 most a 32nd of the bytes restored, though at least 1 MiB, so that staging
 stays a small part of them on small models too); while the devices take one
 job's bytes, the next
@@ -40,8 +40,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._errors import OrbaxEqxError
-from .._format.sidecar import PACK_ALIGNMENT
+from ..._errors import OrbaxEqxError
+from ..._format.sidecar import PACK_ALIGNMENT
 
 ENV = "ORBAX_EQX_STAGING"
 _MODES = ("auto", "copy")

@@ -37,19 +37,23 @@ that are copied to host before `save` returns, as before.
 On CPU (by default) an array's host copy is numpy's view of its buffer, no
 copy at all: JAX does not reuse a buffer that numpy holds, so a later
 donation of the array copies instead (tested in `tests/test_packing.py`).
+
+`host_copies` and `start_host_copies` take a save's unsharded leaves (numpy
+or jax) to host this way; `gather` assembles, shard by shard, a host copy of
+an array this process holds whole.
 """
 
 import collections
 import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._tree.walk import is_key_dtype
+from ..._tree.walk import JAX, container, is_key_dtype
 from . import staging as _staging
 
 SMALL = 1 << 20  # arrays under this many bytes are gathered
@@ -268,3 +272,76 @@ def _split(batch: tuple[int, ...], stacked: jax.Array, out: list) -> int:
     for j, i in enumerate(batch):
         out[i] = host[j, ...]  # a view, even of a 0-d array
     return stacked.nbytes
+
+
+def host_copies(values: list[Any]) -> list[np.ndarray]:
+    """Host arrays holding the leaves' bytes as they are now, safe from later changes.
+
+    The caller may change numpy arrays, or donate jax arrays, as soon as
+    `save` returns, so this is done before it returns:
+
+    - numpy arrays are copied;
+    - a jax array on CPU is seen by numpy without a copy: the view holds the
+      buffer, and JAX does not reuse a buffer that numpy still holds, so
+      donating the array later copies instead (tested in
+      `tests/test_packing.py`). Orbax relies on the same;
+    - other jax arrays are copied to host memory: small ones gathered on
+      their device first, a copy per batch, large ones one by one, all
+      transfers started first (see `start`).
+    """
+    return start_host_copies(values)()
+
+
+def start_host_copies(
+    values: list[Any], copy_numpy: bool = True
+) -> Callable[[], list[np.ndarray]]:
+    """Starts `host_copies(values)`; returns, once the caller may donate or
+    change the values, a function that waits for the copies and returns them
+    (stacks of small arrays are copied to host there; see `start`).
+    `copy_numpy=False` (a save that waits for its writes before returning)
+    takes C-contiguous numpy arrays as they are."""
+    # Fully replicated: this host's first copy is the whole array. Taken from
+    # its own device, so that nothing is computed over the others (nor, for
+    # keys, across hosts), and only one copy is transferred.
+    out: list[Any] = [None] * len(values)
+    on_device = []
+    for i, x in enumerate(values):
+        if container(x) == JAX:
+            on_device.append(i)
+        elif copy_numpy:
+            out[i] = np.array(x, order="C", copy=True)
+        else:
+            out[i] = np.ascontiguousarray(x)  # a copy only if not contiguous
+    pending = start([_one_copy(values[i]) for i in on_device])
+
+    def result() -> list[np.ndarray]:
+        for i, host in zip(on_device, pending.result()):
+            out[i] = host
+        return out
+
+    return result
+
+
+def _one_copy(x: jax.Array) -> jax.Array:
+    # An array on one device is its own first copy; `addressable_data(0)`
+    # would make a new array object (and sharding) for it.
+    if len(x.sharding.device_set) == 1:
+        return x
+    return x.addressable_data(0)
+
+
+def gather(x: jax.Array) -> np.ndarray:
+    """A host copy of a jax array this process holds whole (typed PRNG keys: of
+    their key data), assembled shard by shard: no computation over the array."""
+    out = None
+    for shard in x.addressable_shards:
+        if shard.replica_id != 0:
+            continue
+        data = shard.data
+        if is_key_dtype(data.dtype):
+            data = jax.random.key_data(data)  # on the shard's own device
+        host = np.asarray(data)
+        if out is None:
+            out = np.empty(tuple(x.shape) + host.shape[x.ndim :], host.dtype)
+        out[shard.index] = host
+    return out

@@ -59,16 +59,6 @@ def _cut(start, shape, k: int, m: int) -> list[Box]:
     return out
 
 
-def contiguous(inner: tuple[int, ...], outer: tuple[int, ...]) -> bool:
-    """Whether a box of shape `inner` inside an array of shape `outer` is one
-    contiguous range of its bytes in C order (leading 1s, then one partial
-    axis, then whole ones)."""
-    d = 0
-    while d < len(inner) and inner[d] == 1:
-        d += 1
-    return inner[d + 1 :] == outer[d + 1 :]
-
-
 def nbytes(shape, itemsize: int) -> int:
     return math.prod(shape) * itemsize
 

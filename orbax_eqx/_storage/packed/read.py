@@ -7,137 +7,36 @@ replicated) is instead packed, end to end, into one pack file; only sharded
 arrays go through Orbax, one stored array each. Every leaf keeps its name,
 its sidecar record (pack, offset, size) and its own restore.
 
-Save: which leaves are packed, where each goes (walk order, so a subtree is
-one contiguous range; offsets 64-byte aligned), and the host arrays holding
-their bytes, taken before `save` returns (see `host_copies`). Restore: the
-byte ranges of just the wanted leaves (neighbours merged when close), then
-arrays made from the buffers without copying them on CPU.
+Save (`packed.write`): which leaves are packed, and the pack written with
+each leaf's checksum; where each goes is `ranges.layout` (walk order, so a
+subtree is one contiguous range; offsets 64-byte aligned), the host arrays
+holding their bytes are taken before `save` returns
+(`transfer.to_host.host_copies`). Restore (here): the byte ranges of just the
+wanted leaves (neighbours merged when close, `ranges.plan`), then arrays made
+from the buffers without copying them on CPU.
 """
 
-import concurrent.futures
 import functools
-from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from etils import epath
 
-from .._format.sidecar import PACK_ALIGNMENT, PackMetadata
-from .._tree.walk import (
+from ..._format.sidecar import PackMetadata
+from ..._tree.walk import (
     JAX,
-    container,
     is_key_dtype,
     key_data_struct,
     key_impl,
     parse_dtype,
 )
-from . import packfile as _packfile
-from . import to_host as _to_host
-from .checksum import CRC32, NAMES, Running, damaged, data_sum, mismatch
-from .to_host import on_cpu as on_cpu
+from .. import ranges as _ranges
+from ..checksum import NAMES, Running, damaged, mismatch
+from ..ranges import plan
 
-# Two wanted ranges closer than this are read as one: a read call costs more
-# than reading the bytes between them.
-MAX_GAP = 1 << 20
 # Bytes of a leaf checked at a time on restore, while later ones are read.
 _CHECK_PIECE = 16 << 20
-
-
-def packable(x: Any) -> bool:
-    """Whether an array leaf goes in the pack: every copy of it is the whole array."""
-    if container(x) != JAX:
-        return True
-    return isinstance(x, jax.Array) and x.is_fully_replicated
-
-
-def layout(sizes: Iterable[tuple[str, int]]) -> tuple[dict[str, int], int]:
-    """Offsets of `(name, nbytes)` leaves packed in order, and the pack's size."""
-    offsets, cursor = {}, 0
-    for name, size in sizes:
-        cursor += -cursor % PACK_ALIGNMENT
-        offsets[name] = cursor
-        cursor += size
-    return offsets, cursor
-
-
-def write(
-    path: epath.Path,
-    pieces: Sequence[tuple[int, np.ndarray]],
-    nbytes: int,
-    checksums: bool = True,
-    algorithm: str = CRC32,
-) -> list[int]:
-    """Writes pack file `path` (see `_packfile.write`); returns each piece's
-    checksum `algorithm` (see `checksum.Running`; none without `checksums`).
-
-    The checksums are computed in a second thread while the file is written:
-    both release the GIL, so on two cores they cost about the time of the
-    slower one.
-    """
-    if not checksums:
-        _packfile.write(path, pieces, nbytes)
-        return []
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        crcs = pool.submit(lambda: [data_sum(x, algorithm) for _, x in pieces])
-        _packfile.write(path, pieces, nbytes)
-        return crcs.result()
-
-
-def host_copies(values: list[Any]) -> list[np.ndarray]:
-    """Host arrays holding the leaves' bytes as they are now, safe from later changes.
-
-    The caller may change numpy arrays, or donate jax arrays, as soon as
-    `save` returns, so this is done before it returns:
-
-    - numpy arrays are copied;
-    - a jax array on CPU is seen by numpy without a copy: the view holds the
-      buffer, and JAX does not reuse a buffer that numpy still holds, so
-      donating the array later copies instead (tested in
-      `tests/test_packing.py`). Orbax relies on the same;
-    - other jax arrays are copied to host memory: small ones gathered on
-      their device first, a copy per batch, large ones one by one, all
-      transfers started first (see `to_host`).
-    """
-    return start_host_copies(values)()
-
-
-def start_host_copies(
-    values: list[Any], copy_numpy: bool = True
-) -> Callable[[], list[np.ndarray]]:
-    """Starts `host_copies(values)`; returns, once the caller may donate or
-    change the values, a function that waits for the copies and returns them
-    (stacks of small arrays are copied to host there; see `to_host.start`).
-    `copy_numpy=False` (a save that waits for its writes before returning)
-    takes C-contiguous numpy arrays as they are."""
-    # Fully replicated: this host's first copy is the whole array. Taken from
-    # its own device, so that nothing is computed over the others (nor, for
-    # keys, across hosts), and only one copy is transferred.
-    out: list[Any] = [None] * len(values)
-    on_device = []
-    for i, x in enumerate(values):
-        if container(x) == JAX:
-            on_device.append(i)
-        elif copy_numpy:
-            out[i] = np.array(x, order="C", copy=True)
-        else:
-            out[i] = np.ascontiguousarray(x)  # a copy only if not contiguous
-    pending = _to_host.start([_one_copy(values[i]) for i in on_device])
-
-    def result() -> list[np.ndarray]:
-        for i, host in zip(on_device, pending.result()):
-            out[i] = host
-        return out
-
-    return result
-
-
-def _one_copy(x: jax.Array) -> jax.Array:
-    # An array on one device is its own first copy; `addressable_data(0)`
-    # would make a new array object (and sharding) for it.
-    if len(x.sharding.device_set) == 1:
-        return x
-    return x.addressable_data(0)
 
 
 def read(
@@ -166,7 +65,7 @@ def read(
         if verify:
             records = {name: r.record for name, r in wanted.items()}
             check = functools.partial(_check, records, where, problems)
-        buffers = _packfile.read(
+        buffers = _ranges.read(
             directory / packs[pack].file,
             ranges,
             meanwhile=check,
@@ -182,7 +81,7 @@ def read(
 
 def _check(records, where, problems: list[str], buffers, ready) -> None:
     """Checks each leaf's bytes against the CRC-32 its record holds, in file
-    order, as the reads bring them in (see `_packfile.read`); appends a line
+    order, as the reads bring them in (see `_ranges.read`); appends a line
     to `problems` for each that differs."""
     todo = [name for name in records if records[name].crc32 is not None]
     for name in sorted(todo, key=lambda name: where[name]):
@@ -201,27 +100,6 @@ def _check(records, where, problems: list[str], buffers, ready) -> None:
 
 def _span(record) -> tuple[int, int]:
     return record.offset, record.offset + record.nbytes
-
-
-def plan(
-    spans: dict[str, tuple[int, int]], max_gap: int = MAX_GAP
-) -> tuple[list[tuple[int, int]], dict[str, tuple[int, int]]]:
-    """Merges byte spans into few ranges to read.
-
-    **Returns:** `(ranges, where)`: the `[start, stop)` ranges, in file order,
-    and for each name the index of its range and its offset inside it.
-    """
-    ranges: list[tuple[int, int]] = []
-    where = {}
-    for name, (start, stop) in sorted(spans.items(), key=lambda kv: kv[1]):
-        if ranges and start - ranges[-1][1] <= max_gap:
-            first = ranges[-1][0]
-            ranges[-1] = (first, max(stop, ranges[-1][1]))
-        else:
-            first = start
-            ranges.append((start, stop))
-        where[name] = (len(ranges) - 1, start - first)
-    return ranges, where
 
 
 def _view(buffer: np.ndarray, start: int, record) -> np.ndarray:

@@ -4,9 +4,9 @@ A sharded array is never gathered: every process takes the shards it holds
 whose `replica_id` is 0 (so each distinct box is written once, by exactly
 one process, whatever the replication), copies them to host memory before
 `save` returns, and writes them end to end, 64-byte aligned, into its own
-shard pack with `pwritev`, then the pack's index (see `shard_index`). The
+shard pack with `pwritev`, then the pack's index (see `sharded.index`). The
 CRC-32s (of blocks sized per chunk, each bound to where its bytes belong:
-see `shard_index.binding`) are computed on host from the bytes being
+see `sharded.index.binding`) are computed on host from the bytes being
 written, in a second thread:
 no computation runs on any device, and no process waits for another (Orbax's
 own barrier, before the step is committed, is the only meeting point).
@@ -21,14 +21,14 @@ import jax
 import numpy as np
 from etils import epath
 
-from .._bytes import route as _route
-from .._format.sidecar import shard_file, shard_index
-from .._tree.walk import is_key_dtype
-from . import packfile as _packfile
-from . import staging as _staging
-from . import to_host as _to_host
-from .packing import layout
-from .shard_index import (
+from ..._bytes import route as _route
+from ..._format.sidecar import shard_file, shard_index
+from .. import ranges as _ranges
+from ..boxes import box
+from ..ranges import layout
+from ..transfer import staging as _staging
+from ..transfer import to_host as _to_host
+from .index import (
     Chunk,
     binding,
     block_crcs,
@@ -55,25 +55,15 @@ class Local:
             self.hosts, self.pending = self.pending.result(), None
 
 
-def box(index: tuple[slice, ...], shape: Sequence[int]):
-    """`(start, stop)` of a shard's index (a tuple of slices) in `shape`."""
-    start, stop = [], []
-    for s, n in zip(index, shape):
-        a, b, _ = s.indices(n)
-        start.append(a)
-        stop.append(b)
-    return tuple(start), tuple(stop)
-
-
 def take(items: Sequence[tuple[Any, jax.Array]]) -> Local:
     """Host copies of this process's distinct shards of `items` (name, array).
 
     On CPU the host copy is a view of the device buffer, as for pack files
-    (see `packing.host_copies`): JAX then copies instead of reusing a donated
-    buffer that numpy still holds. From accelerators, small shards are
+    (see `transfer.to_host.host_copies`): JAX then copies instead of reusing a
+    donated buffer that numpy still holds. From accelerators, small shards are
     gathered on their device and copied a batch at a time, large ones one by
     one, every transfer started before the first is waited for (see
-    `to_host`).
+    `transfer.to_host`).
     """
     local = start_take(items)
     local.wait()
@@ -170,7 +160,7 @@ def write(directory: epath.Path, token: str, process: int, local: Local) -> list
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         crcs = pool.submit(crcs_of)
-        _packfile.write(pack, pieces, nbytes)
+        _ranges.write(pack, pieces, nbytes)
         crcs = crcs.result()
     chunks = [dataclasses.replace(c, crcs=tuple(x)) for c, x in zip(chunks, crcs)]
     local.hosts = []  # let go of device buffers' views (see `take`)
@@ -190,20 +180,3 @@ def describe(sharding: jax.sharding.Sharding) -> str:
         return f"P({spec}) over {mesh}"
     devices = len(sharding.device_set)
     return f"{type(sharding).__name__} over {devices} devices"
-
-
-def gather(x: jax.Array) -> np.ndarray:
-    """A host copy of a jax array this process holds whole (typed PRNG keys: of
-    their key data), assembled shard by shard: no computation over the array."""
-    out = None
-    for shard in x.addressable_shards:
-        if shard.replica_id != 0:
-            continue
-        data = shard.data
-        if is_key_dtype(data.dtype):
-            data = jax.random.key_data(data)  # on the shard's own device
-        host = np.asarray(data)
-        if out is None:
-            out = np.empty(tuple(x.shape) + host.shape[x.ndim :], host.dtype)
-        out[shard.index] = host
-    return out

@@ -3,7 +3,7 @@
 Reading the index (see `typed`) validates every record before any array
 byte is read: shapes, dtypes, where each leaf's bytes are. File names are
 derived from the group's name, never read from the index. Leaves then go to
-the pack reader (`packing`) or the shard-pack reader (`shard_read`), which
+the pack reader (`packed.read`) or the shard-pack reader (`sharded.read`), which
 read just the byte ranges wanted and check their CRC-32s.
 """
 
@@ -17,9 +17,9 @@ import jax
 import numpy as np
 from etils import epath
 
-from .._bytes import route as _route
-from .._errors import CheckpointDamagedError, permission_denied
-from .._format.sidecar import (
+from ..._bytes import route as _route
+from ..._errors import CheckpointDamagedError, permission_denied
+from ..._format.sidecar import (
     EMPTY,
     PACKED,
     SHARDS,
@@ -29,7 +29,7 @@ from .._format.sidecar import (
     itemsize,
     pack_file,
 )
-from .._tree.walk import (
+from ..._tree.walk import (
     ARRAY,
     JAX,
     is_key_dtype,
@@ -37,9 +37,9 @@ from .._tree.walk import (
     key_impl,
     parse_dtype,
 )
-from . import packing as _packing
-from . import shard_read as _shard_read
-from .typed import (
+from ..packed import read as _packed
+from ..sharded import read as _shard_read
+from .write import (
     GROUP_DIR,
     GROUP_PREFIX,
     INDEX_FILE,
@@ -278,7 +278,7 @@ def read(group: Group, requests: dict[str, Request], *, verify: bool = True):
     try:
         if packed:
             out.update(
-                _packing.read(group.directory, group.saved.packs, packed, verify=verify)
+                _packed.read(group.directory, group.saved.packs, packed, verify=verify)
             )
         if sharded:
             out.update(

@@ -12,8 +12,6 @@ the leaves being restored.
 
 import json
 import math
-import os
-import re
 from collections.abc import Sequence
 
 import jax.numpy as jnp
@@ -21,18 +19,14 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 from etils import epath
 
-from .._bytes.paths import is_remote
-from .._errors import (
+from ..._errors import (
     CheckpointDamagedError,
-    CheckpointPermissionError,
     bullet_list,
-    permission_denied,
 )
-from .._format.sidecar import LeafMetadata
-from .._tree.walk import is_key_dtype, key_data_struct, parse_dtype
+from ..._format.sidecar import LeafMetadata
+from ..._tree.walk import is_key_dtype, key_data_struct, parse_dtype
+from .keys import ZARR2, ZARR3, first_line, open_store, permission_error
 
-_ZARR2 = ".zarray"
-_ZARR3 = "zarr.json"
 _FIX = (
     "The sidecar and the arrays do not belong together (an edited sidecar, files "
     "mixed from two saves, or a damaged store). Restore an earlier step, or "
@@ -52,11 +46,11 @@ def check_stored(
     - `listed`: the storage keys of every Orbax-stored leaf the sidecar lists;
         an array in the store outside it is an error too.
     """
-    store = _open(directory)
+    store = open_store(directory)
     keys = [r.key for r in records]
-    found = _read_all(store, [f"{k}/{_ZARR2}" for k in keys], directory)
+    found = _read_all(store, [f"{k}/{ZARR2}" for k in keys], directory)
     if any(v is None for v in found):  # Zarr v3 (`use_zarr3=True`), or missing
-        v3 = _read_all(store, [f"{k}/{_ZARR3}" for k in keys], directory)
+        v3 = _read_all(store, [f"{k}/{ZARR3}" for k in keys], directory)
         found = [a if a is not None else b for a, b in zip(found, v3)]
     problems = []
     for record, key, meta in zip(records, keys, found):
@@ -68,7 +62,7 @@ def check_stored(
         stored = {
             k.decode("utf-8", "surrogateescape").rsplit("/", 1)[0]
             for k in store.list().result()
-            if k.endswith(b"/" + _ZARR2.encode()) or k.endswith(b"/" + _ZARR3.encode())
+            if k.endswith(b"/" + ZARR2.encode()) or k.endswith(b"/" + ZARR3.encode())
         }
         for key in sorted(stored - listed):
             problems.append(
@@ -82,50 +76,6 @@ def check_stored(
             f"array store disagree ({n} difference{'s' if n != 1 else ''}):\n"
             f"{bullet_list(problems)}\n{_FIX}"
         )
-
-
-def missing_in_store(directory: epath.Path, keys: Sequence[str]) -> list[str]:
-    """Those of `keys` whose arrays Orbax's store at `directory` no longer holds
-    whole: their metadata record, or a data file of theirs, gone.
-
-    For a save to check, before it commits, that nobody deleted what it wrote
-    (see `_claim.before_commit`). Reads the store's index and the first byte
-    of every value: a value whose data file is gone reads as empty.
-    """
-    try:
-        store = _open(directory)
-        listed = store.list().result()
-        firsts = [store.read(k, byte_range=slice(0, 1)) for k in listed]
-        whole, broken = set(), set()
-        for k, first in zip(listed, firsts):
-            # `<storage key>/<zarr metadata or chunk>`: storage keys hold no `/`.
-            key, _, rest = k.decode("utf-8", "surrogateescape").partition("/")
-            if rest in (_ZARR2, _ZARR3):
-                whole.add(key)
-            if first.result().state != "value" or not first.result().value:
-                broken.add(key)
-    except Exception:  # the store, or its index, is gone
-        return list(keys)
-    return [k for k in keys if k not in whole or k in broken]
-
-
-def _open(directory: epath.Path) -> ts.KvStore:
-    text = os.fspath(directory).rstrip("/") + "/"
-    base = text if is_remote(text) else "file://" + text
-    # As Orbax decides it, so that both read the same store.
-    ocdbt = ocp.type_handlers.is_ocdbt_checkpoint(directory)
-    spec = {"driver": "ocdbt", "base": base} if ocdbt else base
-    try:
-        return ts.KvStore.open(spec).result()
-    except Exception as e:
-        denied = permission_error(e, directory)
-        if denied is not None:
-            raise denied from None
-        raise CheckpointDamagedError(
-            f"Orbax's array store of the checkpoint at {directory} cannot be "
-            f"opened ({first_line(e)}): the checkpoint is damaged. Restore an "
-            "earlier step, or re-save the checkpoint."
-        ) from e
 
 
 def _read_all(store: ts.KvStore, keys: list[str], directory) -> list[dict | None]:
@@ -196,31 +146,3 @@ def _compare(record: LeafMetadata, key: str, meta: dict | None) -> str | None:
 
 def _is_shape(x) -> bool:
     return isinstance(x, list) and all(type(d) is int and d >= 0 for d in x)
-
-
-def first_line(e: BaseException) -> str:
-    """The gist of a TensorStore error, without the pages of spec it appends."""
-    text = str(e).split("\n", 1)[0]
-    for tail in (" [tensorstore_spec", ". See full TensorStore details"):
-        text = text.split(tail, 1)[0]
-    return text if len(text) <= 300 else text[:297] + "..."
-
-
-# How TensorStore names a file it may not open.
-_DENIED = re.compile(r'"([^"]+)": Permission denied')
-
-
-def permission_error(
-    error: BaseException | None, where: object
-) -> CheckpointPermissionError | None:
-    """`permission_denied` for a TensorStore error in `error`'s chain that says
-    a file may not be read, naming that file (else `where`); None if none does."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        text = str(error)
-        if "PERMISSION_DENIED" in text:
-            named = _DENIED.search(text)
-            return permission_denied(named.group(1) if named else where)
-        error = error.__cause__ or error.__context__
-    return None

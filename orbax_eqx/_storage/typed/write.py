@@ -14,7 +14,7 @@ their leaf names (the same on every process, with no communication):
 ```
 
 Fully replicated arrays (one device, or a copy on every device) are packed
-(`packing`) by the primary host; the others go to shard packs (`shards`),
+(`packed`) by the primary host; the others go to shard packs (`sharded`),
 every process writing the distinct shards it holds; zero-size arrays are
 recorded only. The index, written last, records every leaf:
 
@@ -35,7 +35,7 @@ recorded only. The index, written last, records every leaf:
 A leaf's `sharding` is its saved sharding's place in `shardings` (or null),
 each distinct one stored once; what they hold is the handler's (Orbax's
 sharding metadata), opaque here. No computation runs on a device; processes
-meet only at Orbax's own barrier. Reading is `typed_read`.
+meet only at Orbax's own barrier. Reading is `typed.read`.
 """
 
 import dataclasses
@@ -51,8 +51,8 @@ import jax
 import numpy as np
 from etils import epath
 
-from .._bytes import route as _route
-from .._format.sidecar import (
+from ..._bytes import route as _route
+from ..._format.sidecar import (
     EMPTY,
     PACKED,
     SHARDS,
@@ -60,9 +60,11 @@ from .._format.sidecar import (
     pack_file,
     package_versions,
 )
-from .._tree.walk import is_key_dtype
-from . import packing as _packing
-from . import shards as _shards
+from ..._tree.walk import is_key_dtype
+from .. import ranges as _ranges
+from ..packed import write as _packed
+from ..sharded import write as _shards
+from ..transfer import to_host as _to_host
 
 GROUP_DIR = "orbax_eqx~typed.{group}"
 GROUP_PREFIX = "orbax_eqx~typed."
@@ -142,12 +144,12 @@ def take(
             )
         record["sharding"] = sharding
         records[name] = record
-    offsets, pack_nbytes = _packing.layout((n, size) for n, _, size in to_pack)
+    offsets, pack_nbytes = _ranges.layout((n, size) for n, _, size in to_pack)
     for name, offset in offsets.items():
         records[name]["offset"] = offset
     pieces: list[tuple[int, np.ndarray]] = []
     if primary and to_pack:
-        hosts = _packing.host_copies([x for _, x, _ in to_pack])
+        hosts = _to_host.host_copies([x for _, x, _ in to_pack])
         pieces = [
             (offsets[name], _cast(host, cast_of.get(name)))
             for (name, _, _), host in zip(to_pack, hosts)
@@ -210,8 +212,9 @@ def write(directory: epath.Path, taken: Taken, process: int, primary: bool) -> N
     index = taken.index
     if taken.pieces:
         path = where / pack_file(taken.group, 0)
-        crcs = _packing.write(path, taken.pieces, taken.pack_nbytes)
-        taken.pieces = []  # let go of device buffers' views (see `packing`)
+        crcs = _packed.write(path, taken.pieces, taken.pack_nbytes)
+        # Let go of device buffers' views (see `transfer.to_host.host_copies`).
+        taken.pieces = []
         for name, crc in zip(taken.packed, crcs):
             index["leaves"][name]["crc32"] = crc
     text = _dump(index).encode("utf-8")

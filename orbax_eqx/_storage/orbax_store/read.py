@@ -1,6 +1,6 @@
 """Reads arrays from Orbax's array store: one partial restore, checked.
 
-Before reading, the store is walked for what is no file (`store_files`: a
+Before reading, the store is walked for what is no file (`files`: a
 FIFO would block the reads forever) and the sidecar's records are compared
 with Orbax's own metadata (`_stored_check`); Orbax's and TensorStore's errors
 about missing, short or corrupt files become one `CheckpointDamagedError`
@@ -17,13 +17,14 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from .._errors import CheckpointDamagedError, inline_list
-from .._format.sidecar import STORED, Metadata, arrays_dir
-from .._tree.walk import JAX, parse_dtype
-from . import store_files as _store_files
-from .checksum import damaged, host_sum32, mismatch
-from .shards import gather
-from .stored_check import check_stored, first_line, permission_error
+from ..._errors import CheckpointDamagedError, inline_list
+from ..._format.sidecar import STORED, Metadata, arrays_dir
+from ..._tree.walk import JAX, parse_dtype
+from ..checksum import damaged, host_sum32, mismatch
+from ..transfer.to_host import gather
+from . import files as _store_files
+from .check import check_stored
+from .keys import first_line, permission_error
 
 
 def read(inner, directory, saved: Metadata, requests: dict, *, verify: bool):

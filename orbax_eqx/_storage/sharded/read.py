@@ -4,7 +4,7 @@ For each array, the target sharding says which box each of this process's
 devices holds. Each distinct box is built from the stored chunks it overlaps:
 of each chunk, only the byte range from the overlap's first element to its
 last is read, widened to whole CRC blocks of that chunk (see
-`shard_index.block_size`: at most a 64th of the chunk, or 1 MiB, at each
+`sharded.index.block_size`: at most a 64th of the chunk, or 1 MiB, at each
 end) so that every byte read is checked. Ranges are merged only across the
 padding between chunks (`GAP` bytes): a process reads what its devices hold
 and little more, never a neighbour's chunk. (A box that splits a chunk along
@@ -34,25 +34,22 @@ of Python objects per piece) stays bounded too on models of many small
 sharded leaves.
 """
 
-import bisect
 import collections
-import dataclasses
-import itertools
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
 from etils import epath
 
-from .._errors import CheckpointDamagedError, bullet_list
-from .._format.sidecar import PACK_ALIGNMENT, Metadata, itemsize, shard_file
-from .._tree.walk import JAX, is_key_dtype, key_data_struct, key_impl, parse_dtype
-from . import packfile as _packfile
-from . import streaming
-from .packing import plan
-from .shard_index import Chunk, check_blocks, read_all, widen
+from ..._errors import CheckpointDamagedError, bullet_list
+from ..._format.sidecar import PACK_ALIGNMENT, Metadata, itemsize, shard_file
+from ..._tree.walk import JAX, is_key_dtype, key_data_struct, key_impl, parse_dtype
+from .. import ranges as _ranges
+from ..boxes import Target, geometry, start_of, strides_of
+from ..ranges import plan
+from .index import Chunk, check_blocks, widen
+from .index_read import read_all
 
 DEFAULT_WINDOW = 1 << 30
 # Bytes read to be copied into assembled boxes, per batch: transient memory.
@@ -60,39 +57,6 @@ COPY_WINDOW = 64 << 20
 MIN_COPY_WINDOW = 1 << 20
 PIECES = 4096  # pieces of chunks read in one batch at most
 GAP = PACK_ALIGNMENT  # the most bytes between ranges merged into one read
-
-
-@dataclasses.dataclass(frozen=True)
-class _Piece:
-    """One stored chunk's overlap with one target box."""
-
-    k: int  # the chunk's place in its leaf's chunks, sorted by box
-    dst: tuple[slice, ...]  # where the overlap lies in the box
-    first: int  # bytes into the chunk of the overlap's first element
-    last: int  # ... and just past its last
-    shape: tuple[int, ...]  # the overlap's shape
-    strides: tuple[int, ...]  # the chunk's strides, in bytes
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """One distinct box of the target sharding, and the devices that hold it."""
-
-    start: tuple[int, ...]
-    shape: tuple[int, ...]
-    devices: tuple[Any, ...]  # () for a numpy leaf: one box, the whole array
-    pieces: tuple[_Piece, ...]
-    whole: bool  # one piece, which is its whole chunk: no copy needed
-    # Whole chunks stacked along the first dimension, in order: no copy
-    # needed either where they were stored and read one after the other.
-    stacked: bool
-    # One piece, a contiguous range of its chunk: a view of what is read.
-    contiguous: bool = False
-
-    @property
-    def viewed(self) -> bool:
-        """Whether the box is (usually) a view of the bytes read, not a copy."""
-        return self.whole or self.stacked or self.contiguous
 
 
 def read(
@@ -143,111 +107,6 @@ def read(
     return out
 
 
-_GEOMETRY: dict = {}
-
-
-def geometry(shape, size: int, boxes: tuple, sharding) -> tuple[Target, ...]:
-    """The target boxes of a leaf and how each is made of its stored chunks.
-
-    Worked out once per (shape, item size, chunk boxes, target sharding):
-    the leaves of a deep model share a few layouts.
-    """
-    key = (shape, size, boxes, sharding)
-    found = _GEOMETRY.get(key)
-    if found is None:
-        found = _work_out(shape, size, boxes, sharding)
-        if len(_GEOMETRY) > 4096:
-            _GEOMETRY.clear()
-        _GEOMETRY[key] = found
-    return found
-
-
-def _work_out(shape, size, boxes, sharding) -> tuple[Target, ...]:
-    wanted: dict[tuple, list] = {}  # (start, stop) -> devices
-    if sharding is None:
-        wanted[((0,) * len(shape), shape)] = []
-    else:
-        for device, index in sharding.addressable_devices_indices_map(shape).items():
-            wanted.setdefault(_box(index, shape), []).append(device)
-    grid = _grid(boxes, len(shape))
-    return tuple(
-        target(start, stop, boxes, size, tuple(devices), grid)
-        for (start, stop), devices in wanted.items()
-    )
-
-
-def _grid(boxes, ndim: int):
-    """The chunks as a grid: per dimension, sorted cuts; a chunk by its start."""
-    cuts = [sorted({(a[d], b[d]) for a, b in boxes}) for d in range(ndim)]
-    return cuts, {a: k for k, (a, _) in enumerate(boxes)}
-
-
-def target(start, stop, boxes, size: int, devices=(), grid=None) -> Target:
-    """The box `[start, stop)` and how it is made of the chunks `boxes` (each
-    `(start, stop)`) of an array of `size`-byte elements."""
-    cuts, at = grid or _grid(boxes, len(start))
-    spans = []
-    for d, (lo, hi) in enumerate(zip(start, stop)):
-        ends = [b for _, b in cuts[d]]
-        i = bisect.bisect_right(ends, lo)
-        spans.append([c for c in cuts[d][i:] if c[0] < hi])
-    pieces = []
-    for cell in itertools.product(*spans):
-        k = at[tuple(a for a, _ in cell)]
-        c_start, c_stop = boxes[k]
-        lo = tuple(max(a, s) for a, s in zip(start, c_start))
-        hi = tuple(min(a, s) for a, s in zip(stop, c_stop))
-        strides = strides_of(_shape(c_start, c_stop), size)
-        first = sum((x - s) * st for x, s, st in zip(lo, c_start, strides))
-        last = sum((y - 1 - s) * st for y, s, st in zip(hi, c_start, strides))
-        dst = tuple(slice(x - s, y - s) for x, y, s in zip(lo, hi, start))
-        pieces.append(_Piece(k, dst, first, last + size, _shape(lo, hi), strides))
-    whole = len(pieces) == 1 and boxes[pieces[0].k] == (start, stop)
-    contiguous = len(pieces) == 1 and streaming.contiguous(
-        pieces[0].shape, _shape(*boxes[pieces[0].k])
-    )
-    shape = _shape(start, stop)
-    full = tuple(slice(0, n) for n in shape[1:])
-    stacked = (
-        len(pieces) > 1
-        and all(  # in order: `spans` are sorted
-            p.shape == _shape(*boxes[p.k]) and p.dst[1:] == full for p in pieces
-        )
-    )
-    return Target(start, shape, devices, tuple(pieces), whole, stacked, contiguous)
-
-
-def _box(index, shape):
-    start, stop = [], []
-    for s, n in zip(index, shape):
-        a, b, _ = s.indices(n)
-        start.append(a)
-        stop.append(b)
-    return tuple(start), tuple(stop)
-
-
-def _start(index, shape) -> tuple[int, ...]:
-    """The first element of a device's box, from the index JAX gives (key
-    data's own axes left out). Its slices' starts are None or not negative;
-    anything else takes the long way."""
-    start = tuple(s.start or 0 for s in index[: len(shape)])
-    if min(start, default=0) < 0:
-        start = _box(index[: len(shape)], shape)[0]
-    return start
-
-
-def _shape(start, stop) -> tuple[int, ...]:
-    return tuple(b - a for a, b in zip(start, stop))
-
-
-def strides_of(shape: Sequence[int], size: int) -> tuple[int, ...]:
-    strides, step = [], size
-    for n in reversed(shape):
-        strides.append(step)
-        step *= n
-    return tuple(reversed(strides))
-
-
 def _read_batch(directory, token, batch: dict[str, tuple], requests, verify: bool):
     # Per chunk, one byte range covering what every box of the batch wants of
     # it; kept (a box is a view of it) or copied (into assembled boxes).
@@ -277,7 +136,7 @@ def _read_batch(directory, token, batch: dict[str, tuple], requests, verify: boo
     for (process, _), spans in sorted(by_file.items()):
         ranges, where = plan(spans, max_gap=GAP)
         path = epath.Path(directory) / shard_file(token, process)
-        buffers = _packfile.read(path, ranges)
+        buffers = _ranges.read(path, ranges)
         for key, (i, at) in where.items():
             chunk, a, z, _ = wanted[key]
             got[key] = buffers[i][at : at + z - a]
@@ -308,7 +167,7 @@ def damaged_chunks(directory, problems: list[str]) -> CheckpointDamagedError:
 
 def check_chunk(chunk: Chunk, a: int, data: np.ndarray, record, path) -> list[str]:
     """Checks bytes `[a, ...)` of `chunk` (whole blocks) against its CRC-32s,
-    which are bound to where the chunk belongs (see `shard_index.binding`)."""
+    which are bound to where the chunk belongs (see `sharded.index.binding`)."""
     problems = []
     for block, recorded, found in check_blocks(chunk, a, data):
         problems.append(
@@ -364,7 +223,7 @@ def _assemble(name, targets: tuple[Target, ...], request, wanted, got, placed) -
             hosts.append(joined.view(elem).reshape(t.shape + tail))
             continue
         size = math.prod(t.shape) * math.prod(tail) * elem.itemsize
-        out = _packfile.aligned_empty(size).view(elem).reshape(t.shape + tail)
+        out = _ranges.aligned_empty(size).view(elem).reshape(t.shape + tail)
         for p in t.pieces:
             a = wanted[(name, p.k)][1]
             out[p.dst] = np.ndarray(
@@ -393,7 +252,7 @@ def _assemble(name, targets: tuple[Target, ...], request, wanted, got, placed) -
     array = jax.make_array_from_callback(
         shape + tail,
         request.sharding,
-        lambda index: by_start[_start(index, shape)],
+        lambda index: by_start[start_of(index, shape)],
         dtype=dtype,
     )
     if key:

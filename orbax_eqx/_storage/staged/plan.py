@@ -1,4 +1,4 @@
-"""What a staged restore reads, and in which jobs (see `staged_read`).
+"""What a staged restore reads, and in which jobs (see `staged.read`).
 
 A packed leaf is one unit (read whole, for the CRC-32 of all its bytes); a
 shard-packed leaf has a unit per distinct box of its target sharding on this
@@ -20,12 +20,13 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from .._format.sidecar import PACK_ALIGNMENT, PACKED, Metadata, itemsize, shard_file
-from .._tree.walk import JAX, is_key_dtype, key_data_struct, parse_dtype
-from . import packfile as _packfile
-from . import streaming
-from .shard_index import MAX_BLOCK, read_all, widen
-from .shard_read import Target, geometry, strides_of, target
+from ..._format.sidecar import PACK_ALIGNMENT, PACKED, Metadata, itemsize, shard_file
+from ..._tree.walk import JAX, is_key_dtype, key_data_struct, parse_dtype
+from .. import ranges as _ranges
+from ..boxes import Target, contiguous, geometry, strides_of, target
+from ..sharded.index import MAX_BLOCK, widen
+from ..sharded.index_read import read_all
+from ..transfer import streaming
 
 # The least a streamed slab of a shard pack may stage: its bytes, plus up to
 # two CRC blocks (at most `MAX_BLOCK` each) read only to check them. Half of
@@ -120,7 +121,7 @@ def leaves(directory, saved: Metadata, requests: dict[str, Any]) -> list[Leaf]:
         ends[record.pack] = max(ends.get(record.pack, 0), record.offset + record.nbytes)
     for pack, end in ends.items():
         # Now, before slabs are planned for sizes only a damaged sidecar claims.
-        _packfile.check_size(packs[pack][0], end, saved.packs[pack].nbytes)
+        _ranges.check_size(packs[pack][0], end, saved.packs[pack].nbytes)
     return packed + sharded
 
 
@@ -217,7 +218,7 @@ class Plan:
             shape = step.slab[1] if step.slab else leaf.shape
             cost = leaf.box_bytes(shape) + PACK_ALIGNMENT
             for _, local, isect in self.parts(step):
-                if not streaming.contiguous(isect, shape):
+                if not contiguous(isect, shape):
                     cost += leaf.box_bytes(isect)
                 cost += leaf.cast_bytes(isect)
             return cost
@@ -253,7 +254,7 @@ class Plan:
         if len(t.pieces) != 1:
             return False
         chunk = leaf.chunks[t.pieces[0].k]
-        return streaming.contiguous(t.pieces[0].shape, chunk.shape)
+        return contiguous(t.pieces[0].shape, chunk.shape)
 
     def parts(self, step: Step):
         """For a packed leaf's step: `(box, start in the slab, shape)` of each

@@ -21,9 +21,9 @@ from collections.abc import Collection
 
 from etils import epath
 
-from .._bytes import files as _files
-from .._bytes.paths import is_remote
-from .._errors import CheckpointDamagedError, permission_denied
+from ..._bytes import files as _files
+from ..._bytes.paths import is_remote
+from ..._errors import CheckpointDamagedError, permission_denied
 
 # Far more than Orbax writes: a store without OCDBT has a directory, a
 # metadata file and a file per chunk for each array.

@@ -1,16 +1,16 @@
 """Packed and shard-packed leaves read through a staging window (see `staging`).
 
 Used where transfers copy (accelerators, or `ORBAX_EQX_STAGING=copy`); on CPU
-`packing.read` and `shard_read.read` hand their buffers to the devices as
+`packed.read` and `sharded.read` hand their buffers to the devices as
 they are. Both kinds of leaf are read the same way here: a packed leaf is a
 leaf of one chunk, the whole array, at its offset in the pack file, checked
 against the CRC-32 of all its bytes; a shard-packed leaf has the chunks of
 its index, checked per block of its chunk (reads are widened to whole
-blocks; see `shard_index`).
+blocks; see `sharded.index`).
 
 The unit of work is a packed leaf (read whole, for its checksum) or one box
 of a shard-packed leaf's target sharding, grouped in jobs of a bounded cost,
-or streamed in slabs where larger (see `staged_plan`). Each job is read in a
+or streamed in slabs where larger (see `staged.plan`). Each job is read in a
 thread while the previous
 one's boxes go to their devices in one batched `jax.device_put`; a leaf whose
 target sharding has one box (one device, or replicated) is put with that
@@ -25,15 +25,16 @@ import jax
 import numpy as np
 from etils import epath
 
-from .._format.sidecar import PACK_ALIGNMENT, Metadata
-from .._tree.walk import JAX, key_impl, parse_dtype
-from . import packfile as _packfile
-from . import streaming
-from .checksum import NAMES, Running, damaged, mismatch
-from .packing import plan
-from .shard_read import Target, check_chunk, damaged_chunks, strides_of
-from .staged_plan import Leaf, Plan, Step, leaves, offset, stored_type
-from .staging import Job, Staging
+from ..._format.sidecar import PACK_ALIGNMENT, Metadata
+from ..._tree.walk import JAX, key_impl, parse_dtype
+from .. import ranges as _ranges
+from ..boxes import Target, contiguous, strides_of
+from ..checksum import NAMES, Running, damaged, mismatch
+from ..ranges import plan
+from ..sharded.read import check_chunk, damaged_chunks
+from ..transfer import streaming
+from ..transfer.staging import Job, Staging
+from .plan import Leaf, Plan, Step, leaves, offset, stored_type
 
 
 def read(
@@ -45,14 +46,14 @@ def read(
     staging: Staging,
 ) -> dict[str, Any]:
     """Reads packed and shard-packed leaves: `{name: request}` to `{name: array}`
-    (requests as for `packing.read`), holding at most `staging.max_bytes` of
+    (requests as for `packed.read.read`), holding at most `staging.max_bytes` of
     host bytes at once."""
     directory = epath.Path(directory)
     wanted = leaves(directory, saved, requests)
     total = sum(r.record.nbytes for r in requests.values())
     problems: dict[str, list[str]] = {"pack": [], "shards": []}
     # The sizes recorded of pack files (shard packs record none): a pack
-    # longer than written is damaged, here as in `packing.read`.
+    # longer than written is damaged, here as in `packed.read`.
     recorded = {directory / pack.file: pack.nbytes for pack in saved.packs}
     reading = _Reading(staging, verify, problems, recorded)
     steps = reading.plan.jobs(wanted, staging.job_bytes(total), staging)
@@ -103,7 +104,7 @@ class _Reading:
         got: dict[tuple, np.ndarray] = {}
         for path, wanted in spans.items():
             ranges, where = plan(wanted, max_gap=PACK_ALIGNMENT)
-            buffers = _packfile.read(
+            buffers = _ranges.read(
                 path,
                 ranges,
                 nbytes=self.recorded.get(path),
@@ -145,7 +146,7 @@ class _Reading:
         for i, local, isect in self.plan.parts(step):
             index = tuple(slice(a, a + n) for a, n in zip(local, isect))
             part = host[(*index, ...)]  # a view, even of a 0-d array
-            if not streaming.contiguous(isect, shape):
+            if not contiguous(isect, shape):
                 part = self._copy(part)
             t = leaf.targets[i]
             at = tuple(o + a - s for o, a, s in zip(origin, local, t.start))

@@ -9,10 +9,15 @@ once, with several ranged reads in flight.
 A pack is read only if it is a regular file (on a disk: a FIFO there would
 block a plain read forever, a directory reads as 4096 bytes of nothing) no
 longer than its sidecar records, and only the byte ranges asked for.
+
+Shared by every layout that keeps records in a file of its own (pack files,
+shard packs, typed groups, the staged restore): where records go
+(`layout`: 64-byte aligned offsets) and which ranges to read for a set of
+wanted spans (`plan`: neighbours merged when close).
 """
 
 import mmap
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 from etils import epath
@@ -155,3 +160,39 @@ def _damaged(path, what: str) -> CheckpointDamagedError:
         f"The pack file {path} {what}: the checkpoint is damaged (a copy cut "
         "short, or a file deleted). Restore an earlier step, or re-save it."
     )
+
+
+# Two wanted ranges closer than this are read as one: a read call costs more
+# than reading the bytes between them.
+MAX_GAP = 1 << 20
+
+
+def layout(sizes: Iterable[tuple[str, int]]) -> tuple[dict[str, int], int]:
+    """Offsets of `(name, nbytes)` leaves packed in order, and the pack's size."""
+    offsets, cursor = {}, 0
+    for name, size in sizes:
+        cursor += -cursor % ALIGNMENT
+        offsets[name] = cursor
+        cursor += size
+    return offsets, cursor
+
+
+def plan(
+    spans: dict[str, tuple[int, int]], max_gap: int = MAX_GAP
+) -> tuple[list[tuple[int, int]], dict[str, tuple[int, int]]]:
+    """Merges byte spans into few ranges to read.
+
+    **Returns:** `(ranges, where)`: the `[start, stop)` ranges, in file order,
+    and for each name the index of its range and its offset inside it.
+    """
+    ranges: list[tuple[int, int]] = []
+    where = {}
+    for name, (start, stop) in sorted(spans.items(), key=lambda kv: kv[1]):
+        if ranges and start - ranges[-1][1] <= max_gap:
+            first = ranges[-1][0]
+            ranges[-1] = (first, max(stop, ranges[-1][1]))
+        else:
+            first = start
+            ranges.append((start, stop))
+        where[name] = (len(ranges) - 1, start - first)
+    return ranges, where
