@@ -35,7 +35,7 @@ from .._format.sidecar import (
     shard_file,
 )
 from .._restore.read import release_memory
-from .._storage import ranges as _packfile
+from .._storage import ranges as _pack_ranges
 from .._storage.sharded.index_read import read_all
 from .._tree.walk import ARRAY, parse_dtype
 from .plain_items import PlainMetadata
@@ -228,7 +228,7 @@ class _Source:
         step = max(self.budget // dtype.itemsize, 1) * dtype.itemsize
         for at in range(0, nbytes, step):
             stop = min(at + step, nbytes)
-            (data,) = _packfile.read(file, [(offset + at, offset + stop)], nbytes=size)
+            (data,) = _pack_ranges.read(file, [(offset + at, offset + stop)], nbytes=size)
             yield data.view(dtype)
             del data
 
