@@ -228,7 +228,9 @@ class _Source:
         step = max(self.budget // dtype.itemsize, 1) * dtype.itemsize
         for at in range(0, nbytes, step):
             stop = min(at + step, nbytes)
-            (data,) = _pack_ranges.read(file, [(offset + at, offset + stop)], nbytes=size)
+            (data,) = _pack_ranges.read(
+                file, [(offset + at, offset + stop)], nbytes=size
+            )
             yield data.view(dtype)
             del data
 
