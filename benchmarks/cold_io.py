@@ -128,6 +128,12 @@ def main() -> None:
         del out
 
     try:
+        # The first few GiB written in a process cost several times the later
+        # ones, whichever writer it is (`benchmarks/write_order.py`): one
+        # untimed write of the same bytes first, so no contender carries it.
+        warm = os.path.join(work, "warm-up")
+        _raw_write(warm, item.values())
+        os.remove(warm)
         for r in range(args.repeats):
             ck, nosum, raw = (os.path.join(work, f"{k}{r}") for k in "cnr")
             saves = [
