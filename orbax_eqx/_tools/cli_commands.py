@@ -19,7 +19,9 @@ static fields and the bytes stored under it; each array with its dtype, shape,
 bytes, where its bytes are stored (the pack file, or Orbax's array store) and
 the sharding it was saved with ("unsharded" for packed arrays: one device or
 fully replicated; Orbax's record for arrays in its store); each Python leaf
-with its value. --flat shows one row per leaf name instead.
+with its value. List items alike all the way down (the layers of a model),
+three or more in a row, show as the first and one row for the rest; --all
+shows every one. --flat shows one row per leaf name instead.
 
 PATH may be an item directory (it holds orbax_eqx.json), a step directory
 (every orbax_eqx item in it is shown), or a CheckpointManager root (its steps
@@ -121,6 +123,13 @@ def add_inspect(commands, common) -> None:
     inspect.add_argument("--json", action="store_true", help="print JSON")
     inspect.add_argument(
         "--flat", action="store_true", help="one row per leaf name, not a tree"
+    )
+    inspect.add_argument(
+        "--all",
+        action="store_true",
+        dest="every",
+        help="every list item in the tree (by default, 3 or more alike in a row "
+        "show the first and one row for the rest)",
     )
     inspect.add_argument(
         "--best",
@@ -239,7 +248,7 @@ def _run_inspect(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(to_json(report), indent=2, ensure_ascii=False))
     else:
-        print(to_text(report, flat=args.flat), end="")
+        print(to_text(report, flat=args.flat, every=args.every), end="")
     return 0
 
 

@@ -17,9 +17,11 @@ from .tree_view import type_text, value_text
 from .typed_items import TypedMetadata
 
 
-def to_text(report: Report, flat: bool = False) -> str:
+def to_text(report: Report, flat: bool = False, every: bool = False) -> str:
     """The report as text for a person: a tree of modules and leaves, or with
-    `flat=True` one row per leaf (by leaf name) and one per module."""
+    `flat=True` one row per leaf (by leaf name) and one per module. In the
+    tree, runs of alike list items are folded unless `every`
+    (`tree_view.FOLD`)."""
     parts = []
     if report.steps:
         best = report.best.step if report.best else None
@@ -38,9 +40,11 @@ def to_text(report: Report, flat: bool = False) -> str:
         )
     for saved, shardings in zip(report.items, report.shardings, strict=True):
         if isinstance(saved, PlainMetadata):
-            parts.append(plain_text.item_text(saved, shardings, flat))
+            parts.append(plain_text.item_text(saved, shardings, flat, every))
         else:
-            parts.append(_item_text(saved) if flat else _tree_text(saved, shardings))
+            parts.append(
+                _item_text(saved) if flat else _tree_text(saved, shardings, every)
+            )
     if report.others:
         parts.append(plain_text.others_text(report.others, report.step))
     return "\n".join(parts)
@@ -54,7 +58,7 @@ def _marks(step: int, best: int | None, latest: int | None) -> str:
     )
 
 
-def _tree_text(saved: Metadata, shardings: dict[str, str]) -> str:
+def _tree_text(saved: Metadata, shardings: dict[str, str], every: bool) -> str:
     header = [
         "name",
         "type",
@@ -64,7 +68,7 @@ def _tree_text(saved: Metadata, shardings: dict[str, str]) -> str:
         "sharding",
         "value / static fields",
     ]
-    rows = tree_rows(saved, shardings)
+    rows = tree_rows(saved, shardings, every)
     # A column with nothing in it (no arrays; no sharding recorded) is left out.
     empty = [i for i in (4, 5) if not any(r[i] for r in rows)]
     header = [h for i, h in enumerate(header) if i not in empty]

@@ -20,7 +20,9 @@ def layout(saved: PlainMetadata) -> str:
     return f"{'OCDBT' if saved.ocdbt else 'no OCDBT'}, zarr v{3 if saved.zarr3 else 2}"
 
 
-def item_text(saved: PlainMetadata, shardings: dict[str, str], flat: bool) -> str:
+def item_text(
+    saved: PlainMetadata, shardings: dict[str, str], flat: bool, every: bool = False
+) -> str:
     """A plain Orbax item, for a person."""
     if flat:
         rows = [
@@ -36,7 +38,7 @@ def item_text(saved: PlainMetadata, shardings: dict[str, str], flat: bool) -> st
         ]
         header = ["name", "shape", "dtype", "bytes", "sharding", "value"]
     else:
-        rows = tree_rows(saved, shardings)
+        rows = tree_rows(saved, shardings, every)
         header = ["name", "type", "shape", "bytes", "stored in", "sharding", "value"]
     # Every array is in Orbax's store, so "stored in" says nothing; a column
     # with nothing in it (no sharding recorded: numpy arrays) goes too.

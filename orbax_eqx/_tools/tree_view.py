@@ -7,6 +7,7 @@ the sharding it was saved with (where known); each Python leaf its value.
 """
 
 import dataclasses
+from typing import Any
 
 from .._format.sidecar import (
     ALIAS,
@@ -29,6 +30,8 @@ _MAX_FIELD = 40  # longer static field values are cut
 
 def split(name: str) -> list[str]:
     """The parts of a leaf name, split at unescaped separators (kept escaped)."""
+    if ESCAPE not in name:  # most names
+        return name.split(SEPARATOR)
     parts, current, chars = [], [], iter(name)
     for c in chars:
         if c == ESCAPE:
@@ -77,10 +80,21 @@ def build(saved: Metadata) -> _Node:
 STORED_IN = {PACKED: "pack", SHARDS: "shard packs", STORED: "Orbax"}
 
 
-def rows(saved: Metadata, shardings: dict[str, str]) -> list[list[str]]:
+# A run of at least this many list items alike (the same classes, static
+# fields, dtypes, shapes, storage and shardings all the way down) shows its
+# first item whole and the rest as one row: a model of 48 layers is 48 times
+# the same rows, and a person reads them once.
+FOLD = 3
+
+
+def rows(
+    saved: Metadata, shardings: dict[str, str], every: bool = False
+) -> list[list[str]]:
     """Rows of `[name, type, shape, bytes, stored in, sharding, value]`, names
-    indented."""
+    indented. Runs of `FOLD` or more alike list items are folded to their
+    first item and one row for the rest, unless `every`."""
     root = build(saved)
+    alike = {} if every else _signatures(root, saved, shardings)
     out: list[list[str]] = []
 
     def module_row(node: _Node, label: str, depth: int) -> list[str]:
@@ -96,18 +110,24 @@ def rows(saved: Metadata, shardings: dict[str, str]) -> list[list[str]]:
         size = human_bytes(node.nbytes) if node.nbytes else ""
         return [_INDENT * depth + label, cls, "", size, "", "", static]
 
+    def entries(node: _Node):
+        items = list(node.children.items())
+        return iter(_folded(items, alike) if alike else items)
+
     def visit(node: _Node, depth: int) -> None:
         # Depth first with a stack, not recursion: modules nest as deep as a
         # model does, and a chain of 1,000 modules is a model.
-        stack = [(iter(node.children.items()), depth)]
+        stack = [(entries(node), depth)]
         while stack:
             children, depth = stack[-1]
             for part, child in children:
-                if child.leaf is not None and not child.children:
+                if isinstance(child, _Run):
+                    out.append(_run_row(child, depth, saved, module_row))
+                elif child.leaf is not None and not child.children:
                     out.append(_leaf_row(child.leaf, depth, part, saved, shardings))
                 else:
                     out.append(module_row(child, part, depth))
-                    stack.append((iter(child.children.items()), depth + 1))
+                    stack.append((entries(child), depth + 1))
                     break
             else:
                 stack.pop()
@@ -120,6 +140,97 @@ def rows(saved: Metadata, shardings: dict[str, str]) -> list[list[str]]:
     else:
         visit(root, 0)
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class _Run:
+    """List items `first`..`last` (as named), all alike `like`, folded."""
+
+    like: str
+    first: str
+    last: str
+    nodes: list[_Node]
+
+
+def _folded(items: list[tuple[str, _Node]], alike: dict[int, int]):
+    """`items` with each run of `FOLD` or more alike list items (consecutive
+    indices) as its first item and then one `_Run` of the rest."""
+    out: list[tuple[str, Any]] = []
+    i = 0
+    while i < len(items):
+        j = i + 1
+        part, node = items[i]
+        if part.isdigit():
+            while (
+                j < len(items)
+                and items[j][0].isdigit()
+                and int(items[j][0]) == int(items[j - 1][0]) + 1
+                and alike[id(items[j][1])] == alike[id(node)]
+            ):
+                j += 1
+        out.append((part, node))
+        if j - i >= FOLD:
+            rest = [n for _, n in items[i + 1 : j]]
+            out.append(("", _Run(part, items[i + 1][0], items[j - 1][0], rest)))
+        else:
+            out += items[i + 1 : j]
+        i = j
+    return out
+
+
+def _run_row(run: _Run, depth: int, saved: Metadata, module_row) -> list[str]:
+    first = run.nodes[0]
+    if first.leaf is not None and not first.children:
+        row = _leaf_row(first.leaf, depth, "", saved, {})
+        row[3] = human_bytes(sum(n.leaf.nbytes for n in run.nodes if n.leaf))
+        row[4] = row[5] = ""
+    else:
+        row = module_row(first, "", depth)
+        row[3] = human_bytes(sum(n.nbytes for n in run.nodes))
+    row[0] = _INDENT * depth + f"{run.first} .. {run.last}"
+    row[-1] = f"{len(run.nodes)} more, each like {run.like} (--all shows them)"
+    return row
+
+
+def _signatures(
+    root: _Node, saved: Metadata, shardings: dict[str, str]
+) -> dict[int, int]:
+    """`{id(node): k}`, the same `k` for nodes whose rows would be the same
+    but for their own names: their classes, static fields, dtypes, shapes,
+    storage, shardings and values, all the way down. Bottom up, without
+    recursion."""
+    kinds: dict[tuple, int] = {}
+    out: dict[int, int] = {}
+    stack: list[tuple[_Node, bool]] = [(root, False)]
+    while stack:
+        node, seen = stack.pop()
+        if not seen:
+            stack.append((node, True))
+            stack += [(c, False) for c in node.children.values()]
+            continue
+        leaf = node.leaf
+        info = saved.modules[node.module] if node.module is not None else None
+        key: tuple = (
+            info
+            and (info.cls, tuple((k, describe(v)) for k, v in info.static.items())),
+            leaf and _leaf_key(leaf, saved, shardings),
+            tuple((p, out[id(c)]) for p, c in node.children.items()),
+        )
+        out[id(node)] = kinds.setdefault(key, len(kinds))
+    return out
+
+
+def _leaf_key(leaf: LeafMetadata, saved: Metadata, shardings) -> tuple:
+    if leaf.kind == ARRAY and leaf.data != ALIAS:
+        return (
+            leaf.dtype,
+            tuple(leaf.shape or ()),
+            leaf.data,
+            leaf.container,
+            shardings.get(leaf.name, ""),
+        )
+    # Rarer leaves (values, tied arrays): by their row.
+    return tuple(_leaf_row(leaf, 0, "", saved, shardings))
 
 
 def _leaf_row(leaf, depth, label, saved, shardings) -> list[str]:
