@@ -12,9 +12,13 @@ one, typed PRNG keys, a zero-size array) and checks which process wrote
 which file. With 8 devices in one process it also restores onto a (2, 4)
 mesh cut across the saved shards. `restore` restores step 1 in one process
 onto a mesh of its devices and onto one device, and checks that a restore
-without shardings says the saved ones cannot be rebuilt. Prints `ok` last.
+without shardings says the saved ones cannot be rebuilt. `fail` restores
+step 1 on every process onto the saving mesh, expecting an error (the test
+damaged what only one process reads), and prints `ERROR {json}` with it.
+Prints `ok` last.
 """
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -228,7 +232,30 @@ def restore() -> None:
     mngr.close()
 
 
-MODES = {"save": save, "restore": restore}
+def fail() -> None:
+    mesh = jax.make_mesh((jax.device_count(),), ("x",))
+
+    def as_saved(name):
+        return NamedSharding(mesh, SPECS.get(name, P("x")))
+
+    mngr = manager()
+    abstract = target(as_saved)
+    try:
+        mngr.restore(
+            1,
+            args=ocp.args.PyTreeRestore(
+                abstract,
+                restore_args=ocp.checkpoint_utils.construct_restore_args(abstract),
+            ),
+        )
+    except Exception as e:
+        print("ERROR " + json.dumps([type(e).__name__, str(e)]), flush=True)
+    else:
+        raise AssertionError("the restore did not fail")
+    mngr.close()
+
+
+MODES = {"save": save, "restore": restore, "fail": fail}
 
 if __name__ == "__main__":
     MODES[args.mode]()

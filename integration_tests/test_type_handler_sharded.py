@@ -7,6 +7,8 @@ Each topology is a new set of processes (see `_procs`); the worker is
 `_type_handler_worker.py`.
 """
 
+import json
+
 from . import _procs
 
 WORKER = "_type_handler_worker.py"
@@ -51,3 +53,27 @@ def test_two_processes_save_their_own_shards_and_one_restores(tmp_path):
     (loaded,) = _run("restore", root, processes=1, devices=4, logs=tmp_path / "load")
     assert "equal: 29 arrays, on NamedSharding(mesh=Mesh('x': 4" in loaded
     assert "equal: 29 arrays, on SingleDeviceSharding(" in loaded
+
+
+def test_a_failure_one_process_sees_stops_every_process(tmp_path):
+    # Process 1's own shard pack is damaged: on the saving mesh only its
+    # devices read it. Both processes raise the same error; neither is left
+    # waiting in Orbax's barriers.
+    root = tmp_path / "ckpt"
+    _run("save", root, processes=2, devices=4, logs=tmp_path / "save")
+    (pack,) = (root / "1" / "default").glob("orbax_eqx~typed.*/*shards.*.1.bin")
+    raw = bytearray(pack.read_bytes())
+    raw[len(raw) // 2] ^= 1
+    pack.write_bytes(bytes(raw))
+    texts = _run("fail", root, processes=2, devices=4, logs=tmp_path / "fail")
+    errors = [
+        json.loads(line[len("ERROR ") :])
+        for text in texts
+        for line in text.splitlines()
+        if line.startswith("ERROR ")
+    ]
+    assert len(errors) == 2 and errors[0] == errors[1], errors
+    kind, message = errors[0]
+    assert kind == "CheckpointDamagedError", message
+    assert "changed after it was saved" in message, message
+    assert "(Process 1 of 2 found this; every process of the restore stops" in message

@@ -26,6 +26,7 @@ from .._errors import (
     bullet_list,
     problem,
 )
+from .._restore.together import together
 from .._save import at_exit as _at_exit
 from .._save import background as _background
 from .._storage.sharded.write import describe
@@ -168,8 +169,16 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
                 _check_none_were_ours(directory, infos, e)
                 raise
         args = args or [ocp.type_handlers.RestoreArgs() for _ in infos]
-        plans = _restore.plan(directory, groups, infos, args)
-        return await asyncio.to_thread(_restore.read, plans, self._verify)
+        # Every process ends together, all with arrays or all with the same
+        # error (see `together`): one failing alone (a damaged chunk only its
+        # devices need) would leave the others in Orbax's barriers.
+        return await asyncio.to_thread(
+            together,
+            directory,
+            lambda: _restore.read(
+                _restore.plan(directory, groups, infos, args), self._verify
+            ),
+        )
 
     async def deserialize_numpy(
         self,
@@ -193,14 +202,16 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
             for i, x in zip(theirs, got, strict=True):
                 out[i] = x
         if ours:
-            plans = _restore.plan(
+            mine = [infos[i] for i in ours]
+            wanted = [args[i] for i in ours]
+            got = await asyncio.to_thread(
+                together,
                 directory,
-                groups,
-                [infos[i] for i in ours],
-                [args[i] for i in ours],
-                numpy=True,
+                lambda: _restore.read(
+                    _restore.plan(directory, groups, mine, wanted, numpy=True),
+                    self._verify,
+                ),
             )
-            got = await asyncio.to_thread(_restore.read, plans, self._verify)
             for i, x in zip(ours, got, strict=True):
                 out[i] = x
         return out
