@@ -43,6 +43,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 import _contenders  # noqa: E402
 import _models  # noqa: E402
 import boto3  # noqa: E402
+import botocore.config  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
@@ -88,8 +89,14 @@ class _Boto:
     def s3(self):
         # Made on first use, inside the server's environment (its keys).
         if self._client is None:
+            # A connection per thread of the baselines (16 at most): boto3's
+            # default pool of 10 discarded connections ("Connection pool is
+            # full" warnings) and slowed the baselines, not orbax_eqx.
             self._client = boto3.client(
-                "s3", endpoint_url=self.server.url, region_name="us-east-1"
+                "s3",
+                endpoint_url=self.server.url,
+                region_name="us-east-1",
+                config=botocore.config.Config(max_pool_connections=32),
             )
         return self._client
 
