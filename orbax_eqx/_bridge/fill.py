@@ -12,8 +12,10 @@ A piece is read straight into its place in the box's buffer, no copy, when
 both sides are one contiguous run of the same bytes: the same dtype, axes in
 the same order, the tensor's part and the box's part each one range in C
 order (a whole layer of a stacked leaf, a run of rows of a layer). Anything
-else (a transpose, a cast, a column strip) is read into a buffer of its own,
-copied into place, and let go.
+else (a transpose, a cast, a column strip) is read into its batch's arena
+(`buffers.Arena`: two, reused batch after batch, so their pages are faulted
+in once; measured on 8 CPU devices, 2 cores: the load's system time 1.5 s
+-> 1.15 s for 1.32 GiB) and copied into place.
 
 Pieces are copied in by `PLACERS` threads as their bytes arrive, while the
 next batch is read. Work goes a batch at a time, in the order of the bytes in
@@ -46,6 +48,7 @@ from .._bytes import store as _store
 from .._storage.boxes import contiguous, strides_of
 from .._storage.ranges import aligned_empty
 from .._storage.ranges import plan as merge
+from .buffers import Arena, copy
 from .pieces import Box, Piece, shape, to_leaf
 from .plan import Plan
 from .safetensors.dtypes import numpy_dtype
@@ -155,9 +158,14 @@ def fill(
     # are copied into place (a transpose costs about what reading it does).
     pending: _Batch | None = None
     placers = concurrent.futures.ThreadPoolExecutor(PLACERS)
+    # Two batches in flight, each reading its copied pieces into an arena of
+    # its own: the same pages every batch, faulted in once, not a fresh
+    # mapping per batch (the kernel zeroes each new page: as costly as
+    # reading it).
+    arenas = [Arena(copy_window), Arena(copy_window)]
     try:
-        for batch, staged in batches:
-            started = _Batch(batch, counts, placers)
+        for k, (batch, staged) in enumerate(batches):
+            started = _Batch(batch, counts, placers, arenas[k % 2])
             if pending is not None:
                 _complete(pending, left, boxes, out, advance)
             pending = started
@@ -262,8 +270,16 @@ class _Batch:
     then finished: each piece to copy is copied into place as soon as its
     bytes are in, while later ones are still being read."""
 
-    def __init__(self, works: list[_Work], counts: Counts, placers):
+    def __init__(
+        self,
+        works: list[_Work],
+        counts: Counts,
+        placers,
+        arena: "Arena | None" = None,
+    ):
         self.works = works
+        self._arena = arena if arena is not None else Arena(0)
+        self._arena.reset()
         self._placers = placers
         self.staged = sum(w.stop - w.first for w in works)
         self._files: list[tuple] = []
@@ -290,7 +306,7 @@ class _Batch:
         copies = sorted((w for w in works if w.direct is None), key=lambda w: w.first)
         spans = {str(i): (w.first, w.stop) for i, w in enumerate(copies)}
         merged, where = merge(spans, max_gap=GAP)
-        temps = [aligned_empty(z - a) for a, z in merged]
+        temps = [self._arena.take(z - a) for a, z in merged]
         first = len(ranges)  # ranges[first + k] is merged[k]
         ranges += merged
         buffers += temps
@@ -386,27 +402,6 @@ def _place(w: _Work, raw: np.ndarray) -> None:
         slice(a - s, z - s) for (a, z), s in zip(p.leaf_box, w.box.start, strict=True)
     )
     copy(_made(w.box)[dst], to_leaf(p, part))
-
-
-TILE = 256
-
-
-def copy(dst: np.ndarray, src: np.ndarray) -> None:
-    """`dst[...] = src` (numpy casts where dtypes differ), in tiles of the last
-    two axes where `src` is transposed there: a tile's reads and writes stay
-    in cache (measured: 1.4x as fast as numpy's own strided copy of a
-    (1024, 4096) float32 transpose)."""
-    if (
-        src.ndim < 2
-        or src.strides[-1] == src.itemsize
-        or src.shape[-1] * src.shape[-2] <= TILE * TILE
-    ):
-        dst[...] = src
-        return
-    rows, cols = src.shape[-2:]
-    for i in range(0, rows, TILE):
-        for j in range(0, cols, TILE):
-            dst[..., i : i + TILE, j : j + TILE] = src[..., i : i + TILE, j : j + TILE]
 
 
 def _finish_done(batch, left, boxes, out) -> None:
