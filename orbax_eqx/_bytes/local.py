@@ -150,7 +150,7 @@ class _FileReader(Reader):
         self, ranges: Sequence[tuple[int, int]], buffers: Sequence[np.ndarray]
     ) -> Reads:
         jobs = []  # (buffer, view, descriptor, offset in it), in file order
-        for i, ((start, stop), buf) in enumerate(zip(ranges, buffers)):
+        for i, ((start, stop), buf) in enumerate(zip(ranges, buffers, strict=True)):
             at = 0
             for k, a, z in self._where(start, stop):
                 for piece in range(a, z, _PIECE):

@@ -55,7 +55,7 @@ class ObjectReader(Reader):
         streamed = self._store.where.scheme == "s3" and _s3_reads.available()
         size = _s3_reads.PIECE if streamed else _READ_PIECE
         jobs = []  # (buffer, its start, its stop, key, start, stop, file end)
-        for i, ((start, stop), buf) in enumerate(zip(ranges, buffers)):
+        for i, ((start, stop), buf) in enumerate(zip(ranges, buffers, strict=True)):
             at = 0
             for key, a, z in self._where(start, stop):
                 for piece in range(a, z, size):

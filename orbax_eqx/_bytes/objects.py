@@ -226,7 +226,7 @@ class ObjectStore(Store):
             for k, size in enumerate(sizes)
         ]
         try:
-            for k, (request, size) in enumerate(zip(requests, sizes)):
+            for k, (request, size) in enumerate(zip(requests, sizes, strict=True)):
                 self._checked(request, path, size, size, f"is missing its part {k}")
         finally:
             for request in requests:

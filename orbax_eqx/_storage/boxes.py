@@ -92,7 +92,7 @@ def target(start, stop, boxes, size: int, devices=(), grid=None) -> Target:
     `(start, stop)`) of an array of `size`-byte elements."""
     cuts, at = grid or _grid(boxes, len(start))
     spans = []
-    for d, (lo, hi) in enumerate(zip(start, stop)):
+    for d, (lo, hi) in enumerate(zip(start, stop, strict=True)):
         ends = [b for _, b in cuts[d]]
         i = bisect.bisect_right(ends, lo)
         spans.append([c for c in cuts[d][i:] if c[0] < hi])
@@ -100,12 +100,14 @@ def target(start, stop, boxes, size: int, devices=(), grid=None) -> Target:
     for cell in itertools.product(*spans):
         k = at[tuple(a for a, _ in cell)]
         c_start, c_stop = boxes[k]
-        lo = tuple(max(a, s) for a, s in zip(start, c_start))
-        hi = tuple(min(a, s) for a, s in zip(stop, c_stop))
+        lo = tuple(max(a, s) for a, s in zip(start, c_start, strict=True))
+        hi = tuple(min(a, s) for a, s in zip(stop, c_stop, strict=True))
         strides = strides_of(_shape(c_start, c_stop), size)
-        first = sum((x - s) * st for x, s, st in zip(lo, c_start, strides))
-        last = sum((y - 1 - s) * st for y, s, st in zip(hi, c_start, strides))
-        dst = tuple(slice(x - s, y - s) for x, y, s in zip(lo, hi, start))
+        first = sum((x - s) * st for x, s, st in zip(lo, c_start, strides, strict=True))
+        last = sum(
+            (y - 1 - s) * st for y, s, st in zip(hi, c_start, strides, strict=True)
+        )
+        dst = tuple(slice(x - s, y - s) for x, y, s in zip(lo, hi, start, strict=True))
         pieces.append(_Piece(k, dst, first, last + size, _shape(lo, hi), strides))
     whole = len(pieces) == 1 and boxes[pieces[0].k] == (start, stop)
     one_range = len(pieces) == 1 and contiguous(
@@ -143,7 +145,7 @@ def start_of(index, shape) -> tuple[int, ...]:
 
 
 def _shape(start, stop) -> tuple[int, ...]:
-    return tuple(b - a for a, b in zip(start, stop))
+    return tuple(b - a for a, b in zip(start, stop, strict=True))
 
 
 def strides_of(shape: Sequence[int], size: int) -> tuple[int, ...]:

@@ -51,9 +51,9 @@ def check_stored(
     found = _read_all(store, [f"{k}/{ZARR2}" for k in keys], directory)
     if any(v is None for v in found):  # Zarr v3 (`use_zarr3=True`), or missing
         v3 = _read_all(store, [f"{k}/{ZARR3}" for k in keys], directory)
-        found = [a if a is not None else b for a, b in zip(found, v3)]
+        found = [a if a is not None else b for a, b in zip(found, v3, strict=True)]
     problems = []
-    for record, key, meta in zip(records, keys, found):
+    for record, key, meta in zip(records, keys, found, strict=True):
         problem = _compare(record, key, meta)
         if problem is not None:
             problems.append(problem)
@@ -135,7 +135,7 @@ def _compare(record: LeafMetadata, key: str, meta: dict | None) -> str | None:
     # A chunk is allocated whole when read: one larger than the array is absurd.
     if not _is_shape(chunks) or len(chunks) != len(shape):
         return f"{where} has no readable chunk shape in Orbax's array store."
-    if any(c > max(d, 1) for c, d in zip(chunks, shape)):
+    if any(c > max(d, 1) for c, d in zip(chunks, shape, strict=True)):
         return (
             f"{where} is {dtype}{list(shape)} but its chunks in Orbax's array "
             f"store are {list(chunks)} ({math.prod(chunks)} elements), larger than "

@@ -37,7 +37,7 @@ def missing_in_store(directory: epath.Path, keys: Sequence[str]) -> list[str]:
         listed = store.list().result()
         firsts = [store.read(k, byte_range=slice(0, 1)) for k in listed]
         whole, broken = set(), set()
-        for k, first in zip(listed, firsts):
+        for k, first in zip(listed, firsts, strict=True):
             # `<storage key>/<zarr metadata or chunk>`: storage keys hold no `/`.
             key, _, rest = k.decode("utf-8", "surrogateescape").partition("/")
             if rest in (ZARR2, ZARR3):

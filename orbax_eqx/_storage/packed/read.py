@@ -152,7 +152,7 @@ def _to_arrays(hosts: dict[str, np.ndarray], requests: dict[str, Any]):
         for at in range(0, len(names), _PUT_BATCH):
             part = names[at : at + _PUT_BATCH]
             arrays = jax.device_put([batch[n] for n in part], sharding)
-            for name, array in zip(part, arrays):
+            for name, array in zip(part, arrays, strict=True):
                 out[name] = _wrap(array, parse_dtype(requests[name].record.dtype))
     return out
 

@@ -79,10 +79,14 @@ class Chunk:
 
     @property
     def shape(self) -> tuple[int, ...]:
-        return tuple(b - a for a, b in zip(self.start, self.stop))
+        return tuple(b - a for a, b in zip(self.start, self.stop, strict=True))
 
     def box(self) -> str:
-        return "[" + ", ".join(f"{a}:{b}" for a, b in zip(self.start, self.stop)) + "]"
+        return (
+            "["
+            + ", ".join(f"{a}:{b}" for a, b in zip(self.start, self.stop, strict=True))
+            + "]"
+        )
 
 
 @dataclasses.dataclass(frozen=True)

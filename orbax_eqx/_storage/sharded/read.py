@@ -239,7 +239,7 @@ def _assemble(name, targets: tuple[Target, ...], request, wanted, got, placed) -
     if request.container != JAX:
         return hosts[0]
     shape = tuple(record.shape)
-    by_start = {t.start: h for t, h in zip(targets, hosts)}
+    by_start = {t.start: h for t, h in zip(targets, hosts, strict=True)}
     # One batched transfer of every device's box (on CPU, aligned buffers are
     # taken as they are). The index has no entries for key data's own axes.
     # With no box here, JAX needs the dtype (it has no data to take it from),

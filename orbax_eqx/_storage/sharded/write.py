@@ -101,7 +101,7 @@ class _Pending:
         self._hosts, self._copied, self._pending = hosts, copied, pending
 
     def result(self) -> list[np.ndarray]:
-        for (at, _), host in zip(self._copied, self._pending.result()):
+        for (at, _), host in zip(self._copied, self._pending.result(), strict=True):
             self._hosts[at] = host
         return self._hosts
 
@@ -144,7 +144,7 @@ def write(directory: epath.Path, token: str, process: int, local: Local) -> list
     chunks = []
     seeds: dict[tuple, int] = {}  # (name, stored type) -> its `leaf_seed`
     for i, (name, start, stop) in enumerate(
-        zip(local.names, local.starts, local.stops)
+        zip(local.names, local.starts, local.stops, strict=True)
     ):
         host, offset, size = local.hosts[i], offsets[str(i)], sizes[i]
         stored = stored_text(host.dtype, host.shape[len(start) :])
@@ -156,13 +156,18 @@ def write(directory: epath.Path, token: str, process: int, local: Local) -> list
         chunks.append(Chunk(name, process, start, stop, offset, size, block, (), seed))
 
     def crcs_of() -> list[list[int]]:
-        return [block_crcs(h, c.block, c.seed) for h, c in zip(local.hosts, chunks)]
+        return [
+            block_crcs(h, c.block, c.seed)
+            for h, c in zip(local.hosts, chunks, strict=True)
+        ]
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         crcs = pool.submit(crcs_of)
         _ranges.write(pack, pieces, nbytes)
         crcs = crcs.result()
-    chunks = [dataclasses.replace(c, crcs=tuple(x)) for c, x in zip(chunks, crcs)]
+    chunks = [
+        dataclasses.replace(c, crcs=tuple(x)) for c, x in zip(chunks, crcs, strict=True)
+    ]
     local.hosts = []  # let go of device buffers' views (see `take`)
     index = directory / shard_index(token, process)
     _route.write_whole(index, to_json(token, process, nbytes, chunks).encode())

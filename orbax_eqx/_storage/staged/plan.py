@@ -235,7 +235,7 @@ class Plan:
         if step.slab is None:
             return t
         start, shape = step.slab
-        stop = tuple(a + n for a, n in zip(start, shape))
+        stop = tuple(a + n for a, n in zip(start, shape, strict=True))
         boxes = tuple((c.start, c.stop) for c in leaf.chunks)
         return target(start, stop, boxes, leaf.size)
 
@@ -265,17 +265,19 @@ class Plan:
         s_start, s_shape = step.slab
         out = []
         for i, t in enumerate(leaf.targets):
-            lo = tuple(max(a, b) for a, b in zip(s_start, t.start))
+            lo = tuple(max(a, b) for a, b in zip(s_start, t.start, strict=True))
             hi = tuple(
                 min(a + n, b + m)
-                for a, n, b, m in zip(s_start, s_shape, t.start, t.shape)
+                for a, n, b, m in zip(s_start, s_shape, t.start, t.shape, strict=True)
             )
-            if all(x < y for x, y in zip(lo, hi)):
-                local = tuple(x - a for x, a in zip(lo, s_start))
-                out.append((i, local, tuple(y - x for x, y in zip(lo, hi))))
+            if all(x < y for x, y in zip(lo, hi, strict=True)):
+                local = tuple(x - a for x, a in zip(lo, s_start, strict=True))
+                out.append(
+                    (i, local, tuple(y - x for x, y in zip(lo, hi, strict=True)))
+                )
         return out
 
 
 def offset(start, shape, size: int) -> int:
     """Bytes into a C-order array of `shape` of the element at `start`."""
-    return sum(a * s for a, s in zip(start, strides_of(shape, size)))
+    return sum(a * s for a, s in zip(start, strides_of(shape, size), strict=True))

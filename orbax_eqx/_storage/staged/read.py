@@ -144,12 +144,14 @@ class _Reading:
         origin = step.slab[0] if step.slab else (0,) * len(shape)
         entries = []
         for i, local, isect in self.plan.parts(step):
-            index = tuple(slice(a, a + n) for a, n in zip(local, isect))
+            index = tuple(slice(a, a + n) for a, n in zip(local, isect, strict=True))
             part = host[(*index, ...)]  # a view, even of a 0-d array
             if not contiguous(isect, shape):
                 part = self._copy(part)
             t = leaf.targets[i]
-            at = tuple(o + a - s for o, a, s in zip(origin, local, t.start))
+            at = tuple(
+                o + a - s for o, a, s in zip(origin, local, t.start, strict=True)
+            )
             part = self._cast(leaf, part)
             entries.append((leaf, i, at if step.slab else None, part))
         return entries
@@ -184,7 +186,7 @@ class _Reading:
         box = leaf.targets[step.box]
         at = None
         if step.slab is not None:
-            at = tuple(a - s for a, s in zip(step.slab[0], box.start))
+            at = tuple(a - s for a, s in zip(step.slab[0], box.start, strict=True))
         return [(leaf, step.box, at, self._cast(leaf, host))]
 
     def _copy(self, part: np.ndarray) -> np.ndarray:
@@ -224,7 +226,7 @@ class _Reading:
         arrays = jax.device_put(xs, shardings) if xs else []
         del xs
         started = []
-        for (leaf, box, device, at), array in zip(sinks, arrays):
+        for (leaf, box, device, at), array in zip(sinks, arrays, strict=True):
             if leaf.on_device is None:
                 leaf.on_device = {}
             if device is None:
@@ -254,7 +256,7 @@ def _into_host(leaf: Leaf, box: int, at, host: np.ndarray) -> None:
         return
     if leaf.result is None:
         leaf.result = np.empty(leaf.shape + leaf.tail, leaf.dtype)
-    index = tuple(slice(a, a + n) for a, n in zip(at, host.shape))
+    index = tuple(slice(a, a + n) for a, n in zip(at, host.shape, strict=True))
     leaf.result[index] = host
 
 

@@ -53,7 +53,9 @@ def _cut(start, shape, k: int, m: int) -> list[Box]:
     for lead in itertools.product(*(range(n) for n in shape[:k])):
         for j in range(0, shape[k], m):
             j = min(j, shape[k] - m)
-            at = tuple(a + i for a, i in zip(start, lead)) + (start[k] + j,)
+            # `lead` indexes the first k axes only: zip stops there.
+            at = tuple(a + i for a, i in zip(start, lead, strict=False))
+            at += (start[k] + j,)
             size = (1,) * k + (m,) + shape[k + 1 :]
             out.append((at + start[k + 1 :], size))
     return out

@@ -192,7 +192,7 @@ def _device_copies(xs: list, one_by_one: list[int], force: bool) -> list:
     # returned only once most of the bytes had crossed (99 arrays of 0.5 GiB:
     # 0.06 s of calls against 0.09 s for `jax.device_get`, and 0.006 s for
     # the device copies; `benchmarks/gpu_transfer_probe.py`).
-    return [(i, copy) for (i, _), copy in zip(chosen, copies)]
+    return [(i, copy) for (i, _), copy in zip(chosen, copies, strict=True)]
 
 
 def _free(device) -> int:
@@ -315,7 +315,7 @@ def start_host_copies(
     pending = start([_one_copy(values[i]) for i in on_device])
 
     def result() -> list[np.ndarray]:
-        for i, host in zip(on_device, pending.result()):
+        for i, host in zip(on_device, pending.result(), strict=True):
             out[i] = host
         return out
 

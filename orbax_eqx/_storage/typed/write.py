@@ -123,7 +123,9 @@ def take(
     table: dict[str, int] = {}  # each distinct sharding's JSON -> its place
     to_pack, to_shard = [], []
     cast_of = {}  # leaf -> the dtype stored, where not the array's own
-    for name, path, x, sharding, cast in zip(names, paths, values, shardings, casts):
+    for name, path, x, sharding, cast in zip(
+        names, paths, values, shardings, casts, strict=True
+    ):
         dtype = x.dtype
         if cast is not None and not is_key_dtype(dtype) and np.dtype(cast) != dtype:
             dtype = cast_of[name] = np.dtype(cast)  # keys have no other dtype
@@ -152,14 +154,14 @@ def take(
         hosts = _to_host.host_copies([x for _, x, _ in to_pack])
         pieces = [
             (offsets[name], _cast(host, cast_of.get(name)))
-            for (name, _, _), host in zip(to_pack, hosts)
+            for (name, _, _), host in zip(to_pack, hosts, strict=True)
         ]
     local = None
     if to_shard:
         local = _shards.take(to_shard)
         local.hosts = [
             _cast(host, cast_of.get(name))
-            for name, host in zip(local.names, local.hosts)
+            for name, host in zip(local.names, local.hosts, strict=True)
         ]
     group = group_of(names)
     index = {
@@ -215,7 +217,7 @@ def write(directory: epath.Path, taken: Taken, process: int, primary: bool) -> N
         crcs = _packed.write(path, taken.pieces, taken.pack_nbytes)
         # Let go of device buffers' views (see `transfer.to_host.host_copies`).
         taken.pieces = []
-        for name, crc in zip(taken.packed, crcs):
+        for name, crc in zip(taken.packed, crcs, strict=True):
             index["leaves"][name]["crc32"] = crc
     text = _dump(index).encode("utf-8")
     _route.write_whole(where / INDEX_FILE, text)
