@@ -155,7 +155,7 @@ class _FileReader(Reader):
             for k, a, z in self._where(start, stop):
                 for piece in range(a, z, _PIECE):
                     n = min(_PIECE, z - piece)
-                    view = memoryview(buf)[at : at + n]
+                    view = buf.data[at : at + n]
                     jobs.append((i, view, self._fds[k], piece, start + at))
                     at += n
         return _LocalReads(jobs, len(buffers))
@@ -198,15 +198,15 @@ class _PartsReader(_FileReader):
 
 class _LocalReads(Reads):
     def __init__(self, jobs, count: int):
-        self._pool = None
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._jobs = jobs
+        self._pieces: list[list[Any]] | None = None
         if len(jobs) <= 1:
             for _, view, fd, offset, at in jobs:
                 _pread_exactly(fd, view, offset, at)
-            self._pieces = None
             return
         self._pool = concurrent.futures.ThreadPoolExecutor(_READERS)
-        self._pieces: list[list[Any]] | None = [[] for _ in range(count)]
+        self._pieces = [[] for _ in range(count)]
         self._ends: list[list[int]] = [[] for _ in range(count)]
         for i, view, fd, offset, at in jobs:  # in file order
             self._pieces[i].append(

@@ -82,9 +82,10 @@ def confirmed(
             seen.append(found)
         if attempt < AGAIN:
             time.sleep(patience.backoff(attempt))
-    store = for_path(path)
+    where = getattr(for_path(path), "where", None)  # an object store's endpoint
+    source = where.describe() if where is not None else str(path)
     raise ObjectStoreError(
-        f"Reading {path} from {store.where.describe()} gave different bytes on "
+        f"Reading {path} from {source} gave different bytes on "
         f"each of {len(seen)} reads: something between the store and this "
         "process (a proxy, a cache, a faulty network card) changes bytes in "
         "transit, and the checkpoint itself may be intact. The checks "

@@ -71,7 +71,7 @@ def digest(data: bytes | memoryview, algorithm: str = DIGEST) -> str:
 def crc32(data: np.ndarray | memoryview, start: int = 0) -> int:
     """CRC-32 of an array's bytes in C order (continuing from `start`)."""
     if isinstance(data, np.ndarray):
-        data = memoryview(data.reshape(-1).view(np.uint8))
+        data = data.reshape(-1).view(np.uint8).data
     return zlib.crc32(data, start)
 
 
@@ -99,7 +99,7 @@ class Running:
 
     def update(self, data: np.ndarray | memoryview) -> None:
         if isinstance(data, np.ndarray):
-            data = memoryview(data.reshape(-1).view(np.uint8))
+            data = data.reshape(-1).view(np.uint8).data
         if self._hasher is None:
             self._crc = zlib.crc32(data, self._crc)
         else:

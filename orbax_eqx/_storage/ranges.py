@@ -17,7 +17,8 @@ wanted spans (`plan`: neighbours merged when close).
 """
 
 import mmap
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import TypeVar
 
 import numpy as np
 from etils import epath
@@ -28,6 +29,7 @@ from .._errors import CheckpointDamagedError, permission_denied
 from .._format.sidecar import PACK_ALIGNMENT as ALIGNMENT
 
 _ZEROS = np.zeros(ALIGNMENT, np.uint8)
+K = TypeVar("K", bound=Hashable)  # what names a span
 
 
 # From this size on numpy asks the kernel for huge pages (`MADV_HUGEPAGE`),
@@ -57,7 +59,7 @@ def aligned_empty(nbytes: int) -> np.ndarray:
 
 def _as_bytes(x: np.ndarray) -> memoryview:
     # Through uint8, because the buffer protocol knows neither bfloat16 nor int4.
-    return memoryview(x.reshape(-1).view(np.uint8))
+    return x.reshape(-1).view(np.uint8).data
 
 
 def _gaps_and_arrays(pieces, nbytes):
@@ -178,15 +180,15 @@ def layout(sizes: Iterable[tuple[str, int]]) -> tuple[dict[str, int], int]:
 
 
 def plan(
-    spans: dict[str, tuple[int, int]], max_gap: int = MAX_GAP
-) -> tuple[list[tuple[int, int]], dict[str, tuple[int, int]]]:
+    spans: dict[K, tuple[int, int]], max_gap: int = MAX_GAP
+) -> tuple[list[tuple[int, int]], dict[K, tuple[int, int]]]:
     """Merges byte spans into few ranges to read.
 
     **Returns:** `(ranges, where)`: the `[start, stop)` ranges, in file order,
     and for each name the index of its range and its offset inside it.
     """
     ranges: list[tuple[int, int]] = []
-    where = {}
+    where: dict[K, tuple[int, int]] = {}
     for name, (start, stop) in sorted(spans.items(), key=lambda kv: kv[1]):
         if ranges and start - ranges[-1][1] <= max_gap:
             first = ranges[-1][0]

@@ -13,6 +13,7 @@ the leaves being restored.
 import json
 import math
 from collections.abc import Sequence
+from typing import Any, TypeGuard
 
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
@@ -47,7 +48,8 @@ def check_stored(
         an array in the store outside it is an error too.
     """
     store = open_store(directory)
-    keys = [r.key for r in records]
+    # Every Orbax-stored leaf's record has its key (`sidecar_read` checks).
+    keys = [r.key or "" for r in records]
     found = _read_all(store, [f"{k}/{ZARR2}" for k in keys], directory)
     if any(v is None for v in found):  # Zarr v3 (`use_zarr3=True`), or missing
         v3 = _read_all(store, [f"{k}/{ZARR3}" for k in keys], directory)
@@ -80,7 +82,7 @@ def check_stored(
 
 def _read_all(store: ts.KvStore, keys: list[str], directory) -> list[dict | None]:
     futures = [store.read(k) for k in keys]  # all in flight at once
-    out = []
+    out: list[dict | None] = []
     for future in futures:
         try:
             result = future.result()
@@ -144,5 +146,5 @@ def _compare(record: LeafMetadata, key: str, meta: dict | None) -> str | None:
     return None
 
 
-def _is_shape(x) -> bool:
+def _is_shape(x: Any) -> TypeGuard[list[int]]:
     return isinstance(x, list) and all(type(d) is int and d >= 0 for d in x)

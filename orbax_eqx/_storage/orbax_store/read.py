@@ -30,10 +30,11 @@ from .keys import first_line, permission_error
 def read(inner, directory, saved: Metadata, requests: dict, *, verify: bool):
     """Reads the Orbax-stored leaves `{name: request}` of the checkpoint in
     `directory` (see `_restore._Request`); returns `{name: array}`."""
-    listed = {r.key for r in saved.leaves.values() if r.data == STORED}
+    # (Every Orbax-stored leaf's record has its key: `sidecar_read` checks.)
+    listed = {r.key for r in saved.leaves.values() if r.data == STORED and r.key}
     store = arrays_dir(directory, saved.token)
     # Nothing may block: the files this read opens are files, first.
-    wanted = {r.record.key for r in requests.values()}
+    wanted = {r.record.key for r in requests.values() if r.record.key}
     _store_files.check(store, skip=listed - wanted)
     check_stored(store, [r.record for r in requests.values()], listed)
     loaded = _orbax_read(inner, store, requests)
@@ -70,10 +71,13 @@ def _orbax_read(inner, directory, to_read: dict) -> dict[str, Any]:
     except Exception as e:  # Orbax raises bare `Exception`s for TensorStore's
         cause = _storage_error(e)
         denied = permission_error(e, directory)
-        if cause is None and denied is None:
-            raise
         records = [request.record for request in to_read.values()]
-        error = denied or unreadable(directory, records, cause)
+        if denied is not None:
+            error: Exception = denied
+        elif cause is not None:
+            error = unreadable(directory, records, cause)
+        else:
+            raise
         _drop_tracebacks(e)  # they hold the reads Orbax abandoned
         error.__cause__ = e  # the whole of Orbax's message, for --debug
     else:
@@ -82,8 +86,9 @@ def _orbax_read(inner, directory, to_read: dict) -> dict[str, Any]:
     raise error
 
 
-def _drop_tracebacks(error: BaseException | None) -> None:
-    todo, seen = [error], set()
+def _drop_tracebacks(first: BaseException | None) -> None:
+    todo: list[BaseException | None] = [first]
+    seen = set()
     while todo:
         error = todo.pop()
         if error is not None and id(error) not in seen:
@@ -116,8 +121,9 @@ def _collect_quietly() -> None:
 _STORAGE_SIGNS = ("DATA_LOSS", "FAILED_PRECONDITION", "NOT_FOUND", "OUT_OF_RANGE")
 
 
-def _storage_error(error: BaseException) -> str | None:
-    """The first line of a TensorStore error in `error`'s chain, if any."""
+def _storage_error(first: BaseException) -> str | None:
+    """The first line of a TensorStore error in `first`'s chain, if any."""
+    error: BaseException | None = first
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))

@@ -57,7 +57,8 @@ def read(
     by_pack: dict[int, dict[str, Any]] = {}
     for name, request in requests.items():
         by_pack.setdefault(request.record.pack, {})[name] = request
-    hosts, problems = {}, []
+    hosts: dict[str, np.ndarray] = {}
+    problems: list[str] = []
     for pack, wanted in by_pack.items():
         spans = {name: _span(r.record) for name, r in wanted.items()}
         ranges, where = plan(spans)
@@ -137,7 +138,7 @@ def _to_arrays(hosts: dict[str, np.ndarray], requests: dict[str, Any]):
                 jax.make_array_from_callback(
                     host.shape,
                     request.sharding,
-                    lambda index, h=host: h[index],
+                    functools.partial(_part, host),
                     dtype=host.dtype,
                 ),
                 saved,
@@ -164,3 +165,7 @@ def _wrap(array: jax.Array, saved: Any) -> jax.Array:
     if is_key_dtype(saved):
         return jax.random.wrap_key_data(array, impl=key_impl(saved))
     return array
+
+
+def _part(host: np.ndarray, index: Any) -> np.ndarray:
+    return host[index]

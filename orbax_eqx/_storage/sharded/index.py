@@ -154,7 +154,7 @@ def block_crcs(data, block: int, seed: int | None) -> list[int]:
     """CRC-32 of each `block` bytes of `data` (an array's bytes in C order),
     block `i` started from its seed (`seed`: the chunk's `binding`)."""
     if isinstance(data, np.ndarray):
-        data = memoryview(np.ascontiguousarray(data).reshape(-1).view(np.uint8))
+        data = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
     return [
         zlib.crc32(data[at : at + block], _block_seed(seed, at // block))
         for at in range(0, len(data), block)

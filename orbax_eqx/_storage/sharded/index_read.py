@@ -11,7 +11,7 @@ import json
 import math
 import os
 import stat
-from typing import Any
+from typing import Any, TypeGuard
 
 from etils import epath
 
@@ -59,9 +59,10 @@ def read_all(directory: epath.Path, saved: Metadata) -> dict[str, list[Chunk]]:
     versions = (INDEX_VERSION,) if saved.format_version >= 5 else (1, INDEX_VERSION)
     # The element type the sidecar records is bound into each chunk's seed.
     stored = {name: stored_of(r.dtype) for name, r in records.items()}
+    token = token_of(saved)
     for process in range(saved.shard_files):
         try:
-            pack = _read_one(directory, saved.token, process, versions, stored)
+            pack = _read_one(directory, token, process, versions, stored)
         except CheckpointDamagedError as e:
             paths = [f"`{r.path}`" for r in records.values()]
             more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
@@ -69,7 +70,7 @@ def read_all(directory: epath.Path, saved: Metadata) -> dict[str, list[Chunk]]:
                 f"{e} Without it, the sharded leaves {', '.join(paths[:3])}{more} "
                 "cannot be restored."
             ) from None
-        index = shard_index(saved.token, process)
+        index = shard_index(token, process)
         for chunk in pack.chunks:
             record = records.get(chunk.name)
             if record is None:
@@ -228,7 +229,7 @@ def _check_file(directory, pack: ShardPack, records) -> None:
     )
 
 
-def _is_size(x: Any) -> bool:
+def _is_size(x: Any) -> TypeGuard[int]:
     return type(x) is int and x >= 0
 
 
@@ -246,7 +247,8 @@ def _check_chunk(directory, pack: ShardPack, record: LeafMetadata, chunk: Chunk)
 
     shape = record.shape or ()
     if len(chunk.start) != len(shape) or any(
-        not 0 <= a < b <= n for a, b, n in zip(chunk.start, chunk.stop, shape)
+        not 0 <= a < b <= n
+        for a, b, n in zip(chunk.start, chunk.stop, shape, strict=True)
     ):
         raise bad(f"lies outside the array, of shape {tuple(shape)}")
     expected = math.prod(chunk.shape) * _item_bytes(record.dtype)
@@ -278,12 +280,13 @@ def _check_tiling(directory, saved: Metadata, record: LeafMetadata, chunks) -> N
     shape = tuple(record.shape or ())
 
     def bad(what: str) -> CheckpointDamagedError:
+        token = token_of(saved)
         if saved.shard_files == 1:
-            files = shard_index(saved.token, 0)
+            files = shard_index(token, 0)
         else:
             files = (
-                f"{shard_index(saved.token, 0)} ... "
-                f"{shard_index(saved.token, saved.shard_files - 1)} "
+                f"{shard_index(token, 0)} ... "
+                f"{shard_index(token, saved.shard_files - 1)} "
                 f"(together; {saved.shard_files} processes)"
             )
         return _damaged(
@@ -312,6 +315,18 @@ def _check_tiling(directory, saved: Metadata, record: LeafMetadata, chunks) -> N
         raise bad("has the same box stored twice")
     if len(boxes) != math.prod(cuts):
         raise bad(f"has {len(boxes)} chunks where its grid needs {math.prod(cuts)}")
+
+
+def token_of(saved: Metadata) -> str:
+    """The save's token, which names its shard packs (every sidecar that lists
+    shard packs has one: `sidecar_read` checks)."""
+    if saved.token is None:
+        raise CheckpointDamagedError(
+            f"The sidecar of the checkpoint in {saved.directory} lists shard packs "
+            "but records no token to name them by: it is damaged. Restore an "
+            "earlier step."
+        )
+    return saved.token
 
 
 def _damaged(directory, file: str, what: str) -> CheckpointDamagedError:

@@ -204,9 +204,11 @@ def _assemble(name, targets: tuple[Target, ...], request, wanted, got, placed) -
     record = request.record
     saved = parse_dtype(record.dtype)
     key = is_key_dtype(saved)
-    data = key_data_struct(saved) if key else None
-    elem = np.dtype(data.dtype) if key else np.dtype(saved)
-    tail = tuple(data.shape) if key else ()
+    if key:  # stored as its key data
+        data = key_data_struct(saved)
+        elem, tail = np.dtype(data.dtype), tuple(data.shape)
+    else:
+        elem, tail = np.dtype(saved), ()
     tail_strides = strides_of(tail, elem.itemsize)
     hosts = []
     for t in targets:

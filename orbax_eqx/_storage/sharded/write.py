@@ -162,9 +162,9 @@ def write(directory: epath.Path, token: str, process: int, local: Local) -> list
         ]
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        crcs = pool.submit(crcs_of)
+        summing = pool.submit(crcs_of)
         _ranges.write(pack, pieces, nbytes)
-        crcs = crcs.result()
+        crcs = summing.result()
     chunks = [
         dataclasses.replace(c, crcs=tuple(x)) for c, x in zip(chunks, crcs, strict=True)
     ]

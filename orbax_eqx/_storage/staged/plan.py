@@ -24,8 +24,8 @@ from ..._format.sidecar import PACK_ALIGNMENT, PACKED, Metadata, itemsize, shard
 from ..._tree.walk import JAX, is_key_dtype, key_data_struct, parse_dtype
 from .. import ranges as _ranges
 from ..boxes import Target, contiguous, geometry, strides_of, target
-from ..sharded.index import MAX_BLOCK, widen
-from ..sharded.index_read import read_all
+from ..sharded.index import MAX_BLOCK, Chunk, widen
+from ..sharded.index_read import read_all, token_of
 from ..transfer import streaming
 
 # The least a streamed slab of a shard pack may stage: its bytes, plus up to
@@ -75,15 +75,18 @@ def leaves(directory, saved: Metadata, requests: dict[str, Any]) -> list[Leaf]:
     """The leaves of `requests` (packed ones first, in file order), each with
     its chunks and target boxes; pack files checked to be regular files of
     the size recorded, long enough for the leaves."""
-    chunks = None
+    chunks: dict[str, list[Chunk]] | None = None
     packs = [[directory / pack.file] for pack in saved.packs]  # shared by leaves
     shard_files: dict[int, epath.Path] = {}
-    packed, sharded = [], []
+    packed: list[Leaf] = []
+    sharded: list[Leaf] = []
     for name, request in requests.items():
         record = request.record
         elem, tail, size, key = stored_type(record.dtype)
         shape = tuple(record.shape)
         sharding = request.sharding if request.container == JAX else None
+        ordered: list[Any]
+        boxes: tuple[tuple[tuple[int, ...], tuple[int, ...]], ...]
         if record.data == PACKED:
             paths = packs[record.pack]
             ordered = _ONE_CHUNK
@@ -96,7 +99,7 @@ def leaves(directory, saved: Metadata, requests: dict[str, Any]) -> list[Leaf]:
             for c in ordered:
                 path = shard_files.get(c.process)
                 if path is None:
-                    path = directory / shard_file(saved.token, c.process)
+                    path = directory / shard_file(token_of(saved), c.process)
                     shard_files[c.process] = path
                 paths.append(path)
             boxes = tuple((c.start, c.stop) for c in ordered)
@@ -149,6 +152,13 @@ class Step:
     slab: streaming.Box | None = None
     last: bool = True  # the unit is complete after this step
 
+    @property
+    def index(self) -> int:
+        """`box`, for a step of a shard-packed leaf (which always has one)."""
+        if self.box is None:
+            raise ValueError(f"a step of packed leaf {self.leaf.name} has no box")
+        return self.box
+
 
 class Plan:
     """Costs, jobs and slabs of units, for reads checked (`verify`) or not."""
@@ -199,7 +209,7 @@ class Plan:
         if leaf.packed:
             start, shape = (0,) * len(leaf.shape), leaf.shape
         else:
-            t = leaf.targets[step.box]
+            t = leaf.targets[step.index]
             start, shape = t.start, t.shape
 
         def cost(slab):
@@ -231,7 +241,7 @@ class Plan:
     def target(self, step: Step) -> Target:
         """The box of a shard-packed leaf's step, with its pieces."""
         leaf = step.leaf
-        t = leaf.targets[step.box]
+        t = leaf.targets[step.index]
         if step.slab is None:
             return t
         start, shape = step.slab

@@ -144,8 +144,10 @@ class _Reading:
         origin = step.slab[0] if step.slab else (0,) * len(shape)
         entries = []
         for i, local, isect in self.plan.parts(step):
-            index = tuple(slice(a, a + n) for a, n in zip(local, isect, strict=True))
-            part = host[(*index, ...)]  # a view, even of a 0-d array
+            index: tuple[Any, ...] = tuple(
+                slice(a, a + n) for a, n in zip(local, isect, strict=True)
+            )
+            part = host[(*index, Ellipsis)]  # a view, even of a 0-d array
             if not contiguous(isect, shape):
                 part = self._copy(part)
             t = leaf.targets[i]
@@ -183,7 +185,7 @@ class _Reading:
                     offset=p.first - starts[p.k],
                     strides=p.strides + tail_strides,
                 )
-        box = leaf.targets[step.box]
+        box = leaf.targets[step.index]
         at = None
         if step.slab is not None:
             at = tuple(a - s for a, s in zip(step.slab[0], box.start, strict=True))

@@ -72,7 +72,8 @@ _COMPILED: set = set()  # (device, dtype, shape, length) of stacks compiled
 @functools.cache
 def on_cpu(sharding: jax.sharding.Sharding) -> bool:
     """Whether every device of `sharding` is a CPU (host memory)."""
-    return all(d.platform == "cpu" for d in sharding.device_set)
+    devices: set[Any] = sharding.device_set  # jax's Device type is partly typed
+    return all(d.platform == "cpu" for d in devices)
 
 
 @jax.jit
@@ -103,7 +104,8 @@ class Pending:
 
     def result(self) -> list[np.ndarray]:
         while self._waiting:
-            _split(*self._waiting.popleft(), self._out)
+            batch, stacked = self._waiting.popleft()
+            _split(batch, stacked, self._out)
         for _, copy in self._copied:  # every transfer started, then waited for
             copy.copy_to_host_async()
         while self._copied:
@@ -139,7 +141,7 @@ def start(xs: Sequence[jax.Array]) -> Pending:
     copied = _device_copies(xs, one_by_one, force)
     for i in one_by_one:
         xs[i].copy_to_host_async()
-    waiting: collections.deque = collections.deque()
+    waiting: collections.deque[tuple[tuple[int, ...], jax.Array]] = collections.deque()
     in_flight = 0
     for batch in batches:
         stacked = _stack(*(xs[i] for i in batch))
@@ -147,7 +149,8 @@ def start(xs: Sequence[jax.Array]) -> Pending:
         waiting.append((batch, stacked))
         in_flight += stacked.nbytes
         while in_flight > IN_FLIGHT:
-            in_flight -= _split(*waiting.popleft(), out)
+            done, done_stack = waiting.popleft()
+            in_flight -= _split(done, done_stack, out)
     for i in one_by_one:
         out[i] = np.asarray(xs[i])
     _staging.report(
@@ -232,7 +235,7 @@ def _how(sharding: jax.sharding.Sharding, dtype, force: bool):
         return _VIEW
     if len(sharding.device_set) != 1 or jax.dtypes.itemsize_bits(dtype) < 8:
         return _ONE  # sub-byte dtypes: numpy holds them unpacked
-    device = next(iter(sharding.device_set))
+    device: Any = next(iter(sharding.device_set))  # (partly typed in jax)
     kind = sharding.memory_kind
     if kind is not None and kind != device.default_memory().kind:
         return _ONE  # already in host memory, say
@@ -344,4 +347,6 @@ def gather(x: jax.Array) -> np.ndarray:
         if out is None:
             out = np.empty(tuple(x.shape) + host.shape[x.ndim :], host.dtype)
         out[shard.index] = host
+    if out is None:  # callers gather only arrays this process holds whole
+        raise RuntimeError(f"no replica-0 shard of {x.shape} on this process")
     return out

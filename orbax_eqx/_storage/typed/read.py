@@ -11,7 +11,7 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any
+from typing import Any, TypeGuard
 
 import jax
 import numpy as np
@@ -232,7 +232,7 @@ def _parse_leaf(name: str, row: Any, packs, bad) -> LeafMetadata:
     )
 
 
-def _is_size(x: Any) -> bool:
+def _is_size(x: Any) -> TypeGuard[int]:
     return type(x) is int and x >= 0
 
 
@@ -300,7 +300,7 @@ _NO_VERIFY = (
 
 
 def _empty(request: Request) -> Any:
-    shape = request.record.shape
+    shape = tuple(request.record.shape or ())
     saved = parse_dtype(request.record.dtype)
     if is_key_dtype(saved):
         data = key_data_struct(saved)

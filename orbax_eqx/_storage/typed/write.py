@@ -130,7 +130,11 @@ def take(
         if cast is not None and not is_key_dtype(dtype) and np.dtype(cast) != dtype:
             dtype = cast_of[name] = np.dtype(cast)  # keys have no other dtype
         size = math.prod(x.shape) * itemsize(dtype)
-        record = {"path": path, "shape": list(x.shape), "dtype": str(dtype)}
+        record: dict[str, Any] = {
+            "path": path,
+            "shape": list(x.shape),
+            "dtype": str(dtype),
+        }
         record["nbytes"] = size
         if not size:
             record["data"] = EMPTY
@@ -186,7 +190,8 @@ def take(
 
 def _held_by(x: jax.Array, process: int) -> bool:
     """Whether `process` holds a copy of `x` (every process can tell)."""
-    return any(d.process_index == process for d in x.sharding.device_set)
+    devices: set[Any] = x.sharding.device_set  # (jax's Device: partly typed)
+    return any(d.process_index == process for d in devices)
 
 
 def _cast(host: np.ndarray, cast: Any) -> np.ndarray:
