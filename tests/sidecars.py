@@ -9,8 +9,8 @@ edit breaks. An attacker recomputes it; so do these helpers (`edit`,
 import json
 import re
 
+from orbax_eqx._format.checksum import digest
 from orbax_eqx._format.sidecar import FILE_NAME, checksum_line, dumps
-from orbax_eqx._storage.checksum import digest
 
 _LAST = re.compile(rb'\n "checksum": "[^"]*"\n}\n\Z')
 

@@ -14,7 +14,7 @@ import pytest
 import zoo
 
 import orbax_eqx as oeqx
-from orbax_eqx._storage.checksum import host_sum32
+from orbax_eqx._format.checksum import host_sum32
 
 
 def _pack(path):

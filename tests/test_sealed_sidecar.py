@@ -20,8 +20,8 @@ import pytest
 import zoo
 
 import orbax_eqx as oeqx
+from orbax_eqx._format.checksum import DIGEST, digest
 from orbax_eqx._format.sidecar import FILE_NAME, FORMAT_VERSION
-from orbax_eqx._storage.checksum import DIGEST, digest
 from orbax_eqx._tools.cli import main as cli_main
 
 KEY = jax.random.key(0)

@@ -4,7 +4,7 @@ From format 6 on a sidecar ends with its checksum (`checksum_line`), which
 covers every byte before it: every record a restore trusts. A reader checks
 it (`check`) before it reads anything else of the file, so that a flipped bit
 or an edit is damage, never another value restored. The checksum is computed
-by `_storage.checksum.digest` alone, and names its algorithm.
+by `_format.checksum.digest` alone, and names its algorithm.
 """
 
 import json
@@ -16,7 +16,7 @@ from .._errors import UnsupportedLeafError
 
 # The one module of `_storage` read here: it imports nothing of ours but
 # `_errors`, and computes every checksum.
-from .._storage.checksum import digest
+from .checksum import digest
 
 CHECKSUM = "checksum"  # the sidecar's last member, from format 6 on
 # The largest sidecar read (or written): a model of 100,000 leaves has one of

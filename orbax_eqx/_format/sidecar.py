@@ -40,7 +40,7 @@ the sidecar has no checksum of its own):
 ```
 
 The `checksum` (format 6 on) is the last member, on the file's second-last
-line: `_storage.checksum.digest` of every byte before that line, named by
+line: `_format.checksum.digest` of every byte before that line, named by
 its algorithm. It covers every record (each Python value, alias, `Shared`
 wiring, static field, leaf record and the pack table): a reader checks it
 before it reads anything else of the file, so a flipped bit or an edit is
@@ -73,7 +73,7 @@ An array leaf's `data` says where its bytes are:
 Packed leaves record the CRC-32 of their bytes (`crc32`; from format 5 on
 bound to the leaf's record, see `bind`), Orbax-stored ones a sum over their
 32-bit words that does not depend on the sharding (`sum32`; from format 5 on
-`null` where no process held the array whole; both defined in `_storage.checksum`).
+`null` where no process held the array whole; both defined in `_format.checksum`).
 Sidecars written before checksums have neither; such leaves are read
 unchecked. Unless the save says `"checksums": false` (saved with
 `checksums=False`), every packed leaf has a `crc32` from format 4 on, and every
@@ -103,9 +103,6 @@ import xxhash
 from etils import epath
 
 from .._bytes import route as _route
-
-# Names only: which data checksum a format records (computed in `_storage`).
-from .._storage.checksum import CRC32, XXH3
 from .._tree import nodes as _nodes
 from .._tree.names import storage_key
 from .._tree.values import describe, encode, scalar_type
@@ -125,6 +122,9 @@ from .._tree.walk import (
     is_key_dtype,
     key_data_struct,
 )
+
+# Names only: which data checksum a format records (computed in `_storage`).
+from .checksum import CRC32, XXH3
 from .sealed import CHECKSUM as CHECKSUM
 from .sealed import MAX_BYTES as MAX_BYTES
 from .sealed import checksum_line as checksum_line
@@ -176,7 +176,7 @@ class LeafMetadata:
     value: Any = None  # encoded value or description, for non-array leaves
     pack: int | None = None  # for packed leaves: which pack file...
     offset: int | None = None  # ...and where in it
-    # Packed leaves' data checksum (see `_storage/checksum.py`), of the
+    # Packed leaves' data checksum (see `_format/checksum.py`), of the
     # algorithm `sum_algorithm` names: "crc32" up to format 5, "xxh3" from 6.
     crc32: int | None = None
     sum32: int | None = None  # Orbax-stored leaves' checksum

@@ -32,12 +32,12 @@ from etils import epath
 from .._bytes import route as _route
 from .._errors import SidecarError, permission_denied
 from .._gc import paused
-from .._storage.checksum import NAMES, XXH3
 from .._tree import nodes as _nodes
 from .._tree.names import old_storage_key, storage_key
 from .._tree.values import decode_scalar, scalar_type, too_deep
 from .._tree.walk import ARRAY, SCALAR, ModuleInfo, parse_dtype
 from . import sealed as _sealed
+from .checksum import NAMES, XXH3
 from .sidecar import (
     ALIAS,
     CONTAINERS,

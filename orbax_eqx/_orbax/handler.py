@@ -19,6 +19,7 @@ from .._bytes.paths import is_remote
 from .._errors import ObjectStoreError, ObjectStoreSaveError, UnsupportedLeafError
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
+from .._format.checksum import host_sum32
 from .._gc import paused
 from .._restore.restore import restore_flat, restore_tree
 from .._restore.together import together
@@ -30,7 +31,6 @@ from .._save import released as _released
 from .._save.hosts import check_global
 from .._save.polite import Polite
 from .._save.prepare import prepare
-from .._storage.checksum import host_sum32
 from .._storage.orbax_store import files as _store_files
 from .._storage.packed import write as _packed
 from .._storage.sharded import write as _shards
@@ -90,7 +90,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         every 1 MiB of shard-pack chunks, computed on host while the files are
         written; for Orbax-stored arrays (`pack=False`) a sum computed on host
         where one process holds the whole array (multi-host `pack=False`
-        saves are not summed; see `_storage.checksum`). Costs a few percent of the
+        saves are not summed; see `_format.checksum`). Costs a few percent of the
         save time (BENCHMARKS.md); False saves without them.
 
     !!! example

@@ -9,6 +9,7 @@ from etils import epath
 
 from .._bytes import verdict as _verdict
 from .._errors import ObjectStoreError, OrbaxEqxError
+from .._format.checksum import NAMES, XXH3, Running, host_sum32
 from .._format.sidecar import (
     PACKED,
     SHARDS,
@@ -19,7 +20,6 @@ from .._format.sidecar import (
 )
 from .._restore.read import LeafReader, release_memory
 from .._storage import ranges as _ranges
-from .._storage.checksum import NAMES, XXH3, Running, host_sum32
 from .._storage.sharded.index import check_blocks
 from .._storage.sharded.index_read import read_all
 from . import plain_items as _plain

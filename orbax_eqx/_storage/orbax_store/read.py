@@ -18,9 +18,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from ..._errors import CheckpointDamagedError, inline_list
+from ..._format.checksum import damaged, host_sum32, mismatch
 from ..._format.sidecar import STORED, Metadata, arrays_dir
 from ..._tree.walk import JAX, parse_dtype
-from ..checksum import damaged, host_sum32, mismatch
 from ..transfer.to_host import gather
 from . import files as _store_files
 from .check import check_stored

@@ -23,6 +23,7 @@ import jax
 import numpy as np
 from etils import epath
 
+from ..._format.checksum import NAMES, Running, damaged, mismatch
 from ..._format.sidecar import PackMetadata
 from ..._tree.walk import (
     JAX,
@@ -32,7 +33,6 @@ from ..._tree.walk import (
     parse_dtype,
 )
 from .. import ranges as _ranges
-from ..checksum import NAMES, Running, damaged, mismatch
 from ..ranges import plan
 
 # Bytes of a leaf checked at a time on restore, while later ones are read.

@@ -10,9 +10,9 @@ import jax
 import numpy as np
 from etils import epath
 
+from ..._format.checksum import CRC32, data_sum
 from ..._tree.walk import JAX, container
 from .. import ranges as _ranges
-from ..checksum import CRC32, data_sum
 
 
 def packable(x: Any) -> bool:

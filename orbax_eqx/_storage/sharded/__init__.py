@@ -4,6 +4,6 @@ Owns the shard packs' writer (`write`), their index format (`index`), the
 indexes read and checked against the sidecar (`index_read`), and the reader
 that assembles target boxes from stored chunks (`read`).
 May import: `_storage.boxes`, `_storage.ranges`, `_storage.transfer`,
-`_storage.checksum`, `_format`, `_tree`, `_bytes`, `_errors`; never another
+`_format`, `_tree`, `_bytes`, `_errors`; never another
 layout.
 """

@@ -5,5 +5,5 @@ reading (`read`). Its jobs mix packed and shard-packed leaves, so this sits
 over the layouts: it reads shard packs' indexes and checks their chunks as
 `sharded` does.
 May import: `_storage.sharded`, `_storage.boxes`, `_storage.ranges`,
-`_storage.transfer`, `_storage.checksum`, `_format`, `_tree`, `_errors`.
+`_storage.transfer`, `_format`, `_tree`, `_errors`.
 """

@@ -25,11 +25,11 @@ import jax
 import numpy as np
 from etils import epath
 
+from ..._format.checksum import NAMES, Running, damaged, mismatch
 from ..._format.sidecar import PACK_ALIGNMENT, Metadata
 from ..._tree.walk import JAX, key_impl, parse_dtype
 from .. import ranges as _ranges
 from ..boxes import Target, contiguous, strides_of
-from ..checksum import NAMES, Running, damaged, mismatch
 from ..ranges import plan
 from ..sharded.read import check_chunk, damaged_chunks
 from ..transfer import streaming
