@@ -5,7 +5,6 @@ import concurrent.futures
 import contextvars
 import functools
 import os
-import time
 from typing import Any
 
 import jax
@@ -15,7 +14,6 @@ from etils import epath
 
 from .._bytes import route as _route
 from .._bytes import verdict as _verdict
-from .._bytes.paths import is_remote
 from .._errors import ObjectStoreError, ObjectStoreSaveError, UnsupportedLeafError
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
@@ -38,6 +36,7 @@ from . import object_commit as _object_commit
 from . import plain as _plain
 from . import rebuilt as _rebuilt
 from .args import EqxRestore, EqxSave
+from .refused import undo_directories
 
 TYPESTR = "orbax_eqx.EqxHandler"
 # Set while `EqxHandler.save` runs: the save returns only once written, so the
@@ -151,6 +150,33 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         the background.
         """
         primary = ocp.multihost.is_primary_host(self._primary_host)
+        await self._check_store(directory, primary)
+        token = _claim.new_token()
+        prepared = await self._prepare(directory, item, args, token, primary)
+        started = _claim.Started(epath.Path(directory), token) if primary else None
+        if started is not None:
+            started.stored_keys = tuple(prepared.stored)
+        # The directory is noted when the writes start (`_write_files`), once
+        # Orbax has made it: one here already may be a leftover of a save that
+        # was killed, which Orbax deletes and makes anew in the background
+        # (a job resumed after a crash saves that step again).
+        self._saving[os.fspath(directory)] = (
+            token,
+            started,
+            bool(prepared.stored),
+            prepared.shard_files,
+        )
+        where = _background.target(directory)  # named by errors of the writes
+        _at_exit.started(where, _background.final_directory(directory))
+        try:
+            return await self._start_writes(directory, token, prepared, started, where)
+        except BaseException:
+            _at_exit.ended(where)  # raised here, to the caller: nothing to finish
+            raise
+
+    async def _check_store(self, directory, primary: bool) -> None:
+        """Refuses a save an object store cannot take, before anything is
+        written (and undoes the directories Orbax is making meanwhile)."""
         try:
             _object_commit.check(directory, self._pack)
             _object_commit.reachable(directory)  # the first save into a bucket
@@ -158,18 +184,20 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             # Refused before anything was written, while Orbax makes this
             # save's directories in the background: let it finish, or its
             # threads would wait out their timeout at exit (see `released`).
-            await _undo_directories(epath.Path(directory), primary)
+            await undo_directories(epath.Path(directory), primary)
             raise
+
+    async def _prepare(self, directory, item, args, token: str, primary: bool):
+        """The save's plan and its host copies (`_save.prepare`)."""
         flat = None
         if args is None:
             check_global(item)  # EqxSave checks its own item when made
         else:
             flat = args.take_flat()
         tree = args.item if args is not None else item
-        token = _claim.new_token()
         try:
             with paused():  # see `_gc`
-                prepared = prepare(
+                return prepare(
                     tree,
                     token=token,
                     pack=self._pack,
@@ -184,48 +212,35 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             # is making this save's directories in the background meanwhile:
             # let it finish, so that a save of the step right after does not
             # run into it, and remove them if they hold nothing else.
-            await _undo_directories(epath.Path(directory), primary)
+            await undo_directories(epath.Path(directory), primary)
             raise
-        started = _claim.Started(epath.Path(directory), token) if primary else None
-        if started is not None:
-            started.stored_keys = tuple(prepared.stored)
-        # The directory is noted when the writes start (`_write_files`), once
-        # Orbax has made it: one here already may be a leftover of a save that
-        # was killed, which Orbax deletes and makes anew in the background
-        # (a job resumed after a crash saves that step again).
-        self._saving[os.fspath(directory)] = (
-            token,
-            started,
-            bool(prepared.stored),
-            prepared.shard_files,
-        )
+
+    async def _start_writes(
+        self, directory, token: str, prepared, started, where
+    ) -> list[Any]:
+        """Orbax's write of the arrays it stores, if any, and ours of the
+        packs and the sidecar, as futures of the save."""
         futures: list[Any] = []
-        where = _background.target(directory)  # named by errors of the writes
-        _at_exit.started(where, _background.final_directory(directory))
-        try:
-            if prepared.stored:
-                inner = await _released.run(
-                    self._inner.async_save(
-                        _sidecar.arrays_dir(directory, token),
-                        args=ocp.args.PyTreeSave(prepared.stored),
-                    ),
-                    name="orbax_eqx_arrays",
-                )
-                explain = functools.partial(_claim.explain, started)
-                futures.extend(
-                    _background.NotedFuture(f, where, explain) for f in inner or []
-                )
-            futures.append(
-                _released.commit_future(
-                    _background.noted_coroutine(
-                        self._write_files(directory, prepared, started), where
-                    ),
-                    name="orbax_eqx_files",
-                )
+        if prepared.stored:
+            inner = await _released.run(
+                self._inner.async_save(
+                    _sidecar.arrays_dir(directory, token),
+                    args=ocp.args.PyTreeSave(prepared.stored),
+                ),
+                name="orbax_eqx_arrays",
             )
-        except BaseException:
-            _at_exit.ended(where)  # raised here, to the caller: nothing to finish
-            raise
+            explain = functools.partial(_claim.explain, started)
+            futures.extend(
+                _background.NotedFuture(f, where, explain) for f in inner or []
+            )
+        futures.append(
+            _released.commit_future(
+                _background.noted_coroutine(
+                    self._write_files(directory, prepared, started), where
+                ),
+                name="orbax_eqx_files",
+            )
+        )
         return futures
 
     async def _write_files(self, directory: epath.Path, prepared, started) -> None:
@@ -376,65 +391,6 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
 
     def close(self) -> None:
         self._inner.close()
-
-
-# How long a refused save waits for Orbax to make its directories.
-_DIRECTORIES_WAIT_S = 30.0
-_ORBAX_TMP = ".orbax-checkpoint-tmp"
-
-
-async def _undo_directories(directory: epath.Path, primary: bool) -> None:
-    """Waits for Orbax's background making of this save's directories (its
-    "directory made" signals), then, on the primary host, removes the item
-    directory if empty and the temporary step directory around it if it
-    holds only Orbax's step metadata: a save refused before writing leaves
-    nothing behind.
-
-    Orbax writes the step metadata (`_CHECKPOINT_METADATA`) in a thread of
-    its own after the signal; the step directory goes only once that file is
-    there, else Orbax's write would find no directory and fail the manager's
-    next call (`FileNotFoundError`). If it never comes, the directory stays
-    (Orbax replaces a leftover temporary directory on the next save).
-    """
-
-    async def nothing() -> None:
-        return None
-
-    made = _released.commit_future(nothing(), name="orbax_eqx_refused")
-    try:
-        await asyncio.to_thread(made.result, _DIRECTORIES_WAIT_S)
-    except Exception:  # not made in time, or could not be: leave it to Orbax
-        return
-    if not primary or is_remote(directory):
-        return
-    try:
-        os.rmdir(directory)  # fails unless empty
-        step = directory.parent
-        if _ORBAX_TMP not in step.name:
-            return
-        if not await asyncio.to_thread(_appears, step / _STEP_METADATA):
-            return
-        if set(os.listdir(step)) <= {_STEP_METADATA}:
-            for name in os.listdir(step):
-                os.remove(step / name)
-            os.rmdir(step)
-    except OSError:
-        pass  # something else is there: keep it
-
-
-_STEP_METADATA = "_CHECKPOINT_METADATA"
-
-
-def _appears(path: epath.Path) -> bool:
-    """Whether `path` exists within `_DIRECTORIES_WAIT_S`. Once it does, Orbax's
-    write of it has opened it: removing it and its directory then harms no
-    write (the open file is written and dropped)."""
-    deadline = time.monotonic() + _DIRECTORIES_WAIT_S
-    while not os.path.exists(path):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
 
 
 def _saved_here(directory: epath.Path) -> tuple[str | None, None, bool, int]:
