@@ -109,6 +109,31 @@ def plan_load(
     mapping = mapping or StateDictMapping()
     virtuals, ctx = _run(mapping, leaves)
     expected = {v.name: v for v in virtuals}
+    given = _named(tensors, ctx)
+    present_ties = _present_ties(mapping, expected, given, ctx, cast)
+    _compare(virtuals, given, ctx, cast)
+    if not allow_unused:
+        ignored = [r.selector for r in mapping.rules if isinstance(r, Ignore)]
+        unexpected = [
+            name
+            for name in given
+            if name not in expected
+            and name not in present_ties
+            and not any(s.match(name) for s in ignored)
+        ]
+        report_unexpected(unexpected, mapping, virtuals, ctx)
+    dropped = _coverage(leaves, virtuals, ctx, load=True)
+    if ctx.problems:
+        raise BridgeError(
+            message("The tensors do not fit the skeleton through the mapping", ctx)
+        )
+    specs = {n: given[n] for n in [*expected, *present_ties]}
+    return _plan(leaves, virtuals, dropped, specs, present_ties)
+
+
+def _named(tensors: Sequence[TensorSpec], ctx) -> dict[str, TensorSpec]:
+    """The tensors by name; a name too long to match against a rule is a
+    problem."""
     given: dict[str, TensorSpec] = {}
     for spec in tensors:
         if len(spec.name) > MAX_NAME:  # never matched against a rule
@@ -119,9 +144,14 @@ def plan_load(
             )
         else:
             given[spec.name] = spec
-    ties = _ties(mapping, expected, ctx)
-    present_ties = {}
-    for tie in ties:
+    return given
+
+
+def _present_ties(mapping, expected, given, ctx, cast: bool) -> dict[str, str]:
+    """`{tensor: leaf's tensor}` of the tied copies the tensors hold; a copy
+    unlike its source is a problem."""
+    present: dict[str, str] = {}
+    for tie in _ties(mapping, expected, ctx):
         copy = given.get(tie.tensor)
         source = expected.get(tie.to)
         if copy is None or source is None:
@@ -133,8 +163,13 @@ def plan_load(
                 f"{source.dtype}{list(source.shape)}.",
                 _FIX_TIE,
             )
-        present_ties[copy.name] = tie.to
-    ignored = [r.selector for r in mapping.rules if isinstance(r, Ignore)]
+        present[copy.name] = tie.to
+    return present
+
+
+def _compare(virtuals: list[Virtual], given, ctx, cast: bool) -> None:
+    """Every expected tensor against the one given: missing ones, shapes and
+    dtypes, each a problem."""
     missing: list[Virtual] = []
     shapes: list[tuple[Virtual, TensorSpec]] = []
     for v in virtuals:
@@ -151,22 +186,6 @@ def plan_load(
             )
     report_shapes(shapes, virtuals, ctx)
     report_missing(missing, virtuals, ctx)
-    if not allow_unused:
-        unexpected = [
-            name
-            for name in given
-            if name not in expected
-            and name not in present_ties
-            and not any(s.match(name) for s in ignored)
-        ]
-        report_unexpected(unexpected, mapping, virtuals, ctx)
-    dropped = _coverage(leaves, virtuals, ctx, load=True)
-    if ctx.problems:
-        raise BridgeError(
-            message("The tensors do not fit the skeleton through the mapping", ctx)
-        )
-    specs = {n: given[n] for n in [*expected, *present_ties]}
-    return _plan(leaves, virtuals, dropped, specs, present_ties)
 
 
 def plan_export(
