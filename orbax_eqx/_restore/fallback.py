@@ -111,13 +111,19 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
                 FallbackWarning,
             )
         return RestoredStep(step, item)
+    raise _none_restored(manager.directory, failures, deleted)
+
+
+def _none_restored(directory, failures: list[str], deleted: list[int]):
+    """The error for a root none of whose steps restored: none there, or each
+    damaged (`failures`), or deleted as fast as read (`deleted`)."""
     if not failures:
         gone = ""
         if deleted:
             were = "was" if len(deleted) == 1 else "were"
             gone = f" ({_steps(deleted)} {were} deleted meanwhile)"
-        raise CheckpointNotFoundError(
-            f"{manager.directory} holds no finished step to restore{gone}."
+        return CheckpointNotFoundError(
+            f"{directory} holds no finished step to restore{gone}."
         )
     why = "The checkpoints are damaged; check the storage, or start afresh."
     if len(deleted) >= MAX_DELETED:
@@ -126,8 +132,8 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
             "first): restore while the manager that saves is idle, or have it keep "
             "more steps (`max_to_keep`)."
         )
-    raise CheckpointNotFoundError(
-        f"No step of {manager.directory} could be restored:\n"
+    return CheckpointNotFoundError(
+        f"No step of {directory} could be restored:\n"
         + bullet_list(failures)
         + f"\n{why}"
     )
