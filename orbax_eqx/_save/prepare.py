@@ -108,16 +108,7 @@ def prepare(
     that returns only once its writes are done (the caller cannot change an
     array meanwhile), packs numpy arrays without copying them first.
     """
-    leaves, treedef = flat if flat is not None else flatten(item)
-    walked = None
-    if not (pack and _checked(treedef)):
-        walked = walk(item)
-        _check(walked, pack)
-        leaves, treedef = [leaf.value for leaf in walked.leaves], walked.treedef
-        if pack:
-            _remember(treedef)
-    elif _bad_values(leaves):
-        _check(walk(item))  # raises, naming the leaves
+    leaves, treedef, walked = _checked_leaves(item, flat, pack)
     aliases = _aliases(leaves)
     # The arrays with bytes of their own (a tied weight's are its twin's).
     sizes = {
@@ -175,6 +166,24 @@ def prepare(
         return content, pieces, pack_nbytes, packed_names
 
     return Prepared(stored, sums, shard_files, local, finish)
+
+
+def _checked_leaves(item: Any, flat, pack: bool) -> tuple[list[Any], Any, Any]:
+    """`(leaves, treedef, walked)` of an item checked savable: walked (names,
+    modules) now where a packed save has not seen its structure before or
+    Orbax stores the arrays by name, else later, in the background (`walked`
+    None)."""
+    leaves, treedef = flat if flat is not None else flatten(item)
+    walked = None
+    if not (pack and _checked(treedef)):
+        walked = walk(item)
+        _check(walked, pack)
+        leaves, treedef = [leaf.value for leaf in walked.leaves], walked.treedef
+        if pack:
+            _remember(treedef)
+    elif _bad_values(leaves):
+        _check(walk(item))  # raises, naming the leaves
+    return leaves, treedef, walked
 
 
 def _to_store(walked: Walked, leaves: list[Any], arrays: list[int], checksums: bool):
