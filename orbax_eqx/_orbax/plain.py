@@ -44,30 +44,7 @@ _UNSUPPORTED = {"prefix": None, "renames": None, "report": False}
 
 def restore(path: epath.Path, args) -> Any:
     """Restores the plain Orbax checkpoint at `path` into `args.skeleton`."""
-    asked = [
-        f"{name}={getattr(args, name)!r}"
-        for name, default in _UNSUPPORTED.items()
-        if getattr(args, name) != default
-    ]
-    if args.allow is not None:
-        asked.append(f"allow={list(args.allow)!r}")
-    if args.skeleton is None or asked:
-        head = (
-            f"{path} is a plain Orbax checkpoint (no orbax_eqx sidecar): it holds "
-            "arrays only, with no classes or static fields, so it restores into a "
-            "skeleton only"
-        )
-        # What is missing to rebuild or name leaves is the sidecar.
-        error = RebuildError if args.allow is not None else SidecarError
-        if asked:
-            raise error(
-                f"{head}, with `shardings=`, `cast=`, `strict=`, `missing=`; not "
-                f"with {', '.join(asked)}."
-            )
-        raise error(
-            f"{head}. Pass the skeleton of the model, usually "
-            "`eqx.filter_eval_shape(make_model, key)`."
-        )
+    _check_asked(path, args)
     handler = ocp.PyTreeCheckpointHandler()
     try:
         tree_metadata = _tree_metadata(handler, path)
@@ -76,22 +53,7 @@ def restore(path: epath.Path, args) -> Any:
         }
         walked = walk(args.skeleton)
         saved, orbax_of = _records(path, walked, entries)
-        try:
-            kept = check(
-                walked,
-                saved,
-                cast=args.cast,
-                strict=args.strict,
-                on_static_mismatch=args.on_static_mismatch,
-                missing=args.missing,
-            )
-        except CheckpointMismatchError as e:
-            # `inspect` reads sidecars; Orbax's own metadata is what there is.
-            text = str(e).replace(
-                f"see `python -m orbax_eqx inspect {path}`",
-                "`ocp.PyTreeCheckpointHandler().metadata(path)` lists the saved shapes",
-            )
-            raise CheckpointMismatchError(text) from None
+        kept = _checked(path, walked, saved, args)
         kept_names = {leaf.name for leaf in kept}
         shardings = resolve(args.shardings, walked)
         wanted = {
@@ -117,6 +79,56 @@ def restore(path: epath.Path, args) -> Any:
         else:
             values.append(_finish(values_read[key], leaf))
     return jtu.tree_unflatten(walked.treedef, values)
+
+
+def _check_asked(path: epath.Path, args) -> None:
+    """A plain Orbax checkpoint restores into a skeleton, with the options
+    that need no sidecar; anything else is refused, saying why."""
+    asked = [
+        f"{name}={getattr(args, name)!r}"
+        for name, default in _UNSUPPORTED.items()
+        if getattr(args, name) != default
+    ]
+    if args.allow is not None:
+        asked.append(f"allow={list(args.allow)!r}")
+    if args.skeleton is None or asked:
+        head = (
+            f"{path} is a plain Orbax checkpoint (no orbax_eqx sidecar): it holds "
+            "arrays only, with no classes or static fields, so it restores into a "
+            "skeleton only"
+        )
+        # What is missing to rebuild or name leaves is the sidecar.
+        error = RebuildError if args.allow is not None else SidecarError
+        if asked:
+            raise error(
+                f"{head}, with `shardings=`, `cast=`, `strict=`, `missing=`; not "
+                f"with {', '.join(asked)}."
+            )
+        raise error(
+            f"{head}. Pass the skeleton of the model, usually "
+            "`eqx.filter_eval_shape(make_model, key)`."
+        )
+
+
+def _checked(path: epath.Path, walked, saved, args) -> list:
+    """The skeleton's leaves kept as they are (`check`), the differences
+    raised in words for a plain Orbax checkpoint."""
+    try:
+        return check(
+            walked,
+            saved,
+            cast=args.cast,
+            strict=args.strict,
+            on_static_mismatch=args.on_static_mismatch,
+            missing=args.missing,
+        )
+    except CheckpointMismatchError as e:
+        # `inspect` reads sidecars; Orbax's own metadata is what there is.
+        text = str(e).replace(
+            f"see `python -m orbax_eqx inspect {path}`",
+            "`ocp.PyTreeCheckpointHandler().metadata(path)` lists the saved shapes",
+        )
+        raise CheckpointMismatchError(text) from None
 
 
 def _tree_metadata(handler, path: epath.Path) -> Any:
