@@ -153,20 +153,7 @@ def take(
     offsets, pack_nbytes = _ranges.layout((n, size) for n, _, size in to_pack)
     for name, offset in offsets.items():
         records[name]["offset"] = offset
-    pieces: list[tuple[int, np.ndarray]] = []
-    if primary and to_pack:
-        hosts = _to_host.host_copies([x for _, x, _ in to_pack])
-        pieces = [
-            (offsets[name], _cast(host, cast_of.get(name)))
-            for (name, _, _), host in zip(to_pack, hosts, strict=True)
-        ]
-    local = None
-    if to_shard:
-        local = _shards.take(to_shard)
-        local.hosts = [
-            _cast(host, cast_of.get(name))
-            for name, host in zip(local.names, local.hosts, strict=True)
-        ]
+    pieces, local = _host_copies(primary, to_pack, to_shard, offsets, cast_of)
     group = group_of(names)
     index = {
         "format": INDEX_FORMAT,
@@ -186,6 +173,27 @@ def take(
         "leaves": records,
     }
     return Taken(group, index, pieces, [n for n, _, _ in to_pack], pack_nbytes, local)
+
+
+def _host_copies(primary: bool, to_pack, to_shard, offsets, cast_of):
+    """`(pieces, local)`: the packed arrays' host copies at their offsets (the
+    primary host's to write), and this process's shards, each cast where
+    `cast_of` says."""
+    pieces: list[tuple[int, np.ndarray]] = []
+    if primary and to_pack:
+        hosts = _to_host.host_copies([x for _, x, _ in to_pack])
+        pieces = [
+            (offsets[name], _cast(host, cast_of.get(name)))
+            for (name, _, _), host in zip(to_pack, hosts, strict=True)
+        ]
+    local = None
+    if to_shard:
+        local = _shards.take(to_shard)
+        local.hosts = [
+            _cast(host, cast_of.get(name))
+            for name, host in zip(local.names, local.hosts, strict=True)
+        ]
+    return pieces, local
 
 
 def _held_by(x: jax.Array, process: int) -> bool:
