@@ -7,12 +7,12 @@ are derived from the token and the process, never read from the index.
 """
 
 import functools
-import json
 import math
 import os
 import stat
 from typing import Any, TypeGuard
 
+import msgspec
 from etils import epath
 
 from ..._bytes.paths import is_remote
@@ -38,6 +38,7 @@ from .index import (
     leaf_seed,
     stored_of,
 )
+from .index_schema import FORMS, ROWS, Header
 
 # An index holds a few numbers per chunk: a million chunks fit many times.
 MAX_INDEX_BYTES = 256 << 20
@@ -93,11 +94,44 @@ def _read_one(
 ) -> ShardPack:
     name = shard_index(token, process)
     text = _read_bounded(directory / name)
+
+    def bad(what: str) -> CheckpointDamagedError:
+        return _damaged(directory, name, what)
+
     try:
-        content = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise _damaged(directory, name, f"it is not valid JSON ({e})") from None
-    return _parse(directory, name, content, token, process, versions, stored)
+        header = msgspec.json.decode(text, type=Header)
+    except msgspec.ValidationError as e:
+        raise bad(_header_problem(e)) from None
+    except (msgspec.DecodeError, RecursionError) as e:
+        raise bad(f"it is not valid JSON ({e})") from None
+    version, rows = _check_header(header, token, process, versions, bad)
+    chunks: list[Chunk] = []
+    for leaf, raw in rows.items():
+        seed = None  # version 1, or a leaf the sidecar lacks (refused later)
+        if version >= 2 and leaf in stored:
+            seed = leaf_seed(token, process, leaf, stored[leaf])
+        for row in _rows(raw, version, leaf, bad):
+            block = OLD_BLOCK if version == 1 else row.block
+            start, stop = tuple(row.start), tuple(row.stop)
+            bound = None
+            if seed is not None:
+                bound = binding(seed, start, stop, row.offset, row.nbytes, block)
+            chunks.append(
+                Chunk(
+                    leaf,
+                    process,
+                    start,
+                    stop,
+                    row.offset,
+                    row.nbytes,
+                    block,
+                    tuple(row.crcs),
+                    bound,
+                )
+            )
+    return ShardPack(
+        process, shard_file(token, process), header.nbytes, version, tuple(chunks)
+    )
 
 
 def _read_bounded(path: epath.Path) -> bytes:
@@ -114,15 +148,21 @@ def _read_bounded(path: epath.Path) -> bytes:
         raise permission_denied(path) from None
 
 
-def _parse(
-    directory, name: str, content: Any, token: str, process: int, versions, stored
-) -> ShardPack:
-    def bad(what: str) -> CheckpointDamagedError:
-        return _damaged(directory, name, what)
+def _header_problem(error: msgspec.ValidationError) -> str:
+    """What a header that fails to decode lacks, as the index's rules say it."""
+    if "- at `$.chunks`" in str(error):
+        return '"chunks" must be a JSON object'
+    return f'expected a JSON object with "format": "{INDEX_FORMAT}"'
 
-    if not isinstance(content, dict) or content.get("format") != INDEX_FORMAT:
+
+def _check_header(
+    header: Header, token: str, process: int, versions, bad
+) -> tuple[int, dict[str, msgspec.Raw]]:
+    """The index's version and its leaves' raw rows, once its header is the
+    one of this save's index of `process`."""
+    if header.format != INDEX_FORMAT:
         raise bad(f'expected a JSON object with "format": "{INDEX_FORMAT}"')
-    version = content.get("format_version")
+    version = header.format_version
     if type(version) is not int or version not in versions:
         expected = " or ".join(str(v) for v in versions)
         raise bad(
@@ -133,71 +173,34 @@ def _parse(
                 else ""
             )
         )
-    if content.get("token") != token or content.get("process") != process:
+    if header.token != token or header.process != process:
         raise bad(
-            f"it names the save {content.get('token')!r} and process "
-            f"{content.get('process')!r}, expected {token!r} and {process}"
+            f"it names the save {header.token!r} and process "
+            f"{header.process!r}, expected {token!r} and {process}"
         )
-    if content.get("file") != shard_file(token, process):
-        raise bad(f"it names the file {content.get('file')!r}")
-    nbytes = content.get("nbytes")
-    if not _is_size(nbytes):
+    if header.file != shard_file(token, process):
+        raise bad(f"it names the file {header.file!r}")
+    if not _is_size(header.nbytes):
         raise bad('"nbytes" must be a size')
-    old_block = None
-    if version == 1:
-        old_block = content.get("crc_block")
-        if old_block != OLD_BLOCK:
-            raise bad(f'"crc_block" is {old_block!r}, not {OLD_BLOCK}')
-    rows = content.get("chunks")
-    if not isinstance(rows, dict):
+    if version == 1 and header.crc_block != OLD_BLOCK:
+        raise bad(f'"crc_block" is {header.crc_block!r}, not {OLD_BLOCK}')
+    if header.chunks is None:
         raise bad('"chunks" must be a JSON object')
-    width = 5 if version == 1 else 6
-    form = (
-        "[start, stop, offset, nbytes, crc32s]"
-        if version == 1
-        else "[start, stop, offset, nbytes, block, crc32s]"
-    )
-    chunks = []
-    for leaf, leaf_rows in rows.items():
-        if not isinstance(leaf_rows, list):
-            raise bad(f"the chunks of `{leaf}` are not a list")
-        seed = None  # version 1, or a leaf the sidecar lacks (refused later)
-        if version >= 2 and leaf in stored:
-            seed = leaf_seed(token, process, leaf, stored[leaf])
-        for row in leaf_rows:
-            if not (
-                isinstance(row, list)
-                and len(row) == width
-                and _is_sizes(row[0])
-                and _is_sizes(row[1])
-                and len(row[0]) == len(row[1])
-                and _is_size(row[2])
-                and _is_size(row[3])
-                and (version == 1 or (_is_size(row[4]) and row[4] > 0))
-                and isinstance(row[-1], list)
-                and all(_is_size(c) and c < 2**32 for c in row[-1])
-            ):
-                raise bad(f"a chunk of `{leaf}` is not {form}")
-            start, stop, offset, size = tuple(row[0]), tuple(row[1]), row[2], row[3]
-            block = old_block or row[4]
-            chunks.append(
-                Chunk(
-                    leaf,
-                    process,
-                    start,
-                    stop,
-                    offset,
-                    size,
-                    block,
-                    tuple(row[-1]),
-                    None
-                    if seed is None
-                    else binding(seed, start, stop, offset, size, block),
-                )
-            )
-    return ShardPack(
-        process, shard_file(token, process), nbytes, version, tuple(chunks)
-    )
+    return version, header.chunks
+
+
+def _rows(raw: msgspec.Raw, version: int, leaf: str, bad) -> list[Any]:
+    """One leaf's chunk rows, decoded by the version's schema."""
+    if not bytes(raw).lstrip().startswith(b"["):
+        raise bad(f"the chunks of `{leaf}` are not a list")
+    try:
+        rows = msgspec.json.decode(raw, type=ROWS[version])
+    except (msgspec.ValidationError, RecursionError):  # (too deep: no row)
+        raise bad(f"a chunk of `{leaf}` is not {FORMS[version]}") from None
+    for row in rows:
+        if len(row.start) != len(row.stop):
+            raise bad(f"a chunk of `{leaf}` is not {FORMS[version]}")
+    return rows
 
 
 def _check_file(directory, pack: ShardPack, records) -> None:
@@ -231,10 +234,6 @@ def _check_file(directory, pack: ShardPack, records) -> None:
 
 def _is_size(x: Any) -> TypeGuard[int]:
     return type(x) is int and x >= 0
-
-
-def _is_sizes(x: Any) -> bool:
-    return isinstance(x, list) and all(_is_size(v) for v in x)
 
 
 def _check_chunk(directory, pack: ShardPack, record: LeafMetadata, chunk: Chunk):

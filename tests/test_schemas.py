@@ -1,0 +1,145 @@
+"""The shard index's schema (`_storage/sharded/index_schema.py`): what a
+record may hold is said as types and bounds, and anything else written into
+an index is damage, named by index file and leaf.
+
+The checkpoint is saved by a subprocess with 4 CPU devices (one row-sharded
+array); each test edits a copy of its index and restores it here.
+"""
+
+import json
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import orbax_eqx as oeqx
+
+pytestmark = pytest.mark.slow  # a subprocess with 4 devices saves once
+
+SAVE = textwrap.dedent(
+    """
+    import sys
+    import jax, numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    import orbax_eqx as oeqx
+    mesh = jax.make_mesh((4,), ("a",))
+    x = np.arange(32 * 4, dtype=np.int32).reshape(32, 4)
+    s = NamedSharding(mesh, P("a"))
+    rows = jax.make_array_from_callback(x.shape, s, lambda i: x[i])
+    oeqx.save(sys.argv[1], {"rows": rows})
+    """
+)
+SKELETON = {"rows": np.zeros((32, 4), np.int32)}
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    path = tmp_path_factory.mktemp("schema") / "ckpt"
+    env = {
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+        "JAX_PLATFORMS": "cpu",
+        "PATH": "/usr/bin:/bin",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", SAVE, str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return path
+
+
+def _edited(saved, tmp_path, change):
+    path = tmp_path / "ckpt"
+    shutil.copytree(saved, path)
+    (index,) = path.glob("orbax_eqx~shards.*.json")
+    text = index.read_text()
+    index.write_text(change(json.loads(text)) if callable(change) else change)
+    return path, index
+
+
+def _row(content, k=0):
+    return content["chunks"]["rows"][k]
+
+
+def _set(content, k, value):
+    _row(content)[k] = value
+    return json.dumps(content)
+
+
+FORM = r"a chunk of `rows` is not \[start, stop, offset, nbytes, block, crc32s\]"
+
+
+@pytest.mark.parametrize(
+    "change, problem",
+    [
+        (lambda c: _set(c, 2, True), FORM),  # a boolean is no size
+        (lambda c: _set(c, 2, 1.0), FORM),  # nor is a float
+        (lambda c: _set(c, 3, -4), FORM),
+        (lambda c: _set(c, 4, 0), FORM),  # a block of 0 bytes
+        (lambda c: _set(c, 5, [2**32]), FORM),  # past a CRC-32
+        (lambda c: _set(c, 0, [0]), FORM),  # start and stop of other ranks
+        (lambda c: _set(c, 0, "0"), FORM),
+        (lambda c: json.dumps({**c, "chunks": {"rows": [_row(c) + [7]]}}), FORM),
+        (lambda c: json.dumps({**c, "chunks": {"rows": [_row(c)[:5]]}}), FORM),
+        (
+            lambda c: json.dumps({**c, "chunks": {"rows": {"0": _row(c)}}}),
+            r"the chunks of `rows` are not a list",
+        ),
+        (
+            lambda c: json.dumps({**c, "chunks": [_row(c)]}),
+            r'"chunks" must be a JSON object',
+        ),
+        (lambda c: json.dumps({**c, "nbytes": -1}), r'"nbytes" must be a size'),
+        (lambda c: json.dumps([c]), r'expected a JSON object with "format"'),
+        (
+            lambda c: json.dumps({**c, "chunks": {"rows": "@"}}).replace(
+                '"@"', "[" * 100_000 + "]" * 100_000
+            ),
+            r"it is not valid JSON \(maximum recursion depth exceeded",
+        ),
+        (lambda c: "[" * 100_000 + "]" * 100_000, r"expected a JSON object"),
+        (lambda c: '{"format": NaN}', r"it is not valid JSON"),
+    ],
+    ids=[
+        "bool-offset",
+        "float-offset",
+        "negative-size",
+        "zero-block",
+        "crc-past-32-bits",
+        "ranks-differ",
+        "start-a-string",
+        "row-too-long",
+        "row-too-short",
+        "rows-not-a-list",
+        "chunks-not-an-object",
+        "negative-nbytes",
+        "not-an-object",
+        "deep-rows",
+        "deep-document",
+        "nan",
+    ],
+)
+def test_what_the_schema_does_not_allow_is_damage(saved, tmp_path, change, problem):
+    path, index = _edited(saved, tmp_path, change)
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=rf"The shard index {index.name} of the checkpoint in .* is damaged: "
+        rf"{problem}",
+    ):
+        oeqx.restore(path, SKELETON)
+
+
+def test_fields_the_schema_does_not_name_are_ignored(saved, tmp_path):
+    # An index may carry more than this version reads (a later writer's notes):
+    # only the fields the schema names are read.
+    path, _ = _edited(saved, tmp_path, lambda c: json.dumps({**c, "note": [1, 2]}))
+    restored = oeqx.restore(path, SKELETON)
+    np.testing.assert_array_equal(
+        restored["rows"], np.arange(32 * 4, dtype=np.int32).reshape(32, 4)
+    )
