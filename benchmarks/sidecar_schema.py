@@ -1,25 +1,26 @@
-"""Decoding a 50,000-leaf sidecar: the stdlib and our hand validation, against
-declarative schemas in msgspec (Structs) and attrs + cattrs.
+"""Decoding a 50,000-leaf sidecar: the standard library alone, ours (the
+schemas of `_format/schema.py` and every check), and the schema libraries
+that were weighed for it, msgspec (chosen) and attrs + cattrs.
 
 Saves one checkpoint of `--leaves` leaves (small numpy arrays, with some
 Python scalars among them) with orbax_eqx, then decodes its sidecar's bytes
 `--repeats` times with each contender, in this process, and prints the median
 time and the peak of Python's allocations (tracemalloc) of each, beside the
-stdlib's as ratios:
+standard library's as ratios:
 
-- `stdlib + ours`: `json.loads`, then `_format/sidecar_read.parse` (what a
-  restore does today, the checksum line aside; `parse` also makes the
-  `Metadata` and checks across records, which the schemas below do not);
-- `json.loads alone`: the stdlib's decoding, no checks;
-- `msgspec`: `msgspec.json.decode` into Structs whose fields carry the same
-  allow lists (types, literals, bounds);
-- `attrs + cattrs`: `json.loads`, then `cattrs` structures the dicts into
-  attrs classes with the same allow lists as validators.
+- `json.loads alone`: the standard library's decoding, no checks;
+- `ours`: `_format/sidecar_read` as a restore reads the bytes (the checksum
+  line aside): msgspec decodes the document in one pass by the format's
+  schema, then the checks no schema says alone (checksums per version,
+  where the bytes are, across records) make the `Metadata`;
+- `ours, stdlib path`: the same schemas and checks over `json.loads`'s
+  output (what reads a sidecar msgspec does not decode: lone surrogates);
+- `msgspec schema alone`, `attrs + cattrs schema alone`: each library's
+  decoding into classes with the same allow lists (types, literals,
+  bounds), no check across fields: how the two libraries compare.
 
-The schemas check each leaf record alone, as `parse` does field by field;
-the checks across records (aliases, packs, the tree) are the same code for
-every contender, so they are left out of all three. Timings taken while
-other work shares the cores are noisy: compare the ratios of one run.
+Timings taken while other work shares the cores are noisy: compare the
+ratios of one run.
 
     python benchmarks/sidecar_schema.py --leaves 50000 --repeats 5
 """
@@ -40,7 +41,7 @@ import numpy as np
 
 import orbax_eqx as oeqx
 from orbax_eqx._format.sidecar import FILE_NAME
-from orbax_eqx._format.sidecar_read import parse
+from orbax_eqx._format.sidecar_read import _decode, parse
 
 Size = Annotated[int, msgspec.Meta(ge=0, le=2**62)]
 Name = Annotated[str, msgspec.Meta(max_length=4096)]
@@ -60,6 +61,7 @@ class Leaf(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True):
     offset: Size | None = None
     crc32: Annotated[int, msgspec.Meta(ge=0, lt=2**32)] | None = None
     sum32: Annotated[int, msgspec.Meta(ge=0, lt=2**32)] | None = None
+    xxh3: Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{16}$")] | None = None
     alias_of: Name | None = None
     key: Name | None = None
     sharding: str | None = None
@@ -109,6 +111,15 @@ def _name(instance, attribute, value):
         raise ValueError(f"{attribute.name} is no name: {value!r}")
 
 
+def _hex64(instance, attribute, value):
+    if value is not None and not (
+        type(value) is str
+        and len(value) == 16
+        and set(value) <= set("0123456789abcdef")
+    ):
+        raise ValueError(f"{attribute.name} is no XXH3-64: {value!r}")
+
+
 def _shape(instance, attribute, value):
     if value is not None:
         for d in value:
@@ -134,6 +145,7 @@ class ALeaf:
     offset: int | None = attrs.field(default=None, validator=_size)
     crc32: int | None = attrs.field(default=None, validator=_u32)
     sum32: int | None = attrs.field(default=None, validator=_u32)
+    xxh3: str | None = attrs.field(default=None, validator=_hex64)
     alias_of: str | None = attrs.field(default=None, validator=_name)
     key: str | None = attrs.field(default=None, validator=_name)
     sharding: str | None = attrs.field(default=None)
@@ -218,11 +230,15 @@ def main() -> None:
     text = raw.decode()
     converter = _converter()
     decoder = msgspec.json.Decoder(Sidecar)
+    where = Path("bench")
     contenders = {
-        "stdlib + ours": lambda b: parse(json.loads(b), "bench"),
         "json.loads alone": json.loads,
-        "msgspec": decoder.decode,
-        "attrs + cattrs": lambda b: converter.structure(json.loads(b), ASidecar),
+        "ours": lambda b: _decode(b, where / FILE_NAME, True, "bench"),
+        "ours, stdlib path": lambda b: parse(json.loads(b), "bench"),
+        "msgspec schema alone": decoder.decode,
+        "attrs + cattrs schema alone": lambda b: converter.structure(
+            json.loads(b), ASidecar
+        ),
     }
     print(
         f"{args.leaves} leaves, sidecar {len(text) / 2**20:.1f} MiB, median of "
@@ -233,7 +249,7 @@ def main() -> None:
         seconds, peak = _measure(decode, raw, args.repeats)
         base = base or (seconds, peak)
         print(
-            f"{name:16s} {seconds * 1000:8.1f} ms ({seconds / base[0]:.2f}x)  "
+            f"{name:28s} {seconds * 1000:8.1f} ms ({seconds / base[0]:.2f}x)  "
             f"peak {peak / 2**20:7.1f} MiB ({peak / base[1]:.2f}x)"
         )
 

@@ -143,3 +143,109 @@ def test_fields_the_schema_does_not_name_are_ignored(saved, tmp_path):
     np.testing.assert_array_equal(
         restored["rows"], np.arange(32 * 4, dtype=np.int32).reshape(32, 4)
     )
+
+
+# --- the sidecar's schemas (`_format/schema.py`) ------------------------------
+
+import jax.numpy as jnp  # noqa: E402
+import sidecars  # noqa: E402
+
+
+@pytest.fixture
+def small(tmp_path):
+    path = tmp_path / "ckpt"
+    item = {"w": jnp.ones(2), "n": 3, "f": jnp.tanh}
+    oeqx.save(path, item)
+    return path
+
+
+def _leaf(name, **fields):
+    return lambda c: c["leaves"][name].update(**fields)
+
+
+def _damaged(what):
+    return rf"The sidecar in .* is damaged: {what}.*\. Restore an earlier step"
+
+
+@pytest.mark.parametrize(
+    "edit, what",
+    [
+        (_leaf("w", kind="tensor"), r"leaf 'w' has unknown kind 'tensor'"),
+        (_leaf("w", kind=None), r"leaf 'w' has unknown kind None"),
+        (_leaf("w", path=7), r"leaf 'w' has a path that is not a string"),
+        (_leaf("w", shape=[True]), r"leaf 'w' has shape \[True\], not a list of sizes"),
+        (_leaf("w", shape=[2.0]), r"leaf 'w' has shape \[2\.0\], not a list of sizes"),
+        (_leaf("w", shape=[2**63]), r"leaf 'w' has shape \[\d+\], not a list of sizes"),
+        (_leaf("w", container="torch"), r"leaf 'w' has no valid dtype or container"),
+        (_leaf("w", dtype=4), r"leaf 'w' has no valid dtype or container"),
+        (_leaf("w", data="disk"), r"leaf 'w' has unknown data location 'disk'"),
+        (_leaf("w", sum32=-1), r"leaf 'w' has sum32 -1, not a 32-bit checksum"),
+        (_leaf("w", crc32=5), r"leaf 'w' records a CRC-32 \(\"crc32\"\), which a"),
+        (_leaf("w", xxh3="XYZ"), r"leaf 'w' has data checksum 'XYZ', not XXH3-64"),
+        (
+            lambda c: c["leaves"].update(w=[1, 2]),
+            r"leaf 'w' is not a JSON object",
+        ),
+        (
+            lambda c: c["modules"].update(x={"static": {}}),
+            r"module 'x' has no class, path or static fields",
+        ),
+        (
+            lambda c: c["nodes"][""].update(type="set"),
+            r"node '' has no valid type, path or children",
+        ),
+        (
+            lambda c: c["nodes"][""].update(keys={"a": 1}),
+            r"the keys of node '' are malformed",
+        ),
+        (lambda c: c.update(checksums="yes"), r'"checksums" must be true or false'),
+        (lambda c: c.update(shard_files=-2), r'"shard_files" is -2, not a count'),
+        (lambda c: c.update(packs={}), r'"packs" must be a JSON list'),
+        (lambda c: c["packs"][0].update(nbytes="8"), r"pack 0 has no size"),
+        (lambda c: c.update(versions={"jax": 1}), r'"versions" must map package'),
+        (lambda c: c.update(modules=[]), r'"modules" must be a JSON object'),
+    ],
+    ids=[
+        "kind-unknown",
+        "kind-null",
+        "path-int",
+        "shape-bool",
+        "shape-float",
+        "shape-past-numpy",
+        "container",
+        "dtype-int",
+        "data",
+        "sum32",
+        "crc32-in-format-6",
+        "xxh3-not-hex",
+        "leaf-a-list",
+        "module-no-class",
+        "node-type",
+        "node-keys",
+        "checksums",
+        "shard-files",
+        "packs",
+        "pack-size",
+        "versions",
+        "modules",
+    ],
+)
+def test_what_the_sidecar_schema_does_not_allow_is_damage(small, edit, what):
+    sidecars.edit(small, edit)
+    with pytest.raises(oeqx.SidecarError, match=_damaged(what)):
+        oeqx.metadata(small)
+
+
+def test_fields_the_sidecar_schema_does_not_name_are_read_past(small):
+    # A later writer's notes, on the document and on each kind of record.
+    def notes(c):
+        c["note"] = {"by": "a later writer"}
+        for rec in c["leaves"].values():
+            rec["note"] = [1, 2, 3]
+        for rec in c["modules"].values():
+            rec["note"] = None
+
+    sidecars.edit(small, notes)
+    restored = oeqx.restore(small, {"w": jnp.zeros(2), "n": 0, "f": jnp.tanh})
+    np.testing.assert_array_equal(restored["w"], np.ones(2))
+    assert restored["n"] == 3

@@ -1,0 +1,338 @@
+"""The sidecar's records, read one by one: each decoded by its schema
+(`schema`), then checked against what the schema cannot say alone (where
+its bytes are, its checksums for its format version), and made into the
+objects readers use (`LeafMetadata`, `ModuleInfo`).
+
+A record that fails its schema is damage, worded by the field that failed
+(the record is decoded once more, without a schema, only to quote it).
+"""
+
+import dataclasses
+import functools
+import math
+import re
+import sys
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from .._tree.names import old_storage_key, storage_key
+from .._tree.values import decode_scalar, scalar_type, too_deep
+from .._tree.walk import ARRAY, SCALAR, ModuleInfo, parse_dtype
+from . import schema as _schema
+from .checksum import NAMES, XXH3
+from .sidecar import (
+    ALIAS,
+    EMPTY,
+    KINDS,
+    PACKED,
+    SHARDS,
+    STORED,
+    LeafMetadata,
+    PackMetadata,
+    bind,
+    data_sum_algorithm,
+    itemsize,
+)
+
+TOO_DEEP = "nests values deeper than orbax_eqx writes them"
+_AT = re.compile(r" - at `\$\.?([A-Za-z_0-9]*)")  # the failing field's name
+
+
+class Undecodable(Exception):
+    """A record holds a number msgspec does not decode (an integer of more
+    digits than it takes, a float past the largest): the standard library
+    reads the sidecar instead, and says what it makes of it."""
+
+
+_OUT_OF_RANGE = ("Integer value out of range", "Number out of range")
+
+
+def decoded(record: Any, kind: Any) -> Any:
+    """`record` (decoded already, `msgspec.Raw` bytes, or JSON the standard
+    library decoded) as `kind`; raises `msgspec.ValidationError`, or
+    `Undecodable`."""
+    if isinstance(record, msgspec.Struct):  # the one pass decoded it
+        return record
+    if not isinstance(record, msgspec.Raw):
+        return msgspec.convert(record, type=kind)
+    try:
+        return msgspec.json.decode(record, type=kind)
+    except msgspec.ValidationError as e:
+        if str(e).startswith(_OUT_OF_RANGE):
+            raise Undecodable from None
+        raise
+
+
+def plain(record: Any) -> Any:
+    """`record` as plain JSON values, to quote it in an error."""
+    if isinstance(record, msgspec.Raw):
+        try:
+            return msgspec.json.decode(record)
+        except (msgspec.DecodeError, RecursionError):
+            return None
+    return record
+
+
+def failed_field(error: msgspec.ValidationError) -> str:
+    """The top-level field a validation error is about ("" for the record,
+    a missing field's name for a missing one)."""
+    text = str(error)
+    missing = re.match(r"Object missing required field `(\w+)`", text)
+    if missing:
+        return missing.group(1)
+    found = _AT.search(text)
+    return found.group(1) if found else ""
+
+
+@dataclasses.dataclass(frozen=True)
+class Sums:
+    """What a sidecar says of its leaves' checksums."""
+
+    version: int
+    checksums: bool  # False: saved with `checksums=False`
+    token: str | None
+    # The data checksum of packed leaves (`sidecar.data_sum_algorithm`).
+    algorithm: str = dataclasses.field(init=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "algorithm", data_sum_algorithm(self.version))
+
+
+def leaf(
+    name: str, record: Any, packs: tuple[PackMetadata, ...], sums: Sums, bad
+) -> LeafMetadata:
+    """One leaf's record, decoded by its format's schema and checked."""
+    try:
+        rec = decoded(record, _schema.leaf_record(sums.version))
+    except msgspec.ValidationError as e:
+        raise bad(_leaf_problem(name, failed_field(e), plain(record), sums)) from None
+    except RecursionError:
+        raise bad(f"leaf {name!r} {TOO_DEEP}") from None
+    path = name if rec.path is _schema.UNSET else rec.path
+    if not isinstance(rec, (_schema.ArrayRecord, _schema.ArrayRecord6)):
+        kind = KINDS[KINDS.index(type(rec).__struct_config__.tag)]
+        value = None if rec.value is _schema.UNSET else rec.value
+        if too_deep(value):
+            raise bad(f"leaf {name!r} {TOO_DEEP}")
+        if kind == SCALAR and (rec.value is _schema.UNSET or not _is_scalar(value)):
+            raise bad(f"leaf {name!r} has no valid Python value")
+        return LeafMetadata(name, path, kind, value=value)
+    return _array(name, path, rec, packs, sums, bad)
+
+
+def _array(name, path, rec, packs, sums: Sums, bad) -> LeafMetadata:
+    dtype = sys.intern(rec.dtype)
+    why = _dtype_problem(dtype)  # every array's: zero-size and sharded ones too
+    if why is not None:
+        raise bad(f"leaf {name!r} has {why}")
+    shape, data = tuple(rec.shape), rec.data
+    _check_location(name, path, rec, shape, bad)
+    size = rec.nbytes
+    if data == PACKED:
+        _check_packed(name, shape, dtype, size, rec.pack, rec.offset, packs, bad)
+    crc32 = rec.crc32
+    if sums.algorithm == XXH3:
+        crc32 = None if rec.xxh3 is None else int(rec.xxh3, 16)
+    leaf = LeafMetadata(
+        name,
+        path,
+        ARRAY,
+        shape,
+        dtype,
+        rec.container,
+        data,
+        rec.alias_of,
+        size if type(size) is int else 0,
+        pack=rec.pack if data == PACKED else None,
+        offset=rec.offset if data == PACKED else None,
+        crc32=crc32 if data == PACKED else None,
+        sum32=rec.sum32 if data == STORED and rec.sum32 is not _schema.UNSET else None,
+        sharding=str(rec.sharding)
+        if data == SHARDS and rec.sharding is not _schema.UNSET
+        else None,
+        key=rec.key if data == STORED else None,
+        sum_algorithm=sums.algorithm,
+    )
+    return _checked_sums(leaf, rec, sums, bad)
+
+
+def _leaf_problem(name: str, field: str, raw: Any, sums: Sums) -> str:
+    """What is wrong with a leaf record, by the field its schema refused."""
+    got = raw.get(field) if isinstance(raw, dict) else None
+    if not isinstance(raw, dict):
+        return f"leaf {name!r} is not a JSON object"
+    if field == "kind":
+        return f"leaf {name!r} has unknown kind {got!r}"
+    if field == "path":
+        return f"leaf {name!r} has a path that is not a string"
+    if field == "shape":
+        return f"leaf {name!r} has shape {got!r}, not a list of sizes"
+    if field == "data":
+        return f"leaf {name!r} has unknown data location {got!r}"
+    if field == "crc32" and sums.version >= 6:
+        return (
+            f'leaf {name!r} records a CRC-32 ("crc32"), which a format-'
+            f"{sums.version} sidecar never does: it was edited"
+        )
+    if field in ("crc32", "sum32"):
+        return f"leaf {name!r} has {field} {got!r}, not a 32-bit checksum"
+    if field == "xxh3":
+        return (
+            f"leaf {name!r} has data checksum {_cut(got)}, not XXH3-64 in 16 "
+            "lower-case hexadecimal digits"
+        )
+    return f"leaf {name!r} has no valid dtype or container"  # dtype, container
+
+
+def _checked_sums(leaf: LeafMetadata, rec, sums: Sums, bad) -> LeafMetadata:
+    """From format 4 on, a save with checksums records a data checksum for
+    every packed leaf, and from format 5 on a `sum32` (null where no process
+    held the array whole) for every Orbax-stored one: one without it was
+    edited, and is damage to a restore as to `verify`. From format 5 on, each
+    packed leaf's checksum is bound to its record (`sidecar.bind`): unbound
+    here, so that readers compare it with the checksum of the bytes."""
+    version = sums.version
+    if version < 4 or not sums.checksums:
+        return leaf
+    if leaf.data == STORED and version >= 5 and rec.sum32 is _schema.UNSET:
+        raise bad(_no_checksum(leaf, "is in Orbax's array store", "sum32", version))
+    if leaf.data != PACKED:
+        return leaf
+    if leaf.crc32 is None:
+        raise bad(_no_checksum(leaf, "is packed", NAMES[sums.algorithm], version))
+    if version >= 5 and sums.token is not None:  # (from format 3 on, always)
+        crc = bind(leaf.crc32, sums.token, leaf.name, _bound(rec), sums.algorithm)
+        # The record was made just now and is seen by nothing else yet:
+        # set in place (`dataclasses.replace` per leaf cost ~10 us).
+        object.__setattr__(leaf, "crc32", crc)
+    return leaf
+
+
+def _bound(rec) -> dict[str, Any]:
+    """The fields of an array record that `sidecar.bind` binds, as written."""
+    return {
+        "shape": rec.shape,
+        "dtype": rec.dtype,
+        "nbytes": rec.nbytes,
+        "pack": rec.pack,
+        "offset": rec.offset,
+    }
+
+
+def _no_checksum(leaf, where: str, kind: str, version: int) -> str:
+    return (
+        f"leaf `{leaf.path}` (leaf name {leaf.name!r}) {where} but records no "
+        f"{kind}, though a format-{version} sidecar of a save with checksums "
+        f"records one for every such leaf: it was edited"
+    )
+
+
+def _check_location(name: str, path: str, rec, shape, bad) -> None:
+    """Where an array's bytes are, as a save records it."""
+    data = rec.data
+    if data == STORED and rec.key not in (storage_key(name), old_storage_key(name)):
+        # On-disk keys are always derived from names, never read from the file:
+        # the file only says which of the two derivations its saver used.
+        raise bad(
+            f"leaf {name!r} has storage key {rec.key!r}, expected {storage_key(name)!r}"
+        )
+    if data == ALIAS and not isinstance(rec.alias_of, str):
+        raise bad(f"leaf {name!r} is an alias of nothing")
+    if data == EMPTY and math.prod(shape) != 0:
+        # Else a restore would invent zeros for it, as many as it claims.
+        raise bad(
+            f'leaf `{path}` (leaf name {name!r}) is stored as zero-size ("data": '
+            f'"none") but has shape {tuple(shape)}, which holds '
+            f"{math.prod(shape)} elements"
+        )
+
+
+def _check_packed(name, shape, dtype, size, pack, offset, packs, bad) -> None:
+    """A packed leaf's bytes must lie inside its pack and fit its shape exactly."""
+    if not (_is_size(pack) and pack < len(packs)):
+        raise bad(f"leaf {name!r} is in pack {pack!r}, which is not listed")
+    if not (_is_size(offset) and _is_size(size)):
+        raise bad(f"leaf {name!r} has no valid offset and size in its pack")
+    if offset + size > packs[pack].nbytes:
+        raise bad(
+            f"leaf {name!r} ends at byte {offset + size} of pack {pack}, which "
+            f"holds {packs[pack].nbytes}"
+        )
+    expected = math.prod(shape) * itemsize(parse_dtype(dtype))
+    if size != expected:
+        raise bad(
+            f"leaf {name!r} has {size} bytes in its pack, but a {dtype} array of "
+            f"shape {shape} has {expected}"
+        )
+
+
+@functools.cache
+def _dtype_problem(text: str) -> str | None:
+    """What is wrong with an array's recorded dtype, or None: it must be
+    spelled as a save spells it (`str(dtype)`: `<U2`, not `U2`), and be one a
+    save writes (no structured or object dtype)."""
+    try:
+        dtype = parse_dtype(text)
+    except (TypeError, ValueError, OverflowError, MemoryError, SyntaxError):
+        return f"unknown dtype {text!r}"
+    if isinstance(dtype, np.dtype) and (
+        dtype.fields is not None or dtype.subdtype is not None
+    ):
+        return f"unknown dtype {text!r}"
+    if isinstance(dtype, np.dtype) and dtype.hasobject:
+        return f"dtype {text!r}, which no save writes (it refuses arrays of objects)"
+    if str(dtype) != text:
+        return f"dtype {text!r}, which no save writes (it writes {str(dtype)!r})"
+    return None
+
+
+def _is_size(x: Any) -> bool:
+    return type(x) is int and x >= 0
+
+
+def _is_scalar(encoded: Any) -> bool:
+    if scalar_type(encoded) is None:
+        return False
+    try:
+        decode_scalar(encoded)
+    except (TypeError, ValueError):  # `{"complex": 5}`: no pair to unpack
+        return False
+    return True
+
+
+def _cut(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def module(name: str, record: Any, bad) -> ModuleInfo:
+    """One module's record: its class, path and static fields."""
+    try:
+        rec = decoded(record, _schema.ModuleRecord)
+    except (msgspec.ValidationError, RecursionError):
+        raise bad(f"module {name!r} has no class, path or static fields") from None
+    for field, value in rec.static.items():
+        if too_deep(value):
+            raise bad(f"static field {field!r} of module {name!r} {TOO_DEEP}")
+    path = name if rec.path is _schema.UNSET else rec.path
+    return ModuleInfo(path, rec.cls, rec.static)
+
+
+def node(name: str, record: Any, bad) -> None:
+    """Checks one inner node's record (as a plain dict: the rebuild reads
+    them as such) for shape only: how nodes refer to each other is checked
+    by the rebuild."""
+    try:
+        rec = decoded(record, _schema.NodeRecord)
+    except msgspec.ValidationError as e:
+        field = failed_field(e)
+        if field in ("keys", "markers"):
+            raise bad(f"the {field} of node {name!r} are malformed") from None
+        raise bad(f"node {name!r} has no valid type, path or children") from None
+    except RecursionError:
+        raise bad(f"node {name!r} {TOO_DEEP}") from None
+    for key in ("keys", "markers"):
+        if too_deep(getattr(rec, key)):
+            raise bad(f"the {key} of node {name!r} are malformed")

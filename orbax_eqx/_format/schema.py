@@ -1,0 +1,157 @@
+"""The sidecar as declarative schemas (msgspec Structs), one per format version.
+
+What each record may hold is said here once, as types, literals and bounds;
+anything else fails to decode, and `sidecar_read` words the failure as
+damage naming the record and the field. Fields a format does not name are
+read past (a later writer's notes): a record is what the schema reads of it.
+What depends on other records or on the file itself (the token and the
+names derived from it, aliases, packs, checksums per version, the binding of
+checksums to records) is checked apart, in `records_read` and
+`sidecar_read`.
+
+Leaf records are a tagged union on `kind`; an array record of format 6
+records its data checksum as XXH3-64 (`xxh3`, 16 lower-case hexadecimal
+digits) and never a CRC-32 (`crc32`), one of formats 1 to 5 the other way
+round. `T` is how records arrive: `msgspec.Raw` while decoding bytes (each
+record is decoded on its own, so that a failure names it), `Any` for JSON
+already decoded by the standard library (a sidecar holding lone surrogates,
+which a save before format 6 could write), or the records' own schemas: a
+sidecar decodes in one pass, and only one that fails is decoded again,
+record by record, to name what failed.
+"""
+
+from typing import Annotated, Any, Generic, Literal, TypeVar
+
+import msgspec
+
+from .._tree import nodes as _nodes
+from .._tree.walk import (
+    ARRAY,
+    CALLABLE,
+    JAX,
+    NUMPY,
+    NUMPY_SCALAR,
+    OBJECT,
+    SCALAR,
+    SHARED,
+)
+from .sidecar import ALIAS, EMPTY, PACKED, SHARDS, STORED
+
+L = TypeVar("L")  # how leaf records arrive
+M = TypeVar("M")  # how module records arrive
+UNSET: Any = msgspec.UNSET  # a field the record does not have at all
+
+Size = Annotated[int, msgspec.Meta(ge=0)]
+Dim = Annotated[int, msgspec.Meta(ge=0, le=2**62)]  # past it, no numpy array
+Crc32 = Annotated[int, msgspec.Meta(ge=0, lt=2**32)]
+Hex64 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{16}$")]
+Container = Literal[JAX, NUMPY, NUMPY_SCALAR]  # type: ignore[valid-type]
+Data = Literal[STORED, PACKED, SHARDS, EMPTY, ALIAS]  # type: ignore[valid-type]
+Path = str | msgspec.UnsetType  # a leaf's key path as printed; its name if unset
+
+
+class Versioned(msgspec.Struct):
+    """What picks the schema: the format and its version (and the seal)."""
+
+    format: Any = None
+    format_version: Any = None
+    checksum: Any = UNSET
+
+
+class PackRecord(msgspec.Struct):
+    nbytes: Size
+    file: Any = None  # compared with the name derived from the token
+    byteorder: Any = UNSET  # compared with this machine's
+
+
+class Document(msgspec.Struct, Generic[L, M]):
+    """A sidecar of any format; the token's form depends on the version."""
+
+    leaves: dict[str, L]
+    versions: dict[str, str] = {}
+    modules: dict[str, M] = {}
+    checksums: bool = True
+    token: Any = None
+    packs: list[PackRecord] = []
+    shard_files: Size = 0
+    nodes: Any = UNSET
+
+
+class ArrayRecord(msgspec.Struct, tag_field="kind", tag=ARRAY):
+    """An array leaf of formats 1 to 5."""
+
+    shape: list[Dim]
+    dtype: str
+    container: Container
+    data: Data
+    path: Path = UNSET
+    # Read where `data` says they matter (`records_read`), as a save wrote them.
+    nbytes: Any = 0
+    pack: Any = None
+    offset: Any = None
+    key: Any = None
+    alias_of: Any = None
+    sharding: Any = UNSET
+    crc32: Crc32 | None = None
+    sum32: Crc32 | None | msgspec.UnsetType = UNSET
+    xxh3: Any = None  # not of these formats: read past
+
+
+class ArrayRecord6(ArrayRecord, tag=ARRAY):
+    """An array leaf of format 6: its data checksum is XXH3-64."""
+
+    crc32: None = None
+    xxh3: Hex64 | None = None
+
+
+class ScalarRecord(msgspec.Struct, tag_field="kind", tag=SCALAR):
+    path: Path = UNSET
+    value: Any = UNSET
+
+
+class CallableRecord(msgspec.Struct, tag_field="kind", tag=CALLABLE):
+    path: Path = UNSET
+    value: Any = None
+
+
+class SharedRecord(msgspec.Struct, tag_field="kind", tag=SHARED):
+    path: Path = UNSET
+    value: Any = None
+
+
+class ObjectRecord(msgspec.Struct, tag_field="kind", tag=OBJECT):
+    path: Path = UNSET
+    value: Any = None
+
+
+_OTHERS = ScalarRecord | CallableRecord | SharedRecord | ObjectRecord
+LeafRecord = ArrayRecord | _OTHERS
+LeafRecord6 = ArrayRecord6 | _OTHERS
+
+
+def leaf_record(version: int) -> Any:
+    """The union a leaf record of format `version` decodes into."""
+    return LeafRecord6 if version >= 6 else LeafRecord
+
+
+def document(version: int) -> Any:
+    """A whole sidecar of format `version`, every record by its schema."""
+    return Document[leaf_record(version), ModuleRecord]  # type: ignore[misc]
+
+
+class ModuleRecord(msgspec.Struct):
+    cls: str = msgspec.field(name="class")
+    static: dict[str, Any] = {}
+    path: str | msgspec.UnsetType = UNSET
+
+
+class NodeRecord(msgspec.Struct):
+    """An inner node of the tree (format 5 on), checked for shape only."""
+
+    type: Literal[_nodes.TYPES]  # type: ignore[valid-type]
+    path: str
+    children: list[str | None] = []
+    fields: list[str] = []
+    cls: str = msgspec.field(name="class", default="")
+    keys: list[Any] = []
+    markers: list[Any] = []
