@@ -19,6 +19,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import pytest
+from console import main
 from unblock import raised_by
 
 import orbax_eqx as oeqx
@@ -27,7 +28,6 @@ from orbax_eqx._restore.rename_map import RenameError, load
 from orbax_eqx._save.claim import _is_sidecar_of
 from orbax_eqx._storage.orbax_store import files as store_files
 from orbax_eqx._storage.transfer import staging
-from orbax_eqx._tools.cli import main
 from orbax_eqx._tools.export import export
 from orbax_eqx._tools.importing import ImportMismatchError, import_
 
@@ -74,9 +74,11 @@ _CHILD = textwrap.dedent(
     # An endless read ends in MemoryError here, not with the machine's memory.
     memory = int(sys.argv[2])
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+    from importlib.metadata import entry_points
     import orbax_eqx as oeqx
-    from orbax_eqx._tools.cli import main
     from orbax_eqx._tools.export import export
+    (script,) = entry_points(group="console_scripts", name="orbax-eqx")
+    main = script.load()  # the installed command
 
     spec = json.loads(sys.argv[3])
 

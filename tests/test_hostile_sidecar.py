@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import sidecars
+from console import main
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.cli import main
 
 SIDECAR = "orbax_eqx.json"
 

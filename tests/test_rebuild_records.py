@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import sidecars
 import zoo
+from console import main as cli_main
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.cli import main as cli_main
 
 KEY = jax.random.key(0)
 

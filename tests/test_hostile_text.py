@@ -1,7 +1,10 @@
-"""Strings that are not valid Unicode (lone surrogates, as `os.fsdecode` makes of
-a file name that is not UTF-8), and values nested too deep: a save refuses
-them, naming the leaf or field, instead of writing a sidecar that never reads
-back. The fix the error gives (bytes) saves them exactly.
+"""Text a checkpoint holds or a user gives that could do harm: strings that are
+not valid Unicode (lone surrogates, as `os.fsdecode` makes of a file name
+that is not UTF-8) and values nested too deep, which a save refuses, naming
+the leaf or field (the fix the error gives, bytes, saves them exactly); and
+names and values holding ESC, CR, BEL, DEL, C1 controls or newlines, which
+`inspect`, `diff` and `verify` print escaped, one line each, so that a
+hostile checkpoint cannot drive the terminal.
 """
 
 import json
@@ -14,10 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import sidecars
+from console import main
 from safetensors import safe_open
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.cli import main
+
+# --- text that is not valid Unicode, values nested too deep --------------------
 
 NOT_UTF8 = os.fsdecode(b"caf\xe9")  # 'caf\udce9'
 SURROGATE = (
@@ -57,7 +62,7 @@ RAW = os.fsencode(NOT_UTF8)  # b"caf\xe9": what the error says to store
         (
             Tagged(jnp.ones(2), ("ok", NOT_UTF8)),
             Tagged(jnp.ones(2), ("ok", RAW)),
-            r"Static field `tag` of module `<root>` \(test_hostile_strings\.Tagged\) "
+            r"Static field `tag` of module `<root>` \(test_hostile_text\.Tagged\) "
             rf"holds text that is not valid Unicode: 'caf\\udce9' {SURROGATE}\.",
         ),
     ],
@@ -156,7 +161,7 @@ def test_static_field_nested_too_deep_is_refused_at_save(tmp_path):
     with pytest.raises(
         oeqx.UnsupportedLeafError,
         match=r"^Cannot save this item: its sidecar would not read back\.\n  - Static "
-        r"field `tag` of module `<root>` \(test_hostile_strings\.Tagged\) nests "
+        r"field `tag` of module `<root>` \(test_hostile_text\.Tagged\) nests "
         r"more than 128 levels deep\.\nA recorded value may nest 128 JSON levels "
         r"deep \(each tuple, list or dict takes two\): make it shallower, or keep "
         r"it out of the saved item\.\n" + _UNCHANGED + "$",
@@ -168,3 +173,60 @@ def test_static_field_nested_too_deep_is_refused_at_save(tmp_path):
     oeqx.save(tmp_path / "ckpt", model)
     restored = oeqx.restore(tmp_path / "ckpt", eqx.filter_eval_shape(lambda: model))
     assert restored.tag == model.tag
+
+
+# --- terminal controls in names and values ----------------------------------------
+
+HOSTILE = "w\x1b[31mred\x07\rX\nY\x7f\x9b2J"
+ESCAPED = r"w\x1b[31mred\x07\rX\nY\x7f\x9b2J"
+_RAW = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+@pytest.fixture
+def hostile(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {HOSTILE: np.arange(4.0), "note": "v\x1b[2J", "ok": 1})
+    return path
+
+
+def _output(capsys, argv):
+    rc = main(argv)
+    out = capsys.readouterr()
+    for text in (out.out, out.err):
+        assert not _RAW.search(text), repr(text)
+    return rc, out.out + out.err
+
+
+@pytest.mark.parametrize(
+    "argv", [["inspect"], ["inspect", "--flat"], ["verify"]], ids=str
+)
+def test_names_are_escaped(hostile, capsys, argv):
+    rc, out = _output(capsys, [*argv, str(hostile)])
+    assert rc == 0
+    if argv[0] == "inspect":
+        # The whole name on one line, escaped.
+        (line,) = [line for line in out.splitlines() if "31m" in line]
+        assert ESCAPED in line
+
+
+def test_a_damaged_leaf_with_a_hostile_name_is_one_line(hostile, capsys):
+    (pack,) = hostile.glob("orbax_eqx~packed.*.bin")
+    data = bytearray(pack.read_bytes())
+    data[0] ^= 1
+    pack.write_bytes(bytes(data))
+    rc, out = _output(capsys, ["verify", str(hostile)])
+    assert rc == 1
+    (line,) = [line for line in out.splitlines() if line.startswith("DAMAGED")]
+    assert ESCAPED in line
+    # The restore's error, through the CLI, too.
+    rc, out = _output(capsys, ["inspect", str(hostile)])
+    assert rc == 0
+
+
+def test_diff_escapes_names(hostile, tmp_path, capsys):
+    other = tmp_path / "other"
+    oeqx.save(other, {"ok": 2, "note": "x"})
+    rc, out = _output(capsys, ["diff", str(hostile), str(other)])
+    assert rc == 1
+    (line,) = [line for line in out.splitlines() if "31m" in line]
+    assert ESCAPED in line
