@@ -19,8 +19,6 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
-import jax
-import numpy as np
 
 from .._errors import (
     EARLIER_STEP,
@@ -30,21 +28,18 @@ from .._errors import (
     bullet_list,
     problem,
 )
-from .._format.sidecar import ALIAS, EMPTY, PACKED, LeafMetadata, Metadata
-from .._restore.wide import flat_container
+from .._format.sidecar import LeafMetadata, Metadata
 from .._tree import nodes as _nodes
 from .._tree.names import join, label
 from .._tree.values import describe
 from .._tree.walk import (
     ARRAY,
     CALLABLE,
-    JAX,
-    NUMPY_SCALAR,
     SCALAR,
     SHARED,
     display_path,
-    parse_dtype,
 )
+from . import stand_in as _stand_in
 from .allow import Refused, Resolver, suggestion, unnameable
 from .decode import DRY, At, Decoder
 from .shared import selectors
@@ -380,42 +375,14 @@ class _Builder:
         return None
 
     def array(self, leaf: LeafMetadata) -> Any:
-        """A skeleton leaf for a saved array, in the container a restore
-        without a skeleton gives back (numpy for numpy arrays and for 64-bit
-        arrays while JAX is 32-bit: see `_restore/wide.py`). A numpy stand-in
-        holds one element, whatever the shape: nothing is allocated for what
-        only the record claims (the handler checked that packed leaves' bytes
-        are in their files, see `_orbax.rebuilt._check_packs`)."""
-        dtype = parse_dtype(leaf.dtype)
-        shape = tuple(leaf.shape or ())
-        kind = flat_container(leaf)
-        if kind == JAX:
-            return jax.ShapeDtypeStruct(shape, dtype)
-        source = (
-            self.saved.source(leaf)
-            if leaf.data != ALIAS or (leaf.alias_of in self.saved.leaves)
-            else None
-        )
-        if (
-            leaf.data != EMPTY
-            and np.dtype(dtype).itemsize > _SMALL
-            and (source is None or source.data != PACKED)
-        ):
-            self.refuse(
-                (leaf.name, leaf.path),
-                f"an array of dtype {leaf.dtype} stored other than packed cannot "
-                "be rebuilt (a save packs such arrays)",
-            )
-            return None
-        if leaf.data == EMPTY:
-            return np.empty(shape, dtype)  # zero elements: nothing allocated
-        one = _one(np.dtype(dtype))
-        if kind == NUMPY_SCALAR:
-            return one
-        return np.broadcast_to(np.asarray(one), shape)
+        """A skeleton leaf for a saved array (see `stand_in.array`), or None
+        and a refusal."""
+        value, refusal = _stand_in.array(self.saved, leaf)
+        if refusal is not None:
+            self.refuse((leaf.name, leaf.path), refusal)
+        return value
 
 
-_SMALL = 64  # bytes an element of any numeric dtype fits in
 _MISSING = object()  # a module field that was not set
 _SHARED = "equinox.nn._shared.Shared"
 
@@ -427,18 +394,6 @@ def _none(values: list[Any]) -> None:
 def _hashed(key: Any) -> tuple[type, Any]:
     # `True == 1 == 1.0`, but they are three keys of a saved dict.
     return (type(key), key)
-
-
-def _one(dtype: np.dtype) -> Any:
-    """A numpy scalar of `dtype`: strings and bytes of their full size (numpy
-    gives an empty string the dtype `<U0`)."""
-    if dtype.kind == "U":
-        return np.str_("\x01" * (dtype.itemsize // 4))
-    if dtype.kind == "S":
-        return np.bytes_(b"\x01" * dtype.itemsize)
-    if dtype.type is np.void:
-        return np.void(bytes(dtype.itemsize))
-    return np.zeros((), dtype)[()]
 
 
 def _field(at: At, field: str) -> At:

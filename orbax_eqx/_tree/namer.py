@@ -1,0 +1,165 @@
+"""How a walk names leaves: key paths to leaf names (`Namer`, `eqx.nn.State`
+entries by the layer that owns them) and to the text `jtu.keystr` prints
+(`Shown`), each built on its parent's, in loops (deep trees must not recurse).
+"""
+
+import ast
+import itertools
+import re
+from typing import Any
+
+import equinox as eqx
+import jax.tree_util as jtu
+
+from .names import SEPARATOR, join, key_part
+
+
+class Shown:
+    """Key paths as `jtu.keystr` prints them, each built on its parent's (for
+    one walk: see `Namer._plain`)."""
+
+    def __init__(self):
+        self._memo: dict[tuple, str] = {(): ""}
+
+    def __call__(self, path: tuple) -> str:
+        text = self._memo.get(path)
+        if text is None:
+            # Up from the path to the nearest known prefix, then down: a loop,
+            # not a recursion, so that trees as deep as JAX flattens walk.
+            at = len(path) - 1
+            while path[:at] not in self._memo:
+                at -= 1
+            text = self._memo[path[:at]]
+            for end in range(at + 1, len(path) + 1):
+                text += str(path[end - 1])
+                self._memo[path[:end]] = text
+        return text
+
+
+class Namer:
+    """Turns key paths into leaf names.
+
+    An `eqx.nn.State` entry is named after the layer that owns it, by its path
+    relative to the model that `eqx.nn.make_with_state` made, which is what
+    the entry's marker records (`BNModel.bn.state_index` names the entry
+    `bn.state_index`): the same wherever the State is, alone or beside its
+    model, so a State saved in one tree restores alone. Markers that are not
+    such paths (a State made without `make_with_state`), or paths that would
+    give two entries one name, fall back to the names orbax_eqx gave before
+    (`old=True`): the owner's full name in the tree if the owner is there,
+    else the marker as one escaped part, else the entry's position.
+    """
+
+    def __init__(self, states: dict[tuple, tuple], modules: list):
+        self._states = states
+        self.crossed_state = False  # whether the last path named went through one
+        owners: dict[Any, tuple] = {}
+        if states:
+            for path, m in modules:
+                if isinstance(m, eqx.nn.StateIndex):
+                    owners.setdefault(_hashable(m.marker), path)
+        self._owners = owners
+        self._relative = {path: _relative_parts(m) for path, m in states.items()}
+        self._memo: dict[tuple, str] = {}
+
+    def __call__(self, path: tuple, old: bool = False) -> str:
+        if not self._states:
+            return self._plain(path)
+        parts, crossed = [], False
+        for i, entry in enumerate(path):
+            markers = self._states.get(path[:i])
+            if markers is None or not isinstance(entry, jtu.FlattenedIndexKey):
+                parts.append(key_part(entry))
+                continue
+            crossed = True
+            relative = self._relative[path[:i]]
+            if not old and relative is not None:
+                parts.extend(relative[entry.key])
+            else:
+                parts.append(self._old_part(markers[entry.key], entry.key, old))
+        self.crossed_state = crossed  # (after `_old_part`, which names an owner)
+        return join(parts)
+
+    def _plain(self, path: tuple) -> str:
+        """The name of a path that crosses no State, built on its parent's:
+        the leaves of a module share all but their last part. (Within one
+        tree, equal paths are one node: a dict cannot hold both `1` and
+        `True`. So the memo lives for one walk only.)"""
+        name = self._memo.get(path)
+        if name is None:
+            if len(path) <= 1:
+                name = join([key_part(entry) for entry in path])
+                self._memo[path] = name
+                return name
+            # A loop, as in `Shown`: deep trees must not recurse.
+            at = len(path) - 1
+            while at > 1 and path[:at] not in self._memo:
+                at -= 1
+            name = self._memo.get(path[:at])
+            if name is None:
+                name = self._memo[path[:at]] = join([key_part(path[0])])
+            for end in range(at + 1, len(path) + 1):
+                name += SEPARATOR + key_part(path[end - 1])
+                self._memo[path[:end]] = name
+        return name
+
+    def _old_part(self, marker: Any, index: int, old: bool) -> str:
+        owner = self._owners.get(_hashable(marker))
+        if owner is not None and (old or not isinstance(marker, str)):
+            return self(owner, old)
+        if isinstance(marker, str):
+            return key_part(jtu.DictKey(marker))
+        return str(index)
+
+
+# One step of a key path as `jtu.keystr` prints it: `.name`, `[3]`, `['key']`.
+_KEY_STEP = re.compile(
+    r"\.([A-Za-z_][A-Za-z0-9_]*)|\[(-?[0-9]+)\]"
+    r"|\[('(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\")\]"
+)
+
+
+def _relative_parts(markers: tuple) -> list[list[str]] | None:
+    """Each entry's name parts from its marker, or None if some marker is not a
+    path `eqx.nn.make_with_state` wrote or two entries would share a name."""
+    found = []
+    for marker in markers:
+        parts = _marker_parts(marker) if isinstance(marker, str) else None
+        if parts is None:
+            return None
+        found.append(parts)
+    # Injective: no entry's name is another's, or a prefix of another's.
+    ordered = sorted(tuple(p) for p in found)
+    for a, b in itertools.pairwise(ordered):
+        if b[: len(a)] == a:
+            return None
+    return found
+
+
+def _marker_parts(marker: str) -> list[str] | None:
+    """`BNModel.bn.state_index` -> [`bn`, `state_index`]: the class name that
+    `make_with_state` puts first dropped, the key path's steps named as a
+    walk names them."""
+    start = next((i for i, c in enumerate(marker) if c in ".["), len(marker))
+    parts, at = [], start
+    while at < len(marker):
+        step = _KEY_STEP.match(marker, at)
+        if step is None:
+            return None
+        attr, index, key = step.groups()
+        if attr is not None:
+            parts.append(attr)
+        elif index is not None:
+            parts.append(str(int(index)))
+        else:
+            parts.append(key_part(jtu.DictKey(ast.literal_eval(key))))
+        at = step.end()
+    return parts or None
+
+
+def _hashable(marker: Any) -> Any:
+    try:
+        hash(marker)
+        return marker
+    except TypeError:
+        return id(marker)
