@@ -110,14 +110,26 @@ Needs optax.
 """
 
 
+def subcommand(commands, common, name: str, help: str, description: str):
+    """Adds the subcommand `name` to `commands`, with the shared options
+    `common`, a one-line `help` and a `description` shown as written."""
+    return commands.add_parser(
+        name,
+        parents=[common],
+        help=help,
+        description=description,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
 def add_inspect(commands, common) -> None:
     """Adds `inspect` to the subcommands `commands` (`common`: the shared options)."""
-    inspect = commands.add_parser(
+    inspect = subcommand(
+        commands,
+        common,
         "inspect",
-        parents=[common],
-        help="show what a checkpoint holds, without reading array data",
-        description=_INSPECT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "show what a checkpoint holds, without reading array data",
+        _INSPECT_HELP,
     )
     inspect.add_argument("path", metavar="PATH", help="item, step or manager root")
     inspect.add_argument("--json", action="store_true", help="print JSON")
@@ -164,12 +176,12 @@ def add_inspect(commands, common) -> None:
 
 def add_diff(commands, common) -> None:
     """Adds `diff` to the subcommands `commands` (`common`: the shared options)."""
-    diff = commands.add_parser(
+    diff = subcommand(
+        commands,
+        common,
         "diff",
-        parents=[common],
-        help="compare two checkpoints, or a checkpoint and a skeleton",
-        description=_DIFF_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "compare two checkpoints, or a checkpoint and a skeleton",
+        _DIFF_HELP,
     )
     diff.add_argument("a", metavar="A", help="checkpoint, or module:function")
     diff.add_argument("b", metavar="B", help="checkpoint, or module:function")
@@ -198,12 +210,12 @@ def add_diff(commands, common) -> None:
 
 def add_verify(commands, common) -> None:
     """Adds `verify` to the subcommands `commands` (`common`: the shared options)."""
-    verify = commands.add_parser(
+    verify = subcommand(
+        commands,
+        common,
         "verify",
-        parents=[common],
-        help="check every array of a checkpoint against its checksum",
-        description=_VERIFY_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "check every array of a checkpoint against its checksum",
+        _VERIFY_HELP,
     )
     verify.add_argument("path", metavar="PATH", help="item, step or manager root")
     verify.add_argument("--json", action="store_true", help="print JSON")
@@ -217,12 +229,12 @@ def add_verify(commands, common) -> None:
 
 def add_demo(commands, common) -> None:
     """Adds `demo` to the subcommands `commands` (`common`: the shared options)."""
-    demo = commands.add_parser(
+    demo = subcommand(
+        commands,
+        common,
         "demo",
-        parents=[common],
-        help="train, checkpoint and restore a small model",
-        description=_DEMO_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "train, checkpoint and restore a small model",
+        _DEMO_HELP,
     )
     demo.add_argument(
         "--dir",

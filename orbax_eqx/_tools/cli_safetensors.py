@@ -6,6 +6,7 @@ import argparse
 import os
 
 from .._errors import OrbaxEqxError
+from .cli_commands import subcommand
 
 _EXPORT_HELP = """\
 Writes the arrays of a checkpoint as Hugging Face safetensors, reading and
@@ -56,16 +57,27 @@ fields and callables are the skeleton's.
 
 def add_commands(commands, common, size) -> None:
     """Adds `export` and `import` to the subcommands `commands`; `common`: the
-    parent parser of every command, `size`: the type of size arguments.
+    parent parser of every command, `size`: the type of size arguments."""
+    _add_export(commands, common, size)
+    _add_import(commands, common)
 
-    (Past the house's 60 lines on purpose: the two commands' argparse
-    declarations, one option after another, read best in one place.)"""
-    export = commands.add_parser(
+
+def _add_names(parser) -> None:
+    """Adds `--rename` and `--mapping`, either one, to `parser`."""
+    names = parser.add_mutually_exclusive_group()
+    names.add_argument("--rename", metavar="MAP", help="JSON rename map")
+    names.add_argument("--mapping", metavar="FILE", help="JSON state_dict mapping")
+
+
+def _add_export(commands, common, size) -> None:
+    """Adds `export` to the subcommands `commands` (`common`: the shared options,
+    `size`: the type of size arguments)."""
+    export = subcommand(
+        commands,
+        common,
         "export",
-        parents=[common],
-        help="write a checkpoint's arrays as safetensors",
-        description=_EXPORT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "write a checkpoint's arrays as safetensors",
+        _EXPORT_HELP,
     )
     export.add_argument("path", metavar="PATH", help="checkpoint (item or step)")
     export.add_argument(
@@ -75,9 +87,7 @@ def add_commands(commands, common, size) -> None:
         help="the format (default: safetensors, the only one so far)",
     )
     export.add_argument("out", metavar="OUT", help="directory, or file.safetensors")
-    names = export.add_mutually_exclusive_group()
-    names.add_argument("--rename", metavar="MAP", help="JSON rename map")
-    names.add_argument("--mapping", metavar="FILE", help="JSON state_dict mapping")
+    _add_names(export)
     export.add_argument(
         "--skeleton",
         metavar="MODULE:FUNCTION",
@@ -105,21 +115,22 @@ def add_commands(commands, common, size) -> None:
     )
     export.set_defaults(run=_run_export)
 
-    import_ = commands.add_parser(
+
+def _add_import(commands, common) -> None:
+    """Adds `import` to the subcommands `commands` (`common`: the shared options)."""
+    import_ = subcommand(
+        commands,
+        common,
         "import",
-        parents=[common],
-        help="save a checkpoint from safetensors, given a skeleton",
-        description=_IMPORT_HELP,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "save a checkpoint from safetensors, given a skeleton",
+        _IMPORT_HELP,
     )
     import_.add_argument("source", metavar="SOURCE", help="file or directory")
     import_.add_argument("out", metavar="OUT", help="where to save the checkpoint")
     import_.add_argument(
         "--skeleton", required=True, metavar="MODULE:FUNCTION", help="the skeleton"
     )
-    names = import_.add_mutually_exclusive_group()
-    names.add_argument("--rename", metavar="MAP", help="JSON rename map")
-    names.add_argument("--mapping", metavar="FILE", help="JSON state_dict mapping")
+    _add_names(import_)
     import_.add_argument(
         "--cast", action="store_true", help="cast tensors to the skeleton's dtypes"
     )
