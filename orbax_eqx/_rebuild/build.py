@@ -29,12 +29,14 @@ from .._errors import (
     problem,
 )
 from .._format.sidecar import LeafMetadata, Metadata
+from .._restore.wide import flat_container
 from .._tree import nodes as _nodes
 from .._tree.names import join, label
 from .._tree.values import describe
 from .._tree.walk import (
     ARRAY,
     CALLABLE,
+    JAX,
     SCALAR,
     SHARED,
     display_path,
@@ -96,7 +98,7 @@ def needs(saved: Metadata) -> Needs:
     Raises `RebuildError` if the sidecar records no tree structure, and
     `SidecarError` if its records of the tree are damaged."""
     look = _Refusing()
-    builder = _Builder(saved, look)
+    builder = _Builder(saved, look, dry=True)
     builder.build("")
     return Needs(
         look.names,
@@ -143,7 +145,9 @@ _Make = Callable[[list[Any]], Any]
 
 
 class _Builder:
-    def __init__(self, saved: Metadata, look: Callable[[str], Any]):
+    def __init__(self, saved: Metadata, look: Callable[[str], Any], dry=False):
+        # `dry`: for `needs`, which keeps no value: jax arrays get no stand-in.
+        self.dry = dry
         if saved.nodes is None:
             raise RebuildError(
                 f"The checkpoint at {saved.directory} has sidecar format "
@@ -377,6 +381,8 @@ class _Builder:
     def array(self, leaf: LeafMetadata) -> Any:
         """A skeleton leaf for a saved array (see `stand_in.array`), or None
         and a refusal."""
+        if self.dry and flat_container(leaf) == JAX:
+            return None  # refused never: only numpy stand-ins can be
         value, refusal = _stand_in.array(self.saved, leaf)
         if refusal is not None:
             self.refuse((leaf.name, leaf.path), refusal)
