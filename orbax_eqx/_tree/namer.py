@@ -18,7 +18,7 @@ class Shown:
     """Key paths as `jtu.keystr` prints them, each built on its parent's (for
     one walk: see `Namer._plain`)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._memo: dict[tuple, str] = {(): ""}
 
     def __call__(self, path: tuple) -> str:
