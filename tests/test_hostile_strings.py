@@ -1,7 +1,10 @@
-"""Strings that are not valid Unicode (lone surrogates, as `os.fsdecode` makes of
-a file name that is not UTF-8), and values nested too deep: a save refuses
-them, naming the leaf or field, instead of writing a sidecar that never reads
-back. The fix the error gives (bytes) saves them exactly.
+"""Hostile strings and values: text that is not valid Unicode (lone
+surrogates, as `os.fsdecode` makes of a file name that is not UTF-8) and
+values nested too deep are refused at save, naming the leaf or field, instead
+of writing a sidecar that never reads back (the fix the error gives, bytes,
+saves them exactly); integers longer than Python's digit limit round-trip;
+names and values holding terminal controls (ESC, CR, BEL, DEL, C1, newlines)
+are printed escaped, one line each, by `inspect`, `diff` and `verify`.
 """
 
 import json
@@ -14,10 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import sidecars
+from entry import main
 from safetensors import safe_open
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.cli import main
+
+SIDECAR = "orbax_eqx.json"
 
 NOT_UTF8 = os.fsdecode(b"caf\xe9")  # 'caf\udce9'
 SURROGATE = (
@@ -168,3 +173,82 @@ def test_static_field_nested_too_deep_is_refused_at_save(tmp_path):
     oeqx.save(tmp_path / "ckpt", model)
     restored = oeqx.restore(tmp_path / "ckpt", eqx.filter_eval_shape(lambda: model))
     assert restored.tag == model.tag
+
+
+# --- long integers ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "n", [10**5000, -(7**20000), 2**2048], ids=["huge", "negative", "just_past"]
+)
+def test_long_integers_round_trip_whatever_the_digit_limit(tmp_path, capsys, n):
+    path = tmp_path / "ckpt"
+    # 2048 bits: 617 digits, under the lowest limit Python allows (640), so
+    # still decimal, as orbax_eqx always wrote integers.
+    short = (2**2048 - 1) * (1 if n > 0 else -1)
+    oeqx.save(path, {"n": n, "short": short, "w": np.ones(2, np.float32)})
+    leaves = json.loads((path / SIDECAR).read_text())["leaves"]
+    assert leaves["n"]["value"] == {"int": hex(n)}
+    assert leaves["short"]["value"] == short
+    restored = oeqx.restore(path)
+    assert restored["n"] == n and restored["short"] == short
+    assert main(["inspect", str(path)]) == 0
+    assert f"<int of {n.bit_length()} bits>" in capsys.readouterr().out
+
+
+# --- terminal escapes ---------------------------------------------------------------
+
+
+HOSTILE = "w\x1b[31mred\x07\rX\nY\x7f\x9b2J"
+ESCAPED = r"w\x1b[31mred\x07\rX\nY\x7f\x9b2J"
+_RAW = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+@pytest.fixture
+def hostile(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {HOSTILE: np.arange(4.0), "note": "v\x1b[2J", "ok": 1})
+    return path
+
+
+def _output(capsys, argv):
+    rc = main(argv)
+    out = capsys.readouterr()
+    for text in (out.out, out.err):
+        assert not _RAW.search(text), repr(text)
+    return rc, out.out + out.err
+
+
+@pytest.mark.parametrize(
+    "argv", [["inspect"], ["inspect", "--flat"], ["verify"]], ids=str
+)
+def test_names_are_escaped(hostile, capsys, argv):
+    rc, out = _output(capsys, [*argv, str(hostile)])
+    assert rc == 0
+    if argv[0] == "inspect":
+        # The whole name on one line, escaped.
+        (line,) = [line for line in out.splitlines() if "31m" in line]
+        assert ESCAPED in line
+
+
+def test_a_damaged_leaf_with_a_hostile_name_is_one_line(hostile, capsys):
+    (pack,) = hostile.glob("orbax_eqx~packed.*.bin")
+    data = bytearray(pack.read_bytes())
+    data[0] ^= 1
+    pack.write_bytes(bytes(data))
+    rc, out = _output(capsys, ["verify", str(hostile)])
+    assert rc == 1
+    (line,) = [line for line in out.splitlines() if line.startswith("DAMAGED")]
+    assert ESCAPED in line
+    # The restore's error, through the CLI, too.
+    rc, out = _output(capsys, ["inspect", str(hostile)])
+    assert rc == 0
+
+
+def test_diff_escapes_names(hostile, tmp_path, capsys):
+    other = tmp_path / "other"
+    oeqx.save(other, {"ok": 2, "note": "x"})
+    rc, out = _output(capsys, ["diff", str(hostile), str(other)])
+    assert rc == 1
+    (line,) = [line for line in out.splitlines() if "31m" in line]
+    assert ESCAPED in line
