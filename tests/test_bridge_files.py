@@ -150,7 +150,7 @@ def test_export_of_a_checkpoint_needs_field_keys_resolved(tmp_path):
 
 
 def test_the_command_line_exports_and_imports_through_a_mapping(tmp_path, capsys):
-    from orbax_eqx._tools.cli import main
+    from entry import main
 
     tests = str(pathlib.Path(__file__).resolve().parent)
     (tmp_path / "models.py").write_text(

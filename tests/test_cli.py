@@ -11,10 +11,10 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
+from entry import main
 
 import orbax_eqx as oeqx
 from orbax_eqx._format.sidecar import FORMAT_VERSION
-from orbax_eqx._tools.cli import main
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
 

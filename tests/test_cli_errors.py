@@ -8,9 +8,9 @@ import equinox as eqx
 import jax.numpy as jnp
 import pytest
 import sidecars
+from entry import main
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.cli import main
 
 # The user's code: a skeleton JAX cannot flatten (dict keys of mixed types).
 SKELETONS_PY = """

@@ -14,11 +14,11 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
+from entry import main
 from etils import epath
 from test_cli import PACKAGE_ROOT
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.cli import main
 from orbax_eqx._tools.stats import leaf_stats
 from orbax_eqx._tools.step_items import read
 

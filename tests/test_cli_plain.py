@@ -13,11 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from entry import main
 from etils import epath
 
 import orbax_eqx as oeqx
 from orbax_eqx._errors import CheckpointDamagedError
-from orbax_eqx._tools.cli import main
 from orbax_eqx._tools.plain_items import read
 from orbax_eqx._tools.plain_read import StoreReader
 from orbax_eqx._tools.stats import leaf_stats

@@ -12,9 +12,9 @@ import jax.numpy as jnp
 import optax
 import orbax.checkpoint as ocp
 import pytest
+from entry import main
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.cli import main
 
 LONG = "opt_state_of_a_rather_deeply_nested_optimizer_leaf_with_a_long_name"
 

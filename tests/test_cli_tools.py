@@ -9,11 +9,11 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
+from entry import main
 from safetensors import safe_open
 from test_cli import run_cli
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.cli import main
 from orbax_eqx._tools.diff import compare
 from orbax_eqx._tools.progress import Progress
 

@@ -6,9 +6,9 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from entry import main
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.cli import main
 
 
 class Node(eqx.Module):

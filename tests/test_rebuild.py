@@ -21,9 +21,9 @@ import orbax.checkpoint as ocp
 import pytest
 import sidecars
 import zoo
+from entry import main as cli_main
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.cli import main as cli_main
 
 KEY = jax.random.key(0)
 ALLOW = ["equinox", "jax", "optax", "zoo"]

@@ -29,9 +29,9 @@ import numpy as np
 import pytest
 import sidecars
 import zoo
+from entry import main as cli_main
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.cli import main as cli_main
 
 KEY = jax.random.key(0)
 TIMEOUT_S = 120

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from entry import main
 from safetensors.numpy import save_file
 
 import orbax_eqx as oeqx
@@ -34,7 +35,6 @@ from orbax_eqx._save.leftovers import (
     saving,
 )
 from orbax_eqx._save.replace import publish
-from orbax_eqx._tools.cli import main
 from orbax_eqx._tools.importing import ImportMismatchError, import_
 
 

@@ -16,9 +16,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 import zoo
+from entry import main
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.cli import main
 
 KEY_SAVE = jax.random.key(0)
 KEY_SKELETON = jax.random.key(1)

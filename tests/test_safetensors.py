@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import safetensors
 import zoo
+from entry import main
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -24,7 +25,6 @@ import orbax_eqx as oeqx
 from orbax_eqx._bridge.safetensors import header as st
 from orbax_eqx._bridge.safetensors.dtypes import numpy_dtype
 from orbax_eqx._restore.rename_map import RenameError, load
-from orbax_eqx._tools.cli import main
 from orbax_eqx._tools.export import ExportError, export
 from orbax_eqx._tools.importing import ImportMismatchError, import_
 
@@ -190,7 +190,9 @@ def test_export_streams_in_bounded_memory(tmp_path):
     # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the parent (this
     # pytest process) through fork and exec.
     code = (
-        "import sys; from orbax_eqx._tools.cli import main; rc = main(sys.argv[1:]); "
+        "import sys; from importlib.metadata import entry_points; "
+        "(script,) = entry_points(group='console_scripts', name='orbax-eqx'); "
+        "rc = script.load()(sys.argv[1:]); "
         "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0]); "
         "sys.exit(rc)"
     )
@@ -591,7 +593,7 @@ def test_export_into_a_file(tmp_path):
     ids=["unit", "zero"],
 )
 def test_export_size_arguments(tmp_path, capsys, args, message):
-    from orbax_eqx._tools.cli import main
+    from entry import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["export", str(tmp_path), "--to", "safetensors", "out", *args])

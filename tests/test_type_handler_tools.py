@@ -10,9 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+from entry import main
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.cli import main
 
 TREE = {"params": {"w": jnp.arange(12.0).reshape(4, 3), "b": jnp.ones(3)}, "step": 3}
 

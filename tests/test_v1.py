@@ -19,11 +19,11 @@ import optax
 import orbax.checkpoint as ocp0
 import pytest
 import zoo
+from entry import main as cli_main
 from orbax.checkpoint import v1 as ocp
 
 import orbax_eqx as oeqx
 from orbax_eqx._format import sidecar as _sidecar
-from orbax_eqx._tools.cli import main as cli_main
 
 KEY_SAVE = jax.random.key(0)
 KEY_SKELETON = jax.random.key(1)
