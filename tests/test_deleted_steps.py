@@ -140,7 +140,8 @@ def test_restore_latest_skips_a_step_caught_half_deleted(run, recwarn):
 def test_restore_latest_gives_up_on_a_manager_deleting_faster_than_it_reads(
     run, monkeypatch
 ):
-    monkeypatch.setattr(fallback, "MAX_DELETED", 2)  # fewer saves, same path
+    # Internal: the cap is no option; lowered, fewer saves take the same path.
+    monkeypatch.setattr(fallback, "MAX_DELETED", 2)
     writer, reader = run()
     # Every restore sees the writer save two more steps, deleting the one read.
     shardings = _saving_meanwhile(writer, range(3, 100), times=100)
