@@ -22,7 +22,6 @@ from entry import main
 from safetensors.numpy import save_file
 
 import orbax_eqx as oeqx
-from orbax_eqx._save.claim import ConcurrentSaveError
 from orbax_eqx._save.leftovers import (
     HOST,
     NEW,
@@ -124,7 +123,7 @@ def test_a_checkpoint_another_save_put_there_meanwhile_is_kept(tmp_path):
     with saving(owner):  # while this save runs, the other one saves
         oeqx.save(path, _item(2))
     with pytest.raises(
-        ConcurrentSaveError,
+        oeqx.ConcurrentSaveError,
         match=rf"Another save to {path} saved a checkpoint there while this one "
         r"ran, so this save was not put in its place and its files were removed; "
         r"the other save's checkpoint is kept whole\. Two processes are saving to "
