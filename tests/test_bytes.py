@@ -4,6 +4,10 @@ Each test runs on a local directory, on moto_server (s3://) and on
 fake-gcs-server (gs://), all real, on loopback. Large files are cut into
 parts on object stores; `PART_BYTES` is made small here so that parts,
 ranges across parts and short last parts are exercised with little data.
+
+Internal modules imported here (`_bytes`, `_storage`) are the units these tests
+pin, or the only way to cause or observe the condition under test; everything
+else goes through `orbax_eqx` and the `orbax-eqx` command.
 """
 
 import os

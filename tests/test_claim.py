@@ -1,7 +1,13 @@
 """A save that another save of the same step overtook stops, clearly, and
 takes nothing of the other's with it (`_save.claim`). The real race, two processes
 at once, is in integration_tests/test_two_writers.py; here each way of losing
-is staged, deterministically, by holding a save at a known point."""
+is staged, deterministically, by holding a save at a known point.
+
+Internal modules imported here (`_format.sidecar`, `_save`,
+`_storage.orbax_store.keys`, `_storage.packed`) are the units these tests pin,
+or the only way to cause or observe the condition under test; everything else
+goes through `orbax_eqx` and the `orbax-eqx` command.
+"""
 
 import os
 import re

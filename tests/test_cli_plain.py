@@ -1,7 +1,13 @@
 """`inspect`, `verify` and `diff` on plain Orbax checkpoints: written by Orbax's
 own handlers (PyTree, Standard; OCDBT or not; zarr v2 or v3; v0 and v1), read
 from Orbax's public metadata and TensorStore specs it builds, a block at a
-time."""
+time.
+
+Internal modules imported here (`_tools.plain_items`, `_tools.plain_read`,
+`_tools.stats`) are the units these tests pin, or the only way to cause or
+observe the condition under test; everything else goes through `orbax_eqx` and
+the `orbax-eqx` command.
+"""
 
 import json
 import math

@@ -5,6 +5,10 @@ The deletion is real (a second `CheckpointManager` with `max_to_keep` saving
 new steps, as a training job does beside an evaluator) and staged at a fixed
 point: the `shardings=` function, which a restore calls after reading the
 sidecar and before reading any array.
+
+Internal modules imported here (`_restore`) are the units these tests pin, or
+the only way to cause or observe the condition under test; everything else goes
+through `orbax_eqx` and the `orbax-eqx` command.
 """
 
 import shutil

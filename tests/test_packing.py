@@ -1,4 +1,10 @@
-"""The packed layout: unsharded arrays as byte ranges of one pack file."""
+"""The packed layout: unsharded arrays as byte ranges of one pack file.
+
+Internal modules imported here (`_bytes`, `_save.prepare`, `_storage`,
+`_storage.transfer`) are the units these tests pin, or the only way to cause or
+observe the condition under test; everything else goes through `orbax_eqx` and
+the `orbax-eqx` command.
+"""
 
 import errno
 import os

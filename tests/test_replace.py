@@ -5,6 +5,11 @@ Crashes at every point of an overwrite, a full disk and two processes at once
 are in `integration_tests/test_replace_*.py`; here, single-process: failed
 saves, the states a crash leaves (made on disk as a crash leaves them), and
 what a later save or restore does with them.
+
+Internal modules imported here (`_save.leftovers`, `_save.replace`,
+`_tools.importing`) are the units these tests pin, or the only way to cause or
+observe the condition under test; everything else goes through `orbax_eqx` and
+the `orbax-eqx` command.
 """
 
 import os

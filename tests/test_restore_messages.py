@@ -2,6 +2,10 @@
 
 Every fix a mismatch message offers is followed here, and the restore then
 succeeds; a fix that could not help is not offered.
+
+Internal modules imported here (`_tools.importing`) are the units these tests
+pin, or the only way to cause or observe the condition under test; everything
+else goes through `orbax_eqx` and the `orbax-eqx` command.
 """
 
 import runpy

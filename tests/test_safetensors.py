@@ -1,5 +1,12 @@
 """`export` to and `import` from safetensors, checked against the `safetensors`
-library's own reader and writer."""
+library's own reader and writer.
+
+Internal modules imported here (`_bridge.safetensors`,
+`_bridge.safetensors.dtypes`, `_restore.rename_map`, `_tools.export`,
+`_tools.importing`) are the units these tests pin, or the only way to cause or
+observe the condition under test; everything else goes through `orbax_eqx` and
+the `orbax-eqx` command.
+"""
 
 import json
 import os

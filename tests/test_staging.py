@@ -6,6 +6,11 @@ the streaming of large leaves and the gathered device-to-host copies run as
 they would on one. Staged bytes are checked two ways: the window's own count
 (`staging.watch`) and, independently, tracemalloc's peak of host allocations
 during the restore (numpy's buffers are traced; XLA's device buffers are not).
+
+Internal modules imported here (`_save.prepare`, `_storage.sharded`,
+`_storage.transfer`) are the units these tests pin, or the only way to cause or
+observe the condition under test; everything else goes through `orbax_eqx` and
+the `orbax-eqx` command.
 """
 
 import json

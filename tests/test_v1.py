@@ -4,6 +4,10 @@ Importing orbax_eqx registers `EqxCheckpointableHandler` in Orbax's global v1
 registry: checkpointables holding a module go through orbax_eqx (the same
 files, sidecar, checks and errors as `EqxHandler`), everything else stays with
 Orbax's own handlers. Checkpoints written through either API read through both.
+
+Internal modules imported here (`_format`) are the units these tests pin, or
+the only way to cause or observe the condition under test; everything else goes
+through `orbax_eqx` and the `orbax-eqx` command.
 """
 
 import gc
