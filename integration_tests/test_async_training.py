@@ -42,6 +42,7 @@ def gate(monkeypatch):
             raise TimeoutError("the test never opened the sidecar gate")
         write(directory, content, *rest)
 
+    # Internal: no public hook holds a save in flight at a known point.
     monkeypatch.setattr(_sidecar, "write", gated_write)
     yield event
     event.set()  # never leave a background save hanging

@@ -100,6 +100,7 @@ def test_the_cli_reads_object_stores(bucket):
 def test_large_packs_go_in_parts_and_read_back(bucket, monkeypatch):
     from orbax_eqx._bytes import parts
 
+    # Internal: the part size is no option (real parts: tens of MiB).
     monkeypatch.setattr(parts, "PART_BYTES", 4096)  # the block's pack: ~5 parts
     model = _model(0)
     path = f"{bucket}/parts/model"
@@ -443,6 +444,7 @@ def test_a_save_that_lost_its_step_removes_its_objects(bucket, monkeypatch):
     from orbax_eqx._bytes import parts
     from orbax_eqx._save import claim as _claim
 
+    # Internal: the part size is no option (real parts: tens of MiB).
     monkeypatch.setattr(parts, "PART_BYTES", 4096)  # the pack in several parts
     reached, release = threading.Event(), threading.Event()
     before_commit = _claim.before_commit
@@ -454,6 +456,7 @@ def test_a_save_that_lost_its_step_removes_its_objects(bucket, monkeypatch):
         assert release.wait(60), "the test never released the commit"
         return before_commit(started)
 
+    # Internal: no public hook pauses a save just before its commit.
     monkeypatch.setattr(_claim, "before_commit", held)
     root = f"{bucket}/lost"
     options = ocp.CheckpointManagerOptions(temporary_path_class=COMMIT_FILE)

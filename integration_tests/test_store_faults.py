@@ -189,6 +189,7 @@ def test_an_endpoint_that_ignores_range_never_gives_other_bytes(
     checkpoint was called damaged. Packs in parts, too."""
     from orbax_eqx._bytes import parts
 
+    # Internal: the part size is no option (real parts: tens of MiB).
     monkeypatch.setattr(parts, "PART_BYTES", 4096)  # the pack in parts
     root = _saved(bucket, steps=(10,))
     ignore = Fault("ignore_range", method="GET", ranged=True)

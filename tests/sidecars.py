@@ -3,7 +3,7 @@
 From format 6 on a sidecar carries a checksum of its own bytes, which any
 edit breaks. An attacker recomputes it; so do these helpers (`edit`,
 `replace`), so that a test probes the reader's rules, not the checksum.
-`tests/test_sealed_records.py` edits without resealing: damage.
+`tests/test_sidecar_seal.py` edits without resealing: damage.
 """
 
 import json

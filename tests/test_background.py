@@ -1,4 +1,9 @@
-"""Which save a background write error names (`_save.background.target`)."""
+"""Which save a background write error names (`_save.background.target`).
+
+Internal modules imported here (`_save.background`) are the units these tests
+pin, or the only way to cause or observe the condition under test; everything
+else goes through `orbax_eqx` and the `orbax-eqx` command.
+"""
 
 import pytest
 from etils import epath

@@ -1,5 +1,11 @@
 """The bridge's errors: every problem at once, each naming the tensor and the
-leaf, then fixes that work."""
+leaf, then fixes that work.
+
+Internal modules imported here (`_bridge.leaves`, `_bridge.plan`, `_tree.walk`)
+are the units these tests pin, or the only way to cause or observe the
+condition under test; everything else goes through `orbax_eqx` and the `orbax-
+eqx` command.
+"""
 
 import re
 

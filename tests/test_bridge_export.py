@@ -1,7 +1,12 @@
 """`oeqx.export_safetensors`: trees and checkpoints written as safetensors,
 read back with the `safetensors` library; stacked, transposed and fused
 layouts through hand-made plans (`integration_tests/_hand_plan.py`); work
-grouped so that memory stays near the buffer."""
+grouped so that memory stays near the buffer.
+
+Internal modules imported here (`_bridge`, `_bridge.export_source`) are the
+units these tests pin, or the only way to cause or observe the condition under
+test; everything else goes through `orbax_eqx` and the `orbax-eqx` command.
+"""
 
 import json
 

@@ -7,6 +7,10 @@ with `oeqx.load_safetensors` into small scanned Equinox models
 pass of the published architecture fed the same tensors. `export_safetensors`
 writes back exactly the published names, shapes and values, from the model
 in memory or from its checkpoint, and the files load again.
+
+Internal modules imported here (`_bridge.load`) are the units these tests pin,
+or the only way to cause or observe the condition under test; everything else
+goes through `orbax_eqx` and the `orbax-eqx` command.
 """
 
 import json
@@ -150,7 +154,7 @@ def test_export_of_a_checkpoint_needs_field_keys_resolved(tmp_path):
 
 
 def test_the_command_line_exports_and_imports_through_a_mapping(tmp_path, capsys):
-    from console import main
+    from entry import main
 
     tests = str(pathlib.Path(__file__).resolve().parent)
     (tmp_path / "models.py").write_text(

@@ -5,6 +5,11 @@ check before any tensor byte is read.
 Plans for stacked, transposed and fused layouts are made by hand
 (`integration_tests/_hand_plan.py`); the mapping's own planner is tested
 with them in `test_bridge_models.py`.
+
+Internal modules imported here (`_bridge`, `_bridge.load`,
+`_bridge.safetensors`) are the units these tests pin, or the only way to cause
+or observe the condition under test; everything else goes through `orbax_eqx`
+and the `orbax-eqx` command.
 """
 
 import concurrent.futures

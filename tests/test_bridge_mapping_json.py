@@ -1,5 +1,10 @@
 """A mapping as JSON: exact round trips, today's rename maps, and hostile input
-(every rule an allow list; sizes, numbers and regular expressions bounded)."""
+(every rule an allow list; sizes, numbers and regular expressions bounded).
+
+Internal modules imported here (`_bridge.mapping`) are the units these tests
+pin, or the only way to cause or observe the condition under test; everything
+else goes through `orbax_eqx` and the `orbax-eqx` command.
+"""
 
 import json
 import os

@@ -5,6 +5,10 @@ loaded into a small scanned Equinox model through the family's mapping; the
 model's forward pass must equal an independent numpy forward pass of the
 published architecture fed the same tensors. Exporting gives back exactly
 the published names, shapes and values.
+
+Internal modules imported here (`_bridge.plan`) are the units these tests pin,
+or the only way to cause or observe the condition under test; everything else
+goes through `orbax_eqx` and the `orbax-eqx` command.
 """
 
 import ast

@@ -4,6 +4,11 @@
 must give the leaves back bitwise, into a differently initialised model; and
 the plan's box queries (a device's shard of a leaf or of a tensor) must hold
 exactly the values of that box.
+
+Internal modules imported here (`_bridge.leaves`, `_bridge.pieces`,
+`_bridge.plan`, `_tree.walk`) are the units these tests pin, or the only way to
+cause or observe the condition under test; everything else goes through
+`orbax_eqx` and the `orbax-eqx` command.
 """
 
 import itertools

@@ -4,6 +4,10 @@ Each test runs on a local directory, on moto_server (s3://) and on
 fake-gcs-server (gs://), all real, on loopback. Large files are cut into
 parts on object stores; `PART_BYTES` is made small here so that parts,
 ranges across parts and short last parts are exercised with little data.
+
+Internal modules imported here (`_bytes`, `_storage`) are the units these tests
+pin, or the only way to cause or observe the condition under test; everything
+else goes through `orbax_eqx` and the `orbax-eqx` command.
 """
 
 import os
@@ -14,7 +18,7 @@ from etils import epath
 
 import orbax_eqx as oeqx
 from orbax_eqx._bytes import parts, route, store
-from orbax_eqx._storage import ranges as packfile
+from orbax_eqx._storage import ranges as _ranges
 
 DATA = np.random.default_rng(0).integers(0, 256, 10_000, np.uint8)
 
@@ -29,6 +33,8 @@ def root(request, tmp_path):
 
 @pytest.fixture
 def small_parts(monkeypatch):
+    # Internal: the part size is no option; parts of its real size would take
+    # tens of MiB per test to reach several of them.
     monkeypatch.setattr(parts, "PART_BYTES", 1024)
 
 
@@ -76,7 +82,7 @@ def test_streamed_files_read_back_in_any_ranges(root, small_parts, nbytes):
         assert whole == stored_in_parts
     ranges = [(0, nbytes), (nbytes // 3, nbytes - 1), (1023, min(1030, nbytes))]
     ranges = [(a, b) for a, b in ranges if a <= b]
-    buffers = packfile.read(epath.Path(path), ranges, nbytes=nbytes)
+    buffers = _ranges.read(epath.Path(path), ranges, nbytes=nbytes)
     for (a, b), got in zip(ranges, buffers, strict=True):
         np.testing.assert_array_equal(got, data[a:b])
         assert got.size == 0 or got.ctypes.data % 64 == 0  # for zero-copy device_put
@@ -93,7 +99,7 @@ def test_delete_takes_the_file_and_its_parts_only(root, small_parts):
     for name in ("pack.bin2", "other.bin", "pack"):
         assert one.exists(f"{root}/{name}"), name
     one.delete(f"{root}/pack.bin")  # not there: no error
-    got = packfile.read(epath.Path(f"{root}/pack.bin2"), [(0, 10_000)], nbytes=10_000)
+    got = _ranges.read(epath.Path(f"{root}/pack.bin2"), [(0, 10_000)], nbytes=10_000)
     np.testing.assert_array_equal(got[0], DATA)
 
 
@@ -108,10 +114,8 @@ def test_bytes_can_be_checked_as_they_arrive(root, small_parts):
             seen.append(bytes(buffers[0][:upto]) == DATA[1000 : 1000 + upto].tobytes())
 
     # Without the recorded length too, as shard packs are read.
-    packfile.read(epath.Path(path), [(1000, 10_000)], meanwhile=meanwhile)
-    packfile.read(
-        epath.Path(path), [(1000, 10_000)], meanwhile=meanwhile, nbytes=10_000
-    )
+    _ranges.read(epath.Path(path), [(1000, 10_000)], meanwhile=meanwhile)
+    _ranges.read(epath.Path(path), [(1000, 10_000)], meanwhile=meanwhile, nbytes=10_000)
     assert seen == [True] * 8
 
 
@@ -128,10 +132,8 @@ def test_damaged_files_are_damage_not_a_hang_nor_a_raw_error(root, damage, messa
     data = {"missing": None, "longer": DATA.tobytes() + b"x", "shorter": DATA[:9000]}
     if data[damage] is not None:
         route.write_whole(path, bytes(data[damage]))
-    with pytest.raises(
-        packfile.CheckpointDamagedError, match=f"pack file .*({message})"
-    ):
-        packfile.read(epath.Path(path), [(0, 10_000)], nbytes=10_000)
+    with pytest.raises(oeqx.CheckpointDamagedError, match=f"pack file .*({message})"):
+        _ranges.read(epath.Path(path), [(0, 10_000)], nbytes=10_000)
 
 
 @pytest.mark.parametrize("where", ["s3", "gcs"])
@@ -168,8 +170,8 @@ def test_a_missing_part_is_damage(where, request, small_parts):
     path = f"{root}/pack.bin"
     route.for_path(path).write_stream(path, _views(DATA, 4096), DATA.nbytes)
     route.for_path(path)._kv.write("pack.bin.part-00003", None).result()
-    with pytest.raises(packfile.CheckpointDamagedError, match="is missing its part 3"):
-        packfile.read(epath.Path(path), [(0, 100)], nbytes=DATA.nbytes)
+    with pytest.raises(oeqx.CheckpointDamagedError, match="is missing its part 3"):
+        _ranges.read(epath.Path(path), [(0, 100)], nbytes=DATA.nbytes)
 
 
 @pytest.mark.parametrize("where", ["s3", "gcs"])
@@ -181,7 +183,7 @@ def test_parts_copied_to_a_disk_read_as_the_file(where, request, small_parts, tm
     for k in range(parts.count(DATA.nbytes)):  # as `gsutil cp -r` brings them
         name = parts.part_name("pack.bin", k)
         (tmp_path / name).write_bytes(kv.read(name).result().value)
-    (got,) = packfile.read(
+    (got,) = _ranges.read(
         epath.Path(tmp_path / "pack.bin"), [(500, 9500)], nbytes=DATA.nbytes
     )
     np.testing.assert_array_equal(got, DATA[500:9500])

@@ -1,7 +1,13 @@
 """A save that another save of the same step overtook stops, clearly, and
 takes nothing of the other's with it (`_save.claim`). The real race, two processes
 at once, is in integration_tests/test_two_writers.py; here each way of losing
-is staged, deterministically, by holding a save at a known point."""
+is staged, deterministically, by holding a save at a known point.
+
+Internal modules imported here (`_format.sidecar`, `_save`,
+`_storage.orbax_store.keys`, `_storage.packed`) are the units these tests pin,
+or the only way to cause or observe the condition under test; everything else
+goes through `orbax_eqx` and the `orbax-eqx` command.
+"""
 
 import os
 import re
@@ -17,7 +23,7 @@ import orbax_eqx as oeqx
 from orbax_eqx._format.sidecar import arrays_dir
 from orbax_eqx._save import claim as _claim
 from orbax_eqx._storage.orbax_store.keys import missing_in_store
-from orbax_eqx._storage.packed import write as _packing
+from orbax_eqx._storage.packed import write as _packed_write
 
 GATE_TIMEOUT_S = 60
 
@@ -28,7 +34,7 @@ def held(monkeypatch):
     `reached` is set when one gets there (its directory exists, its arrays are
     copied). `oeqx.save`s go through."""
     reached, release = threading.Event(), threading.Event()
-    write = _packing.write
+    write = _packed_write.write
 
     def held_write(path, *args, **kwargs):
         if "/default" not in str(path):
@@ -38,7 +44,9 @@ def held(monkeypatch):
             raise TimeoutError("the test never released the pack write")
         return write(path, *args, **kwargs)
 
-    monkeypatch.setattr(_packing, "write", held_write)
+    # Internal: no public hook pauses a save between its claim and its pack
+    # write, where the race under test happens.
+    monkeypatch.setattr(_packed_write, "write", held_write)
     yield reached, release
     release.set()
 
@@ -220,6 +228,7 @@ def held_commit(monkeypatch):
             raise TimeoutError("the test never released the commit")
         return before_commit(started)
 
+    # Internal: no public hook pauses a save just before its commit.
     monkeypatch.setattr(_claim, "before_commit", held)
     yield reached, release
     release.set()

@@ -11,10 +11,9 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
-from console import main
+from entry import main
 
 import orbax_eqx as oeqx
-from orbax_eqx._format.sidecar import FORMAT_VERSION
 
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
 
@@ -163,8 +162,9 @@ def test_inspect_item_dir_flat(step_dir, tmp_path):
     for row in rows:
         assert re.search(rf"^  {row}$", out, re.M), row
     assert re.search(r"^Total: 10 leaves, 5 arrays, 80 B\.$", out, re.M)
+    saved_format = oeqx.metadata(step_dir / "default").format_version
     assert re.search(
-        rf"^Written by orbax_eqx \S+ \(sidecar format {FORMAT_VERSION}\) with .*jax ",
+        rf"^Written by orbax_eqx \S+ \(sidecar format {saved_format}\) with .*jax ",
         out,
         re.M,
     )

@@ -1,6 +1,6 @@
 """Every failure of the command line is one line on stderr and exit status 2,
 even one nothing foresaw; `--debug` shows its traceback instead. (Errors from
-damaged sidecars: tests/test_hostile_sidecar.py.)"""
+damaged sidecars: tests/test_hostile_records.py.)"""
 
 import re
 
@@ -8,7 +8,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import pytest
 import sidecars
-from console import main
+from entry import main
 
 import orbax_eqx as oeqx
 

@@ -1,5 +1,10 @@
 """`inspect --params` (counts per module subtree and per dtype, from metadata)
-and `inspect --stats` (the numbers in each array, read a piece at a time)."""
+and `inspect --stats` (the numbers in each array, read a piece at a time).
+
+Internal modules imported here (`_tools.stats`, `_tools.step_items`) are the
+units these tests pin, or the only way to cause or observe the condition under
+test; everything else goes through `orbax_eqx` and the `orbax-eqx` command.
+"""
 
 import json
 import math
@@ -14,7 +19,7 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from console import main
+from entry import main
 from etils import epath
 from test_cli import PACKAGE_ROOT
 

@@ -1,7 +1,13 @@
 """`inspect`, `verify` and `diff` on plain Orbax checkpoints: written by Orbax's
 own handlers (PyTree, Standard; OCDBT or not; zarr v2 or v3; v0 and v1), read
 from Orbax's public metadata and TensorStore specs it builds, a block at a
-time."""
+time.
+
+Internal modules imported here (`_tools.plain_items`, `_tools.plain_read`,
+`_tools.stats`) are the units these tests pin, or the only way to cause or
+observe the condition under test; everything else goes through `orbax_eqx` and
+the `orbax-eqx` command.
+"""
 
 import json
 import math
@@ -13,11 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from console import main
+from entry import main
 from etils import epath
 
 import orbax_eqx as oeqx
-from orbax_eqx._errors import CheckpointDamagedError
 from orbax_eqx._tools.plain_items import read
 from orbax_eqx._tools.plain_read import StoreReader
 from orbax_eqx._tools.stats import leaf_stats
@@ -239,7 +244,7 @@ def test_hostile_metadata_names_outside_the_item(tmp_path, capsys):
         r"\('/etc'\): Orbax would read their files there\. It is no checkpoint "
         r"Orbax writes; it is not read\."
     )
-    with pytest.raises(CheckpointDamagedError, match=message):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=message):
         read(item)
     assert main(["inspect", str(item)]) == 2
     assert capsys.readouterr().err.startswith(f"orbax_eqx: error: {item}/_METADATA")
@@ -254,14 +259,14 @@ def test_hostile_metadata_too_large(tmp_path):
         r"Orbax's metadata of any checkpoint needs: the checkpoint is damaged, or "
         r"not one; it is not read\."
     )
-    with pytest.raises(CheckpointDamagedError, match=message):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=message):
         read(item)
 
 
 def test_hostile_fifo_in_the_store(tmp_path):
     item = write("pytree-no-ocdbt", tmp_path / "ckpt", {"x": jnp.ones(2)})
     os.mkfifo(item / "x" / "1.0")  # a read of it would block forever
-    with pytest.raises(CheckpointDamagedError, match="FIFO"):
+    with pytest.raises(oeqx.CheckpointDamagedError, match="FIFO"):
         read(item)
 
 

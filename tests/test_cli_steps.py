@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import optax
 import orbax.checkpoint as ocp
 import pytest
-from console import main
+from entry import main
 
 import orbax_eqx as oeqx
 

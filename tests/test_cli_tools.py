@@ -1,4 +1,10 @@
-"""`diff`, `export` and `import` run as a user runs them: `python -m orbax_eqx ...`."""
+"""`diff`, `export` and `import` run as a user runs them: `python -m orbax_eqx ...`.
+
+Internal modules imported here (`_tools.diff`, `_tools.progress`,
+`_tools.skeleton`) are the units these tests pin, or the only way to cause or
+observe the condition under test; everything else goes through `orbax_eqx` and
+the `orbax-eqx` command.
+"""
 
 import io
 import json
@@ -9,7 +15,7 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
-from console import main
+from entry import main
 from safetensors import safe_open
 from test_cli import run_cli
 

@@ -1,5 +1,5 @@
 """`python -m orbax_eqx verify`, run as a user runs it, on sound and damaged
-checkpoints (the checks themselves: tests/test_integrity.py)."""
+checkpoints (the checks themselves: tests/test_damaged_arrays.py)."""
 
 import json
 import re

@@ -6,7 +6,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from console import main
+from entry import main
 
 import orbax_eqx as oeqx
 

@@ -5,6 +5,10 @@ The deletion is real (a second `CheckpointManager` with `max_to_keep` saving
 new steps, as a training job does beside an evaluator) and staged at a fixed
 point: the `shardings=` function, which a restore calls after reading the
 sidecar and before reading any array.
+
+Internal modules imported here (`_restore`) are the units these tests pin, or
+the only way to cause or observe the condition under test; everything else goes
+through `orbax_eqx` and the `orbax-eqx` command.
 """
 
 import shutil
@@ -140,7 +144,8 @@ def test_restore_latest_skips_a_step_caught_half_deleted(run, recwarn):
 def test_restore_latest_gives_up_on_a_manager_deleting_faster_than_it_reads(
     run, monkeypatch
 ):
-    monkeypatch.setattr(fallback, "MAX_DELETED", 2)  # fewer saves, same path
+    # Internal: the cap is no option; lowered, fewer saves take the same path.
+    monkeypatch.setattr(fallback, "MAX_DELETED", 2)
     writer, reader = run()
     # Every restore sees the writer save two more steps, deleting the one read.
     shardings = _saving_meanwhile(writer, range(3, 100), times=100)

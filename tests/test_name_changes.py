@@ -4,6 +4,10 @@
 alone; storage keys avoid the names of Orbax's own files. Checkpoints saved
 with the names before (the fixtures in `tests/data`, saved by the code of
 commit 3578c7d) still restore.
+
+Internal modules imported here (`_tree.names`, `_tree.walk`) are the units
+these tests pin, or the only way to cause or observe the condition under test;
+everything else goes through `orbax_eqx` and the `orbax-eqx` command.
 """
 
 import json

@@ -1,4 +1,9 @@
-"""Leaf names: readable, derived from paths, and never shared by two leaves."""
+"""Leaf names: readable, derived from paths, and never shared by two leaves.
+
+Internal modules imported here (`_tree.names`, `_tree.walk`) are the units
+these tests pin, or the only way to cause or observe the condition under test;
+everything else goes through `orbax_eqx` and the `orbax-eqx` command.
+"""
 
 import equinox as eqx
 import jax

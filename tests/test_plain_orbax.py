@@ -201,7 +201,7 @@ def test_a_fifo_in_a_plain_checkpoint_is_refused_not_read(tmp_path):
 
 
 def test_metadata_and_inspect_say_what_it_is(tmp_path, capsys):
-    from console import main as cli_main
+    from entry import main as cli_main
 
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(tmp_path / "ckpt", {"w": jnp.ones(2)})

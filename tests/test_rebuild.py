@@ -21,7 +21,7 @@ import orbax.checkpoint as ocp
 import pytest
 import sidecars
 import zoo
-from console import main as cli_main
+from entry import main as cli_main
 
 import orbax_eqx as oeqx
 

@@ -29,7 +29,7 @@ import numpy as np
 import pytest
 import sidecars
 import zoo
-from console import main as cli_main
+from entry import main as cli_main
 
 import orbax_eqx as oeqx
 

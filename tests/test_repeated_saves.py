@@ -3,6 +3,11 @@ arrays' bytes and checks the leaves' values, and names the leaves in the
 background (see `_save/prepare.py`). These tests hold it to what a first save
 does: the same refusals before anything is written, the same names, and what
 the item was when `save` returned, whatever the caller does next.
+
+Internal modules imported here (`_format.sidecar_read`, `_save.prepare`) are
+the units these tests pin, or the only way to cause or observe the condition
+under test; everything else goes through `orbax_eqx` and the `orbax-eqx`
+command.
 """
 
 import os

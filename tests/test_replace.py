@@ -5,6 +5,11 @@ Crashes at every point of an overwrite, a full disk and two processes at once
 are in `integration_tests/test_replace_*.py`; here, single-process: failed
 saves, the states a crash leaves (made on disk as a crash leaves them), and
 what a later save or restore does with them.
+
+Internal modules imported here (`_save.leftovers`, `_save.replace`,
+`_tools.importing`) are the units these tests pin, or the only way to cause or
+observe the condition under test; everything else goes through `orbax_eqx` and
+the `orbax-eqx` command.
 """
 
 import os
@@ -18,11 +23,10 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from console import main
+from entry import main
 from safetensors.numpy import save_file
 
 import orbax_eqx as oeqx
-from orbax_eqx._save.claim import ConcurrentSaveError
 from orbax_eqx._save.leftovers import (
     HOST,
     NEW,
@@ -124,7 +128,7 @@ def test_a_checkpoint_another_save_put_there_meanwhile_is_kept(tmp_path):
     with saving(owner):  # while this save runs, the other one saves
         oeqx.save(path, _item(2))
     with pytest.raises(
-        ConcurrentSaveError,
+        oeqx.ConcurrentSaveError,
         match=rf"Another save to {path} saved a checkpoint there while this one "
         r"ran, so this save was not put in its place and its files were removed; "
         r"the other save's checkpoint is kept whole\. Two processes are saving to "

@@ -2,6 +2,10 @@
 
 Every fix a mismatch message offers is followed here, and the restore then
 succeeds; a fix that could not help is not offered.
+
+Internal modules imported here (`_tools.importing`) are the units these tests
+pin, or the only way to cause or observe the condition under test; everything
+else goes through `orbax_eqx` and the `orbax-eqx` command.
 """
 
 import runpy
@@ -16,7 +20,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 import zoo
-from console import main
+from entry import main
 
 import orbax_eqx as oeqx
 
@@ -333,12 +337,11 @@ def test_class_saved_from_a_module_restored_by_a_script(tmp_path, script_and_mod
 
 def test_import_checks_classes_as_restore_does(tmp_path, script_and_module):
     pytest.importorskip("safetensors")
-    from orbax_eqx._tools.export import export
     from orbax_eqx._tools.importing import ImportMismatchError, import_
 
     run_script, module = script_and_module
     run_script(tmp_path / "ckpt", seed=0)
-    export(tmp_path / "ckpt", tmp_path / "model.safetensors")
+    oeqx.export_safetensors(tmp_path / "ckpt", tmp_path / "model.safetensors")
     skeleton = eqx.filter_eval_shape(module.Model, KEY_SKELETON)
     with pytest.raises(
         ImportMismatchError,

@@ -1,5 +1,12 @@
 """`export` to and `import` from safetensors, checked against the `safetensors`
-library's own reader and writer."""
+library's own reader and writer.
+
+Internal modules imported here (`_bridge.safetensors`,
+`_bridge.safetensors.dtypes`, `_restore.rename_map`, `_tools.export`,
+`_tools.importing`) are the units these tests pin, or the only way to cause or
+observe the condition under test; everything else goes through `orbax_eqx` and
+the `orbax-eqx` command.
+"""
 
 import json
 import os
@@ -17,7 +24,7 @@ import numpy as np
 import pytest
 import safetensors
 import zoo
-from console import main
+from entry import main
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -593,7 +600,7 @@ def test_export_into_a_file(tmp_path):
     ids=["unit", "zero"],
 )
 def test_export_size_arguments(tmp_path, capsys, args, message):
-    from console import main
+    from entry import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["export", str(tmp_path), "--to", "safetensors", "out", *args])

@@ -6,6 +6,11 @@ box of several whole chunks; a shard pack holds a process's chunks of a leaf
 one after the other, so such a box is one run of the bytes read, and a view of
 them must be used too. Any other box is assembled in a buffer of its own.
 These cases are worked out here on numpy buffers, as `shard_read` sees them.
+
+Internal modules imported here (`_storage.boxes`, `_storage.sharded.index`,
+`_storage.sharded.read`) are the units these tests pin, or the only way to
+cause or observe the condition under test; everything else goes through
+`orbax_eqx` and the `orbax-eqx` command.
 """
 
 import numpy as np

@@ -6,6 +6,11 @@ the streaming of large leaves and the gathered device-to-host copies run as
 they would on one. Staged bytes are checked two ways: the window's own count
 (`staging.watch`) and, independently, tracemalloc's peak of host allocations
 during the restore (numpy's buffers are traced; XLA's device buffers are not).
+
+Internal modules imported here (`_save.prepare`, `_storage.sharded`,
+`_storage.transfer`) are the units these tests pin, or the only way to cause or
+observe the condition under test; everything else goes through `orbax_eqx` and
+the `orbax-eqx` command.
 """
 
 import json
@@ -277,6 +282,7 @@ def test_gathered_saves_let_the_caller_donate_at_once(tmp_path, copying):
 
 
 def test_shapes_past_the_compile_budget_go_one_by_one(copying, monkeypatch):
+    # Internal: the compile budget is no option; lowered, 5 shapes exceed it.
     monkeypatch.setattr(to_host, "NEW_COMPILES", 2)
     monkeypatch.setattr(to_host, "_COMPILED", set())
     # 5 new shapes of 8 arrays: two are gathered, three copied one by one.
@@ -316,6 +322,7 @@ def test_large_arrays_are_copied_on_their_device_then_to_host_later(copying):
 def test_device_copies_stay_within_the_devices_room(copying, monkeypatch):
     # Where a device reports no free memory (CPU), copies take IN_FLIGHT bytes;
     # on an accelerator, half of what it has free.
+    # Internal: the room is no option; lowered, a few MiB of copies exceed it.
     monkeypatch.setattr(to_host, "IN_FLIGHT", 5 * MiB)
     item = _large()
     room = to_host._free(jax.devices()[0])
@@ -441,7 +448,7 @@ _SHARDED = textwrap.dedent(
     sys.path.insert(0, sys.argv[2])
     import test_staging as t
     import orbax_eqx as oeqx
-    from orbax_eqx._storage.sharded import write as shards
+    from orbax_eqx._storage.sharded import write as _sharded_write
     from orbax_eqx._storage.transfer import staging
 
     path, window = sys.argv[1], t.WINDOW
@@ -460,7 +467,7 @@ _SHARDED = textwrap.dedent(
         ),
     }
     with staging.watch() as stats:
-        local = shards.take([(str(i), x) for i, x in enumerate(item["tiny"])])
+        local = _sharded_write.take([(str(i), x) for i, x in enumerate(item["tiny"])])
     print(json.dumps({"take": len(local.hosts),
                       "copies": len({t._root(h) for h in local.hosts}),
                       "transfers": stats.transfers}))

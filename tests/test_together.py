@@ -3,6 +3,10 @@
 The exchange itself needs several processes (`integration_tests/test_share.py`);
 here, what each outcome turns into, and that one process runs the restore as
 it is.
+
+Internal modules imported here (`_restore.together`) are the units these tests
+pin, or the only way to cause or observe the condition under test; everything
+else goes through `orbax_eqx` and the `orbax-eqx` command.
 """
 
 import pytest

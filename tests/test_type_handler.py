@@ -683,3 +683,31 @@ def test_groups_and_seals_deleted_are_named(tmp_path):
     assert info.value.file == str(path)
     assert sorted(info.value.leaves) == ["v", "w"]
     assert info.value.remedy.startswith("Restore an earlier step")
+
+
+def test_the_index_and_seal_are_never_written_through_a_planted_link(tmp_path):
+    # Links planted where the handler writes its index and its seal (their
+    # names follow from the leaf names, so an attacker can know them), and at
+    # the temporary name the handler once wrote through (`{final}.tmp-{pid}`):
+    # each file is written as a file of its own, the linked file untouched.
+    tree = {"w": jnp.arange(8.0), "b": jnp.ones(3)}
+    group = _group(_save_pytree(tmp_path / "first", tree)).name
+    seal = group.replace("orbax_eqx~typed.", "orbax_eqx~typed-seal.")
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"precious")
+    planted = tmp_path / "planted"
+    (planted / group).mkdir(parents=True)
+    index = planted / group / "orbax_eqx~typed.json"
+    old_tmp = planted / group / f"orbax_eqx~typed.json.tmp-{os.getpid()}"
+    for link in (index, planted / seal, old_tmp):
+        os.symlink(outside, link)
+    # The handler itself, into the directory: a `Checkpointer` would save into
+    # a temporary directory of its own, past the planted links.
+    handler = _pytree_handler()
+    handler.save(planted, args=ocp.args.PyTreeSave(tree))
+    handler.finalize(planted)
+    assert outside.read_bytes() == b"precious"
+    assert not index.is_symlink() and not (planted / seal).is_symlink()
+    assert old_tmp.is_symlink()  # left alone
+    assert _index(planted)["leaves"].keys() == {"w", "b"}
+    _assert_bitwise(_restore_pytree(planted, _abstract(tree)), tree)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from console import main
+from entry import main
 
 import orbax_eqx as oeqx
 

@@ -4,6 +4,10 @@ Importing orbax_eqx registers `EqxCheckpointableHandler` in Orbax's global v1
 registry: checkpointables holding a module go through orbax_eqx (the same
 files, sidecar, checks and errors as `EqxHandler`), everything else stays with
 Orbax's own handlers. Checkpoints written through either API read through both.
+
+Internal modules imported here (`_format`) are the units these tests pin, or
+the only way to cause or observe the condition under test; everything else goes
+through `orbax_eqx` and the `orbax-eqx` command.
 """
 
 import gc
@@ -19,7 +23,7 @@ import optax
 import orbax.checkpoint as ocp0
 import pytest
 import zoo
-from console import main as cli_main
+from entry import main as cli_main
 from orbax.checkpoint import v1 as ocp
 
 import orbax_eqx as oeqx
@@ -406,6 +410,7 @@ def sidecar_gate(monkeypatch):
             raise TimeoutError("the test never opened the sidecar gate")
         write(directory, content, *rest)
 
+    # Internal: no public hook holds a save in flight at a known point.
     monkeypatch.setattr(_sidecar, "write", gated_write)
     yield gate
     gate.set()  # never leave a background save hanging

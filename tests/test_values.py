@@ -1,4 +1,9 @@
-"""Python values in the sidecar: exact for scalars, descriptive for the rest."""
+"""Python values in the sidecar: exact for scalars, descriptive for the rest.
+
+Internal modules imported here (`_tree.values`) are the units these tests pin,
+or the only way to cause or observe the condition under test; everything else
+goes through `orbax_eqx` and the `orbax-eqx` command.
+"""
 
 import enum
 import functools

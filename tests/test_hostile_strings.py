@@ -1,10 +1,10 @@
-"""Text a checkpoint holds or a user gives that could do harm: strings that are
-not valid Unicode (lone surrogates, as `os.fsdecode` makes of a file name
-that is not UTF-8) and values nested too deep, which a save refuses, naming
-the leaf or field (the fix the error gives, bytes, saves them exactly); and
-names and values holding ESC, CR, BEL, DEL, C1 controls or newlines, which
-`inspect`, `diff` and `verify` print escaped, one line each, so that a
-hostile checkpoint cannot drive the terminal.
+"""Hostile strings and values: text that is not valid Unicode (lone
+surrogates, as `os.fsdecode` makes of a file name that is not UTF-8) and
+values nested too deep are refused at save, naming the leaf or field, instead
+of writing a sidecar that never reads back (the fix the error gives, bytes,
+saves them exactly); integers longer than Python's digit limit round-trip;
+names and values holding terminal controls (ESC, CR, BEL, DEL, C1, newlines)
+are printed escaped, one line each, by `inspect`, `diff` and `verify`.
 """
 
 import json
@@ -17,12 +17,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import sidecars
-from console import main
+from entry import main
 from safetensors import safe_open
 
 import orbax_eqx as oeqx
 
-# --- text that is not valid Unicode, values nested too deep --------------------
+SIDECAR = "orbax_eqx.json"
 
 NOT_UTF8 = os.fsdecode(b"caf\xe9")  # 'caf\udce9'
 SURROGATE = (
@@ -62,7 +62,7 @@ RAW = os.fsencode(NOT_UTF8)  # b"caf\xe9": what the error says to store
         (
             Tagged(jnp.ones(2), ("ok", NOT_UTF8)),
             Tagged(jnp.ones(2), ("ok", RAW)),
-            r"Static field `tag` of module `<root>` \(test_hostile_text\.Tagged\) "
+            r"Static field `tag` of module `<root>` \(test_hostile_strings\.Tagged\) "
             rf"holds text that is not valid Unicode: 'caf\\udce9' {SURROGATE}\.",
         ),
     ],
@@ -161,7 +161,7 @@ def test_static_field_nested_too_deep_is_refused_at_save(tmp_path):
     with pytest.raises(
         oeqx.UnsupportedLeafError,
         match=r"^Cannot save this item: its sidecar would not read back\.\n  - Static "
-        r"field `tag` of module `<root>` \(test_hostile_text\.Tagged\) nests "
+        r"field `tag` of module `<root>` \(test_hostile_strings\.Tagged\) nests "
         r"more than 128 levels deep\.\nA recorded value may nest 128 JSON levels "
         r"deep \(each tuple, list or dict takes two\): make it shallower, or keep "
         r"it out of the saved item\.\n" + _UNCHANGED + "$",
@@ -175,7 +175,29 @@ def test_static_field_nested_too_deep_is_refused_at_save(tmp_path):
     assert restored.tag == model.tag
 
 
-# --- terminal controls in names and values ----------------------------------------
+# --- long integers ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "n", [10**5000, -(7**20000), 2**2048], ids=["huge", "negative", "just_past"]
+)
+def test_long_integers_round_trip_whatever_the_digit_limit(tmp_path, capsys, n):
+    path = tmp_path / "ckpt"
+    # 2048 bits: 617 digits, under the lowest limit Python allows (640), so
+    # still decimal, as orbax_eqx always wrote integers.
+    short = (2**2048 - 1) * (1 if n > 0 else -1)
+    oeqx.save(path, {"n": n, "short": short, "w": np.ones(2, np.float32)})
+    leaves = json.loads((path / SIDECAR).read_text())["leaves"]
+    assert leaves["n"]["value"] == {"int": hex(n)}
+    assert leaves["short"]["value"] == short
+    restored = oeqx.restore(path)
+    assert restored["n"] == n and restored["short"] == short
+    assert main(["inspect", str(path)]) == 0
+    assert f"<int of {n.bit_length()} bits>" in capsys.readouterr().out
+
+
+# --- terminal escapes ---------------------------------------------------------------
+
 
 HOSTILE = "w\x1b[31mred\x07\rX\nY\x7f\x9b2J"
 ESCAPED = r"w\x1b[31mred\x07\rX\nY\x7f\x9b2J"

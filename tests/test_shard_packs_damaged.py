@@ -1,0 +1,265 @@
+"""Damaged shard packs: every fault is found, named by leaf and file, never
+restored; `verify` reads no further than the first bad block of a leaf.
+
+The checkpoints are saved once per module by a subprocess with 8 CPU devices
+(`tests/sharded_saves.py`), with arrays sharded in chunks over them; each
+test damages a copy, then restores it here, onto one device, and runs
+`verify`. `old_shards_format4` (see `tests/data/README.md`) was saved before
+chunks' CRC-32s were bound to their box, dtype, offset, file and save token:
+it still restores and verifies, and a flipped bit in it is still found.
+`block_size` (the CRC block of a chunk of each size) is the index format's
+rule, tested as the unit it is beside what a save writes.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from sharded_saves import damage_skeleton, save_all, seeded_skeleton
+
+import orbax_eqx as oeqx
+from orbax_eqx._storage.sharded.index import block_size
+
+# Its module-scoped checkpoints take seconds to make: the whole module is slow.
+pytestmark = pytest.mark.slow
+
+DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="module")
+def saves(tmp_path_factory):
+    return save_all(tmp_path_factory.mktemp("sharded"))
+
+
+@pytest.fixture
+def ckpt(saves, tmp_path):
+    """A copy of the checkpoint `damage`."""
+    path = tmp_path / "ckpt"
+    shutil.copytree(saves["damage"], path)
+    return path
+
+
+@pytest.fixture
+def seeded(saves, tmp_path):
+    """A copy of the checkpoint `one`."""
+    path = tmp_path / "seeded"
+    shutil.copytree(saves["one"], path)
+    return path
+
+
+@pytest.fixture(params=["auto", "copy"])
+def staging(request, monkeypatch):
+    """Both read paths: buffers handed to CPU devices as they are, and the
+    staging window of accelerators (`ORBAX_EQX_STAGING=copy`)."""
+    monkeypatch.setenv("ORBAX_EQX_STAGING", request.param)
+    return request.param
+
+
+def _files(path):
+    token = oeqx.metadata(path).token
+    return {
+        p: (
+            path / f"orbax_eqx~shards.{token}.{p}.bin",
+            path / f"orbax_eqx~shards.{token}.{p}.json",
+        )
+        for p in range(oeqx.metadata(path).shard_files)
+    }
+
+
+def _index(path):
+    _, index = _files(path)[0]
+    return index, json.loads(index.read_text())
+
+
+def test_an_undamaged_copy_restores_and_verifies(ckpt):
+    meta = oeqx.metadata(ckpt)
+    assert meta.leaves["big"].data == "shards" and meta.shard_files == 1
+    assert meta.leaves["big"].sharding == "P('a', 'b') over a=4, b=2"
+    restored = oeqx.restore(ckpt, damage_skeleton())
+    rng = np.random.default_rng(0)
+    np.testing.assert_array_equal(
+        restored["big"], rng.standard_normal((2048, 1200)).astype(np.float32)
+    )
+    np.testing.assert_array_equal(restored["rows"], np.arange(512).reshape(64, 8))
+    report = oeqx.verify(ckpt)
+    assert report.ok and set(report.checked) == {"big", "rows", "small"}
+
+
+def test_a_flipped_bit_in_a_chunk(ckpt):
+    data, _ = _files(ckpt)[0]
+    _, index = _index(ckpt)
+    start, stop, offset, nbytes, block, crcs = index["chunks"]["big"][3]
+    assert len(crcs) == -(-nbytes // block) > 1
+    raw = bytearray(data.read_bytes())
+    raw[offset + nbytes - 5] ^= 0x10  # in the chunk's last CRC block
+    data.write_bytes(bytes(raw))
+    box = ", ".join(f"{a}:{b}" for a, b in zip(start, stop, strict=True))
+    last = (len(crcs) - 1) * block
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=rf"(?s)changed after it was saved.*Leaf `\['big'\]` \(big\), chunk "
+        rf"\[{box}\] in {data.name}, bytes {last}-{nbytes}: CRC-32 recorded at save "
+        rf"0x[0-9a-f]{{8}}, computed from the data now 0x[0-9a-f]{{8}} \(its bytes "
+        r"changed, or the index moved the chunk to another box, offset, leaf or "
+        r"save\).*restore_latest",
+    ):
+        oeqx.restore(ckpt, damage_skeleton())
+    # The other leaf is not in that chunk, and restores.
+    part = oeqx.restore(ckpt, {"rows": damage_skeleton()["rows"]}, strict=False)
+    np.testing.assert_array_equal(part["rows"], np.arange(512).reshape(64, 8))
+    report = oeqx.verify(ckpt)
+    assert [d.name for d in report.damaged] == ["big"]
+    assert report.damaged[0].problem.startswith(f"chunk [{box}] in {data.name}: data")
+
+
+def test_verify_stops_a_leaf_at_its_first_bad_block(ckpt):
+    # A damaged (or hostile: sparse, terabytes long) shard pack costs verify
+    # the bytes up to the first bad block of each leaf, not the whole leaf.
+    data, _ = _files(ckpt)[0]
+    _, index = _index(ckpt)
+    raw = bytearray(data.read_bytes())
+    for chunk in index["chunks"]["big"]:
+        raw[chunk[2]] ^= 0x01  # the first byte of every chunk of `big`
+    data.write_bytes(bytes(raw))
+    report = oeqx.verify(ckpt)
+    assert [d.name for d in report.damaged] == ["big"]
+    assert report.damaged[0].problem.count("CRC-32") == 1
+    big = 2048 * 1200 * 4
+    chunk = big // len(index["chunks"]["big"])
+    rest = 64 * 8 * 4 + 3 * 8  # `rows` and `small`, read whole
+    assert report.nbytes <= chunk + rest < big
+
+
+def test_verify_stops_a_leaf_at_its_first_bad_chunk(seeded):
+    whole = oeqx.verify(seeded).nbytes
+    path, content = _index(seeded)
+    pack = path.with_suffix(".bin")
+    offset = content["chunks"]["big"][0][2]
+    raw = bytearray(pack.read_bytes())
+    raw[offset] ^= 1  # the first block of `big`'s first chunk
+    pack.write_bytes(bytes(raw))
+    report = oeqx.verify(seeded)
+    assert [d.name for d in report.damaged] == ["big"]
+    # `big`'s other three chunks (256 KiB each) are not read.
+    assert report.nbytes == whole - 3 * 262144
+
+
+@pytest.mark.parametrize("how", ["truncated", "missing", "longer"])
+def test_a_shard_pack_cut_short_missing_or_longer(ckpt, how):
+    data, _ = _files(ckpt)[0]
+    size = data.stat().st_size
+    if how == "truncated":
+        with open(data, "r+b") as f:
+            f.truncate(size - 100)
+        found = f"it has {size - 100} bytes where its index records {size}"
+    elif how == "missing":
+        data.unlink()
+        found = "it is missing"
+    else:
+        with open(data, "ab") as f:
+            f.write(b"\0" * 64)
+        found = f"it has {size + 64} bytes where its index records {size}"
+    match = (
+        rf"The shard pack {data.name} of the checkpoint in .* is damaged: {found} "
+        r"\(a copy cut short, or a file deleted\)\. It holds chunks of the sharded "
+        r"leaves `\['big'\]`, `\['rows'\]`\. Restore an earlier step"
+    )
+    with pytest.raises(oeqx.CheckpointDamagedError, match=match):
+        oeqx.restore(ckpt, damage_skeleton())
+    report = oeqx.verify(ckpt)
+    assert sorted(d.name for d in report.damaged) == ["big", "rows"]
+    assert "small" in report.checked
+
+
+def test_a_missing_index_names_the_leaves_it_holds(ckpt):
+    _, index = _files(ckpt)[0]
+    index.unlink()
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=rf"The shard index {index.name} of the checkpoint in .* is damaged: "
+        r"it is missing\. .* Without it, the sharded leaves `\['big'\]`, "
+        r"`\['rows'\]` cannot be restored\.",
+    ):
+        oeqx.restore(ckpt, damage_skeleton())
+
+
+def test_a_new_index_has_blocks_sized_per_chunk(seeded):
+    _, content = _index(seeded)
+    assert content["format_version"] == 2 and "crc_block" not in content
+    (row,) = {json.dumps(r[4:5]) for r in content["chunks"]["a"]}
+    assert json.loads(row) == [1024]  # a chunk of 1 KiB: one block, all of it
+    start, stop, offset, nbytes, block, crcs = content["chunks"]["big"][0]
+    assert (nbytes, block, len(crcs)) == (262144, 4096, 64)
+    assert [block_size(n) for n in (1, 4096, 4097, 1 << 20, 1 << 30)] == [
+        1,
+        4096,
+        4096,
+        16384,
+        1 << 20,
+    ]
+    restored = oeqx.restore(seeded, seeded_skeleton())
+    rng = np.random.default_rng(0)
+    for name in ("a", "b"):
+        np.testing.assert_array_equal(
+            restored[name], rng.standard_normal((64, 32)).astype(np.float32)
+        )
+    assert oeqx.verify(seeded).ok
+
+
+# --- an index of format 4's time ---------------------------------------------------
+
+
+def _old_values():
+    big = np.arange(2 * 262160, dtype=np.int64) % 7
+    return {
+        "big": big.astype(np.float32).reshape(2, 262160),
+        "rows": np.arange(16 * 40, dtype=np.float32).reshape(16, 40) / 8,
+        "ints": np.arange(8, dtype=np.int32) * 3 - 5,
+        "scale": np.float32(0.5),
+    }
+
+
+def _old_skeleton():
+    return {
+        k: jax.ShapeDtypeStruct(np.shape(v), np.asarray(v).dtype)
+        for k, v in _old_values().items()
+    }
+
+
+@pytest.fixture
+def old(tmp_path):
+    path = tmp_path / "old"
+    shutil.copytree(DATA / "old_shards_format4", path)
+    return path
+
+
+def test_a_format_4_shard_index_still_restores_and_verifies(old, staging):
+    sidecar = json.loads((old / "orbax_eqx.json").read_text())
+    assert sidecar["format_version"] == 4
+    restored = oeqx.restore(old, _old_skeleton())
+    for name, value in _old_values().items():
+        np.testing.assert_array_equal(restored[name], value)
+    # A part of a chunk, checked against the old 1 MiB blocks.
+    mesh = jax.make_mesh((1,), ("x",))
+    flat = oeqx.restore(old, shardings=jax.sharding.NamedSharding(mesh, jax.P()))
+    np.testing.assert_array_equal(flat["big"], _old_values()["big"])
+    report = oeqx.verify(old)
+    assert report.ok and set(report.checked) == {"big", "rows", "ints", "scale"}
+
+
+def test_a_flipped_bit_in_a_format_4_chunk_is_found(old, staging):
+    (pack,) = old.glob("orbax_eqx~shards.*.bin")
+    raw = bytearray(pack.read_bytes())
+    raw[1048640 + 1048576 + 3] ^= 1  # `big`'s second chunk, its second block
+    pack.write_bytes(bytes(raw))
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=r"Leaf `\['big'\]` \(big\), chunk \[1:2, 0:262160\] in "
+        r"orbax_eqx~shards\.\w+\.0\.bin, bytes 1048576-1048640: CRC-32",
+    ):
+        oeqx.restore(old, _old_skeleton())
+    report = oeqx.verify(old)
+    assert [d.name for d in report.damaged] == ["big"]

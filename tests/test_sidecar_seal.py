@@ -1,0 +1,241 @@
+"""Format 6 seals the sidecar: its last line is the XXH3-64 of every byte
+before it, and each packed leaf records the XXH3-64 of its data.
+
+A one-bit edit of any record (a Python value, an alias, a `Shared` wiring, a
+static field, the pack table) is damage to every reader: a restore (flat,
+into a skeleton, rebuilt), `metadata`, `verify` and `orbax-eqx verify`, and
+`restore_latest` falls back past it. Before format 6 such an edit changed a
+restored value silently (`tests/test_old_formats.py` keeps a format-5
+checkpoint to show it). A data checksum in any other spelling is damage.
+
+The sidecar is edited here without resealing (damage); `tests/sidecars.py`
+reseals, for the tests of the reader's rules.
+"""
+
+import json
+import re
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+import sidecars
+import xxhash
+import zoo
+from entry import main
+
+import orbax_eqx as oeqx
+
+KEY = jax.random.key(0)
+FILE_NAME = "orbax_eqx.json"
+
+_DAMAGED = (
+    r"The sidecar \S+/orbax_eqx\.json does not match its checksum "
+    r"\(xxh3:[0-9a-f]{16} recorded, xxh3:[0-9a-f]{16} computed now\): it changed "
+    r"after the save \(a flipped bit, a damaged copy, or an edit\); the checkpoint "
+    r"is damaged \(or something else was put in its place\)\. Restore an earlier "
+    r"step, or re-save it\."
+)
+
+
+class Scaled(eqx.Module):
+    weight: jax.Array
+    heads: int = eqx.field(static=True)
+
+
+def _item():
+    tied = np.arange(6, dtype=np.float32)
+    return {
+        "step": 100,
+        "model": Scaled(jnp.ones(3), 4),
+        "tied_a": tied,
+        "tied_b": tied,
+        "tied_c": np.arange(6, dtype=np.float32) + 1,  # what an edit could tie
+    }
+
+
+def _flip(path, old: str, new: str) -> None:
+    """Edits the sidecar's text without resealing it: `old` and `new` differ
+    in one bit."""
+    (bit,) = [a ^ b for a, b in zip(old.encode(), new.encode(), strict=True) if a != b]
+    assert bin(bit).count("1") == 1 and len(old) == len(new)
+    text = (path / FILE_NAME).read_text()
+    assert text.count(old) == 1, old
+    (path / FILE_NAME).write_text(text.replace(old, new))
+
+
+_EDITS = {
+    "python-value": ('"value": 100', '"value": 101'),
+    "static-field": ('"heads": 4', '"heads": 5'),
+    "alias": ('"alias_of": "tied_a"', '"alias_of": "tied_c"'),
+    "pack-table": ('"alignment": 64', '"alignment": 65'),
+    "format-version": ('"format_version": 6', '"format_version": 7'),
+}
+
+
+@pytest.fixture
+def saved(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, _item())
+    return path
+
+
+@pytest.mark.parametrize("old, new", _EDITS.values(), ids=_EDITS.keys())
+def test_a_one_bit_edit_is_damage_to_every_reader(saved, capsys, old, new):
+    _flip(saved, old, new)
+    skeleton = jax.tree.map(np.zeros_like, _item())
+    readers = [
+        lambda: oeqx.restore(saved),
+        lambda: oeqx.restore(saved, skeleton),
+        lambda: oeqx.restore(saved, allow=["equinox", "test_sidecar_seal"]),
+        lambda: oeqx.metadata(saved),
+        lambda: oeqx.verify(saved),
+    ]
+    for read in readers:
+        with pytest.raises(oeqx.SidecarError, match=_DAMAGED):
+            read()
+    assert main(["verify", str(saved)]) == 2
+    assert re.fullmatch(f"orbax_eqx: error: {_DAMAGED}\n", capsys.readouterr().err)
+    assert main(["inspect", str(saved)]) == 2
+
+
+def test_a_shared_wiring_edit_is_damage(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, zoo.shared_tied(KEY))
+    _flip(
+        path,
+        '"where": {"many": false, "paths": [[["index", 1]',
+        ('"where": {"many": false, "paths": [[["index", 0]'),
+    )
+    with pytest.raises(oeqx.SidecarError, match=_DAMAGED):
+        oeqx.restore(path, allow=["equinox", "zoo"])
+
+
+@pytest.mark.slow
+def test_every_single_bit_flip_is_damage(saved):
+    # Bit 0 and bit 5 of every byte, one at a time: the JSON, the records,
+    # the checksum line itself. Whatever breaks, it is a `SidecarError`.
+    data = (saved / FILE_NAME).read_bytes()
+    for at in range(len(data)):
+        for bit in (0x01, 0x20):
+            flipped = bytearray(data)
+            flipped[at] ^= bit
+            (saved / FILE_NAME).write_bytes(bytes(flipped))
+            with pytest.raises(oeqx.SidecarError):
+                oeqx.metadata(saved)
+    (saved / FILE_NAME).write_bytes(data)
+    assert oeqx.metadata(saved).format_version == 6
+
+
+def test_the_checksum_is_the_last_line_and_covers_every_byte_before_it(saved):
+    data = (saved / FILE_NAME).read_bytes()
+    *lines, last, end, nothing = data.split(b"\n")
+    assert (end, nothing) == (b"}", b"")
+    body = b"\n".join(lines) + b"\n"
+    recorded = json.loads(b"{" + last + b"}")["checksum"]
+    assert recorded == f"xxh3:{xxhash.xxh3_64_hexdigest(body)}"
+    assert json.loads(data)["checksum"] == recorded
+
+
+@pytest.mark.parametrize(
+    "rewrite, what",
+    [
+        (
+            lambda text: json.dumps(json.loads(text), indent=1),
+            r"records no checksum on its last line, where a format-6 sidecar always "
+            r"has one: it was edited, or rewritten",
+        ),
+        (
+            lambda text: json.dumps(
+                {k: v for k, v in json.loads(text).items() if k != "checksum"}
+            ),
+            r"records no checksum on its last line, where a format-6 sidecar always "
+            r"has one",
+        ),
+        (
+            lambda text: re.sub(r'"xxh3:[0-9a-f]{16}"', '"md5:0123456789abcdef"', text),
+            r"records a checksum of unknown checksum algorithm 'md5' \(this "
+            r"orbax_eqx knows crc32, xxh3\)",
+        ),
+    ],
+    ids=["reformatted", "checksum-removed", "unknown-algorithm"],
+)
+def test_a_sidecar_without_a_checksum_it_can_check_is_damage(saved, rewrite, what):
+    text = (saved / FILE_NAME).read_text()
+    (saved / FILE_NAME).write_text(rewrite(text))
+    with pytest.raises(oeqx.SidecarError, match=rf"orbax_eqx\.json {what}"):
+        oeqx.metadata(saved)
+
+
+def test_restore_latest_falls_back_past_an_edited_sidecar(tmp_path):
+    with ocp.CheckpointManager(tmp_path, item_handlers=oeqx.EqxHandler()) as mngr:
+        for step in (1, 2):
+            mngr.save(step, args=oeqx.EqxSave({"step": 100 + step}))
+        mngr.wait_until_finished()
+        _flip(tmp_path / "2" / "default", '"value": 102', '"value": 103')
+        with pytest.warns(oeqx.FallbackWarning, match=r"does not match its checksum"):
+            step, item = oeqx.restore_latest(mngr, oeqx.EqxRestore())
+    assert (step, item) == (1, {"step": 101})
+
+
+# --- format 6's data checksums ----------------------------------------------------
+
+
+def _damaged(what: str) -> str:
+    return (
+        rf"The sidecar in \S+ is damaged: {what}\. Restore an earlier step, or "
+        r"re-save the checkpoint\."
+    )
+
+
+def test_format_6_records_xxh3_of_packed_data_and_of_itself(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"a": jnp.arange(10.0), "b": np.ones(3, np.int8)})
+    text = (path / FILE_NAME).read_text()
+    content = json.loads(text)
+    assert content["format_version"] == 6
+    for record in content["leaves"].values():
+        assert re.fullmatch(r"[0-9a-f]{16}", record["xxh3"]) and "crc32" not in record
+    assert re.fullmatch(r"xxh3:[0-9a-f]{16}", content["checksum"])
+    assert oeqx.metadata(path).leaves["a"].sum_algorithm == "xxh3"
+    assert oeqx.verify(path).ok
+
+
+_NOT_HEX = r", not XXH3-64 in 16 lower-case hexadecimal digits"
+
+
+@pytest.mark.parametrize(
+    "change, what",
+    [
+        (lambda r: r.update(xxh3="0x1234"), r"has data checksum '0x1234'" + _NOT_HEX),
+        (
+            lambda r: r.update(xxh3="ABCDEF0123456789"),
+            r"has data checksum 'ABCDEF0123456789'" + _NOT_HEX,
+        ),
+        (lambda r: r.update(xxh3=12345), r"has data checksum 12345" + _NOT_HEX),
+        (
+            lambda r: r.update(xxh3="0" * 99),
+            r"has data checksum '0{36}\.\.\." + _NOT_HEX,
+        ),
+        (
+            lambda r: r.update(crc32=12345),
+            r'records a CRC-32 \("crc32"\), which a format-6 sidecar never does: '
+            r"it was edited",
+        ),
+    ],
+    ids=["prefixed", "upper-case", "integer", "too-long", "crc32"],
+)
+def test_a_format_6_data_checksum_not_in_16_hex_digits_is_damage(
+    tmp_path, change, what
+):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"a": jnp.arange(10.0)})
+    # Resealed: what is probed is the reader's rule for the field.
+    sidecars.edit(path, lambda c: change(c["leaves"]["a"]))
+    match = _damaged(f"leaf 'a' {what}")
+    with pytest.raises(oeqx.SidecarError, match=match):
+        oeqx.restore(path, {"a": jnp.zeros(10)})
+    with pytest.raises(oeqx.SidecarError, match=match):
+        oeqx.verify(path)
