@@ -8,6 +8,7 @@ edit shard indexes. One subprocess saves them all: it takes seconds.
   (64x4096 float32 in 4 row blocks), of seeds 0 and 1.
 """
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,8 @@ from pathlib import Path
 
 import jax
 import numpy as np
+
+import orbax_eqx as oeqx
 
 _SAVE = textwrap.dedent(
     """
@@ -80,3 +83,21 @@ def seeded_skeleton():
         "b": jax.ShapeDtypeStruct((64, 32), np.float32),
         "big": jax.ShapeDtypeStruct((64, 4096), np.float32),
     }
+
+
+def shard_files(path) -> dict[int, tuple[Path, Path]]:
+    """`{process: (shard pack, its index)}` of the checkpoint at `path`."""
+    saved = oeqx.metadata(path)
+    return {
+        p: (
+            path / f"orbax_eqx~shards.{saved.token}.{p}.bin",
+            path / f"orbax_eqx~shards.{saved.token}.{p}.json",
+        )
+        for p in range(saved.shard_files)
+    }
+
+
+def index_of(path) -> tuple[Path, dict]:
+    """Process 0's shard index of the checkpoint at `path`, and its JSON."""
+    _, index = shard_files(path)[0]
+    return index, json.loads(index.read_text())

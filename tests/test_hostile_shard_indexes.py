@@ -14,7 +14,13 @@ import shutil
 
 import pytest
 import sidecars
-from sharded_saves import damage_skeleton, save_all, seeded_skeleton
+from sharded_saves import (
+    damage_skeleton,
+    index_of,
+    save_all,
+    seeded_skeleton,
+    shard_files,
+)
 from unblock import raised_by
 
 import orbax_eqx as oeqx
@@ -52,24 +58,8 @@ def staging(request, monkeypatch):
     return request.param
 
 
-def _files(path):
-    token = oeqx.metadata(path).token
-    return {
-        p: (
-            path / f"orbax_eqx~shards.{token}.{p}.bin",
-            path / f"orbax_eqx~shards.{token}.{p}.json",
-        )
-        for p in range(oeqx.metadata(path).shard_files)
-    }
-
-
-def _index(path):
-    _, index = _files(path)[0]
-    return index, json.loads(index.read_text())
-
-
 def _edit_index(ckpt, change):
-    path, content = _index(ckpt)
+    path, content = index_of(ckpt)
     change(content)
     path.write_text(json.dumps(content))
     return path
@@ -133,7 +123,7 @@ def test_an_index_that_disagrees_with_the_array_or_the_pack(ckpt, change, proble
 
 
 def test_an_index_that_is_not_json_or_not_a_file(ckpt):
-    _, index = _files(ckpt)[0]
+    _, index = shard_files(ckpt)[0]
     index.write_text("{not json")
     with pytest.raises(oeqx.CheckpointDamagedError, match="it is not valid JSON"):
         oeqx.restore(ckpt, damage_skeleton())
@@ -179,7 +169,7 @@ MOVED = r"\(its bytes changed, or the index moved the chunk to another box"
 def test_an_index_that_moves_chunks_is_found_by_restore_and_verify(
     seeded, staging, change, leaves
 ):
-    path, content = _index(seeded)
+    path, content = index_of(seeded)
     change(content)
     path.write_text(json.dumps(content))
     with pytest.raises(
@@ -240,7 +230,7 @@ def test_a_sidecar_dtype_edited_to_one_of_the_same_size(seeded):
     ids=["block-size", "old-version"],
 )
 def test_an_index_edited_otherwise_names_the_index_file(seeded, change, problem):
-    path, content = _index(seeded)
+    path, content = index_of(seeded)
     change(content)
     path.write_text(json.dumps(content))
     with pytest.raises(

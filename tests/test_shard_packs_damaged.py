@@ -18,7 +18,13 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from sharded_saves import damage_skeleton, save_all, seeded_skeleton
+from sharded_saves import (
+    damage_skeleton,
+    index_of,
+    save_all,
+    seeded_skeleton,
+    shard_files,
+)
 
 import orbax_eqx as oeqx
 from orbax_eqx._storage.sharded.index import block_size
@@ -58,22 +64,6 @@ def staging(request, monkeypatch):
     return request.param
 
 
-def _files(path):
-    token = oeqx.metadata(path).token
-    return {
-        p: (
-            path / f"orbax_eqx~shards.{token}.{p}.bin",
-            path / f"orbax_eqx~shards.{token}.{p}.json",
-        )
-        for p in range(oeqx.metadata(path).shard_files)
-    }
-
-
-def _index(path):
-    _, index = _files(path)[0]
-    return index, json.loads(index.read_text())
-
-
 def test_an_undamaged_copy_restores_and_verifies(ckpt):
     meta = oeqx.metadata(ckpt)
     assert meta.leaves["big"].data == "shards" and meta.shard_files == 1
@@ -89,8 +79,8 @@ def test_an_undamaged_copy_restores_and_verifies(ckpt):
 
 
 def test_a_flipped_bit_in_a_chunk(ckpt):
-    data, _ = _files(ckpt)[0]
-    _, index = _index(ckpt)
+    data, _ = shard_files(ckpt)[0]
+    _, index = index_of(ckpt)
     start, stop, offset, nbytes, block, crcs = index["chunks"]["big"][3]
     assert len(crcs) == -(-nbytes // block) > 1
     raw = bytearray(data.read_bytes())
@@ -118,8 +108,8 @@ def test_a_flipped_bit_in_a_chunk(ckpt):
 def test_verify_stops_a_leaf_at_its_first_bad_block(ckpt):
     # A damaged (or hostile: sparse, terabytes long) shard pack costs verify
     # the bytes up to the first bad block of each leaf, not the whole leaf.
-    data, _ = _files(ckpt)[0]
-    _, index = _index(ckpt)
+    data, _ = shard_files(ckpt)[0]
+    _, index = index_of(ckpt)
     raw = bytearray(data.read_bytes())
     for chunk in index["chunks"]["big"]:
         raw[chunk[2]] ^= 0x01  # the first byte of every chunk of `big`
@@ -135,7 +125,7 @@ def test_verify_stops_a_leaf_at_its_first_bad_block(ckpt):
 
 def test_verify_stops_a_leaf_at_its_first_bad_chunk(seeded):
     whole = oeqx.verify(seeded).nbytes
-    path, content = _index(seeded)
+    path, content = index_of(seeded)
     pack = path.with_suffix(".bin")
     offset = content["chunks"]["big"][0][2]
     raw = bytearray(pack.read_bytes())
@@ -149,7 +139,7 @@ def test_verify_stops_a_leaf_at_its_first_bad_chunk(seeded):
 
 @pytest.mark.parametrize("how", ["truncated", "missing", "longer"])
 def test_a_shard_pack_cut_short_missing_or_longer(ckpt, how):
-    data, _ = _files(ckpt)[0]
+    data, _ = shard_files(ckpt)[0]
     size = data.stat().st_size
     if how == "truncated":
         with open(data, "r+b") as f:
@@ -175,7 +165,7 @@ def test_a_shard_pack_cut_short_missing_or_longer(ckpt, how):
 
 
 def test_a_missing_index_names_the_leaves_it_holds(ckpt):
-    _, index = _files(ckpt)[0]
+    _, index = shard_files(ckpt)[0]
     index.unlink()
     with pytest.raises(
         oeqx.CheckpointDamagedError,
@@ -187,7 +177,7 @@ def test_a_missing_index_names_the_leaves_it_holds(ckpt):
 
 
 def test_a_new_index_has_blocks_sized_per_chunk(seeded):
-    _, content = _index(seeded)
+    _, content = index_of(seeded)
     assert content["format_version"] == 2 and "crc_block" not in content
     (row,) = {json.dumps(r[4:5]) for r in content["chunks"]["a"]}
     assert json.loads(row) == [1024]  # a chunk of 1 KiB: one block, all of it
