@@ -104,24 +104,27 @@ class ArrayRecord6(ArrayRecord, tag=ARRAY):
     xxh3: Hex64 | None = None
 
 
-class ScalarRecord(msgspec.Struct, tag_field="kind", tag=SCALAR):
-    path: Path = UNSET
-    value: Any = UNSET
+class ValueRecord(msgspec.Struct, tag_field="kind"):
+    """A leaf recorded by its value (or its description): its kind is its tag."""
 
-
-class CallableRecord(msgspec.Struct, tag_field="kind", tag=CALLABLE):
     path: Path = UNSET
     value: Any = None
 
 
-class SharedRecord(msgspec.Struct, tag_field="kind", tag=SHARED):
-    path: Path = UNSET
-    value: Any = None
+class ScalarRecord(ValueRecord, tag=SCALAR):
+    value: Any = UNSET  # a scalar without one is damage
 
 
-class ObjectRecord(msgspec.Struct, tag_field="kind", tag=OBJECT):
-    path: Path = UNSET
-    value: Any = None
+class CallableRecord(ValueRecord, tag=CALLABLE):
+    pass
+
+
+class SharedRecord(ValueRecord, tag=SHARED):
+    pass
+
+
+class ObjectRecord(ValueRecord, tag=OBJECT):
+    pass
 
 
 _OTHERS = ScalarRecord | CallableRecord | SharedRecord | ObjectRecord
