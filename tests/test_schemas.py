@@ -149,6 +149,7 @@ def test_fields_the_schema_does_not_name_are_ignored(saved, tmp_path):
 
 import jax.numpy as jnp  # noqa: E402
 import sidecars  # noqa: E402
+from entry import main  # noqa: E402
 
 
 @pytest.fixture
@@ -249,3 +250,21 @@ def test_fields_the_sidecar_schema_does_not_name_are_read_past(small):
     restored = oeqx.restore(small, {"w": jnp.zeros(2), "n": 0, "f": jnp.tanh})
     np.testing.assert_array_equal(restored["w"], np.ones(2))
     assert restored["n"] == 3
+
+
+def test_only_a_rebuild_reads_the_records_of_inner_nodes(small, capsys):
+    # A restore into a skeleton, or a flat one, builds no node from them and
+    # reads past them (their time and memory are a tenth of a large tree's);
+    # a rebuild, `metadata` and `verify` read and check them.
+    sidecars.edit(small, lambda c: c["nodes"][""].update(type="set"))
+    skeleton = {"w": jnp.zeros(2), "n": 0, "f": jnp.tanh}
+    np.testing.assert_array_equal(oeqx.restore(small, skeleton)["w"], np.ones(2))
+    assert oeqx.restore(small)["n"] == 3
+    damaged = _damaged(r"node '' has no valid type, path or children")
+    with pytest.raises(oeqx.SidecarError, match=damaged):
+        oeqx.restore(small, allow=["jax"])
+    with pytest.raises(oeqx.SidecarError, match=damaged):
+        oeqx.metadata(small)
+    capsys.readouterr()
+    assert main(["verify", str(small)]) != 0
+    assert "node '' has no valid type, path or children" in capsys.readouterr().err

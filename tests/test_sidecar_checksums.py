@@ -259,3 +259,24 @@ def test_checksums_flag_that_is_no_bool_is_damage(tmp_path):
         oeqx.SidecarError, match=_damaged('"checksums" must be true or false')
     ):
         oeqx.verify(path)
+
+
+# Private on purpose: the text a record's binding sums is written out by hand
+# for speed, and must be, byte for byte, what the JSON encoder writes.
+@pytest.mark.parametrize(
+    "name",
+    ["w", 'q"uote', "back\\slash", "tab\tnew\nline\x01", "ünï€😀", "lone\udc80", ""],
+)
+@pytest.mark.parametrize("shape", [[], [3], [2, 0, 5]])
+def test_the_bound_text_is_what_the_json_encoder_writes(name, shape):
+    import json
+
+    from orbax_eqx._format.sidecar import _bound_json
+
+    where = ["0123456789abcdef", name, "bfloat16", shape, "pack.bin", 64, 2**40]
+    expected = json.dumps(where, ensure_ascii=False, separators=(",", ":"))
+    assert _bound_json(*where) == expected
+    # Values of other types than a save records take the encoder's way.
+    odd = ["0123456789abcdef", name, "f4", [True, 2], "p", 1.0, False]
+    expected = json.dumps(odd, ensure_ascii=False, separators=(",", ":"))
+    assert _bound_json(*odd) == expected

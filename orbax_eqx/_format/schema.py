@@ -64,8 +64,11 @@ class PackRecord(msgspec.Struct):
     byteorder: Any = UNSET  # compared with this machine's
 
 
-class Document(msgspec.Struct, Generic[L, M]):
-    """A sidecar of any format; the token's form depends on the version."""
+class Skimmed(msgspec.Struct, Generic[L, M]):
+    """A sidecar of any format without its records of inner nodes, which
+    only a rebuild without a skeleton reads: read past, unchecked (the
+    sidecar's checksum still covers them), they cost a restore into a
+    skeleton nothing."""
 
     leaves: dict[str, L]
     versions: dict[str, str] = {}
@@ -74,6 +77,11 @@ class Document(msgspec.Struct, Generic[L, M]):
     token: Any = None
     packs: list[PackRecord] = []
     shard_files: Size = 0
+
+
+class Document(Skimmed[L, M]):
+    """A sidecar of any format; the token's form depends on the version."""
+
     nodes: Any = UNSET
 
 
@@ -137,9 +145,11 @@ def leaf_record(version: int) -> Any:
     return LeafRecord6 if version >= 6 else LeafRecord
 
 
-def document(version: int) -> Any:
-    """A whole sidecar of format `version`, every record by its schema."""
-    return Document[leaf_record(version), ModuleRecord]  # type: ignore[misc]
+def document(version: int, nodes: bool = True) -> Any:
+    """A whole sidecar of format `version`, every record by its schema
+    (without the records of inner nodes unless `nodes`)."""
+    kind = Document if nodes else Skimmed
+    return kind[leaf_record(version), ModuleRecord]  # type: ignore[index]
 
 
 class ModuleRecord(msgspec.Struct):

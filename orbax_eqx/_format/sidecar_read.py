@@ -60,8 +60,13 @@ class _NotJSON(ValueError):
     """`NaN` or `Infinity`, which Python's reader takes but JSON has not."""
 
 
-def read(directory: epath.Path) -> Metadata:
-    """Reads and validates the sidecar of the checkpoint in `directory`."""
+def read(directory: epath.Path, *, nodes: bool = True) -> Metadata:
+    """Reads and validates the sidecar of the checkpoint in `directory`.
+
+    Without `nodes`, the records of the tree's inner nodes (which only a
+    rebuild without a skeleton reads) are read past: neither decoded nor
+    checked, and `nodes` of the result is None. A restore into a skeleton,
+    or a flat one, saves their time and memory (a tenth of a large tree's)."""
     path = directory / FILE_NAME
     missing = SidecarError(
         f"{path} is missing, so {directory} is not an orbax_eqx checkpoint "
@@ -87,12 +92,12 @@ def read(directory: epath.Path) -> Metadata:
         damaged = functools.partial(_damaged, path)
         sealed = _sealed.check(raw, damaged)
         with paused():  # objects per leaf: see `_gc`
-            return _decode(raw, path, sealed, str(directory))
+            return _decode(raw, path, sealed, str(directory), nodes)
     except RecursionError:  # printing a value in an error, say
         raise _damaged(path, _TOO_DEEP) from None
 
 
-def _decode(raw: bytes, path, sealed: bool, where: str) -> Metadata:
+def _decode(raw: bytes, path, sealed: bool, where: str, nodes: bool) -> Metadata:
     """The sidecar's bytes, decoded by their format version's schema in one
     pass by msgspec; one that fails it, again record by record to name what
     failed; where msgspec cannot decode them, by the standard library (which
@@ -109,7 +114,7 @@ def _decode(raw: bytes, path, sealed: bool, where: str) -> Metadata:
         if head is None:
             raise _records.Undecodable
         try:
-            document = msgspec.json.decode(raw, type=_schema.document(version))
+            document = msgspec.json.decode(raw, type=_schema.document(version, nodes))
         except msgspec.ValidationError:  # which record? one by one, to say
             document = msgspec.json.decode(raw, type=_schema.Document[Raw, Raw])
     except (msgspec.DecodeError, ValueError, _records.Undecodable):
@@ -221,8 +226,9 @@ def _from_document(document: _schema.Document, version: int, where: str) -> Meta
         name: _records.module(name, rec, bad) for name, rec in document.modules.items()
     }
     nodes = None
-    if version >= 5 and document.nodes is not _schema.UNSET:
-        nodes = _nodes(document.nodes, bad)
+    recorded = getattr(document, "nodes", _schema.UNSET)  # (not if `Skimmed`)
+    if version >= 5 and recorded is not _schema.UNSET:
+        nodes = _nodes(recorded, bad)
     return Metadata(
         where,
         version,

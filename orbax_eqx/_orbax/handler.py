@@ -347,8 +347,10 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         with noticed(directory):
             if _plain.is_plain(epath.Path(directory)):  # saved by Orbax alone
                 return _plain.restore(epath.Path(directory), args)
-            saved = _sidecar_read.read(epath.Path(directory))
-            if args.skeleton is None and args.allow is not None:
+            rebuild = args.skeleton is None and args.allow is not None
+            # Only a rebuild reads the records of inner nodes.
+            saved = _sidecar_read.read(epath.Path(directory), nodes=rebuild)
+            if rebuild:
                 return _rebuilt.restore(self._inner, directory, saved, args)
             if args.skeleton is None:
                 return restore_flat(
@@ -398,7 +400,7 @@ def _saved_here(directory: epath.Path) -> tuple[str | None, None, bool, int]:
     start (Orbax finalizing with a new handler)."""
     if not (directory / _sidecar.FILE_NAME).exists():
         return None, None, True, 0
-    saved = _sidecar_read.read(directory)
+    saved = _sidecar_read.read(directory, nodes=False)
     stored = any(leaf.data == _sidecar.STORED for leaf in saved.leaves.values())
     return saved.token, None, stored, saved.shard_files
 

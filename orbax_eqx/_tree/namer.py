@@ -36,6 +36,36 @@ class Shown:
         return text
 
 
+class Labels:
+    """A leaf's name and printed key path at once, for a tree that holds no
+    `eqx.nn.State`: each built on its parent's, looked up once for both (a
+    walk asks for tens of thousands). A leaf's own path is a prefix of no
+    other, so it is not kept; its parent's is, in `names` and `shown` too
+    (where later questions about inner nodes find it)."""
+
+    def __init__(self, names: "Namer", shown: Shown) -> None:
+        self._names = names
+        self._shown = shown
+        self._parents: dict[tuple, tuple[str, str]] = {}
+
+    def __call__(self, path: tuple) -> tuple[str, str]:
+        if not path:
+            return "", ""
+        parent = path[:-1]
+        known = self._parents.get(parent)
+        if known is None:
+            known = self._parents[parent] = (
+                self._names(parent) if parent else "",
+                self._shown(parent),
+            )
+        last = path[-1]
+        if parent:
+            name = known[0] + SEPARATOR + key_part(last)
+        else:
+            name = join([key_part(last)])
+        return name, known[1] + str(last)
+
+
 class Namer:
     """Turns key paths into leaf names.
 

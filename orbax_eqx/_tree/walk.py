@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from .namer import Namer, Shown
+from .namer import Labels, Namer, Shown
 from .names import label
 from .values import SCALAR_TYPES, encode, is_named_callable, qualified_name
 
@@ -184,19 +184,26 @@ def walk(tree: Any, pause: Callable[[], None] | None = None) -> Walked:
     shown = Shown()
     leaves = []
     old_names = {}  # only for leaves in a State
-    for path, value in path_leaves:
-        pause()
-        name = name_of(path)
-        leaves.append(Leaf(path, name, leaf_kind(value), value, shown(path)))
-        if states and name_of.crossed_state:
-            old = name_of(path, old=True)
-            if old != name:
-                old_names[name] = old
+    if states:
+        for path, value in path_leaves:
+            pause()
+            name = name_of(path)
+            leaves.append(Leaf(path, name, leaf_kind(value), value, shown(path)))
+            if name_of.crossed_state:
+                old = name_of(path, old=True)
+                if old != name:
+                    old_names[name] = old
+    else:
+        labels = Labels(name_of, shown)
+        for path, value in path_leaves:
+            pause()
+            name, text = labels(path)
+            leaves.append(Leaf(path, name, leaf_kind(value), value, text))
     infos = {}
     for path, m in modules:
         pause()
         infos[name_of(path)] = ModuleInfo(
-            display_path(jtu.keystr(path)), _class_name(type(m)), _static_fields(m)
+            display_path(shown(path)), _class_name(type(m)), _static_fields(m)
         )
     return Walked(leaves, treedef, infos, old_names, name_of)
 
