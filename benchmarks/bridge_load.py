@@ -1,37 +1,51 @@
 """Loading a sharded safetensors set into a scanned (stacked) skeleton.
 
-    python benchmarks/bridge_load.py [--layers 24] [--dim 1024] [--small]
-                                     [--dir DIR] [--repeats 1]
+    python benchmarks/bridge_load.py [--layout gpt2|llama] [--layers 24]
+                                     [--dim 1024] [--small] [--dir DIR]
+                                     [--repeats 1]
 
-Writes (once, into DIR) a GPT-2-like Hugging Face set: per-layer tensors
-with the published names and layouts (`h.{i}.attn.c_attn.weight` is
-PyTorch's Conv1D, (in, 3 x out): transposed and split into q, k, v;
-`c_proj`, `c_fc` transposed; layer norms and biases stacked), `wte` with the
-vocabulary padded to 50304, `wpe`, split into files of at most 500 MB with
-`model.safetensors.index.json`; 24 layers of width 1024 are 1.42 GB (f32).
+Writes (once, into DIR) a Hugging Face set with the published names and
+layouts of one of two families (`_bridge_layouts.py`), split into files of
+at most 500 MB with `model.safetensors.index.json`:
+
+- `gpt2` (the default): per-layer tensors as `GPT2LMHeadModel` names them
+  (`h.{i}.attn.c_attn.weight` is PyTorch's Conv1D, (in, 3 x out): transposed
+  and split into q, k, v; `c_proj`, `c_fc` transposed; layer norms and
+  biases stacked), `wte` with the vocabulary padded to 50304, `wpe`; 24
+  layers of width 1024 are 1.42 GB (f32), 85% of the bytes transposed.
+- `llama`: as `LlamaForCausalLM` names them (`model.layers.{i}.self_attn.
+  {q,k,v,o}_proj`, `mlp.{gate,up,down}_proj`, RMSNorm weights,
+  `model.embed_tokens`, `model.norm`, an untied `lm_head`), with an MLP of
+  ffn = 4 x dim and as many key/value heads as query heads; 24 layers of
+  width 1024, vocabulary 50304: 2.02 GB (f32). `nn.Linear` holds (out, in)
+  like `eqx.nn.Linear`: nothing is transposed or split, so this shows what
+  the loader costs without transposes.
+
 The skeleton is scanned: every per-layer tensor is a slice of a stacked leaf
-(L, ...), in Equinox's Linear layout (out x in).
+(L, ...), in Equinox's Linear layout (out x in). DIR defaults to one per
+layout and size in the temporary directory; a DIR that holds another
+layout's set, or other sizes, is refused.
 
 Loads it, each in fresh processes, with the page cache of the files evicted
 before each (`posix_fadvise(DONTNEED)`), on three topologies: 1 device; 8
-CPU devices in one process (stacked leaves cut across layers, P("x"), `wte`
-by rows); 2 processes of 4 devices (`jax.distributed` on 127.0.0.1, the same
-shardings over the 8 devices). Contenders:
+CPU devices in one process (stacked leaves cut across layers, P("x"), `wte`,
+`wpe`, `embed`, `head` by rows); 2 processes of 4 devices (`jax.distributed`
+on 127.0.0.1, the same shardings over the 8 devices). Contenders:
 
-- `orbax_eqx`: `oeqx.load_safetensors` with a GPT-2 mapping (`mapping()`:
-  renames, stack, fused qkv, Conv1D transposes), straight onto the target
-  shardings;
+- `orbax_eqx`: `oeqx.load_safetensors` with the layout's mapping (GPT-2:
+  renames, stack, fused qkv, Conv1D transposes; LLaMA: renames and stack),
+  straight onto the target shardings;
 - `glue`: what users write today: `safetensors.safe_open` per file,
-  `get_tensor`, `.T`, `np.stack`, then `jax.make_array_from_callback`
+  `get_tensor`, `.T` (GPT-2), `np.stack`, then `jax.make_array_from_callback`
   (`jax.device_put` for one device): every process reads the whole model;
 - `raw`: the same byte ranges `orbax_eqx` reads, read with `os.preadv` into
   one buffer per range and nothing else: the floor;
 - `orbax`: Orbax's own safetensors loading (public in orbax-checkpoint
   0.12.8 as `orbax.checkpoint.experimental.v1`, `Context(checkpoint_layout=
   "safetensors")`, `load`), every tensor onto the first device, then stacked
-  and transposed with `jnp` and put on the target sharding; one process only
-  (its per-tensor arrays cannot be stacked across processes without a
-  collective).
+  (and for GPT-2 split and transposed) with `jnp` and put on the target
+  sharding; one process only (its per-tensor arrays cannot be stacked across
+  processes without a collective).
 
 Per process: wall time of the load (arrays ready), peak RSS growth (`VmHWM`
 after resetting it through `/proc/self/clear_refs`), bytes read
@@ -59,6 +73,8 @@ HERE = os.path.abspath(__file__)
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, REPO_ROOT)  # this checkout's orbax_eqx, not an installed one
 sys.path.insert(0, os.path.dirname(HERE))
+from _bridge_layouts import LAYOUTS  # noqa: E402
+
 TIMEOUT_S = 1800
 MIB = 2**20
 CONTENDERS = ("raw", "orbax_eqx", "glue", "orbax")
@@ -66,7 +82,7 @@ TOPOLOGIES = ("1", "8", "2x4")
 MAX_FILE = 500 * 10**6
 
 
-# --------------------------------------------------------------- the layout
+# ------------------------------------------------------ the set, the skeleton
 
 
 def sizes(args) -> tuple[int, int, int]:
@@ -75,34 +91,10 @@ def sizes(args) -> tuple[int, int, int]:
     return args.layers, args.dim, args.vocab
 
 
-def tensor_shapes(layers: int, dim: int, vocab: int) -> dict[str, tuple[int, ...]]:
-    """The published GPT-2 names and shapes (vocabulary as given)."""
-    out = {"wte.weight": (vocab, dim), "wpe.weight": (1024, dim)}
-    for i in range(layers):
-        h = f"h.{i}"
-        out |= {
-            f"{h}.ln_1.weight": (dim,),
-            f"{h}.ln_1.bias": (dim,),
-            f"{h}.attn.c_attn.weight": (dim, 3 * dim),
-            f"{h}.attn.c_attn.bias": (3 * dim,),
-            f"{h}.attn.c_proj.weight": (dim, dim),
-            f"{h}.attn.c_proj.bias": (dim,),
-            f"{h}.ln_2.weight": (dim,),
-            f"{h}.ln_2.bias": (dim,),
-            f"{h}.mlp.c_fc.weight": (dim, 4 * dim),
-            f"{h}.mlp.c_fc.bias": (4 * dim,),
-            f"{h}.mlp.c_proj.weight": (4 * dim, dim),
-            f"{h}.mlp.c_proj.bias": (dim,),
-        }
-    out |= {"ln_f.weight": (dim,), "ln_f.bias": (dim,)}
-    return out
-
-
-def write(directory: str, layers: int, dim: int, vocab: int) -> None:
+def write(directory: str, shapes: dict[str, tuple[int, ...]]) -> None:
     import numpy as np
     from safetensors.numpy import save_file
 
-    shapes = tensor_shapes(layers, dim, vocab)
     os.makedirs(directory, exist_ok=True)
     groups, size = [[]], 0
     for name, shape in shapes.items():
@@ -129,75 +121,20 @@ def write(directory: str, layers: int, dim: int, vocab: int) -> None:
     fsync_tree(directory)
 
 
-# Each stacked leaf: (leaf, tensor template, part of the tensor, transposed).
-# `part` is (axis, j, parts): the j-th of `parts` equal blocks along `axis`.
-def stacked_leaves(dim: int) -> list[tuple[str, str, tuple | None, bool]]:
-    out = [
-        ("blocks.ln_1.weight", "h.{}.ln_1.weight", None, False),
-        ("blocks.ln_1.bias", "h.{}.ln_1.bias", None, False),
-        ("blocks.attn.proj.weight", "h.{}.attn.c_proj.weight", None, True),
-        ("blocks.attn.proj.bias", "h.{}.attn.c_proj.bias", None, False),
-        ("blocks.ln_2.weight", "h.{}.ln_2.weight", None, False),
-        ("blocks.ln_2.bias", "h.{}.ln_2.bias", None, False),
-        ("blocks.mlp.fc.weight", "h.{}.mlp.c_fc.weight", None, True),
-        ("blocks.mlp.fc.bias", "h.{}.mlp.c_fc.bias", None, False),
-        ("blocks.mlp.proj.weight", "h.{}.mlp.c_proj.weight", None, True),
-        ("blocks.mlp.proj.bias", "h.{}.mlp.c_proj.bias", None, False),
-    ]
-    for j, x in enumerate("qkv"):
-        out.append(
-            (f"blocks.attn.{x}.weight", "h.{}.attn.c_attn.weight", (1, j, 3), True)
+def check_set(directory: str, layout: str, shapes: dict[str, tuple[int, ...]]):
+    """Refuses a set in `directory` written for another layout or size."""
+    with open(os.path.join(directory, "model.safetensors.index.json")) as f:
+        index = json.load(f)
+    total = sum(math.prod(s) * 4 for s in shapes.values())
+    if (
+        set(index.get("weight_map", ())) != set(shapes)
+        or index.get("metadata", {}).get("total_size") != total
+    ):
+        sys.exit(
+            f"{directory} holds a set of other tensors than the {layout} layout "
+            f"at these sizes ({len(shapes)} tensors, {total} bytes): pass another "
+            "--dir, or delete it to have it written again."
         )
-        out.append((f"blocks.attn.{x}.bias", "h.{}.attn.c_attn.bias", (0, j, 3), False))
-    return out
-
-
-def leaf_shapes(layers, dim, vocab) -> dict[str, tuple[int, ...]]:
-    t = tensor_shapes(1, dim, vocab)
-    out = {"wte.weight": (vocab, dim), "wpe.weight": (1024, dim)}
-    for leaf, template, part, transposed in stacked_leaves(dim):
-        shape = list(t[template.format(0)])
-        if part is not None:
-            shape[part[0]] //= part[2]
-        if transposed:
-            shape.reverse()
-        out[leaf] = (layers, *shape)
-    out |= {"ln_f.weight": (dim,), "ln_f.bias": (dim,)}
-    return out
-
-
-MAPPING = None  # made on first use: importing orbax_eqx costs a second
-
-
-def mapping():
-    """The GPT-2 mapping for this skeleton's leaf names (`stacked_leaves`)."""
-    global MAPPING
-    if MAPPING is None:
-        import orbax_eqx as oeqx
-
-        MAPPING = (
-            oeqx.StateDictMapping()
-            .rename(
-                {
-                    "blocks.attn.proj": "blocks.attn.c_proj",
-                    "blocks.mlp.fc": "blocks.mlp.c_fc",
-                    "blocks.mlp.proj": "blocks.mlp.c_proj",
-                }
-            )
-            .stack("blocks", "h.{i}")
-            .fuse(
-                [f"h.{{i}}.attn.{x}.weight" for x in "qkv"],
-                "h.{i}.attn.c_attn.weight",
-                axis=0,
-            )
-            .fuse(
-                [f"h.{{i}}.attn.{x}.bias" for x in "qkv"],
-                "h.{i}.attn.c_attn.bias",
-                axis=0,
-            )
-            .transpose("h.{i}.*.c_*.weight")  # Conv1D holds (in, out)
-        )
-    return MAPPING
 
 
 def skeleton(lshapes):
@@ -248,19 +185,19 @@ def share(put, lshapes) -> int:
 # --------------------------------------------------------------- contenders
 
 
-def load_ours(directory, layers, dim, vocab, put):
+def load_ours(layout, directory, layers, dim, vocab, put):
     import orbax_eqx as oeqx
 
-    lshapes = leaf_shapes(layers, dim, vocab)
+    lshapes = layout.leaf_shapes(layers, dim, vocab)
     return oeqx.load_safetensors(
         directory,
         skeleton(lshapes),
-        mapping=mapping(),
+        mapping=layout.mapping(),
         shardings=lambda name, leaf: put[name],
     )
 
 
-def _ranges(directory, layers, dim, vocab, put):
+def _ranges(layout, directory, layers, dim, vocab, put):
     """The merged byte ranges, per file, that `orbax_eqx` reads here."""
     import numpy as np
 
@@ -271,12 +208,12 @@ def _ranges(directory, layers, dim, vocab, put):
     from orbax_eqx._storage.ranges import plan as merge
     from orbax_eqx._tree.walk import walk
 
-    lshapes = leaf_shapes(layers, dim, vocab)
+    lshapes = layout.leaf_shapes(layers, dim, vocab)
     headers = _index.find(directory)
     tensors = {n: (h, t) for h in headers for n, t in h.tensors.items()}
     specs = leaf_specs(walk(skeleton(lshapes)))
     given = [TensorSpec(n, t.shape, t.dtype) for n, (_, t) in tensors.items()]
-    plan = plan_load(mapping(), specs, given, cast=False)
+    plan = plan_load(layout.mapping(), specs, given, cast=False)
     spans: dict[str, dict] = {}
     for spec in specs:
         r = _fill.Request(spec.name, spec.shape, np.dtype(spec.dtype), put[spec.name])
@@ -288,10 +225,10 @@ def _ranges(directory, layers, dim, vocab, put):
     return {path: merge(s, max_gap=_fill.GAP)[0] for path, s in spans.items()}
 
 
-def load_raw(directory, layers, dim, vocab, put):
+def load_raw(layout, directory, layers, dim, vocab, put):
     from orbax_eqx._storage.ranges import aligned_empty
 
-    ranges = _ranges(directory, layers, dim, vocab, put)
+    ranges = _ranges(layout, directory, layers, dim, vocab, put)
     t0 = time.perf_counter()
     held = []
     for path, rs in sorted(ranges.items()):
@@ -309,7 +246,7 @@ def load_raw(directory, layers, dim, vocab, put):
     return held, time.perf_counter() - t0
 
 
-def load_glue(directory, layers, dim, vocab, put):
+def load_glue(layout, directory, layers, dim, vocab, put):
     import jax
     import numpy as np
     from safetensors import safe_open
@@ -325,9 +262,9 @@ def load_glue(directory, layers, dim, vocab, put):
         return files[path].get_tensor(name)
 
     out = {}
-    for name in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"):
-        out[name] = _put(get(name), put[name])
-    for name, template, part, transposed in stacked_leaves(dim):
+    for name, tensor in layout.whole:
+        out[name] = _put(get(tensor), put[name])
+    for name, template, part, transposed in layout.stacked:
         layers_ = []
         for i in range(layers):
             x = get(template.format(i))
@@ -350,7 +287,7 @@ def _put(x, sharding):
     return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
 
-def load_orbax(directory, layers, dim, vocab, put):
+def load_orbax(layout, directory, layers, dim, vocab, put):
     import jax
     import jax.numpy as jnp
     import orbax.checkpoint.experimental.v1 as ocp1
@@ -358,14 +295,14 @@ def load_orbax(directory, layers, dim, vocab, put):
     first = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     abstract = {
         n: jax.ShapeDtypeStruct(s, jnp.float32, sharding=first)
-        for n, s in tensor_shapes(layers, dim, vocab).items()
+        for n, s in layout.tensor_shapes(layers, dim, vocab).items()
     }
     with ocp1.Context(checkpoint_layout="safetensors"):
         flat = ocp1.load(directory, abstract)
     out = {}
-    for name in ("wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"):
-        out[name] = jax.device_put(flat.pop(name), put[name])
-    for name, template, part, transposed in stacked_leaves(dim):
+    for name, tensor in layout.whole:
+        out[name] = jax.device_put(flat.pop(tensor), put[name])
+    for name, template, part, transposed in layout.stacked:
         layers_ = []
         for i in range(layers):
             x = flat[template.format(i)]
@@ -424,10 +361,11 @@ def probe(args) -> None:
 
     import orbax_eqx  # noqa: F401
 
-    mapping()
+    layout = LAYOUTS[args.layout]
+    layout.mapping()
 
     layers, dim, vocab = sizes(args)
-    lshapes = leaf_shapes(layers, dim, vocab)
+    lshapes = layout.leaf_shapes(layers, dim, vocab)
     put = shardings(args.topology, lshapes)
     mine = share(put, lshapes)
     load = {
@@ -441,7 +379,7 @@ def probe(args) -> None:
         f.write("5")
     rss, read = _status("VmRSS"), _read()
     t0 = time.perf_counter()
-    out = load(args.dir, layers, dim, vocab, put)
+    out = load(layout, args.dir, layers, dim, vocab, put)
     if args.probe == "raw":
         out, seconds = out
     else:
@@ -478,6 +416,7 @@ def run_probe(args, contender: str, topology: str) -> list[dict]:
     procs = []
     for i in range(processes):
         argv = [sys.executable, HERE, "--probe", contender, "--topology", topology]
+        argv += ["--layout", args.layout]
         argv += [
             "--dir",
             args.dir,
@@ -518,6 +457,7 @@ def run_probe(args, contender: str, topology: str) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layout", choices=sorted(LAYOUTS), default="gpt2")
     parser.add_argument("--layers", type=int, default=24)
     parser.add_argument("--dim", type=int, default=1024)
     parser.add_argument("--vocab", type=int, default=50304)
@@ -542,19 +482,24 @@ def main() -> None:
     import tempfile
 
     layers, dim, vocab = sizes(args)
+    shapes = LAYOUTS[args.layout].tensor_shapes(layers, dim, vocab)
     if args.dir is None:
+        kind = "" if args.layout == "gpt2" else f"{args.layout}-"
         args.dir = os.path.join(
-            tempfile.gettempdir(), f"bridge-load-{layers}x{dim}x{vocab}"
+            tempfile.gettempdir(), f"bridge-load-{kind}{layers}x{dim}x{vocab}"
         )
     if not os.path.exists(os.path.join(args.dir, "model.safetensors.index.json")):
         print(f"writing {args.dir} ...", flush=True)
-        write(args.dir, layers, dim, vocab)
-    total = sum(math.prod(s) * 4 for s in tensor_shapes(layers, dim, vocab).values())
+        write(args.dir, shapes)
+    check_set(args.dir, args.layout, shapes)
+    total = sum(math.prod(s) * 4 for s in shapes.values())
     print(
-        f"{layers} layers of {dim}, vocabulary {vocab}: {total / 2**30:.2f} GiB in "
+        f"{args.layout}: {layers} layers of {dim}, vocabulary {vocab}: "
+        f"{total / 2**30:.2f} GiB in "
         f"{len([f for f in os.listdir(args.dir) if f.endswith('.safetensors')])} files "
         f"at {args.dir}; page cache evicted before each load; python "
-        f"{sys.version.split()[0]}, {os.cpu_count()} CPUs",
+        f"{sys.version.split()[0]}, {os.cpu_count()} CPUs, load average "
+        f"{os.getloadavg()[0]:.2f}",
         flush=True,
     )
     header = (
