@@ -418,19 +418,22 @@ def _bound_json(token, name, dtype, shape, file, offset, size) -> str:
     if (
         type(offset) is int
         and type(size) is int
-        and all(type(d) is int for d in shape)
+        and type(shape) is list
+        and _INT.issuperset(map(type, shape))
         and type(token) is str
         and type(name) is str
         and type(dtype) is str
     ):
+        dims = repr(shape).replace(" ", "")  # a list of ints: "[8,8]"
         return (
             f"[{_string(token)},{_string(name)},{_string(dtype)},"
-            f"[{','.join(map(str, shape))}],{_string(file)},{offset},{size}]"
+            f"{dims},{_string(file)},{offset},{size}]"
         )
     where = [token, name, dtype, shape, file, offset, size]
     return _BIND_ENCODER.encode(where)
 
 
+_INT = frozenset([int])
 # What `_BIND_ENCODER` writes for a string (`ensure_ascii=False`).
 _string = json.encoder.encode_basestring  # type: ignore[attr-defined]
 # One encoder for all leaves (`json.dumps` with options makes one per call).
