@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 import equinox as eqx
+import msgspec
 
 from .._errors import (
     EARLIER_STEP,
@@ -73,13 +74,16 @@ class _Refusing:
 
     def __init__(self):
         self.names: list[str] = []
+        self._answers: dict[str, Any] = {}  # a class is asked for per module
 
     def __call__(self, name: str) -> Any:
-        why = unnameable(name)
-        if why is not None:
-            return Refused(why)
-        self.names.append(name)
-        return DRY
+        answer = self._answers.get(name)
+        if answer is None:
+            why = unnameable(name)
+            answer = self._answers[name] = DRY if why is None else Refused(why)
+        if answer is DRY:
+            self.names.append(name)
+        return answer
 
 
 def skeleton(saved: Metadata, allow: tuple[str, ...], prefix: str | None = None):
@@ -164,6 +168,7 @@ class _Builder:
         self.callables: list[str] = []
         self.used: set[str] = set()
         self.decoder = Decoder(self.find, self.refuse, self.damaged)
+        self._decoded_alike: set[bytes] = set()  # static fields, for a dry run
 
     def damaged(self, what: str) -> SidecarError:
         return problem(
@@ -321,9 +326,7 @@ class _Builder:
             raise self.damaged(f"module node {name!r} has no module record")
         # The class first, so that problems are listed parents first.
         cls = self.find(at, "class", info.cls)
-        static = {
-            f: self.decoder.value(_field(at, f), v) for f, v in info.static.items()
-        }
+        static = self._static(at, info.static)
         names = rec.get("children", [])
         if len(fields) != len(names):
             raise self.damaged(f"node {name!r} has {len(fields)} fields")
@@ -360,6 +363,25 @@ class _Builder:
             return module
 
         return names, make, ready
+
+    def _static(self, at: At, recorded: dict[str, Any]) -> dict[str, Any]:
+        """A module's static fields, decoded. A dry run keeps no value, so
+        fields recorded alike (every layer of a model) are decoded once, for
+        what they would look up: unless that refused something, which is
+        said of each module that records it."""
+        key = None
+        if self.dry:
+            try:
+                key = msgspec.json.encode(recorded)
+            except (TypeError, ValueError, OverflowError):  # (lone surrogates)
+                key = None
+            if key is not None and key in self._decoded_alike:
+                return {}
+        before = len(self.problems)
+        static = {f: self.decoder.value(_field(at, f), v) for f, v in recorded.items()}
+        if key is not None and len(self.problems) == before:
+            self._decoded_alike.add(key)
+        return static
 
     def leaf(self, leaf: LeafMetadata) -> Any:
         at = (leaf.name, leaf.path)

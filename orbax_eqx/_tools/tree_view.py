@@ -9,6 +9,8 @@ the sharding it was saved with (where known); each Python leaf its value.
 import dataclasses
 from typing import Any
 
+import msgspec
+
 from .._format.sidecar import (
     ALIAS,
     EMPTY,
@@ -211,13 +213,22 @@ def _signatures(
         leaf = node.leaf
         info = saved.modules[node.module] if node.module is not None else None
         key: tuple = (
-            info
-            and (info.cls, tuple((k, describe(v)) for k, v in info.static.items())),
+            info and (info.cls, _static_key(info.static)),
             leaf and _leaf_key(leaf, saved, shardings),
             tuple((p, out[id(c)]) for p, c in node.children.items()),
         )
         out[id(node)] = kinds.setdefault(key, len(kinds))
     return out
+
+
+def _static_key(static: dict[str, Any]) -> Any:
+    """Static fields alike exactly when their keys are: the fields' JSON
+    (fields recorded alike print alike), or where it has none (text with lone
+    surrogates, from saves before format 6) their descriptions."""
+    try:
+        return msgspec.json.encode(static)
+    except (TypeError, ValueError, OverflowError):
+        return tuple((k, describe(v)) for k, v in static.items())
 
 
 def _leaf_key(leaf: LeafMetadata, saved: Metadata, shardings) -> tuple:
