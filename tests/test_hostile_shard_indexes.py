@@ -218,16 +218,30 @@ def test_a_sidecar_dtype_edited_to_one_of_the_same_size(seeded):
     [
         (
             lambda c: c["chunks"]["big"][0].__setitem__(4, 8192),
-            r"leaf `\['big'\]` \(big\) chunk \[0:16, 0:4096\] has CRC-32s of "
+            r"leaf `\['big'\]` \(big\) chunk \[0:16, 0:4096\] has XXH3-64s of "
             r"8192-byte blocks where a chunk of 262144 bytes has 4096-byte ones",
         ),
         (
             lambda c: c.__setitem__("format_version", 1),
-            r"format_version 1 is not 2 \(a version-1 index in a checkpoint of "
-            r"sidecar format 5 or later\)",
+            r"format_version 1 is not 3 \(a version-1 index where the save wrote "
+            r"version 3: put in by hand\)",
+        ),
+        (
+            # CRC-32s (version 2's) where the save wrote XXH3-64s: a downgrade.
+            lambda c: c.__setitem__("format_version", 2),
+            r"format_version 2 is not 3 \(a version-2 index where the save wrote "
+            r"version 3: put in by hand\)",
+        ),
+        (
+            lambda c: c["chunks"]["big"][0][5].__setitem__(0, "DEADBEEF"),
+            r"a chunk of `big` is not \[start, stop, offset, nbytes, block, xxh3s\]",
+        ),
+        (
+            lambda c: c["chunks"]["big"][0][5].__setitem__(0, 12345),
+            r"a chunk of `big` is not \[start, stop, offset, nbytes, block, xxh3s\]",
         ),
     ],
-    ids=["block-size", "old-version"],
+    ids=["block-size", "old-version", "crc32-version", "sum-not-hex", "sum-an-int"],
 )
 def test_an_index_edited_otherwise_names_the_index_file(seeded, change, problem):
     path, content = index_of(seeded)

@@ -72,7 +72,7 @@ def _set(content, k, value):
     return json.dumps(content)
 
 
-FORM = r"a chunk of `rows` is not \[start, stop, offset, nbytes, block, crc32s\]"
+FORM = r"a chunk of `rows` is not \[start, stop, offset, nbytes, block, xxh3s\]"
 
 
 @pytest.mark.parametrize(
@@ -82,7 +82,7 @@ FORM = r"a chunk of `rows` is not \[start, stop, offset, nbytes, block, crc32s\]
         (lambda c: _set(c, 2, 1.0), FORM),  # nor is a float
         (lambda c: _set(c, 3, -4), FORM),
         (lambda c: _set(c, 4, 0), FORM),  # a block of 0 bytes
-        (lambda c: _set(c, 5, [2**32]), FORM),  # past a CRC-32
+        (lambda c: _set(c, 5, ["0" * 17]), FORM),  # past an XXH3-64
         (lambda c: _set(c, 0, [0]), FORM),  # start and stop of other ranks
         (lambda c: _set(c, 0, "0"), FORM),
         (lambda c: json.dumps({**c, "chunks": {"rows": [_row(c) + [7]]}}), FORM),
@@ -111,7 +111,7 @@ FORM = r"a chunk of `rows` is not \[start, stop, offset, nbytes, block, crc32s\]
         "float-offset",
         "negative-size",
         "zero-block",
-        "crc-past-32-bits",
+        "sum-past-64-bits",
         "ranks-differ",
         "start-a-string",
         "row-too-long",

@@ -12,6 +12,7 @@ rule, tested as the unit it is beside what a save writes.
 """
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -91,8 +92,8 @@ def test_a_flipped_bit_in_a_chunk(ckpt):
     with pytest.raises(
         oeqx.CheckpointDamagedError,
         match=rf"(?s)changed after it was saved.*Leaf `\['big'\]` \(big\), chunk "
-        rf"\[{box}\] in {data.name}, bytes {last}-{nbytes}: CRC-32 recorded at save "
-        rf"0x[0-9a-f]{{8}}, computed from the data now 0x[0-9a-f]{{8}} \(its bytes "
+        rf"\[{box}\] in {data.name}, bytes {last}-{nbytes}: XXH3-64 recorded at save "
+        rf"0x[0-9a-f]{{16}}, computed from the data now 0x[0-9a-f]{{16}} \(its bytes "
         r"changed, or the index moved the chunk to another box, offset, leaf or "
         r"save\).*restore_latest",
     ):
@@ -116,7 +117,7 @@ def test_verify_stops_a_leaf_at_its_first_bad_block(ckpt):
     data.write_bytes(bytes(raw))
     report = oeqx.verify(ckpt)
     assert [d.name for d in report.damaged] == ["big"]
-    assert report.damaged[0].problem.count("CRC-32") == 1
+    assert report.damaged[0].problem.count("XXH3-64") == 1
     big = 2048 * 1200 * 4
     chunk = big // len(index["chunks"]["big"])
     rest = 64 * 8 * 4 + 3 * 8  # `rows` and `small`, read whole
@@ -178,11 +179,12 @@ def test_a_missing_index_names_the_leaves_it_holds(ckpt):
 
 def test_a_new_index_has_blocks_sized_per_chunk(seeded):
     _, content = index_of(seeded)
-    assert content["format_version"] == 2 and "crc_block" not in content
+    assert content["format_version"] == 3 and "crc_block" not in content
     (row,) = {json.dumps(r[4:5]) for r in content["chunks"]["a"]}
     assert json.loads(row) == [1024]  # a chunk of 1 KiB: one block, all of it
-    start, stop, offset, nbytes, block, crcs = content["chunks"]["big"][0]
-    assert (nbytes, block, len(crcs)) == (262144, 4096, 64)
+    start, stop, offset, nbytes, block, sums = content["chunks"]["big"][0]
+    assert (nbytes, block, len(sums)) == (262144, 4096, 64)
+    assert all(re.fullmatch("[0-9a-f]{16}", x) for x in sums)  # XXH3-64s
     assert [block_size(n) for n in (1, 4096, 4097, 1 << 20, 1 << 30)] == [
         1,
         4096,

@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 
 import jax
@@ -246,8 +247,8 @@ def test_partial_restore_reads_only_the_leaves_asked_for(tmp_path):
     pack.write_bytes(bytes(data))
     with pytest.raises(
         oeqx.CheckpointDamagedError,
-        match=r"Leaf `\['params'\]\['ids'\]` \(params.ids\): CRC-32 recorded at "
-        r"save 0x[0-9a-f]{8}, computed from the data now 0x[0-9a-f]{8}\.\n"
+        match=r"Leaf `\['params'\]\['ids'\]` \(params.ids\): XXH3-64 recorded at "
+        r"save 0x[0-9a-f]{16}, computed from the data now 0x[0-9a-f]{16}\.\n"
         r"[\s\S]*\(Saved through `oeqx.type_handler_registry\(\)`, this checkpoint "
         r"has no sidecar, so `verify` cannot read it",
     ):
@@ -469,6 +470,48 @@ def test_a_damaged_index_record_is_named(tmp_path):
         _restore_pytree(path, _abstract({"w": jnp.ones(3)}))
 
 
+def _edit_w(**fields):
+    def edit(content):
+        content["leaves"]["w"].update(fields)
+
+    return edit
+
+
+@pytest.mark.parametrize(
+    "edit, problem",
+    [
+        (
+            _edit_w(crc32=5),
+            r'leaf `w` records a CRC-32 \("crc32"\), which a '
+            r"version-3 index never does: it was edited",
+        ),
+        (
+            _edit_w(xxh3="XYZ"),
+            r"leaf `w` has the data checksum 'XYZ', not XXH3-64 "
+            r"in 16 lower-case hexadecimal digits",
+        ),
+        (_edit_w(xxh3=7), r"leaf `w` has the data checksum 7, not XXH3-64"),
+        (
+            lambda c: c.update(format_version=2),
+            r"leaf `w` records an XXH3-64 "
+            r'\("xxh3"\), which a version-2 index never does: it was edited',
+        ),
+        (lambda c: c.update(format_version=True), r"format_version True is not 1 to 3"),
+    ],
+    ids=["crc32-in-3", "xxh3-not-hex", "xxh3-an-int", "xxh3-in-2", "version-bool"],
+)
+def test_a_packed_leafs_checksum_is_of_its_index_version(tmp_path, edit, problem):
+    # Version 3 records XXH3-64s only, versions 1 and 2 CRC-32s only: a record
+    # of the other kind (or a downgrade of the version) was edited.
+    path = _save_pytree(tmp_path / "ckpt", {"w": jnp.ones(3)})
+    index = _group(path) / "orbax_eqx~typed.json"
+    content = json.loads(index.read_text())
+    edit(content)
+    index.write_text(json.dumps(content))
+    with pytest.raises(oeqx.CheckpointDamagedError, match=r"damaged: " + problem):
+        _restore_pytree(path, _abstract({"w": jnp.ones(3)}))
+
+
 def test_only_jax_arrays_are_saved_by_it(tmp_path):
     registry = oeqx.type_handler_registry()
     registry.add(np.ndarray, oeqx.PackedArrayHandler())
@@ -523,7 +566,7 @@ def test_registered_globally_it_says_what_a_plain_checkpoint_lacks(tmp_path):
     assert ocp.type_handlers.get_type_handler(jax.Array) is original
 
 
-# --- groups bound to their checkpoint (index format 2) ------------------------
+# --- groups bound to their checkpoint (index format 2 on) ---------------------
 
 
 def _seal(item_dir: Path) -> Path:
@@ -573,9 +616,9 @@ def test_an_edited_index_is_refused_by_the_seal(tmp_path):
     path = _save_pytree(tmp_path / "ckpt", {"w": jnp.arange(4.0), "v": jnp.ones(4)})
     index = _group(path) / "orbax_eqx~typed.json"
     content = json.loads(index.read_text())
-    # `w` and `v` swap places in the pack, each keeping its CRC-32's place.
+    # `w` and `v` swap places in the pack, each keeping its checksum's place.
     w, v = content["leaves"]["w"], content["leaves"]["v"]
-    for key in ("offset", "crc32"):
+    for key in ("offset", "xxh3"):
         w[key], v[key] = v[key], w[key]
     index.write_text(json.dumps(content))
     with pytest.raises(oeqx.CheckpointDamagedError, match=r"its index was edited"):
@@ -617,9 +660,12 @@ def test_a_group_of_index_format_1_restores_without_a_seal(tmp_path):
     path = _save_pytree(tmp_path / "ckpt", tree)
     index = _group(path) / "orbax_eqx~typed.json"
     content = json.loads(index.read_text())
-    assert content["format_version"] == 2 and len(content["save"]) == 16
+    assert content["format_version"] == 3 and len(content["save"]) == 16
     content["format_version"] = 1
     del content["save"]
+    for name, value in tree.items():  # version 1 recorded CRC-32s
+        del content["leaves"][name]["xxh3"]
+        content["leaves"][name]["crc32"] = zlib.crc32(np.asarray(value).tobytes())
     index.write_text(json.dumps(content))
     _seal(path).unlink()
     _assert_bitwise(_restore_pytree(path, _abstract(tree)), tree)

@@ -149,7 +149,7 @@ def document(version: int, nodes: bool = True) -> Any:
     """A whole sidecar of format `version`, every record by its schema
     (without the records of inner nodes unless `nodes`)."""
     kind = Document if nodes else Skimmed
-    return kind[leaf_record(version), ModuleRecord]  # type: ignore[index]
+    return kind[leaf_record(version), ModuleRecord]
 
 
 class ModuleRecord(msgspec.Struct):

@@ -62,7 +62,8 @@ An array leaf's `data` says where its bytes are:
 - `"shards"`: chunks of shard packs, one pack per process of the save
   (`shard_files` of them): a sharded array's distinct shards, each written
   once, by the process holding its first replica. Each process's index file
-  says where each chunk is and its CRC-32s (see `_storage/sharded/index.py`).
+  says where each chunk is and its blocks' checksums (XXH3-64 in index
+  version 3, from format 6 on; see `_storage/sharded/index.py`).
 - `"orbax"`: one stored array in Orbax's array store under `key` (always
   derived from the name): every array with `pack=False`.
   The store is the directory `orbax_eqx~arrays.<token>` (before version 3: the
@@ -222,6 +223,9 @@ class Metadata:
     # Format 5: every inner node of the saved tree, as `_tree/nodes.py` records
     # it (None: written before, or by a writer that did not record them).
     nodes: dict[str, dict[str, Any]] | None = None
+    # The shard index versions its save may have written (None: those of its
+    # format version; the type handler's groups say theirs).
+    index_versions: tuple[int, ...] | None = None
 
     def source(self, leaf: LeafMetadata) -> LeafMetadata:
         """The leaf whose data `leaf` holds: `leaf` itself, or for a tied
@@ -435,7 +439,7 @@ def _bound_json(token, name, dtype, shape, file, offset, size) -> str:
 
 _INT = frozenset([int])
 # What `_BIND_ENCODER` writes for a string (`ensure_ascii=False`).
-_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_string = json.encoder.encode_basestring
 # One encoder for all leaves (`json.dumps` with options makes one per call).
 _BIND_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 

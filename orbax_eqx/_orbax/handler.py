@@ -85,8 +85,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         sidecar and the pack file are written by `primary_host` only, each
         process writes its own shard pack.
     - `checksums`: record a checksum of every array (the default), which
-        restores and `oeqx.verify` check: CRC-32s of packed arrays and of
-        every 1 MiB of shard-pack chunks, computed on host while the files are
+        restores and `oeqx.verify` check: XXH3-64s of packed arrays and of
+        every block of shard-pack chunks, computed on host while the files are
         written; for Orbax-stored arrays (`pack=False`) a sum computed on host
         where one process holds the whole array (multi-host `pack=False`
         saves are not summed; see `_format.checksum`). Costs a few percent of the

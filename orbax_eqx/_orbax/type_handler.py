@@ -52,7 +52,7 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
     to shard packs: each process writes the distinct shards it holds into a
     file of its own, with an index of chunk boxes. A restore onto any
     sharding, mesh or device count reads just the byte ranges each device
-    needs, checked against CRC-32s recorded at save. No computation runs on a
+    needs, checked against XXH3-64s recorded at save. No computation runs on a
     device; processes meet only at Orbax's own barrier before the commit.
 
     Checkpoints of Orbax's own `ArrayHandler` (saved before switching) still
@@ -65,7 +65,7 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
 
     - `primary_host`: the process that writes the pack and the index; the same
         as `MultiprocessingOptions(primary_host=...)` of the checkpoint handler.
-    - `verify`: check every byte read against its recorded CRC-32 (a mismatch
+    - `verify`: check every byte read against its recorded checksum (a mismatch
         is a `CheckpointDamagedError` naming the leaf).
 
     !!! example

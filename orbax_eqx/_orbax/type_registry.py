@@ -116,7 +116,7 @@ def type_handler_registry(
 
     - `primary_host`: the process that writes the pack and the index; pass the
         same as the handler's `MultiprocessingOptions(primary_host=...)`.
-    - `verify`: check every byte read against its CRC-32 recorded at save.
+    - `verify`: check every byte read against its checksum recorded at save.
 
     **Returns:** an `ocp.type_handlers.TypeHandlerRegistry`.
 

@@ -271,7 +271,7 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
                         end = min((i + 1) * chunk.block, chunk.nbytes)
                         problem = (
                             f"chunk {chunk.box()} in {file.name}: "
-                            + _differs("CRC-32", recorded, found)
+                            + _differs(NAMES[chunk.algorithm], recorded, found)
                             + f" in bytes {i * chunk.block}-{end} (its bytes "
                             "changed, or the index moved the chunk)"
                         )

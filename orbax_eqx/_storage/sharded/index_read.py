@@ -18,6 +18,7 @@ from etils import epath
 from ..._bytes.paths import is_remote
 from ..._bytes.route import read_bounded
 from ..._errors import CheckpointDamagedError, permission_denied
+from ..._format.checksum import NAMES
 from ..._format.sidecar import (
     SHARDS,
     LeafMetadata,
@@ -29,14 +30,15 @@ from ..._format.sidecar import (
 from ..._tree.walk import parse_dtype
 from .index import (
     INDEX_FORMAT,
-    INDEX_VERSION,
     OLD_BLOCK,
     Chunk,
     ShardPack,
+    algorithm_of,
     binding,
     block_size,
     leaf_seed,
     stored_of,
+    versions_for,
 )
 from .index_schema import FORMS, ROWS, Header
 
@@ -55,9 +57,9 @@ def read_all(directory: epath.Path, saved: Metadata) -> dict[str, list[Chunk]]:
     """
     records = {n: r for n, r in saved.leaves.items() if r.data == SHARDS}
     chunks: dict[str, list[Chunk]] = {name: [] for name in records}
-    # Sidecar formats 5 on save version 2 (the type handler's groups, whose
-    # own index has a version of its own, may hold either).
-    versions = (INDEX_VERSION,) if saved.format_version >= 5 else (1, INDEX_VERSION)
+    # Each sidecar format's save wrote one version (the type handler's groups,
+    # whose own index has a version of its own, say which they may hold).
+    versions = saved.index_versions or versions_for(saved.format_version)
     # The element type the sidecar records is bound into each chunk's seed.
     stored = {name: stored_of(r.dtype) for name, r in records.items()}
     token = token_of(saved)
@@ -105,17 +107,23 @@ def _read_one(
     except (msgspec.DecodeError, RecursionError) as e:
         raise bad(f"it is not valid JSON ({e})") from None
     version, rows = _check_header(header, token, process, versions, bad)
+    algorithm = algorithm_of(version)
     chunks: list[Chunk] = []
     for leaf, raw in rows.items():
         seed = None  # version 1, or a leaf the sidecar lacks (refused later)
         if version >= 2 and leaf in stored:
-            seed = leaf_seed(token, process, leaf, stored[leaf])
+            seed = leaf_seed(token, process, leaf, stored[leaf], algorithm)
         for row in _rows(raw, version, leaf, bad):
             block = OLD_BLOCK if version == 1 else row.block
             start, stop = tuple(row.start), tuple(row.stop)
             bound = None
             if seed is not None:
-                bound = binding(seed, start, stop, row.offset, row.nbytes, block)
+                bound = binding(
+                    seed, start, stop, row.offset, row.nbytes, block, algorithm
+                )
+            sums = row.crcs
+            if version >= 3:  # 16 hexadecimal digits each (the schema checked)
+                sums = [int(x, 16) for x in sums]
             chunks.append(
                 Chunk(
                     leaf,
@@ -125,8 +133,9 @@ def _read_one(
                     row.offset,
                     row.nbytes,
                     block,
-                    tuple(row.crcs),
+                    tuple(sums),
                     bound,
+                    algorithm,
                 )
             )
     return ShardPack(
@@ -165,11 +174,13 @@ def _check_header(
     version = header.format_version
     if type(version) is not int or version not in versions:
         expected = " or ".join(str(v) for v in versions)
+        older = type(version) is int and 1 <= version < max(versions)
         raise bad(
             f"format_version {version!r} is not {expected}"
             + (
-                " (a version-1 index in a checkpoint of sidecar format 5 or later)"
-                if version == 1
+                f" (a version-{version} index where the save wrote version "
+                f"{max(versions)}: put in by hand)"
+                if older
                 else ""
             )
         )
@@ -258,13 +269,14 @@ def _check_chunk(directory, pack: ShardPack, record: LeafMetadata, chunk: Chunk)
             f"ends at byte {chunk.offset + chunk.nbytes} of {pack.file}, which "
             f"holds {pack.nbytes}"
         )
+    kind = f"{NAMES[chunk.algorithm]}s"
     if pack.version >= 2 and chunk.block != block_size(chunk.nbytes):
         raise bad(
-            f"has CRC-32s of {chunk.block}-byte blocks where a chunk of "
+            f"has {kind} of {chunk.block}-byte blocks where a chunk of "
             f"{chunk.nbytes} bytes has {block_size(chunk.nbytes)}-byte ones"
         )
     if len(chunk.crcs) != -(-chunk.nbytes // chunk.block):
-        raise bad(f"has {len(chunk.crcs)} CRC-32s for {chunk.nbytes} bytes")
+        raise bad(f"has {len(chunk.crcs)} {kind} for {chunk.nbytes} bytes")
 
 
 @functools.cache

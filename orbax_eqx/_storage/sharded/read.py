@@ -43,6 +43,7 @@ import numpy as np
 from etils import epath
 
 from ..._errors import CheckpointDamagedError, bullet_list
+from ..._format.checksum import NAMES, XXH3
 from ..._format.sidecar import PACK_ALIGNMENT, Metadata, itemsize, shard_file
 from ..._tree.walk import JAX, is_key_dtype, key_data_struct, key_impl, parse_dtype
 from .. import ranges as _ranges
@@ -155,7 +156,7 @@ def _read_batch(directory, token, batch: dict[str, tuple], requests, verify: boo
 
 
 def damaged_chunks(directory, problems: list[str]) -> CheckpointDamagedError:
-    """The error for chunks whose bytes differ from their CRC-32s."""
+    """The error for chunks whose bytes differ from their checksums."""
     return CheckpointDamagedError(
         f"The data of {len(problems)} chunk(s) of the shard packs of the "
         f"checkpoint in {directory} changed after it was saved (a flipped bit "
@@ -166,17 +167,19 @@ def damaged_chunks(directory, problems: list[str]) -> CheckpointDamagedError:
 
 
 def check_chunk(chunk: Chunk, a: int, data: np.ndarray, record, path) -> list[str]:
-    """Checks bytes `[a, ...)` of `chunk` (whole blocks) against its CRC-32s,
+    """Checks bytes `[a, ...)` of `chunk` (whole blocks) against its checksums,
     which are bound to where the chunk belongs (see `sharded.index.binding`)."""
     problems = []
+    kind = NAMES[chunk.algorithm]
+    digits = 18 if chunk.algorithm == XXH3 else 10  # 0x and 16 or 8 digits
     for block, recorded, found in check_blocks(chunk, a, data):
         problems.append(
             f"Leaf `{record.path}` ({record.name}), chunk {chunk.box()} in "
             f"{path.name}, bytes {block * chunk.block}-"
-            f"{min((block + 1) * chunk.block, chunk.nbytes)}: CRC-32 recorded at "
-            f"save {recorded:#010x}, computed from the data now {found:#010x} "
-            "(its bytes changed, or the index moved the chunk to another "
-            "box, offset, leaf or save)."
+            f"{min((block + 1) * chunk.block, chunk.nbytes)}: {kind} recorded at "
+            f"save {recorded:#0{digits}x}, computed from the data now "
+            f"{found:#0{digits}x} (its bytes changed, or the index moved the "
+            "chunk to another box, offset, leaf or save)."
         )
     return problems
 

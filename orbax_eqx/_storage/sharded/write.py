@@ -5,7 +5,7 @@ whose `replica_id` is 0 (so each distinct box is written once, by exactly
 one process, whatever the replication), copies them to host memory before
 `save` returns, and writes them end to end, 64-byte aligned, into its own
 shard pack with `pwritev`, then the pack's index (see `sharded.index`). The
-CRC-32s (of blocks sized per chunk, each bound to where its bytes belong:
+checksums (XXH3-64 of blocks sized per chunk, each bound to where its bytes belong:
 see `sharded.index.binding`) are computed on host from the bytes being
 written, in a second thread:
 no computation runs on any device, and no process waits for another (Orbax's
@@ -29,7 +29,9 @@ from ..ranges import layout
 from ..transfer import staging as _staging
 from ..transfer import to_host as _to_host
 from .index import (
+    INDEX_VERSION,
     Chunk,
+    algorithm_of,
     binding,
     block_crcs,
     block_size,
@@ -143,6 +145,7 @@ def write(directory: epath.Path, token: str, process: int, local: Local) -> list
     pack = directory / shard_file(token, process)
     chunks = []
     seeds: dict[tuple, int] = {}  # (name, stored type) -> its `leaf_seed`
+    algorithm = algorithm_of(INDEX_VERSION)
     for i, (name, start, stop) in enumerate(
         zip(local.names, local.starts, local.stops, strict=True)
     ):
@@ -150,14 +153,17 @@ def write(directory: epath.Path, token: str, process: int, local: Local) -> list
         stored = stored_text(host.dtype, host.shape[len(start) :])
         seed = seeds.get((name, stored))
         if seed is None:
-            seed = seeds[(name, stored)] = leaf_seed(token, process, name, stored)
+            seed = leaf_seed(token, process, name, stored, algorithm)
+            seeds[(name, stored)] = seed
         block = block_size(size)
-        seed = binding(seed, start, stop, offset, size, block)
-        chunks.append(Chunk(name, process, start, stop, offset, size, block, (), seed))
+        seed = binding(seed, start, stop, offset, size, block, algorithm)
+        chunks.append(
+            Chunk(name, process, start, stop, offset, size, block, (), seed, algorithm)
+        )
 
     def crcs_of() -> list[list[int]]:
         return [
-            block_crcs(h, c.block, c.seed)
+            block_crcs(h, c.block, c.seed, algorithm)
             for h, c in zip(local.hosts, chunks, strict=True)
         ]
 

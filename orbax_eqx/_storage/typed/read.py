@@ -11,6 +11,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 from typing import Any, TypeGuard
 
 import jax
@@ -19,6 +20,7 @@ from etils import epath
 
 from ..._bytes import route as _route
 from ..._errors import CheckpointDamagedError, permission_denied
+from ..._format.checksum import CRC32, XXH3
 from ..._format.sidecar import (
     EMPTY,
     PACKED,
@@ -114,7 +116,7 @@ def _read_group(where: epath.Path) -> Group:
     if not isinstance(content, dict) or content.get("format") != INDEX_FORMAT:
         raise bad(f'expected a JSON object with "format": "{INDEX_FORMAT}"')
     version = content.get("format_version")
-    if version not in (1, INDEX_VERSION):
+    if type(version) is not int or not 1 <= version <= INDEX_VERSION:
         raise bad(
             f"format_version {version!r} is not 1 to "
             f"{INDEX_VERSION} (saved by a newer orbax_eqx?)"
@@ -137,7 +139,7 @@ def _read_group(where: epath.Path) -> Group:
         raise bad("its leaves are not those its group was named for")
     leaves, shardings = {}, {}
     for name, row in rows.items():
-        leaves[name] = _parse_leaf(name, row, packs, bad)
+        leaves[name] = _parse_leaf(name, row, packs, version, bad)
         at = row.get("sharding")
         if at is not None and not (_is_size(at) and at < len(table)):
             raise bad(f"leaf `{name}` has the sharding {at!r}")
@@ -155,6 +157,9 @@ def _read_group(where: epath.Path) -> Group:
         packs=packs,
         token=group,
         shard_files=processes,
+        # Version 3 wrote shard indexes of version 3 (XXH3-64 blocks), the
+        # earlier ones of version 1 or 2.
+        index_versions=(3,) if version >= 3 else (1, 2),
     )
     return Group(where, saved, shardings)
 
@@ -188,7 +193,7 @@ def _check_seal(where: epath.Path, group: str, index: bytes) -> None:
         )
 
 
-def _parse_leaf(name: str, row: Any, packs, bad) -> LeafMetadata:
+def _parse_leaf(name: str, row: Any, packs, version: int, bad) -> LeafMetadata:
     if not isinstance(row, dict):
         raise bad(f"leaf `{name}` is not a JSON object")
     shape, text, data = row.get("shape"), row.get("dtype"), row.get("data")
@@ -205,7 +210,8 @@ def _parse_leaf(name: str, row: Any, packs, bad) -> LeafMetadata:
         raise bad(f"leaf `{name}` records {row.get('nbytes')!r} bytes, not {nbytes}")
     if data not in (PACKED, SHARDS, EMPTY) or (data == EMPTY) != (nbytes == 0):
         raise bad(f"leaf `{name}` has the data kind {data!r}")
-    offset, crc = row.get("offset"), row.get("crc32")
+    offset = row.get("offset")
+    crc, algorithm = _data_sum(name, row, version, bad)
     if data == PACKED:
         if not packs:
             raise bad(f"leaf `{name}` is packed, but the group has no pack")
@@ -214,8 +220,6 @@ def _parse_leaf(name: str, row: Any, packs, bad) -> LeafMetadata:
                 f"leaf `{name}` at offset {offset!r} does not fit in the pack's "
                 f"{packs[0].nbytes} bytes"
             )
-        if not (crc is None or (_is_size(crc) and crc < 2**32)):
-            raise bad(f"leaf `{name}` has the CRC-32 {crc!r}")
     path = row.get("path")
     return LeafMetadata(
         name=name,
@@ -229,7 +233,41 @@ def _parse_leaf(name: str, row: Any, packs, bad) -> LeafMetadata:
         pack=0 if data == PACKED else None,
         offset=offset if data == PACKED else None,
         crc32=crc if data == PACKED else None,
+        sum_algorithm=algorithm,
     )
+
+
+def _data_sum(name: str, row: dict, version: int, bad) -> tuple[int | None, str]:
+    """A packed leaf's data checksum and its algorithm: from version 3 on an
+    XXH3-64 (`"xxh3"`, 16 lower-case hexadecimal digits) and never a CRC-32,
+    before it a CRC-32 (`"crc32"`, an integer below 2**32); or none."""
+    if version >= 3:
+        if "crc32" in row:
+            raise bad(
+                f'leaf `{name}` records a CRC-32 ("crc32"), which a version-'
+                f"{version} index never does: it was edited"
+            )
+        value = row.get(XXH3)
+        if value is not None and not (
+            isinstance(value, str) and _HEX64.fullmatch(value)
+        ):
+            raise bad(
+                f"leaf `{name}` has the data checksum {value!r}, not XXH3-64 in "
+                "16 lower-case hexadecimal digits"
+            )
+        return (None if value is None else int(value, 16)), XXH3
+    if XXH3 in row:
+        raise bad(
+            f'leaf `{name}` records an XXH3-64 ("xxh3"), which a version-'
+            f"{version} index never does: it was edited"
+        )
+    crc = row.get("crc32")
+    if not (crc is None or (_is_size(crc) and crc < 2**32)):
+        raise bad(f"leaf `{name}` has the CRC-32 {crc!r}")
+    return crc, CRC32
+
+
+_HEX64 = re.compile(r"[0-9a-f]{16}")
 
 
 def _is_size(x: Any) -> TypeGuard[int]:

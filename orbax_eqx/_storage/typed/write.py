@@ -19,7 +19,7 @@ every process writing the distinct shards it holds; zero-size arrays are
 recorded only. The index, written last, records every leaf:
 
 ```
-{"format": "orbax_eqx.typed", "format_version": 2, "group": "9f2c41d07a3be865",
+{"format": "orbax_eqx.typed", "format_version": 3, "group": "9f2c41d07a3be865",
  "save": "5be1c0a2d4e6f809",
  "processes": 2, "versions": {...},
  "pack": {"file": "orbax_eqx~packed.9f2c41d07a3be865.0.bin", "nbytes": 4160,
@@ -28,7 +28,7 @@ recorded only. The index, written last, records every leaf:
  "leaves": {
   "params.w": {"path": "['params']['w']", "shape": [64, 16], "dtype": "float32",
       "nbytes": 4096, "data": "shards", "sharding": 0},
-  "params.b": {..., "data": "packed", "offset": 4096, "crc32": 2351671402},
+  "params.b": {..., "data": "packed", "offset": 4096, "xxh3": "9d3a61c2e8f0b457"},
   "empty": {..., "data": "none"}}}
 ```
 
@@ -52,6 +52,7 @@ import numpy as np
 from etils import epath
 
 from ..._bytes import route as _route
+from ..._format.checksum import XXH3
 from ..._format.sidecar import (
     EMPTY,
     PACKED,
@@ -74,7 +75,10 @@ INDEX_FORMAT = "orbax_eqx.typed"
 # beside the group's directory, in the item directory, holds the SHA-256 of
 # the index: a group directory copied in from another checkpoint (named
 # alike: the same leaf names) carries another index, which the seal refuses.
-INDEX_VERSION = 2
+# 3: packed leaves' data checksums are XXH3-64 (`"xxh3"`, 16 lower-case
+# hexadecimal digits; they were CRC-32s, `"crc32"`), and the shard packs'
+# indexes of version 3 (XXH3-64 blocks: `sharded.index`).
+INDEX_VERSION = 3
 SEAL_FILE = "orbax_eqx~typed-seal.{group}"
 SEAL_PREFIX = "orbax_eqx~typed-seal."
 
@@ -227,15 +231,15 @@ def write(directory: epath.Path, taken: Taken, process: int, primary: bool) -> N
     index = taken.index
     if taken.pieces:
         path = where / pack_file(taken.group, 0)
-        crcs = _packed.write(path, taken.pieces, taken.pack_nbytes)
+        sums = _packed.write(path, taken.pieces, taken.pack_nbytes, algorithm=XXH3)
         # Let go of device buffers' views (see `transfer.to_host.host_copies`).
         taken.pieces = []
-        for name, crc in zip(taken.packed, crcs, strict=True):
-            index["leaves"][name]["crc32"] = crc
+        for name, value in zip(taken.packed, sums, strict=True):
+            index["leaves"][name][XXH3] = f"{value:016x}"
     text = _dump(index).encode("utf-8")
     _route.write_whole(where / INDEX_FILE, text)
     # Beside the group's directory, not in it: binds the directory's index
-    # (and through its CRC-32s and save token, its packs) to this checkpoint.
+    # (and through its checksums and save token, its packs) to this checkpoint.
     _route.write_whole(
         epath.Path(directory) / SEAL_FILE.format(group=taken.group),
         seal(text).encode("ascii"),
