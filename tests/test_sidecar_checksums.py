@@ -271,7 +271,7 @@ def test_checksums_flag_that_is_no_bool_is_damage(tmp_path):
 def test_the_bound_text_is_what_the_json_encoder_writes(name, shape):
     import json
 
-    from orbax_eqx._format.sidecar import _bound_json
+    from orbax_eqx._format.binding import _bound_json
 
     where = ["0123456789abcdef", name, "bfloat16", shape, "pack.bin", 64, 2**40]
     expected = json.dumps(where, ensure_ascii=False, separators=(",", ":"))

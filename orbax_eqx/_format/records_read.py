@@ -21,6 +21,7 @@ from .._tree.names import old_storage_key, storage_key
 from .._tree.values import decode_scalar, scalar_type, too_deep
 from .._tree.walk import ARRAY, SCALAR, ModuleInfo, parse_dtype
 from . import schema as _schema
+from .binding import bind, data_sum_algorithm
 from .checksum import NAMES, XXH3
 from .sidecar import (
     ALIAS,
@@ -31,8 +32,6 @@ from .sidecar import (
     STORED,
     LeafMetadata,
     PackMetadata,
-    bind,
-    data_sum_algorithm,
     itemsize,
 )
 
@@ -93,7 +92,7 @@ class Sums:
     version: int
     checksums: bool  # False: saved with `checksums=False`
     token: str | None
-    # The data checksum of packed leaves (`sidecar.data_sum_algorithm`).
+    # The data checksum of packed leaves (`binding.data_sum_algorithm`).
     algorithm: str = dataclasses.field(init=False)
 
     def __post_init__(self):
@@ -191,7 +190,7 @@ def _checked_sums(leaf: LeafMetadata, rec, sums: Sums, bad) -> LeafMetadata:
     every packed leaf, and from format 5 on a `sum32` (null where no process
     held the array whole) for every Orbax-stored one: one without it was
     edited, and is damage to a restore as to `verify`. From format 5 on, each
-    packed leaf's checksum is bound to its record (`sidecar.bind`): unbound
+    packed leaf's checksum is bound to its record (`binding.bind`): unbound
     here, so that readers compare it with the checksum of the bytes."""
     version = sums.version
     if version < 4 or not sums.checksums:
@@ -211,7 +210,7 @@ def _checked_sums(leaf: LeafMetadata, rec, sums: Sums, bad) -> LeafMetadata:
 
 
 def _bound(rec) -> dict[str, Any]:
-    """The fields of an array record that `sidecar.bind` binds, as written."""
+    """The fields of an array record that `binding.bind` binds, as written."""
     return {
         "shape": rec.shape,
         "dtype": rec.dtype,

@@ -90,17 +90,14 @@ are derived from the token, never read from the sidecar.
 import dataclasses
 import functools
 import importlib.metadata
-import json
 import math
 import platform
 import re
 import sys
-import zlib
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import xxhash
 from etils import epath
 
 from .._bytes import route as _route
@@ -123,9 +120,6 @@ from .._tree.walk import (
     is_key_dtype,
     key_data_struct,
 )
-
-# Names only: which data checksum a format records (computed in `_storage`).
-from .checksum import CRC32, XXH3
 from .sealed import CHECKSUM as CHECKSUM
 from .sealed import MAX_BYTES as MAX_BYTES
 from .sealed import checksum_line as checksum_line
@@ -353,95 +347,6 @@ def build(
     if walked.name_of is not None:  # format 5: what a rebuild needs
         content["nodes"] = _nodes.record(walked)
     return content
-
-
-def data_sum_algorithm(version: int) -> str:
-    """The checksum of packed leaves' bytes a sidecar of format `version`
-    records: CRC-32 (`"crc32"`, an integer) up to format 5, XXH3-64 (`"xxh3"`,
-    16 hexadecimal digits) from format 6 on."""
-    return XXH3 if version >= 6 else CRC32
-
-
-def record_checksums(content: dict[str, Any], crc32: dict, sum32: dict) -> None:
-    """Adds `{leaf name: checksum}` to the sidecar's JSON `content`, in place
-    (packed leaves' data checksums, of `data_sum_algorithm`, bound to their
-    records: see `bind`)."""
-    leaves = content["leaves"]
-    token = content["token"]
-    algorithm = data_sum_algorithm(content["format_version"])
-    for name, value in crc32.items():
-        bound = bind(value, token, name, leaves[name], algorithm)
-        if algorithm == XXH3:
-            leaves[name][XXH3] = f"{bound:016x}"
-        else:
-            leaves[name][CRC32] = bound
-    for name, value in sum32.items():
-        leaves[name]["sum32"] = value
-    if content.get("checksums", True):
-        # Format 5: an Orbax-stored array that no process held whole at save
-        # (multi-host) has no sum32, and says so; a missing one was edited.
-        for record in leaves.values():
-            if record.get("data") == STORED:
-                record.setdefault("sum32", None)
-
-
-def bind(
-    crc: int, token: str, name: str, record: dict[str, Any], algorithm: str = CRC32
-) -> int:
-    """A packed leaf's checksum as formats 5 on record it: the checksum of its
-    bytes XOR the checksum (the same algorithm: CRC-32 in format 5, XXH3-64
-    from format 6 on) of what says where and what they are (the save's token,
-    the leaf name, dtype, shape, pack file, offset and size). Its own inverse:
-    a reader binds the recorded value with the record as it reads it, and
-    gets the CRC-32 of the bytes back only if no part of that was edited
-    (a dtype or shape of the same size, an offset, another leaf's record, a
-    pack of another save); else the data is found damaged, by a restore and by
-    `verify` alike."""
-    data = _bound_json(
-        token,
-        name,
-        record["dtype"],
-        list(record["shape"]),
-        pack_file(token, record["pack"]),
-        record["offset"],
-        record["nbytes"],
-    ).encode("utf-8", "surrogatepass")
-    if algorithm == XXH3:
-        return crc ^ xxhash.xxh3_64_intdigest(data)
-    return crc ^ zlib.crc32(data)
-
-
-def _bound_json(token, name, dtype, shape, file, offset, size) -> str:
-    """`json.dumps([token, name, dtype, shape, file, offset, size],
-    ensure_ascii=False, separators=(",", ":"))`, the text `bind` sums.
-
-    Written out where every value is of the type a save records (strings,
-    and plain ints: a bool or a float would print otherwise), which is ~4x
-    faster than the encoder; anything else goes through the encoder, so the
-    text is the same either way (`tests/test_sidecar_checksums.py`)."""
-    if (
-        type(offset) is int
-        and type(size) is int
-        and type(shape) is list
-        and _INT.issuperset(map(type, shape))
-        and type(token) is str
-        and type(name) is str
-        and type(dtype) is str
-    ):
-        dims = repr(shape).replace(" ", "")  # a list of ints: "[8,8]"
-        return (
-            f"[{_string(token)},{_string(name)},{_string(dtype)},"
-            f"{dims},{_string(file)},{offset},{size}]"
-        )
-    where = [token, name, dtype, shape, file, offset, size]
-    return _BIND_ENCODER.encode(where)
-
-
-_INT = frozenset([int])
-# What `_BIND_ENCODER` writes for a string (`ensure_ascii=False`).
-_string = json.encoder.encode_basestring
-# One encoder for all leaves (`json.dumps` with options makes one per call).
-_BIND_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 
 
 def nbytes(x: Any) -> int:

@@ -15,6 +15,7 @@ from etils import epath
 from .._bytes import route as _route
 from .._bytes import verdict as _verdict
 from .._errors import ObjectStoreError, ObjectStoreSaveError, UnsupportedLeafError
+from .._format import binding as _binding
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
 from .._format.checksum import host_sum32
@@ -279,7 +280,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                 prepared.pieces,
                 prepared.pack_nbytes,
                 self._checksums,
-                _sidecar.data_sum_algorithm(prepared.content["format_version"]),
+                _binding.data_sum_algorithm(prepared.content["format_version"]),
             )
             _claim.wrote(started, path)
             # (`found` is empty without checksums)
@@ -288,7 +289,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             # a CPU array's buffer keeps donating that array from reusing it.
             prepared.pieces = []
         sums = {name: host_sum32(np.asarray(x)) for name, x in prepared.sums.items()}
-        _sidecar.record_checksums(prepared.content, crcs, sums)
+        _binding.record_checksums(prepared.content, crcs, sums)
         _claim.before_sidecar(started)
         try:
             with paused():
