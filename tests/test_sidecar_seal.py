@@ -239,3 +239,32 @@ def test_a_format_6_data_checksum_not_in_16_hex_digits_is_damage(
         oeqx.restore(path, {"a": jnp.zeros(10)})
     with pytest.raises(oeqx.SidecarError, match=match):
         oeqx.verify(path)
+
+
+# Private on purpose: records are written by msgspec where it writes what the
+# standard library's encoder writes, byte for byte, and by that encoder
+# elsewhere; the sidecar's text (and so its checksum line) is one either way.
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"path": ".a[0]", "shape": [8, 8], "nbytes": 256, "xxh3": "c0c1548425ae43f7"},
+        {"static": {"shape": {"tuple": [8]}, "eps": {"float": "1e-05"}}},
+        ['é"\\ \x01\x1f\x7f\u2028😀', [], {}, [[], {"x": [1, [2, True, False]]}]],
+        {"sum32": None, "nullable": "null"},
+        "lone \udc80 surrogate",
+        10**30,
+        -(2**63),
+    ],
+)
+def test_records_are_written_as_the_json_encoder_writes_them(value):
+    from orbax_eqx._format.sealed import _ENCODER, _encoded
+
+    assert _encoded(value) == _ENCODER.encode(value)
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), -float("inf")])
+def test_a_number_json_has_not_is_refused_as_before(number):
+    from orbax_eqx._format.sealed import _encoded
+
+    with pytest.raises(ValueError, match="Out of range float values"):
+        _encoded({"value": [1, number]})
