@@ -70,9 +70,12 @@ def build(saved: Metadata) -> _Node:
         )
         root.nbytes += stored
         for i, part in enumerate(parts):
-            node = node.children.setdefault(part, _Node(part))
+            child = node.children.get(part)
+            if child is None:  # a node's module is said by its path: once
+                child = node.children[part] = _Node(part)
+                child.module = modules.get(tuple(parts[: i + 1]))
+            node = child
             node.nbytes += stored
-            node.module = modules.get(tuple(parts[: i + 1]), node.module)
         node.leaf = leaf
     return root
 
