@@ -116,6 +116,15 @@ def data_sum(data: np.ndarray | memoryview, algorithm: str = CRC32) -> int:
     return running.value()
 
 
+def seeded(data: bytes | memoryview, seed: int, algorithm: str) -> int:
+    """The checksum `algorithm` of `data` started from `seed`: a CRC-32
+    continued from `seed`, an XXH3-64 with `seed` as its seed (the shard
+    indexes' block checksums, bound to where their bytes belong)."""
+    if algorithm == XXH3:
+        return xxhash.xxh3_64_intdigest(data, seed)
+    return zlib.crc32(data, seed)
+
+
 # Held one per byte by numpy: integers by value, floats by their 4-bit pattern.
 _SUB_BYTE_INTS = ("int4", "uint4", "int2", "uint2")
 _SUB_BYTE_FLOATS = ("float4_e2m1fn",)

@@ -47,13 +47,11 @@ array byte is read.
 import dataclasses
 import functools
 import json
-import zlib
 from collections.abc import Iterable, Sequence
 
 import numpy as np
-import xxhash
 
-from ..._format.checksum import CRC32, XXH3
+from ..._format.checksum import CRC32, XXH3, seeded
 from ..._format.sidecar import (
     shard_file,
 )
@@ -121,12 +119,6 @@ def versions_for(format_version: int) -> tuple[int, ...]:
     return (1, 2)
 
 
-def _digest(data, seed: int, algorithm: str) -> int:
-    if algorithm == XXH3:
-        return xxhash.xxh3_64_intdigest(data, seed)
-    return zlib.crc32(data, seed)
-
-
 def block_size(nbytes: int) -> int:
     """Bytes per CRC-32 of a chunk of `nbytes` bytes (see the module's doc)."""
     if nbytes <= MIN_BLOCK:
@@ -140,7 +132,7 @@ def leaf_seed(token: str, process: int, name: str, stored: str, algorithm: str) 
     the checksum (`algorithm`) of the save's token, the process, the leaf name
     and `stored` (`stored_text` of its element type)."""
     text = json.dumps([token, process, name, stored], ensure_ascii=False)
-    return _digest(text.encode(), 0, algorithm)
+    return seeded(text.encode(), 0, algorithm)
 
 
 def binding(
@@ -157,7 +149,7 @@ def binding(
     with its leaf's `leaf_seed`. `start` and `stop` are tuples of Python
     ints."""
     text = f"{start}{stop}{offset},{nbytes},{block}".encode()
-    return _digest(text, seed, algorithm)
+    return seeded(text, seed, algorithm)
 
 
 def stored_text(elem: np.dtype, tail: Sequence[int]) -> str:
@@ -179,7 +171,7 @@ def stored_of(dtype: str) -> str:
 def _block_seed(seed: int | None, i: int, algorithm: str) -> int:
     if seed is None:
         return 0
-    return _digest(i.to_bytes(8, "little"), seed, algorithm)
+    return seeded(i.to_bytes(8, "little"), seed, algorithm)
 
 
 def block_crcs(data, block: int, seed: int | None, algorithm: str) -> list[int]:
@@ -188,7 +180,7 @@ def block_crcs(data, block: int, seed: int | None, algorithm: str) -> list[int]:
     if isinstance(data, np.ndarray):
         data = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
     return [
-        _digest(
+        seeded(
             data[at : at + block], _block_seed(seed, at // block, algorithm), algorithm
         )
         for at in range(0, len(data), block)
@@ -205,7 +197,7 @@ def check_blocks(chunk: Chunk, a: int, data) -> list[tuple[int, int, int]]:
     for at in range(0, len(view), chunk.block):
         i = (a + at) // chunk.block
         seed = _block_seed(chunk.seed, i, algorithm)
-        found = _digest(view[at : at + chunk.block], seed, algorithm)
+        found = seeded(view[at : at + chunk.block], seed, algorithm)
         if found != chunk.crcs[i]:
             bad.append((i, chunk.crcs[i], found))
     return bad
