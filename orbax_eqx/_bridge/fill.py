@@ -55,12 +55,17 @@ from .safetensors.dtypes import numpy_dtype
 from .safetensors.header import Header, SafetensorsError, TensorInfo
 
 DEFAULT_WINDOW = 1 << 30
-COPY_WINDOW = 64 << 20
+# Copied bytes in flight per batch (two batches at once). Measured on 16
+# cores (benchmarks/bridge_stages.py, GPT-2's 1.32 GiB, 1.21 GB of it
+# transposed): with 64 MiB the reads waited on the copies, 1.29x the raw
+# read; with 256 MiB (an eighth of the share caps it at 169 MiB there) and
+# 8 placers, 1.06x, peak memory 1.20x the share.
+COPY_WINDOW = 256 << 20
 MIN_COPY_WINDOW = 1 << 20
 PIECES = 4096
 # Threads copying pieces into place (numpy lets go of the GIL while it
 # copies): a transpose costs several times a read of the same bytes.
-PLACERS = min(4, os.cpu_count() or 1)
+PLACERS = min(8, os.cpu_count() or 1)
 GAP = 0  # copied ranges are read as one where they touch or overlap only
 _LITTLE = sys.byteorder == "little"
 
