@@ -99,15 +99,37 @@ def _check_size(text: str, content: dict[str, Any]) -> None:
     size = len(text.encode("utf-8", "surrogatepass"))
     if size <= room:
         return
+    raise UnsupportedLeafError(_too_large(size, content))
+
+
+def _too_large(size: int, content: dict[str, Any]) -> str:
+    """Why a sidecar is over `MAX_BYTES`, and the fix that fits: one large
+    record (a big Python value) or many records (many leaves)."""
     records = [("leaf", n, r) for n, r in content["leaves"].items()]
     records += [("module", n, r) for n, r in content["modules"].items()]
-    kind, name, _ = max(records, key=lambda r: len(json.dumps(r[2], default=str)))
-    raise UnsupportedLeafError(
+    sizes = [len(json.dumps(r, default=str)) for _, _, r in records]
+    largest = max(range(len(records)), key=sizes.__getitem__)
+    kind, name, record = records[largest]
+    shown = record.get("path", name) if isinstance(record, dict) else name
+    leaves, modules = len(content["leaves"]), len(content["modules"])
+    said = (
         f"Cannot save this item: its sidecar would be {size} bytes, more than "
-        f"the {MAX_BYTES} orbax_eqx reads back. The largest record is "
-        f"that of {kind} `{name}`. Keep large Python values (str, bytes, static "
-        "fields) out of the item, or store them as arrays "
-        "(`np.frombuffer(data, np.uint8)`)."
+        f"the {MAX_BYTES} orbax_eqx reads back. It records {leaves} "
+        f"{'leaf' if leaves == 1 else 'leaves'} and {modules} "
+        f"{'module' if modules == 1 else 'modules'}; the largest record, that of "
+        f"{kind} `{shown}`, is {sizes[largest]} bytes. "
+    )
+    if sizes[largest] * 10 >= MAX_BYTES:
+        return said + (
+            "Keep large Python values (str, bytes, static fields) out of the "
+            "item, or store them as arrays (`np.frombuffer(data, np.uint8)`)."
+        )
+    return said + (
+        f"That is about {size // max(leaves, 1)} bytes a leaf: save fewer, "
+        "larger arrays (stack repeated layers into one array per parameter, "
+        "as `eqx.filter_vmap` builds them and `jax.lax.scan` runs them), or "
+        "split the item into several items of one checkpoint "
+        "(`ocp.args.Composite`), each with a sidecar of its own."
     )
 
 
