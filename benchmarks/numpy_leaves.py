@@ -6,8 +6,10 @@ For each size, the same float32 values as `--arrays` numpy arrays and as jax
 arrays (CPU, 1 device), saved by `oeqx.save` (waits for the disk) and by a
 `CheckpointManager` (async: the time `save` blocks, and the total to the end
 of `wait_until_finished`), beside a raw `pwritev` + fsync of the same bytes.
-Contenders take turns going first; figures are medians, and the ratio
-numpy / jax is of medians from the same run (target, issue 30: <= 1.1x).
+Contenders take turns going first, and the disk settles (`os.sync`) after
+each; figures are medians, and the ratio numpy / jax is of medians from the
+same run (target, issue 30: <= 1.1x; the async block has none: an async save
+copies numpy arrays before it returns).
 """
 
 import argparse
@@ -46,9 +48,15 @@ def _raw(path, arrays) -> None:
 
 
 def _drop(path) -> None:
+    """Deletes what a contender wrote, and lets the disk settle (the
+    deletion's journal and write-back) before the next one: on this VM a
+    write of 1 GiB right after another's deletion took 0.24 s or 2.5 s,
+    whichever the contender."""
     shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else (
         os.path.exists(path) and os.remove(path)
     )
+    os.sync()
+    time.sleep(0.5)
 
 
 def main() -> None:
@@ -107,13 +115,21 @@ def main() -> None:
                 )
                 _drop(raw)
             med = {k: statistics.median(v) for k, v in times.items()}
-            print(f"{mib} MiB in {args.arrays} arrays:")
+            best = {k: min(v) for k, v in times.items()}
+            print(f"{mib} MiB in {args.arrays} arrays (median, best):")
             for k, v in med.items():
-                print(f"  {k:<24} {v:8.3f} s")
-            for what in ("oeqx.save", "async blocks", "async total"):
+                print(f"  {k:<24} {v:8.3f} s {best[k]:8.3f} s")
+            for what in ("oeqx.save", "async total"):
                 ratio = med[f"{what} numpy"] / med[f"{what} jax"]
-                mark = "PASS" if ratio <= 1.1 or what == "async blocks" else "FAIL"
-                print(f"  [{mark}] {what}: numpy / jax {ratio:.2f}x (target <= 1.1x)")
+                mark = "PASS" if ratio <= 1.1 else "FAIL"
+                print(
+                    f"  [{mark}] {what}: numpy / jax {ratio:.2f}x (target <= 1.1x); "
+                    f"best / best {best[f'{what} numpy'] / best[f'{what} jax']:.2f}x"
+                )
+            # No target: an async save copies numpy arrays before it returns
+            # (the caller may change them), where jax arrays are immutable.
+            ratio = med["async blocks numpy"] / med["async blocks jax"]
+            print(f"  async blocks: numpy / jax {ratio:.2f}x (a copy; no target)")
             print(
                 f"  oeqx.save numpy / raw write + fsync: "
                 f"{med['oeqx.save numpy'] / med['raw write + fsync']:.2f}x"
