@@ -20,14 +20,7 @@ import _contenders
 import _models
 import jax
 import numpy as np
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
+from _proc import status as _status
 
 
 def main(contender: str, model: str, path: str) -> None:

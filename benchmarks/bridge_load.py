@@ -76,6 +76,7 @@ REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, REPO_ROOT)  # this checkout's orbax_eqx, not an installed one
 sys.path.insert(0, os.path.dirname(HERE))
 from _bridge_layouts import LAYOUTS  # noqa: E402
+from _proc import status as _status  # noqa: E402
 
 TIMEOUT_S = 1800
 MIB = 2**20
@@ -341,14 +342,6 @@ def load_orbax(layout, directory, layers, dim, vocab, put):
 
 
 # --------------------------------------------------------------- one probe
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
 
 
 def _read() -> int:

@@ -31,14 +31,7 @@ import time
 HERE = os.path.abspath(__file__)
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, REPO_ROOT)
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
+from _proc import status as _status  # noqa: E402
 
 
 def _tree(n: int):

@@ -40,16 +40,10 @@ import sys
 import tempfile
 import time
 
+from _proc import status as _status
+
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def _model(n: int):

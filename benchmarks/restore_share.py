@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+from _proc import status as _status
+
 HERE = os.path.abspath(__file__)
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 TIMEOUT_S = 900
@@ -67,14 +69,6 @@ def values(i: int, shape):
     import numpy as np
 
     return np.random.default_rng(i).standard_normal(shape).astype(np.float32)
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(field)
 
 
 def _rchar() -> int:

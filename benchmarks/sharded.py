@@ -67,6 +67,7 @@ import equinox as eqx  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import orbax.checkpoint as ocp  # noqa: E402
+from _proc import status as _status  # noqa: E402
 from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
@@ -152,14 +153,6 @@ class Orbax:
 
 
 CONTENDERS = {c.name: c for c in (OrbaxEqx, Orbax)}
-
-
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError(field)
 
 
 def probe(contender: str, model: str, kind: str, path: str) -> None:
