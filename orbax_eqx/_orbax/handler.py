@@ -206,6 +206,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                     checksums=self._checksums,
                     flat=flat,
                     copy_numpy=not _WAITED.get(),
+                    polite=not _WAITED.get(),
                 )
         except UnsupportedLeafError:
             # Refused before anything was written (with `pack=False`, a dtype
@@ -293,7 +294,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         _claim.before_sidecar(started)
         try:
             with paused():
-                _sidecar.write(directory, prepared.content, Polite())
+                pause = Polite() if prepared.polite else None
+                _sidecar.write(directory, prepared.content, pause)
         except FileExistsError:
             _claim.claim_failed(started)
         _claim.wrote(started, directory / _sidecar.FILE_NAME)

@@ -72,6 +72,9 @@ class Prepared:
     pieces: list[tuple[int, np.ndarray]] = dataclasses.field(default_factory=list)
     pack_nbytes: int = 0
     packed_names: list[str] = dataclasses.field(default_factory=list)
+    # Whether the background work pauses now and then for the caller's
+    # thread (`Polite`); not when the caller waits for the save.
+    polite: bool = True
 
     def finish(self) -> None:
         """Names the leaves and builds the sidecar's content; waits for the
@@ -92,6 +95,7 @@ def prepare(
     checksums: bool = True,
     flat: tuple[list[Any], Any] | None = None,
     copy_numpy: bool = True,
+    polite: bool = True,
 ) -> Prepared:
     """Decides where every leaf of `item` goes and takes packed arrays' bytes.
 
@@ -106,7 +110,9 @@ def prepare(
     copied to host, to be summed in the background. `flat` is
     `flatten(item)`, if the caller has it. `copy_numpy=False`, for a save
     that returns only once its writes are done (the caller cannot change an
-    array meanwhile), packs numpy arrays without copying them first.
+    array meanwhile), packs numpy arrays without copying them first;
+    `polite=False`, for such a save too, lets the background work run without
+    pausing for the caller's thread, which only waits (`Polite`).
     """
     leaves, treedef, walked = _checked_leaves(item, flat, pack)
     aliases = _aliases(leaves)
@@ -136,7 +142,8 @@ def prepare(
     shard_files = jax.process_count() if to_shard else 0
 
     def finish() -> tuple:
-        pause = Polite()  # the caller's thread goes on: let it have the GIL
+        # The caller's thread goes on: let it have the GIL (unless it waits).
+        pause = Polite() if polite else None
         if walked is not None:
             named = walked
         else:
@@ -165,7 +172,7 @@ def prepare(
             packed_names = [names[i] for i in to_pack]
         return content, pieces, pack_nbytes, packed_names
 
-    return Prepared(stored, sums, shard_files, local, finish)
+    return Prepared(stored, sums, shard_files, local, finish, polite=polite)
 
 
 def _checked_leaves(item: Any, flat, pack: bool) -> tuple[list[Any], Any, Any]:
@@ -201,7 +208,9 @@ def _to_store(walked: Walked, leaves: list[Any], arrays: list[int], checksums: b
     return stored, sums
 
 
-def _walk_snapshot(leaves: list[Any], treedef: Any, pause: Polite) -> Walked:
+def _walk_snapshot(
+    leaves: list[Any], treedef: Any, pause: Callable[[], None] | None
+) -> Walked:
     """The walk of the item as it was at `save`: its leaves, in its structure
     (the caller may have changed its dicts and lists since). Checked as the
     item of a first save is: a tree that compares equal to one checked before

@@ -48,7 +48,9 @@ def check(walked: Walked) -> None:
                 f"Module `{module.path}` is under a dict key that is not valid Unicode."
             )
         for field, value in module.static.items():
-            found = bad_text(value)
+            found, nested = bad_text(value), too_deep(value)
+            if found is None and not nested:
+                continue  # (the usual case: no message to word)
             where = (
                 f"Static field `{field}` of module {label(name, module.path)} "
                 f"({module.cls})"
@@ -58,7 +60,7 @@ def check(walked: Walked) -> None:
                     f"{where} holds text that is not valid Unicode: "
                     f"{found!r} {_SURROGATE}."
                 )
-            if too_deep(value):
+            if nested:
                 deep.append(f"{where} nests more than {MAX_DEPTH} levels deep.")
     if text or deep:
         fixes = ([_TEXT_FIX] if text else []) + ([_DEPTH_FIX] if deep else [])
