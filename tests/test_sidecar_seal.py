@@ -268,3 +268,26 @@ def test_a_number_json_has_not_is_refused_as_before(number):
 
     with pytest.raises(ValueError, match="Out of range float values"):
         _encoded({"value": [1, number]})
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "blocks.0.w",
+        'a"b',
+        "back\\slash",
+        "tab\there",
+        "\x00",
+        "\x7f\u2028é😀",
+        "",
+        "\udc80",
+    ],
+)
+def test_names_are_written_as_the_json_encoder_writes_them(name):
+    # Plain names are written between quotes without the encoder: the same bytes.
+    from orbax_eqx._format.sealed import _ENCODER, _dump
+
+    record = {"kind": "array"}
+    (written,) = _dump({"leaves": {name: record}})
+    expected = f"  {_ENCODER.encode(name)}: {_ENCODER.encode(record)}"
+    assert written == f' "leaves": {{\n{expected}\n }}'

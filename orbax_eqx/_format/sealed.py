@@ -154,6 +154,9 @@ def _encoded(value: Any) -> str:
 
 
 _FAST = msgspec.json.Encoder()
+# Text the encoder writes as it is, between quotes (with `ensure_ascii=False`
+# it escapes only quotes, backslashes and control characters).
+_PLAIN_KEY = re.compile(r'[^"\\\x00-\x1f]*')
 
 
 def _dump(
@@ -166,12 +169,17 @@ def _dump(
             pause()
         return _encoded(value)
 
+    def named(name: str) -> str:  # a leaf's, module's or node's name
+        if _PLAIN_KEY.fullmatch(name):
+            return f'"{name}"'  # as the encoder writes it, 10x sooner
+        return line(name)
+
     parts = []
     for key, value in content.items():
         if key == CHECKSUM:  # the last line, computed anew (see `dumps`)
             continue
         if isinstance(value, dict) and key in ("leaves", "modules", "nodes") and value:
-            rows = ",\n".join(f"  {line(k)}: {line(v)}" for k, v in value.items())
+            rows = ",\n".join(f"  {named(k)}: {line(v)}" for k, v in value.items())
             parts.append(f" {line(key)}: {{\n{rows}\n }}")
         else:
             parts.append(f" {line(key)}: {line(value)}")
