@@ -38,7 +38,7 @@ def test_too_many_leaves_says_so_and_the_fixes_work(tmp_path, small_limit):
     assert re.match(
         r"^Cannot save this item: its sidecar would be \d+ bytes, more than the "
         rf"{LIMIT} orbax_eqx reads back\. It records 400 leaves and 0 modules; "
-        r"the largest record, that of leaf `\['layer\d+'\]`, is \d+ bytes\. That "
+        r"the largest record, that of node `<root>`, is \d+ bytes\. That "
         r"is about \d+ bytes a leaf: save fewer, larger arrays \(stack repeated "
         r"layers into one array per parameter, as `eqx\.filter_vmap` builds them "
         r"and `jax\.lax\.scan` runs them\), or split the item into several items "

@@ -107,6 +107,8 @@ def _too_large(size: int, content: dict[str, Any]) -> str:
     record (a big Python value) or many records (many leaves)."""
     records = [("leaf", n, r) for n, r in content["leaves"].items()]
     records += [("module", n, r) for n, r in content["modules"].items()]
+    # A node's record lists its children: large only for a node of many.
+    records += [("node", n, r) for n, r in content.get("nodes", {}).items()]
     sizes = [len(json.dumps(r, default=str)) for _, _, r in records]
     largest = max(range(len(records)), key=sizes.__getitem__)
     kind, name, record = records[largest]
@@ -119,7 +121,7 @@ def _too_large(size: int, content: dict[str, Any]) -> str:
         f"{'module' if modules == 1 else 'modules'}; the largest record, that of "
         f"{kind} `{shown}`, is {sizes[largest]} bytes. "
     )
-    if sizes[largest] * 10 >= MAX_BYTES:
+    if kind != "node" and sizes[largest] * 10 >= MAX_BYTES:
         return said + (
             "Keep large Python values (str, bytes, static fields) out of the "
             "item, or store them as arrays (`np.frombuffer(data, np.uint8)`)."
