@@ -6,19 +6,27 @@ Once started up it prints `ready` and reads the first version to save from
 stdin (so a test can start the next worker while it checks the last one).
 Version `v` saves `replace_item(v)` with `oeqx.save(PATH, ..., overwrite=True)`,
 so whoever restores PATH knows exactly which values it must hold. Prints
-`saving V` before each save. SWAP is `exchange` (the kernel exchanges the two
-names in one call) or `renames` (the two renames used where it cannot: this
-worker runs as on such a system).
+`saving V` before each save, and rests `REST` seconds after it. SWAP is
+`exchange` (the kernel exchanges the two names in one call) or `renames` (the
+two renames used where it cannot: this worker runs as on such a system).
 """
 
 import sys
 import tempfile
+import time
 
 import jax.numpy as jnp
 import numpy as np
 
 import orbax_eqx as oeqx
 from orbax_eqx._save import replace
+
+# After each save, about as long as a save takes here (20-50 ms): a kill then
+# falls after a finished swap about as often as inside a save, so that the
+# test sees both outcomes in its rounds (without the rest, the window after a
+# swap was a few ms of each save, and one CI run under load saw no kill in it
+# in 24 rounds).
+REST = 0.03
 
 
 def replace_item(version: int) -> dict:
@@ -51,6 +59,7 @@ def main() -> None:
     for version in range(first, first + 1000):
         print(f"saving {version}", flush=True)
         oeqx.save(path, replace_item(version), overwrite=True, pack=version % 2 == 0)
+        time.sleep(REST)
 
 
 if __name__ == "__main__":
