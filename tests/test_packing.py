@@ -261,7 +261,7 @@ def test_a_save_that_waits_packs_numpy_arrays_without_copying(copy_numpy):
         "strided": base[::2],
         "scalar": np.float32(2.5),
     }
-    prepared = prepare(item, token="0" * 16, copy_numpy=copy_numpy)
+    prepared = prepare(item, token="0" * 16, waited=not copy_numpy)
     prepared.finish()
     hosts = dict(
         zip(prepared.packed_names, (h for _, h in prepared.pieces), strict=True)

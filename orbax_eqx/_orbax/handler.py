@@ -205,8 +205,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                     copy_packed=primary,
                     checksums=self._checksums,
                     flat=flat,
-                    copy_numpy=not _WAITED.get(),
-                    polite=not _WAITED.get(),
+                    waited=_WAITED.get(),
                 )
         except UnsupportedLeafError:
             # Refused before anything was written (with `pack=False`, a dtype

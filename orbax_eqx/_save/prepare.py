@@ -94,8 +94,7 @@ def prepare(
     copy_packed: bool = True,
     checksums: bool = True,
     flat: tuple[list[Any], Any] | None = None,
-    copy_numpy: bool = True,
-    polite: bool = True,
+    waited: bool = False,
 ) -> Prepared:
     """Decides where every leaf of `item` goes and takes packed arrays' bytes.
 
@@ -108,11 +107,11 @@ def prepare(
     `_storage/sharded/write.py`). Nothing here computes over a sharded array.
     With `checksums`, Orbax-stored arrays that this process holds whole are
     copied to host, to be summed in the background. `flat` is
-    `flatten(item)`, if the caller has it. `copy_numpy=False`, for a save
-    that returns only once its writes are done (the caller cannot change an
-    array meanwhile), packs numpy arrays without copying them first;
-    `polite=False`, for such a save too, lets the background work run without
-    pausing for the caller's thread, which only waits (`Polite`).
+    `flatten(item)`, if the caller has it. `waited`, for a save that returns
+    only once its writes are done (the caller can neither change an array
+    meanwhile nor run anything): numpy arrays are packed without copying them
+    first, and the background work never pauses for the caller's thread
+    (`Polite`).
     """
     leaves, treedef, walked = _checked_leaves(item, flat, pack)
     aliases = _aliases(leaves)
@@ -138,12 +137,12 @@ def prepare(
         local = _shards.start_take([(i, leaves[i]) for i in to_shard])
     hosts = None
     if copy_packed and to_pack:
-        hosts = start_host_copies([leaves[i] for i in to_pack], copy_numpy)
+        hosts = start_host_copies([leaves[i] for i in to_pack], not waited)
     shard_files = jax.process_count() if to_shard else 0
 
     def finish() -> tuple:
         # The caller's thread goes on: let it have the GIL (unless it waits).
-        pause = Polite() if polite else None
+        pause = None if waited else Polite()
         if walked is not None:
             named = walked
         else:
@@ -172,7 +171,7 @@ def prepare(
             packed_names = [names[i] for i in to_pack]
         return content, pieces, pack_nbytes, packed_names
 
-    return Prepared(stored, sums, shard_files, local, finish, polite=polite)
+    return Prepared(stored, sums, shard_files, local, finish, polite=not waited)
 
 
 def _checked_leaves(item: Any, flat, pack: bool) -> tuple[list[Any], Any, Any]:
