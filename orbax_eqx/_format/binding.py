@@ -30,10 +30,10 @@ def record_checksums(content: dict[str, Any], crc32: dict, sum32: dict) -> None:
     (packed leaves' data checksums, of `data_sum_algorithm`, bound to their
     records: see `bind`)."""
     leaves = content["leaves"]
-    token = content["token"]
     algorithm = data_sum_algorithm(content["format_version"])
+    binder = Binder(content["token"], algorithm)
     for name, value in crc32.items():
-        bound = bind(value, token, name, leaves[name], algorithm)
+        bound = binder.record(value, name, leaves[name])
         if algorithm == XXH3:
             leaves[name][XXH3] = f"{bound:016x}"
         else:
@@ -59,45 +59,77 @@ def bind(
     gets the CRC-32 of the bytes back only if no part of that was edited
     (a dtype or shape of the same size, an offset, another leaf's record, a
     pack of another save); else the data is found damaged, by a restore and by
-    `verify` alike."""
-    data = _bound_json(
-        token,
-        name,
-        record["dtype"],
-        list(record["shape"]),
-        pack_file(token, record["pack"]),
-        record["offset"],
-        record["nbytes"],
-    ).encode("utf-8", "surrogatepass")
-    if algorithm == XXH3:
-        return crc ^ xxhash.xxh3_64_intdigest(data)
-    return crc ^ zlib.crc32(data)
+    `verify` alike. (`Binder` binds the leaves of one sidecar sooner.)"""
+    return Binder(token, algorithm).record(crc, name, record)
 
 
-def _bound_json(token, name, dtype, shape, file, offset, size) -> str:
-    """`json.dumps([token, name, dtype, shape, file, offset, size],
-    ensure_ascii=False, separators=(",", ":"))`, the text `bind` sums.
+class Binder:
+    """`bind` for the leaves of one save: what is the same for all of them
+    (the token, the pack files' names, the dtypes' spellings) is written once,
+    so that binding a leaf costs ~1 us, not ~3 (a sidecar of 50,000 leaves
+    is read 0.1 s sooner)."""
 
-    Written out where every value is of the type a save records (strings,
-    and plain ints: a bool or a float would print otherwise), which is ~4x
-    faster than the encoder; anything else goes through the encoder, so the
-    text is the same either way (`tests/test_sidecar_checksums.py`)."""
-    if (
-        type(offset) is int
-        and type(size) is int
-        and type(shape) is list
-        and _INT.issuperset(map(type, shape))
-        and type(token) is str
-        and type(name) is str
-        and type(dtype) is str
-    ):
-        dims = repr(shape).replace(" ", "")  # a list of ints: "[8,8]"
-        return (
-            f"[{_string(token)},{_string(name)},{_string(dtype)},"
-            f"{dims},{_string(file)},{offset},{size}]"
+    def __init__(self, token: str, algorithm: str = CRC32):
+        self.token = token
+        self._sum = xxhash.xxh3_64_intdigest if algorithm == XXH3 else zlib.crc32
+        self._head = f"[{_string(token)}," if type(token) is str else None
+        self._strings: dict[str, str] = {}  # a dtype or a file: its JSON
+        self._files: dict[int, str] = {}  # a pack: its file's name
+
+    def record(self, crc: int, name: str, record: dict[str, Any]) -> int:
+        """`crc` bound to the leaf `name` of a sidecar record (a dict)."""
+        return self(
+            crc,
+            name,
+            record["dtype"],
+            record["shape"],
+            record["pack"],
+            record["offset"],
+            record["nbytes"],
         )
-    where = [token, name, dtype, shape, file, offset, size]
-    return _BIND_ENCODER.encode(where)
+
+    def __call__(self, crc, name, dtype, shape, pack, offset, size) -> int:
+        """`crc` bound to the leaf `name` of that dtype, shape, pack (its
+        index), offset and size."""
+        file = self._files.get(pack) if type(pack) is int else None
+        if file is None:
+            file = pack_file(self.token, pack)
+            if type(pack) is int:
+                self._files[pack] = file
+        text = self.text(name, dtype, list(shape), file, offset, size)
+        return crc ^ self._sum(text.encode("utf-8", "surrogatepass"))
+
+    def text(self, name, dtype, shape, file, offset, size) -> str:
+        """`json.dumps([token, name, dtype, shape, file, offset, size],
+        ensure_ascii=False, separators=(",", ":"))`, the text `bind` sums.
+
+        Written out where every value is of the type a save records (strings,
+        and plain ints: a bool or a float would print otherwise), which is
+        ~4x faster than the encoder; anything else goes through the encoder,
+        so the text is the same either way (`tests/test_sidecar_checksums.py`)."""
+        strings = self._strings
+        if (
+            self._head is not None
+            and type(offset) is int
+            and type(size) is int
+            and type(shape) is list
+            and _INT.issuperset(map(type, shape))
+            and type(name) is str
+            and type(dtype) is str
+            and type(file) is str
+        ):
+            dims = repr(shape).replace(" ", "")  # a list of ints: "[8,8]"
+            spelled = strings.get(dtype)
+            if spelled is None:
+                spelled = strings[dtype] = _string(dtype)
+            where = strings.get(file)
+            if where is None:
+                where = strings[file] = _string(file)
+            return (
+                f"{self._head}{_string(name)},{spelled},{dims},{where},{offset},{size}]"
+            )
+        values = [self.token, name, dtype, shape, file, offset, size]
+        return _BIND_ENCODER.encode(values)
 
 
 _INT = frozenset([int])

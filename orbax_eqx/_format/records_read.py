@@ -21,7 +21,7 @@ from .._tree.names import old_storage_key, storage_key
 from .._tree.values import decode_scalar, scalar_type, too_deep
 from .._tree.walk import ARRAY, SCALAR, ModuleInfo, parse_dtype
 from . import schema as _schema
-from .binding import bind, data_sum_algorithm
+from .binding import Binder, data_sum_algorithm
 from .checksum import NAMES, XXH3
 from .sidecar import (
     ALIAS,
@@ -33,6 +33,7 @@ from .sidecar import (
     LeafMetadata,
     PackMetadata,
     itemsize,
+    leaf_metadata,
 )
 
 TOO_DEEP = "nests values deeper than orbax_eqx writes them"
@@ -94,9 +95,14 @@ class Sums:
     token: str | None
     # The data checksum of packed leaves (`binding.data_sum_algorithm`).
     algorithm: str = dataclasses.field(init=False)
+    # Binds packed leaves' checksums to their records (None: no token).
+    binder: Binder | None = dataclasses.field(init=False)
 
     def __post_init__(self):
-        object.__setattr__(self, "algorithm", data_sum_algorithm(self.version))
+        algorithm = data_sum_algorithm(self.version)
+        object.__setattr__(self, "algorithm", algorithm)
+        binder = None if self.token is None else Binder(self.token, algorithm)
+        object.__setattr__(self, "binder", binder)
 
 
 def leaf(
@@ -117,7 +123,7 @@ def leaf(
             raise bad(f"leaf {name!r} {TOO_DEEP}")
         if kind == SCALAR and (rec.value is _schema.UNSET or not _is_scalar(value)):
             raise bad(f"leaf {name!r} has no valid Python value")
-        return LeafMetadata(name, path, kind, value=value)
+        return leaf_metadata(name, path, kind, value=value)
     return _array(name, path, rec, packs, sums, bad)
 
 
@@ -129,12 +135,16 @@ def _array(name, path, rec, packs, sums: Sums, bad) -> LeafMetadata:
     shape, data = tuple(rec.shape), rec.data
     _check_location(name, path, rec, shape, bad)
     size = rec.nbytes
+    crc32 = None
     if data == PACKED:
         _check_packed(name, shape, dtype, size, rec.pack, rec.offset, packs, bad)
-    crc32 = rec.crc32
-    if sums.algorithm == XXH3:
-        crc32 = None if rec.xxh3 is None else int(rec.xxh3, 16)
-    leaf = LeafMetadata(
+        crc32 = rec.crc32
+        if sums.algorithm == XXH3:
+            crc32 = None if rec.xxh3 is None else int(rec.xxh3, 16)
+        crc32 = _checked_sum(name, path, rec, crc32, sums, bad)
+    elif data == STORED:
+        _check_stored(name, path, rec, sums, bad)
+    return leaf_metadata(
         name,
         path,
         ARRAY,
@@ -146,7 +156,7 @@ def _array(name, path, rec, packs, sums: Sums, bad) -> LeafMetadata:
         size if type(size) is int else 0,
         pack=rec.pack if data == PACKED else None,
         offset=rec.offset if data == PACKED else None,
-        crc32=crc32 if data == PACKED else None,
+        crc32=crc32,
         sum32=rec.sum32 if data == STORED and rec.sum32 is not _schema.UNSET else None,
         sharding=str(rec.sharding)
         if data == SHARDS and rec.sharding is not _schema.UNSET
@@ -154,7 +164,6 @@ def _array(name, path, rec, packs, sums: Sums, bad) -> LeafMetadata:
         key=rec.key if data == STORED else None,
         sum_algorithm=sums.algorithm,
     )
-    return _checked_sums(leaf, rec, sums, bad)
 
 
 def _leaf_problem(name: str, field: str, raw: Any, sums: Sums) -> str:
@@ -185,44 +194,37 @@ def _leaf_problem(name: str, field: str, raw: Any, sums: Sums) -> str:
     return f"leaf {name!r} has no valid dtype or container"  # dtype, container
 
 
-def _checked_sums(leaf: LeafMetadata, rec, sums: Sums, bad) -> LeafMetadata:
-    """From format 4 on, a save with checksums records a data checksum for
-    every packed leaf, and from format 5 on a `sum32` (null where no process
-    held the array whole) for every Orbax-stored one: one without it was
-    edited, and is damage to a restore as to `verify`. From format 5 on, each
-    packed leaf's checksum is bound to its record (`binding.bind`): unbound
-    here, so that readers compare it with the checksum of the bytes."""
+def _checked_sum(name, path, rec, crc: int | None, sums: Sums, bad) -> int | None:
+    """A packed leaf's data checksum, as readers compare it with its bytes.
+
+    From format 4 on, a save with checksums records one for every packed
+    leaf: one without it was edited, and is damage to a restore as to
+    `verify`. From format 5 on it is bound to the leaf's record
+    (`binding.bind`): unbound here."""
     version = sums.version
     if version < 4 or not sums.checksums:
-        return leaf
-    if leaf.data == STORED and version >= 5 and rec.sum32 is _schema.UNSET:
-        raise bad(_no_checksum(leaf, "is in Orbax's array store", "sum32", version))
-    if leaf.data != PACKED:
-        return leaf
-    if leaf.crc32 is None:
-        raise bad(_no_checksum(leaf, "is packed", NAMES[sums.algorithm], version))
-    if version >= 5 and sums.token is not None:  # (from format 3 on, always)
-        crc = bind(leaf.crc32, sums.token, leaf.name, _bound(rec), sums.algorithm)
-        # The record was made just now and is seen by nothing else yet:
-        # set in place (`dataclasses.replace` per leaf cost ~10 us).
-        object.__setattr__(leaf, "crc32", crc)
-    return leaf
+        return crc
+    if crc is None:
+        kind = NAMES[sums.algorithm]
+        raise bad(_no_checksum(name, path, "is packed", kind, version))
+    if version >= 5 and sums.binder is not None:  # (from format 3 on, always)
+        return sums.binder(
+            crc, name, rec.dtype, rec.shape, rec.pack, rec.offset, rec.nbytes
+        )
+    return crc
 
 
-def _bound(rec) -> dict[str, Any]:
-    """The fields of an array record that `binding.bind` binds, as written."""
-    return {
-        "shape": rec.shape,
-        "dtype": rec.dtype,
-        "nbytes": rec.nbytes,
-        "pack": rec.pack,
-        "offset": rec.offset,
-    }
+def _check_stored(name, path, rec, sums: Sums, bad) -> None:
+    """From format 5 on, a save with checksums records a `sum32` (null where
+    no process held the array whole) for every Orbax-stored leaf."""
+    if sums.version >= 5 and sums.checksums and rec.sum32 is _schema.UNSET:
+        where = "is in Orbax's array store"
+        raise bad(_no_checksum(name, path, where, "sum32", sums.version))
 
 
-def _no_checksum(leaf, where: str, kind: str, version: int) -> str:
+def _no_checksum(name: str, path: str, where: str, kind: str, version: int) -> str:
     return (
-        f"leaf `{leaf.path}` (leaf name {leaf.name!r}) {where} but records no "
+        f"leaf `{path}` (leaf name {name!r}) {where} but records no "
         f"{kind}, though a format-{version} sidecar of a save with checksums "
         f"records one for every such leaf: it was edited"
     )

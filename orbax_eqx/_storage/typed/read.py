@@ -29,6 +29,7 @@ from ..._format.sidecar import (
     Metadata,
     PackMetadata,
     itemsize,
+    leaf_metadata,
     pack_file,
 )
 from ..._tree.walk import (
@@ -221,7 +222,7 @@ def _parse_leaf(name: str, row: Any, packs, version: int, bad) -> LeafMetadata:
                 f"{packs[0].nbytes} bytes"
             )
     path = row.get("path")
-    return LeafMetadata(
+    return leaf_metadata(
         name=name,
         path=path if isinstance(path, str) else name,
         kind=ARRAY,
