@@ -47,13 +47,19 @@ def split(name: str) -> list[str]:
     return parts
 
 
-@dataclasses.dataclass
 class _Node:
-    part: str
-    children: dict[str, "_Node"] = dataclasses.field(default_factory=dict)
-    leaf: LeafMetadata | None = None
-    module: str | None = None  # the module's name in the sidecar
-    nbytes: int = 0
+    """A leaf or inner node of the view (one per name part: a 50,000-leaf
+    tree makes ~85,000 of them, so slots and a plain `__init__`: a
+    dataclass with a default factory took 1.5 us each)."""
+
+    __slots__ = ("part", "children", "leaf", "module", "nbytes")
+
+    def __init__(self, part: str, module: str | None = None):
+        self.part = part
+        self.children: dict[str, _Node] = {}
+        self.leaf: LeafMetadata | None = None
+        self.module = module  # the module's name in the sidecar
+        self.nbytes = 0
 
 
 def build(saved: Metadata) -> _Node:
@@ -72,8 +78,8 @@ def build(saved: Metadata) -> _Node:
         for i, part in enumerate(parts):
             child = node.children.get(part)
             if child is None:  # a node's module is said by its path: once
-                child = node.children[part] = _Node(part)
-                child.module = modules.get(tuple(parts[: i + 1]))
+                module = modules.get(tuple(parts[: i + 1])) if modules else None
+                child = node.children[part] = _Node(part, module)
             node = child
             node.nbytes += stored
         node.leaf = leaf
