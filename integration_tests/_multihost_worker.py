@@ -32,7 +32,7 @@ from jax.sharding import NamedSharding, SingleDeviceSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import orbax_eqx as oeqx  # noqa: E402
-from orbax_eqx._format import sidecar as _sidecar  # noqa: E402
+from orbax_eqx._format import sidecar_write as _sidecar_write  # noqa: E402
 from orbax_eqx._orbax import handler as _handler  # noqa: E402
 
 ROOT = Path(args.root)
@@ -47,7 +47,7 @@ def record_sidecars():
     hosts write it. (Private hooks: this is the one place to see both.)"""
     HOSTS.mkdir(exist_ok=True)
     compute = _handler.EqxHandler._write_files
-    write = _sidecar.write
+    write = _sidecar_write.write
 
     async def computed(self, directory, prepared, *rest):
         # Before the primary adds the checksums, which only it computes.
@@ -63,7 +63,7 @@ def record_sidecars():
             f.write(f"{Path(directory).parent.name.split('.')[0]}\n")
 
     _handler.EqxHandler._write_files = computed
-    _sidecar.write = written
+    _sidecar_write.write = written
 
 
 def manager():

@@ -12,7 +12,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import orbax_eqx as oeqx
-from orbax_eqx._format import sidecar as _sidecar
+from orbax_eqx._format import sidecar_write as _sidecar_write
 
 from ._models import assert_trees_equal, make_mlp, scaled, skeleton_mlp
 
@@ -29,7 +29,7 @@ def sidecar_gate(monkeypatch):
     known point without timing.
     """
     gate = threading.Event()
-    write = _sidecar.write
+    write = _sidecar_write.write
 
     def gated_write(directory, content, *rest):
         if not gate.wait(GATE_TIMEOUT_S):
@@ -37,7 +37,7 @@ def sidecar_gate(monkeypatch):
         write(directory, content, *rest)
 
     # Internal: no public hook holds a save in flight at a known point.
-    monkeypatch.setattr(_sidecar, "write", gated_write)
+    monkeypatch.setattr(_sidecar_write, "write", gated_write)
     yield gate
     gate.set()  # never leave a background save hanging
 

@@ -4,28 +4,40 @@ From format 6 on a sidecar carries a checksum of its own bytes, which any
 edit breaks. An attacker recomputes it; so do these helpers (`edit`,
 `replace`), so that a test probes the reader's rules, not the checksum.
 `tests/test_sidecar_seal.py` edits without resealing: damage.
+
+From format 6 on a save also writes its common records short (rows, module
+and node types: `orbax_eqx/_format/compact.py`). `read` gives every record
+whole, and `write` writes short what a save would write short: a test edits
+records as format 5 spells them, and what it changed is written whole.
+`tests/test_compact.py` edits the short forms themselves.
 """
 
 import json
 import re
 
 from orbax_eqx._format.checksum import digest
-from orbax_eqx._format.sidecar import FILE_NAME, checksum_line, dumps
+from orbax_eqx._format.compact import expand
+from orbax_eqx._format.sidecar import FILE_NAME, checksum_line
+from orbax_eqx._format.sidecar_write import to_bytes
 
 _LAST = re.compile(rb'\n "checksum": "[^"]*"\n}\n\Z')
 
 
 def read(path) -> dict:
-    """The JSON of the sidecar of the item directory `path`, without its
-    checksum (which `write` computes anew, and sidecars before format 6 lack)."""
+    """The JSON of the sidecar of the item directory `path`, every record
+    whole, without its checksum (which `write` computes anew, and sidecars
+    before format 6 lack)."""
     content = json.loads((path / FILE_NAME).read_text())
     content.pop("checksum", None)
+    if content.get("format_version") == 6:
+        content = expand(content)
     return content
 
 
 def write(path, content: dict) -> None:
-    """Writes `content` as the sidecar, sealed as a save seals it (format 6 on)."""
-    (path / FILE_NAME).write_bytes(dumps(content))
+    """Writes `content` as the sidecar, as a save writes it: from format 6
+    on with short records where they say the same, and sealed."""
+    (path / FILE_NAME).write_bytes(to_bytes(content))
 
 
 def edit(path, change) -> None:

@@ -648,7 +648,7 @@ def _edit_nodes(path, edit):
             r"is damaged: node '' has 2 fields",
         ),
         (
-            lambda n: n.update({"": 3}),
+            lambda n: n.update({"": "junk"}),
             r"is damaged: node '' has no valid type, path or children",
         ),
         (

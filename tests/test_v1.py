@@ -28,6 +28,7 @@ from orbax.checkpoint import v1 as ocp
 
 import orbax_eqx as oeqx
 from orbax_eqx._format import sidecar as _sidecar
+from orbax_eqx._format import sidecar_write as _sidecar_write
 
 KEY_SAVE = jax.random.key(0)
 KEY_SKELETON = jax.random.key(1)
@@ -403,7 +404,7 @@ def sidecar_gate(monkeypatch):
     checkpoint, so while the gate is shut the save is provably in flight.
     """
     gate = threading.Event()
-    write = _sidecar.write
+    write = _sidecar_write.write
 
     def gated_write(directory, content, *rest):
         if not gate.wait(GATE_TIMEOUT_S):
@@ -411,7 +412,7 @@ def sidecar_gate(monkeypatch):
         write(directory, content, *rest)
 
     # Internal: no public hook holds a save in flight at a known point.
-    monkeypatch.setattr(_sidecar, "write", gated_write)
+    monkeypatch.setattr(_sidecar_write, "write", gated_write)
     yield gate
     gate.set()  # never leave a background save hanging
 

@@ -19,7 +19,8 @@ import numpy as np
 
 from .._tree.names import old_storage_key, storage_key
 from .._tree.values import decode_scalar, scalar_type, too_deep
-from .._tree.walk import ARRAY, SCALAR, ModuleInfo, parse_dtype
+from .._tree.walk import ARRAY, JAX, SCALAR, ModuleInfo, parse_dtype
+from . import compact as _compact
 from . import schema as _schema
 from .binding import Binder, data_sum_algorithm
 from .checksum import NAMES, XXH3
@@ -53,8 +54,8 @@ def decoded(record: Any, kind: Any) -> Any:
     """`record` (decoded already, `msgspec.Raw` bytes, or JSON the standard
     library decoded) as `kind`; raises `msgspec.ValidationError`, or
     `Undecodable`."""
-    if isinstance(record, msgspec.Struct):  # the one pass decoded it
-        return record
+    if isinstance(record, msgspec.Struct | tuple):  # decoded in one pass (a
+        return record  # tuple is a row: the standard library makes lists)
     if not isinstance(record, msgspec.Raw):
         return msgspec.convert(record, type=kind)
     try:
@@ -112,10 +113,18 @@ def leaf(
     try:
         rec = decoded(record, _schema.leaf_record(sums.version))
     except msgspec.ValidationError as e:
-        raise bad(_leaf_problem(name, failed_field(e), plain(record), sums)) from None
+        raw = plain(record)
+        if isinstance(raw, list):
+            raise bad(_row_problem(name, raw, str(e))) from None
+        raise bad(_leaf_problem(name, failed_field(e), raw, sums)) from None
     except RecursionError:
         raise bad(f"leaf {name!r} {TOO_DEEP}") from None
-    path = name if rec.path is _schema.UNSET else rec.path
+    if type(rec) is tuple:  # a row (format 6 on)
+        path = _compact.path_of(name) or name
+        return _array(name, path, _Row(*rec), packs, sums, bad)
+    path = rec.path
+    if path is _schema.UNSET:  # from format 6 on, read off the name
+        path = (_compact.path_of(name) if sums.version >= 6 else None) or name
     if not isinstance(rec, (_schema.ArrayRecord, _schema.ArrayRecord6)):
         kind = KINDS[KINDS.index(type(rec).__struct_config__.tag)]
         value = None if rec.value is _schema.UNSET else rec.value
@@ -125,6 +134,48 @@ def leaf(
             raise bad(f"leaf {name!r} has no valid Python value")
         return leaf_metadata(name, path, kind, value=value)
     return _array(name, path, rec, packs, sums, bad)
+
+
+class _Row:
+    """A leaf's row (format 6 on, `compact`), read as the array record it
+    stands for: a jax array packed in pack 0, of its shape's and dtype's
+    bytes."""
+
+    __slots__ = ("dtype", "shape", "offset", "xxh3")
+    path = _schema.UNSET
+    data = PACKED
+    container = JAX
+    pack = 0
+    key = alias_of = crc32 = None
+    sharding = sum32 = _schema.UNSET
+
+    def __init__(self, dtype: str, shape: list[int], offset: int, xxh3: str | None):
+        self.dtype, self.shape, self.offset, self.xxh3 = dtype, shape, offset, xxh3
+
+    @property
+    def nbytes(self) -> int:  # asked once the dtype is known good
+        return _compact.row_nbytes(self.shape, self.dtype)
+
+
+def _row_problem(name: str, raw: list, error: str) -> str:
+    """What is wrong with a leaf's row, by what its schema refused."""
+    what = {
+        "0": "its dtype is not a string",
+        "1": "its shape is not a list of sizes",
+        "2": "its offset is not a byte offset (an integer >= 0)",
+        "3": "its checksum is not XXH3-64 in 16 lower-case hexadecimal digits "
+        "(nor null)",
+    }
+    at = re.search(r"at `\$\[(\d)\]", error)
+    if at is None:
+        found = f"{len(raw)} value{'' if len(raw) == 1 else 's'}"
+        said = f"it has {found}"
+    else:
+        said = what[at.group(1)]
+    return (
+        f"leaf {name!r} is a row, `[dtype, shape, offset, xxh3]` (a packed jax "
+        f"array), but {said}"
+    )
 
 
 def _array(name, path, rec, packs, sums: Sums, bad) -> LeafMetadata:
@@ -308,17 +359,74 @@ def _cut(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def module(name: str, record: Any, bad) -> ModuleInfo:
-    """One module's record: its class, path and static fields."""
+def module(
+    name: str, record: Any, bad, version: int = 5, types: list | None = None
+) -> ModuleInfo:
+    """One module's record: its class, path and static fields; from format
+    6 on, or the index of its class and static fields in `types` (read by
+    `module_types`)."""
     try:
-        rec = decoded(record, _schema.ModuleRecord)
+        rec = decoded(record, _schema.module_record(version))
     except (msgspec.ValidationError, RecursionError):
         raise bad(f"module {name!r} has no class, path or static fields") from None
-    for field, value in rec.static.items():
+    if type(rec) is int:
+        if types is None or rec >= len(types):
+            listed = len(types or ())
+            raise bad(
+                f"module {name!r} is of module type {rec}, but the sidecar lists "
+                f"{listed} module type{'' if listed == 1 else 's'}"
+            )
+        kind = types[rec]
+        return ModuleInfo(_compact.path_of(name) or name, kind.cls, kind.static)
+    _check_static(name, rec.static, bad)
+    path = rec.path
+    if path is _schema.UNSET:
+        path = (_compact.path_of(name) if version >= 6 else None) or name
+    return ModuleInfo(path, rec.cls, rec.static)
+
+
+def module_types(records: Any, bad) -> list[_schema.ModuleType]:
+    """Format 6's table of modules' classes and static fields (`compact`)."""
+    if records is _schema.UNSET:
+        return []
+    if not isinstance(records, list):
+        raise bad('"module_types" must be a JSON list')
+    out = []
+    for i, record in enumerate(records):
+        try:
+            kind = msgspec.convert(record, _schema.ModuleType)
+        except (msgspec.ValidationError, RecursionError):
+            raise bad(f"module type {i} has no class or static fields") from None
+        _check_static(f"of type {i}", kind.static, bad)
+        out.append(kind)
+    return out
+
+
+def _check_static(name: str, static: dict[str, Any], bad) -> None:
+    for field, value in static.items():
         if too_deep(value):
             raise bad(f"static field {field!r} of module {name!r} {TOO_DEEP}")
-    path = name if rec.path is _schema.UNSET else rec.path
-    return ModuleInfo(path, rec.cls, rec.static)
+
+
+def node_types(records: Any, bad) -> list[dict[str, Any]]:
+    """Format 6's table of inner nodes' types (`compact`), each checked by
+    its schema, kept as the plain dicts the rebuild reads."""
+    if records is _schema.UNSET:
+        return []
+    if not isinstance(records, list):
+        raise bad('"node_types" must be a JSON list')
+    for i, record in enumerate(records):
+        try:
+            kind = msgspec.convert(record, _schema.NodeType)
+        except (msgspec.ValidationError, RecursionError):
+            raise bad(f"node type {i} is malformed") from None
+        if _compact.children_of("", record) is None:
+            raise bad(
+                f"node type {i} (a {kind.type}) says no children: a list or "
+                'tuple records its "length", a module or namedtuple its '
+                '"fields", a dict its "keys"'
+            )
+    return records
 
 
 def node(name: str, record: Any, bad) -> None:

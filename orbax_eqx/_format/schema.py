@@ -35,6 +35,7 @@ from .._tree.walk import (
     SCALAR,
     SHARED,
 )
+from . import compact as _compact
 from .sidecar import ALIAS, EMPTY, PACKED, SHARDS, STORED
 
 L = TypeVar("L")  # how leaf records arrive
@@ -64,6 +65,12 @@ class PackRecord(msgspec.Struct):
     byteorder: Any = UNSET  # compared with this machine's
 
 
+# Format 6's short records (`compact`): a packed jax array's row, and the
+# index of a module's or node's type in its table.
+Row = tuple[str, list[Dim], Size, Hex64 | None]
+TypeIndex = Annotated[int, msgspec.Meta(ge=0)]
+
+
 class Skimmed(msgspec.Struct, Generic[L, M]):
     """A sidecar of any format without its records of inner nodes, which
     only a rebuild without a skeleton reads: read past, unchecked (the
@@ -77,12 +84,15 @@ class Skimmed(msgspec.Struct, Generic[L, M]):
     token: Any = None
     packs: list[PackRecord] = []
     shard_files: Size = 0
+    # Format 6: the modules' types (`compact`); read past before.
+    module_types: Any = UNSET
 
 
 class Document(Skimmed[L, M]):
     """A sidecar of any format; the token's form depends on the version."""
 
     nodes: Any = UNSET
+    node_types: Any = UNSET  # format 6: the nodes' types (`compact`)
 
 
 class ArrayRecord(msgspec.Struct, tag_field="kind", tag=ARRAY):
@@ -137,7 +147,7 @@ class ObjectRecord(ValueRecord, tag=OBJECT):
 
 _OTHERS = ScalarRecord | CallableRecord | SharedRecord | ObjectRecord
 LeafRecord = ArrayRecord | _OTHERS
-LeafRecord6 = ArrayRecord6 | _OTHERS
+LeafRecord6 = Row | ArrayRecord6 | _OTHERS
 
 
 def leaf_record(version: int) -> Any:
@@ -145,17 +155,42 @@ def leaf_record(version: int) -> Any:
     return LeafRecord6 if version >= 6 else LeafRecord
 
 
+def module_record(version: int) -> Any:
+    """What a module's entry of format `version` decodes into: from format 6
+    on its record, or the index of its type (`compact`)."""
+    return TypeIndex | ModuleRecord if version >= 6 else ModuleRecord
+
+
 def document(version: int, nodes: bool = True) -> Any:
     """A whole sidecar of format `version`, every record by its schema
     (without the records of inner nodes unless `nodes`)."""
     kind = Document if nodes else Skimmed
-    return kind[leaf_record(version), ModuleRecord]
+    return kind[leaf_record(version), module_record(version)]
 
 
 class ModuleRecord(msgspec.Struct):
     cls: str = msgspec.field(name="class")
     static: dict[str, Any] = {}
     path: str | msgspec.UnsetType = UNSET
+
+
+class ModuleType(msgspec.Struct):
+    """A module's class and static fields, as format 6 lists them once for
+    every module that has them (`compact`)."""
+
+    cls: str = msgspec.field(name="class")
+    static: dict[str, Any] = {}
+
+
+class NodeType(msgspec.Struct):
+    """An inner node's record without its path and children, as format 6
+    lists it once for every node it describes (`compact`): a list's or
+    tuple's number of children is its `length`."""
+
+    type: Literal[_compact.SHARED_TYPES]  # type: ignore[valid-type]
+    fields: list[str] = []
+    keys: list[str] = []
+    length: Size | msgspec.UnsetType = UNSET
 
 
 class NodeRecord(msgspec.Struct):

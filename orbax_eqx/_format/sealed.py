@@ -176,13 +176,49 @@ def _dump(
             return f'"{name}"'  # as the encoder writes it, 10x sooner
         return line(name)
 
+    def entry(value: Any) -> str:  # a record, or a row (see `compact`)
+        if type(value) is list and len(value) == 4:
+            if pause is not None:
+                pause()
+            return _row(value) or _encoded(value)
+        return line(value)
+
     parts = []
     for key, value in content.items():
         if key == CHECKSUM:  # the last line, computed anew (see `dumps`)
             continue
-        if isinstance(value, dict) and key in ("leaves", "modules", "nodes") and value:
-            rows = ",\n".join(f"  {named(k)}: {line(v)}" for k, v in value.items())
+        if isinstance(value, dict) and key in _RECORDS and value:
+            rows = ",\n".join(f"  {named(k)}: {entry(v)}" for k, v in value.items())
             parts.append(f" {line(key)}: {{\n{rows}\n }}")
+        elif isinstance(value, list) and key in _TABLES and value:
+            rows = ",\n".join(f"  {line(v)}" for v in value)
+            parts.append(f" {line(key)}: [\n{rows}\n ]")
         else:
             parts.append(f" {line(key)}: {line(value)}")
     return parts
+
+
+_RECORDS = ("leaves", "modules", "nodes")  # a line per record
+_TABLES = ("module_types", "node_types")  # a line per type (see `compact`)
+
+
+def _row(row: list) -> str | None:
+    """A leaf's row (`compact`), `[dtype, shape, offset, xxh3]`, as compact
+    JSON, written out (4x sooner than the encoder) where every value is of
+    the type a save writes; else None."""
+    dtype, shape, offset, sum_ = row
+    if not (
+        type(dtype) is str
+        and _PLAIN_KEY.fullmatch(dtype)
+        and type(offset) is int
+        and type(shape) is list
+        and _INT.issuperset(map(type, shape))
+        and (sum_ is None or (type(sum_) is str and _PLAIN_KEY.fullmatch(sum_)))
+    ):
+        return None
+    dims = ",".join(map(str, shape))
+    checksum = "null" if sum_ is None else f'"{sum_}"'
+    return f'["{dtype}",[{dims}],{offset},{checksum}]'
+
+
+_INT = frozenset([int])

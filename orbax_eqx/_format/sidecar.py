@@ -100,7 +100,6 @@ from typing import Any
 import numpy as np
 from etils import epath
 
-from .._bytes import route as _route
 from .._tree import nodes as _nodes
 from .._tree.names import storage_key
 from .._tree.values import describe, encode, scalar_type
@@ -123,7 +122,6 @@ from .._tree.walk import (
 from .sealed import CHECKSUM as CHECKSUM
 from .sealed import MAX_BYTES as MAX_BYTES
 from .sealed import checksum_line as checksum_line
-from .sealed import dumps
 
 FILE_NAME = "orbax_eqx.json"
 FORMAT = "orbax_eqx"
@@ -384,20 +382,3 @@ def itemsize(dtype: Any) -> int:
     # numpy's itemsize: one byte per element for int4 and bool, as numpy and
     # the pack files hold them.
     return np.dtype(dtype).itemsize
-
-
-def write(
-    directory: epath.Path,
-    content: dict[str, Any],
-    pause: Callable[[], None] | None = None,
-) -> None:
-    """Writes the sidecar atomically and only if there is none yet.
-
-    A reader sees no sidecar, or all of it. If another save put one there
-    first, this raises `FileExistsError` and leaves that one alone: the
-    sidecar is how a save claims its directory (see `_save.claim`). `pause` is
-    called once per line of JSON (see `walk`).
-    """
-    data = dumps(content, pause)
-    path = directory / FILE_NAME
-    _route.write_new(path, data)

@@ -36,6 +36,7 @@ from msgspec import Raw
 from .._bytes import route as _route
 from .._errors import SidecarError, permission_denied
 from .._gc import paused
+from . import compact as _compact
 from . import records_read as _records
 from . import schema as _schema
 from . import sealed as _sealed
@@ -222,13 +223,19 @@ def _from_document(document: _schema.Document, version: int, where: str) -> Meta
     for name in list(leaves_json):
         leaves[name] = _records.leaf(name, leaves_json.pop(name), packs, sums, bad)
     _check_references(leaves, token is not None and document.shard_files != 0, bad)
+    types = _records.module_types(document.module_types, bad) if version >= 6 else []
     modules = {
-        name: _records.module(name, rec, bad) for name, rec in document.modules.items()
+        name: _records.module(name, rec, bad, version, types)
+        for name, rec in document.modules.items()
     }
     nodes = None
     recorded = getattr(document, "nodes", _schema.UNSET)  # (not if `Skimmed`)
     if version >= 5 and recorded is not _schema.UNSET:
-        nodes = _nodes(recorded, bad)
+        node_types = getattr(document, "node_types", _schema.UNSET)
+        if version < 6:
+            node_types = _schema.UNSET  # (read past: no format 5 has them)
+        limit = len(leaves) + len(recorded) if isinstance(recorded, dict) else 0
+        nodes = _nodes(recorded, _records.node_types(node_types, bad), limit, bad)
     return Metadata(
         where,
         version,
@@ -309,12 +316,30 @@ def _check_references(leaves: dict, has_shards: bool, bad) -> None:
             )
 
 
-def _nodes(nodes_json: Any, bad) -> dict[str, dict[str, Any]]:
+def _nodes(
+    nodes_json: Any, types: list[dict[str, Any]], limit: int, bad
+) -> dict[str, dict[str, Any]]:
     """The records of the tree's inner nodes, each checked by its schema, kept
-    as the plain dicts the rebuild reads."""
+    as the plain dicts the rebuild reads; from format 6 on a node may be the
+    index of its type in `types` (`compact`), which names its children: at
+    most `limit` in all (each leaf and node is one node's child at most)."""
     if not isinstance(nodes_json, dict):
         raise bad('"nodes" must be a JSON object')
+    named = 0
     for name, rec in nodes_json.items():
+        if types and type(rec) is int and 0 <= rec < len(types):
+            rec = nodes_json[name] = _compact.expand_node(name, rec, types)
+            named += len(rec["children"])
+            if named > limit:
+                raise bad(
+                    f"its node types name more children than it has leaves and "
+                    f"nodes ({limit}), at node {name!r}"
+                )
+        elif type(rec) is int:
+            raise bad(
+                f"node {name!r} is of node type {rec}, but the sidecar lists "
+                f"{len(types)} node type{'' if len(types) == 1 else 's'}"
+            )
         _records.node(name, rec, bad)
     return nodes_json
 

@@ -18,6 +18,7 @@ from .._errors import ObjectStoreError, ObjectStoreSaveError, UnsupportedLeafErr
 from .._format import binding as _binding
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
+from .._format import sidecar_write as _sidecar_write
 from .._format.checksum import host_sum32
 from .._gc import paused
 from .._restore.restore import restore_flat, restore_tree
@@ -294,7 +295,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         try:
             with paused():
                 pause = Polite() if prepared.polite else None
-                _sidecar.write(directory, prepared.content, pause)
+                _sidecar_write.write(directory, prepared.content, pause)
         except FileExistsError:
             _claim.claim_failed(started)
         _claim.wrote(started, directory / _sidecar.FILE_NAME)
