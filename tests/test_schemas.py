@@ -184,8 +184,9 @@ def _damaged(what):
         (_leaf("w", crc32=5), r"leaf 'w' records a CRC-32 \(\"crc32\"\), which a"),
         (_leaf("w", xxh3="XYZ"), r"leaf 'w' has data checksum 'XYZ', not XXH3-64"),
         (
-            lambda c: c["leaves"].update(w=[1, 2]),
-            r"leaf 'w' is not a JSON object",
+            lambda c: c["leaves"].update(w=[1, 2]),  # no row (`compact`)
+            r"leaf 'w' is a row, `\[dtype, shape, offset, xxh3\]` \(a packed jax "
+            r"array\), but it has 2 values",
         ),
         (
             lambda c: c["modules"].update(x={"static": {}}),

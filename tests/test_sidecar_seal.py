@@ -196,8 +196,10 @@ def test_format_6_records_xxh3_of_packed_data_and_of_itself(tmp_path):
     text = (path / FILE_NAME).read_text()
     content = json.loads(text)
     assert content["format_version"] == 6
-    for record in content["leaves"].values():
-        assert re.fullmatch(r"[0-9a-f]{16}", record["xxh3"]) and "crc32" not in record
+    row = content["leaves"]["a"]  # a jax array: a row (`compact`)
+    assert row[:3] == ["float32", [10], 0] and re.fullmatch(r"[0-9a-f]{16}", row[3])
+    record = content["leaves"]["b"]  # a numpy array: whole
+    assert re.fullmatch(r"[0-9a-f]{16}", record["xxh3"]) and "crc32" not in record
     assert re.fullmatch(r"xxh3:[0-9a-f]{16}", content["checksum"])
     assert oeqx.metadata(path).leaves["a"].sum_algorithm == "xxh3"
     assert oeqx.verify(path).ok

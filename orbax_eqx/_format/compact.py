@@ -6,10 +6,12 @@ record spelled out its path, its kind, its container and its size, and every
 layer repeated its class and static fields. From format 6 on a save writes
 these records short, where the short form says exactly the same:
 
-- *A path that reads off the name* (`path_of`) is not written: the leaf,
-  module or node `blocks.3.lin1.weight` has the path `.blocks[3].lin1.weight`
-  (each part an attribute name, `.part`, or an index, `[3]`). A record whose
-  path reads otherwise (a dict key, `['model']`) writes it.
+- *A path that reads off the name* (`Paths`) is not written: the leaf,
+  module or node `blocks.3.lin1.weight` of a model has the path
+  `.blocks[3].lin1.weight`, and `opt.0.mu` of a dict `['opt'][0]['mu']`
+  (each part an index, `[3]`, an attribute of a module, `.part`, or a dict
+  key, `['part']`). A record whose path reads otherwise (escaped keys, a
+  namedtuple's fields, `eqx.nn.State`'s entries) writes it.
 - *A row*: a packed jax array in pack 0 is `[dtype, shape, offset, xxh3]`
   (`xxh3` null when saved without checksums); its kind, container, place and
   size (`nbytes`, that of its shape and dtype) are those of every row.
@@ -29,6 +31,8 @@ what it makes of a short record is what it would make of the full one.
 
 import json
 import math
+import re
+from collections.abc import Collection
 from typing import Any
 
 import msgspec
@@ -53,20 +57,60 @@ _BY_INDEX = (_nodes.LIST, _nodes.TUPLE)
 SHARED_TYPES = (*_BY_FIELDS, *_BY_INDEX, _nodes.DICT)
 
 
-def path_of(name: str) -> str | None:
-    """The path a name reads as: each part an attribute (`.part`) or an
-    index (`[3]`); None for a name with other parts (escaped, empty)."""
-    if not name or ESCAPE in name:
-        return None
-    out = []
-    for part in name.split(SEPARATOR):
-        if part.isdigit() and part.isascii() and (part == "0" or part[0] != "0"):
-            out.append(f"[{part}]")
-        elif part.isidentifier():
-            out.append(SEPARATOR + part)
-        else:
+class Paths:
+    """The paths names read as, given which names are modules'.
+
+    A name's parts become the path's: an index (`3`) is `[3]`, a part under a
+    module (an attribute) is `.part`, any other part (a dict key) is
+    `['part']`, as `jax.tree_util.keystr` prints them. A name with escaped
+    parts reads as no path (None): its record writes it. Each parent's path
+    is made once, for all its children."""
+
+    def __init__(self, modules: Collection[str]):
+        self._modules = modules
+        self._parents: dict[str, str | None] = {}
+
+    def __call__(self, name: str) -> str | None:
+        if not name or ESCAPE in name:
             return None
-    return "".join(out)
+        cut = name.rfind(SEPARATOR)
+        if cut < 0:
+            return _segment(name, "" in self._modules)
+        parent = name[:cut]
+        head = self._parents.get(parent, _UNKNOWN)
+        if head is _UNKNOWN:
+            head = self._parents[parent] = self._walk(parent)
+        if head is None:
+            return None
+        last = _segment(name[cut + 1 :], parent in self._modules)
+        return None if last is None else head + last
+
+    def _walk(self, name: str) -> str | None:
+        out, prefix, under_module = [], "", "" in self._modules
+        for part in name.split(SEPARATOR):
+            segment = _segment(part, under_module)
+            if segment is None:
+                return None
+            out.append(segment)
+            prefix = f"{prefix}{SEPARATOR}{part}" if prefix else part
+            under_module = prefix in self._modules
+        return "".join(out)
+
+    def of(self, name: str) -> str:
+        """The path of a record that writes none: read off its name, or (a
+        name that reads as none, which no save leaves without one) the name."""
+        return self(name) or name
+
+
+_UNKNOWN: Any = object()
+
+
+def _segment(part: str, under_module: bool) -> str | None:
+    if part.isdigit() and part.isascii() and (part == "0" or part[0] != "0"):
+        return f"[{part}]"
+    if under_module:
+        return SEPARATOR + part if part.isidentifier() else None
+    return f"[{part!r}]" if part else None
 
 
 def row_nbytes(shape: list[int], dtype: str) -> int:
@@ -79,25 +123,29 @@ def compact(content: dict[str, Any]) -> dict[str, Any]:
     and the tables they index (`module_types` before `modules`,
     `node_types` before `nodes`)."""
     out: dict[str, Any] = {}
+    modules = content.get("modules")
+    paths = Paths(modules if isinstance(modules, dict) else ())
     for key, value in content.items():
         if key == "leaves":
-            value = {name: compact_leaf(name, r) for name, r in value.items()}
+            value = {name: compact_leaf(name, r, paths) for name, r in value.items()}
         elif key == "modules" and isinstance(value, dict):
-            out[MODULE_TYPES], value = _interned(value, _module_type)
+            out[MODULE_TYPES], value = _interned(value, _module_type, paths)
         elif key == "nodes" and isinstance(value, dict):
-            out[NODE_TYPES], value = _interned(value, _node_type)
+            out[NODE_TYPES], value = _interned(value, _node_type, paths)
         out[key] = value
     return out
 
 
-def _interned(records: dict[str, Any], short) -> tuple[list, dict[str, Any]]:
+def _interned(
+    records: dict[str, Any], short, paths: Paths
+) -> tuple[list, dict[str, Any]]:
     """`(types, entries)`: each record as the index of its type in `types`
-    where `short(name, record)` gives one, else as it is."""
+    where `short(name, record, paths)` gives one, else as it is."""
     types: list[Any] = []
     index: dict[Any, int] = {}
     entries = {}
     for name, record in records.items():
-        kind = short(name, record)
+        kind = short(name, record, paths)
         if kind is None:
             entries[name] = record
             continue
@@ -110,21 +158,21 @@ def _interned(records: dict[str, Any], short) -> tuple[list, dict[str, Any]]:
     return types, entries
 
 
-def compact_leaf(name: str, record: Any) -> Any:
+def compact_leaf(name: str, record: Any, paths: Paths) -> Any:
     """A leaf's record as a row, or without the path its name reads as, or
     as it is."""
     if not isinstance(record, dict):
         return record
-    row = _row(name, record)
+    row = _row(name, record, paths)
     if row is not None:
         return row
-    path = path_of(name)
+    path = paths(name)
     if path is not None and _is_str(record.get("path"), path):
         return {k: v for k, v in record.items() if k != "path"}
     return record
 
 
-def _row(name: str, r: dict[str, Any]) -> list | None:
+def _row(name: str, r: dict[str, Any], paths: Paths) -> list | None:
     shape, dtype, offset = r.get("shape"), r.get("dtype"), r.get("offset")
     sum_ = r.get(XXH3)
     if not (
@@ -135,11 +183,12 @@ def _row(name: str, r: dict[str, Any]) -> list | None:
         and type(r["pack"]) is int
         and r["pack"] == 0
         and type(offset) is int
+        and offset >= 0
         and type(dtype) is str
         and type(shape) is list
         and all(type(d) is int and d >= 0 for d in shape)
-        and (type(sum_) is str or (sum_ is None and XXH3 not in r))
-        and _is_str(r["path"], path_of(name))
+        and (_is_hex64(sum_) or (sum_ is None and XXH3 not in r))
+        and _is_str(r["path"], paths(name))
         and type(r["nbytes"]) is int
     ):
         return None
@@ -151,12 +200,12 @@ def _row(name: str, r: dict[str, Any]) -> list | None:
     return [dtype, shape, offset, sum_]
 
 
-def expand_leaf(name: str, entry: Any) -> Any:
+def expand_leaf(name: str, entry: Any, paths: Paths) -> Any:
     """The full record of a leaf's entry, as format 5 writes it."""
     if isinstance(entry, list) and len(entry) == 4:
         dtype, shape, offset, sum_ = entry
         record = {
-            "path": path_of(name) or name,
+            "path": paths.of(name),
             "kind": ARRAY,
             "shape": shape,
             "dtype": dtype,
@@ -170,15 +219,15 @@ def expand_leaf(name: str, entry: Any) -> Any:
             record[XXH3] = sum_
         return record
     if isinstance(entry, dict) and "path" not in entry:
-        return {"path": path_of(name) or name, **entry}
+        return {"path": paths.of(name), **entry}
     return entry
 
 
-def _module_type(name: str, record: Any) -> dict[str, Any] | None:
+def _module_type(name: str, record: Any, paths: Paths) -> dict[str, Any] | None:
     if not (
         isinstance(record, dict)
         and record.keys() == _MODULE_KEYS
-        and _is_str(record["path"], path_of(name))
+        and _is_str(record["path"], paths(name))
         and type(record["class"]) is str
         and type(record["static"]) is dict
     ):
@@ -186,19 +235,19 @@ def _module_type(name: str, record: Any) -> dict[str, Any] | None:
     return {"class": record["class"], "static": record["static"]}
 
 
-def expand_module(name: str, entry: Any, types: list[Any]) -> Any:
+def expand_module(name: str, entry: Any, types: list[Any], paths: Paths) -> Any:
     """The full record of a module's entry (an index into `types`)."""
     if type(entry) is not int:
         return entry
-    return {"path": path_of(name) or name, **types[entry]}
+    return {"path": paths.of(name), **types[entry]}
 
 
-def _node_type(name: str, record: Any) -> dict[str, Any] | None:
+def _node_type(name: str, record: Any, paths: Paths) -> dict[str, Any] | None:
     if not (
         isinstance(record, dict)
         and record.get("type") in SHARED_TYPES
         and LENGTH not in record
-        and _is_str(record.get("path"), path_of(name))
+        and _is_str(record.get("path"), paths(name))
         and type(record.get("children")) is list
     ):
         return None
@@ -210,32 +259,43 @@ def _node_type(name: str, record: Any) -> dict[str, Any] | None:
     return kind
 
 
-def children_of(name: str, kind: dict[str, Any]) -> list[str] | None:
-    """The children's names a node type says for node `name` (None: it says
-    none: no fields, keys or length of the kinds expected)."""
-    prefix = name + SEPARATOR if name else ""
+def count_of(kind: dict[str, Any]) -> int | None:
+    """How many children a node type says (None: it says none: no fields,
+    keys or length of the kinds expected). Asked before `children_of` makes
+    their names: a `length` is only a number in a file."""
     node = kind.get("type")
     if node in _BY_INDEX:
         length = kind.get(LENGTH)
-        if type(length) is not int or length < 0:
-            return None
-        return [f"{prefix}{i}" for i in range(length)]
+        return length if type(length) is int and length >= 0 else None
     parts = kind.get("keys") if node == _nodes.DICT else kind.get("fields")
     if type(parts) is not list or not all(type(p) is str for p in parts):
         return None
+    return len(parts)
+
+
+def children_of(name: str, kind: dict[str, Any]) -> list[str] | None:
+    """The children's names a node type says for node `name` (None: see
+    `count_of`)."""
+    count = count_of(kind)
+    if count is None:
+        return None
+    prefix = name + SEPARATOR if name else ""
+    node = kind["type"]
+    if node in _BY_INDEX:
+        return [f"{prefix}{i}" for i in range(count)]
     if node == _nodes.DICT:
-        return [prefix + escape_part(p) for p in parts]
-    return [prefix + p for p in parts]
+        return [prefix + escape_part(p) for p in kind["keys"]]
+    return [prefix + p for p in kind["fields"]]
 
 
-def expand_node(name: str, entry: Any, types: list[Any]) -> Any:
+def expand_node(name: str, entry: Any, types: list[Any], paths: Paths) -> Any:
     """The full record of a node's entry (an index into `types`)."""
     if type(entry) is not int:
         return entry
     kind = dict(types[entry])
     children = children_of(name, kind)
     kind.pop(LENGTH, None)
-    return {"path": path_of(name) or name, **kind, "children": children}
+    return {"path": paths.of(name), **kind, "children": children}
 
 
 def expand(content: dict[str, Any]) -> dict[str, Any]:
@@ -244,13 +304,15 @@ def expand(content: dict[str, Any]) -> dict[str, Any]:
     out = dict(content)
     module_types = out.pop(MODULE_TYPES, [])
     node_types = out.pop(NODE_TYPES, [])
-    out["leaves"] = {n: expand_leaf(n, e) for n, e in content["leaves"].items()}
+    paths = Paths(content["modules"])
+    out["leaves"] = {n: expand_leaf(n, e, paths) for n, e in content["leaves"].items()}
     out["modules"] = {
-        n: expand_module(n, e, module_types) for n, e in content["modules"].items()
+        n: expand_module(n, e, module_types, paths)
+        for n, e in content["modules"].items()
     }
     if isinstance(content.get("nodes"), dict):
         out["nodes"] = {
-            n: expand_node(n, e, node_types) for n, e in content["nodes"].items()
+            n: expand_node(n, e, node_types, paths) for n, e in content["nodes"].items()
         }
     return out
 
@@ -264,6 +326,14 @@ def _text(value: Any) -> Any:
         return json.dumps(value, ensure_ascii=False)
     # msgspec writes NaN as null: those by the standard library, apart.
     return json.dumps(value, ensure_ascii=False) if b"null" in data else data
+
+
+def _is_hex64(value: Any) -> bool:
+    """An XXH3-64 as a row holds one: 16 lower-case hexadecimal digits."""
+    return type(value) is str and _HEX64.fullmatch(value) is not None
+
+
+_HEX64 = re.compile(r"[0-9a-f]{16}")
 
 
 def _is_str(value: Any, expected: str | None) -> bool:

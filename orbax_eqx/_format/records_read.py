@@ -107,24 +107,30 @@ class Sums:
 
 
 def leaf(
-    name: str, record: Any, packs: tuple[PackMetadata, ...], sums: Sums, bad
+    name: str,
+    record: Any,
+    packs: tuple[PackMetadata, ...],
+    sums: Sums,
+    bad,
+    paths: _compact.Paths | None = None,
 ) -> LeafMetadata:
-    """One leaf's record, decoded by its format's schema and checked."""
+    """One leaf's record, decoded by its format's schema and checked (from
+    format 6 on, a row, or a record whose path `paths` reads off its name)."""
     try:
         rec = decoded(record, _schema.leaf_record(sums.version))
     except msgspec.ValidationError as e:
         raw = plain(record)
-        if isinstance(raw, list):
+        if isinstance(raw, list) and sums.version >= 6:
             raise bad(_row_problem(name, raw, str(e))) from None
         raise bad(_leaf_problem(name, failed_field(e), raw, sums)) from None
     except RecursionError:
         raise bad(f"leaf {name!r} {TOO_DEEP}") from None
     if type(rec) is tuple:  # a row (format 6 on)
-        path = _compact.path_of(name) or name
+        path = paths.of(name) if paths is not None else name
         return _array(name, path, _Row(*rec), packs, sums, bad)
     path = rec.path
     if path is _schema.UNSET:  # from format 6 on, read off the name
-        path = (_compact.path_of(name) if sums.version >= 6 else None) or name
+        path = paths.of(name) if paths is not None else name
     if not isinstance(rec, (_schema.ArrayRecord, _schema.ArrayRecord6)):
         kind = KINDS[KINDS.index(type(rec).__struct_config__.tag)]
         value = None if rec.value is _schema.UNSET else rec.value
@@ -167,7 +173,7 @@ def _row_problem(name: str, raw: list, error: str) -> str:
         "(nor null)",
     }
     at = re.search(r"at `\$\[(\d)\]", error)
-    if at is None:
+    if at is None or len(raw) != 4:
         found = f"{len(raw)} value{'' if len(raw) == 1 else 's'}"
         said = f"it has {found}"
     else:
@@ -360,11 +366,16 @@ def _cut(value: Any) -> str:
 
 
 def module(
-    name: str, record: Any, bad, version: int = 5, types: list | None = None
+    name: str,
+    record: Any,
+    bad,
+    version: int = 5,
+    types: list | None = None,
+    paths: _compact.Paths | None = None,
 ) -> ModuleInfo:
     """One module's record: its class, path and static fields; from format
     6 on, or the index of its class and static fields in `types` (read by
-    `module_types`)."""
+    `module_types`), its path read off its name by `paths`."""
     try:
         rec = decoded(record, _schema.module_record(version))
     except (msgspec.ValidationError, RecursionError):
@@ -377,11 +388,12 @@ def module(
                 f"{listed} module type{'' if listed == 1 else 's'}"
             )
         kind = types[rec]
-        return ModuleInfo(_compact.path_of(name) or name, kind.cls, kind.static)
+        path = paths.of(name) if paths is not None else name
+        return ModuleInfo(path, kind.cls, kind.static)
     _check_static(name, rec.static, bad)
     path = rec.path
     if path is _schema.UNSET:
-        path = (_compact.path_of(name) if version >= 6 else None) or name
+        path = paths.of(name) if paths is not None else name
     return ModuleInfo(path, rec.cls, rec.static)
 
 
@@ -420,7 +432,7 @@ def node_types(records: Any, bad) -> list[dict[str, Any]]:
             kind = msgspec.convert(record, _schema.NodeType)
         except (msgspec.ValidationError, RecursionError):
             raise bad(f"node type {i} is malformed") from None
-        if _compact.children_of("", record) is None:
+        if _compact.count_of(record) is None:
             raise bad(
                 f"node type {i} (a {kind.type}) says no children: a list or "
                 'tuple records its "length", a module or namedtuple its '

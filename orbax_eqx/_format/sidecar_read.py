@@ -216,16 +216,19 @@ def _from_document(document: _schema.Document, version: int, where: str) -> Meta
         token = None
     packs = _packs(document.packs, token, where, bad)
     sums = _records.Sums(version, document.checksums, token)
+    # From format 6 on, paths not written are read off names (`compact`).
+    paths = _compact.Paths(document.modules) if version >= 6 else None
     leaves_json = document.leaves
     leaves = {}
     # Each record is dropped once read, so that what a huge sidecar costs in
     # memory stays near its records' objects once, not twice.
     for name in list(leaves_json):
-        leaves[name] = _records.leaf(name, leaves_json.pop(name), packs, sums, bad)
+        record = leaves_json.pop(name)
+        leaves[name] = _records.leaf(name, record, packs, sums, bad, paths)
     _check_references(leaves, token is not None and document.shard_files != 0, bad)
     types = _records.module_types(document.module_types, bad) if version >= 6 else []
     modules = {
-        name: _records.module(name, rec, bad, version, types)
+        name: _records.module(name, rec, bad, version, types, paths)
         for name, rec in document.modules.items()
     }
     nodes = None
@@ -235,7 +238,8 @@ def _from_document(document: _schema.Document, version: int, where: str) -> Meta
         if version < 6:
             node_types = _schema.UNSET  # (read past: no format 5 has them)
         limit = len(leaves) + len(recorded) if isinstance(recorded, dict) else 0
-        nodes = _nodes(recorded, _records.node_types(node_types, bad), limit, bad)
+        kinds = _records.node_types(node_types, bad)
+        nodes = _nodes(recorded, kinds, paths, limit, bad)
     return Metadata(
         where,
         version,
@@ -317,7 +321,7 @@ def _check_references(leaves: dict, has_shards: bool, bad) -> None:
 
 
 def _nodes(
-    nodes_json: Any, types: list[dict[str, Any]], limit: int, bad
+    nodes_json: Any, types: list[dict[str, Any]], paths, limit: int, bad
 ) -> dict[str, dict[str, Any]]:
     """The records of the tree's inner nodes, each checked by its schema, kept
     as the plain dicts the rebuild reads; from format 6 on a node may be the
@@ -328,13 +332,13 @@ def _nodes(
     named = 0
     for name, rec in nodes_json.items():
         if types and type(rec) is int and 0 <= rec < len(types):
-            rec = nodes_json[name] = _compact.expand_node(name, rec, types)
-            named += len(rec["children"])
-            if named > limit:
+            named += _compact.count_of(types[rec]) or 0  # (checked: not None)
+            if named > limit:  # before any name is made
                 raise bad(
                     f"its node types name more children than it has leaves and "
                     f"nodes ({limit}), at node {name!r}"
                 )
+            rec = nodes_json[name] = _compact.expand_node(name, rec, types, paths)
         elif type(rec) is int:
             raise bad(
                 f"node {name!r} is of node type {rec}, but the sidecar lists "

@@ -1,0 +1,416 @@
+"""Format 6's short records (`orbax_eqx/_format/compact.py`): rows for packed
+jax arrays, paths read off names, module and node types listed once.
+
+What a reader makes of a sidecar written short is what it makes of the same
+sidecar written whole (as format 5 spells records), for every tree of the
+zoo; a record is written short only where its short form says exactly the
+same; and short forms written by someone else are input like any other:
+each wrong one is damage naming the record, and a number in the file (a
+list's length) makes nothing before it is checked.
+
+The attacker here writes the short forms directly (`_write_raw`: the JSON
+as it is, resealed), where `tests/sidecars.py` writes what a save would.
+"""
+
+import json
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import sidecars
+import zoo
+
+import orbax_eqx as oeqx
+from orbax_eqx._format import compact
+from orbax_eqx._format.sealed import dumps
+from orbax_eqx._format.sidecar import FILE_NAME
+
+KEY = jax.random.key(0)
+
+
+def _read_raw(path) -> dict:
+    content = json.loads((path / FILE_NAME).read_text())
+    content.pop("checksum")
+    return content
+
+
+def _write_raw(path, content) -> None:
+    (path / FILE_NAME).write_bytes(dumps(content))  # as it is, resealed
+
+
+def _edit_raw(path, change) -> None:
+    content = _read_raw(path)
+    change(content)
+    _write_raw(path, content)
+
+
+def _damaged(what: str) -> str:
+    return (
+        rf"The sidecar in \S+ is damaged: {what}\. Restore an earlier step, or "
+        r"re-save the checkpoint\."
+    )
+
+
+# --- short and whole read alike -----------------------------------------------
+
+
+@pytest.mark.parametrize("make", zoo.ZOO.values(), ids=zoo.ZOO.keys())
+def test_short_and_whole_records_read_alike(tmp_path, make):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, make(KEY))
+    short = oeqx.metadata(path)
+    _write_raw(path, sidecars.read(path))  # every record whole, as format 5
+    whole = oeqx.metadata(path)
+    assert short.leaves == whole.leaves
+    assert short.modules == whole.modules
+    assert short.nodes == whole.nodes
+    restored = oeqx.restore(path, zoo.skeleton(make, jax.random.key(1)))
+    zoo.assert_same(restored, make(KEY))
+
+
+class Residual(eqx.Module):
+    lin1: eqx.nn.Linear
+    norm: eqx.nn.LayerNorm
+    lin2: eqx.nn.Linear
+
+
+class Stack(eqx.Module):
+    blocks: list
+
+
+def _stack(n: int) -> Stack:
+    keys = jax.random.split(KEY, 2 * n)
+    return Stack(
+        [
+            Residual(
+                eqx.nn.Linear(8, 8, key=keys[2 * i]),
+                eqx.nn.LayerNorm(8),
+                eqx.nn.Linear(8, 8, key=keys[2 * i + 1]),
+            )
+            for i in range(n)
+        ]
+    )
+
+
+def test_a_stack_of_layers_is_written_short(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, _stack(20))
+    content = _read_raw(path)
+    # Every leaf a row; every module and node but the root an index.
+    assert all(type(r) is list for r in content["leaves"].values())
+    assert all(type(m) is int for n, m in content["modules"].items() if n)
+    assert all(type(m) is int for n, m in content["nodes"].items() if n)
+    assert content["module_types"] == [
+        {"class": "test_compact.Residual", "static": {}},
+        {
+            "class": "equinox.nn._linear.Linear",
+            "static": {"in_features": 8, "out_features": 8, "use_bias": True},
+        },
+        {
+            "class": "equinox.nn._normalisation.LayerNorm",
+            "static": {
+                "shape": {"tuple": [8]},
+                "eps": {"float": "1e-05"},
+                "use_weight": True,
+                "use_bias": True,
+            },
+        },
+    ]
+    assert content["node_types"][0] == {"type": "list", "length": 20}
+    # One line per record, a row as compact JSON.
+    text = (path / FILE_NAME).read_text()
+    w = content["leaves"]["blocks.3.lin1.weight"]
+    assert f'  "blocks.3.lin1.weight": ["float32",[8,8],{w[2]},"{w[3]}"],\n' in text
+    assert '  "blocks.3.lin1": 1,\n' in text
+    # About the size of the data it describes (4.5 times it, whole).
+    data = sum(x.nbytes for x in jax.tree_util.tree_leaves(_stack(20)))
+    assert len(text) < 1.3 * data
+    meta = oeqx.metadata(path)
+    assert meta.leaves["blocks.3.lin1.weight"].path == ".blocks[3].lin1.weight"
+    assert meta.modules["blocks.3.norm"].path == ".blocks[3].norm"
+    assert meta.nodes["blocks"]["children"][19] == "blocks.19"
+
+
+class Pair(NamedTuple):
+    left: jax.Array
+    right: jax.Array
+
+
+def test_paths_read_off_names_under_dicts_and_lists_too(tmp_path):
+    path = tmp_path / "ckpt"
+    item = {
+        "model": eqx.nn.Linear(2, 2, key=KEY),
+        "opt": [{"mu": jnp.ones(2)}],
+        "0": jnp.ones(2),  # escaped in its name: `\\0`
+        "x.y": 3,  # escaped: `x\\.y`
+        "pair": Pair(jnp.ones(1), jnp.ones(1)),  # fields of no module
+    }
+    oeqx.save(path, item)
+    content = _read_raw(path)
+    leaves = content["leaves"]
+    assert type(leaves["model.weight"]) is list
+    assert type(leaves["opt.0.mu"]) is list
+    assert type(content["modules"]["model"]) is int
+    assert leaves["\\0"]["path"] == "['0']"
+    assert leaves["x\\.y"]["path"] == "['x.y']"
+    assert leaves["pair.left"]["path"] == "['pair'].left"
+    meta = oeqx.metadata(path)
+    assert meta.leaves["model.weight"].path == "['model'].weight"
+    assert meta.leaves["opt.0.mu"].path == "['opt'][0]['mu']"
+    assert meta.modules["model"].path == "['model']"
+    assert meta.nodes["opt.0"]["path"] == "['opt'][0]"
+    assert meta.leaves["pair.left"].path == "['pair'].left"
+
+
+# --- written short only where it says the same ---------------------------------
+
+WHOLE = {
+    "path": ".w",
+    "kind": "array",
+    "shape": [8, 8],
+    "dtype": "float32",
+    "container": "jax",
+    "nbytes": 256,
+    "data": "packed",
+    "pack": 0,
+    "offset": 64,
+    "xxh3": "0123456789abcdef",
+}
+
+
+UNDER_A_MODULE = compact.Paths({"": {}})  # `w`: an attribute of the root
+
+
+def test_a_packed_jax_array_is_a_row():
+    paths = UNDER_A_MODULE
+    assert compact.compact_leaf("w", dict(WHOLE), paths) == [
+        "float32",
+        [8, 8],
+        64,
+        "0123456789abcdef",
+    ]
+    short = compact.compact_leaf("w", dict(WHOLE), paths)
+    assert compact.expand_leaf("w", short, paths) == WHOLE
+    unsummed = {k: v for k, v in WHOLE.items() if k != "xxh3"}
+    assert compact.compact_leaf("w", unsummed, paths) == ["float32", [8, 8], 64, None]
+    assert compact.expand_leaf("w", ["float32", [8, 8], 64, None], paths) == unsummed
+    # Under a dict, `w` reads as `['w']`.
+    in_a_dict = dict(WHOLE, path="['w']")
+    assert type(compact.compact_leaf("w", in_a_dict, compact.Paths({}))) is list
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"pack": False},  # equal to 0, but no pack index
+        {"pack": 1},
+        {"offset": 64.0},
+        {"shape": [8.0, 8]},
+        {"shape": [True, 8]},
+        {"nbytes": 255},
+        {"dtype": "U2x"},  # no dtype at all
+        {"path": "['w']"},
+        {"container": "numpy"},
+        {"data": "shards"},
+        {"xxh3": 5},
+        {"extra": 1},
+    ],
+    ids=lambda c: next(iter(c)) + "=" + repr(next(iter(c.values()))),
+)
+def test_any_other_array_record_stays_whole(change):
+    record = dict(WHOLE, **change)
+    short = compact.compact_leaf("w", record, UNDER_A_MODULE)
+    assert isinstance(short, dict)
+    assert compact.expand_leaf("w", short, UNDER_A_MODULE) == record
+
+
+def test_modules_and_nodes_stay_whole_unless_their_types_say_the_same():
+    root = {"path": "<root>", "class": "a.Root", "static": {}}  # names no type
+    path_off = {"path": "['m']", "class": "a.B", "static": {}}
+    extra = {"path": ".n", "class": "a.B", "static": {}, "more": 1}
+    modules = {"": root, "m": path_off, "n": extra}
+    out = compact.compact({"leaves": {}, "modules": modules, "nodes": {}})
+    assert out["modules"] == modules
+    assert out["module_types"] == []
+    # A module with an absent field: its children are not its fields' names.
+    absent = {
+        "path": ".m",
+        "type": "module",
+        "fields": ["a", "b"],
+        "children": ["m.a", None],
+    }
+    int_keys = {"path": ".d", "type": "dict", "keys": [1], "children": ["d.1"]}
+    renamed = {"path": ".l", "type": "list", "children": ["l.1"]}
+    nodes = {"m": absent, "d": int_keys, "l": renamed}
+    modules = {"": root}
+    out = compact.compact({"leaves": {}, "modules": modules, "nodes": nodes})
+    assert out["nodes"] == nodes
+    assert out["node_types"] == []
+
+
+# --- short forms written by someone else -----------------------------------------
+
+
+@pytest.fixture
+def saved(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"w": jnp.ones((2, 3)), "lin": eqx.nn.Linear(2, 2, key=KEY)})
+    return path
+
+
+def _row(**at):
+    def change(c):
+        for i, value in at.items():
+            c["leaves"]["w"][int(i[1:])] = value
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change, what",
+    [
+        (lambda c: c["leaves"]["w"].pop(), "it has 3 values"),
+        (lambda c: c["leaves"]["w"].append(0), "it has 5 values"),
+        (_row(i0=5), "its dtype is not a string"),
+        (_row(i1=[-1, 3]), "its shape is not a list of sizes"),
+        (_row(i2="0"), r"its offset is not a byte offset \(an integer >= 0\)"),
+        (_row(i3="XYZ"), "its checksum is not XXH3-64 in 16 lower-case"),
+    ],
+    ids=["short", "long", "dtype", "shape", "offset", "checksum"],
+)
+def test_a_malformed_row_is_damage(saved, change, what):
+    _edit_raw(saved, change)
+    with pytest.raises(
+        oeqx.SidecarError,
+        match=_damaged(
+            r"leaf 'w' is a row, `\[dtype, shape, offset, xxh3\]` \(a packed "
+            rf"jax array\), but {what}.*"
+        ),
+    ):
+        oeqx.metadata(saved)
+
+
+@pytest.mark.parametrize(
+    "change, what",
+    [
+        (_row(i0="U2"), r"leaf 'w' has dtype 'U2', which no save writes"),
+        (_row(i2=10**6), r"leaf 'w' ends at byte 1000024 of pack 0, which holds"),
+    ],
+    ids=["dtype", "offset"],
+)
+def test_a_row_is_checked_as_its_whole_record_is(saved, change, what):
+    _edit_raw(saved, change)
+    with pytest.raises(oeqx.SidecarError, match=_damaged(what + ".*")):
+        oeqx.metadata(saved)
+
+
+def test_a_row_edited_to_another_dtype_of_its_size_is_damaged_data(saved):
+    _edit_raw(saved, _row(i0="int32"))  # bound to its checksum, as whole
+    report = oeqx.verify(saved)
+    assert [d.name for d in report.damaged] == ["w"]
+    with pytest.raises(oeqx.CheckpointDamagedError, match=r"Leaf `\['w'\]`"):
+        oeqx.restore(saved)
+
+
+@pytest.mark.parametrize(
+    "change, what",
+    [
+        (
+            lambda c: c["modules"].update(lin=7),
+            "module 'lin' is of module type 7, but the sidecar lists 1 module type",
+        ),
+        (
+            lambda c: c["modules"].update(lin=-1),
+            "module 'lin' has no class, path or static fields",
+        ),
+        (
+            lambda c: c.update(module_types={"0": {}}),
+            '"module_types" must be a JSON list',
+        ),
+        (
+            lambda c: c["module_types"][0].pop("class"),
+            "module type 0 has no class or static fields",
+        ),
+        (
+            lambda c: c["nodes"].update(lin=3),
+            "node 'lin' is of node type 3, but the sidecar lists 1 node type",
+        ),
+        (
+            lambda c: c.update(node_types=[]),
+            "node 'lin' is of node type 0, but the sidecar lists 0 node types",
+        ),
+        (
+            lambda c: c["node_types"][0].update(type="other"),
+            "node type 0 is malformed",
+        ),
+        (
+            lambda c: c["node_types"][0].pop("fields"),
+            r"node type 0 \(a module\) says no children: a list or tuple records "
+            r'its "length", a module or namedtuple its "fields", a dict its "keys"',
+        ),
+    ],
+    ids=[
+        "module-past-the-table",
+        "module-negative",
+        "module-types-not-a-list",
+        "module-type-without-class",
+        "node-past-the-table",
+        "node-types-empty",
+        "node-type-other",
+        "node-type-without-fields",
+    ],
+)
+def test_malformed_types_are_damage(saved, change, what):
+    assert _read_raw(saved)["modules"]["lin"] == 0  # the one module type
+    _edit_raw(saved, change)
+    with pytest.raises(oeqx.SidecarError, match=_damaged(what)):
+        oeqx.metadata(saved)
+    with pytest.raises(oeqx.SidecarError, match=_damaged(what)):
+        oeqx.restore(saved, allow=["equinox"])
+
+
+def test_a_length_is_checked_before_any_name_is_made(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"layers": [jnp.ones(2), jnp.ones(3)]})
+    content = _read_raw(path)
+    assert content["node_types"] == [{"type": "list", "length": 2}]
+    content["node_types"][0]["length"] = 10**15  # names would not fit in memory
+    _write_raw(path, content)
+    with pytest.raises(
+        oeqx.SidecarError,
+        match=_damaged(
+            r"its node types name more children than it has leaves and nodes "
+            r"\(4\), at node 'layers'"
+        ),
+    ):
+        oeqx.metadata(path)
+
+
+def test_format_5_has_no_short_records(saved):
+    def older(c):
+        c["format_version"] = 5
+        c["checksums"] = False  # (format 5's are CRC-32s)
+        paths = compact.Paths(c["modules"])
+        for name, entry in c["leaves"].items():
+            c["leaves"][name] = compact.expand_leaf(name, entry, paths)
+            del c["leaves"][name]["xxh3"]
+
+    _edit_raw(saved, older)
+    # Its leaves whole, its module's index is no module of format 5.
+    with pytest.raises(
+        oeqx.SidecarError,
+        match=_damaged("module 'lin' has no class, path or static fields"),
+    ):
+        oeqx.metadata(saved)
+
+
+def test_zero_size_and_numpy_arrays_are_whole(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"e": jnp.zeros((0, 3)), "n": np.ones(3), "j": jnp.ones(3)})
+    leaves = _read_raw(path)["leaves"]
+    assert leaves["e"]["data"] == "none" and "path" not in leaves["e"]
+    assert leaves["n"]["container"] == "numpy"
+    assert type(leaves["j"]) is list
