@@ -99,11 +99,12 @@ def test_a_stack_of_layers_is_written_short(tmp_path):
     path = tmp_path / "ckpt"
     oeqx.save(path, _stack(20))
     content = _read_raw(path)
-    # Every leaf a row; every module and node but the root an index.
+    # Every leaf a row; every module and node an index.
     assert all(type(r) is list for r in content["leaves"].values())
-    assert all(type(m) is int for n, m in content["modules"].items() if n)
-    assert all(type(m) is int for n, m in content["nodes"].items() if n)
+    assert all(type(m) is int for m in content["modules"].values())
+    assert all(type(m) is int for m in content["nodes"].values())
     assert content["module_types"] == [
+        {"class": "test_compact.Stack", "static": {}},
         {"class": "test_compact.Residual", "static": {}},
         {
             "class": "equinox.nn._linear.Linear",
@@ -119,12 +120,15 @@ def test_a_stack_of_layers_is_written_short(tmp_path):
             },
         },
     ]
-    assert content["node_types"][0] == {"type": "list", "length": 20}
+    assert content["node_types"][:2] == [
+        {"type": "module", "fields": ["blocks"]},
+        {"type": "list", "length": 20},
+    ]
     # One line per record, a row as compact JSON.
     text = (path / FILE_NAME).read_text()
     w = content["leaves"]["blocks.3.lin1.weight"]
     assert f'  "blocks.3.lin1.weight": ["float32",[8,8],{w[2]},"{w[3]}"],\n' in text
-    assert '  "blocks.3.lin1": 1,\n' in text
+    assert '  "blocks.3.lin1": 2,\n' in text
     # About the size of the data it describes (4.5 times it, whole).
     data = sum(x.nbytes for x in jax.tree_util.tree_leaves(_stack(20)))
     assert len(text) < 1.3 * data
@@ -228,13 +232,13 @@ def test_any_other_array_record_stays_whole(change):
 
 
 def test_modules_and_nodes_stay_whole_unless_their_types_say_the_same():
-    root = {"path": "<root>", "class": "a.Root", "static": {}}  # names no type
+    root = {"path": "<root>", "class": "a.Root", "static": {}}
     path_off = {"path": "['m']", "class": "a.B", "static": {}}
     extra = {"path": ".n", "class": "a.B", "static": {}, "more": 1}
     modules = {"": root, "m": path_off, "n": extra}
     out = compact.compact({"leaves": {}, "modules": modules, "nodes": {}})
-    assert out["modules"] == modules
-    assert out["module_types"] == []
+    assert out["modules"] == {"": 0, "m": path_off, "n": extra}
+    assert out["module_types"] == [{"class": "a.Root", "static": {}}]
     # A module with an absent field: its children are not its fields' names.
     absent = {
         "path": ".m",
@@ -336,19 +340,19 @@ def test_a_row_edited_to_another_dtype_of_its_size_is_damaged_data(saved):
         ),
         (
             lambda c: c["nodes"].update(lin=3),
-            "node 'lin' is of node type 3, but the sidecar lists 1 node type",
+            "node 'lin' is of node type 3, but the sidecar lists 2 node types",
         ),
         (
             lambda c: c.update(node_types=[]),
-            "node 'lin' is of node type 0, but the sidecar lists 0 node types",
+            "node '' is of node type 0, but the sidecar lists 0 node types",
         ),
         (
-            lambda c: c["node_types"][0].update(type="other"),
-            "node type 0 is malformed",
+            lambda c: c["node_types"][1].update(type="other"),
+            "node type 1 is malformed",
         ),
         (
-            lambda c: c["node_types"][0].pop("fields"),
-            r"node type 0 \(a module\) says no children: a list or tuple records "
+            lambda c: c["node_types"][1].pop("fields"),
+            r"node type 1 \(a module\) says no children: a list or tuple records "
             r'its "length", a module or namedtuple its "fields", a dict its "keys"',
         ),
     ],
@@ -364,7 +368,9 @@ def test_a_row_edited_to_another_dtype_of_its_size_is_damaged_data(saved):
     ],
 )
 def test_malformed_types_are_damage(saved, change, what):
-    assert _read_raw(saved)["modules"]["lin"] == 0  # the one module type
+    content = _read_raw(saved)
+    assert content["modules"]["lin"] == 0  # the one module type
+    assert content["nodes"] == {"": 0, "lin": 1}  # a dict, a module
     _edit_raw(saved, change)
     with pytest.raises(oeqx.SidecarError, match=_damaged(what)):
         oeqx.metadata(saved)
@@ -376,8 +382,8 @@ def test_a_length_is_checked_before_any_name_is_made(tmp_path):
     path = tmp_path / "ckpt"
     oeqx.save(path, {"layers": [jnp.ones(2), jnp.ones(3)]})
     content = _read_raw(path)
-    assert content["node_types"] == [{"type": "list", "length": 2}]
-    content["node_types"][0]["length"] = 10**15  # names would not fit in memory
+    assert content["node_types"][1] == {"type": "list", "length": 2}
+    content["node_types"][1]["length"] = 10**15  # names would not fit in memory
     _write_raw(path, content)
     with pytest.raises(
         oeqx.SidecarError,

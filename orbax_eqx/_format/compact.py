@@ -39,12 +39,13 @@ import msgspec
 
 from .._tree import nodes as _nodes
 from .._tree.names import ESCAPE, SEPARATOR, escape_part
-from .._tree.walk import ARRAY, JAX, parse_dtype
+from .._tree.walk import ARRAY, JAX, display_path, parse_dtype
 from .checksum import XXH3
 from .sidecar import PACKED, itemsize
 
 MODULE_TYPES = "module_types"
 NODE_TYPES = "node_types"
+ROOT = display_path("")  # the root's path: `<root>`
 LENGTH = "length"  # a list's or tuple's number of children, in its node type
 # Keys of an array record that a row stands for (and `XXH3`, where saved).
 _ROW_KEYS = frozenset(
@@ -71,7 +72,9 @@ class Paths:
         self._parents: dict[str, str | None] = {}
 
     def __call__(self, name: str) -> str | None:
-        if not name or ESCAPE in name:
+        if not name:
+            return ROOT  # the root's path, as the walk records it
+        if ESCAPE in name:
             return None
         cut = name.rfind(SEPARATOR)
         if cut < 0:

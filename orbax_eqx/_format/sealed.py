@@ -27,15 +27,20 @@ CHECKSUM = "checksum"  # the sidecar's last member, from format 6 on
 MAX_BYTES = 256 << 20
 
 
-def dumps(content: dict[str, Any], pause: Callable[[], None] | None = None) -> bytes:
+def dumps(
+    content: dict[str, Any],
+    pause: Callable[[], None] | None = None,
+    whole: dict[str, Any] | None = None,
+) -> bytes:
     """The sidecar's bytes for its JSON `content`: one line per record, and
     from format 6 on, last, the checksum of every byte before it (see
-    `checksum_line`)."""
+    `checksum_line`). `whole`: the same content with every record whole
+    (`compact`), which an error for a sidecar too large describes."""
     parts = _dump(content, pause)
     version = content.get("format_version")
     sealed = not (type(version) is int and version < 6)
     text = "{\n" + ",\n".join(parts) + (",\n" if sealed else "\n}\n")
-    _check_size(text, content)
+    _check_size(text, content if whole is None else whole)
     data = text.encode("utf-8", "surrogatepass")
     if sealed:
         data += checksum_line(digest(data))

@@ -35,6 +35,6 @@ def to_bytes(content: dict[str, Any], pause: Callable[[], None] | None = None) -
     """The sidecar's bytes for its JSON `content`: from format 6 on with short
     records where they say the same (`compact`), sealed by its checksum."""
     version = content.get("format_version")
-    if not (type(version) is int and version < 6):
-        content = _compact.compact(content)
-    return dumps(content, pause)
+    if type(version) is int and version < 6:
+        return dumps(content, pause)
+    return dumps(_compact.compact(content), pause, whole=content)
