@@ -8,7 +8,10 @@ is imported or called.
 Format version 6 (versions 1-5 are still read: 1 has no packs, 1 and 2 have
 no token, before 4 there are no shard packs, before 5 packed leaves' CRC-32s
 are not bound to their records and no tree structure is recorded, before 6
-the sidecar has no checksum of its own):
+the sidecar has no checksum of its own and no short records). Its records
+written whole, as below; a save writes the common ones short (rows, paths
+read off names, module and node types: see `compact`), and a reader reads
+both:
 
 ```
 {
