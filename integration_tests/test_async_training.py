@@ -23,7 +23,7 @@ import orbax.checkpoint as ocp
 import pytest
 
 import orbax_eqx as oeqx
-from orbax_eqx._format import sidecar as _sidecar
+from orbax_eqx._format import sidecar_write as _sidecar_write
 
 from ._models import assert_trees_equal
 
@@ -35,7 +35,7 @@ OPTIM = optax.adam(1e-2)
 def gate(monkeypatch):
     """Holds every sidecar write until the test sets the returned event."""
     event = threading.Event()
-    write = _sidecar.write
+    write = _sidecar_write.write
 
     def gated_write(directory, content, *rest):
         if not event.wait(LIMIT_S):
@@ -43,7 +43,7 @@ def gate(monkeypatch):
         write(directory, content, *rest)
 
     # Internal: no public hook holds a save in flight at a known point.
-    monkeypatch.setattr(_sidecar, "write", gated_write)
+    monkeypatch.setattr(_sidecar_write, "write", gated_write)
     yield event
     event.set()  # never leave a background save hanging
 
