@@ -15,6 +15,7 @@ from typing import Any
 import xxhash
 
 from .checksum import CRC32, XXH3
+from .compact import row_nbytes
 from .sidecar import STORED, pack_file
 
 
@@ -33,18 +34,25 @@ def record_checksums(content: dict[str, Any], crc32: dict, sum32: dict) -> None:
     algorithm = data_sum_algorithm(content["format_version"])
     binder = Binder(content["token"], algorithm)
     for name, value in crc32.items():
-        bound = binder.record(value, name, leaves[name])
+        record = leaves[name]
+        if type(record) is list:  # a row (format 6 on, `compact`)
+            dtype, shape, offset, _ = record
+            size = row_nbytes(shape, dtype)
+            bound = binder(value, name, dtype, shape, 0, offset, size)
+            record[3] = f"{bound:016x}"
+            continue
+        bound = binder.record(value, name, record)
         if algorithm == XXH3:
-            leaves[name][XXH3] = f"{bound:016x}"
+            record[XXH3] = f"{bound:016x}"
         else:
-            leaves[name][CRC32] = bound
+            record[CRC32] = bound
     for name, value in sum32.items():
         leaves[name]["sum32"] = value
     if content.get("checksums", True):
         # Format 5: an Orbax-stored array that no process held whole at save
         # (multi-host) has no sum32, and says so; a missing one was edited.
         for record in leaves.values():
-            if record.get("data") == STORED:
+            if type(record) is dict and record.get("data") == STORED:
                 record.setdefault("sum32", None)
 
 

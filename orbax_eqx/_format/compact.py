@@ -32,25 +32,20 @@ what it makes of a short record is what it would make of the full one.
 import json
 import math
 import re
-from collections.abc import Collection
 from typing import Any
 
 import msgspec
 
 from .._tree import nodes as _nodes
-from .._tree.names import ESCAPE, SEPARATOR, escape_part
-from .._tree.walk import ARRAY, JAX, display_path, parse_dtype
+from .._tree.names import SEPARATOR, escape_part
+from .._tree.walk import ARRAY, JAX, parse_dtype
 from .checksum import XXH3
+from .paths import Paths
 from .sidecar import PACKED, itemsize
 
 MODULE_TYPES = "module_types"
 NODE_TYPES = "node_types"
-ROOT = display_path("")  # the root's path: `<root>`
 LENGTH = "length"  # a list's or tuple's number of children, in its node type
-# Keys of an array record that a row stands for (and `XXH3`, where saved).
-_ROW_KEYS = frozenset(
-    ["path", "kind", "shape", "dtype", "container", "nbytes", "data", "pack", "offset"]
-)
 _MODULE_KEYS = frozenset(["path", "class", "static"])
 # Node types whose children a name and their keys say.
 _BY_FIELDS = (_nodes.MODULE, _nodes.NAMEDTUPLE)
@@ -58,67 +53,17 @@ _BY_INDEX = (_nodes.LIST, _nodes.TUPLE)
 SHARED_TYPES = (*_BY_FIELDS, *_BY_INDEX, _nodes.DICT)
 
 
-class Paths:
-    """The paths names read as, given which names are modules'.
-
-    A name's parts become the path's: an index (`3`) is `[3]`, a part under a
-    module (an attribute) is `.part`, any other part (a dict key) is
-    `['part']`, as `jax.tree_util.keystr` prints them. A name with escaped
-    parts reads as no path (None): its record writes it. Each parent's path
-    is made once, for all its children."""
-
-    def __init__(self, modules: Collection[str]):
-        self._modules = modules
-        self._parents: dict[str, str | None] = {}
-
-    def __call__(self, name: str) -> str | None:
-        if not name:
-            return ROOT  # the root's path, as the walk records it
-        if ESCAPE in name:
-            return None
-        cut = name.rfind(SEPARATOR)
-        if cut < 0:
-            return _segment(name, "" in self._modules)
-        parent = name[:cut]
-        head = self._parents.get(parent, _UNKNOWN)
-        if head is _UNKNOWN:
-            head = self._parents[parent] = self._walk(parent)
-        if head is None:
-            return None
-        last = _segment(name[cut + 1 :], parent in self._modules)
-        return None if last is None else head + last
-
-    def _walk(self, name: str) -> str | None:
-        out, prefix, under_module = [], "", "" in self._modules
-        for part in name.split(SEPARATOR):
-            segment = _segment(part, under_module)
-            if segment is None:
-                return None
-            out.append(segment)
-            prefix = f"{prefix}{SEPARATOR}{part}" if prefix else part
-            under_module = prefix in self._modules
-        return "".join(out)
-
-    def of(self, name: str) -> str:
-        """The path of a record that writes none: read off its name, or (a
-        name that reads as none, which no save leaves without one) the name."""
-        return self(name) or name
-
-
-_UNKNOWN: Any = object()
-
-
-def _segment(part: str, under_module: bool) -> str | None:
-    if part.isdigit() and part.isascii() and (part == "0" or part[0] != "0"):
-        return f"[{part}]"
-    if under_module:
-        return SEPARATOR + part if part.isidentifier() else None
-    return f"[{part!r}]" if part else None
-
-
 def row_nbytes(shape: list[int], dtype: str) -> int:
     """The bytes of a row's array (raises for a dtype no save writes)."""
-    return math.prod(shape) * itemsize(parse_dtype(dtype))
+    size = _ITEMSIZE.get(dtype)
+    if size is None:
+        size = itemsize(parse_dtype(dtype))
+        if len(_ITEMSIZE) < 256:  # (a hostile file may name many)
+            _ITEMSIZE[dtype] = size
+    return math.prod(shape) * size
+
+
+_ITEMSIZE: dict[str, int] = {}  # a dtype's name: bytes per element
 
 
 def compact(content: dict[str, Any]) -> dict[str, Any]:
@@ -176,31 +121,43 @@ def compact_leaf(name: str, record: Any, paths: Paths) -> Any:
 
 
 def _row(name: str, r: dict[str, Any], paths: Paths) -> list | None:
-    shape, dtype, offset = r.get("shape"), r.get("dtype"), r.get("offset")
+    """The row of a record that a row says exactly, or None. (Written out
+    for speed: a save asks it of every leaf.)"""
+    try:
+        if r["data"] != PACKED or r["kind"] != ARRAY or r["container"] != JAX:
+            return None
+        pack, offset, dtype = r["pack"], r["offset"], r["dtype"]
+        shape, size, path = r["shape"], r["nbytes"], r["path"]
+    except KeyError:
+        return None
     sum_ = r.get(XXH3)
+    # The nine keys read are there: so with this many, no others.
+    if len(r) != (9 if sum_ is None and XXH3 not in r else 10):
+        return None
     if not (
-        r.keys() - {XXH3} == _ROW_KEYS
-        and r["kind"] == ARRAY
-        and r["container"] == JAX
-        and r["data"] == PACKED
-        and type(r["pack"]) is int
-        and r["pack"] == 0
+        type(pack) is int
+        and pack == 0
         and type(offset) is int
         and offset >= 0
+        and type(size) is int
         and type(dtype) is str
         and type(shape) is list
-        and all(type(d) is int and d >= 0 for d in shape)
-        and (_is_hex64(sum_) or (sum_ is None and XXH3 not in r))
-        and _is_str(r["path"], paths(name))
-        and type(r["nbytes"]) is int
+        and _INT.issuperset(map(type, shape))
+        and (not shape or min(shape) >= 0)
+        and (sum_ is None or _is_hex64(sum_))
+        and type(path) is str
+        and path == paths(name)
     ):
         return None
     try:
-        if r["nbytes"] != row_nbytes(shape, dtype):
+        if size != row_nbytes(shape, dtype):
             return None
     except (TypeError, ValueError, OverflowError, SyntaxError, MemoryError):
         return None
     return [dtype, shape, offset, sum_]
+
+
+_INT = frozenset([int])
 
 
 def expand_leaf(name: str, entry: Any, paths: Paths) -> Any:

@@ -376,12 +376,14 @@ def module(
     """One module's record: its class, path and static fields; from format
     6 on, or the index of its class and static fields in `types` (read by
     `module_types`), its path read off its name by `paths`."""
-    try:
-        rec = decoded(record, _schema.module_record(version))
-    except (msgspec.ValidationError, RecursionError):
-        raise bad(f"module {name!r} has no class, path or static fields") from None
+    rec = record
+    if not (version >= 6 and type(record) is int):
+        try:
+            rec = decoded(record, _schema.module_record(version))
+        except (msgspec.ValidationError, RecursionError):
+            raise bad(f"module {name!r} has no class, path or static fields") from None
     if type(rec) is int:
-        if types is None or rec >= len(types):
+        if types is None or not 0 <= rec < len(types):
             listed = len(types or ())
             raise bad(
                 f"module {name!r} is of module type {rec}, but the sidecar lists "

@@ -190,6 +190,7 @@ class NodeType(msgspec.Struct):
     type: Literal[_compact.SHARED_TYPES]  # type: ignore[valid-type]
     fields: list[str] = []
     keys: list[str] = []
+    cls: str = msgspec.field(name="class", default="")
     length: Size | msgspec.UnsetType = UNSET
 
 

@@ -122,6 +122,7 @@ from .._tree.walk import (
     is_key_dtype,
     key_data_struct,
 )
+from .paths import Paths
 from .sealed import CHECKSUM as CHECKSUM
 from .sealed import MAX_BYTES as MAX_BYTES
 from .sealed import checksum_line as checksum_line
@@ -314,10 +315,15 @@ def build(
     `walk`).
     """
     sharded = sharded or {}
-    leaves = {}
+    leaves: dict[str, Any] = {}
+    paths = Paths(walked.modules)
     for leaf in walked.leaves:
         if pause is not None:
             pause()
+        row = _row(leaf, packed, aliases, paths)
+        if row is not None:
+            leaves[leaf.name] = row
+            continue
         record: dict[str, Any] = {"path": leaf.path_str, "kind": leaf.kind}
         if leaf.kind == ARRAY:
             x = leaf.value
@@ -370,6 +376,18 @@ def build(
     if walked.name_of is not None:  # format 5: what a rebuild needs
         content["nodes"] = _nodes.record(walked)
     return content
+
+
+def _row(leaf, packed: dict[str, int], aliases, paths: Paths) -> list | None:
+    """A packed jax array's row (format 6, `compact`), made here rather than
+    from its whole record: its checksum (None) is bound and set later
+    (`binding.record_checksums`)."""
+    if leaf.kind != ARRAY or leaf.name not in packed or leaf.name in aliases:
+        return None
+    x = leaf.value
+    if container(x) != JAX or leaf.path_str != paths(leaf.name):
+        return None
+    return [dtype_str(x), list(x.shape), packed[leaf.name], None]
 
 
 def nbytes(x: Any) -> int:

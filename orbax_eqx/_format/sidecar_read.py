@@ -338,7 +338,9 @@ def _nodes(
                     f"its node types name more children than it has leaves and "
                     f"nodes ({limit}), at node {name!r}"
                 )
-            rec = nodes_json[name] = _compact.expand_node(name, rec, types, paths)
+            # Checked as its type was (`records_read.node_types`).
+            nodes_json[name] = _compact.expand_node(name, rec, types, paths)
+            continue
         elif type(rec) is int:
             raise bad(
                 f"node {name!r} is of node type {rec}, but the sidecar lists "
