@@ -4,7 +4,9 @@ arrays, or split the item) or one large record (a big Python value). Each fix
 is then shown to work under the same limit.
 
 The limit is 256 MiB; these tests lower it (`sealed.MAX_BYTES`, the one the
-save checks against) so that a few hundred leaves reach it.
+save checks against) so that a few hundred leaves reach it. So for the most
+records a sidecar may hold (`sealed.MAX_RECORDS`, 2**21), which bounds what
+reading one costs where short records would let 256 MiB name ten million.
 """
 
 import re
@@ -39,7 +41,7 @@ def test_too_many_leaves_says_so_and_the_fixes_work(tmp_path, small_limit):
         r"^Cannot save this item: its sidecar would be \d+ bytes, more than the "
         rf"{LIMIT} orbax_eqx reads back\. It records 400 leaves and 0 modules; "
         r"the largest record, that of node `<root>`, is \d+ bytes\. That "
-        r"is about \d+ bytes a leaf: save fewer, larger arrays \(stack repeated "
+        r"is about \d+ bytes a leaf\. Save fewer, larger arrays \(stack repeated "
         r"layers into one array per parameter, as `eqx\.filter_vmap` builds them "
         r"and `jax\.lax\.scan` runs them\), or split the item into several items "
         r"of one checkpoint \(`ocp\.args\.Composite`\), each with a sidecar of "
@@ -96,3 +98,43 @@ def test_one_large_value_says_so_and_the_fix_works(tmp_path, small_limit):
     oeqx.save(tmp_path / "ckpt", fixed)
     back = oeqx.restore(tmp_path / "ckpt", fixed)
     assert back["note"].tobytes().decode() == text
+
+
+@pytest.fixture
+def few_records(monkeypatch):
+    monkeypatch.setattr(sealed, "MAX_RECORDS", 150)
+
+
+def test_too_many_records_says_so_and_the_fix_works(tmp_path, few_records):
+    item = _layers(200)  # 200 leaves and the root dict's node
+    with pytest.raises(oeqx.UnsupportedLeafError) as caught:
+        oeqx.save(tmp_path / "ckpt", item)
+    message = str(caught.value)
+    assert re.match(
+        r"^Cannot save this item: its sidecar would hold 201 records \(of 200 "
+        r"leaves, their modules and the tree's inner nodes\), more than the 150 "
+        r"orbax_eqx reads back\. Save fewer, larger arrays \(stack repeated "
+        r"layers into one array per parameter, as `eqx\.filter_vmap` builds "
+        r"them and `jax\.lax\.scan` runs them\), or split the item into several "
+        r"items of one checkpoint \(`ocp\.args\.Composite`\), each with a "
+        r"sidecar of its own\.$",
+        message,
+    ), message
+    assert not (tmp_path / "ckpt").exists()
+    stacked = {"layers": np.stack(list(item.values()))}  # the fix
+    oeqx.save(tmp_path / "stacked", stacked)
+    back = oeqx.restore(tmp_path / "stacked", stacked)
+    np.testing.assert_array_equal(back["layers"], stacked["layers"])
+
+
+def test_a_sidecar_of_more_records_is_not_read(tmp_path, monkeypatch):
+    oeqx.save(tmp_path / "ckpt", _layers(200))  # as another writer might
+    monkeypatch.setattr(sealed, "MAX_RECORDS", 150)
+    damaged = (
+        r"The sidecar in \S+ is damaged: it holds 201 records \(leaves, modules "
+        r"and nodes\), more than any save writes \(150\)\."
+    )
+    with pytest.raises(oeqx.SidecarError, match=damaged):
+        oeqx.metadata(tmp_path / "ckpt")
+    with pytest.raises(oeqx.SidecarError, match=damaged.replace("201", "200")):
+        oeqx.restore(tmp_path / "ckpt", _layers(200))  # (its nodes read past)

@@ -25,6 +25,12 @@ CHECKSUM = "checksum"  # the sidecar's last member, from format 6 on
 # ~30 MB. Reads stop here, so that a sidecar that is a link to an endless
 # stream fails at once (no size of it is recorded anywhere to check against).
 MAX_BYTES = 256 << 20
+# The most records (leaves, modules and inner nodes) a sidecar may hold. A
+# reader makes objects for each (~35 us and ~1.6 KB a leaf here), so this
+# bounds what any sidecar costs to read, where 256 MiB of short records
+# (`compact`) could name ten million. A save of more is refused; a model of
+# 2 million arrays is one of far fewer, larger ones (stacked layers).
+MAX_RECORDS = 1 << 21
 
 
 def dumps(
@@ -36,6 +42,7 @@ def dumps(
     from format 6 on, last, the checksum of every byte before it (see
     `checksum_line`). `whole`: the same content with every record whole
     (`compact`), which an error for a sidecar too large describes."""
+    _check_count(content if whole is None else whole)
     parts = _dump(content, pause)
     version = content.get("format_version")
     sealed = not (type(version) is int and version < 6)
@@ -96,6 +103,34 @@ def check_sealed(
         )
 
 
+def records(content: dict[str, Any]) -> int:
+    """How many records (leaves, modules, inner nodes) a sidecar holds."""
+    nodes = content.get("nodes")
+    count = len(content["leaves"]) + len(content["modules"])
+    return count + (len(nodes) if isinstance(nodes, dict) else 0)
+
+
+def _check_count(content: dict[str, Any]) -> None:
+    """Refuses a sidecar of more records than readers read (`MAX_RECORDS`)."""
+    count = records(content)
+    if count <= MAX_RECORDS:
+        return
+    leaves = len(content["leaves"])
+    raise UnsupportedLeafError(
+        f"Cannot save this item: its sidecar would hold {count} records (of "
+        f"{leaves} leaves, their modules and the tree's inner nodes), more than "
+        f"the {MAX_RECORDS} orbax_eqx reads back. " + _FEWER
+    )
+
+
+_FEWER = (
+    "Save fewer, larger arrays (stack repeated layers into one array per "
+    "parameter, as `eqx.filter_vmap` builds them and `jax.lax.scan` runs "
+    "them), or split the item into several items of one checkpoint "
+    "(`ocp.args.Composite`), each with a sidecar of its own."
+)
+
+
 def _check_size(text: str, content: dict[str, Any]) -> None:
     """Refuses a sidecar larger than readers read (`MAX_BYTES`)."""
     room = MAX_BYTES - len(checksum_line("crc32:" + "0" * 64))  # its last line
@@ -131,13 +166,7 @@ def _too_large(size: int, content: dict[str, Any]) -> str:
             "Keep large Python values (str, bytes, static fields) out of the "
             "item, or store them as arrays (`np.frombuffer(data, np.uint8)`)."
         )
-    return said + (
-        f"That is about {size // max(leaves, 1)} bytes a leaf: save fewer, "
-        "larger arrays (stack repeated layers into one array per parameter, "
-        "as `eqx.filter_vmap` builds them and `jax.lax.scan` runs them), or "
-        "split the item into several items of one checkpoint "
-        "(`ocp.args.Composite`), each with a sidecar of its own."
-    )
+    return said + f"That is about {size // max(leaves, 1)} bytes a leaf. " + _FEWER
 
 
 # One encoder for every record: `json.dumps` with options makes a new one each

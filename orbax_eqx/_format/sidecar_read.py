@@ -215,6 +215,14 @@ def _from_document(document: _schema.Document, version: int, where: str) -> Meta
     if version < 3:
         token = None
     packs = _packs(document.packs, token, where, bad)
+    recorded = getattr(document, "nodes", _schema.UNSET)  # (not if `Skimmed`)
+    count = len(document.leaves) + len(document.modules)
+    count += len(recorded) if isinstance(recorded, dict) else 0
+    if count > _sealed.MAX_RECORDS:  # before any record is read
+        raise bad(
+            f"it holds {count} records (leaves, modules and nodes), more than "
+            f"any save writes ({_sealed.MAX_RECORDS})"
+        )
     sums = _records.Sums(version, document.checksums, token)
     # From format 6 on, paths not written are read off names (`compact`).
     paths = _compact.Paths(document.modules) if version >= 6 else None
@@ -232,7 +240,6 @@ def _from_document(document: _schema.Document, version: int, where: str) -> Meta
         for name, rec in document.modules.items()
     }
     nodes = None
-    recorded = getattr(document, "nodes", _schema.UNSET)  # (not if `Skimmed`)
     if version >= 5 and recorded is not _schema.UNSET:
         node_types = getattr(document, "node_types", _schema.UNSET)
         if version < 6:
