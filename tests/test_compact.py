@@ -431,3 +431,24 @@ def test_a_save_writes_short_what_compact_would(tmp_path, make):
     oeqx.save(path, make(KEY))
     content = _read_raw(path)
     assert compact.compact(compact.expand(content)) == content
+
+
+def test_a_deep_chain_reads_its_paths_and_a_hostile_one_costs_little(tmp_path):
+    # A chain of 100 nested dicts: its one leaf's 100 ancestors are more
+    # than are made at once (`paths.CHAIN`), so its path is written whole;
+    # read back the same.
+    deep = jnp.ones(2)
+    for i in range(100):
+        deep = {f"k{i}": deep}
+    path = tmp_path / "ckpt"
+    oeqx.save(path, deep)
+    name = ".".join(f"k{i}" for i in reversed(range(100)))
+    leaf = _read_raw(path)["leaves"][name]
+    assert leaf["path"] == "".join(f"['k{i}']" for i in reversed(range(100)))
+    assert oeqx.metadata(path).leaves[name].path == leaf["path"]
+    # Names of thousands of parts, each unrelated to the others: each makes
+    # at most `CHAIN` ancestors (not thousands), and reads as its name.
+    paths = compact.Paths({})
+    for i in range(200):
+        long = ".".join(f"p{i}x{j}" for j in range(5000))
+        assert paths(long) is None and paths.of(long) == long

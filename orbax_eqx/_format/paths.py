@@ -44,8 +44,8 @@ class Paths:
 
     def _parent(self, name: str) -> str | None:
         """The path of `name` as a parent (`""` for the root), made from its
-        nearest ancestor's already made, each one kept: a loop, as deep as
-        the name."""
+        nearest ancestor's already made, each one kept: a loop, at most
+        `CHAIN` deep."""
         cut = name.rfind(SEPARATOR)
         above = name[:cut] if cut >= 0 else ""
         head = self._parents.get(above, _UNKNOWN)
@@ -56,6 +56,8 @@ class Paths:
             return made
         missing = [name]
         while cut >= 0 and name[:cut] not in self._parents:
+            if len(missing) == CHAIN:
+                return None  # (nothing kept: see `CHAIN`)
             missing.append(name[:cut])
             cut = name.rfind(SEPARATOR, 0, cut)
         for parent in reversed(missing):
@@ -74,6 +76,15 @@ class Paths:
 
 
 _UNKNOWN: Any = object()
+# The most ancestors of one name made at once: a name whose nearest ancestor
+# made already is further up reads as no path (its record writes it). Each
+# ancestor made is a slice of the name, so without a bound a file of long,
+# deep, unrelated names (written by someone else) would cost the square of
+# its size. A save's names come in tree order, each near a name made before
+# (its parent, its siblings'), and a reader makes paths in the same order
+# with at least the same ancestors made, so what a save wrote short it reads
+# short.
+CHAIN = 32
 
 
 def _segment(part: str, under_module: bool) -> str | None:
