@@ -452,3 +452,28 @@ def test_a_deep_chain_reads_its_paths_and_a_hostile_one_costs_little(tmp_path):
     for i in range(200):
         long = ".".join(f"p{i}x{j}" for j in range(5000))
         assert paths(long) is None and paths.of(long) == long
+
+
+def test_a_shape_of_more_dimensions_than_numpy_has_is_damage(saved):
+    # (math.prod of a million dimensions takes hours: refused unmultiplied)
+    _edit_raw(saved, _row(i1=[1] * 65))
+    with pytest.raises(
+        oeqx.SidecarError,
+        match=_damaged(r".* but its shape is not a list of sizes \(at most 64\)"),
+    ):
+        oeqx.metadata(saved)
+    # The same in a whole record.
+
+    def whole_record(c):
+        paths = compact.Paths(c["modules"])
+        c["leaves"]["w"] = compact.expand_leaf("w", c["leaves"]["w"], paths)
+        c["leaves"]["w"]["shape"] = [2**62] * 1000
+
+    _edit_raw(saved, whole_record)
+    with pytest.raises(
+        oeqx.SidecarError,
+        match=_damaged(
+            "leaf 'w' has a shape of 1000 dimensions, where an array has at most 64"
+        ),
+    ):
+        oeqx.metadata(saved)

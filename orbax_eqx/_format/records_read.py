@@ -167,7 +167,7 @@ def _row_problem(name: str, raw: list, error: str) -> str:
     """What is wrong with a leaf's row, by what its schema refused."""
     what = {
         "0": "its dtype is not a string",
-        "1": "its shape is not a list of sizes",
+        "1": f"its shape is not a list of sizes (at most {_schema.MAX_DIMS})",
         "2": "its offset is not a byte offset (an integer >= 0)",
         "3": "its checksum is not XXH3-64 in 16 lower-case hexadecimal digits "
         "(nor null)",
@@ -233,7 +233,12 @@ def _leaf_problem(name: str, field: str, raw: Any, sums: Sums) -> str:
     if field == "path":
         return f"leaf {name!r} has a path that is not a string"
     if field == "shape":
-        return f"leaf {name!r} has shape {got!r}, not a list of sizes"
+        if isinstance(got, list) and len(got) > _schema.MAX_DIMS:
+            return (
+                f"leaf {name!r} has a shape of {len(got)} dimensions, where an "
+                f"array has at most {_schema.MAX_DIMS}"
+            )
+        return f"leaf {name!r} has shape {_cut(got)}, not a list of sizes"
     if field == "data":
         return f"leaf {name!r} has unknown data location {got!r}"
     if field == "crc32" and sums.version >= 6:

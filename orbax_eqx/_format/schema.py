@@ -36,7 +36,7 @@ from .._tree.walk import (
     SHARED,
 )
 from . import compact as _compact
-from .sidecar import ALIAS, EMPTY, PACKED, SHARDS, STORED
+from .sidecar import ALIAS, EMPTY, MAX_DIMS, PACKED, SHARDS, STORED
 
 L = TypeVar("L")  # how leaf records arrive
 M = TypeVar("M")  # how module records arrive
@@ -44,6 +44,7 @@ UNSET: Any = msgspec.UNSET  # a field the record does not have at all
 
 Size = Annotated[int, msgspec.Meta(ge=0)]
 Dim = Annotated[int, msgspec.Meta(ge=0, le=2**62)]  # past it, no numpy array
+Shape = Annotated[list[Dim], msgspec.Meta(max_length=MAX_DIMS)]
 Crc32 = Annotated[int, msgspec.Meta(ge=0, lt=2**32)]
 Hex64 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{16}$")]
 Container = Literal[JAX, NUMPY, NUMPY_SCALAR]  # type: ignore[valid-type]
@@ -67,7 +68,7 @@ class PackRecord(msgspec.Struct):
 
 # Format 6's short records (`compact`): a packed jax array's row, and the
 # index of a module's or node's type in its table.
-Row = tuple[str, list[Dim], Size, Hex64 | None]
+Row = tuple[str, Shape, Size, Hex64 | None]
 TypeIndex = Annotated[int, msgspec.Meta(ge=0)]
 
 
@@ -98,7 +99,7 @@ class Document(Skimmed[L, M]):
 class ArrayRecord(msgspec.Struct, tag_field="kind", tag=ARRAY):
     """An array leaf of formats 1 to 5."""
 
-    shape: list[Dim]
+    shape: Shape
     dtype: str
     container: Container
     data: Data

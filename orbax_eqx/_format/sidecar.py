@@ -143,6 +143,9 @@ TOKEN_FILE_PREFIXES = ("orbax_eqx~packed.", "orbax_eqx~shards.")
 _OLD_PACK_FILE = "orbax_eqx~packed.{index}.bin"  # format 2
 TOKEN = re.compile(r"[0-9a-f]{16}")  # a save's token: 16 hex digits
 PACK_ALIGNMENT = 64  # what `jax.device_put` needs on CPU to take a buffer as is
+# numpy's most dimensions (NPY_MAXDIMS): no save records a shape of more (and
+# the product of a million dimensions, as a reader checks sizes, takes hours).
+MAX_DIMS = 64
 
 # Where an array leaf's data lives.
 STORED = "orbax"  # in Orbax's array store, under the leaf's storage key

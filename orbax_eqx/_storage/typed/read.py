@@ -23,6 +23,7 @@ from ..._errors import CheckpointDamagedError, permission_denied
 from ..._format.checksum import CRC32, XXH3
 from ..._format.sidecar import (
     EMPTY,
+    MAX_DIMS,
     PACKED,
     SHARDS,
     LeafMetadata,
@@ -198,7 +199,11 @@ def _parse_leaf(name: str, row: Any, packs, version: int, bad) -> LeafMetadata:
     if not isinstance(row, dict):
         raise bad(f"leaf `{name}` is not a JSON object")
     shape, text, data = row.get("shape"), row.get("dtype"), row.get("data")
-    if not (isinstance(shape, list) and all(_is_size(n) for n in shape)):
+    if not (
+        isinstance(shape, list)
+        and len(shape) <= MAX_DIMS
+        and all(_is_size(n) for n in shape)
+    ):
         raise bad(f"leaf `{name}` has no valid shape")
     try:
         dtype = parse_dtype(text) if isinstance(text, str) else None
