@@ -2,11 +2,14 @@
 
     python benchmarks/max_sidecar.py [--leaves 1000000] [--dir DIR]
 
-The sidecar is bounded (256 MiB, `_format/sealed.py: MAX_BYTES`), so the
-longest a restore can be made to work on one is bounded by how fast the
-largest sidecar reads. A flat dict of N float32 arrays of 2 elements has no
-modules and one node, so nearly all of its sidecar is leaf records: at
-about 225 bytes each, a million of them is close to the limit. One process
+The sidecar is bounded (256 MiB and 2**21 records: leaves, modules and
+nodes; `_format/sealed.py: MAX_BYTES, MAX_RECORDS`), so the longest a
+restore can be made to work on one is bounded by how fast the largest
+sidecar reads. A flat dict of N float32 arrays of 2 elements has no modules
+and one node, so nearly all of its sidecar is leaf records: whole (format
+5's spelling) about 225 bytes each, so that a million of them came close to
+256 MiB; as format 6's rows about 55 bytes, so that the record count binds
+first (2**21, about twice a million). One process
 (CPU, 1 device, page cache warm) saves it once, then times, each in a fresh
 process so that peak memory is its own:
 
