@@ -327,31 +327,7 @@ def build(
         if row is not None:
             leaves[leaf.name] = row
             continue
-        record: dict[str, Any] = {"path": leaf.path_str, "kind": leaf.kind}
-        if leaf.kind == ARRAY:
-            x = leaf.value
-            record["shape"] = list(x.shape)
-            record["dtype"] = dtype_str(x)
-            record["container"] = container(x)
-            record["nbytes"] = nbytes(x)
-            if leaf.name in aliases:
-                record["data"] = ALIAS
-                record["alias_of"] = aliases[leaf.name]
-            elif record["nbytes"] == 0:
-                record["data"] = EMPTY
-            elif leaf.name in packed:
-                record["data"] = PACKED
-                record["pack"] = 0
-                record["offset"] = packed[leaf.name]
-            elif leaf.name in sharded:
-                record["data"] = SHARDS
-                record["sharding"] = sharded[leaf.name]
-            else:
-                record["data"] = STORED
-                record["key"] = storage_key(leaf.name)
-        elif leaf.kind != SHARED:
-            record["value"] = encode(leaf.value)
-        leaves[leaf.name] = record
+        leaves[leaf.name] = _record(leaf, aliases, packed, sharded)
     modules = {
         name: {"path": m.path, "class": m.cls, "static": m.static}
         for name, m in walked.modules.items()
@@ -379,6 +355,35 @@ def build(
     if walked.name_of is not None:  # format 5: what a rebuild needs
         content["nodes"] = _nodes.record(walked)
     return content
+
+
+def _record(leaf, aliases: dict, packed: dict, sharded: dict) -> dict[str, Any]:
+    """A leaf's whole record (format 5's spelling; see `build`)."""
+    record: dict[str, Any] = {"path": leaf.path_str, "kind": leaf.kind}
+    if leaf.kind == ARRAY:
+        x = leaf.value
+        record["shape"] = list(x.shape)
+        record["dtype"] = dtype_str(x)
+        record["container"] = container(x)
+        record["nbytes"] = nbytes(x)
+        if leaf.name in aliases:
+            record["data"] = ALIAS
+            record["alias_of"] = aliases[leaf.name]
+        elif record["nbytes"] == 0:
+            record["data"] = EMPTY
+        elif leaf.name in packed:
+            record["data"] = PACKED
+            record["pack"] = 0
+            record["offset"] = packed[leaf.name]
+        elif leaf.name in sharded:
+            record["data"] = SHARDS
+            record["sharding"] = sharded[leaf.name]
+        else:
+            record["data"] = STORED
+            record["key"] = storage_key(leaf.name)
+    elif leaf.kind != SHARED:
+        record["value"] = encode(leaf.value)
+    return record
 
 
 def _row(leaf, packed: dict[str, int], aliases, paths: Paths) -> list | None:

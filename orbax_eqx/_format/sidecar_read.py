@@ -5,7 +5,8 @@ Pure data: nothing named in the file is imported or called, and every file
 name and storage key is derived (from the token, from leaf names) and only
 compared with what the file says. The format is described in `sidecar`; what
 each record may hold, as declarative schemas (msgspec Structs), in `schema`;
-the records are read one by one in `records_read`; what holds across records
+the records are read one by one in `records_read` (leaves) and
+`structure_read` (modules, nodes); what holds across records
 (aliases, packs, shard packs) is checked here.
 
 From format 6 on, the file's checksum is checked first, before its JSON is
@@ -40,6 +41,7 @@ from . import compact as _compact
 from . import records_read as _records
 from . import schema as _schema
 from . import sealed as _sealed
+from . import structure_read as _structure
 from .records_read import TOO_DEEP as _TOO_DEEP
 from .sidecar import (
     ALIAS,
@@ -234,9 +236,9 @@ def _from_document(document: _schema.Document, version: int, where: str) -> Meta
         record = leaves_json.pop(name)
         leaves[name] = _records.leaf(name, record, packs, sums, bad, paths)
     _check_references(leaves, token is not None and document.shard_files != 0, bad)
-    types = _records.module_types(document.module_types, bad) if version >= 6 else []
+    types = _structure.module_types(document.module_types, bad) if version >= 6 else []
     modules = {
-        name: _records.module(name, rec, bad, version, types, paths)
+        name: _structure.module(name, rec, bad, version, types, paths)
         for name, rec in document.modules.items()
     }
     nodes = None
@@ -245,7 +247,7 @@ def _from_document(document: _schema.Document, version: int, where: str) -> Meta
         if version < 6:
             node_types = _schema.UNSET  # (read past: no format 5 has them)
         limit = len(leaves) + len(recorded) if isinstance(recorded, dict) else 0
-        kinds = _records.node_types(node_types, bad)
+        kinds = _structure.node_types(node_types, bad)
         nodes = _nodes(recorded, kinds, paths, limit, bad)
     return Metadata(
         where,
@@ -353,7 +355,7 @@ def _nodes(
                 f"node {name!r} is of node type {rec}, but the sidecar lists "
                 f"{len(types)} node type{'' if len(types) == 1 else 's'}"
             )
-        _records.node(name, rec, bad)
+        _structure.node(name, rec, bad)
     return nodes_json
 
 
