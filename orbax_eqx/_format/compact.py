@@ -25,8 +25,10 @@ these records short, where the short form says exactly the same:
 Each record is written short only where expanding the short form
 (`expand_leaf`, `expand_module`, `expand_node`) gives back the full record,
 value for value and type for type; any other record is written whole, as
-format 5 writes it. The reader reads both forms (`schema`, `records_read`):
-what it makes of a short record is what it would make of the full one.
+format 5 writes it. The reader reads both forms (`schema`, `records_read`,
+`structure_read`): what it makes of a short record is what it would make of
+the full one. A save makes packed jax arrays' rows itself as it builds the
+sidecar (`sidecar.build`), and the rest short here.
 """
 
 import json
