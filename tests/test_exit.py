@@ -30,6 +30,22 @@ _SCRIPT = textwrap.dedent(
         registry = oeqx.type_handler_registry()
         handler = ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
         args = ocp.args.PyTreeSave({"w": model.layers[0].weight})
+    elif sys.argv[3] == "late":  # the script ends after our finalize returned
+        import threading, time
+
+        ours_done = threading.Event()
+
+        handler = oeqx.EqxHandler()
+        ours = handler.finalize
+
+        def late(directory):
+            ours(directory)
+            if directory.parent.name.startswith("2"):
+                ours_done.set()
+                time.sleep(2)  # before Orbax renames the step
+
+        handler.finalize = late
+        args = oeqx.EqxSave(model)
     else:
         handler = oeqx.EqxHandler()
         args = oeqx.EqxSave(model)
@@ -38,6 +54,8 @@ _SCRIPT = textwrap.dedent(
         mngr.save(step, args=args)
     if sys.argv[2] == "wait":
         mngr.wait_until_finished()
+    if sys.argv[3] == "late":
+        ours_done.wait(60)
     print("script done", flush=True)
     """
 )
@@ -81,6 +99,19 @@ def test_exit_without_waiting_finishes_the_last_step(tmp_path):
         "`mngr.wait_until_finished()` (or `mngr.close()`, or use the manager in a "
         "`with` block) before a script ends."
     )
+    assert sorted(os.listdir(tmp_path / "run")) == ["0", "1", "2"]
+    _restores_step_2(tmp_path / "run")
+
+
+@pytest.mark.slow
+def test_exit_after_our_finalize_still_waits_for_the_commit(tmp_path):
+    # Our `finalize` has returned, Orbax has yet to rename step 2: that rename
+    # needs the executors Python shuts down at exit, so the step is waited for.
+    proc = _run(tmp_path / "run", "exit", "late")
+    assert "Traceback" not in proc.stderr
+    ours = [line for line in proc.stderr.splitlines() if "orbax_eqx" in line]
+    assert len(ours) == 1, proc.stderr
+    assert ours[0].startswith("orbax_eqx: the script ended while step `2` (")
     assert sorted(os.listdir(tmp_path / "run")) == ["0", "1", "2"]
     _restores_step_2(tmp_path / "run")
 

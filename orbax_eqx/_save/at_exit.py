@@ -55,7 +55,8 @@ def started(where: str, final: epath.Path | None) -> None:
 
 
 def ended(where: str) -> None:
-    """The save reached its commit, or failed (Orbax reports that error)."""
+    """The save failed (Orbax reports that error), or has no temporary
+    directory whose rename would say when it is committed."""
     with _lock:
         _pending.pop(where, None)
 
@@ -72,15 +73,22 @@ def _finish_at_exit() -> None:
     # Without a save thread of Orbax's nothing is in flight: what is left was
     # committed (on a process other than the primary host, which does not
     # finalize) or failed (Orbax raised that error).
-    saves = {
+    if not (saves and threads):
+        return
+    # A save counts as done once its final directory exists. Until Orbax has
+    # renamed it, the thread still needs the executors (its commit runs there),
+    # so it is waited for even after our `finalize` has returned.
+    unsaved = {
         where: final
         for where, final in saves.items()
-        if threads and (final is None or not final.exists())
+        if final is None or not final.exists()
     }
-    if not saves:
+    if not unsaved:
+        for thread in threads:  # what follows a commit (retention) ends too
+            thread.join()
         return
-    names = " and ".join(saves)
-    was, it = ("was", "it") if len(saves) == 1 else ("were", "them")
+    names = " and ".join(unsaved)
+    was, it = ("was", "it") if len(unsaved) == 1 else ("were", "them")
     print(
         f"orbax_eqx: the script ended while {names} {was} still being saved; "
         f"finishing {it} now. Call `mngr.wait_until_finished()` (or `mngr.close()`, "
@@ -97,7 +105,7 @@ def _finish_at_exit() -> None:
     finally:
         logging.getLogger().removeFilter(errors)
         logging.getLogger("absl").removeFilter(errors)
-    for where, final in saves.items():
+    for where, final in unsaved.items():
         if final is not None and not final.exists():
             reason = f" ({errors.first})" if errors.first else ""
             print(
