@@ -13,7 +13,7 @@ as it is, resealed), where `tests/sidecars.py` writes what a save would.
 """
 
 import json
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -25,6 +25,7 @@ import zoo
 
 import orbax_eqx as oeqx
 from orbax_eqx._format import compact
+from orbax_eqx._format.paths import CHAIN
 from orbax_eqx._format.sealed import dumps
 from orbax_eqx._format.sidecar import FILE_NAME
 
@@ -102,13 +103,14 @@ def test_a_stack_of_layers_is_written_short(tmp_path):
     # Every leaf a row; every module and node an index.
     assert all(type(r) is list for r in content["leaves"].values())
     assert all(type(m) is int for m in content["modules"].values())
-    assert all(type(m) is int for m in content["nodes"].values())
+    # A module's node is in its module type: only the list has a line.
     assert content["module_types"] == [
-        {"class": "test_compact.Stack", "static": {}},
-        {"class": "test_compact.Residual", "static": {}},
+        {"class": "test_compact.Stack", "static": {}, "node": 0},
+        {"class": "test_compact.Residual", "static": {}, "node": 1},
         {
             "class": "equinox.nn._linear.Linear",
             "static": {"in_features": 8, "out_features": 8, "use_bias": True},
+            "node": 2,
         },
         {
             "class": "equinox.nn._normalisation.LayerNorm",
@@ -118,12 +120,16 @@ def test_a_stack_of_layers_is_written_short(tmp_path):
                 "use_weight": True,
                 "use_bias": True,
             },
+            "node": 2,
         },
     ]
-    assert content["node_types"][:2] == [
+    assert content["node_types"] == [
         {"type": "module", "fields": ["blocks"]},
+        {"type": "module", "fields": ["lin1", "norm", "lin2"]},
+        {"type": "module", "fields": ["weight", "bias"]},
         {"type": "list", "length": 20},
     ]
+    assert content["nodes"] == {"blocks": 3}
     # One line per record, a row as compact JSON.
     text = (path / FILE_NAME).read_text()
     w = content["leaves"]["blocks.3.lin1.weight"]
@@ -136,6 +142,13 @@ def test_a_stack_of_layers_is_written_short(tmp_path):
     assert meta.leaves["blocks.3.lin1.weight"].path == ".blocks[3].lin1.weight"
     assert meta.modules["blocks.3.norm"].path == ".blocks[3].norm"
     assert meta.nodes["blocks"]["children"][19] == "blocks.19"
+    assert meta.nodes["blocks.3.norm"] == {
+        "path": ".blocks[3].norm",
+        "type": "module",
+        "fields": ["weight", "bias"],
+        "children": ["blocks.3.norm.weight", "blocks.3.norm.bias"],
+    }
+    assert meta.nodes[""]["path"] == "<root>"
 
 
 class Pair(NamedTuple):
@@ -253,6 +266,53 @@ def test_modules_and_nodes_stay_whole_unless_their_types_say_the_same():
     out = compact.compact({"leaves": {}, "modules": modules, "nodes": nodes})
     assert out["nodes"] == nodes
     assert out["node_types"] == []
+    # A short module whose node is whole keeps its node's line.
+    module = {"path": ".m", "class": "a.B", "static": {}}
+    content = {"leaves": {}, "modules": {"": root, "m": module}, "nodes": nodes}
+    out = compact.compact(content)
+    assert out["modules"] == {"": 0, "m": 1}
+    assert out["module_types"][1] == {"class": "a.B", "static": {}}
+    assert out["nodes"]["m"] == absent
+    assert compact.expand(out) == content
+
+
+def test_what_a_name_reads_as_does_not_depend_on_what_was_read_before():
+    # Names of up to `CHAIN` parts read as paths, deeper ones as none, in
+    # any order: a reader reads a short record as its writer meant it.
+    deep = [".".join(f"m{i}" for i in range(n)) for n in range(1, 40)]
+    modules = set(deep)
+    forward, backward = compact.Paths(modules), compact.Paths(modules)
+    read_forward = [forward(name) for name in deep]
+    read_backward = [backward(name) for name in reversed(deep)][::-1]
+    assert read_forward == read_backward
+    assert read_forward[CHAIN - 1] == "".join(
+        f".m{i}" if i else "['m0']" for i in range(CHAIN)
+    )
+    assert read_forward[CHAIN:] == [None] * (39 - CHAIN)
+
+
+class Wrap(eqx.Module):
+    inner: Any
+
+
+def test_a_model_deeper_than_a_path_is_read_off_keeps_its_paths(tmp_path):
+    model: Any = eqx.nn.Linear(2, 2, key=KEY)
+    for _ in range(40):
+        model = Wrap(model)
+    path = tmp_path / "ckpt"
+    oeqx.save(path, model)
+    content = _read_raw(path)
+    deepest = ".".join(["inner"] * 40)
+    assert content["leaves"][deepest + ".weight"]["path"]  # written whole
+    meta = oeqx.metadata(path)
+    walked = jax.tree_util.tree_flatten_with_path(model)[0]
+    assert [r.path for r in meta.leaves.values()] == [
+        jax.tree_util.keystr(p) for p, _ in walked
+    ]
+    restored = oeqx.restore(path, allow=["equinox", "test_compact"])
+    for _ in range(40):
+        restored, model = restored.inner, model.inner
+    assert jnp.array_equal(restored.weight, model.weight)
 
 
 # --- short forms written by someone else -----------------------------------------
@@ -339,20 +399,39 @@ def test_a_row_edited_to_another_dtype_of_its_size_is_damaged_data(saved):
             "module type 0 has no class or static fields",
         ),
         (
-            lambda c: c["nodes"].update(lin=3),
-            "node 'lin' is of node type 3, but the sidecar lists 2 node types",
+            lambda c: c["nodes"].update({"": 3}),
+            "node '' is of node type 3, but the sidecar lists 2 node types",
         ),
         (
             lambda c: c.update(node_types=[]),
-            "node '' is of node type 0, but the sidecar lists 0 node types",
+            r"module type 0 \(of module 'lin'\) gives its node type as 0, which is "
+            "no module's node type among the sidecar's 0 node types",
+        ),
+        (
+            lambda c: c["module_types"][0].update(node=1),  # the dict's
+            r"module type 0 \(of module 'lin'\) gives its node type as 1, which is "
+            "no module's node type among the sidecar's 2 node types",
+        ),
+        (
+            lambda c: c["module_types"][0].update(node=-1),
+            'module type 0 gives its node type as -1, not an index into "node_types"',
+        ),
+        (
+            lambda c: c["module_types"][0].update(node="0"),
+            "module type 0 gives its node type as a JSON str, not an index into "
+            '"node_types"',
+        ),
+        (
+            lambda c: c["nodes"].update(lin=0),
+            "node 'lin' is recorded twice: in \"nodes\" and by its module's type",
         ),
         (
             lambda c: c["node_types"][1].update(type="other"),
             "node type 1 is malformed",
         ),
         (
-            lambda c: c["node_types"][1].pop("fields"),
-            r"node type 1 \(a module\) says no children: a list or tuple records "
+            lambda c: c["node_types"][0].pop("fields"),
+            r"node type 0 \(a module\) says no children: a list or tuple records "
             r'its "length", a module or namedtuple its "fields", a dict its "keys"',
         ),
     ],
@@ -363,6 +442,10 @@ def test_a_row_edited_to_another_dtype_of_its_size_is_damaged_data(saved):
         "module-type-without-class",
         "node-past-the-table",
         "node-types-empty",
+        "module-node-not-a-module",
+        "module-node-negative",
+        "module-node-a-string",
+        "node-recorded-twice",
         "node-type-other",
         "node-type-without-fields",
     ],
@@ -370,7 +453,9 @@ def test_a_row_edited_to_another_dtype_of_its_size_is_damaged_data(saved):
 def test_malformed_types_are_damage(saved, change, what):
     content = _read_raw(saved)
     assert content["modules"]["lin"] == 0  # the one module type
-    assert content["nodes"] == {"": 0, "lin": 1}  # a dict, a module
+    assert content["module_types"][0]["node"] == 0  # with its node's type
+    assert content["node_types"][1]["type"] == "dict"
+    assert content["nodes"] == {"": 1}  # the dict, the module's in its type
     _edit_raw(saved, change)
     with pytest.raises(oeqx.SidecarError, match=_damaged(what)):
         oeqx.metadata(saved)

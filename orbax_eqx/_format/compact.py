@@ -48,6 +48,7 @@ from .sidecar import PACKED, itemsize
 MODULE_TYPES = "module_types"
 NODE_TYPES = "node_types"
 LENGTH = "length"  # a list's or tuple's number of children, in its node type
+NODE = "node"  # a module type's index of its modules' node type
 _MODULE_KEYS = frozenset(["path", "class", "static"])
 # Node types whose children a name and their keys say.
 _BY_FIELDS = (_nodes.MODULE, _nodes.NAMEDTUPLE)
@@ -71,41 +72,75 @@ _ITEMSIZE: dict[str, int] = {}  # a dtype's name: bytes per element
 def compact(content: dict[str, Any]) -> dict[str, Any]:
     """The sidecar's content with short records where they say the same,
     and the tables they index (`module_types` before `modules`,
-    `node_types` before `nodes`)."""
+    `node_types` before `nodes`). A module whose node is short too has that
+    node's type in its module type (`NODE`), and no line in `nodes`."""
     out: dict[str, Any] = {}
     modules = content.get("modules")
-    paths = Paths(modules if isinstance(modules, dict) else ())
+    modules = modules if isinstance(modules, dict) else {}
+    paths = Paths(modules)
+    nodes = content.get("nodes")
+    kinds: dict[str, dict[str, Any]] = {}  # each short node's type
+    if isinstance(nodes, dict):
+        for name, record in nodes.items():
+            kind = _node_type(name, record, paths)
+            if kind is not None:
+                kinds[name] = kind
+    # Node types are listed modules' first, in the modules' order, then the
+    # rest in the nodes' order: the same table however `nodes` is ordered.
+    node_types = _Table()
+    carried = {
+        name: node_types.index(kinds[name])
+        for name, record in modules.items()
+        if name in kinds
+        and kinds[name]["type"] == _nodes.MODULE
+        and _module_type(name, record, paths) is not None
+    }
+
+    def module_type(name: str, record: Any, paths: Paths) -> dict[str, Any] | None:
+        kind = _module_type(name, record, paths)
+        at = carried.get(name)
+        return kind if kind is None or at is None else {**kind, NODE: at}
+
     for key, value in content.items():
         if key == "leaves":
             value = {name: compact_leaf(name, r, paths) for name, r in value.items()}
         elif key == "modules" and isinstance(value, dict):
-            out[MODULE_TYPES], value = _interned(value, _module_type, paths)
+            module_types = _Table()
+            value = {
+                n: module_types.entry(n, r, module_type, paths)
+                for n, r in value.items()
+            }
+            out[MODULE_TYPES] = module_types.types
         elif key == "nodes" and isinstance(value, dict):
-            out[NODE_TYPES], value = _interned(value, _node_type, paths)
+            value = {
+                n: node_types.index(kinds[n]) if n in kinds else r
+                for n, r in value.items()
+                if n not in carried
+            }
+            out[NODE_TYPES] = node_types.types
         out[key] = value
     return out
 
 
-def _interned(
-    records: dict[str, Any], short, paths: Paths
-) -> tuple[list, dict[str, Any]]:
-    """`(types, entries)`: each record as the index of its type in `types`
-    where `short(name, record, paths)` gives one, else as it is."""
-    types: list[Any] = []
-    index: dict[Any, int] = {}
-    entries = {}
-    for name, record in records.items():
-        kind = short(name, record, paths)
-        if kind is None:
-            entries[name] = record
-            continue
+class _Table:
+    """A table of types, each listed once (by its exact JSON text)."""
+
+    def __init__(self):
+        self.types: list[Any] = []
+        self._at: dict[Any, int] = {}
+
+    def index(self, kind: Any) -> int:
         key = _text(kind)
-        at = index.get(key)
+        at = self._at.get(key)
         if at is None:
-            at = index[key] = len(types)
-            types.append(kind)
-        entries[name] = at
-    return types, entries
+            at = self._at[key] = len(self.types)
+            self.types.append(kind)
+        return at
+
+    def entry(self, name: str, record: Any, short, paths: Paths) -> Any:
+        """A record as the index of its type, where `short` gives one."""
+        kind = short(name, record, paths)
+        return record if kind is None else self.index(kind)
 
 
 def compact_leaf(name: str, record: Any, paths: Paths) -> Any:
@@ -201,7 +236,8 @@ def expand_module(name: str, entry: Any, types: list[Any], paths: Paths) -> Any:
     """The full record of a module's entry (an index into `types`)."""
     if type(entry) is not int:
         return entry
-    return {"path": paths.of(name), **types[entry]}
+    kind = types[entry]
+    return {"path": paths.of(name), "class": kind["class"], "static": kind["static"]}
 
 
 def _node_type(name: str, record: Any, paths: Paths) -> dict[str, Any] | None:
@@ -276,6 +312,11 @@ def expand(content: dict[str, Any]) -> dict[str, Any]:
         out["nodes"] = {
             n: expand_node(n, e, node_types, paths) for n, e in content["nodes"].items()
         }
+        for n, e in content["modules"].items():  # nodes in their module's type
+            if type(e) is int and NODE in module_types[e]:
+                out["nodes"][n] = expand_node(
+                    n, module_types[e][NODE], node_types, paths
+                )
     return out
 
 

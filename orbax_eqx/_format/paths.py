@@ -27,7 +27,7 @@ class Paths:
         known = self._parents.get(name, _UNKNOWN)  # a module's or node's, mostly
         if known is not _UNKNOWN:
             return known if name else ROOT  # the root's, as the walk records it
-        if ESCAPE in name:
+        if ESCAPE in name or name.count(SEPARATOR) >= CHAIN:
             return None
         cut = name.rfind(SEPARATOR)
         parent = name[:cut] if cut >= 0 else ""
@@ -44,7 +44,7 @@ class Paths:
 
     def _parent(self, name: str) -> str | None:
         """The path of `name` as a parent (`""` for the root), made from its
-        nearest ancestor's already made, each one kept: a loop, at most
+        nearest ancestor's already made, each one kept: a loop, fewer than
         `CHAIN` deep."""
         cut = name.rfind(SEPARATOR)
         above = name[:cut] if cut >= 0 else ""
@@ -56,8 +56,6 @@ class Paths:
             return made
         missing = [name]
         while cut >= 0 and name[:cut] not in self._parents:
-            if len(missing) == CHAIN:
-                return None  # (nothing kept: see `CHAIN`)
             missing.append(name[:cut])
             cut = name.rfind(SEPARATOR, 0, cut)
         for parent in reversed(missing):
@@ -76,14 +74,13 @@ class Paths:
 
 
 _UNKNOWN: Any = object()
-# The most ancestors of one name made at once: a name whose nearest ancestor
-# made already is further up reads as no path (its record writes it). Each
-# ancestor made is a slice of the name, so without a bound a file of long,
-# deep, unrelated names (written by someone else) would cost the square of
-# its size. A save's names come in tree order, each near a name made before
-# (its parent, its siblings'), and a reader makes paths in the same order
-# with at least the same ancestors made, so what a save wrote short it reads
-# short.
+# The most parts a name that reads as a path has: a deeper name's record
+# writes its path. So a name makes fewer than `CHAIN` ancestors, each a slice
+# of it (without a bound, a file of long, deep, unrelated names written by
+# someone else would cost the square of its size), and what a name reads as
+# depends on the name and the modules' names only, never on which names were
+# read before it: a reader reads every short record as its writer meant it,
+# in any order.
 CHAIN = 32
 
 

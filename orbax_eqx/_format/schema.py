@@ -177,10 +177,12 @@ class ModuleRecord(msgspec.Struct):
 
 class ModuleType(msgspec.Struct):
     """A module's class and static fields, as format 6 lists them once for
-    every module that has them (`compact`)."""
+    every module that has them (`compact`), and the index of their node's
+    type in `node_types` where it is not written in `nodes`."""
 
     cls: str = msgspec.field(name="class")
     static: dict[str, Any] = {}
+    node: TypeIndex | msgspec.UnsetType = UNSET
 
 
 class NodeType(msgspec.Struct):

@@ -246,9 +246,11 @@ def _from_document(document: _schema.Document, version: int, where: str) -> Meta
         node_types = getattr(document, "node_types", _schema.UNSET)
         if version < 6:
             node_types = _schema.UNSET  # (read past: no format 5 has them)
-        limit = len(leaves) + len(recorded) if isinstance(recorded, dict) else 0
         kinds = _structure.node_types(node_types, bad)
-        nodes = _nodes(recorded, kinds, paths, limit, bad)
+        carried = _structure.carried_nodes(document.modules, types, kinds, bad)
+        limit = len(leaves) + len(carried)
+        limit += len(recorded) if isinstance(recorded, dict) else 0
+        nodes = _nodes(recorded, kinds, paths, limit, bad, carried)
     return Metadata(
         where,
         version,
@@ -330,14 +332,27 @@ def _check_references(leaves: dict, has_shards: bool, bad) -> None:
 
 
 def _nodes(
-    nodes_json: Any, types: list[dict[str, Any]], paths, limit: int, bad
+    nodes_json: Any,
+    types: list[dict[str, Any]],
+    paths,
+    limit: int,
+    bad,
+    carried: dict[str, int],
 ) -> dict[str, dict[str, Any]]:
     """The records of the tree's inner nodes, each checked by its schema, kept
     as the plain dicts the rebuild reads; from format 6 on a node may be the
     index of its type in `types` (`compact`), which names its children: at
-    most `limit` in all (each leaf and node is one node's child at most)."""
+    most `limit` in all (each leaf and node is one node's child at most).
+    `carried`: the nodes of modules whose module type holds their node type,
+    each recorded there only."""
     if not isinstance(nodes_json, dict):
         raise bad('"nodes" must be a JSON object')
+    twice = next((name for name in carried if name in nodes_json), None)
+    if twice is not None:
+        raise bad(
+            f'node {twice!r} is recorded twice: in "nodes" and by its module\'s type'
+        )
+    nodes_json.update(carried)
     named = 0
     for name, rec in nodes_json.items():
         if types and type(rec) is int and 0 <= rec < len(types):

@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from .._tree import nodes as _nodes
 from .._tree.values import too_deep
 from .._tree.walk import ModuleInfo
 from . import compact as _compact
@@ -60,7 +61,14 @@ def module_types(records: Any, bad) -> list[_schema.ModuleType]:
     for i, record in enumerate(records):
         try:
             kind = msgspec.convert(record, _schema.ModuleType)
-        except (msgspec.ValidationError, RecursionError):
+        except msgspec.ValidationError as e:
+            if failed_field(e) == "node":
+                raise bad(
+                    f"module type {i} gives its node type as {_shown(record['node'])}"
+                    ', not an index into "node_types"'
+                ) from None
+            raise bad(f"module type {i} has no class or static fields") from None
+        except RecursionError:
             raise bad(f"module type {i} has no class or static fields") from None
         _check_static(f"of type {i}", kind.static, bad)
         out.append(kind)
@@ -94,6 +102,28 @@ def node_types(records: Any, bad) -> list[dict[str, Any]]:
     return records
 
 
+def carried_nodes(
+    modules: dict[str, Any], types: list[_schema.ModuleType], kinds: list, bad
+) -> dict[str, int]:
+    """`{name: node type}` of the modules whose module type holds their node's
+    type (`compact.NODE`): an index into the node types `kinds`, of a module."""
+    carried = {}
+    for name, rec in modules.items():
+        if type(rec) is not int or not 0 <= rec < len(types):
+            continue  # (read as a module, or refused there)
+        at = types[rec].node
+        if not isinstance(at, int):  # (unset)
+            continue
+        if not (at < len(kinds) and kinds[at]["type"] == _nodes.MODULE):
+            raise bad(
+                f"module type {rec} (of module {name!r}) gives its node type as "
+                f"{at}, which is no module's node type among the sidecar's "
+                f"{len(kinds)} node type{'' if len(kinds) == 1 else 's'}"
+            )
+        carried[name] = at
+    return carried
+
+
 def node(name: str, record: Any, bad) -> None:
     """Checks one inner node's record (as a plain dict: the rebuild reads
     them as such) for shape only: how nodes refer to each other is checked
@@ -110,3 +140,10 @@ def node(name: str, record: Any, bad) -> None:
     for key in ("keys", "markers"):
         if too_deep(getattr(rec, key)):
             raise bad(f"the {key} of node {name!r} are malformed")
+
+
+def _shown(value: Any) -> str:
+    """A malformed index in a message: a small number as it is, else its type."""
+    if type(value) is int and abs(value) < 10**12:
+        return str(value)
+    return f"a JSON {type(value).__name__}"
