@@ -59,6 +59,12 @@ def _base_cli(rev: str, into: Path):
     return importlib.import_module(f"{_BASE}._tools.cli").main
 
 
+def _output(main, argv: list[str]) -> str:
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        code = main(["inspect", *argv])
+    return f"{code}\n{out.getvalue()}"
+
+
 def _quiet(main, path: str) -> None:
     with contextlib.redirect_stdout(io.StringIO()):
         code = main(["inspect", path])
@@ -142,6 +148,10 @@ def main(n: int, rounds: int, base: str) -> None:
     }
     for run in runs.values():  # warm: imports, first reads
         run()
+    for extra in ([], ["--all"], ["--flat"], ["--json"]):
+        said = [_output(main, [*extra, path]) for main in (theirs, ours)]
+        print(f"  output of inspect {' '.join(extra)}: ", end="")
+        print("the same" if said[0] == said[1] else "DIFFERENT")
     times = _turns(rounds, runs)
     for what, t in times.items():
         print(f"  {what:>28}: {statistics.median(t):.3f} s (best {min(t):.3f})")

@@ -252,6 +252,11 @@ class _Builder:
             for child in reversed(children):
                 if child is not None and child not in ready:
                     todo.append((child, depth + 1))
+        if self.dry:
+            # A dry run keeps no value, and making them cannot fail: every
+            # node's parts were checked above (a dict's keys, a State's
+            # markers, against its children).
+            return None
         for name, children, make in reversed(makes):
             built[name] = make([_MISSING if c is None else built[c] for c in children])
         return built[root]

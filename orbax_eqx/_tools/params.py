@@ -56,7 +56,7 @@ def counts(saved: Metadata, depth: int | None = None) -> Counts:
     """Parameter counts of the item `saved` describes; inner nodes down to
     `depth` levels below the root (all if None)."""
     stored = {r.name: r for r in _stored(saved)}
-    root = build(saved)
+    root = build(saved).root
     nodes: list[NodeCount] = []
     # Depth first with a stack: trees nest as deep as models do.
     stack = [(root, "", 0)]
