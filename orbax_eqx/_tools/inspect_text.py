@@ -78,7 +78,7 @@ def _tree_text(saved: Metadata, shardings: dict[str, str], every: bool) -> str:
         f"Checkpoint {saved.directory}",
         "",
         table(header, rows, right=(3,)) if rows else "  (no leaves)",
-        *([left_out_line(tree)] if tree.left_out else []),
+        *([left_out_line(tree.left_out)] if tree.left_out else []),
         "",
         _total_line(saved),
         _writer_line(saved),

@@ -41,7 +41,7 @@ def item_text(
     else:
         tree = build_tree(saved)
         rows = rows_of(tree, saved, shardings, every)
-        left_out = left_out_line(tree)
+        left_out = left_out_line(tree.left_out)
         header = ["name", "type", "shape", "bytes", "stored in", "sharding", "value"]
     # Every array is in Orbax's store, so "stored in" says nothing; a column
     # with nothing in it (no sharding recorded: numpy arrays) goes too.

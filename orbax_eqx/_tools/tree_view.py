@@ -133,16 +133,16 @@ def _find(root: _Node, parts: list[str]) -> _Node | None:
     return node
 
 
-def left_out_line(tree: Tree) -> str:
-    """What the view did not lay out, and why: "" if it laid out every leaf."""
-    if not tree.left_out:
+def left_out_line(names: list[str]) -> str:
+    """What the view did not lay out (`Tree.left_out`), and why: "" if it
+    laid out every leaf."""
+    if not names:
         return ""
-    n = len(tree.left_out)
     return (
-        f"{n} {'leaf is' if n == 1 else 'leaves are'} not laid out here, "
-        f"{inline_list([cut(display_path(x)) for x in tree.left_out])}: the tree "
-        f"lays out at most {MAX_LAID_OUT:,} name parts in all (a row counts the "
-        "parts of its name), and these names would take it past that. "
+        f"Not laid out ({len(names)}): "
+        f"{inline_list([cut(display_path(x)) for x in names])}: the tree lays "
+        f"out at most {MAX_LAID_OUT:,} name parts in all (a row counts every "
+        "part of its name), and these names would take it past that. "
         "`inspect --flat` or `--json` lists every leaf."
     )
 
