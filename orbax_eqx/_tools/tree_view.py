@@ -291,12 +291,16 @@ def _signatures(tree: Tree, saved: Metadata, shardings: dict[str, str]) -> None:
     kinds: dict[tuple, int] = {}
     modules = saved.modules
     for node in reversed(tree.nodes):
-        leaf = node.leaf
-        info = modules[node.module] if node.module is not None else None
-        key: tuple = (
-            info and (info.cls, _static_key(info.static)),
-            leaf and _leaf_key(leaf, saved, shardings),
-            tuple([(p, c.kind) for p, c in node.children.items()]),
+        leaf, module, children = node.leaf, node.module, node.children
+        if module is None:
+            module_key = None
+        else:
+            info = modules[module]
+            module_key = (info.cls, _static_key(info.static))
+        key = (
+            module_key,
+            None if leaf is None else _leaf_key(leaf, saved, shardings),
+            tuple([(p, c.kind) for p, c in children.items()]) if children else (),
         )
         node.kind = kinds.setdefault(key, len(kinds))
 
