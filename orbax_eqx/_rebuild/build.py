@@ -89,7 +89,10 @@ class _Refusing:
 def skeleton(saved: Metadata, allow: tuple[str, ...], prefix: str | None = None):
     """The saved tree (or its part under leaf name `prefix`) as a skeleton."""
     builder = _Builder(saved, Resolver(allow))
-    tree = builder.build(prefix or "")
+    try:
+        tree = builder.build(prefix or "")
+    finally:
+        builder.close()
     if builder.problems:
         raise _error(saved, allow, builder.problems)
     return tree
@@ -103,7 +106,10 @@ def needs(saved: Metadata) -> Needs:
     `SidecarError` if its records of the tree are damaged."""
     look = _Refusing()
     builder = _Builder(saved, look, dry=True)
-    builder.build("")
+    try:
+        builder.build("")
+    finally:
+        builder.close()
     return Needs(
         look.names,
         list(dict.fromkeys(builder.callables)),
@@ -169,6 +175,13 @@ class _Builder:
         self.used: set[str] = set()
         self.decoder = Decoder(self.find, self.refuse, self.damaged)
         self._decoded_alike: set[bytes] = set()  # static fields, for a dry run
+
+    def close(self) -> None:
+        """Breaks the cycle through the decoder (it holds this builder's
+        methods): left alone, it would keep the builder and the whole sidecar
+        it reads (~4 objects a leaf) alive until a collection walks them all,
+        which took 0.15-0.2 s after an `inspect` of 50,000 leaves."""
+        del self.decoder
 
     def damaged(self, what: str) -> SidecarError:
         return problem(
@@ -239,6 +252,11 @@ class _Builder:
             for child in reversed(children):
                 if child is not None and child not in ready:
                     todo.append((child, depth + 1))
+        if self.dry:
+            # A dry run keeps no value, and making them cannot fail: every
+            # node's parts were checked above (a dict's keys, a State's
+            # markers, against its children).
+            return None
         for name, children, make in reversed(makes):
             built[name] = make([_MISSING if c is None else built[c] for c in children])
         return built[root]

@@ -12,8 +12,8 @@ from . import plain_text
 from .inspect import Report, rebuild_plan, totals
 from .plain_items import PlainMetadata
 from .text import cut, human_bytes, table
-from .tree_view import rows as tree_rows
-from .tree_view import type_text, value_text
+from .tree_view import build as build_tree
+from .tree_view import left_out_line, rows_of, type_text, value_text
 from .typed_items import TypedMetadata
 
 
@@ -68,7 +68,8 @@ def _tree_text(saved: Metadata, shardings: dict[str, str], every: bool) -> str:
         "sharding",
         "value / static fields",
     ]
-    rows = tree_rows(saved, shardings, every)
+    tree = build_tree(saved)
+    rows = rows_of(tree, saved, shardings, every)
     # A column with nothing in it (no arrays; no sharding recorded) is left out.
     empty = [i for i in (4, 5) if not any(r[i] for r in rows)]
     header = [h for i, h in enumerate(header) if i not in empty]
@@ -77,6 +78,7 @@ def _tree_text(saved: Metadata, shardings: dict[str, str], every: bool) -> str:
         f"Checkpoint {saved.directory}",
         "",
         table(header, rows, right=(3,)) if rows else "  (no leaves)",
+        *([left_out_line(tree.left_out)] if tree.left_out else []),
         "",
         _total_line(saved),
         _writer_line(saved),

@@ -33,6 +33,7 @@ from .progress import Progress
 from .stats import LeafStats, leaf_stats
 from .step_items import ORBAX_EQX, PLAIN, TYPED
 from .text import human_bytes, table
+from .tree_view import left_out_line
 from .typed_items import TypedMetadata
 
 
@@ -157,6 +158,7 @@ def _count_lines(count: Counts) -> list[str]:
         f"Parameters: {count.total:,} in {_count(count.arrays, 'array')} "
         f"({human_bytes(count.nbytes)}; tied weights once).",
         table(["subtree", "class", "params", "bytes", "share"], rows, right=(2, 3, 4)),
+        *([left_out_line(count.left_out)] if count.left_out else []),
         "",
         "By dtype:",
         table(

@@ -42,6 +42,9 @@ class Counts:
     nbytes: int
     nodes: list[NodeCount]  # depth first, in the sidecar's order
     dtypes: list[DtypeCount]  # most bytes first
+    # Leaves `nodes` leaves out: past what the tree view lays out (see
+    # `tree_view.MAX_LAID_OUT`); `total`, `arrays` and `dtypes` count them.
+    left_out: list[str] = dataclasses.field(default_factory=list)
 
 
 def _stored(saved: Metadata):
@@ -56,7 +59,8 @@ def counts(saved: Metadata, depth: int | None = None) -> Counts:
     """Parameter counts of the item `saved` describes; inner nodes down to
     `depth` levels below the root (all if None)."""
     stored = {r.name: r for r in _stored(saved)}
-    root = build(saved)
+    tree = build(saved)
+    root = tree.root
     nodes: list[NodeCount] = []
     # Depth first with a stack: trees nest as deep as models do.
     stack = [(root, "", 0)]
@@ -90,6 +94,7 @@ def counts(saved: Metadata, depth: int | None = None) -> Counts:
         nbytes=sum(r.nbytes for r in stored.values()),
         nodes=nodes,
         dtypes=by_dtype,
+        left_out=tree.left_out,
     )
 
 

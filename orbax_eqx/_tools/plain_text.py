@@ -11,8 +11,8 @@ from .._tree.walk import display_path
 from .plain_items import PlainMetadata, handler_text
 from .step_items import OtherItem
 from .text import cut, human_bytes, table
-from .tree_view import rows as tree_rows
-from .tree_view import value_text
+from .tree_view import build as build_tree
+from .tree_view import left_out_line, rows_of, value_text
 
 
 def layout(saved: PlainMetadata) -> str:
@@ -24,6 +24,7 @@ def item_text(
     saved: PlainMetadata, shardings: dict[str, str], flat: bool, every: bool = False
 ) -> str:
     """A plain Orbax item, for a person."""
+    left_out = ""
     if flat:
         rows = [
             [
@@ -38,7 +39,9 @@ def item_text(
         ]
         header = ["name", "shape", "dtype", "bytes", "sharding", "value"]
     else:
-        rows = tree_rows(saved, shardings, every)
+        tree = build_tree(saved)
+        rows = rows_of(tree, saved, shardings, every)
+        left_out = left_out_line(tree.left_out)
         header = ["name", "type", "shape", "bytes", "stored in", "sharding", "value"]
     # Every array is in Orbax's store, so "stored in" says nothing; a column
     # with nothing in it (no sharding recorded: numpy arrays) goes too.
@@ -56,6 +59,7 @@ def item_text(
         f"{layout(saved)}.",
         "",
         table(header, rows, right=(3,)) if rows else "  (no arrays)",
+        *([left_out] if left_out else []),
         "",
         f"Total: {len(saved.leaves)} array{'' if len(saved.leaves) == 1 else 's'}, "
         f"{human_bytes(nbytes)}.",

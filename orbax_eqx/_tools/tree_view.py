@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from .._errors import inline_list
 from .._format.sidecar import (
     ALIAS,
     EMPTY,
@@ -22,7 +23,7 @@ from .._format.sidecar import (
 )
 from .._tree.names import ESCAPE, SEPARATOR
 from .._tree.values import describe, scalar_type
-from .._tree.walk import ARRAY, NUMPY, NUMPY_SCALAR, SCALAR, SHARED
+from .._tree.walk import ARRAY, NUMPY, NUMPY_SCALAR, SCALAR, SHARED, display_path
 from .text import cut, human_bytes
 
 _INDENT = "  "
@@ -52,7 +53,7 @@ class _Node:
     tree makes ~85,000 of them, so slots and a plain `__init__`: a
     dataclass with a default factory took 1.5 us each)."""
 
-    __slots__ = ("part", "children", "leaf", "module", "nbytes")
+    __slots__ = ("part", "children", "leaf", "module", "nbytes", "kind")
 
     def __init__(self, part: str, module: str | None = None):
         self.part = part
@@ -60,30 +61,90 @@ class _Node:
         self.leaf: LeafMetadata | None = None
         self.module = module  # the module's name in the sidecar
         self.nbytes = 0
+        self.kind = 0  # alike nodes alike (see `_signatures`)
 
 
-def build(saved: Metadata) -> _Node:
-    """The tree of leaves and modules, in the order the sidecar lists leaves."""
+# What the view lays out, at most: rows holding this many name parts in all,
+# a row counting the parts of its node's name (`a.b.c`: 3, for its own and
+# the two its indentation stands for). Models come nowhere near (50,000 leaves
+# make ~250,000; a module nested 1,000 deep, 500,500); a sidecar of a leaf
+# named with 100,000 parts would make 5 billion, and rows 20 GB of indents.
+MAX_LAID_OUT = 4_000_000
+
+
+@dataclasses.dataclass
+class Tree:
+    """The view's tree: `root`, every node parents first (`nodes`), and the
+    names of the leaves not laid out (`left_out`: they would have taken the
+    view past `MAX_LAID_OUT`)."""
+
+    root: _Node
+    nodes: list[_Node]
+    left_out: list[str]
+
+
+def build(saved: Metadata) -> Tree:
+    """The tree of leaves and modules, in the order the sidecar lists leaves,
+    as far as `MAX_LAID_OUT` allows: leaves beyond it are left out."""
     root = _Node("")
-    modules = {tuple(split(n)) if n else (): n for n in saved.modules}
-    if () in modules:
-        root.module = modules[()]
+    nodes = [root]
+    left_out: list[str] = []
+    laid_out = 0
     for name, leaf in saved.leaves.items():
-        node = root
         parts = split(name) if name else []
-        stored = (
-            leaf.nbytes if leaf.kind == ARRAY and leaf.data in (STORED, PACKED) else 0
-        )
-        root.nbytes += stored
-        for i, part in enumerate(parts):
-            child = node.children.get(part)
-            if child is None:  # a node's module is said by its path: once
-                module = modules.get(tuple(parts[: i + 1])) if modules else None
-                child = node.children[part] = _Node(part, module)
+        path = [root]
+        for part in parts:  # down the nodes made already
+            child = path[-1].children.get(part)
+            if child is None:
+                break
+            path.append(child)
+        have, depth = len(path) - 1, len(parts)
+        cost = (depth * (depth + 1) - have * (have + 1)) // 2  # the new rows'
+        if laid_out + cost > MAX_LAID_OUT:
+            left_out.append(name)
+            continue
+        laid_out += cost
+        node = path[-1]
+        for part in parts[have:]:
+            child = node.children[part] = _Node(part)
+            nodes.append(child)
+            path.append(child)
             node = child
-            node.nbytes += stored
         node.leaf = leaf
-    return root
+        if leaf.kind == ARRAY and leaf.data in (STORED, PACKED):
+            for above in path:
+                above.nbytes += leaf.nbytes
+    # A node's module is said by its path; modules with no leaf laid out
+    # under them have no node.
+    for module in saved.modules:
+        node = _find(root, split(module) if module else [])
+        if node is not None:
+            node.module = module
+    return Tree(root, nodes, left_out)
+
+
+def _find(root: _Node, parts: list[str]) -> _Node | None:
+    node = root
+    for part in parts:
+        child = node.children.get(part)
+        if child is None:
+            return None
+        node = child
+    return node
+
+
+def left_out_line(names: list[str]) -> str:
+    """What the view did not lay out (`Tree.left_out`), and why: "" if it
+    laid out every leaf."""
+    if not names:
+        return ""
+    return (
+        f"Not laid out ({len(names)}): "
+        f"{inline_list([cut(display_path(x)) for x in names])}: the tree lays "
+        f"out at most {MAX_LAID_OUT:,} name parts in all (a row counts every "
+        "part of its name), and these names would take it past that. "
+        "`inspect --flat` or `--json` lists every leaf."
+    )
 
 
 # Where an array's bytes are, by the sidecar's `data`, as the "stored in"
@@ -104,8 +165,16 @@ def rows(
     """Rows of `[name, type, shape, bytes, stored in, sharding, value]`, names
     indented. Runs of `FOLD` or more alike list items are folded to their
     first item and one row for the rest, unless `every`."""
-    root = build(saved)
-    alike = {} if every else _signatures(root, saved, shardings)
+    return rows_of(build(saved), saved, shardings, every)
+
+
+def rows_of(
+    tree: Tree, saved: Metadata, shardings: dict[str, str], every: bool = False
+) -> list[list[str]]:
+    """`rows` of a tree `build` made."""
+    root = tree.root
+    if not every:
+        _signatures(tree, saved, shardings)
     out: list[list[str]] = []
 
     def module_row(node: _Node, label: str, depth: int) -> list[str]:
@@ -123,7 +192,7 @@ def rows(
 
     def entries(node: _Node):
         items = list(node.children.items())
-        return iter(_folded(items, alike) if alike else items)
+        return iter(items if every else _folded(items))
 
     def visit(node: _Node, depth: int) -> None:
         # Depth first with a stack, not recursion: modules nest as deep as a
@@ -163,7 +232,18 @@ class _Run:
     nodes: list[_Node]
 
 
-def _folded(items: list[tuple[str, _Node]], alike: dict[int, int]):
+def _index(part: str) -> int | None:
+    """A list index as a name part says it (ASCII digits, not too many to
+    read fast), or None."""
+    if len(part) <= _MAX_INDEX_DIGITS and part.isascii() and part.isdigit():
+        return int(part)
+    return None
+
+
+_MAX_INDEX_DIGITS = 30
+
+
+def _folded(items: list[tuple[str, _Node]]):
     """`items` with each run of `FOLD` or more alike list items (consecutive
     indices) as its first item and then one `_Run` of the rest."""
     out: list[tuple[str, Any]] = []
@@ -171,12 +251,12 @@ def _folded(items: list[tuple[str, _Node]], alike: dict[int, int]):
     while i < len(items):
         j = i + 1
         part, node = items[i]
-        if part.isdigit():
+        index = _index(part)
+        if index is not None:
             while (
                 j < len(items)
-                and items[j][0].isdigit()
-                and int(items[j][0]) == int(items[j - 1][0]) + 1
-                and alike[id(items[j][1])] == alike[id(node)]
+                and _index(items[j][0]) == index + j - i
+                and items[j][1].kind == node.kind
             ):
                 j += 1
         out.append((part, node))
@@ -203,31 +283,26 @@ def _run_row(run: _Run, depth: int, saved: Metadata, module_row) -> list[str]:
     return row
 
 
-def _signatures(
-    root: _Node, saved: Metadata, shardings: dict[str, str]
-) -> dict[int, int]:
-    """`{id(node): k}`, the same `k` for nodes whose rows would be the same
-    but for their own names: their classes, static fields, dtypes, shapes,
-    storage, shardings and values, all the way down. Bottom up, without
-    recursion."""
+def _signatures(tree: Tree, saved: Metadata, shardings: dict[str, str]) -> None:
+    """Sets `node.kind`, the same for nodes whose rows would be the same but
+    for their own names: their classes, static fields, dtypes, shapes,
+    storage, shardings and values, all the way down. Children first (the
+    nodes in the reverse of the order they were made in), without recursion."""
     kinds: dict[tuple, int] = {}
-    out: dict[int, int] = {}
-    stack: list[tuple[_Node, bool]] = [(root, False)]
-    while stack:
-        node, seen = stack.pop()
-        if not seen:
-            stack.append((node, True))
-            stack += [(c, False) for c in node.children.values()]
-            continue
-        leaf = node.leaf
-        info = saved.modules[node.module] if node.module is not None else None
-        key: tuple = (
-            info and (info.cls, _static_key(info.static)),
-            leaf and _leaf_key(leaf, saved, shardings),
-            tuple((p, out[id(c)]) for p, c in node.children.items()),
+    modules = saved.modules
+    for node in reversed(tree.nodes):
+        leaf, module, children = node.leaf, node.module, node.children
+        if module is None:
+            module_key = None
+        else:
+            info = modules[module]
+            module_key = (info.cls, _static_key(info.static))
+        key = (
+            module_key,
+            None if leaf is None else _leaf_key(leaf, saved, shardings),
+            tuple([(p, c.kind) for p, c in children.items()]) if children else (),
         )
-        out[id(node)] = kinds.setdefault(key, len(kinds))
-    return out
+        node.kind = kinds.setdefault(key, len(kinds))
 
 
 def _static_key(static: dict[str, Any]) -> Any:
