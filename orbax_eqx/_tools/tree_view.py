@@ -117,9 +117,9 @@ def build(saved: Metadata) -> Tree:
     # A node's module is said by its path; modules with no leaf laid out
     # under them have no node.
     for module in saved.modules:
-        node = _find(root, split(module) if module else [])
-        if node is not None:
-            node.module = module
+        found = _find(root, split(module) if module else [])
+        if found is not None:
+            found.module = module
     return Tree(root, nodes, left_out)
 
 
