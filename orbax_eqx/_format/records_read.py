@@ -127,7 +127,7 @@ def leaf(
         raise bad(f"leaf {name!r} {TOO_DEEP}") from None
     if type(rec) is tuple:  # a row (format 6 on)
         path = paths.of(name) if paths is not None else name
-        return _array(name, path, _Row(*rec), packs, sums, bad)
+        return _row(name, path, rec, packs, sums, bad)
     path = rec.path
     if path is _schema.UNSET:  # from format 6 on, read off the name
         path = paths.of(name) if paths is not None else name
@@ -142,25 +142,41 @@ def leaf(
     return _array(name, path, rec, packs, sums, bad)
 
 
-class _Row:
+def _row(name, path, row: tuple, packs, sums: Sums, bad) -> LeafMetadata:
     """A leaf's row (format 6 on, `compact`), read as the array record it
     stands for: a jax array packed in pack 0, of its shape's and dtype's
-    bytes."""
-
-    __slots__ = ("dtype", "shape", "offset", "xxh3")
-    path = _schema.UNSET
-    data = PACKED
-    container = JAX
-    pack = 0
-    key = alias_of = crc32 = None
-    sharding = sum32 = _schema.UNSET
-
-    def __init__(self, dtype: str, shape: list[int], offset: int, xxh3: str | None):
-        self.dtype, self.shape, self.offset, self.xxh3 = dtype, shape, offset, xxh3
-
-    @property
-    def nbytes(self) -> int:  # asked once the dtype is known good
-        return _compact.row_nbytes(self.shape, self.dtype)
+    bytes, with an XXH3-64 or none (checked as `_array` checks that record,
+    written out: most leaves of a sidecar are rows)."""
+    text, dims, offset, xxh3 = row
+    dtype = sys.intern(text)
+    why = _dtype_problem(dtype)
+    if why is not None:
+        raise bad(f"leaf {name!r} has {why}")
+    size = _compact.row_nbytes(dims, dtype)
+    if not packs:
+        raise bad(f"leaf {name!r} is in pack 0, which is not listed")
+    if offset + size > packs[0].nbytes:
+        raise bad(
+            f"leaf {name!r} ends at byte {offset + size} of pack 0, which "
+            f"holds {packs[0].nbytes}"
+        )
+    crc = None if xxh3 is None else int(xxh3, 16)
+    crc = _checked_sum(name, path, crc, sums, bad, dtype, dims, 0, offset, size)
+    return leaf_metadata(
+        name,
+        path,
+        ARRAY,
+        tuple(dims),
+        dtype,
+        JAX,
+        PACKED,
+        None,
+        size,
+        pack=0,
+        offset=offset,
+        crc32=crc,
+        sum_algorithm=sums.algorithm,
+    )
 
 
 def _row_problem(name: str, raw: list, error: str) -> str:
@@ -198,7 +214,9 @@ def _array(name, path, rec, packs, sums: Sums, bad) -> LeafMetadata:
         crc32 = rec.crc32
         if sums.algorithm == XXH3:
             crc32 = None if rec.xxh3 is None else int(rec.xxh3, 16)
-        crc32 = _checked_sum(name, path, rec, crc32, sums, bad)
+        crc32 = _checked_sum(
+            name, path, crc32, sums, bad, dtype, rec.shape, rec.pack, rec.offset, size
+        )
     elif data == STORED:
         _check_stored(name, path, rec, sums, bad)
     return leaf_metadata(
@@ -256,7 +274,9 @@ def _leaf_problem(name: str, field: str, raw: Any, sums: Sums) -> str:
     return f"leaf {name!r} has no valid dtype or container"  # dtype, container
 
 
-def _checked_sum(name, path, rec, crc: int | None, sums: Sums, bad) -> int | None:
+def _checked_sum(
+    name, path, crc: int | None, sums: Sums, bad, dtype, shape, pack, offset, size
+) -> int | None:
     """A packed leaf's data checksum, as readers compare it with its bytes.
 
     From format 4 on, a save with checksums records one for every packed
@@ -270,9 +290,7 @@ def _checked_sum(name, path, rec, crc: int | None, sums: Sums, bad) -> int | Non
         kind = NAMES[sums.algorithm]
         raise bad(_no_checksum(name, path, "is packed", kind, version))
     if version >= 5 and sums.binder is not None:  # (from format 3 on, always)
-        return sums.binder(
-            crc, name, rec.dtype, rec.shape, rec.pack, rec.offset, rec.nbytes
-        )
+        return sums.binder(crc, name, dtype, shape, pack, offset, size)
     return crc
 
 
