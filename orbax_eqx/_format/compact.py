@@ -286,14 +286,17 @@ def children_of(name: str, kind: dict[str, Any]) -> list[str] | None:
     return [prefix + p for p in kind["fields"]]
 
 
-def expand_node(name: str, entry: Any, types: list[Any], paths: Paths) -> Any:
-    """The full record of a node's entry (an index into `types`)."""
+def expand_node(
+    name: str, entry: Any, types: list[Any], paths: Paths, path: str | None = None
+) -> Any:
+    """The full record of a node's entry (an index into `types`); `path`, if
+    known (its module's), else read off its name."""
     if type(entry) is not int:
         return entry
     kind = dict(types[entry])
     children = children_of(name, kind)
     kind.pop(LENGTH, None)
-    return {"path": paths.of(name), **kind, "children": children}
+    return {"path": path or paths.of(name), **kind, "children": children}
 
 
 def expand(content: dict[str, Any]) -> dict[str, Any]:

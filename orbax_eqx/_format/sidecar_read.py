@@ -250,7 +250,7 @@ def _from_document(document: _schema.Document, version: int, where: str) -> Meta
         carried = _structure.carried_nodes(document.modules, types, kinds, bad)
         limit = len(leaves) + len(carried)
         limit += len(recorded) if isinstance(recorded, dict) else 0
-        nodes = _nodes(recorded, kinds, paths, limit, bad, carried)
+        nodes = _nodes(recorded, kinds, paths, limit, bad, carried, modules)
     return Metadata(
         where,
         version,
@@ -338,6 +338,7 @@ def _nodes(
     limit: int,
     bad,
     carried: dict[str, int],
+    modules: dict[str, Any],
 ) -> dict[str, dict[str, Any]]:
     """The records of the tree's inner nodes, each checked by its schema, kept
     as the plain dicts the rebuild reads; from format 6 on a node may be the
@@ -352,16 +353,13 @@ def _nodes(
         raise bad(
             f'node {twice!r} is recorded twice: in "nodes" and by its module\'s type'
         )
-    nodes_json.update(carried)
+    counts = [_compact.count_of(kind) or 0 for kind in types]  # (checked: not None)
     named = 0
     for name, rec in nodes_json.items():
         if types and type(rec) is int and 0 <= rec < len(types):
-            named += _compact.count_of(types[rec]) or 0  # (checked: not None)
+            named += counts[rec]
             if named > limit:  # before any name is made
-                raise bad(
-                    f"its node types name more children than it has leaves and "
-                    f"nodes ({limit}), at node {name!r}"
-                )
+                raise _too_many(name, limit, bad)
             # Checked as its type was (`records_read.node_types`).
             nodes_json[name] = _compact.expand_node(name, rec, types, paths)
             continue
@@ -371,7 +369,20 @@ def _nodes(
                 f"{len(types)} node type{'' if len(types) == 1 else 's'}"
             )
         _structure.node(name, rec, bad)
+    for name, rec in carried.items():  # (their indices checked by the modules')
+        named += counts[rec]
+        if named > limit:
+            raise _too_many(name, limit, bad)
+        path = modules[name].path  # a module's node's path is the module's
+        nodes_json[name] = _compact.expand_node(name, rec, types, paths, path)
     return nodes_json
+
+
+def _too_many(name: str, limit: int, bad) -> Exception:
+    return bad(
+        f"its node types name more children than it has leaves and nodes "
+        f"({limit}), at node {name!r}"
+    )
 
 
 def _packs(records, token, where, bad) -> tuple[PackMetadata, ...]:
