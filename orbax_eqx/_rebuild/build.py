@@ -64,7 +64,7 @@ class _Problem:
 class Needs:
     """What a rebuild of a sidecar would need, told without importing anything."""
 
-    names: list[str]  # every qualified name it would look up
+    names: list[str]  # every qualified name it would look up, once each
     callables: list[str]  # of those, the callables it would install, once each
     cannot: list[tuple[str, str, str]]  # (leaf name, leaf path, why) whatever allow
 
@@ -81,8 +81,8 @@ class _Refusing:
         if answer is None:
             why = unnameable(name)
             answer = self._answers[name] = DRY if why is None else Refused(why)
-        if answer is DRY:
-            self.names.append(name)
+            if answer is DRY:
+                self.names.append(name)  # (once each)
         return answer
 
 
