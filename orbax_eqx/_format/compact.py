@@ -78,11 +78,14 @@ def compact(content: dict[str, Any]) -> dict[str, Any]:
     modules = content.get("modules")
     modules = modules if isinstance(modules, dict) else {}
     paths = Paths(modules)
+    short_modules = {n: _module_type(n, r, paths) for n, r in modules.items()}
     nodes = content.get("nodes")
     kinds: dict[str, dict[str, Any]] = {}  # each short node's type
     if isinstance(nodes, dict):
         for name, record in nodes.items():
-            kind = _node_type(name, record, paths)
+            # A short module's path is the one its name reads as.
+            known = modules[name]["path"] if short_modules.get(name) else None
+            kind = _node_type(name, record, paths, known)
             if kind is not None:
                 kinds[name] = kind
     # Node types are listed modules' first, in the modules' order, then the
@@ -90,14 +93,12 @@ def compact(content: dict[str, Any]) -> dict[str, Any]:
     node_types = _Table()
     carried = {
         name: node_types.index(kinds[name])
-        for name, record in modules.items()
-        if name in kinds
-        and kinds[name]["type"] == _nodes.MODULE
-        and _module_type(name, record, paths) is not None
+        for name, kind in short_modules.items()
+        if kind is not None and name in kinds and kinds[name]["type"] == _nodes.MODULE
     }
 
     def module_type(name: str, record: Any, paths: Paths) -> dict[str, Any] | None:
-        kind = _module_type(name, record, paths)
+        kind = short_modules[name]
         at = carried.get(name)
         return kind if kind is None or at is None else {**kind, NODE: at}
 
@@ -240,12 +241,16 @@ def expand_module(name: str, entry: Any, types: list[Any], paths: Paths) -> Any:
     return {"path": paths.of(name), "class": kind["class"], "static": kind["static"]}
 
 
-def _node_type(name: str, record: Any, paths: Paths) -> dict[str, Any] | None:
+def _node_type(
+    name: str, record: Any, paths: Paths, path: str | None = None
+) -> dict[str, Any] | None:
+    """The type of a node record that its index says exactly, or None; `path`,
+    the path its name reads as, if known."""
     if not (
         isinstance(record, dict)
         and record.get("type") in SHARED_TYPES
         and LENGTH not in record
-        and _is_str(record.get("path"), paths(name))
+        and _is_str(record.get("path"), path if path is not None else paths(name))
         and type(record.get("children")) is list
     ):
         return None
