@@ -418,7 +418,12 @@ def test_a_row_edited_to_another_dtype_of_its_size_is_damaged_data(saved):
         ),
         (
             lambda c: c["module_types"][0].update(node="0"),
-            "module type 0 gives its node type as a JSON str, not an index into "
+            "module type 0 gives its node type as a JSON string, not an index into "
+            '"node_types"',
+        ),
+        (
+            lambda c: c["module_types"][0].update(node=None),
+            "module type 0 gives its node type as a JSON null, not an index into "
             '"node_types"',
         ),
         (
@@ -445,6 +450,7 @@ def test_a_row_edited_to_another_dtype_of_its_size_is_damaged_data(saved):
         "module-node-not-a-module",
         "module-node-negative",
         "module-node-a-string",
+        "module-node-null",
         "node-recorded-twice",
         "node-type-other",
         "node-type-without-fields",

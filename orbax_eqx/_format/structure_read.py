@@ -146,4 +146,15 @@ def _shown(value: Any) -> str:
     """A malformed index in a message: a small number as it is, else its type."""
     if type(value) is int and abs(value) < 10**12:
         return str(value)
-    return f"a JSON {type(value).__name__}"
+    return f"a JSON {_JSON_TYPES.get(type(value), 'value')}"
+
+
+_JSON_TYPES = {
+    type(None): "null",
+    bool: "boolean",
+    int: "number",
+    float: "number",
+    str: "string",
+    list: "list",
+    dict: "object",
+}
