@@ -20,6 +20,7 @@ import sidecars
 from entry import main
 
 import orbax_eqx as oeqx
+from orbax_eqx._format import checksum
 
 SIDECAR = "orbax_eqx.json"
 
@@ -282,3 +283,27 @@ def test_the_bound_text_is_what_the_json_encoder_writes(name, shape):
     odd = ["0123456789abcdef", name, "f4", [True, 2], "p", 1.0, False]
     expected = json.dumps(odd, ensure_ascii=False, separators=(",", ":"))
     assert binder.text(*odd[1:]) == expected
+
+
+@pytest.mark.parametrize("algorithm", ["crc32", "xxh3"])
+@pytest.mark.parametrize(
+    "array",
+    [
+        np.zeros((0, 3), np.float32),
+        np.arange(64, dtype=np.float32).reshape(8, 8),
+        np.arange(64, dtype=np.int16).reshape(8, 8).T,  # not C-contiguous
+        np.random.default_rng(0).standard_normal(300_000),  # pieces of 1 MiB
+    ],
+    ids=["empty", "small", "transposed", "large"],
+)
+def test_a_data_checksum_in_one_call_is_the_running_one(algorithm, array):
+    # `data_sum` sums in one call what `Running` sums a piece at a time (the
+    # pack's checksums and a restore's verification agree).
+    running = checksum.Running(algorithm)
+    flat = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+    for start in range(0, max(flat.size, 1), 1 << 20):
+        running.update(flat[start : start + (1 << 20)])
+    assert checksum.data_sum(array, algorithm) == running.value()
+    assert checksum.data_sum(flat.data, algorithm) == running.value()
+    with pytest.raises(ValueError, match="unknown data checksum 'md5'"):
+        checksum.data_sum(array, "md5")

