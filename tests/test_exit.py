@@ -138,3 +138,43 @@ def test_exit_without_waiting_finishes_a_type_handler_step(tmp_path):
         restored = checkpointer.restore(tmp_path / "run" / "2" / "default")
     expected = eqx.nn.MLP(4, 4, 64, 3, key=jax.random.key(0)).layers[0].weight
     np.testing.assert_array_equal(restored["w"], expected)
+
+
+class _Unlookable:
+    """A final directory that must not be looked at while saving."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def exists(self) -> bool:
+        raise AssertionError(f"looked at {self.name} during a save")
+
+
+def test_saves_being_committed_are_kept_bounded_without_looking_at_the_store():
+    # Thousands of steps in one run: records of saves past `finalize` are
+    # kept for the exit, the newest `_PRUNE_AT`, and the store (a bucket, say)
+    # is never asked whether they were renamed meanwhile.
+    from orbax_eqx._save import at_exit
+
+    with at_exit._lock:
+        pending, committing = dict(at_exit._pending), dict(at_exit._committing)
+        at_exit._pending.clear()
+        at_exit._committing.clear()
+    try:
+        for step in range(1000):
+            where = f"step `{step}`"
+            at_exit.started(where, _Unlookable(where))
+            at_exit.committing(where)
+        assert not at_exit._pending
+        assert list(at_exit._committing) == [
+            f"step `{s}`" for s in range(1000 - at_exit._PRUNE_AT, 1000)
+        ]
+        at_exit.started("step `1000`", None)  # no temporary directory
+        at_exit.committing("step `1000`")
+        assert "step `1000`" not in at_exit._committing
+    finally:
+        with at_exit._lock:
+            at_exit._pending.clear()
+            at_exit._committing.clear()
+            at_exit._pending.update(pending)
+            at_exit._committing.update(committing)

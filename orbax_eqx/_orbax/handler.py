@@ -378,8 +378,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             saving = _saved_here(epath.Path(directory))
         token, started, stored, shard_files = saving
         where = _background.target(directory)
-        if _background.final_directory(directory) is None:  # no rename to await
-            _at_exit.ended(where)  # Orbax commits the step once this returns
+        _at_exit.committing(where)  # Orbax commits the step once this returns
         with _background.noted(where):
             if stored:
                 arrays = _sidecar.arrays_dir(directory, token)

@@ -30,6 +30,8 @@ from etils import epath
 # What a message calls a save under way (`step `3` (/ckpts/3/default)`, see
 # `background.target`) -> the directory it is committed to.
 _pending: dict[str, epath.Path | None] = {}
+# Saves past our `finalize`, being renamed by Orbax: where -> final directory.
+_committing: dict[str, epath.Path] = {}
 _lock = threading.Lock()
 # Orbax names the thread that waits for a save's writes and commits it.
 _ORBAX_SAVE_THREAD = "async_save"
@@ -55,16 +57,31 @@ def started(where: str, final: epath.Path | None) -> None:
 
 
 def ended(where: str) -> None:
-    """The save failed (Orbax reports that error), or has no temporary
-    directory whose rename would say when it is committed."""
+    """The save failed (Orbax reports that error): nothing to finish at exit."""
     with _lock:
         _pending.pop(where, None)
 
 
+def committing(where: str) -> None:
+    """Our part of the save is done (`finalize`); Orbax renames its directory
+    next, which still needs the executors that Python shuts down at exit. Kept
+    among the last `_PRUNE_AT` such saves (no look at the store meanwhile):
+    at exit, one whose final directory is not there yet is waited for. A save
+    without a temporary directory has no rename to wait for."""
+    with _lock:
+        final = _pending.pop(where, None)
+        if final is not None:
+            _committing.pop(where, None)  # (a step saved again: the newest last)
+            _committing[where] = final
+            while len(_committing) > _PRUNE_AT:
+                del _committing[next(iter(_committing))]  # the oldest
+
+
 def _finish_at_exit() -> None:
     with _lock:
-        saves = dict(_pending)
+        saves = {**_committing, **_pending}
         _pending.clear()
+        _committing.clear()
     threads = [
         t
         for t in threading.enumerate()
