@@ -37,6 +37,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]
 
 from per_leaf import _model  # noqa: E402
+from short_records import _turns  # noqa: E402
 
 _BASE = "orbax_eqx_base"
 
@@ -70,18 +71,6 @@ def _quiet(main, path: str) -> None:
         code = main(["inspect", path])
     if code != 0:
         raise RuntimeError(f"inspect exited {code}")
-
-
-def _turns(rounds: int, runs: dict) -> dict[str, list[float]]:
-    times: dict[str, list[float]] = {k: [] for k in runs}
-    keys = list(runs)
-    for r in range(rounds):
-        for key in keys if r % 2 == 0 else keys[::-1]:
-            gc.collect()
-            start = time.perf_counter()
-            runs[key]()
-            times[key].append(time.perf_counter() - start)
-    return times
 
 
 def _stages(path: str, rounds: int) -> dict[str, list[float]]:

@@ -78,6 +78,17 @@ def _run(path, how: str, handler: str = "eqx") -> subprocess.CompletedProcess:
     return proc
 
 
+def _one_line_for_step_2(proc, run) -> str:
+    """The run's one line of ours on stderr, about step 2, with no traceback
+    and every step saved."""
+    assert "Traceback" not in proc.stderr
+    ours = [line for line in proc.stderr.splitlines() if "orbax_eqx" in line]
+    assert len(ours) == 1, proc.stderr
+    assert ours[0].startswith("orbax_eqx: the script ended while step `2` (")
+    assert sorted(os.listdir(run)) == ["0", "1", "2"]
+    return ours[0]
+
+
 def _restores_step_2(path) -> None:
     skeleton = eqx.nn.MLP(4, 4, 64, 3, key=jax.random.key(1))
     restored = oeqx.restore(path / "2", skeleton)
@@ -89,17 +100,12 @@ def _restores_step_2(path) -> None:
 @pytest.mark.slow
 def test_exit_without_waiting_finishes_the_last_step(tmp_path):
     proc = _run(tmp_path / "run", "exit")
-    assert "Traceback" not in proc.stderr
-    ours = [line for line in proc.stderr.splitlines() if "orbax_eqx" in line]
-    assert len(ours) == 1, proc.stderr
-    assert ours[0].startswith("orbax_eqx: the script ended while step `2` (") and ours[
-        0
-    ].endswith(
+    line = _one_line_for_step_2(proc, tmp_path / "run")
+    assert line.endswith(
         "was still being saved; finishing it now. Call "
         "`mngr.wait_until_finished()` (or `mngr.close()`, or use the manager in a "
         "`with` block) before a script ends."
     )
-    assert sorted(os.listdir(tmp_path / "run")) == ["0", "1", "2"]
     _restores_step_2(tmp_path / "run")
 
 
@@ -108,11 +114,7 @@ def test_exit_after_our_finalize_still_waits_for_the_commit(tmp_path):
     # Our `finalize` has returned, Orbax has yet to rename step 2: that rename
     # needs the executors Python shuts down at exit, so the step is waited for.
     proc = _run(tmp_path / "run", "exit", "late")
-    assert "Traceback" not in proc.stderr
-    ours = [line for line in proc.stderr.splitlines() if "orbax_eqx" in line]
-    assert len(ours) == 1, proc.stderr
-    assert ours[0].startswith("orbax_eqx: the script ended while step `2` (")
-    assert sorted(os.listdir(tmp_path / "run")) == ["0", "1", "2"]
+    _one_line_for_step_2(proc, tmp_path / "run")
     _restores_step_2(tmp_path / "run")
 
 
@@ -127,11 +129,7 @@ def test_exit_after_waiting_says_nothing(tmp_path):
 @pytest.mark.slow
 def test_exit_without_waiting_finishes_a_type_handler_step(tmp_path):
     proc = _run(tmp_path / "run", "exit", "typed")
-    assert "Traceback" not in proc.stderr
-    ours = [line for line in proc.stderr.splitlines() if "orbax_eqx" in line]
-    assert len(ours) == 1, proc.stderr
-    assert ours[0].startswith("orbax_eqx: the script ended while step `2` (")
-    assert sorted(os.listdir(tmp_path / "run")) == ["0", "1", "2"]
+    _one_line_for_step_2(proc, tmp_path / "run")
     registry = oeqx.type_handler_registry()
     handler = ocp.PyTreeCheckpointHandler(type_handler_registry=registry)
     with ocp.Checkpointer(handler) as checkpointer:

@@ -97,7 +97,7 @@ def compact(content: dict[str, Any]) -> dict[str, Any]:
         if kind is not None and name in kinds and kinds[name]["type"] == _nodes.MODULE
     }
 
-    def module_type(name: str, record: Any, paths: Paths) -> dict[str, Any] | None:
+    def module_type(name: str) -> dict[str, Any] | None:
         kind = short_modules[name]
         at = carried.get(name)
         return kind if kind is None or at is None else {**kind, NODE: at}
@@ -108,7 +108,7 @@ def compact(content: dict[str, Any]) -> dict[str, Any]:
         elif key == "modules" and isinstance(value, dict):
             module_types = _Table()
             value = {
-                n: module_types.entry(n, r, module_type, paths)
+                n: r if (kind := module_type(n)) is None else module_types.index(kind)
                 for n, r in value.items()
             }
             out[MODULE_TYPES] = module_types.types
@@ -137,11 +137,6 @@ class _Table:
             at = self._at[key] = len(self.types)
             self.types.append(kind)
         return at
-
-    def entry(self, name: str, record: Any, short, paths: Paths) -> Any:
-        """A record as the index of its type, where `short` gives one."""
-        kind = short(name, record, paths)
-        return record if kind is None else self.index(kind)
 
 
 def compact_leaf(name: str, record: Any, paths: Paths) -> Any:
