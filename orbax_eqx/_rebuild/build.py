@@ -175,6 +175,11 @@ class _Builder:
         self.used: set[str] = set()
         self.decoder = Decoder(self.find, self.refuse, self.damaged)
         self._decoded_alike: set[bytes] = set()  # static fields, for a dry run
+        self._jax: dict[tuple[Any, Any, bool], bool] = {}  # see `_jax_array`
+        # A dry run's modules of a class and static fields (the same record:
+        # format 6 shares it) that looked up and decoded without a word: the
+        # next ones would again, with nothing to add (see `_static`).
+        self._clean: dict[tuple[str, int], Any] = {}
 
     def close(self) -> None:
         """Breaks the cycle through the decoder (it holds our methods), which
@@ -242,7 +247,8 @@ class _Builder:
                     raise self.damaged(
                         f"node or leaf {name!r} is named but not recorded"
                     )
-                built[name] = self.leaf(leaf)
+                if not (self.dry and self._jax_array(leaf)):  # (a dry run:
+                    built[name] = self.leaf(leaf)  # nothing to say of those)
                 continue
             children, make, ready = self.node(name, rec)
             makes.append((name, children, make))
@@ -338,8 +344,15 @@ class _Builder:
         if info is None:
             raise self.damaged(f"module node {name!r} has no module record")
         # The class first, so that problems are listed parents first.
-        cls = self.find(at, "class", info.cls)
-        static = self._static(at, info.static)
+        alike = (info.cls, id(info.static))
+        if self.dry and alike in self._clean:  # said nothing, looked up once
+            cls, static = DRY, {}
+        else:
+            before = len(self.problems)
+            cls = self.find(at, "class", info.cls)
+            static = self._static(at, info.static)
+            if self.dry and cls is DRY and len(self.problems) == before:
+                self._clean[alike] = info.static  # (held: its id stays its)
         names = rec.get("children", [])
         if len(fields) != len(names):
             raise self.damaged(f"node {name!r} has {len(fields)} fields")
@@ -413,10 +426,22 @@ class _Builder:
         )
         return None
 
+    def _jax_array(self, leaf: LeafMetadata) -> bool:
+        """Whether `leaf` is an array a rebuild without a skeleton gives back
+        as a jax array (`flat_container`): asked once per container and dtype
+        (most leaves of a model share a few), for as long as this build."""
+        if leaf.kind != ARRAY:
+            return False
+        key = (leaf.container, leaf.dtype, leaf.shape == ())
+        found = self._jax.get(key)
+        if found is None:
+            found = self._jax[key] = flat_container(leaf) == JAX
+        return found
+
     def array(self, leaf: LeafMetadata) -> Any:
         """A skeleton leaf for a saved array (see `stand_in.array`), or None
         and a refusal."""
-        if self.dry and flat_container(leaf) == JAX:
+        if self.dry and self._jax_array(leaf):
             return None  # refused never: only numpy stand-ins can be
         value, refusal = _stand_in.array(self.saved, leaf)
         if refusal is not None:
