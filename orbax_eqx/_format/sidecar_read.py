@@ -228,13 +228,7 @@ def _from_document(document: _schema.Document, version: int, where: str) -> Meta
     sums = _records.Sums(version, document.checksums, token)
     # From format 6 on, paths not written are read off names (`compact`).
     paths = _compact.Paths(document.modules) if version >= 6 else None
-    leaves_json = document.leaves
-    leaves = {}
-    # Each record is dropped once read, so that what a huge sidecar costs in
-    # memory stays near its records' objects once, not twice.
-    for name in list(leaves_json):
-        record = leaves_json.pop(name)
-        leaves[name] = _records.leaf(name, record, packs, sums, bad, paths)
+    leaves = _records.leaves(document.leaves, packs, sums, bad, paths)
     _check_references(leaves, token is not None and document.shard_files != 0, bad)
     types = _structure.module_types(document.module_types, bad) if version >= 6 else []
     modules = {
