@@ -90,7 +90,28 @@ def build(saved: Metadata) -> Tree:
     nodes = [root]
     left_out: list[str] = []
     laid_out = 0
+    # The nodes down to the last leaf's parent, and that parent's name: the
+    # next leaf is most often its sibling, and goes there straight.
+    parent: str | None = None
+    above = [root]
     for name, leaf in saved.leaves.items():
+        cut = name.rfind(SEPARATOR)
+        # (None: the root, the parent of a one-part name; `.x`'s is `""`)
+        if (
+            name
+            and (name[:cut] if cut >= 0 else None) == parent
+            and (ESCAPE not in name)
+        ):
+            part = name[cut + 1 :]
+            if part not in above[-1].children:  # (else: the general way)
+                if laid_out + len(above) > MAX_LAID_OUT:  # its new row's parts
+                    left_out.append(name)
+                    continue
+                laid_out += len(above)
+                child = above[-1].children[part] = _Node(part)
+                nodes.append(child)
+                _add(child, leaf, above)
+                continue
         parts = split(name) if name else []
         path = [root]
         for part in parts:  # down the nodes made already
@@ -110,10 +131,9 @@ def build(saved: Metadata) -> Tree:
             nodes.append(child)
             path.append(child)
             node = child
-        node.leaf = leaf
-        if leaf.kind == ARRAY and leaf.data in (STORED, PACKED):
-            for above in path:
-                above.nbytes += leaf.nbytes
+        _add(node, leaf, path[:-1])
+        if name and ESCAPE not in name:
+            parent, above = (name[:cut] if cut >= 0 else None), path[:-1]
     # A node's module is said by its path; modules with no leaf laid out
     # under them have no node.
     for module in saved.modules:
@@ -121,6 +141,16 @@ def build(saved: Metadata) -> Tree:
         if found is not None:
             found.module = module
     return Tree(root, nodes, left_out)
+
+
+def _add(node: _Node, leaf: LeafMetadata, above: list[_Node]) -> None:
+    """Puts `leaf` at `node`, its bytes counted there and in every node
+    `above` it."""
+    node.leaf = leaf
+    if leaf.kind == ARRAY and leaf.data in (STORED, PACKED):
+        node.nbytes += leaf.nbytes
+        for up in above:
+            up.nbytes += leaf.nbytes
 
 
 def _find(root: _Node, parts: list[str]) -> _Node | None:
