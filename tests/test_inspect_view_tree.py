@@ -8,16 +8,18 @@ import pytest
 
 from orbax_eqx._format.sidecar import Metadata, leaf_metadata
 from orbax_eqx._tools import tree_view
+from orbax_eqx._tree.walk import ModuleInfo
 
 
-def _metadata(names: list[str]) -> Metadata:
+def _metadata(names: list[str], modules=()) -> Metadata:
     leaves = {
         name: leaf_metadata(
             name, name, "array", (i + 1,), "uint8", "jax", "packed", nbytes=i + 1
         )
         for i, name in enumerate(names)
     }
-    return Metadata("/nowhere", 6, {}, leaves, {})
+    infos = {m: ModuleInfo(m, f"m.C{i}", {}) for i, m in enumerate(modules)}
+    return Metadata("/nowhere", 6, {}, leaves, infos)
 
 
 def _expected(names: list[str]):
@@ -63,3 +65,24 @@ def test_the_view_lays_out_what_each_name_says(names):
     tree = tree_view.build(_metadata(names))
     assert tree.left_out == []
     assert _found(tree) == (made, nodes)
+
+
+@pytest.mark.parametrize(
+    "names, modules",
+    [
+        (["a.b.c", "a.b.d", "a.e"], ["", "a", "a.b", "a.x", "q"]),
+        ([".x.y", "x.y", ".z"], ["", ".x", "x", "x.y"]),  # `.x` is not under ""
+        (["a\\.b.c", "a.b.c"], ["a\\.b", "a", "a.b", "a\\"]),
+    ],
+    ids=["nested", "empty-parts", "escaped"],
+)
+def test_each_module_names_the_node_its_parts_say(names, modules):
+    tree = tree_view.build(_metadata(names, modules))
+    _, nodes = _expected(names)
+    at = dict(zip(_found(tree)[0], tree.nodes, strict=True))
+    expected = {
+        tuple(tree_view.split(m)) if m else (): m
+        for m in modules
+        if (tuple(tree_view.split(m)) if m else ()) in nodes
+    }
+    assert {k: n.module for k, n in at.items() if n.module is not None} == expected
