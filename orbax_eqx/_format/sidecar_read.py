@@ -37,6 +37,7 @@ from msgspec import Raw
 from .._bytes import route as _route
 from .._errors import SidecarError, permission_denied
 from .._gc import paused
+from .._tree.names import SEPARATOR
 from . import compact as _compact
 from . import records_read as _records
 from . import schema as _schema
@@ -348,6 +349,7 @@ def _nodes(
             f'node {twice!r} is recorded twice: in "nodes" and by its module\'s type'
         )
     counts = [_compact.count_of(kind) or 0 for kind in types]  # (checked: not None)
+    expand = _Expand(types, paths)
     named = 0
     for name, rec in nodes_json.items():
         if types and type(rec) is int and 0 <= rec < len(types):
@@ -355,7 +357,7 @@ def _nodes(
             if named > limit:  # before any name is made
                 raise _too_many(name, limit, bad)
             # Checked as its type was (`records_read.node_types`).
-            nodes_json[name] = _compact.expand_node(name, rec, types, paths)
+            nodes_json[name] = expand(name, rec)
             continue
         elif type(rec) is int:
             raise bad(
@@ -368,8 +370,32 @@ def _nodes(
         if named > limit:
             raise _too_many(name, limit, bad)
         path = modules[name].path  # a module's node's path is the module's
-        nodes_json[name] = _compact.expand_node(name, rec, types, paths, path)
+        nodes_json[name] = expand(name, rec, path)
     return nodes_json
+
+
+class _Expand:
+    """`compact.expand_node` for the nodes of one sidecar, sooner: each node
+    type's record (less its `length`) and its children's name parts (what
+    `compact.children_of` names the root's children) made once; a node's
+    children are named by its name and a separator before each part."""
+
+    def __init__(self, types: list[dict[str, Any]], paths):
+        self.types = types
+        self.paths = paths
+        self.made: dict[int, tuple[dict[str, Any], list[str]]] = {}
+
+    def __call__(self, name: str, index: int, path: str | None = None):
+        made = self.made.get(index)
+        if made is None:
+            kind = dict(self.types[index])
+            parts = _compact.children_of("", kind) or []  # (checked: not None)
+            kind.pop(_compact.LENGTH, None)
+            made = self.made[index] = (kind, parts)
+        kind, parts = made
+        prefix = name + SEPARATOR if name else ""
+        children = [prefix + part for part in parts]
+        return {"path": path or self.paths.of(name), **kind, "children": children}
 
 
 def _too_many(name: str, limit: int, bad) -> Exception:
