@@ -109,9 +109,9 @@ def build(saved: Metadata) -> Tree:
                     left_out.append(name)
                     continue
                 laid_out += len(above)
-                child = above[-1].children[part] = _Node(part)
-                nodes.append(child)
-                _add(child, leaf, above)
+                made = above[-1].children[part] = _Node(part)
+                nodes.append(made)
+                _add(made, leaf, above)
                 continue
         parts = split(name) if name else []
         path = [root]
