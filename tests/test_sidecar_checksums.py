@@ -288,6 +288,7 @@ def test_the_bound_text_is_what_the_json_encoder_writes(name, shape):
 @pytest.mark.parametrize(
     "name",
     ["w", 'q"uote', "back\\slash", "tab\tnew\nline\x01", "ünï€😀", "lone\udc80", ""],
+    ids=["plain", "quote", "backslash", "controls", "unicode", "surrogate", "empty"],
 )
 @pytest.mark.parametrize("shape", [(), (3,), (2, 0, 5)], ids=["0d", "1d", "3d"])
 @pytest.mark.parametrize("algorithm", ["crc32", "xxh3"])
