@@ -285,6 +285,37 @@ def test_the_bound_text_is_what_the_json_encoder_writes(name, shape):
     assert binder.text(*odd[1:]) == expected
 
 
+@pytest.mark.parametrize(
+    "name",
+    ["w", 'q"uote', "back\\slash", "tab\tnew\nline\x01", "ünï€😀", "lone\udc80", ""],
+    ids=["plain", "quote", "backslash", "controls", "unicode", "surrogate", "empty"],
+)
+@pytest.mark.parametrize("shape", [(), (3,), (2, 0, 5)], ids=["0d", "1d", "3d"])
+@pytest.mark.parametrize("algorithm", ["crc32", "xxh3"])
+def test_a_rows_binding_is_the_records(name, shape, algorithm):
+    # `Binder.row` writes the text's middle once per dtype and shape: it binds
+    # as binding the whole record does, the first time and from its cache,
+    # and values of other types than a row holds take the record's way.
+    from orbax_eqx._format.binding import Binder, bind
+    from orbax_eqx._format.sidecar import pack_file
+
+    token = "0123456789abcdef"
+    for dtype in ("bfloat16", "<U2", 'we"ird'):
+        record = {"dtype": dtype, "shape": list(shape), "pack": 0}
+        record.update(file=pack_file(token, 0), offset=64, nbytes=2**40)
+        expected = bind(0x1234, token, name, record, algorithm)
+        binder = Binder(token, algorithm)
+        for _ in range(2):
+            assert binder.row(0x1234, name, dtype, shape, 64, 2**40) == expected
+    odd = Binder(token, algorithm)
+    record.update(shape=[True, 2], offset=1.0)
+    expected = bind(7, token, name, record, algorithm)
+    assert odd.row(7, name, record["dtype"], (True, 2), 1.0, 2**40) == expected
+    assert odd.row(7, name, "f4", (1, 2), 64, False) == odd(
+        7, name, "f4", (1, 2), 0, 64, False
+    )
+
+
 @pytest.mark.parametrize("algorithm", ["crc32", "xxh3"])
 @pytest.mark.parametrize(
     "array",

@@ -83,6 +83,7 @@ class Binder:
         self._head = f"[{_string(token)}," if type(token) is str else None
         self._strings: dict[str, str] = {}  # a dtype or a file: its JSON
         self._files: dict[int, str] = {}  # a pack: its file's name
+        self._middles: dict[tuple, str] = {}  # see `row`
 
     def record(self, crc: int, name: str, record: dict[str, Any]) -> int:
         """`crc` bound to the leaf `name` of a sidecar record (a dict)."""
@@ -105,6 +106,29 @@ class Binder:
             if type(pack) is int:
                 self._files[pack] = file
         text = self.text(name, dtype, list(shape), file, offset, size)
+        return crc ^ self._sum(text.encode("utf-8", "surrogatepass"))
+
+    def row(self, crc: int, name: str, dtype: str, shape: tuple, offset: int, size):
+        """`self(crc, name, dtype, shape, 0, offset, size)`: a row's leaf (in
+        pack 0, format 6 on), with the text's middle (dtype, shape, file)
+        written once per dtype and shape: most leaves of a model share a few.
+        The same text (`tests/test_sidecar_checksums.py`), ~2x sooner."""
+        middle = self._middles.get((dtype, shape))
+        if middle is None:
+            if not (
+                self._head is not None
+                and type(dtype) is str
+                and type(shape) is tuple
+                and _INT.issuperset(map(type, shape))
+                and len(self._middles) < _MAX_MIDDLES  # (a hostile file's many)
+            ):
+                return self(crc, name, dtype, shape, 0, offset, size)
+            dims = repr(list(shape)).replace(" ", "")
+            file = _string(pack_file(self.token, 0))
+            middle = self._middles[dtype, shape] = f"{_string(dtype)},{dims},{file}"
+        if not (type(name) is str and type(offset) is int and type(size) is int):
+            return self(crc, name, dtype, shape, 0, offset, size)
+        text = f"{self._head}{_string(name)},{middle},{offset},{size}]"
         return crc ^ self._sum(text.encode("utf-8", "surrogatepass"))
 
     def text(self, name, dtype, shape, file, offset, size) -> str:
@@ -141,6 +165,7 @@ class Binder:
 
 
 _INT = frozenset([int])
+_MAX_MIDDLES = 4096  # dtypes and shapes `Binder.row` keeps the text of
 # What `_BIND_ENCODER` writes for a string (`ensure_ascii=False`).
 _string = json.encoder.encode_basestring
 # One encoder for all leaves (`json.dumps` with options makes one per call).

@@ -142,6 +142,30 @@ def leaf(
     return _array(name, path, rec, packs, sums, bad)
 
 
+def leaves(
+    records: dict[str, Any],
+    packs: tuple[PackMetadata, ...],
+    sums: Sums,
+    bad,
+    paths: _compact.Paths | None = None,
+) -> dict[str, LeafMetadata]:
+    """Every leaf's record, in order, read by `leaf`; each dropped from
+    `records` once read, so that what a huge sidecar costs in memory stays
+    near its records' objects once, not twice. A row decoded already (most
+    leaves of a sidecar from format 6 on) goes to `_row` straight."""
+    out = {}
+    take = records.pop
+    of = None if paths is None else paths.of
+    for name in list(records):
+        record = take(name)
+        if type(record) is tuple:  # (what `leaf` does with it, sooner)
+            path = name if of is None else of(name)
+            out[name] = _row(name, path, record, packs, sums, bad)
+        else:
+            out[name] = leaf(name, record, packs, sums, bad, paths)
+    return out
+
+
 def _row(name, path, row: tuple, packs, sums: Sums, bad) -> LeafMetadata:
     """A leaf's row (format 6 on, `compact`), read as the array record it
     stands for: a jax array packed in pack 0, of its shape's and dtype's
@@ -161,12 +185,17 @@ def _row(name, path, row: tuple, packs, sums: Sums, bad) -> LeafMetadata:
             f"holds {packs[0].nbytes}"
         )
     crc = None if xxh3 is None else int(xxh3, 16)
-    crc = _checked_sum(name, path, crc, sums, bad, dtype, dims, 0, offset, size)
+    shape = tuple(dims)
+    binder = sums.binder
+    if crc is not None and sums.version >= 5 and sums.checksums and binder is not None:
+        crc = binder.row(crc, name, dtype, shape, offset, size)  # (most rows)
+    else:
+        crc = _checked_sum(name, path, crc, sums, bad, dtype, dims, 0, offset, size)
     return leaf_metadata(
         name,
         path,
         ARRAY,
-        tuple(dims),
+        shape,
         dtype,
         JAX,
         PACKED,

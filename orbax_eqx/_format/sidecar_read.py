@@ -37,6 +37,7 @@ from msgspec import Raw
 from .._bytes import route as _route
 from .._errors import SidecarError, permission_denied
 from .._gc import paused
+from .._tree.names import SEPARATOR
 from . import compact as _compact
 from . import records_read as _records
 from . import schema as _schema
@@ -228,13 +229,7 @@ def _from_document(document: _schema.Document, version: int, where: str) -> Meta
     sums = _records.Sums(version, document.checksums, token)
     # From format 6 on, paths not written are read off names (`compact`).
     paths = _compact.Paths(document.modules) if version >= 6 else None
-    leaves_json = document.leaves
-    leaves = {}
-    # Each record is dropped once read, so that what a huge sidecar costs in
-    # memory stays near its records' objects once, not twice.
-    for name in list(leaves_json):
-        record = leaves_json.pop(name)
-        leaves[name] = _records.leaf(name, record, packs, sums, bad, paths)
+    leaves = _records.leaves(document.leaves, packs, sums, bad, paths)
     _check_references(leaves, token is not None and document.shard_files != 0, bad)
     types = _structure.module_types(document.module_types, bad) if version >= 6 else []
     modules = {
@@ -354,6 +349,7 @@ def _nodes(
             f'node {twice!r} is recorded twice: in "nodes" and by its module\'s type'
         )
     counts = [_compact.count_of(kind) or 0 for kind in types]  # (checked: not None)
+    expand = _Expand(types, paths)
     named = 0
     for name, rec in nodes_json.items():
         if types and type(rec) is int and 0 <= rec < len(types):
@@ -361,7 +357,7 @@ def _nodes(
             if named > limit:  # before any name is made
                 raise _too_many(name, limit, bad)
             # Checked as its type was (`records_read.node_types`).
-            nodes_json[name] = _compact.expand_node(name, rec, types, paths)
+            nodes_json[name] = expand(name, rec)
             continue
         elif type(rec) is int:
             raise bad(
@@ -374,8 +370,32 @@ def _nodes(
         if named > limit:
             raise _too_many(name, limit, bad)
         path = modules[name].path  # a module's node's path is the module's
-        nodes_json[name] = _compact.expand_node(name, rec, types, paths, path)
+        nodes_json[name] = expand(name, rec, path)
     return nodes_json
+
+
+class _Expand:
+    """`compact.expand_node` for the nodes of one sidecar, sooner: each node
+    type's record (less its `length`) and its children's name parts (what
+    `compact.children_of` names the root's children) made once; a node's
+    children are named by its name and a separator before each part."""
+
+    def __init__(self, types: list[dict[str, Any]], paths):
+        self.types = types
+        self.paths = paths
+        self.made: dict[int, tuple[dict[str, Any], list[str]]] = {}
+
+    def __call__(self, name: str, index: int, path: str | None = None):
+        made = self.made.get(index)
+        if made is None:
+            kind = dict(self.types[index])
+            parts = _compact.children_of("", kind) or []  # (checked: not None)
+            kind.pop(_compact.LENGTH, None)
+            made = self.made[index] = (kind, parts)
+        kind, parts = made
+        prefix = name + SEPARATOR if name else ""
+        children = [prefix + part for part in parts]
+        return {"path": path or self.paths.of(name), **kind, "children": children}
 
 
 def _too_many(name: str, limit: int, bad) -> Exception:

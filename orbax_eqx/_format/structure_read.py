@@ -108,11 +108,18 @@ def carried_nodes(
     """`{name: node type}` of the modules whose module type holds their node's
     type (`compact.NODE`): an index into the node types `kinds`, of a module."""
     carried = {}
+    checked: dict[int, Any] = {}  # a module type: its node type, checked
     for name, rec in modules.items():
         if type(rec) is not int or not 0 <= rec < len(types):
             continue  # (read as a module, or refused there)
+        at = checked.get(rec, _UNCHECKED)
+        if at is not _UNCHECKED:  # (most: a model has a few module types)
+            if at is not None:
+                carried[name] = at
+            continue
         at = types[rec].node
         if not isinstance(at, int):  # (unset)
+            checked[rec] = None
             continue
         if not (at < len(kinds) and kinds[at]["type"] == _nodes.MODULE):
             raise bad(
@@ -120,8 +127,11 @@ def carried_nodes(
                 f"{at}, which is no module's node type among the sidecar's "
                 f"{len(kinds)} node type{'' if len(kinds) == 1 else 's'}"
             )
-        carried[name] = at
+        carried[name] = checked[rec] = at
     return carried
+
+
+_UNCHECKED: Any = object()
 
 
 def node(name: str, record: Any, bad) -> None:

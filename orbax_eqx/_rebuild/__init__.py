@@ -6,7 +6,8 @@ made real (`decode`: static fields, dict keys, callables, numpy scalars
 checked before they are made), `eqx.nn.Shared`'s selectors through recorded
 nodes only (`shared`), stand-ins for saved arrays (`stand_in`), and turning
 the sidecar's records of nodes and leaves back into a skeleton of the real
-classes (`build`), which a restore then fills like any other skeleton.
+classes (`build`), which a restore then fills like any other skeleton, and
+what cannot be rebuilt, said in one `RebuildError` (`problems`).
 May import: `_format`, `_tree`, `_errors`, and `_restore.wide` (which
 container an array restores as without a skeleton).
 """

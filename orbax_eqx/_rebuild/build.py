@@ -26,13 +26,12 @@ from .._errors import (
     OrbaxEqxError,
     RebuildError,
     SidecarError,
-    bullet_list,
     problem,
 )
 from .._format.sidecar import LeafMetadata, Metadata
 from .._restore.wide import flat_container
 from .._tree import nodes as _nodes
-from .._tree.names import join, label
+from .._tree.names import join
 from .._tree.values import describe
 from .._tree.walk import (
     ARRAY,
@@ -45,19 +44,12 @@ from .._tree.walk import (
 from . import stand_in as _stand_in
 from .allow import Refused, Resolver, suggestion, unnameable
 from .decode import DRY, At, Decoder
+from .problems import Problem, error
 from .shared import selectors
 
 # Deeper than any tree JAX flattens (saves flatten with JAX): a rebuild makes
 # no deeper one, so that a sidecar of a 100,000-node chain costs nothing.
 MAX_DEPTH = 10_000
-
-
-@dataclasses.dataclass
-class _Problem:
-    name: str  # the leaf name, what the message shows
-    path: str  # the leaf path (`keystr`), what `RebuildError.problems` holds
-    text: str
-    allow: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,7 +86,7 @@ def skeleton(saved: Metadata, allow: tuple[str, ...], prefix: str | None = None)
     finally:
         builder.close()
     if builder.problems:
-        raise _error(saved, allow, builder.problems)
+        raise error(saved, allow, builder.problems)
     return tree
 
 
@@ -123,33 +115,6 @@ def modules_to_allow(names: list[str]) -> list[str]:
     return sorted({suggestion(n) for n in names})
 
 
-def _error(saved: Metadata, allow: tuple[str, ...], problems) -> RebuildError:
-    needed = sorted({p.allow for p in problems if p.allow is not None})
-    lines = [f"{label(p.name, p.path)}: {p.text}" for p in problems]
-    fix = []
-    if needed:
-        wanted = sorted(set(allow) | set(needed))
-        fix.append(
-            f"If you trust them, pass `allow={wanted!r}` (a rebuild imports "
-            "exactly these modules, and finds names in them and in what they "
-            "import themselves)."
-        )
-    if any(p.allow is None for p in problems):
-        fix.append(
-            "What cannot be rebuilt needs a skeleton: restore into one "
-            "(`oeqx.restore(path, skeleton)`)."
-        )
-    fix.append(f"`python -m orbax_eqx inspect {saved.directory}` lists what to allow.")
-    return RebuildError(
-        f"Cannot rebuild the checkpoint at {saved.directory} without a skeleton "
-        f"under `allow={list(allow)!r}`: {len(problems)} "
-        f"{'leaf or module' if len(problems) == 1 else 'leaves or modules'} "
-        f"cannot be rebuilt:\n{bullet_list(lines)}\n" + " ".join(fix),
-        [(display_path(p.path), p.text) for p in problems],
-        needed,
-    )
-
-
 # Makes a node from the values built for its children, in order.
 _Make = Callable[[list[Any]], Any]
 
@@ -170,11 +135,16 @@ class _Builder:
         self.saved = saved
         self.nodes = saved.nodes
         self.look = look
-        self.problems: list[_Problem] = []
+        self.problems: list[Problem] = []
         self.callables: list[str] = []
         self.used: set[str] = set()
         self.decoder = Decoder(self.find, self.refuse, self.damaged)
         self._decoded_alike: set[bytes] = set()  # static fields, for a dry run
+        self._jax: dict[tuple[Any, Any, bool], bool] = {}  # see `_jax_array`
+        # A dry run's modules of a class and static fields (the same record:
+        # format 6 shares it) that looked up and decoded without a word: the
+        # next ones would again, with nothing to add (see `_static`).
+        self._clean: dict[tuple[str, int], Any] = {}
 
     def close(self) -> None:
         """Breaks the cycle through the decoder (it holds our methods), which
@@ -242,7 +212,8 @@ class _Builder:
                     raise self.damaged(
                         f"node or leaf {name!r} is named but not recorded"
                     )
-                built[name] = self.leaf(leaf)
+                if not (self.dry and self._jax_array(leaf)):  # (a dry run:
+                    built[name] = self.leaf(leaf)  # nothing to say of those)
                 continue
             children, make, ready = self.node(name, rec)
             makes.append((name, children, make))
@@ -258,7 +229,7 @@ class _Builder:
 
     def refuse(self, at: At, text: str, allow: str | None = None) -> None:
         """Records what cannot be rebuilt at `at`, `(leaf name, leaf path)`."""
-        self.problems.append(_Problem(*at, text, allow))
+        self.problems.append(Problem(*at, text, allow))
 
     def find(self, at: At, what: str, name: str) -> Any:
         if what == "callable":
@@ -338,8 +309,15 @@ class _Builder:
         if info is None:
             raise self.damaged(f"module node {name!r} has no module record")
         # The class first, so that problems are listed parents first.
-        cls = self.find(at, "class", info.cls)
-        static = self._static(at, info.static)
+        alike = (info.cls, id(info.static))
+        if self.dry and alike in self._clean:  # said nothing, looked up once
+            cls, static = DRY, {}
+        else:
+            before = len(self.problems)
+            cls = self.find(at, "class", info.cls)
+            static = self._static(at, info.static)
+            if self.dry and cls is DRY and len(self.problems) == before:
+                self._clean[alike] = info.static  # (held: its id stays its)
         names = rec.get("children", [])
         if len(fields) != len(names):
             raise self.damaged(f"node {name!r} has {len(fields)} fields")
@@ -413,10 +391,22 @@ class _Builder:
         )
         return None
 
+    def _jax_array(self, leaf: LeafMetadata) -> bool:
+        """Whether `leaf` is an array a rebuild without a skeleton gives back
+        as a jax array (`flat_container`): asked once per container and dtype
+        (most leaves of a model share a few), for as long as this build."""
+        if leaf.kind != ARRAY:
+            return False
+        key = (leaf.container, leaf.dtype, leaf.shape == ())
+        found = self._jax.get(key)
+        if found is None:
+            found = self._jax[key] = flat_container(leaf) == JAX
+        return found
+
     def array(self, leaf: LeafMetadata) -> Any:
         """A skeleton leaf for a saved array (see `stand_in.array`), or None
         and a refusal."""
-        if self.dry and flat_container(leaf) == JAX:
+        if self.dry and self._jax_array(leaf):
             return None  # refused never: only numpy stand-ins can be
         value, refusal = _stand_in.array(self.saved, leaf)
         if refusal is not None:

@@ -142,16 +142,20 @@ def saved_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
         return _typed_shardings(saved)
     if isinstance(saved, PlainMetadata):  # Orbax's own record, read already
         return {n: r.sharding for n, r in saved.leaves.items() if r.sharding}
-    packed = {
-        name: "unsharded"
-        for name, leaf in saved.leaves.items()
-        if leaf.container == JAX and saved.source(leaf).data == PACKED
-    }
-    for name, leaf in saved.leaves.items():
-        source = saved.source(leaf)
-        if source.data == SHARDS and source.sharding:
-            packed[name] = source.sharding  # recorded by the save itself
-    if not any(leaf.data == STORED for leaf in saved.leaves.values()):
+    packed, sharded, stored = {}, {}, False
+    leaves = saved.leaves
+    for name, leaf in leaves.items():  # (one pass: `Metadata.source` written out)
+        data = leaf.data
+        source = leaf
+        if data == ALIAS and leaf.alias_of is not None:
+            source = leaves[leaf.alias_of]
+        if leaf.container == JAX and source.data == PACKED:
+            packed[name] = "unsharded"
+        elif source.data == SHARDS and source.sharding:
+            sharded[name] = source.sharding  # recorded by the save itself
+        stored = stored or data == STORED
+    packed.update(sharded)
+    if not stored:
         return packed
     handler = ocp.PyTreeCheckpointHandler()
     try:

@@ -7,6 +7,7 @@ the sharding it was saved with (where known); each Python leaf its value.
 """
 
 import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 import msgspec
@@ -90,7 +91,28 @@ def build(saved: Metadata) -> Tree:
     nodes = [root]
     left_out: list[str] = []
     laid_out = 0
+    # The nodes down to the last leaf's parent, and that parent's name: the
+    # next leaf is most often its sibling, and goes there straight.
+    parent: str | None = None
+    above = [root]
     for name, leaf in saved.leaves.items():
+        cut = name.rfind(SEPARATOR)
+        # (None: the root, the parent of a one-part name; `.x`'s is `""`)
+        if (
+            name
+            and (name[:cut] if cut >= 0 else None) == parent
+            and (ESCAPE not in name)
+        ):
+            part = name[cut + 1 :]
+            if part not in above[-1].children:  # (else: the general way)
+                if laid_out + len(above) > MAX_LAID_OUT:  # its new row's parts
+                    left_out.append(name)
+                    continue
+                laid_out += len(above)
+                made = above[-1].children[part] = _Node(part)
+                nodes.append(made)
+                _add(made, leaf, above)
+                continue
         parts = split(name) if name else []
         path = [root]
         for part in parts:  # down the nodes made already
@@ -110,17 +132,39 @@ def build(saved: Metadata) -> Tree:
             nodes.append(child)
             path.append(child)
             node = child
-        node.leaf = leaf
-        if leaf.kind == ARRAY and leaf.data in (STORED, PACKED):
-            for above in path:
-                above.nbytes += leaf.nbytes
-    # A node's module is said by its path; modules with no leaf laid out
-    # under them have no node.
-    for module in saved.modules:
-        found = _find(root, split(module) if module else [])
+        _add(node, leaf, path[:-1])
+        if name and ESCAPE not in name:
+            parent, above = (name[:cut] if cut >= 0 else None), path[:-1]
+    _name_modules(root, saved.modules)
+    return Tree(root, nodes, left_out)
+
+
+def _name_modules(root: _Node, modules: Iterable[str]) -> None:
+    """A node's module is said by its path; modules with no leaf laid out
+    under them have no node. A module under a module found already (most:
+    the sidecar lists parents first) is looked for under it."""
+    found_at: dict[str, _Node] = {}
+    for module in modules:
+        cut = module.rfind(SEPARATOR)
+        # (`""` names the root, not the part `""` that `.x` is under)
+        above = found_at.get(module[:cut]) if cut > 0 else None
+        if above is not None and ESCAPE not in module:
+            found = above.children.get(module[cut + 1 :])
+        else:
+            found = _find(root, split(module) if module else [])
         if found is not None:
             found.module = module
-    return Tree(root, nodes, left_out)
+            found_at[module] = found
+
+
+def _add(node: _Node, leaf: LeafMetadata, above: list[_Node]) -> None:
+    """Puts `leaf` at `node`, its bytes counted there and in every node
+    `above` it."""
+    node.leaf = leaf
+    if leaf.kind == ARRAY and leaf.data in (STORED, PACKED):
+        node.nbytes += leaf.nbytes
+        for up in above:
+            up.nbytes += leaf.nbytes
 
 
 def _find(root: _Node, parts: list[str]) -> _Node | None:
@@ -290,13 +334,21 @@ def _signatures(tree: Tree, saved: Metadata, shardings: dict[str, str]) -> None:
     nodes in the reverse of the order they were made in), without recursion."""
     kinds: dict[tuple, int] = {}
     modules = saved.modules
+    # A module's key by its class and static fields' record (shared by the
+    # modules of one type from format 6 on, and held here: its id stays its).
+    module_keys: dict[tuple[str, int], tuple[tuple, Any]] = {}
     for node in reversed(tree.nodes):
         leaf, module, children = node.leaf, node.module, node.children
         if module is None:
             module_key = None
         else:
             info = modules[module]
-            module_key = (info.cls, _static_key(info.static))
+            known = module_keys.get((info.cls, id(info.static)))
+            if known is None:
+                module_key = (info.cls, _static_key(info.static))
+                module_keys[info.cls, id(info.static)] = (module_key, info.static)
+            else:
+                module_key = known[0]
         key = (
             module_key,
             None if leaf is None else _leaf_key(leaf, saved, shardings),
