@@ -27,12 +27,12 @@ from .._restore.vanished import CheckpointReplacedError, noticed
 from .._save import at_exit as _at_exit
 from .._save import background as _background
 from .._save import claim as _claim
+from .._save import pack_write as _pack_write
 from .._save import released as _released
 from .._save.hosts import check_global
 from .._save.polite import Polite
 from .._save.prepare import prepare
 from .._storage.orbax_store import files as _store_files
-from .._storage.packed import write as _packed
 from .._storage.sharded import write as _shards
 from . import object_commit as _object_commit
 from . import plain as _plain
@@ -254,7 +254,12 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         primary = ocp.multihost.is_primary_host(self._primary_host)
         if primary and started.identity is None:
             _claim.begin(started)
+        pack = None
         try:
+            if primary:  # written meanwhile (see `_save/pack_write.py`)
+                pack = _pack_write.start(
+                    directory, started.token, prepared, self._checksums
+                )
             # The leaves' names and the sidecar's content, and the rest of
             # the host copies (see `_save/prepare.py`).
             with paused():  # see `_gc`
@@ -266,29 +271,23 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                     if primary:
                         _claim.wrote(started, path)
             if primary:
-                self._write_pack_and_sidecar(directory, prepared, started)
+                self._write_pack_and_sidecar(directory, prepared, started, pack)
         except OSError as e:  # perhaps because another save took the directory
             _claim.explain(started, e)
             raise
+        finally:
+            if pack is not None:
+                pack.wait()  # no write of this save goes on once it ends
+                prepared.drop_pieces()
 
-    def _write_pack_and_sidecar(self, directory, prepared, started) -> None:
+    def _write_pack_and_sidecar(self, directory, prepared, started, pack) -> None:
         crcs = {}
-        token = prepared.content["token"]
-        if prepared.pack_nbytes:
-            path = directory / _sidecar.pack_file(token, 0)
-            found = _packed.write(
-                path,
-                prepared.pieces,
-                prepared.pack_nbytes,
-                self._checksums,
-                _binding.data_sum_algorithm(prepared.content["format_version"]),
-            )
-            _claim.wrote(started, path)
+        if pack is not None:
+            found = pack.result()
+            _claim.wrote(started, pack.path)
             # (`found` is empty without checksums)
             crcs = dict(zip(prepared.packed_names, found, strict=False))
-            # Lets go of the host copies now, not after the sidecar: a view of
-            # a CPU array's buffer keeps donating that array from reusing it.
-            prepared.pieces = []
+            prepared.drop_pieces()  # now, not after the sidecar
         sums = {name: host_sum32(np.asarray(x)) for name, x in prepared.sums.items()}
         _binding.record_checksums(prepared.content, crcs, sums)
         _claim.before_sidecar(started)
