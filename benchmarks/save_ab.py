@@ -36,6 +36,7 @@ sys.path[:0] = [str(ROOT), str(HERE)]
 from per_leaf import _model  # noqa: E402
 
 _BASE = "orbax_eqx_base"
+_ORBAX_FILES = ("_CHECKPOINT_METADATA", "commit_success.txt")
 
 
 def _base_save(rev: str, into: pathlib.Path):
@@ -79,7 +80,7 @@ def _base_save(rev: str, into: pathlib.Path):
 def _same_files(saves: list, model, workdir: pathlib.Path) -> bool:
     """Whether each of `saves` writes the same files of the same bytes for
     `model`, saved with one token (a save's token names its files and is
-    bound into its checksums), Orbax's metadata (a time) aside."""
+    bound into its checksums), Orbax's own files (a time, a path) aside."""
     from orbax_eqx._format.sidecar import FILE_NAME
 
     found = []
@@ -96,7 +97,7 @@ def _same_files(saves: list, model, workdir: pathlib.Path) -> bool:
             {
                 p.name: p.read_bytes()
                 for p in sorted(path.iterdir())
-                if p.name != "_CHECKPOINT_METADATA"
+                if p.name not in _ORBAX_FILES
             }
         )
         shutil.rmtree(path)
