@@ -7,19 +7,14 @@ import functools
 import os
 from typing import Any
 
-import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
 from .._bytes import route as _route
 from .._bytes import verdict as _verdict
 from .._errors import ObjectStoreError, ObjectStoreSaveError, UnsupportedLeafError
-from .._format import binding as _binding
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
-from .._format import sidecar_write as _sidecar_write
-from .._format.checksum import host_sum32
 from .._gc import paused
 from .._restore.restore import restore_flat, restore_tree
 from .._restore.together import together
@@ -27,13 +22,12 @@ from .._restore.vanished import CheckpointReplacedError, noticed
 from .._save import at_exit as _at_exit
 from .._save import background as _background
 from .._save import claim as _claim
-from .._save import pack_write as _pack_write
+from .._save import files as _files
 from .._save import released as _released
 from .._save.hosts import check_global
-from .._save.polite import Polite
 from .._save.prepare import prepare
 from .._storage.orbax_store import files as _store_files
-from .._storage.sharded import write as _shards
+from .._storage.transfer.pool import HostPool
 from . import object_commit as _object_commit
 from . import plain as _plain
 from . import rebuilt as _rebuilt
@@ -124,6 +118,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         # `finalize` needs them; re-reading the sidecar costs ~0.1 s on a
         # 6,000-leaf model.
         self._saving: dict[str, tuple[str | None, Any, bool, int]] = {}
+        # Buffers of async saves' numpy copies, reused by the next save (see
+        # `_storage/transfer/pool.py`).
+        self._pool = HostPool()
         self._inner = ocp.PyTreeCheckpointHandler(
             use_ocdbt=use_ocdbt,
             use_zarr3=use_zarr3,
@@ -207,6 +204,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                     checksums=self._checksums,
                     flat=flat,
                     waited=_WAITED.get(),
+                    lease=self._pool.lease(),
                 )
         except UnsupportedLeafError:
             # Refused before anything was written (with `pack=False`, a dtype
@@ -246,58 +244,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         return futures
 
     async def _write_files(self, directory: epath.Path, prepared, started) -> None:
-        # Every host has this future and writes its shard pack; only the
-        # primary took host copies of packed arrays, and writes them and the
-        # sidecar. It runs in a thread of its own (Orbax's commit future), so
-        # the blocking writes hold up nothing else. The sidecar goes last: it
-        # records the checksums, and a step without it is no checkpoint.
         primary = ocp.multihost.is_primary_host(self._primary_host)
-        if primary and started.identity is None:
-            _claim.begin(started)
-        pack = None
-        try:
-            if primary:  # written meanwhile (see `_save/pack_write.py`)
-                pack = _pack_write.start(
-                    directory, started.token, prepared, self._checksums
-                )
-            # The leaves' names and the sidecar's content, and the rest of
-            # the host copies (see `_save/prepare.py`).
-            with paused():  # see `_gc`
-                prepared.finish()
-            if prepared.local is not None:
-                token = prepared.content["token"]
-                process = jax.process_index()
-                for path in _shards.write(directory, token, process, prepared.local):
-                    if primary:
-                        _claim.wrote(started, path)
-            if primary:
-                self._write_pack_and_sidecar(directory, prepared, started, pack)
-        except OSError as e:  # perhaps because another save took the directory
-            _claim.explain(started, e)
-            raise
-        finally:
-            if pack is not None:
-                pack.wait()  # no write of this save goes on once it ends
-                prepared.drop_pieces()
-
-    def _write_pack_and_sidecar(self, directory, prepared, started, pack) -> None:
-        crcs = {}
-        if pack is not None:
-            found = pack.result()
-            _claim.wrote(started, pack.path)
-            # (`found` is empty without checksums)
-            crcs = dict(zip(prepared.packed_names, found, strict=False))
-            prepared.drop_pieces()  # now, not after the sidecar
-        sums = {name: host_sum32(np.asarray(x)) for name, x in prepared.sums.items()}
-        _binding.record_checksums(prepared.content, crcs, sums)
-        _claim.before_sidecar(started)
-        try:
-            with paused():
-                pause = Polite() if prepared.polite else None
-                _sidecar_write.write(directory, prepared.content, pause)
-        except FileExistsError:
-            _claim.claim_failed(started)
-        _claim.wrote(started, directory / _sidecar.FILE_NAME)
+        _files.write(directory, prepared, started, primary, self._checksums)
 
     def save(
         self, directory: epath.Path, item: Any = None, args: "EqxSave | None" = None
@@ -394,6 +342,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                 _claim.before_commit(started)
 
     def close(self) -> None:
+        self._pool.close()
         self._inner.close()
 
 

@@ -34,6 +34,7 @@ from .._format.sidecar import build, nbytes
 from .._storage.packed.write import packable
 from .._storage.ranges import layout
 from .._storage.sharded import write as _shards
+from .._storage.transfer.pool import Lease
 from .._storage.transfer.to_host import gather, start_host_copies
 from .._tree.names import storage_key
 from .._tree.values import is_text
@@ -79,6 +80,8 @@ class Prepared:
     # the host copies are done (waits for them); None where it takes none.
     pieces_of: Callable[[], list[tuple[int, np.ndarray]]] | None = None
     _taken: list[tuple[int, np.ndarray]] | None = None
+    # The pooled buffers of numpy leaves' copies (see `transfer/pool.py`).
+    lease: Lease | None = None
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def finish(self) -> None:
@@ -98,6 +101,12 @@ class Prepared:
                 self._taken, self.pieces_of = self.pieces_of(), None
             return self._taken or []
 
+    def give_back(self) -> None:
+        """Gives the pooled buffers of the copies back, for the next save:
+        only once the pack's write that reads them is over."""
+        if self.lease is not None:
+            self.lease.give_back()
+
     def drop_pieces(self) -> None:
         """Lets go of the host copies, once written: a view of a CPU array's
         buffer keeps donating that array from reusing it."""
@@ -114,6 +123,7 @@ def prepare(
     checksums: bool = True,
     flat: tuple[list[Any], Any] | None = None,
     waited: bool = False,
+    lease: Lease | None = None,
 ) -> Prepared:
     """Decides where every leaf of `item` goes and takes packed arrays' bytes.
 
@@ -130,7 +140,9 @@ def prepare(
     only once its writes are done (the caller can neither change an array
     meanwhile nor run anything): numpy arrays are packed without copying them
     first, and the background work never pauses for the caller's thread
-    (`Polite`).
+    (`Polite`). Otherwise numpy arrays are copied into buffers of `lease`, if
+    given; the caller gives them back once the pack is written
+    (`Prepared.give_back`).
     """
     leaves, treedef, walked = _checked_leaves(item, flat, pack)
     aliases = _aliases(leaves)
@@ -148,7 +160,7 @@ def prepare(
         local = _shards.start_take([(i, leaves[i]) for i in to_shard])
     hosts = None
     if copy_packed and to_pack:
-        hosts = start_host_copies([leaves[i] for i in to_pack], not waited)
+        hosts = start_host_copies([leaves[i] for i in to_pack], not waited, lease)
     shard_files = jax.process_count() if to_shard else 0
     at, pack_nbytes = layout((i, sizes[i]) for i in to_pack)  # (names aside)
 
@@ -191,6 +203,7 @@ def prepare(
         pack_nbytes=pack_nbytes if hosts is not None else 0,
         polite=not waited,
         pieces_of=pieces_of if hosts is not None else None,
+        lease=lease,
     )
 
 
