@@ -5,8 +5,7 @@
 
 For each leaf count, the model of `per_leaf.py` (residual blocks of small
 float32 arrays, one CPU device) is saved with `oeqx.save` by this checkout
-and by the package as committed at `--base` (extracted with `git archive` and
-imported under another name, as `inspect_speed.py` does), alternating which
+and by the package as committed at `--base` (see `_base.py`), alternating which
 goes first, with `os.sync()` before every save so that neither pays for the
 other's writes. Both are warmed first (the first save of a tree structure
 walks it before returning). Prints microseconds a leaf (median and best) and
@@ -16,65 +15,23 @@ one run means much. Nothing here is a test.
 """
 
 import argparse
-import importlib
-import io
 import os
 import pathlib
 import shutil
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-import types
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]
 
+from _base import import_base  # noqa: E402
 from per_leaf import _model  # noqa: E402
 
-_BASE = "orbax_eqx_base"
 _ORBAX_FILES = ("_CHECKPOINT_METADATA", "commit_success.txt")
-
-
-def _base_save(rev: str, into: pathlib.Path):
-    """`save` of the package as committed at `rev`, imported as `_BASE`."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "orbax_eqx"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    (into / "orbax_eqx").rename(into / _BASE)
-    # Not its `__init__`: that registers the handler's type name with Orbax,
-    # which this checkout's registered already. So does its handler module:
-    # its handler is given to `Checkpointer` itself, so the name is not needed.
-    import orbax.checkpoint as ocp
-
-    package = types.ModuleType(_BASE)
-    package.__path__ = [str(into / _BASE)]
-    sys.modules[_BASE] = package
-    register = ocp.args.register_with_handler
-
-    def lenient(*args, **kwargs):
-        decorate = register(*args, **kwargs)
-
-        def decorator(cls):
-            try:
-                return decorate(cls)
-            except ValueError:  # the type name taken by this checkout's handler
-                return cls
-
-        return decorator
-
-    ocp.args.register_with_handler = lenient
-    try:
-        return importlib.import_module(f"{_BASE}._orbax.api").save
-    finally:
-        ocp.args.register_with_handler = register
 
 
 def _same_files(saves: list, model, workdir: pathlib.Path) -> bool:
@@ -110,7 +67,7 @@ def main(counts: list[int], rounds: int, base: str) -> None:
     import orbax_eqx as oeqx
 
     workdir = pathlib.Path(tempfile.mkdtemp())
-    theirs = _base_save(base, workdir / "base")
+    theirs = import_base(base, workdir / "base", "_orbax.api").save
     head = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
         check=True,
