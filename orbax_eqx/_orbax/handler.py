@@ -146,7 +146,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         Packed arrays are taken to host memory here (the caller may donate or
         change them as soon as this returns; see
         `_storage/transfer/to_host.py: host_copies`); writing them happens in
-        the background.
+        the background (`_save/files.py`). Copies of large numpy arrays go
+        into host buffers kept from this handler's earlier saves, given back
+        once written (`_storage/transfer/pool.py`), until `close()`.
         """
         primary = ocp.multihost.is_primary_host(self._primary_host)
         await self._check_store(directory, primary)

@@ -22,7 +22,7 @@ objects taken (see `Prepared.finish`).
 import collections
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -152,9 +152,7 @@ def prepare(
         for i, x in enumerate(leaves)
         if is_array_leaf(x) and i not in aliases and (size := nbytes(x))
     }
-    to_pack, to_shard, stored, sums = _place(
-        leaves, list(sizes), pack, walked, checksums
-    )
+    to_pack, to_shard, stored, sums = _place(leaves, sizes, pack, walked, checksums)
     local = None
     if to_shard:
         local = _shards.start_take([(i, leaves[i]) for i in to_shard])
@@ -207,7 +205,7 @@ def prepare(
     )
 
 
-def _place(leaves: list[Any], arrays: list[int], pack: bool, walked, checksums: bool):
+def _place(leaves: list[Any], arrays: Iterable[int], pack, walked, checksums: bool):
     """`(to_pack, to_shard, stored, sums)`: with `pack`, the arrays (by place)
     packed and those in shard packs; else every array through Orbax, by name
     (see `_to_store`; the walk is done)."""
@@ -240,7 +238,9 @@ def _checked_leaves(item: Any, flat, pack: bool) -> tuple[list[Any], Any, Any]:
     return leaves, treedef, walked
 
 
-def _to_store(walked: Walked, leaves: list[Any], arrays: list[int], checksums: bool):
+def _to_store(
+    walked: Walked, leaves: list[Any], arrays: Iterable[int], checksums: bool
+):
     """`(stored, sums)`: the arrays that Orbax stores, by storage key, and those
     to sum on host, by leaf name (with `checksums`, those held whole here)."""
     stored, sums = {}, {}

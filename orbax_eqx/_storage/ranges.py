@@ -107,11 +107,11 @@ def write(
 ) -> None:
     """Writes a new file of `nbytes` bytes holding each array at its offset.
 
-    `pieces` are `(offset, C-contiguous array)` (or `(offset, as_bytes(array))`),
-    in increasing offset order
-    and not overlapping. The file is durable before this returns. A local
-    file is written under a new name beside `path` and renamed onto it (never
-    through a link planted at the name); an object store gets it in parts.
+    `pieces` are `(offset, C-contiguous array)` (or `as_bytes` of one), in
+    increasing offset order and not overlapping. The file is durable before
+    this returns. A local file is written under a new name beside `path` and
+    renamed onto it (never through a link planted at the name); an object
+    store gets it in parts.
     """
     _route.for_path(path).write_stream(path, _gaps_and_arrays(pieces, nbytes), nbytes)
 
