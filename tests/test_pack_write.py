@@ -8,6 +8,7 @@ the only way to make the pack write slow or failing, or the background walk
 fail, at a known point; everything else goes through `orbax_eqx`.
 """
 
+import os
 import threading
 import time
 
@@ -119,3 +120,24 @@ def test_async_saves_back_to_back_with_a_slow_pack(tmp_path, slow_pack):
         for step, want in expected.items():
             _same(mngr.restore(step, args=oeqx.EqxRestore(_item(-5.0))), want)
     assert not _pack_threads()
+
+
+def test_the_pack_is_written_whoever_took_the_pieces_first(tmp_path):
+    """`finish` (naming the leaves) may take the packed pieces before the pack
+    write starts: the pack is still written, whole, with every checksum."""
+    from etils import epath
+
+    from orbax_eqx._save import pack_write as _pack_write
+
+    item = _item(3.0)
+    prepared = _prepare.prepare(item, token="0123456789abcdef")
+    prepared.finish()  # takes the pieces first
+    pack = _pack_write.start(epath.Path(tmp_path), "0123456789abcdef", prepared, True)
+    assert pack is not None
+    sums = pack.result()
+    assert len(sums) == len(prepared.packed_names) == 21
+    assert os.path.getsize(pack.path) == prepared.pack_nbytes
+    data = np.fromfile(pack.path, np.uint8)
+    for offset, host in prepared.pieces:
+        got = data[offset : offset + host.nbytes].view(host.dtype).reshape(host.shape)
+        np.testing.assert_array_equal(got, host)

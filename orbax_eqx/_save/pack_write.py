@@ -71,7 +71,7 @@ def start(
     """A `PackWrite` of `prepared`'s pack (saved with `token`), or None if this
     process writes none (no packed arrays, or not the primary host: no host
     copies taken)."""
-    if prepared.pieces_of is None or not prepared.pack_nbytes:
+    if not (prepared.writes_pack and prepared.pack_nbytes):
         return None
     path = directory / _sidecar.pack_file(token, 0)
     return PackWrite(path, prepared.take_pieces, prepared.pack_nbytes, checksums)

@@ -76,8 +76,10 @@ class Prepared:
     # Whether the background work pauses now and then for the caller's
     # thread (`Polite`); not when the caller waits for the save.
     polite: bool = True
-    # This process's packed pieces, `(offset, host copy)` in file order, once
-    # the host copies are done (waits for them); None where it takes none.
+    # Whether this process writes the pack (it took the host copies), and
+    # its packed pieces, `(offset, host copy)` in file order, once the copies
+    # are done (waits for them; None once taken, see `take_pieces`).
+    writes_pack: bool = False
     pieces_of: Callable[[], list[tuple[int, np.ndarray]]] | None = None
     _taken: list[tuple[int, np.ndarray]] | None = None
     # The pooled buffers of numpy leaves' copies (see `transfer/pool.py`).
@@ -200,6 +202,7 @@ def prepare(
         finish,
         pack_nbytes=pack_nbytes if hosts is not None else 0,
         polite=not waited,
+        writes_pack=hosts is not None,
         pieces_of=pieces_of if hosts is not None else None,
         lease=lease,
     )
