@@ -1,11 +1,15 @@
 """numpy leaves against jax leaves of the same bytes: save time, side by side.
 
     python benchmarks/numpy_leaves.py [--mib 128,1024] [--arrays 4] [--repeats 5]
+                                      [--base REV]
 
 For each size, the same float32 values as `--arrays` numpy arrays and as jax
 arrays (CPU, 1 device), saved by `oeqx.save` (waits for the disk) and by a
 `CheckpointManager` (async: the time `save` blocks, and the total to the end
-of `wait_until_finished`), beside a raw `pwritev` + fsync of the same bytes.
+of `wait_until_finished`; with `--base REV`, the numpy item's too through
+the package as committed at REV, in turns; one manager per kind saving step
+after step, its first save not timed: it takes fresh host buffers for numpy
+copies, which later saves reuse), beside a raw `pwritev` + fsync of the same bytes.
 Contenders take turns going first, and the disk settles (`os.sync`) after
 each; figures are medians, and the ratio numpy / jax is of medians from the
 same run (target, issue 30: <= 1.1x; the async block has none: an async save
@@ -52,9 +56,12 @@ def _drop(path) -> None:
     deletion's journal and write-back) before the next one: on this VM a
     write of 1 GiB right after another's deletion took 0.24 s or 2.5 s,
     whichever the contender."""
-    shutil.rmtree(path, ignore_errors=True) if os.path.isdir(path) else (
-        os.path.exists(path) and os.remove(path)
-    )
+    if path is None:  # (deleted by its manager)
+        pass
+    elif os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.exists(path):
+        os.remove(path)
     os.sync()
     time.sleep(0.5)
 
@@ -65,6 +72,9 @@ def main() -> None:
     parser.add_argument("--arrays", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--dir")
+    parser.add_argument(
+        "--base", help="git revision: its async saves of the numpy item too"
+    )
     args = parser.parse_args()
     from importlib.metadata import version
 
@@ -76,6 +86,12 @@ def main() -> None:
         f"{version('orbax-checkpoint')}"
     )
     work = tempfile.mkdtemp(dir=args.dir)
+    base = None
+    if args.base:
+        sys.path.insert(0, str(HERE))
+        from _base import import_base
+
+        base = import_base(args.base, pathlib.Path(work) / "base", "_orbax.handler")
     try:
         for mib in (int(x) for x in args.mib.split(",")):
             rng = np.random.default_rng(0)
@@ -85,28 +101,44 @@ def main() -> None:
             }
             jx = jax.block_until_ready({k: jnp.asarray(v) for k, v in npy.items()})
             times: dict[str, list[float]] = {}
+            # One manager per kind, as a training job saves: its first save
+            # (not timed) takes fresh host buffers for numpy copies, later
+            # ones reuse them (`_storage/transfer/pool.py`).
+            kinds = [("numpy", npy, oeqx), ("jax", jx, oeqx)]
+            if base is not None:
+                kinds.append((f"numpy {args.base}", npy, base))
+            mngrs = {
+                name: ocp.CheckpointManager(
+                    os.path.join(work, f"mngr-{name}"),
+                    item_handlers=api.EqxHandler(),
+                )
+                for name, _, api in kinds
+            }
+            for name, item, api in kinds:
+                mngrs[name].save(0, args=api.EqxSave(item))
+                mngrs[name].wait_until_finished()
+                mngrs[name].delete(0)
+                _drop(None)
             for r in range(args.repeats):
-                pair = [("numpy", npy), ("jax", jx)]
-                for name, item in pair if r % 2 == 0 else pair[::-1]:
-                    path = os.path.join(work, f"{name}{r}")
-                    start = time.perf_counter()
-                    oeqx.save(path, item)
-                    times.setdefault(f"oeqx.save {name}", []).append(
-                        time.perf_counter() - start
-                    )
-                    _drop(path)
-                    root = os.path.join(work, f"mngr-{name}{r}")
-                    with ocp.CheckpointManager(
-                        root, item_handlers=oeqx.EqxHandler()
-                    ) as mngr:
+                for name, item, api in kinds if r % 2 == 0 else kinds[::-1]:
+                    if api is oeqx:
+                        path = os.path.join(work, f"{name}{r}")
                         start = time.perf_counter()
-                        mngr.save(0, args=oeqx.EqxSave(item))
-                        blocked = time.perf_counter() - start
-                        mngr.wait_until_finished()
-                        total = time.perf_counter() - start
+                        oeqx.save(path, item)
+                        times.setdefault(f"oeqx.save {name}", []).append(
+                            time.perf_counter() - start
+                        )
+                        _drop(path)
+                    mngr = mngrs[name]
+                    start = time.perf_counter()
+                    mngr.save(r + 1, args=api.EqxSave(item))
+                    blocked = time.perf_counter() - start
+                    mngr.wait_until_finished()
+                    total = time.perf_counter() - start
                     times.setdefault(f"async blocks {name}", []).append(blocked)
                     times.setdefault(f"async total {name}", []).append(total)
-                    _drop(root)
+                    mngr.delete(r + 1)
+                    _drop(None)
                 raw = os.path.join(work, "raw.bin")
                 start = time.perf_counter()
                 _raw(raw, list(npy.values()))
@@ -114,6 +146,8 @@ def main() -> None:
                     time.perf_counter() - start
                 )
                 _drop(raw)
+            for mngr in mngrs.values():
+                mngr.close()
             med = {k: statistics.median(v) for k, v in times.items()}
             best = {k: min(v) for k, v in times.items()}
             print(f"{mib} MiB in {args.arrays} arrays (median, best):")
@@ -128,6 +162,13 @@ def main() -> None:
                 )
             # No target: an async save copies numpy arrays before it returns
             # (the caller may change them), where jax arrays are immutable.
+            if base is not None:
+                key = f"async total numpy {args.base}"
+                print(
+                    f"  async total numpy: this checkout / {args.base} "
+                    f"{med['async total numpy'] / med[key]:.2f}x (medians), "
+                    f"{best['async total numpy'] / best[key]:.2f}x (best / best)"
+                )
             ratio = med["async blocks numpy"] / med["async blocks jax"]
             print(f"  async blocks: numpy / jax {ratio:.2f}x (a copy; no target)")
             print(

@@ -7,19 +7,14 @@ import functools
 import os
 from typing import Any
 
-import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from etils import epath
 
 from .._bytes import route as _route
 from .._bytes import verdict as _verdict
 from .._errors import ObjectStoreError, ObjectStoreSaveError, UnsupportedLeafError
-from .._format import binding as _binding
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
-from .._format import sidecar_write as _sidecar_write
-from .._format.checksum import host_sum32
 from .._gc import paused
 from .._restore.restore import restore_flat, restore_tree
 from .._restore.together import together
@@ -27,13 +22,12 @@ from .._restore.vanished import CheckpointReplacedError, noticed
 from .._save import at_exit as _at_exit
 from .._save import background as _background
 from .._save import claim as _claim
+from .._save import files as _files
 from .._save import released as _released
 from .._save.hosts import check_global
-from .._save.polite import Polite
 from .._save.prepare import prepare
 from .._storage.orbax_store import files as _store_files
-from .._storage.packed import write as _packed
-from .._storage.sharded import write as _shards
+from .._storage.transfer.pool import HostPool
 from . import object_commit as _object_commit
 from . import plain as _plain
 from . import rebuilt as _rebuilt
@@ -124,6 +118,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         # `finalize` needs them; re-reading the sidecar costs ~0.1 s on a
         # 6,000-leaf model.
         self._saving: dict[str, tuple[str | None, Any, bool, int]] = {}
+        # Buffers of async saves' numpy copies, reused by the next save (see
+        # `_storage/transfer/pool.py`).
+        self._pool = HostPool()
         self._inner = ocp.PyTreeCheckpointHandler(
             use_ocdbt=use_ocdbt,
             use_zarr3=use_zarr3,
@@ -149,7 +146,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         Packed arrays are taken to host memory here (the caller may donate or
         change them as soon as this returns; see
         `_storage/transfer/to_host.py: host_copies`); writing them happens in
-        the background.
+        the background (`_save/files.py`). Copies of large numpy arrays go
+        into host buffers kept from this handler's earlier saves, given back
+        once written (`_storage/transfer/pool.py`), until `close()`.
         """
         primary = ocp.multihost.is_primary_host(self._primary_host)
         await self._check_store(directory, primary)
@@ -207,6 +206,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                     checksums=self._checksums,
                     flat=flat,
                     waited=_WAITED.get(),
+                    lease=self._pool.lease(),
                 )
         except UnsupportedLeafError:
             # Refused before anything was written (with `pack=False`, a dtype
@@ -246,59 +246,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         return futures
 
     async def _write_files(self, directory: epath.Path, prepared, started) -> None:
-        # Every host has this future and writes its shard pack; only the
-        # primary took host copies of packed arrays, and writes them and the
-        # sidecar. It runs in a thread of its own (Orbax's commit future), so
-        # the blocking writes hold up nothing else. The sidecar goes last: it
-        # records the checksums, and a step without it is no checkpoint.
         primary = ocp.multihost.is_primary_host(self._primary_host)
-        if primary and started.identity is None:
-            _claim.begin(started)
-        try:
-            # The leaves' names and the sidecar's content, and the rest of
-            # the host copies (see `_save/prepare.py`).
-            with paused():  # see `_gc`
-                prepared.finish()
-            if prepared.local is not None:
-                token = prepared.content["token"]
-                process = jax.process_index()
-                for path in _shards.write(directory, token, process, prepared.local):
-                    if primary:
-                        _claim.wrote(started, path)
-            if primary:
-                self._write_pack_and_sidecar(directory, prepared, started)
-        except OSError as e:  # perhaps because another save took the directory
-            _claim.explain(started, e)
-            raise
-
-    def _write_pack_and_sidecar(self, directory, prepared, started) -> None:
-        crcs = {}
-        token = prepared.content["token"]
-        if prepared.pack_nbytes:
-            path = directory / _sidecar.pack_file(token, 0)
-            found = _packed.write(
-                path,
-                prepared.pieces,
-                prepared.pack_nbytes,
-                self._checksums,
-                _binding.data_sum_algorithm(prepared.content["format_version"]),
-            )
-            _claim.wrote(started, path)
-            # (`found` is empty without checksums)
-            crcs = dict(zip(prepared.packed_names, found, strict=False))
-            # Lets go of the host copies now, not after the sidecar: a view of
-            # a CPU array's buffer keeps donating that array from reusing it.
-            prepared.pieces = []
-        sums = {name: host_sum32(np.asarray(x)) for name, x in prepared.sums.items()}
-        _binding.record_checksums(prepared.content, crcs, sums)
-        _claim.before_sidecar(started)
-        try:
-            with paused():
-                pause = Polite() if prepared.polite else None
-                _sidecar_write.write(directory, prepared.content, pause)
-        except FileExistsError:
-            _claim.claim_failed(started)
-        _claim.wrote(started, directory / _sidecar.FILE_NAME)
+        _files.write(directory, prepared, started, primary, self._checksums)
 
     def save(
         self, directory: epath.Path, item: Any = None, args: "EqxSave | None" = None
@@ -395,6 +344,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                 _claim.before_commit(started)
 
     def close(self) -> None:
+        self._pool.close()
         self._inner.close()
 
 

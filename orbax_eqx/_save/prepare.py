@@ -22,7 +22,7 @@ objects taken (see `Prepared.finish`).
 import collections
 import dataclasses
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
@@ -34,6 +34,7 @@ from .._format.sidecar import build, nbytes
 from .._storage.packed.write import packable
 from .._storage.ranges import layout
 from .._storage.sharded import write as _shards
+from .._storage.transfer.pool import Lease
 from .._storage.transfer.to_host import gather, start_host_copies
 from .._tree.names import storage_key
 from .._tree.values import is_text
@@ -57,8 +58,8 @@ def flatten(item: Any) -> tuple[list[Any], Any]:
 @dataclasses.dataclass
 class Prepared:
     """What one save writes. `finish()`, in the background, fills `content`,
-    `pieces`, `pack_nbytes` and `packed_names`; the writer then empties
-    `pieces` once they are written."""
+    `pieces`, `pack_nbytes` and `packed_names`; the writer then lets go of
+    `pieces` once they are written (`drop_pieces`)."""
 
     stored: dict[str, Any]  # {storage key: array}, for Orbax
     # {leaf name: host copy}, for arrays Orbax stores whose every byte this
@@ -75,15 +76,44 @@ class Prepared:
     # Whether the background work pauses now and then for the caller's
     # thread (`Polite`); not when the caller waits for the save.
     polite: bool = True
+    # Whether this process writes the pack (it took the host copies), and
+    # its packed pieces, `(offset, host copy)` in file order, once the copies
+    # are done (waits for them; None once taken, see `take_pieces`).
+    writes_pack: bool = False
+    pieces_of: Callable[[], list[tuple[int, np.ndarray]]] | None = None
+    _taken: list[tuple[int, np.ndarray]] | None = None
+    # The pooled buffers of numpy leaves' copies (see `transfer/pool.py`).
+    lease: Lease | None = None
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def finish(self) -> None:
         """Names the leaves and builds the sidecar's content; waits for the
         host copies. Once; in the save's background thread."""
         if self._finish is not None:
-            self.content, self.pieces, self.pack_nbytes, self.packed_names = (
-                self._finish()
-            )
+            self.content, self.pack_nbytes, self.packed_names = self._finish()
+            self.pieces = self.take_pieces()
             self._finish = None
+
+    def take_pieces(self) -> list[tuple[int, np.ndarray]]:
+        """The packed pieces (`pieces_of`), taken once, from any thread: known
+        before the leaves are named, so that the pack can be written while
+        `finish` names them (`pack_write`)."""
+        with self._lock:
+            if self._taken is None and self.pieces_of is not None:
+                self._taken, self.pieces_of = self.pieces_of(), None
+            return self._taken or []
+
+    def give_back(self) -> None:
+        """Gives the pooled buffers of the copies back, for the next save:
+        only once the pack's write that reads them is over."""
+        if self.lease is not None:
+            self.lease.give_back()
+
+    def drop_pieces(self) -> None:
+        """Lets go of the host copies, once written: a view of a CPU array's
+        buffer keeps donating that array from reusing it."""
+        with self._lock:
+            self._taken, self.pieces_of, self.pieces = None, None, []
 
 
 def prepare(
@@ -95,6 +125,7 @@ def prepare(
     checksums: bool = True,
     flat: tuple[list[Any], Any] | None = None,
     waited: bool = False,
+    lease: Lease | None = None,
 ) -> Prepared:
     """Decides where every leaf of `item` goes and takes packed arrays' bytes.
 
@@ -111,7 +142,9 @@ def prepare(
     only once its writes are done (the caller can neither change an array
     meanwhile nor run anything): numpy arrays are packed without copying them
     first, and the background work never pauses for the caller's thread
-    (`Polite`).
+    (`Polite`). Otherwise numpy arrays are copied into buffers of `lease`, if
+    given; the caller gives them back once the pack is written
+    (`Prepared.give_back`).
     """
     leaves, treedef, walked = _checked_leaves(item, flat, pack)
     aliases = _aliases(leaves)
@@ -121,24 +154,19 @@ def prepare(
         for i, x in enumerate(leaves)
         if is_array_leaf(x) and i not in aliases and (size := nbytes(x))
     }
-    arrays = list(sizes)
-    to_pack: list[int] = []
-    to_shard: list[int] = []
-    stored: dict[str, Any] = {}
-    sums: dict[str, Any] = {}
-    if pack:
-        for i in arrays:
-            (to_pack if packable(leaves[i]) else to_shard).append(i)
-    else:  # every array through Orbax, by name: the walk is done
-        assert walked is not None  # (walked above whenever not `pack`)
-        stored, sums = _to_store(walked, leaves, arrays, checksums)
+    to_pack, to_shard, stored, sums = _place(leaves, sizes, pack, walked, checksums)
     local = None
     if to_shard:
         local = _shards.start_take([(i, leaves[i]) for i in to_shard])
     hosts = None
     if copy_packed and to_pack:
-        hosts = start_host_copies([leaves[i] for i in to_pack], not waited)
+        hosts = start_host_copies([leaves[i] for i in to_pack], not waited, lease)
     shard_files = jax.process_count() if to_shard else 0
+    at, pack_nbytes = layout((i, sizes[i]) for i in to_pack)  # (names aside)
+
+    def pieces_of() -> list[tuple[int, np.ndarray]]:
+        copies = hosts() if hosts is not None else []  # (waits for the copies)
+        return [(at[i], h) for i, h in zip(to_pack, copies, strict=True)]
 
     def finish() -> tuple:
         # The caller's thread goes on: let it have the GIL (unless it waits).
@@ -148,7 +176,7 @@ def prepare(
         else:
             named = _walk_snapshot(leaves, treedef, pause)
         names = [leaf.name for leaf in named.leaves]
-        offsets, pack_nbytes = layout((names[i], sizes[i]) for i in to_pack)
+        offsets = {names[i]: at[i] for i in to_pack}
         content = build(
             named,
             {names[i]: names[j] for i, j in aliases.items()},
@@ -163,15 +191,36 @@ def prepare(
             content["checksums"] = False  # so that `verify` tells it from damage
         if local is not None:
             local.names = [names[i] for i in local.names]
-        pieces, packed_names = [], []
-        if hosts is not None:
-            pieces = [
-                (offsets[names[i]], h) for i, h in zip(to_pack, hosts(), strict=True)
-            ]
-            packed_names = [names[i] for i in to_pack]
-        return content, pieces, pack_nbytes, packed_names
+        packed_names = [names[i] for i in to_pack] if hosts is not None else []
+        return content, pack_nbytes, packed_names
 
-    return Prepared(stored, sums, shard_files, local, finish, polite=not waited)
+    return Prepared(
+        stored,
+        sums,
+        shard_files,
+        local,
+        finish,
+        pack_nbytes=pack_nbytes if hosts is not None else 0,
+        polite=not waited,
+        writes_pack=hosts is not None,
+        pieces_of=pieces_of if hosts is not None else None,
+        lease=lease,
+    )
+
+
+def _place(leaves: list[Any], arrays: Iterable[int], pack, walked, checksums: bool):
+    """`(to_pack, to_shard, stored, sums)`: with `pack`, the arrays (by place)
+    packed and those in shard packs; else every array through Orbax, by name
+    (see `_to_store`; the walk is done)."""
+    to_pack: list[int] = []
+    to_shard: list[int] = []
+    if pack:
+        for i in arrays:
+            (to_pack if packable(leaves[i]) else to_shard).append(i)
+        return to_pack, to_shard, {}, {}
+    assert walked is not None  # (walked whenever not `pack`)
+    stored, sums = _to_store(walked, leaves, arrays, checksums)
+    return to_pack, to_shard, stored, sums
 
 
 def _checked_leaves(item: Any, flat, pack: bool) -> tuple[list[Any], Any, Any]:
@@ -192,7 +241,9 @@ def _checked_leaves(item: Any, flat, pack: bool) -> tuple[list[Any], Any, Any]:
     return leaves, treedef, walked
 
 
-def _to_store(walked: Walked, leaves: list[Any], arrays: list[int], checksums: bool):
+def _to_store(
+    walked: Walked, leaves: list[Any], arrays: Iterable[int], checksums: bool
+):
     """`(stored, sums)`: the arrays that Orbax stores, by storage key, and those
     to sum on host, by leaf name (with `checksums`, those held whole here)."""
     stored, sums = {}, {}

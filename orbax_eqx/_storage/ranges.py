@@ -16,6 +16,7 @@ shard packs, typed groups, the staged restore): where records go
 wanted spans (`plan`: neighbours merged when close).
 """
 
+import functools
 import mmap
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TypeVar
@@ -57,9 +58,32 @@ def aligned_empty(nbytes: int) -> np.ndarray:
     return raw[start : start + nbytes]
 
 
-def _as_bytes(x: np.ndarray) -> memoryview:
+def as_bytes(x: np.ndarray | memoryview) -> memoryview:
+    """The bytes of a C-contiguous array (or a memoryview of bytes, as it is),
+    as a flat memoryview: what is written for it, and what its checksum is
+    summed over."""
+    if type(x) is memoryview:
+        return x
+    if _buffered(x.dtype):
+        try:
+            # 0.4 us a small array, against 1.5 through a uint8 view (a save
+            # of 50,000 leaves takes each one's bytes once).
+            return x.data.cast("B")
+        except TypeError:  # not C-contiguous: copied below
+            pass
     # Through uint8, because the buffer protocol knows neither bfloat16 nor int4.
     return x.reshape(-1).view(np.uint8).data
+
+
+@functools.cache
+def _buffered(dtype: np.dtype) -> bool:
+    """Whether numpy's buffer of an array of `dtype` casts to bytes (its own
+    types in native byte order do; ml_dtypes' types have no buffer format)."""
+    try:
+        np.zeros(1, dtype).data.cast("B")
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 def _gaps_and_arrays(pieces, nbytes):
@@ -69,7 +93,7 @@ def _gaps_and_arrays(pieces, nbytes):
         if offset > cursor:
             gap = offset - cursor
             yield memoryview(_ZEROS[:gap] if gap <= ALIGNMENT else np.zeros(gap, "u1"))
-        view = _as_bytes(x)
+        view = as_bytes(x)
         yield view
         cursor = offset + view.nbytes
     if nbytes > cursor:
@@ -77,14 +101,17 @@ def _gaps_and_arrays(pieces, nbytes):
 
 
 def write(
-    path: epath.Path, pieces: Sequence[tuple[int, np.ndarray]], nbytes: int
+    path: epath.Path,
+    pieces: Sequence[tuple[int, np.ndarray | memoryview]],
+    nbytes: int,
 ) -> None:
     """Writes a new file of `nbytes` bytes holding each array at its offset.
 
-    `pieces` are `(offset, C-contiguous array)`, in increasing offset order
-    and not overlapping. The file is durable before this returns. A local
-    file is written under a new name beside `path` and renamed onto it (never
-    through a link planted at the name); an object store gets it in parts.
+    `pieces` are `(offset, C-contiguous array)` (or `as_bytes` of one), in
+    increasing offset order and not overlapping. The file is durable before
+    this returns. A local file is written under a new name beside `path` and
+    renamed onto it (never through a link planted at the name); an object
+    store gets it in parts.
     """
     _route.for_path(path).write_stream(path, _gaps_and_arrays(pieces, nbytes), nbytes)
 
@@ -169,7 +196,7 @@ def _damaged(path, what: str) -> CheckpointDamagedError:
 MAX_GAP = 1 << 20
 
 
-def layout(sizes: Iterable[tuple[str, int]]) -> tuple[dict[str, int], int]:
+def layout(sizes: Iterable[tuple[K, int]]) -> tuple[dict[K, int], int]:
     """Offsets of `(name, nbytes)` leaves packed in order, and the pack's size."""
     offsets, cursor = {}, 0
     for name, size in sizes:

@@ -55,6 +55,7 @@ import numpy as np
 
 from ..._tree.walk import JAX, container, is_key_dtype
 from . import staging as _staging
+from .pool import Lease
 
 SMALL = 1 << 20  # arrays under this many bytes are gathered
 STACK = 32  # arrays per stack at most (compile time grows with it)
@@ -296,13 +297,14 @@ def host_copies(values: list[Any]) -> list[np.ndarray]:
 
 
 def start_host_copies(
-    values: list[Any], copy_numpy: bool = True
+    values: list[Any], copy_numpy: bool = True, lease: Lease | None = None
 ) -> Callable[[], list[np.ndarray]]:
     """Starts `host_copies(values)`; returns, once the caller may donate or
     change the values, a function that waits for the copies and returns them
     (stacks of small arrays are copied to host there; see `start`).
     `copy_numpy=False` (a save that waits for its writes before returning)
-    takes C-contiguous numpy arrays as they are."""
+    takes C-contiguous numpy arrays as they are; else numpy arrays are copied
+    into buffers of `lease`, if given (see `pool`)."""
     # Fully replicated: this host's first copy is the whole array. Taken from
     # its own device, so that nothing is computed over the others (nor, for
     # keys, across hosts), and only one copy is transferred.
@@ -311,10 +313,14 @@ def start_host_copies(
     for i, x in enumerate(values):
         if container(x) == JAX:
             on_device.append(i)
+        elif copy_numpy and lease is not None:
+            out[i] = lease.copy(x)
         elif copy_numpy:
             out[i] = np.array(x, order="C", copy=True)
         else:
             out[i] = np.ascontiguousarray(x)  # a copy only if not contiguous
+    if lease is not None:
+        lease.done()  # idle buffers this save did not reuse go
     pending = start([_one_copy(values[i]) for i in on_device])
 
     def result() -> list[np.ndarray]:
