@@ -48,6 +48,7 @@ from ._restore.select import RestoreReport as RestoreReport
 from ._restore.vanished import CheckpointDeletedError as CheckpointDeletedError
 from ._restore.vanished import CheckpointReplacedError as CheckpointReplacedError
 from ._save.claim import ConcurrentSaveError as ConcurrentSaveError
+from ._storage.transfer.pool import HostPoolError as HostPoolError
 from ._storage.transfer.staging import StagingError as StagingError
 from ._tools.verify import DamagedLeaf as DamagedLeaf
 from ._tools.verify import VerifyReport as VerifyReport

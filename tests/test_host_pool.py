@@ -206,3 +206,33 @@ def test_a_failed_save_gives_its_buffers_back(tmp_path, monkeypatch):
         mngr.wait_until_finished()
         _same(mngr.restore(1, args=oeqx.EqxRestore(_item(0.0))), _item(1.0))
         _same(mngr.restore(3, args=oeqx.EqxRestore(_item(0.0))), _item(3.0))
+
+
+def test_kept_copy_bytes_zero_keeps_nothing_between_saves(tmp_path):
+    handler = oeqx.EqxHandler(kept_copy_bytes=0)
+    with ocp.CheckpointManager(tmp_path / "run", item_handlers=handler) as mngr:
+        for step in (1, 2):
+            item = _item(float(step))
+            mngr.save(step, args=oeqx.EqxSave(item))
+            item["a"][:] = -7.0  # the caller changes its arrays at once
+            mngr.wait_until_finished()
+            assert handler._pool.idle_bytes() == 0
+        for step in (1, 2):
+            restored = mngr.restore(step, args=oeqx.EqxRestore(_item(0.0)))
+            _same(restored, _item(float(step)))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [-1, 1.5, True, "8GiB", None],
+    ids=["negative", "float", "bool", "str", "none"],
+)
+def test_kept_copy_bytes_must_be_a_number_of_bytes(value):
+    with pytest.raises(
+        oeqx.HostPoolError,
+        match=r"EqxHandler\(kept_copy_bytes=.*\): expected a number of bytes \(an "
+        r"int, 0 or more\).*; found .*Pass kept_copy_bytes=0 to keep none, or "
+        r"leave it out for the default \(8589934592 = 8 GiB\)",
+    ):
+        oeqx.EqxHandler(kept_copy_bytes=value)
+    assert issubclass(oeqx.HostPoolError, ValueError)

@@ -27,7 +27,7 @@ from .._save import released as _released
 from .._save.hosts import check_global
 from .._save.prepare import prepare
 from .._storage.orbax_store import files as _store_files
-from .._storage.transfer.pool import HostPool
+from .._storage.transfer.pool import MAX_IDLE, HostPool
 from . import object_commit as _object_commit
 from . import plain as _plain
 from . import rebuilt as _rebuilt
@@ -87,6 +87,11 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         where one process holds the whole array (multi-host `pack=False`
         saves are not summed; see `_format.checksum`). Costs a few percent of the
         save time (BENCHMARKS.md); False saves without them.
+    - `kept_copy_bytes`: the most host memory, in bytes (8 GiB by default),
+        kept from one async save to the next for copies of numpy leaves (an
+        async save copies them before it returns; reusing the buffers halves
+        its time for large ones). Each is kept only until a save of other
+        shapes or `close()`; `0` keeps none.
 
     !!! example
 
@@ -108,6 +113,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         restore_concurrent_gb: float | None = None,
         multiprocessing_options: ocp.options.MultiprocessingOptions | None = None,
         checksums: bool = True,
+        kept_copy_bytes: int = MAX_IDLE,
     ):
         mp = multiprocessing_options or ocp.options.MultiprocessingOptions()
         self._primary_host = mp.primary_host
@@ -120,7 +126,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         self._saving: dict[str, tuple[str | None, Any, bool, int]] = {}
         # Buffers of async saves' numpy copies, reused by the next save (see
         # `_storage/transfer/pool.py`).
-        self._pool = HostPool()
+        self._pool = HostPool(kept_copy_bytes)
         self._inner = ocp.PyTreeCheckpointHandler(
             use_ocdbt=use_ocdbt,
             use_zarr3=use_zarr3,

@@ -27,8 +27,11 @@ The rules:
 
 import mmap
 import threading
+from typing import Any
 
 import numpy as np
+
+from ..._errors import OrbaxEqxError
 
 MIN_BYTES = 1 << 20  # smaller copies are made fresh
 MAX_IDLE = 8 << 30  # idle bytes kept at most, per pool
@@ -44,10 +47,29 @@ def _new_buffer(nbytes: int) -> np.ndarray:
     return np.empty(nbytes, np.uint8)  # (where mmap takes no flags: Windows)
 
 
+class HostPoolError(OrbaxEqxError, ValueError):
+    """`EqxHandler(kept_copy_bytes=...)` is not a number of bytes."""
+
+
+def check_max_idle(value: Any) -> int:
+    """`value`, if it is a number of bytes a pool may keep idle; else raises
+    `HostPoolError`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise HostPoolError(
+            f"EqxHandler(kept_copy_bytes={value!r}): expected a number of bytes "
+            "(an int, 0 or more) of host memory to keep between async saves "
+            "for copies of numpy leaves; found "
+            f"{type(value).__name__} {value!r}. Pass kept_copy_bytes=0 to keep "
+            f"none, or leave it out for the default ({MAX_IDLE} = 8 GiB)."
+        )
+    return value
+
+
 class HostPool:
     """Idle host buffers, by size, shared by the saves of one handler."""
 
     def __init__(self, max_idle: int = MAX_IDLE):
+        max_idle = check_max_idle(max_idle)
         self._lock = threading.Lock()
         self._idle: dict[int, list[np.ndarray]] = {}
         self._idle_bytes = 0
