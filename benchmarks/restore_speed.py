@@ -64,7 +64,11 @@ def _same(a, b) -> bool:
 
     xs, ys = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
     return len(xs) == len(ys) and all(
-        type(x) is type(y) and np.array_equal(np.asarray(x), np.asarray(y))
+        type(x) is type(y)
+        and x.dtype == y.dtype
+        and x.sharding == y.sharding
+        and x.committed == y.committed
+        and np.array_equal(np.asarray(x), np.asarray(y))
         for x, y in zip(xs, ys, strict=True)
     )
 

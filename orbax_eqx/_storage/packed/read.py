@@ -176,8 +176,9 @@ def _to_arrays(hosts: dict[str, np.ndarray], requests: dict[str, Any]):
         # In batches: JAX's cost per array grows with the length of one call's
         # list (measured: 41 us per array in calls of 4,096, 51 us in one call
         # of 50,000).
+        target = _put_target(sharding)
         for at in range(0, len(names), _PUT_BATCH):
-            arrays = jax.device_put(hosted[at : at + _PUT_BATCH], sharding)
+            arrays = jax.device_put(hosted[at : at + _PUT_BATCH], target)
             out.update(zip(names[at : at + _PUT_BATCH], arrays, strict=True))
     for name in keys:
         out[name] = _wrap(out[name], _layout(requests[name].record.dtype).saved)
@@ -185,6 +186,19 @@ def _to_arrays(hosts: dict[str, np.ndarray], requests: dict[str, Any]):
 
 
 _PUT_BATCH = 4096  # arrays per `jax.device_put` call
+
+
+def _put_target(sharding: Any) -> Any:
+    """What to hand `jax.device_put` for `sharding`: its device, where that
+    means the same (one device, its default memory). JAX then makes the same
+    arrays, committed to that device, with less work per array (measured:
+    21.9 against 23.1 us an array on CPU)."""
+    if type(sharding) is not jax.sharding.SingleDeviceSharding:
+        return sharding
+    (device,) = sharding.device_set
+    if sharding != jax.sharding.SingleDeviceSharding(device):
+        return sharding  # another memory kind: pinned host memory...
+    return device
 
 
 def _wrap(array: jax.Array, saved: Any) -> jax.Array:
