@@ -15,7 +15,9 @@ With `--stages`, then, for this checkout only, where a restore's time goes:
 each stage timed as the restore runs it (the collector paused, as a restore
 pauses it), by wrapping the stage's function for the measurement.
 
-Prints medians and bests in microseconds per leaf, with the configuration.
+Prints medians and bests in microseconds per leaf, with the configuration,
+and the CPU time the process spent (all threads: less swayed than the wall
+clock by other work on a shared machine).
 Issue 30's target: restore <= 60 us a leaf, linear from 1k to 100k leaves.
 The VM these numbers come from is shared: trust the ratio of one run more
 than either figure. A measurement, never a test.
@@ -153,12 +155,27 @@ def main(n: int, rounds: int, base: str, stages: bool) -> None:
     }
     same = _same(theirs(path, skeleton), oeqx.restore(path, skeleton))  # warm too
     print(f"  values restored: {'the same' if same else 'DIFFERENT'}")
-    times = _turns(rounds, runs)
+    cpu: dict[str, list[float]] = {what: [] for what in runs}
+
+    def on_cpu(what, run):
+        start = time.process_time()
+        run()
+        cpu[what].append(time.process_time() - start)
+
+    times = _turns(
+        rounds,
+        {what: functools.partial(on_cpu, what, run) for what, run in runs.items()},
+    )
     for what, t in times.items():
         median, best = statistics.median(t) / n * 1e6, min(t) / n * 1e6
-        print(f"  {what:>28}: {median:.1f} us a leaf (best {best:.1f})")
+        on = statistics.median(cpu[what]) / n * 1e6
+        print(
+            f"  {what:>28}: {median:.1f} us a leaf (best {best:.1f}); "
+            f"CPU time, all threads: {on:.1f}"
+        )
     a, b = (statistics.median(t) for t in times.values())
-    print(f"  this checkout / base: {b / a:.2f}x")
+    c, d = (statistics.median(t) for t in cpu.values())
+    print(f"  this checkout / base: {b / a:.2f}x wall, {d / c:.2f}x CPU time")
     if stages:
         _stages(path, skeleton, rounds, n)
 
