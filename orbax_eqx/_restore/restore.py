@@ -89,20 +89,7 @@ def restore_tree(inner, directory, saved: Metadata, args) -> Any:
     shardings = resolve(args.shardings, walked)
     records = view.leaves
     targets = selection.targets  # (`selection.target`, without a call per leaf)
-    requests = {}
-    for leaf in walked.leaves:
-        if leaf.kind == ARRAY:
-            name = leaf.name
-            if name in kept_names:
-                continue
-            x = leaf.value
-            record = records[targets.get(name, name)]
-            requests[name] = _Request(
-                record,
-                x.dtype,
-                wanted_container(x, record),  # never narrows a 64-bit array
-                shardings.get(name),
-            )
+    requests = _requests(walked, records, targets, kept_names, shardings)
     # The full sidecar, not the view: aliases name their source by its saved name.
     arrays = read_arrays(
         inner,
@@ -130,6 +117,25 @@ def restore_tree(inner, directory, saved: Metadata, args) -> Any:
     if kept:
         warn_kept(selection.report(walked, kept), saved.directory)
     return tree
+
+
+def _requests(walked, records, targets, kept_names, shardings) -> dict:
+    """`{leaf name: _Request}` for the skeleton's array leaves to read."""
+    requests = {}
+    for leaf in walked.leaves:
+        if leaf.kind == ARRAY:
+            name = leaf.name
+            if name in kept_names:
+                continue
+            x = leaf.value
+            record = records[targets.get(name, name)]
+            requests[name] = _Request(
+                record,
+                x.dtype,
+                wanted_container(x, record),  # never narrows a 64-bit array
+                shardings.get(name),
+            )
+    return requests
 
 
 def _kept(leaf, sharding) -> Any:
@@ -199,26 +205,14 @@ def read_arrays(
     recorded checksum. Packed and shard-packed bytes go to devices through a
     window of `max_staged_bytes` where transfers copy (see
     `_storage.transfer.staging`)."""
-    to_read: dict[str, _Request] = {}  # by the name its data is saved under
-    packed: dict[str, _Request] = {}
-    stored: dict[str, _Request] = {}
-    sharded: dict[str, _Request] = {}
-    by_data = {PACKED: packed, STORED: stored, SHARDS: sharded}
-    for request in requests.values():
-        source = request.record
-        if source.data == ALIAS:
-            source = saved.source(source)
-            request = request._replace(record=source)
-        name = source.name
-        if source.data != EMPTY and name not in to_read:
-            to_read[name] = request
-            by_data[source.data][name] = request
+    to_read, packed, stored, sharded = _sources(saved, requests)
     loaded = {}
     if stored:
         loaded = _stored_read.read(inner, directory, saved, stored, verify=verify)
-    staging = _staging.for_restore(
-        max_staged_bytes, [r.sharding for r in (packed | sharded).values()]
-    )
+    # Each target sharding once (by identity: leaves share them), not per leaf.
+    targets = {id(r.sharding): r.sharding for r in packed.values()}
+    targets.update((id(r.sharding), r.sharding) for r in sharded.values())
+    staging = _staging.for_restore(max_staged_bytes, list(targets.values()))
     path = epath.Path(directory)
     if staging.copy and (packed or sharded):
         loaded.update(
@@ -236,6 +230,34 @@ def read_arrays(
                     path, saved, sharded, verify=verify, window=staging.max_bytes
                 )
             )
+    return _placed(saved, requests, to_read, loaded)
+
+
+def _sources(saved: Metadata, requests: dict[str, _Request]):
+    """Each stored array to read once, by the name its data is saved under:
+    all of them, then those packed, those Orbax stores, those shard-packed."""
+    to_read: dict[str, _Request] = {}
+    packed: dict[str, _Request] = {}
+    stored: dict[str, _Request] = {}
+    sharded: dict[str, _Request] = {}
+    by_data = {PACKED: packed, STORED: stored, SHARDS: sharded}
+    for request in requests.values():
+        source = request.record
+        if source.data == ALIAS:
+            source = saved.source(source)
+            request = request._replace(record=source)
+        name = source.name
+        if source.data != EMPTY and name not in to_read:
+            to_read[name] = request
+            group = by_data.get(source.data or "")
+            if group is not None:
+                group[name] = request
+    return to_read, packed, stored, sharded
+
+
+def _placed(saved: Metadata, requests, to_read, loaded) -> dict[str, Any]:
+    """Every requested array, from the arrays read (`loaded`, by saved name):
+    zero-size ones made, tied ones placed where each asks."""
     result = {}
     for name, request in requests.items():
         record = request.record
