@@ -17,6 +17,7 @@ wanted spans (`plan`: neighbours merged when close).
 """
 
 import mmap
+import operator
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TypeVar
 
@@ -179,6 +180,9 @@ def layout(sizes: Iterable[tuple[str, int]]) -> tuple[dict[str, int], int]:
     return offsets, cursor
 
 
+_span = operator.itemgetter(1)  # (of a `(name, span)` pair: no call per leaf)
+
+
 def plan(
     spans: dict[K, tuple[int, int]], max_gap: int = MAX_GAP
 ) -> tuple[list[tuple[int, int]], dict[K, tuple[int, int]]]:
@@ -189,7 +193,7 @@ def plan(
     """
     ranges: list[tuple[int, int]] = []
     where: dict[K, tuple[int, int]] = {}
-    for name, (start, stop) in sorted(spans.items(), key=lambda kv: kv[1]):
+    for name, (start, stop) in sorted(spans.items(), key=_span):
         if ranges and start - ranges[-1][1] <= max_gap:
             first = ranges[-1][0]
             ranges[-1] = (first, max(stop, ranges[-1][1]))

@@ -57,7 +57,7 @@ def read(
     by_pack: dict[int, dict[str, Any]] = {}
     for name, request in requests.items():
         by_pack.setdefault(request.record.pack, {})[name] = request
-    hosts: dict[str, np.ndarray] = {}
+    hosts: list[tuple[str, Any, np.ndarray, _Layout]] = []
     problems: list[str] = []
     for pack, wanted in by_pack.items():
         spans = {}
@@ -81,15 +81,16 @@ def read(
             layout = _layout(record.dtype)
             # One constructor call, not a slice, a view and a reshape: a view
             # of the bytes read (no copy), per leaf of tens of thousands.
-            hosts[name] = np.ndarray(
+            host = np.ndarray(
                 record.shape + layout.trailing if layout.key else record.shape,
                 layout.view,
                 buffers[i],
                 start,
             )
+            hosts.append((name, request, host, layout))
     if problems:
         raise damaged(directory, problems)
-    return _to_arrays(hosts, requests)
+    return _to_arrays(hosts)
 
 
 def _check(records, where, problems: list[str], buffers, ready) -> None:
@@ -145,26 +146,31 @@ def _layout(text: str) -> _Layout:
     return _Layout(saved, np.dtype(saved), False, ())
 
 
-def _to_arrays(hosts: dict[str, np.ndarray], requests: dict[str, Any]):
+def _to_arrays(hosts: list[tuple[str, Any, np.ndarray, "_Layout"]]):
+    """`{name: array}` of `(name, request, host array, layout)`."""
     out: dict[str, Any] = {}
     # By target sharding: one `device_put` per sharding costs far less per
-    # array than one per array, or one with a list of shardings.
-    batches: dict[Any, dict[str, np.ndarray]] = {}
-    keys: set[str] = set()  # PRNG key leaves, put as their data then wrapped
-    addressable: dict[int, bool] = {}  # by sharding: JAX computes it each time
-    for name, host in hosts.items():
-        request = requests[name]
-        layout = _layout(request.record.dtype)
+    # array than one per array, or one with a list of shardings. Equal
+    # shardings share a batch; each object is hashed once (by `id` after:
+    # hashing a sharding costs more, per leaf, than the rest of this loop).
+    batches: dict[Any, tuple[list[str], list[np.ndarray]]] = {}
+    by_id: dict[int, Any] = {}  # sharding's id -> its batch, or `_ELSEWHERE`
+    keys: dict[str, Any] = {}  # PRNG key leaves' key dtypes: put as data, wrapped
+    for name, request, host, layout in hosts:
         if not layout.key and request.dtype != layout.saved:
             host = host.astype(request.dtype)  # `cast=True`
         if request.container != JAX:
             out[name] = host
             continue
         sharding = request.sharding
-        local = addressable.get(id(sharding))
-        if local is None:
-            local = addressable[id(sharding)] = sharding.is_fully_addressable
-        if not local:
+        batch = by_id.get(id(sharding))
+        if batch is None:
+            if sharding.is_fully_addressable:  # (JAX computes it each time)
+                batch = batches.setdefault(sharding, ([], []))
+            else:
+                batch = _ELSEWHERE
+            by_id[id(sharding)] = batch
+        if batch is _ELSEWHERE:
             # Other hosts hold part of the target: each gives its own shards.
             # With no shard here, JAX needs the dtype (it gets no data).
             out[name] = _wrap(
@@ -176,13 +182,12 @@ def _to_arrays(hosts: dict[str, np.ndarray], requests: dict[str, Any]):
                 ),
                 layout.saved,
             )
-        else:
-            batches.setdefault(sharding, {})[name] = host
-            if layout.key:
-                keys.add(name)
-    for sharding, batch in batches.items():
-        names = list(batch)
-        hosted = list(batch.values())
+            continue
+        batch[0].append(name)
+        batch[1].append(host)
+        if layout.key:
+            keys[name] = layout.saved
+    for sharding, (names, hosted) in batches.items():
         # In batches: JAX's cost per array grows with the length of one call's
         # list (measured: 41 us per array in calls of 4,096, 51 us in one call
         # of 50,000).
@@ -190,12 +195,13 @@ def _to_arrays(hosts: dict[str, np.ndarray], requests: dict[str, Any]):
         for at in range(0, len(names), _PUT_BATCH):
             arrays = jax.device_put(hosted[at : at + _PUT_BATCH], target)
             out.update(zip(names[at : at + _PUT_BATCH], arrays, strict=True))
-    for name in keys:
-        out[name] = _wrap(out[name], _layout(requests[name].record.dtype).saved)
+    for name, saved in keys.items():
+        out[name] = _wrap(out[name], saved)
     return out
 
 
 _PUT_BATCH = 4096  # arrays per `jax.device_put` call
+_ELSEWHERE: Any = object()  # (a target partly on other hosts: no batch)
 
 
 def _put_target(sharding: Any) -> Any:
