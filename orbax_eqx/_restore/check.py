@@ -98,14 +98,15 @@ def compare(
     """Every difference of `walked` from `saved`: leaves in order, then the
     checkpoint's leaves the skeleton lacks (if `strict`), then modules; and the
     skeleton leaves to keep (`missing="keep"`)."""
-    target = target or _same
     differences: list[Difference] = []
     kept: list[Leaf] = []
     names = set()
+    records = saved.leaves
     for leaf in walked.leaves:
-        name = target(leaf.name)
+        # (No call per leaf where no `prefix=` or `renames=` renames them.)
+        name = leaf.name if target is None else target(leaf.name)
         names.add(name)
-        record = saved.leaves.get(name)
+        record = records.get(name)
         if record is None:
             if missing == "keep" and not isinstance(leaf.value, jax.ShapeDtypeStruct):
                 kept.append(leaf)
@@ -124,6 +125,7 @@ def compare(
                     "checkpoint but not in the skeleton."
                 )
                 differences.append(Difference(text, (FIX_STRICT,), kind="unexpected"))
+    target = target or _same
     for name, module in walked.modules.items():
         differences.extend(
             _compare_module(name, module, saved.modules.get(target(name)))

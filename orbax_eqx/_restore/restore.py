@@ -1,7 +1,7 @@
 """Restore: check the skeleton, read exactly the arrays it needs, rebuild the tree."""
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.tree_util as jtu
@@ -53,10 +53,11 @@ class RecordedLeaf:
     description: str
 
 
-@dataclasses.dataclass(frozen=True)
-class _Request:
+class _Request(NamedTuple):
     """One array to read: where it is stored and what to turn it into."""
 
+    # A NamedTuple, not a frozen dataclass: a restore makes one per array
+    # leaf, and a frozen dataclass sets each field through `object.__setattr__`.
     record: LeafMetadata
     dtype: Any  # target dtype
     container: str | None  # (never None here: `check` refused those leaves)
@@ -86,17 +87,9 @@ def restore_tree(inner, directory, saved: Metadata, args) -> Any:
     )
     kept_names = {leaf.name for leaf in kept}
     shardings = resolve(args.shardings, walked)
-    requests = {}
-    for leaf in walked.leaves:
-        if leaf.kind == ARRAY and leaf.name not in kept_names:
-            x = leaf.value
-            record = view.leaves[selection.target(leaf.name)]
-            requests[leaf.name] = _Request(
-                record,
-                x.dtype,
-                wanted_container(x, record),  # never narrows a 64-bit array
-                shardings.get(leaf.name),
-            )
+    records = view.leaves
+    targets = selection.targets  # (`selection.target`, without a call per leaf)
+    requests = _requests(walked, records, targets, kept_names, shardings)
     # The full sidecar, not the view: aliases name their source by its saved name.
     arrays = read_arrays(
         inner,
@@ -106,23 +99,43 @@ def restore_tree(inner, directory, saved: Metadata, args) -> Any:
         verify=args.verify,
         max_staged_bytes=args.max_staged_bytes,
     )
+    for leaf in kept:
+        arrays[leaf.name] = _kept(leaf, shardings.get(leaf.name))
     values = []
     for leaf in walked.leaves:
-        if leaf.name in kept_names:
-            values.append(_kept(leaf, shardings.get(leaf.name)))
-        elif leaf.kind == ARRAY:
+        kind = leaf.kind
+        if kind == ARRAY or leaf.name in kept_names:
             values.append(arrays[leaf.name])
-        elif leaf.kind == SCALAR:
-            values.append(decode_scalar(view.leaves[selection.target(leaf.name)].value))
+        elif kind == SCALAR:
+            name = leaf.name
+            values.append(decode_scalar(records[targets.get(name, name)].value))
         else:  # callables, objects, shared markers: the skeleton's own
             values.append(leaf.value)
     tree = jtu.tree_unflatten(walked.treedef, values)
-    report = selection.report(walked, kept)
     if args.report:
-        return tree, report
+        return tree, selection.report(walked, kept)
     if kept:
-        warn_kept(report, saved.directory)
+        warn_kept(selection.report(walked, kept), saved.directory)
     return tree
+
+
+def _requests(walked, records, targets, kept_names, shardings) -> dict:
+    """`{leaf name: _Request}` for the skeleton's array leaves to read."""
+    requests = {}
+    for leaf in walked.leaves:
+        if leaf.kind == ARRAY:
+            name = leaf.name
+            if name in kept_names:
+                continue
+            x = leaf.value
+            record = records[targets.get(name, name)]
+            requests[name] = _Request(
+                record,
+                x.dtype,
+                wanted_container(x, record),  # never narrows a 64-bit array
+                shardings.get(name),
+            )
+    return requests
 
 
 def _kept(leaf, sharding) -> Any:
@@ -192,23 +205,14 @@ def read_arrays(
     recorded checksum. Packed and shard-packed bytes go to devices through a
     window of `max_staged_bytes` where transfers copy (see
     `_storage.transfer.staging`)."""
-    to_read: dict[str, _Request] = {}
-    for request in requests.values():
-        source = request.record
-        if source.data == ALIAS:
-            source = saved.source(source)
-            request = dataclasses.replace(request, record=source)
-        if source.data != EMPTY:
-            to_read.setdefault(source.name, request)
-    packed = {n: r for n, r in to_read.items() if r.record.data == PACKED}
-    stored = {n: r for n, r in to_read.items() if r.record.data == STORED}
-    sharded = {n: r for n, r in to_read.items() if r.record.data == SHARDS}
+    to_read, packed, stored, sharded = _sources(saved, requests)
     loaded = {}
     if stored:
         loaded = _stored_read.read(inner, directory, saved, stored, verify=verify)
-    staging = _staging.for_restore(
-        max_staged_bytes, [r.sharding for r in (packed | sharded).values()]
-    )
+    # Each target sharding once (by identity: leaves share them), not per leaf.
+    targets = {id(r.sharding): r.sharding for r in packed.values()}
+    targets.update((id(r.sharding), r.sharding) for r in sharded.values())
+    staging = _staging.for_restore(max_staged_bytes, list(targets.values()))
     path = epath.Path(directory)
     if staging.copy and (packed or sharded):
         loaded.update(
@@ -226,24 +230,59 @@ def read_arrays(
                     path, saved, sharded, verify=verify, window=staging.max_bytes
                 )
             )
+    return _placed(saved, requests, to_read, loaded)
+
+
+def _sources(saved: Metadata, requests: dict[str, _Request]):
+    """Each stored array to read once, by the name its data is saved under:
+    all of them, then those packed, those Orbax stores, those shard-packed."""
+    to_read: dict[str, _Request] = {}
+    packed: dict[str, _Request] = {}
+    stored: dict[str, _Request] = {}
+    sharded: dict[str, _Request] = {}
+    by_data = {PACKED: packed, STORED: stored, SHARDS: sharded}
+    for request in requests.values():
+        source = request.record
+        if source.data == ALIAS:
+            source = saved.source(source)
+            request = request._replace(record=source)
+        name = source.name
+        if source.data != EMPTY and name not in to_read:
+            to_read[name] = request
+            group = by_data.get(source.data or "")
+            if group is not None:
+                group[name] = request
+    return to_read, packed, stored, sharded
+
+
+def _placed(saved: Metadata, requests, to_read, loaded) -> dict[str, Any]:
+    """Every requested array, from the arrays read (`loaded`, by saved name):
+    zero-size ones made, tied ones placed where each asks."""
     result = {}
     for name, request in requests.items():
         record = request.record
-        if record.data == EMPTY:
+        data = record.data
+        if data == EMPTY:
             result[name] = _empty(request)
             continue
-        held_by = saved.source(record).name
+        if data == ALIAS:
+            record = saved.source(record)
+            if record.data == EMPTY:
+                result[name] = _empty(request._replace(record=record))
+                continue
+        held_by = record.name
         value = loaded[held_by]
-        if (
-            request.container == JAX
-            and to_read[held_by].sharding is not request.sharding  # read as asked
+        if request.container != JAX:
+            value = _finish(value, request)
+        elif (
+            to_read[held_by].sharding is not request.sharding  # read as asked
             and not value.sharding.is_equivalent_to(request.sharding, value.ndim)
         ):
             # The same stored array wanted twice (tied weights), placed elsewhere.
             # (Equivalence, not `==`: Orbax may spell P() as P(None,); a needless
             # device_put copies, and fails for keys on a multi-host mesh.)
             value = jax.device_put(value, request.sharding)
-        result[name] = _finish(value, request)
+        result[name] = value
     return result
 
 

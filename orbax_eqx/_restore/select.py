@@ -183,6 +183,10 @@ def select(
     """
     target, old_names = _targets(prefix, walked)
     rename, labels = compile_renames(renames)
+    if renames is None and not prefix and not old_names:
+        # The usual restore: every name stays, so the view is the sidecar itself
+        # (decided without a rename call and three tables per leaf).
+        return Selection(saved, None, {}, target, tuple(saved.leaves))
     new_names: dict[str, str | None] = {}
     hits: dict[str, list[tuple[str, str | None]]] = {label: [] for label in labels}
     for name in saved.leaves:

@@ -106,15 +106,18 @@ def _check_fit(result: dict[str, Any], wanted: list) -> None:
     (not an `AbstractMesh`), a PartitionSpec no longer than the leaf's rank,
     dimensions that divide evenly (a NamedSharding checks its axes itself).
     Checked before anything is read, all at once, naming each leaf."""
-    problems, seen = [], {}
+    problems: list[str] = []
+    seen: dict[tuple, str | None | bool] = {}
     for leaf in wanted:
         sharding = result[leaf.name]
         shape = tuple(getattr(leaf.value, "shape", ()))
-        key = (sharding, shape)
-        if key not in seen:
-            seen[key] = _misfit(sharding, shape)
-        if seen[key] is not None:
-            problems.append(f"Leaf `{leaf.path_str}` (shape {shape}): {seen[key]}.")
+        # By identity (`result` holds each sharding): hashing one costs more.
+        key = (id(sharding), shape)
+        misfit = seen.get(key, False)
+        if misfit is False:
+            misfit = seen[key] = _misfit(sharding, shape)
+        if misfit is not None:
+            problems.append(f"Leaf `{leaf.path_str}` (shape {shape}): {misfit}.")
     if problems:
         raise CheckpointMismatchError(
             "Target shardings cannot hold these leaves:\n"

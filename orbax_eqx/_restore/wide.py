@@ -10,6 +10,7 @@ refused, with the ways to get it. Without a skeleton, such leaves come back as
 numpy arrays.
 """
 
+import functools
 from typing import Any
 
 import jax
@@ -52,9 +53,17 @@ FIX_EVAL_SHAPE = (
 
 def narrowed(dtype: Any) -> bool:
     """Whether JAX, as configured now, would make `dtype` narrower."""
+    wide = _wide(dtype)
     # Asked each time, not cached: x64 can be switched on and off at run time.
+    return wide is not None and jax.dtypes.canonicalize_dtype(wide) != wide
+
+
+@functools.cache
+def _wide(dtype: Any) -> np.dtype | None:
+    """`dtype` as a numpy dtype if it is one JAX narrows while x64 is off (asked
+    per array leaf: cached per dtype)."""
     wide = None if is_key_dtype(dtype) else np.dtype(dtype)
-    return wide in _NARROWER and jax.dtypes.canonicalize_dtype(wide) != wide
+    return wide if wide in _NARROWER else None
 
 
 def wanted_container(x: Any, record) -> str | None:

@@ -18,6 +18,7 @@ wanted spans (`plan`: neighbours merged when close).
 
 import functools
 import mmap
+import operator
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from typing import TypeVar
 
@@ -206,6 +207,9 @@ def layout(sizes: Iterable[tuple[K, int]]) -> tuple[dict[K, int], int]:
     return offsets, cursor
 
 
+_span = operator.itemgetter(1)  # (of a `(name, span)` pair: no call per leaf)
+
+
 def plan(
     spans: dict[K, tuple[int, int]], max_gap: int = MAX_GAP
 ) -> tuple[list[tuple[int, int]], dict[K, tuple[int, int]]]:
@@ -216,7 +220,7 @@ def plan(
     """
     ranges: list[tuple[int, int]] = []
     where: dict[K, tuple[int, int]] = {}
-    for name, (start, stop) in sorted(spans.items(), key=lambda kv: kv[1]):
+    for name, (start, stop) in sorted(spans.items(), key=_span):
         if ranges and start - ranges[-1][1] <= max_gap:
             first = ranges[-1][0]
             ranges[-1] = (first, max(stop, ranges[-1][1]))

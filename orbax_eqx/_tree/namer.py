@@ -46,7 +46,7 @@ class Labels:
     def __init__(self, names: "Namer", shown: Shown) -> None:
         self._names = names
         self._shown = shown
-        self._parents: dict[tuple, tuple[str, str]] = {}
+        self._parents: dict[tuple, tuple[str, str]] = {(): ("", "")}
 
     def __call__(self, path: tuple) -> tuple[str, str]:
         if not path:
@@ -54,16 +54,31 @@ class Labels:
         parent = path[:-1]
         known = self._parents.get(parent)
         if known is None:
-            known = self._parents[parent] = (
-                self._names(parent) if parent else "",
-                self._shown(parent),
-            )
+            known = self._parent(parent)
         last = path[-1]
         if parent:
-            name = known[0] + SEPARATOR + key_part(last)
-        else:
-            name = join([key_part(last)])
-        return name, known[1] + str(last)
+            return known[0] + SEPARATOR + key_part(last), known[1] + str(last)
+        return key_part(last), str(last)
+
+    def _parent(self, parent: tuple) -> tuple[str, str]:
+        """Both texts of an inner node not seen yet, from its nearest known
+        ancestor's, in one loop (no recursion: deep trees walk); each node
+        on the way is remembered here and in `names` and `shown`."""
+        at = len(parent) - 1
+        while parent[:at] not in self._parents:
+            at -= 1
+        name, shown = self._parents[parent[:at]]
+        names, texts = self._names._memo, self._shown._memo
+        for end in range(at + 1, len(parent) + 1):
+            entry = parent[end - 1]
+            part = key_part(entry)
+            name = name + SEPARATOR + part if end > 1 else part
+            shown += str(entry)
+            node = parent[:end]
+            self._parents[node] = (name, shown)
+            names[node] = name
+            texts[node] = shown
+        return name, shown
 
 
 class Namer:
