@@ -2,7 +2,7 @@
 for in-process A/B figures (`save_ab.py`, `numpy_leaves.py --base`).
 
 The revision's `orbax_eqx/` is extracted with `git archive` and imported under
-another name (`orbax_eqx_base`), as `inspect_speed.py` does. Its top level is
+another name (`orbax_eqx_base`; `inspect_speed.py` and `restore_speed.py` too). Its top level is
 not run: that registers the handler's type name with Orbax, which this
 checkout's registered already; so does its handler module, and that one
 registration is skipped (its handler is always given to Orbax itself).

@@ -19,45 +19,28 @@ target: inspect of 50,000 leaves <= 1 s. A measurement, never a test.
 import argparse
 import contextlib
 import gc
-import importlib
 import io
 import os
 import platform
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
-import types
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]
 
+from _base import import_base  # noqa: E402
 from per_leaf import _model  # noqa: E402
 from short_records import _turns  # noqa: E402
 
-_BASE = "orbax_eqx_base"
-
 
 def _base_cli(rev: str, into: Path):
-    """`cli.main` of the package as committed at `rev`, imported as `_BASE`."""
-    archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "orbax_eqx"],
-        check=True,
-        capture_output=True,
-    ).stdout
-    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-        tar.extractall(into, filter="data")
-    (into / "orbax_eqx").rename(into / _BASE)
-    # The package itself is not run: its `__init__` registers the handler's
-    # type name with Orbax, which this checkout's registered already.
-    package = types.ModuleType(_BASE)
-    package.__path__ = [str(into / _BASE)]
-    sys.modules[_BASE] = package
-    return importlib.import_module(f"{_BASE}._tools.cli").main
+    """`cli.main` of the package as committed at `rev` (see `_base.py`)."""
+    return import_base(rev, into, "_tools.cli").main
 
 
 def _output(main, argv: list[str]) -> str:

@@ -38,26 +38,14 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]
 
-from inspect_speed import _BASE, _base_cli  # noqa: E402
+from _base import import_base  # noqa: E402
 from per_leaf import _model  # noqa: E402
 from short_records import _turns  # noqa: E402
 
 
 def _base_restore(rev: str, into: Path):
-    """`restore` of the package as committed at `rev` (imported as `_BASE`)."""
-    import importlib
-
-    import orbax.checkpoint as ocp
-
-    _base_cli(rev, into)  # extracts the package and registers it as `_BASE`
-    # Its handler would register its args under the type name this checkout's
-    # holds (Orbax refuses a second): it is called directly here, unregistered.
-    register = ocp.args.register_with_handler
-    ocp.args.register_with_handler = lambda *a, **k: lambda cls: cls
-    try:
-        return importlib.import_module(f"{_BASE}._orbax.api").restore
-    finally:
-        ocp.args.register_with_handler = register
+    """`restore` of the package as committed at `rev` (see `_base.py`)."""
+    return import_base(rev, into, "_orbax.api").restore
 
 
 def _same(a, b) -> bool:
