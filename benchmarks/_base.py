@@ -1,11 +1,12 @@
 """The package as committed at a git revision, imported beside this checkout's,
-for in-process A/B figures (`save_ab.py`, `numpy_leaves.py --base`).
+for in-process A/B figures (`save_ab.py`, `numpy_leaves.py`, `inspect_speed.py`
+and `restore_speed.py`, each with `--base REV`).
 
 The revision's `orbax_eqx/` is extracted with `git archive` and imported under
-another name (`orbax_eqx_base`; `inspect_speed.py` and `restore_speed.py` too). Its top level is
-not run: that registers the handler's type name with Orbax, which this
-checkout's registered already; so does its handler module, and that one
-registration is skipped (its handler is always given to Orbax itself).
+another name (`orbax_eqx_base`). Its top level is not run: that registers the
+handler's type name with Orbax, which this checkout's registered already; so
+does its handler module, and that one registration is skipped (its handler is
+always given to Orbax itself).
 """
 
 import importlib
