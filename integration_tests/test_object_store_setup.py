@@ -71,8 +71,21 @@ def test_gcs_manager_is_quiet_with_the_documented_variables(gcs_server):
         line
         for line in result.stderr.splitlines()
         if not _TENSORSTORE_INFO.fullmatch(line)
+        and not _deleted_step_metadata(line, root)
     ]
     assert noise == []
+
+
+def _deleted_step_metadata(line: str, root: str) -> bool:
+    """Orbax's own warning when it reads the step metadata of step 0 while
+    its retention (`max_to_keep=2`) is deleting that step: on an object
+    store the step's prefix still lists while its objects go. Seen once in
+    CI on Python 3.13 (orbax-checkpoint 0.12.8); no variable of ours affects
+    it, and step 0 is the only step deleted here."""
+    return (
+        line
+        == f"WARNING:absl:Metadata file does not exist: {root}/0/_CHECKPOINT_METADATA"
+    )
 
 
 def test_gcs_with_only_the_emulator_variable_warns_from_gcsfs(gcs_server):
