@@ -56,3 +56,12 @@ def import_base(rev: str, into: pathlib.Path, module: str) -> types.ModuleType:
         return importlib.import_module(f"{BASE}.{module}")
     finally:
         ocp.args.register_with_handler = register
+
+
+def checkout_head() -> str:
+    """This checkout's commit, short, as the figures name it."""
+    return subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()

@@ -23,7 +23,6 @@ import io
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +32,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]
 
-from _base import import_base  # noqa: E402
+from _base import checkout_head, import_base  # noqa: E402
 from per_leaf import _model  # noqa: E402
 from short_records import _turns  # noqa: E402
 
@@ -103,11 +102,7 @@ def main(n: int, rounds: int, base: str) -> None:
     path = str(workdir / "ckpt")
     oeqx.save(path, model)
     del model
-    head = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-    ).stdout.strip()
+    head = checkout_head()
     print(
         f"inspect of {n} leaves ({os.path.getsize(Path(path) / 'orbax_eqx.json')} "
         f"bytes of sidecar); {os.cpu_count()} CPUs; Python "
