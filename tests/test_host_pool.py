@@ -16,6 +16,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+import zoo
 
 import orbax_eqx as oeqx
 from orbax_eqx._storage.packed import write as _packed_write
@@ -31,13 +32,6 @@ def _item(value: float) -> dict:
         "small": np.full((5,), value, np.float32),
         "step": int(value),
     }
-
-
-def _same(a, b) -> None:
-    found, wanted = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
-    assert len(found) == len(wanted)
-    for x, y in zip(found, wanted, strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def _pointer(x: np.ndarray) -> int:
@@ -181,8 +175,8 @@ def test_buffers_come_back_only_after_the_write(tmp_path, slow_pack):
         mngr.wait_until_finished()
         assert slow_pack["seen"] == [0, 0]  # none idle while a write ran
         assert handler._pool.idle_bytes() == pooled  # the same ones, back
-        _same(mngr.restore(1, args=oeqx.EqxRestore(_item(0.0))), _item(1.0))
-        _same(mngr.restore(2, args=oeqx.EqxRestore(_item(0.0))), _item(2.0))
+        zoo.assert_same(mngr.restore(1, args=oeqx.EqxRestore(_item(0.0))), _item(1.0))
+        zoo.assert_same(mngr.restore(2, args=oeqx.EqxRestore(_item(0.0))), _item(2.0))
     assert handler._pool.idle_bytes() == 0  # closed with the manager
 
 
@@ -204,8 +198,8 @@ def test_a_failed_save_gives_its_buffers_back(tmp_path, monkeypatch):
         assert handler._pool.idle_bytes() == 2 * BIG * 4 + BIG * 4
         mngr.save(3, args=oeqx.EqxSave(_item(3.0)))
         mngr.wait_until_finished()
-        _same(mngr.restore(1, args=oeqx.EqxRestore(_item(0.0))), _item(1.0))
-        _same(mngr.restore(3, args=oeqx.EqxRestore(_item(0.0))), _item(3.0))
+        zoo.assert_same(mngr.restore(1, args=oeqx.EqxRestore(_item(0.0))), _item(1.0))
+        zoo.assert_same(mngr.restore(3, args=oeqx.EqxRestore(_item(0.0))), _item(3.0))
 
 
 def test_kept_copy_bytes_zero_keeps_nothing_between_saves(tmp_path):
@@ -219,7 +213,7 @@ def test_kept_copy_bytes_zero_keeps_nothing_between_saves(tmp_path):
             assert handler._pool.idle_bytes() == 0
         for step in (1, 2):
             restored = mngr.restore(step, args=oeqx.EqxRestore(_item(0.0)))
-            _same(restored, _item(float(step)))
+            zoo.assert_same(restored, _item(float(step)))
 
 
 @pytest.mark.parametrize(

@@ -12,11 +12,11 @@ import os
 import threading
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+import zoo
 
 import orbax_eqx as oeqx
 from orbax_eqx._save import prepare as _prepare
@@ -29,13 +29,6 @@ def _item(value: float) -> dict:
         "head": np.full((3,), value, np.float32),
         "step": int(value),
     }
-
-
-def _same(a, b) -> None:
-    found, wanted = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
-    assert len(found) == len(wanted)
-    for x, y in zip(found, wanted, strict=True):
-        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def _pack_threads() -> list[threading.Thread]:
@@ -73,7 +66,7 @@ def test_failed_pack_write_keeps_the_earlier_checkpoint(tmp_path, monkeypatch):
         oeqx.save(path, _item(2.0), overwrite=True)
     assert not _pack_threads()
     monkeypatch.undo()
-    _same(oeqx.restore(path, _item(0.0)), _item(1.0))
+    zoo.assert_same(oeqx.restore(path, _item(0.0)), _item(1.0))
 
 
 def test_failed_naming_waits_for_the_pack_write(tmp_path, monkeypatch, slow_pack):
@@ -96,7 +89,7 @@ def test_failed_naming_waits_for_the_pack_write(tmp_path, monkeypatch, slow_pack
     assert len(slow_pack) == 1 and slow_pack[0] <= raised
     assert not _pack_threads()
     monkeypatch.undo()
-    _same(oeqx.restore(path, _item(0.0)), _item(1.0))
+    zoo.assert_same(oeqx.restore(path, _item(0.0)), _item(1.0))
 
 
 def test_async_saves_back_to_back_with_a_slow_pack(tmp_path, slow_pack):
@@ -118,7 +111,7 @@ def test_async_saves_back_to_back_with_a_slow_pack(tmp_path, slow_pack):
         mngr.wait_until_finished()
         assert len(slow_pack) == 4
         for step, want in expected.items():
-            _same(mngr.restore(step, args=oeqx.EqxRestore(_item(-5.0))), want)
+            zoo.assert_same(mngr.restore(step, args=oeqx.EqxRestore(_item(-5.0))), want)
     assert not _pack_threads()
 
 
