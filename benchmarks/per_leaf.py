@@ -15,6 +15,11 @@ one CPU device, and measures, medians of `--repeats`:
   host arrays in one call (what orbax_eqx's restore calls for them), with
   the cyclic collector paused as a restore pauses it (`_gc.paused`; with it
   on, the put of 50k leaves took 2x as long, 50 against 21-23 us a leaf);
+- inside each restore (ours and eqx's), the time Python's cyclic collector
+  ran (`gc.callbacks`), and the restore's growth from the first leaf count
+  to the last without it: a restore leaves N new long-lived objects (jax's
+  arrays, which the collector tracks, and the modules), and the collector's
+  next pass over its oldest generation walks the whole heap;
 - baselines: `eqx.tree_serialise_leaves` / `eqx.tree_deserialise_leaves`
   of the same model (one file, no names, no checks);
 - the restore's peak resident memory beyond the array bytes, per leaf
@@ -98,12 +103,40 @@ def _model(n: int):
     return model, skeleton
 
 
-def _timed(fn):
+class _Collections:
+    """Time the interpreter's cyclic collector spends inside a measure
+    (`gc.callbacks`): a restore leaves N new long-lived objects (jax's
+    arrays, which the collector tracks, and the modules), and the first
+    collection of the oldest generation after it walks the whole heap."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        self._start = 0.0
+        gc.callbacks.append(self._call)
+
+    def _call(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+
+
+_collections = None
+
+
+def _timed(fn, gc_seconds: list | None = None):
     import jax
 
+    global _collections
+    if _collections is None:
+        _collections = _Collections()
+    before = _collections.seconds
     start = time.perf_counter()
     out = jax.block_until_ready(fn())
-    return time.perf_counter() - start, out
+    took = time.perf_counter() - start
+    if gc_seconds is not None:
+        gc_seconds.append(_collections.seconds - before)
+    return took, out
 
 
 def probe(n: int, repeats: int, workdir: str) -> dict:
@@ -128,9 +161,12 @@ def probe(n: int, repeats: int, workdir: str) -> dict:
         for k in (
             "save",
             "restore",
+            "restore_gc",
+            "restore_net",
             "device_put",
             "eqx_save",
             "eqx_restore",
+            "eqx_restore_gc",
             "metadata",
             "inspect",
         )
@@ -143,8 +179,9 @@ def probe(n: int, repeats: int, workdir: str) -> dict:
         path = os.path.join(workdir, f"ckpt{r}")
         t, _ = _timed(lambda: oeqx.save(path, model))
         times["save"].append(t)
-        t, restored = _timed(lambda: oeqx.restore(path, skeleton))
+        t, restored = _timed(lambda: oeqx.restore(path, skeleton), times["restore_gc"])
         times["restore"].append(t)
+        times["restore_net"].append(t - times["restore_gc"][-1])
         if r == 0:
             same = all(
                 np.array_equal(np.asarray(a), np.asarray(b))
@@ -170,7 +207,10 @@ def probe(n: int, repeats: int, workdir: str) -> dict:
 
         t, _ = _timed(eqx_save)
         times["eqx_save"].append(t)
-        t, _ = _timed(lambda: eqx.tree_deserialise_leaves(eqx_file, model))
+        t, _ = _timed(
+            lambda: eqx.tree_deserialise_leaves(eqx_file, model),
+            times["eqx_restore_gc"],
+        )
         times["eqx_restore"].append(t)
         t, _ = _timed(lambda: oeqx.metadata(path))
         times["metadata"].append(t)
@@ -245,7 +285,7 @@ def main() -> None:
     us = 1e6
     print(
         f"  {'leaves':>7} {'save us':>8} {'eqx':>6} {'restore us':>10} "
-        f"{'eqx':>6} {'put':>6} {'rest/put':>8} {'mem B/leaf':>10} "
+        f"{'gc':>5} {'eqx':>6} {'gc':>5} {'put':>6} {'rest/put':>8} {'mem B/leaf':>10} "
         f"{'sidecar/data':>12} {'metadata s':>10} {'inspect s':>9} verified"
     )
     for row in rows:
@@ -253,7 +293,8 @@ def main() -> None:
         extra = (row["restore_peak_growth"] - row["data_bytes"]) / n
         print(
             f"  {n:>7} {m['save'] / n * us:8.1f} {m['eqx_save'] / n * us:6.1f} "
-            f"{m['restore'] / n * us:10.1f} {m['eqx_restore'] / n * us:6.1f} "
+            f"{m['restore'] / n * us:10.1f} {m['restore_gc'] / n * us:5.1f} "
+            f"{m['eqx_restore'] / n * us:6.1f} {m['eqx_restore_gc'] / n * us:5.1f} "
             f"{m['device_put'] / n * us:6.1f} {m['restore'] / m['device_put']:8.2f} "
             f"{extra:10.0f} {row['sidecar_bytes'] / row['data_bytes']:12.2f} "
             f"{m['metadata']:10.3f} {m['inspect']:9.3f} {row['verified']}"
@@ -261,13 +302,28 @@ def main() -> None:
     print(
         "  (us: microseconds per leaf; eqx: tree_serialise_leaves + fsync / "
         "tree_deserialise_leaves; put: jax.device_put of the same host arrays "
-        "in one call, the floor of a restore onto a device; mem: restore's "
-        "peak RSS growth beyond the array bytes)"
+        "in one call, the floor of a restore onto a device; gc: of the "
+        "restore beside it, the time Python's cyclic collector ran inside it "
+        "(medians of each); mem: restore's peak RSS growth beyond the array "
+        "bytes)"
     )
     first, last = rows[0], rows[-1]
     growth = (last["median_s"]["restore"] / last["leaves"]) / (
         first["median_s"]["restore"] / first["leaves"]
     )
+    # Diagnosis, not a target: what the restore's growth is made of. A restore
+    # leaves N new long-lived objects (jax's arrays, tracked by the
+    # collector, and the modules); Python's next collection of its oldest
+    # generation walks the whole heap, eqx's own restore's too.
+    for key, what in (("restore_net", "restore"), ("eqx_restore", "eqx restore")):
+        net = (last["median_s"][key] / last["leaves"]) / (
+            first["median_s"][key] / first["leaves"]
+        )
+        print(
+            f"  {what} us/leaf at {last['leaves']} / at {first['leaves']}"
+            f"{' without the collector' if key == 'restore_net' else ''}: "
+            f"{net:.2f}"
+        )
     checks = []
     for row in rows:
         n, m = row["leaves"], row["median_s"]
