@@ -33,7 +33,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]
 
 from _base import checkout_head, import_base  # noqa: E402
-from per_leaf import _model  # noqa: E402
+from per_leaf import _saved  # noqa: E402
 from short_records import _turns  # noqa: E402
 
 
@@ -92,16 +92,12 @@ def _stages(path: str, rounds: int) -> dict[str, list[float]]:
 def main(n: int, rounds: int, base: str) -> None:
     import jax
 
-    import orbax_eqx as oeqx
     from orbax_eqx._tools.cli import main as ours
 
     workdir = Path(tempfile.mkdtemp())
     theirs = _base_cli(base, workdir / "base")
-    model, _ = _model(n)
-    n = len(jax.tree_util.tree_leaves(model))
     path = str(workdir / "ckpt")
-    oeqx.save(path, model)
-    del model
+    _, n = _saved(n, path)
     head = checkout_head()
     print(
         f"inspect of {n} leaves ({os.path.getsize(Path(path) / 'orbax_eqx.json')} "

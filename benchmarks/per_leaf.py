@@ -103,6 +103,19 @@ def _model(n: int):
     return model, skeleton
 
 
+def _saved(n: int, path: str):
+    """The model of about `n` arrays saved at `path` by this checkout:
+    `(skeleton, number of leaves)`; the model itself is let go."""
+    import jax
+
+    import orbax_eqx as oeqx
+
+    model, skeleton = _model(n)
+    leaves = len(jax.tree_util.tree_leaves(model))
+    oeqx.save(path, model)
+    return skeleton, leaves
+
+
 class _Collections:
     """Time the interpreter's cyclic collector spends inside a measure
     (`gc.callbacks`): a restore leaves N new long-lived objects (jax's

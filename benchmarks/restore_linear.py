@@ -33,22 +33,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parent), str(HERE)]
 
-from per_leaf import _model  # noqa: E402
-
-
-class _Collector:
-    """Seconds the cyclic collector has run, since the process began counting."""
-
-    def __init__(self):
-        self.seconds = 0.0
-        self._start = 0.0
-        gc.callbacks.append(self._call)
-
-    def _call(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._start = time.perf_counter()
-        else:
-            self.seconds += time.perf_counter() - self._start
+from per_leaf import _Collections, _saved  # noqa: E402
 
 
 def main(counts: list[int], rounds: int) -> None:
@@ -59,11 +44,8 @@ def main(counts: list[int], rounds: int) -> None:
     work = Path(tempfile.mkdtemp())
     cases = {}
     for n in counts:
-        model, skeleton = _model(n)
-        leaves = len(jax.tree_util.tree_leaves(model))
         path = str(work / f"n{n}")
-        oeqx.save(path, model)
-        del model
+        skeleton, leaves = _saved(n, path)
         jax.block_until_ready(oeqx.restore(path, skeleton))  # warm
         cases[leaves] = (path, skeleton)
     print(
@@ -74,7 +56,7 @@ def main(counts: list[int], rounds: int) -> None:
         f"{jax.__version__}; page cache warm; {rounds} rounds, medians of "
         "every restore"
     )
-    collector = _Collector()
+    collector = _Collections()
     wall: dict[int, list[float]] = {n: [] for n in cases}
     collected: dict[int, list[float]] = {n: [] for n in cases}
     order = list(cases)

@@ -38,7 +38,7 @@ ROOT = HERE.parent
 sys.path[:0] = [str(ROOT), str(HERE)]
 
 from _base import checkout_head, import_base  # noqa: E402
-from per_leaf import _model  # noqa: E402
+from per_leaf import _saved  # noqa: E402
 from short_records import _turns  # noqa: E402
 
 
@@ -115,11 +115,8 @@ def main(n: int, rounds: int, base: str, stages: bool) -> None:
 
     workdir = Path(tempfile.mkdtemp())
     theirs = _base_restore(base, workdir / "base")
-    model, skeleton = _model(n)
-    n = len(jax.tree_util.tree_leaves(model))
     path = str(workdir / "ckpt")
-    oeqx.save(path, model)
-    del model
+    skeleton, n = _saved(n, path)
     head = checkout_head()
     print(
         f"restore of {n} leaves into a skeleton; backend "
