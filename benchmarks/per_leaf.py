@@ -124,6 +124,7 @@ class _Collections:
 
     def __init__(self):
         self.seconds = 0.0
+        self.full = 0  # passes over the oldest generation (the whole heap)
         self._start = 0.0
         gc.callbacks.append(self._call)
 
@@ -132,6 +133,7 @@ class _Collections:
             self._start = time.perf_counter()
         else:
             self.seconds += time.perf_counter() - self._start
+            self.full += info["generation"] == 2
 
 
 _collections = None
