@@ -59,9 +59,10 @@ def main(arrays: int, devices: int, rounds: int) -> None:
         f"{jax.__version__}, numpy {np.__version__}"
     )
     ways = {
-        "the save's step (start_take)": lambda xs: _write.start_take(
+        # (`take`: `start_take` and its wait, the views returned and held.)
+        "the save's step (start_take)": lambda xs: _write.take(
             list(zip(names, xs, strict=True))
-        ).wait(),
+        ),
         "addressable_data(i) alone": lambda xs: [
             x.addressable_data(i) for x in xs for i in range(devices)
         ],
