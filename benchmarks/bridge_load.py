@@ -1,4 +1,4 @@
-"""Loading a sharded safetensors set into a scanned (stacked) skeleton.
+"""Time, memory and bytes read of loading a safetensors set into a scanned skeleton.
 
     python benchmarks/bridge_load.py [--layout gpt2|llama] [--layers 24]
                                      [--dim 1024] [--small] [--dir DIR]
@@ -40,8 +40,8 @@ on 127.0.0.1, the same shardings over the 8 devices). Contenders:
   (`jax.device_put` for one device): every process reads the whole model;
 - `raw`: the same byte ranges `orbax_eqx` reads, read with `os.preadv` into
   one buffer per range and nothing else, by 4 threads in 16 MiB pieces (as
-  orbax_eqx's local reader reads; before stop 36 one stream, which made the
-  floor 1.3-2x slower than it is): the floor;
+  orbax_eqx's local reader reads; one stream would make the floor 1.3-2x
+  slower than it is): the floor;
 - `orbax`: Orbax's own safetensors loading (public in orbax-checkpoint
   0.12.8 as `orbax.checkpoint.experimental.v1`, `Context(checkpoint_layout=
   "safetensors")`, `load`), every tensor onto the first device, then stacked
@@ -55,10 +55,12 @@ after resetting it through `/proc/self/clear_refs`), bytes read
 files, and the pages it faults in are counted by neither here, so `glue`'s
 figure is a floor), and the process's share (the distinct bytes its
 devices hold). Printed as ratios from one run: time / the raw read's on the
-same topology, peak / share, read / share. Targets (issue 28): time <= 1.2x
+same topology, peak / share, read / share. Targets: time <= 1.2x
 raw, peak RSS <= 1.3x share, bytes read <= 1.3x share.
 
-Linux only. A benchmark, not a test: it prints.
+Linux only. A benchmark, not a test: it prints. The `raw` contender imports private
+modules (`orbax_eqx._bridge`, `_storage.ranges`, `_tree.walk`) to plan exactly the byte
+ranges orbax_eqx reads, which no public call returns.
 """
 
 import argparse

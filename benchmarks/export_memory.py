@@ -9,6 +9,9 @@ measures the peak resident memory (VmHWM) of, each in a fresh process:
   `safetensors.numpy.save_file`.
 
     python benchmarks/export_memory.py --size 1024 --buffers 64 256
+
+Each child runs the command line through the private `orbax_eqx._tools.cli.main`, so
+that it can print its own peak memory after the command returns.
 """
 
 import argparse

@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu.sh [OUT_DIR]
 #
 # 1. prints the machine and the versions it ran with;
-# 2. runs the recorded GPU benchmark (BENCHMARKS.md, "GPUs and TPUs"):
+# 2. runs the recorded GPU benchmark (BENCHMARKS.md, "GPU"):
 #    `python benchmarks/run.py --only a,b --repeats 3 --json OUT_DIR/bench-gpu.json`;
 # 3. runs the staging and round-trip tests on the accelerator (CI never has
 #    one: there they run on CPU devices with ORBAX_EQX_STAGING=copy).

@@ -1,4 +1,4 @@
-"""The state_dict bridge against the real thing: PyTorch `transformers`.
+"""Whether the state_dict bridge agrees with PyTorch `transformers`: keys and logits.
 
 The tests check the bridge's GPT-2 and LLaMA layouts against the published
 tensor names and shapes and a numpy reference of each architecture, without

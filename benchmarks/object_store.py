@@ -1,4 +1,4 @@
-"""orbax_eqx on object stores against plain Orbax and raw transfers of the same bytes.
+"""Save and restore time on gs:// and s3://, against plain Orbax and raw transfers.
 
     python benchmarks/object_store.py [--repeats N] [--only a,b] [--stores gs,s3]
                                       [--json FILE]

@@ -1,4 +1,4 @@
-"""Is a restore's cost a leaf the same at 1k and at 100k leaves? One process.
+"""How a restore's cost a leaf grows from 1k to 100k leaves, in one process.
 
     python benchmarks/restore_linear.py [--leaves 1000,10000,100000] [--rounds 7]
 
@@ -22,10 +22,10 @@ each count's figure is its mean (all its restores' time over all their
 leaves), and the passes over the oldest generation (the whole heap) inside
 each count's restores are counted. It tells whether the untimed
 `gc.collect()` before each restore hides a share of those passes that the
-small counts would otherwise pay (stop 42: it does not; 0 passes in 140
-restores of 1k leaves, 7 in 7 of 100k: a small restore's objects die young).
+small counts would otherwise pay (it does not: 0 passes in 140 restores of
+1k leaves, 7 in 7 of 100k; a small restore's objects die young).
 
-Issue 30's target: the cost a leaf at the largest count <= 1.2x the
+The target: the cost a leaf at the largest count <= 1.2x the
 smallest's (medians; means with `--natural`). Prints the configuration,
 PASS or FAIL; never a test.
 """

@@ -1,4 +1,4 @@
-"""orbax_eqx against plain Orbax, `eqx.tree_serialise_leaves` and the raw disk.
+"""Save and restore time, peak memory and async block: against Orbax, eqx, the disk.
 
     python benchmarks/run.py [--big] [--repeats N] [--only a,b] [--json FILE]
                              [--staging auto|copy]
@@ -19,6 +19,9 @@ PASS/FAIL. See `_contenders.py` for exactly what each contender runs.
 CPU devices then copy host buffers as an accelerator does, so orbax_eqx
 restores through its staging window and saves gather small arrays on device
 before copying them (see `orbax_eqx/_storage/transfer/staging.py`).
+
+It imports `orbax_eqx._storage.transfer.to_host.host_copies` (private) to time the
+save's host copies alone, which no public call isolates.
 """
 
 import argparse

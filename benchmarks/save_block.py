@@ -11,7 +11,7 @@ saves once to warm up (the first save of a tree structure walks it before
 returning), then `--repeats` times; the figure is the median time from the
 call to its return. After every save the arrays are donated to a jitted
 function at once (as a training step would) and the step is restored and
-compared with what was saved. Target (issue 30): 8 devices <= 2x 1 device.
+compared with what was saved. Target: 8 devices <= 2x 1 device.
 `--profile N` prints the top N functions of a cProfile of one 8-device save.
 """
 

@@ -1,4 +1,4 @@
-"""Sharded arrays: orbax_eqx's shard packs against plain Orbax on the same arrays.
+"""Save and restore time and peak memory of sharded arrays, against plain Orbax.
 
     python benchmarks/sharded.py [--repeats N] [--only s400,b,a] [--devices 8]
                                  [--json FILE]

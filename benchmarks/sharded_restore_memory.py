@@ -11,7 +11,9 @@ memory, so a process that holds a whole model cannot go below 1.00x; one
 that holds half (2 processes x 4 devices) should be near 0.50x: each process
 reads only what its own devices need.
 
-Linux only (reads /proc/self/status). A benchmark, not a test: it prints.
+Linux only (reads /proc/self/status). A benchmark, not a test: it prints. The plain
+Orbax way imports `orbax_eqx._tree.names` and `_tree.walk` (private) for the keys
+orbax_eqx stored its arrays under, which plain Orbax then restores.
 """
 
 import argparse

@@ -11,6 +11,9 @@ resident memory (VmHWM) of, each in a fresh process:
   `StandardCheckpointer`, then take numpy's statistics.
 
     python benchmarks/stats_memory.py --size 1024 --leaf 64
+
+Each child runs the command line through the private `orbax_eqx._tools.cli.main`, so
+that it can print its own peak memory after the command returns.
 """
 
 import argparse

@@ -1,4 +1,4 @@
-"""Orbax's own handler with the pack's type handler, against Orbax's default.
+"""Save and restore time of Orbax's handler with the pack's type handler vs its default.
 
     python benchmarks/type_handler.py [--arrays 400] [--shape 64 32] [--repeats 3]
 
