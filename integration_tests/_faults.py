@@ -211,8 +211,9 @@ class FaultProxy:
         headers = {
             k: v
             for k, v in handler.headers.items()
-            if k.lower() not in ("transfer-encoding", "connection")
+            if k.lower() not in ("transfer-encoding", "connection", "host")
         }
+        headers["Host"] = self.upstream.netloc  # fake-gcs-server routes by it
         if kind == "ignore_range":
             headers = {k: v for k, v in headers.items() if k.lower() != "range"}
         if kind == "shift_range":

@@ -326,6 +326,9 @@ def start_gcs(
         log = Path(log_dir) / f"fake-gcs-server-{port}.log"
         argv = [str(binary), "-scheme", "http", "-host", "127.0.0.1"]
         argv += ["-port", str(port), "-external-url", f"http://127.0.0.1:{port}"]
+        # The XML API's object URLs (`/BUCKET/OBJECT`, what obstore reads)
+        # are served only for requests to the public host.
+        argv += ["-public-host", f"127.0.0.1:{port}"]
         argv += ["-log-level", "warn", "-backend", backend]
         data = None
         if backend == "filesystem":

@@ -33,8 +33,7 @@ with ocp.CheckpointManager({root!r}, item_handlers=handler, options=options) as 
     print("steps", m.all_steps())
 """
 
-# TensorStore's one info line when orbax_eqx hands it STORAGE_EMULATOR_HOST
-# (as TENSORSTORE_GCS_HTTP_URL, with a test token): no warning.
+# TensorStore's one info line for its test token: no warning.
 _TENSORSTORE_INFO = re.compile(
     r"I\d{4} [\d:.]+ +\d+ google_auth_provider\.cc:\d+\] Using "
     r"GOOGLE_AUTH_TOKEN_FOR_TESTING"
@@ -58,12 +57,19 @@ def _run(script: str, env: dict[str, str], timeout: float = 180):
     )
 
 
+def _emulator(server) -> dict[str, str]:
+    """The documented variables for an emulator: gcsfs's (Orbax's
+    directories) and TensorStore's (orbax_eqx's files), which reads no other."""
+    return {
+        "STORAGE_EMULATOR_HOST": server.url,
+        "TENSORSTORE_GCS_HTTP_URL": server.url,
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "owner",
+    }
+
+
 def test_gcs_manager_is_quiet_with_the_documented_variables(gcs_server):
     root = gcs_server.create_bucket("quiet-run") + "/run"
-    env = {
-        "STORAGE_EMULATOR_HOST": gcs_server.url,
-        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-    }
+    env = {**_emulator(gcs_server), "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
     result = _run(_MANAGER.format(root=root), env)
     assert result.returncode == 0, result.stderr
     assert result.stdout == "steps [1, 2]\n"
@@ -88,12 +94,12 @@ def _deleted_step_metadata(line: str, root: str) -> bool:
     )
 
 
-def test_gcs_with_only_the_emulator_variable_warns_from_gcsfs(gcs_server):
+def test_gcs_without_the_hns_variable_warns_from_gcsfs(gcs_server):
     # What the storage guide explains: gcsfs asks Google's storage-control
     # API for each bucket's type on every file call Orbax makes, and logs a
     # warning each time it cannot (an emulator serves no such API).
     root = gcs_server.create_bucket("noisy-run") + "/run"
-    result = _run(_MANAGER.format(root=root), {"STORAGE_EMULATOR_HOST": gcs_server.url})
+    result = _run(_MANAGER.format(root=root), _emulator(gcs_server))
     assert result.returncode == 0, result.stderr
     warnings = [
         line
@@ -117,10 +123,7 @@ try:
 except oeqx.ObjectStoreError as e:
     print(e)
 """
-    env = {
-        "STORAGE_EMULATOR_HOST": gcs_server.url,
-        "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
-    }
+    env = {**_emulator(gcs_server), "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
     result = _run(script, env)
     assert result.returncode == 0, result.stderr
     assert result.stdout == (
@@ -129,6 +132,24 @@ except oeqx.ObjectStoreError as e:
         "bucket's name, or create the bucket (`gcloud storage buckets create "
         "gs://no-such-bucket`) before saving to it.\n"
     )
+
+
+def test_gcs_with_only_the_emulator_variable_names_tensorstores(gcs_server):
+    # orbax_eqx sets no variable for the caller: it says which one to set.
+    root = gcs_server.create_bucket("half-set") + "/run"
+    script = (
+        _MANAGER.format(root=root)
+        .replace("with ocp", "try:\n  with ocp")
+        .replace("\n    ", "\n      ")
+        + "except oeqx.ObjectStoreError as e:\n  print(e)\n"
+    )
+    result = _run(script, {"STORAGE_EMULATOR_HOST": gcs_server.url})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(
+        f"STORAGE_EMULATOR_HOST is {gcs_server.url!r}, but TensorStore, which "
+        "orbax_eqx reads and writes gs:// through, takes its endpoint only from "
+        f"TENSORSTORE_GCS_HTTP_URL: set TENSORSTORE_GCS_HTTP_URL={gcs_server.url} "
+    ), result.stdout
 
 
 def test_gcs_missing_bucket_with_gcsfs_defaults_is_orbaxs_raw_error(gcs_server):

@@ -169,7 +169,7 @@ def test_a_missing_part_is_damage(where, request, small_parts):
     root = request.getfixturevalue(f"{where}_bucket")
     path = f"{root}/pack.bin"
     route.for_path(path).write_stream(path, _views(DATA, 4096), DATA.nbytes)
-    route.for_path(path)._kv.write("pack.bin.part-00003", None).result()
+    epath.Path(f"{path}.part-00003").unlink()
     with pytest.raises(oeqx.CheckpointDamagedError, match="is missing its part 3"):
         _ranges.read(epath.Path(path), [(0, 100)], nbytes=DATA.nbytes)
 
@@ -179,10 +179,9 @@ def test_parts_copied_to_a_disk_read_as_the_file(where, request, small_parts, tm
     root = request.getfixturevalue(f"{where}_bucket")
     path = f"{root}/pack.bin"
     route.for_path(path).write_stream(path, _views(DATA, 4096), DATA.nbytes)
-    kv = route.for_path(path)._kv
     for k in range(parts.count(DATA.nbytes)):  # as `gsutil cp -r` brings them
         name = parts.part_name("pack.bin", k)
-        (tmp_path / name).write_bytes(kv.read(name).result().value)
+        (tmp_path / name).write_bytes(epath.Path(f"{root}/{name}").read_bytes())
     (got,) = _ranges.read(
         epath.Path(tmp_path / "pack.bin"), [(500, 9500)], nbytes=DATA.nbytes
     )
@@ -212,23 +211,46 @@ def test_paths_on_other_stores_are_refused():
 
 
 def test_environment_sets_endpoint_region_and_credentials(monkeypatch):
-    from orbax_eqx._bytes import endpoints
+    # Internal: the spec handed to TensorStore is where region and credentials show.
+    from orbax_eqx._bytes import objects
 
     for name in ["AWS_ENDPOINT_URL_S3", "AWS_REGION", "AWS_ACCESS_KEY_ID"]:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9000")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-3")
-    where, key = endpoints.split("s3://b/run/7")
+    before = dict(os.environ)
+    where, key = objects.split("s3://b/run/7")
     spec = where.spec()
     assert key == "run/7" and spec["endpoint"] == "http://127.0.0.1:9000"
     assert spec["aws_region"] == "eu-west-3" and "aws_credentials" not in spec
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "http://127.0.0.1:9001")  # wins
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
-    spec = endpoints.split("s3://b/x")[0].spec()
+    spec = objects.split("s3://b/x")[0].spec()
     assert spec["endpoint"] == "http://127.0.0.1:9001"
     assert spec["aws_credentials"] == {"type": "environment"}
-    assert os.environ.get("AWS_REGION") is None
+    del before["AWS_ENDPOINT_URL"], before["AWS_DEFAULT_REGION"]
+    assert {k: v for k, v in os.environ.items() if k in before} == before
+
+
+def test_an_emulator_tensorstore_cannot_see_is_refused_naming_the_variable(
+    monkeypatch,
+):
+    """TensorStore's gcs driver takes its endpoint only from its own variable,
+    which orbax_eqx does not set for the caller (no writes to os.environ)."""
+    monkeypatch.delenv("TENSORSTORE_GCS_HTTP_URL", raising=False)
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", "127.0.0.1:4443")
+    before = dict(os.environ)
+    with pytest.raises(oeqx.ObjectStoreError) as e:
+        oeqx.metadata("gs://bucket/m")
+    assert str(e.value) == (
+        "STORAGE_EMULATOR_HOST is '127.0.0.1:4443', but TensorStore, which "
+        "orbax_eqx reads and writes gs:// through, takes its endpoint only from "
+        "TENSORSTORE_GCS_HTTP_URL: set TENSORSTORE_GCS_HTTP_URL=http://127.0.0.1:4443 "
+        "(and GOOGLE_AUTH_TOKEN_FOR_TESTING=owner, so that it looks for no Google "
+        "credentials), or unset STORAGE_EMULATOR_HOST to reach Google Cloud Storage."
+    )
+    assert dict(os.environ) == before
 
 
 @pytest.mark.parametrize(
@@ -264,3 +286,45 @@ def test_version_tells_a_file_written_anew(root):
     assert found.version(path) not in (None, first)
     found.delete(path)
     assert found.version(path) is None
+
+
+def test_a_reader_never_mixes_two_versions_of_a_local_file(tmp_path):
+    """A file replaced (same size, `os.replace`) between two reads of one
+    reader: the second read says so, never reads the new bytes as the old."""
+    path = tmp_path / "pack.bin"
+    path.write_bytes(DATA.tobytes())
+    # Internal: a `Reader` is opened by the restore and the safetensors loader.
+    with route.for_path(path).open(path, DATA.nbytes, DATA.nbytes) as reader:
+        first = [np.empty(100, np.uint8)]
+        reader.start([(0, 100)], first).wait()
+        np.testing.assert_array_equal(first[0], DATA[:100])
+        (tmp_path / "new").write_bytes(DATA[::-1].tobytes())
+        os.replace(tmp_path / "new", path)
+        with pytest.raises(store.BadFile, match="was replaced or changed while it"):
+            reader.start([(100, 200)], [np.empty(100, np.uint8)]).wait()
+        with pytest.raises(store.BadFile, match="was replaced or changed while it"):
+            reader.check_unchanged()
+
+
+@pytest.mark.parametrize("where", ["s3", "gcs"])
+@pytest.mark.parametrize("stored", ["whole", "in parts"])
+def test_a_reader_never_mixes_two_versions_of_an_object(where, stored, request):
+    """An object overwritten between two reads of one reader: the second read
+    fails (its generation, or ETag, changed), never mixes the two."""
+    root = request.getfixturevalue(f"{where}_bucket")
+    if stored == "in parts":
+        request.getfixturevalue("small_parts")
+    path = f"{root}/pack.bin"
+    one = route.for_path(path)
+    one.write_stream(path, _views(DATA, 4096), DATA.nbytes)
+    # Internal: a `Reader` is opened by the restore and the safetensors loader.
+    with one.open(path, DATA.nbytes, DATA.nbytes) as reader:
+        first = [np.empty(100, np.uint8)]
+        reader.start([(0, 100)], first).wait()
+        np.testing.assert_array_equal(first[0], DATA[:100])
+        other = DATA[::-1].copy()  # the same size
+        one.write_stream(path, _views(other, 4096), DATA.nbytes)
+        with pytest.raises(store.BadFile, match="was replaced during the read"):
+            reader.start([(0, 100)], [np.empty(100, np.uint8)]).wait()
+        with pytest.raises(store.BadFile, match="was replaced during the read"):
+            reader.check_unchanged()

@@ -1,23 +1,13 @@
-"""Opening files safely: checkpoint files read bounded, new files never through a link.
+"""Opening local files safely: read bounded, created never through a link.
 
-A plain `open` of a checkpoint file trusts whatever is at that path. A FIFO
-there blocks the reader forever, a symlink to `/dev/zero` is read until memory
-runs out, a directory reads as a few kilobytes of nothing. So a file is read
-only if it is a regular file: it is opened with `O_NONBLOCK` (which cannot
-block, not even on a FIFO with no writer) and checked with `fstat` on the
-descriptor, the very file that will be read, before a byte is read; a device
-is not even opened (a `stat` first refuses it). Reads are bounded by the size
-the sidecar expects, or by a cap. New files are created with `O_EXCL |
-O_NOFOLLOW` under a random name, so that a symlink planted at a predictable
-name cannot redirect a write (`create_new`; `replace_whole` writes a file
-whole that way and renames it into place).
-
-Local files only: objects (`gs://...`) are read and written by `objects`.
-
-Callers word the errors: each function takes `error`, which turns what is
-wrong (`"is a FIFO (named pipe), not a regular file"`) into the exception to
-raise, naming the file and the fix that fits. It imports nothing of ours but
-`_errors`, so that every stage (the sidecar reader too) may use it.
+A FIFO at a checkpoint's path blocks a plain `open` forever, a link to
+`/dev/zero` is read until memory runs out. So a file is read only if it is
+regular: `stat` first (a device is never opened), opened with `O_NONBLOCK`,
+checked with `fstat` on the descriptor that will be read; reads are bounded.
+New files are created `O_EXCL | O_NOFOLLOW` under a random name and renamed
+into place, so a link planted at a predictable name redirects no write.
+Callers word the errors: `error` turns what is wrong ("is a FIFO (named
+pipe), not a regular file") into the exception to raise.
 """
 
 import errno
@@ -70,20 +60,12 @@ def default_error(path: Any) -> ErrorFor:
 def open_regular(
     path: Any, error: ErrorFor | None = None, *, follow: bool = True
 ) -> int:
-    """Opens a local regular file for reading, without ever blocking on opening it.
+    """Opens a local regular file for reading, never blocking on opening it.
 
-    **Arguments:**
-
-    - `path`: a local path.
-    - `error`: makes the exception for what is wrong with the file, given as
-        "is a directory, not a regular file"; default: a `FileCheckError`
-        naming the path.
-    - `follow`: follow a symbolic link at `path` (to a regular file). False
-        refuses the link itself.
-
-    **Returns:** a descriptor in blocking mode, for `os.pread`/`os.fdopen`;
-    the caller closes it. `FileNotFoundError` and `PermissionError` are raised
-    as `os.open` raises them, for the caller to word.
+    `error` makes the exception for what is wrong with the file (default: a
+    `FileCheckError` naming the path); `follow=False` refuses a symbolic link
+    at `path`. Returns a descriptor in blocking mode, which the caller
+    closes; `FileNotFoundError` and `PermissionError` as `os.open` raises them.
     """
     error = error or default_error(path)
     text = os.fspath(path)
@@ -121,14 +103,9 @@ def check_size(fd: int, expected: int, error: ErrorFor) -> None:
 
 
 def read_bounded(path: Any, limit: int, error: ErrorFor | None = None) -> bytes:
-    """Reads a whole regular file of at most `limit` bytes.
-
-    A file that is not regular (see `open_regular`), or holds more than
-    `limit` bytes (checked before reading, and while reading, in case it
-    grows), raises `error(...)`. Local paths only (`_bytes.route.read_bounded`
-    reads any). `FileNotFoundError` and `PermissionError` are
-    raised as opening raises them.
-    """
+    """A whole regular file (see `open_regular`) of at most `limit` bytes,
+    checked before and while reading (in case it grows): more raises
+    `error(...)`. Local paths only (`route.read_bounded` reads any)."""
     error = error or default_error(path)
 
     def too_big(found: str) -> Exception:
@@ -154,16 +131,9 @@ def read_bounded(path: Any, limit: int, error: ErrorFor | None = None) -> bytes:
 
 
 def create_new(final: Any) -> tuple[int, str]:
-    """Creates a new, empty file beside `final`, to be renamed onto it when written.
-
-    The name is `{final}.tmp-{random}`, created with `O_CREAT | O_EXCL |
-    O_NOFOLLOW`: a file or symbolic link already there (planted, or left by
-    another writer) is never written through; another name is drawn. The
-    mode is 0o666 less the umask, as `open(..., "w")` gives.
-
-    **Returns:** `(descriptor for writing, its path)`; the caller closes the
-    descriptor, and renames or removes the file.
-    """
+    """Creates a new, empty file `{final}.tmp-{random}` (`O_CREAT | O_EXCL |
+    O_NOFOLLOW`, mode 0o666 less the umask) beside `final`, drawing another
+    name if one is taken; returns `(descriptor for writing, its path)`."""
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(_NEW_NAME_TRIES):
         tmp = f"{os.fspath(final)}.tmp-{secrets.token_hex(8)}"
@@ -179,12 +149,9 @@ def create_new(final: Any) -> tuple[int, str]:
 
 
 def replace_whole(final: Any, data: bytes) -> None:
-    """Writes `data` as the local file `final`, whole or not at all.
-
-    The bytes go to a new file beside it (`create_new`: never through a link
-    planted at a predictable name), are fsync'd, and the file is renamed onto
-    `final`; on any failure the new file is removed and `final` is as it was.
-    """
+    """Writes `data` as the local file `final`, whole or not at all: into a
+    new file (`create_new`), fsync'd, renamed onto `final`; on any failure
+    the new file is removed and `final` is as it was."""
     fd, tmp = create_new(final)
     try:
         with os.fdopen(fd, "wb") as f:

@@ -1,15 +1,16 @@
 """Local files: written with `pwritev` and renamed into place, read with `preadv`.
 
-Writing is batched `pwritev` into a new file beside the target (`files.
-create_new`: never through a link planted at the name), one fsync, and a
-rename. Reading fills the caller's buffers with `preadv`, a few pieces at
-once in threads (a virtual disk serves parallel reads faster than one
-stream). Only regular files are read (`files.open_regular`: a FIFO would
-block a plain read forever). A file stored in parts (copied down from an
-object store, see `parts`) reads as the file it was.
+Writing is batched `pwritev` into a new file beside the target
+(`files.create_new`: never through a link planted at the name), one fsync,
+and a rename. A `Reader` holds the file open (`files.open_regular`: regular
+files only) for its life and reads through that descriptor, a few pieces at
+once in threads; each `start` and `check_unchanged` compare (device, inode,
+size, mtime) of the descriptor and of what the path names now, so bytes of a
+file replaced or changed meanwhile are never mixed with the old ones. A file
+stored in parts (copied down from an object store, see `parts`) reads as the
+file it was.
 """
 
-import concurrent.futures
 import errno
 import os
 from collections.abc import Iterable, Sequence
@@ -19,7 +20,7 @@ import numpy as np
 
 from . import files as _files
 from . import parts as _parts
-from .store import BadFile, ErrorFor, Reader, Reads, Store
+from .store import BadFile, ErrorFor, Reader, Reads, Store, check_length
 
 _PIECE = 16 << 20  # bytes per read call; a few are in flight at once
 _WRITE_BATCH = 64 << 20  # bytes per write call
@@ -35,9 +36,8 @@ class LocalStore(Store):
         _files.replace_whole(path, data)
 
     def write_new(self, path: Any, data: bytes) -> None:
-        # A new file of a random name (never through a link planted at a
-        # predictable one), linked into place: unlike a rename, the link
-        # fails if a file is there.
+        # A new file of a random name, linked into place: unlike a rename,
+        # the link fails if a file is there.
         text = os.fspath(path)
         fd, tmp = _files.create_new(text)
         try:
@@ -45,10 +45,6 @@ class LocalStore(Store):
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-        except BaseException:
-            os.unlink(tmp)
-            raise
-        try:
             os.link(tmp, text)
         except FileExistsError:
             if os.path.isdir(text):  # not another writer's file: something odd
@@ -85,20 +81,31 @@ class LocalStore(Store):
 
     def open(self, path: Any, end: int, nbytes: int | None) -> Reader:
         text = os.fspath(path)
+        reader = _FileReader()
         try:
-            fd = _files.open_regular(text, BadFile)
-        except FileNotFoundError:
-            if nbytes is not None and not _parts.count(nbytes):
-                raise BadFile("is missing") from None
-            if not os.path.lexists(_parts.part_name(text, 0)):
-                raise BadFile("is missing") from None
-            return _PartsReader(text, end, nbytes)
-        try:
-            _check_length(os.fstat(fd).st_size, end, nbytes)
+            try:
+                check_length(reader.add(text), end, nbytes)
+                return reader
+            except FileNotFoundError:
+                if nbytes is not None and not _parts.count(nbytes):
+                    raise BadFile("is missing") from None
+                if not os.path.lexists(_parts.part_name(text, 0)):
+                    raise BadFile("is missing") from None
+            total = end if nbytes is None else nbytes
+            count = max(-(-total // _parts.PART_BYTES), 1)
+            for k in range(count):  # each of PART_BYTES, the last of the rest
+                try:
+                    size = reader.add(_parts.part_name(text, k))
+                except FileNotFoundError:
+                    raise BadFile(f"is missing its part {k}") from None
+                last = k == count - 1
+                want = total - k * _parts.PART_BYTES if last else _parts.PART_BYTES
+                exact = nbytes is not None or not last
+                check_length(size, want, want if exact else None, f"a part {k} of ")
+            return reader
         except BaseException:
-            os.close(fd)
+            reader.close()
             raise
-        return _FileReader([fd], [None])
 
     def version(self, path: Any) -> Any:
         try:
@@ -125,134 +132,83 @@ class LocalStore(Store):
                 pass
 
 
-def _check_length(size: int, end: int, nbytes: int | None) -> None:
-    """A file of `size` bytes holding ranges up to `end`, recorded as `nbytes`
-    long: longer than recorded, or too short for the ranges, is damaged."""
-    if (nbytes is not None and size > nbytes) or size < end:
-        written = end if nbytes is None else nbytes
-        raise BadFile(f"has {size} bytes where {written} were written")
+def _identity(found: os.stat_result) -> tuple[int, int, int, int]:
+    return (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns)
 
 
 class _FileReader(Reader):
-    """Reads from open descriptors: one for a whole file, or one per part
-    (`spans[k]`: part `k`'s place, None for a whole file)."""
+    """Open descriptors of one file, or of its parts (`_parts.pieces`), each
+    with the identity it had when opened."""
 
-    def __init__(self, fds: list[int], spans: list[Any]):
-        self._fds = fds
-        self._whole = spans == [None]
+    def __init__(self) -> None:
+        self._opened: list[tuple[str, int, tuple]] = []  # (path, fd, identity)
 
-    def _where(self, start: int, stop: int) -> list[tuple[int, int, int]]:
-        if self._whole:
-            return [(0, start, stop)]
-        return _parts.pieces(start, stop)
+    def add(self, path: str) -> int:
+        """Opens `path` (a part, if not the first); returns its size."""
+        fd = _files.open_regular(path, BadFile)
+        self._opened.append((path, fd, _identity(os.fstat(fd))))
+        self.check_unchanged()  # the path still names what was opened
+        return self._opened[-1][2][2]
+
+    def check_unchanged(self) -> None:
+        for path, fd, identity in self._opened:
+            try:
+                now = _identity(os.stat(path))
+            except FileNotFoundError:
+                raise BadFile("was deleted while it was read") from None
+            if now != identity or _identity(os.fstat(fd)) != identity:
+                raise BadFile(
+                    f"was replaced or changed while it was read (device, inode, "
+                    f"size, mtime {identity} when opened, {now} now)"
+                )
 
     def start(
         self, ranges: Sequence[tuple[int, int]], buffers: Sequence[np.ndarray]
     ) -> Reads:
-        jobs = []  # (buffer, view, descriptor, offset in it), in file order
+        try:
+            self.check_unchanged()
+        except BadFile as e:
+            return Reads([(0, 0, _raise(e))], 1)
+        jobs = []
+        whole = len(self._opened) == 1
         for i, ((start, stop), buf) in enumerate(zip(ranges, buffers, strict=True)):
             at = 0
-            for k, a, z in self._where(start, stop):
+            where = [(0, start, stop)] if whole else _parts.pieces(start, stop)
+            for k, a, z in where:
                 for piece in range(a, z, _PIECE):
                     n = min(_PIECE, z - piece)
-                    view = buf.data[at : at + n]
-                    jobs.append((i, view, self._fds[k], piece, start + at))
+                    view, fd = buf.data[at : at + n], self._opened[k][1]
+                    jobs.append((i, at + n, _pread(fd, view, piece, start + at)))
                     at += n
-        return _LocalReads(jobs, len(buffers))
+        return Reads(jobs, _READERS)
 
     def close(self) -> None:
-        for fd in self._fds:
+        for _, fd, _ in self._opened:
             os.close(fd)
-        self._fds = []
+        self._opened = []
 
 
-class _PartsReader(_FileReader):
-    """A file stored in parts (see `parts`): each part a regular file of
-    `PART_BYTES`, the last of the rest; without a recorded length, the parts
-    that hold bytes up to `end`."""
+def _raise(error: Exception):
+    def job() -> None:
+        raise error
 
-    def __init__(self, name: str, end: int, nbytes: int | None):
-        total = end if nbytes is None else nbytes
-        count = max(-(-total // _parts.PART_BYTES), 1)
-        fds = []
-        try:
-            for k in range(count):
-                try:
-                    fd = _files.open_regular(_parts.part_name(name, k), BadFile)
-                except FileNotFoundError:
-                    raise BadFile(f"is missing its part {k}") from None
-                fds.append(fd)
-                size = os.fstat(fd).st_size
-                last = k == count - 1
-                want = total - k * _parts.PART_BYTES if last else _parts.PART_BYTES
-                if size < want or (size > want and (nbytes is not None or not last)):
-                    raise BadFile(
-                        f"has a part {k} of {size} bytes where {want} were written"
-                    )
-        except BaseException:
-            for fd in fds:
-                os.close(fd)
-            raise
-        super().__init__(fds, list(range(len(fds))))
+    return job
 
 
-class _LocalReads(Reads):
-    def __init__(self, jobs, count: int):
-        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._jobs = jobs
-        self._pieces: list[list[Any]] | None = None
-        if len(jobs) <= 1:
-            for _, view, fd, offset, at in jobs:
-                _pread_exactly(fd, view, offset, at)
-            return
-        self._pool = concurrent.futures.ThreadPoolExecutor(_READERS)
-        self._pieces = [[] for _ in range(count)]
-        self._ends: list[list[int]] = [[] for _ in range(count)]
-        for i, view, fd, offset, at in jobs:  # in file order
-            self._pieces[i].append(
-                self._pool.submit(_pread_exactly, fd, view, offset, at)
-            )
-        self._seen = [0] * count
-        # Each piece's end within its buffer, to know which cover `stop`.
-        for i, view, _, _, _ in jobs:
-            done = self._ends[i][-1] if self._ends[i] else 0
-            self._ends[i].append(done + view.nbytes)
+def _pread(fd: int, view: memoryview, offset: int, at: int):
+    """A job filling `view` from `offset` of `fd`; `at`: where it starts in
+    the file as the caller sees it (for the message)."""
 
-    def ready(self, i: int, stop: int) -> None:
-        if self._pieces is None:
-            return
-        pieces, ends = self._pieces[i], self._ends[i]
-        while self._seen[i] < len(pieces) and (
-            self._seen[i] == 0 or ends[self._seen[i] - 1] < stop
-        ):
-            pieces[self._seen[i]].result()
-            self._seen[i] += 1
+    def job() -> None:
+        nonlocal view, offset
+        end = at + view.nbytes
+        while view.nbytes:
+            n = os.preadv(fd, [view], offset)
+            if n == 0:
+                raise BadFile(f"ends before byte {end}")
+            view, offset = view[n:], offset + n
 
-    def wait(self) -> None:
-        try:
-            if self._pieces is not None:
-                for piece in (p for ps in self._pieces for p in ps):
-                    piece.result()
-        finally:
-            self.cancel()
-
-    def cancel(self) -> None:
-        if self._pool is not None:
-            for piece in (p for ps in self._pieces or () for p in ps):
-                piece.cancel()
-            self._pool.shutdown(wait=True)
-            self._pool = None
-
-
-def _pread_exactly(fd: int, view: memoryview, offset: int, at: int) -> None:
-    """Fills `view` from `offset` of `fd`; `at`: where it starts in the file
-    as the caller sees it (for the message)."""
-    end = at + view.nbytes
-    while view.nbytes:
-        n = os.preadv(fd, [view], offset)
-        if n == 0:
-            raise BadFile(f"ends before byte {end}")
-        view, offset = view[n:], offset + n
+    return job
 
 
 def _pwritev_all(fd: int, views: list[memoryview], offset: int) -> int:

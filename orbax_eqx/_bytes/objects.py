@@ -1,144 +1,269 @@
-"""Object stores (`gs://`, `s3://`) through TensorStore's kvstore.
+"""Object stores (`gs://`, `s3://`) through TensorStore's kvstore, one client for both.
 
-TensorStore brings what an object store needs and orbax_eqx already depends
-on it: concurrent requests, bounded retries with backoff (throttling is
-retried, a dead server fails in seconds), credentials from the standard
-environment (see `endpoints`), and byte-range reads. Writes of large files
-go out as parts (see `parts`), a few uploads in flight at once, each part
-copied once into the bytes of its request: a save never holds more than
-`_WRITE_WINDOW` parts beyond the arrays. Ranged reads are `object_reads`'
-(and on S3, with botocore installed, `s3_reads`').
-
-An object is replaced whole or not at all, so a whole-file write needs no
-temporary name. Every wait is bounded (`patience`): no request blocks
-forever. Whether a read that went wrong is the file's damage or the store's
-failure is decided in `verdict`, for these reads as for `s3_reads`. An
-endpoint that ignores `Range:` (answering 200 with the whole object) is
-told by TensorStore from every answer; a read then takes its bytes from the
-whole object, never others.
+Chosen by `benchmarks/object_clients.py` (BENCHMARKS.md, "gs:// and s3://").
+Nothing here retries a request: TensorStore does (`_RETRIES`), and each wait
+on it is bounded (`_wait_s`), then the request is cancelled. Endpoints and
+credentials come from each ecosystem's variables, read here into the spec
+(`split`); TensorStore's gcs driver takes an emulator's endpoint only from
+`TENSORSTORE_GCS_HTTP_URL`, so `STORAGE_EMULATOR_HOST` alone is refused,
+naming it. Large files are stored in parts (`parts`). A `Reader` is pinned to
+each object's generation (GCS) or ETag (S3) from its first answer: another is
+`BadFile("was replaced during the read")`. An answer that is not the range
+asked (`Range:` ignored, or shifted) is read again as the whole object.
 """
 
 import collections
+import concurrent.futures
 import dataclasses
 import functools
-import json
-from collections.abc import Iterable
+import math
+import os
+import re
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+import numpy as np
 import tensorstore as ts
 
-from .._errors import ObjectStoreError
-from . import endpoints as _endpoints
-from . import object_reads as _object_reads
+from .._errors import ObjectStoreError, OrbaxEqxError
 from . import parts as _parts
-from . import patience as _patience
-from . import tries as _tries
-from .store import BadFile, ErrorFor, Reader, Store
+from .store import BadFile, ErrorFor, Reader, Reads, Store
 
-_WRITE_WINDOW = 2
+STALL_ENV = "ORBAX_EQX_STALL_SECONDS"
+_RETRIES = {"max_retries": 6, "initial_delay": "0.2s", "max_delay": "4s"}
+_RETRY_WAITS_S = sum(min(0.2 * 2**k, 4.0) for k in range(6))
+_CONCURRENCY = 32  # requests in flight to one store
+_PIECE, _WINDOW, _WRITE_WINDOW = 8 << 20, 4, 2  # bytes a read, reads, uploads
 _NO_VALUE = b"\x02"  # TensorStore's generation of a key that has no value
-_RANGE_IGNORED = _object_reads.RANGE_IGNORED
+_IGNORED = "was ignored by server"  # TensorStore: the whole object came
+_TOTAL = re.compile(r"and total size (\d+)")
+_STATUS = re.compile(r"http_response_code='(\d+)'")
+# Modules whose raw errors Orbax's own calls on object stores raise.
+_FSSPEC = ("botocore", "aiobotocore", "s3fs", "gcsfs", "google", "aiohttp")
+_ACCESS = (  # what an error's text says, for the hint that fits
+    *("PERMISSION_DENIED", "UNAUTHENTICATED", "AccessDenied", "HTTP 403"),
+    *("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"),
+    *("NoCredentialsError", "PartialCredentialsError", "NoSuchBucket"),
+)
+_UNREACHED = (
+    *("Could not connect", "Couldn't connect", "Could not resolve"),
+    *("EndpointConnectionError", "Connection refused"),
+)
+
+
+class ObjectPathError(OrbaxEqxError, ValueError):
+    """An object-store path orbax_eqx cannot use."""
+
+
+class StallSettingError(OrbaxEqxError, ValueError):
+    """`ORBAX_EQX_STALL_SECONDS` is set to something that is not a time."""
+
+
+def _stall_s() -> float:
+    text = os.environ.get(STALL_ENV, "").strip()
+    try:
+        value = float(text) if text else 60.0
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= 86400):
+        raise StallSettingError(
+            f"{STALL_ENV} is {os.environ[STALL_ENV]!r}: expected the seconds a "
+            "request to an object store may go without progress, a number above "
+            f"0 and at most 86400 (default 60). Set it to, say, `{STALL_ENV}=60`, "
+            "or unset it."
+        )
+    return value
+
+
+def _wait_s() -> float:
+    """The longest wait on one request, its tries included: two stalls, and
+    the backoff between all its tries, and TensorStore's queueing."""
+    return 2 * _stall_s() + _RETRY_WAITS_S + 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Where:
+    """One bucket of one store, and how to reach it."""
+
+    scheme: str  # "gs" or "s3"
+    bucket: str
+    endpoint: str | None  # None: the store's own
+    region: str | None
+    keys: bool  # S3 keys in the environment
+
+    def __str__(self) -> str:
+        own = "Google Cloud Storage" if self.scheme == "gs" else "AWS S3"
+        return f"bucket {self.bucket!r} at {self.endpoint or own}"
+
+    def spec(self) -> dict[str, Any]:
+        """The TensorStore kvstore spec of the bucket's root."""
+        driver = "gcs" if self.scheme == "gs" else "s3"
+        spec: dict[str, Any] = {"driver": driver, "bucket": self.bucket}
+        spec["context"] = {
+            f"{driver}_request_retries": _RETRIES,
+            f"{driver}_request_concurrency": {"limit": _CONCURRENCY},
+        }
+        if driver == "s3":
+            spec["aws_region"] = self.region or "us-east-1"
+            if self.endpoint:
+                spec["endpoint"] = self.endpoint
+            if self.keys:  # else the default chain (profiles, instance roles)
+                spec["aws_credentials"] = {"type": "environment"}
+        return spec
+
+    def hint(self, detail: str) -> str:
+        """What to do about a request that failed so, for messages."""
+        gs = self.scheme == "gs"
+        if any(sign in detail for sign in _ACCESS):
+            return "Check the bucket exists and your credentials reach it " + (
+                "(GOOGLE_APPLICATION_CREDENTIALS, or `gcloud auth application-default"
+                " login`); for an emulator set TENSORSTORE_GCS_HTTP_URL."
+                if gs
+                else "(AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE); "
+                "for an S3-compatible store set AWS_ENDPOINT_URL, and AWS_REGION if "
+                "it needs one."
+            )
+        if any(sign in detail for sign in _UNREACHED):
+            kind = "an emulator" if gs else "an S3-compatible store"
+            name = "TENSORSTORE_GCS_HTTP_URL" if gs else "AWS_ENDPOINT_URL"
+            return (
+                f"Check the store is up and reachable from here; for {kind} set "
+                f"{name} to where it listens."
+            )
+        return (
+            "The store failed, not the checkpoint: this is no sign of damage. Try "
+            "again later, and check the store's health if it goes on (a request "
+            f"is abandoned after {_wait_s():.0f} s, its tries included; "
+            f"{STALL_ENV}={_stall_s():g})."
+        )
+
+
+def split(url: str) -> tuple[Where, str]:
+    """`s3://bucket/a/b` as `(where, "a/b")`, reached as the environment says."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme not in ("gs", "s3"):
+        raise ObjectPathError(
+            f"{url} is on a store orbax_eqx cannot write: it knows local paths, "
+            "gs:// and s3://. Save to one of those (or to a local path mounted "
+            "from the store)."
+        )
+    bucket, _, key = rest.partition("/")
+    if not bucket:
+        raise ObjectPathError(f"{url} names no bucket: write {scheme}://BUCKET/path.")
+    env = os.environ
+    if scheme == "gs":
+        emulator, endpoint = (
+            env.get("STORAGE_EMULATOR_HOST"),
+            env.get("TENSORSTORE_GCS_HTTP_URL"),
+        )
+        if emulator and not endpoint:
+            url = emulator if "://" in emulator else f"http://{emulator}"
+            raise ObjectStoreError(
+                f"STORAGE_EMULATOR_HOST is {emulator!r}, but TensorStore, which "
+                "orbax_eqx reads and writes gs:// through, takes its endpoint only "
+                f"from TENSORSTORE_GCS_HTTP_URL: set TENSORSTORE_GCS_HTTP_URL={url} "
+                "(and GOOGLE_AUTH_TOKEN_FOR_TESTING=owner, so that it looks for no "
+                "Google credentials), or unset STORAGE_EMULATOR_HOST to reach "
+                "Google Cloud Storage."
+            )
+        return Where("gs", bucket, endpoint, None, False), key.strip("/")
+    endpoint = env.get("AWS_ENDPOINT_URL_S3") or env.get("AWS_ENDPOINT_URL")
+    region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    keys = bool(env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"))
+    return Where("s3", bucket, endpoint, region, keys), key.strip("/")
 
 
 class ObjectStore(Store):
     """The objects of one bucket."""
 
-    def __init__(self, where: _endpoints.Where):
+    def __init__(self, where: Where):
         self.where = where
-        self._kv = ts.KvStore.open(where.spec()).result(
-            timeout=_patience.operation_seconds()
-        )
+        self._kv = ts.KvStore.open(where.spec()).result(timeout=_wait_s())
 
     def _key(self, path: Any) -> str:
-        return _endpoints.split(str(path))[1]
+        return split(str(path))[1]
 
-    # -- requests, each bounded and with its errors worded ------------------
+    def failed(self, what: str, path: Any, detail: str) -> ObjectStoreError:
+        """The error of a request that failed after its tries: what, where,
+        the store's answer, and the one hint that fits it."""
+        first = detail.split("[http_response_body")[0].strip().rstrip(".")
+        status = _STATUS.search(detail)
+        if status and status[0] not in first:  # TensorStore's text may lose it
+            first += f" (HTTP {status[1]})"
+        return ObjectStoreError(
+            f"{what} {path} failed at {self.where}: {first}. {self.where.hint(first)}"
+        )
 
-    def _result(self, future: Any, what: str, path: Any) -> Any:
-        """The request's result; `ValueError` for OUT_OF_RANGE and for a
-        range the server ignored (the caller decides), `ObjectStoreError`
-        for the rest."""
-        timeout = _patience.operation_seconds()
+    def result(self, future: Any, what: str, path: Any) -> Any:
+        """A request's result, waited on for at most `_wait_s()`. `ValueError`
+        for an answer of other bytes than asked (the caller decides),
+        `ObjectStoreError` for the rest."""
+        timeout = _wait_s()
         try:
             return future.result(timeout=timeout)
         except TimeoutError:
             future.cancel()
-            raise self._failed(
+            raise self.failed(
                 what, path, f"no answer within {timeout:.0f} s, its tries included"
             ) from None
         except ValueError as e:
-            text = str(e)
-            if text.startswith("OUT_OF_RANGE") or _RANGE_IGNORED in text:
+            if str(e).startswith("OUT_OF_RANGE") or _IGNORED in str(e):
                 raise
-            raise self._failed(what, path, text) from None
+            raise self.failed(what, path, str(e)) from None
 
-    def _failed(self, what: str, path: Any, text: str) -> ObjectStoreError:
-        return _tries.failed(self.where, what, path, text)
-
-    def _read(self, key: str, path: Any, byte_range: slice | None = None) -> Any:
-        future = self._kv.read(key, byte_range=byte_range)
+    def read(self, key: str, path: Any, start: int = 0, stop: int | None = None) -> Any:
+        """Bytes `[start, stop)` of object `key` (a ReadResult), or "short" if
+        it ends before `stop`. An answer of other bytes (the whole object,
+        another range) is read again as the whole object, and sliced."""
+        ranged = None if (start, stop) == (0, None) else slice(start, stop)
         try:
-            return self._result(future, "Reading", path)
+            return self.result(self._kv.read(key, byte_range=ranged), "Reading", path)
         except ValueError as e:
-            if _RANGE_IGNORED not in str(e):
-                raise
-            return self._from_whole(key, path, byte_range)
+            total = _TOTAL.search(str(e))  # TensorStore: "... and total size N"
+            if _IGNORED not in str(e) and (not total or int(total[1]) < (stop or 0)):
+                return "short"  # (416: it starts past the end)
+        whole = self.result(self._kv.read(key), "Reading", path)
+        if whole.state == "missing" or ranged is None:
+            return whole
+        if len(whole.value) < (stop or start):
+            return "short"
+        return _Value(whole.value[start:stop], whole.state, whole.stamp)
 
-    def _from_whole(self, key: str, path: Any, byte_range: slice | None) -> Any:
-        """A ranged read's bytes taken from the whole object: what an endpoint
-        that ignores `Range:` answers (TensorStore refuses such an answer)."""
-        got = self._result(self._kv.read(key), "Reading", path)
-        if got.state == "missing" or byte_range is None:
-            return got
-        start, stop = byte_range.start or 0, byte_range.stop
-        if stop is not None and len(got.value) < stop:
-            raise ValueError("OUT_OF_RANGE: the object ends before the range")
-        return _Value(got.value[start:stop], got.state, got.stamp)
-
-    def holds(self, key: str, path: Any, end: int) -> bool | None:
-        """Whether object `key` has at least `end` bytes now (None: there is
-        no object): one small ranged read."""
-        if end <= 0:
-            return self._read(key, path, slice(0, 0)).state != "missing" or None
-        try:
-            got = self._read(key, path, slice(end - 1, end))
-        except ValueError:  # OUT_OF_RANGE: ends before
-            return False
-        return None if got.state == "missing" else True
+    def probe(self, key: str, path: Any, at: int) -> Any:
+        """The object's generation if it has byte `at` (any object, for -1),
+        "short" if it ends before, None if there is no object."""
+        got = self.read(key, path, max(at, 0), at + 1)
+        if got == "short" or got.state == "missing":
+            return None if got != "short" else "short"
+        return got.stamp.generation
 
     def version(self, path: Any) -> Any:
-        key = self._key(path)
-        got = self._read(key, path, slice(0, 0))
-        return None if got.state == "missing" else got.stamp.generation
+        return self.probe(self._key(path), path, -1)
 
-    # -- the Store interface ------------------------------------------------
+    def exists(self, path: Any) -> bool:
+        key = self._key(path)
+        return any(self.probe(k, path, -1) for k in (key, _parts.part_name(key, 0)))
 
     def read_whole(self, path: Any, limit: int, error: ErrorFor) -> bytes:
         key = self._key(path)
-        try:
-            beyond = self._read(key, path, slice(limit, limit + 1))
-        except ValueError:  # OUT_OF_RANGE: no byte past the limit
-            beyond = None
-        if beyond is not None:
-            if beyond.state == "missing":
-                raise FileNotFoundError(2, "No such object", str(path))
+        beyond = self.probe(key, path, limit)
+        if beyond is None:
+            raise FileNotFoundError(2, "No such object", str(path))
+        got = self.read(key, path) if beyond == "short" else None
+        if got is None or len(got.value) > limit:  # (grew since)
             raise error(f"has over {limit} bytes, more than the {limit} allowed")
-        got = self._read(key, path)
         if got.state == "missing":
             raise FileNotFoundError(2, "No such object", str(path))
-        if len(got.value) > limit:  # grew since
-            raise error(f"has over {limit} bytes, more than the {limit} allowed")
         return got.value
 
     def write_whole(self, path: Any, data: bytes) -> None:
-        self._result(self._kv.write(self._key(path), bytes(data)), "Writing", path)
+        self.result(self._kv.write(self._key(path), bytes(data)), "Writing", path)
 
     def write_new(self, path: Any, data: bytes) -> None:
-        # A write on condition that there is no object yet (GCS
-        # `ifGenerationMatch=0`, S3 `If-None-Match: *`); one refused resolves
-        # to an empty generation.
+        # On condition that there is no object yet (GCS `ifGenerationMatch=0`,
+        # S3 `If-None-Match: *`); one refused resolves to an empty generation.
         future = self._kv.write(self._key(path), bytes(data), if_equal=_NO_VALUE)
-        if not self._result(future, "Writing", path).generation:
+        if not self.result(future, "Writing", path).generation:
             raise FileExistsError(17, "Another writer's object is there", str(path))
 
     def write_stream(self, path: Any, parts: Iterable[memoryview], nbytes: int) -> None:
@@ -152,160 +277,189 @@ class ObjectStore(Store):
             for part in _cut(parts, _parts.PART_BYTES):
                 held.append(part)
                 size += part.nbytes
-                if size < _parts.PART_BYTES:
-                    continue
-                self._put(pending, key, path, index, held)
-                index, held, size = index + 1, [], 0
+                if size == _parts.PART_BYTES:
+                    self._put(pending, key, path, index, held)
+                    index, held, size = index + 1, [], 0
             if held:
                 self._put(pending, key, path, index, held)
             while pending:
-                self._result(pending.popleft(), "Writing", path)
+                self.result(pending.popleft(), "Writing", path)
         finally:
             for future in pending:
                 future.cancel()
 
     def _put(self, pending, key: str, path: Any, index: int, held: list) -> None:
         while len(pending) >= _WRITE_WINDOW:
-            self._result(pending.popleft(), "Writing", path)
+            self.result(pending.popleft(), "Writing", path)
         data = b"".join(held)  # the one copy of these bytes
         pending.append(self._kv.write(_parts.part_name(key, index), data))
 
     def open(self, path: Any, end: int, nbytes: int | None) -> Reader:
         key = self._key(path)
-        if nbytes is None or _parts.count(nbytes):
-            head = self._read(key, path, slice(0, 0))
-            if head.state == "missing":
-                if nbytes is not None:
-                    self._check_parts(key, path, nbytes)
-                elif (
-                    self._read(_parts.part_name(key, 0), path, slice(0, 0)).state
-                    == "missing"
-                ):
-                    raise BadFile("is missing")
-                # Without a recorded length, the reads check what they need.
-                return _object_reads.ObjectReader(self, path, key, True)
-        self._check_length(key, path, end, nbytes, "is missing")
-        return _object_reads.ObjectReader(self, path, key, False)
+        found = self.probe(key, path, end - 1)
+        if found is not None:
+            self._check(found, key, path, end, nbytes, "")
+            return ObjectReader(self, path, {key: found})
+        if nbytes is not None and not _parts.count(nbytes):
+            raise BadFile("is missing")
+        total = end if nbytes is None else nbytes
+        keys = [_parts.part_name(key, k) for k in range(max(_parts.count(total), 1))]
 
-    def _check_length(self, key, path, end: int, nbytes: int | None, missing: str):
-        """Raises `BadFile` unless object `key` has `nbytes` bytes (if known),
-        else at least `end`: one small ranged read."""
-        self._checked(self._probe(key, end, nbytes), path, end, nbytes, missing)
+        def check(k: int) -> Any:  # each part full, but the last
+            want = min(_parts.PART_BYTES, total - k * _parts.PART_BYTES)
+            exact = nbytes is not None or k < len(keys) - 1
+            found = self.probe(keys[k], path, want - 1)
+            if found is None:
+                raise BadFile(f"is missing its part {k}" if k else "is missing")
+            self._check(found, keys[k], path, want, want if exact else None, k)
+            return found
 
-    def _probe(self, key: str, end: int, nbytes: int | None) -> Any:
-        """The request `_checked` judges: byte `nbytes` (there is none in a
-        whole file), or the last byte of `end`."""
-        probe = nbytes if nbytes is not None else max(end - 1, 0)
-        return self._kv.read(key, byte_range=slice(probe, probe + 1))
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:  # at once
+            return ObjectReader(
+                self,
+                path,
+                dict(zip(keys, pool.map(check, range(len(keys))), strict=True)),
+            )
 
-    def _checked(self, request, path, end: int, nbytes: int | None, missing: str):
-        try:
-            got = self._result(request, "Reading", path)
-        except ValueError as e:
-            if _RANGE_IGNORED not in str(e):  # OUT_OF_RANGE: ends at or before
-                if nbytes is None and end > 0:  # the probe
-                    raise BadFile(f"ends before byte {end}") from None
-                return
-            # The whole object came, so it has the probe's byte (TensorStore
-            # checks that a range it was not sent lies within what came).
-            got = None
-        if got is not None and got.state == "missing":
-            raise BadFile(missing)
-        if nbytes is not None:
-            raise BadFile(f"has more bytes than the {nbytes} written")
-
-    def _check_parts(self, key: str, path: Any, nbytes: int) -> None:
-        """Each part's length, asked all at once (one round trip, not one a
-        part)."""
-        sizes = [
-            min(_parts.PART_BYTES, nbytes - k * _parts.PART_BYTES)
-            for k in range(_parts.count(nbytes))
-        ]
-        requests = [
-            self._probe(_parts.part_name(key, k), size, size)
-            for k, size in enumerate(sizes)
-        ]
-        try:
-            for k, (request, size) in enumerate(zip(requests, sizes, strict=True)):
-                self._checked(request, path, size, size, f"is missing its part {k}")
-        finally:
-            for request in requests:
-                request.cancel()
+    def _check(
+        self, found: Any, key: str, path: Any, end: int, nbytes: int | None, k: Any
+    ) -> None:
+        """Raises `BadFile` unless object `key` (part `k`), `found` by a probe
+        of byte `end - 1`, holds `end` bytes and at most `nbytes`."""
+        part = "" if k == "" else f"a part {k} of "
+        if found == "short":
+            raise BadFile(
+                f"has {part}fewer bytes than the {end} written"
+                if part
+                else f"ends before byte {end}"
+            )
+        if nbytes is not None and self.probe(key, path, nbytes) not in ("short", None):
+            raise BadFile(f"has {part}more bytes than the {nbytes} written")
 
     def check_reachable(self, path: Any) -> None:
         """Raises `ObjectStoreError`, naming the bucket, the endpoint and what
-        to set, unless the store answers a read under `path` (one request)."""
+        to set, unless the store answers a read under `path`, and the bucket
+        exists (an object of a missing bucket reads as missing)."""
         key = self._key(path).rstrip("/") + "/orbax_eqx.json"
-        self._result(self._kv.read(key, byte_range=slice(0, 0)), "Reaching", path)
-        # An object of a bucket that is not there reads as missing: asked
-        # apart, or a save would make the bucket (s3fs does, for Orbax's
-        # directories) and a restore would say only that nothing is there.
-        if not self._bucket_exists(key, path):
-            where = self.where
-            make = (
-                f"`gcloud storage buckets create gs://{where.bucket}`"
-                if where.scheme == "gs"
-                else f"`aws s3 mb s3://{where.bucket}`"
-            )
-            raise ObjectStoreError(
-                f"The {where.describe()} does not exist (reaching {path}). "
-                f"Correct the bucket's name, or create the bucket ({make}) "
-                "before saving to it."
-            )
-
-    def _bucket_exists(self, key: str, path: Any) -> bool:
-        if self.where.scheme == "s3":
-            # Listing one key: S3 says NoSuchBucket where a read said missing.
-            listed = self._kv.list(ts.KvStore.KeyRange(key, key + "\0"))
+        self.result(self._kv.read(key, byte_range=slice(0, 0)), "Reaching", path)
+        name, gs = self.where.bucket, self.where.scheme == "gs"
+        if gs and _gcs_bucket_exists(name):  # TensorStore lists none as empty
+            return
+        if not gs:  # listing a key: S3 says NoSuchBucket
             try:
-                self._result(listed, "Reaching", path)
+                listed = self._kv.list(ts.KvStore.KeyRange(key, key + "\0"))
+                self.result(listed, "Reaching", path)
+                return
             except ObjectStoreError as e:
-                if "NoSuchBucket" in str(e):
-                    return False
-                raise
-            return True
-        # TensorStore's gcs driver lists a missing bucket as empty; gcsfs,
-        # which Orbax reaches gs:// through, tells.
-        try:
-            import gcsfs  # noqa: F401  (the `gcs` extra)
-            from etils import epath
-        except ImportError:
-            return True
-        try:
-            return epath.Path(f"gs://{self.where.bucket}").exists()
-        except Exception:  # no answer: the requests after this one say why
-            return True
+                if "NoSuchBucket" not in str(e):
+                    raise
+        make = (
+            f"gcloud storage buckets create gs://{name}"
+            if gs
+            else f"aws s3 mb s3://{name}"
+        )
+        raise ObjectStoreError(
+            f"The {self.where} does not exist (reaching {path}). Correct the "
+            f"bucket's name, or create the bucket (`{make}`) before saving to it."
+        )
 
     def wrap(
         self, error: BaseException, path: Any, what: str = "Saving to"
     ) -> BaseException:
-        """An error of the filesystem library Orbax makes directories with
-        (s3fs, gcsfs: no credentials, no endpoint), as an `ObjectStoreError`
-        that says what to set; other errors as they are."""
-        module = type(error).__module__.split(".")[0]
-        if module not in _tries.FSSPEC_MODULES:
-            return error
-        return self._failed(what, path, f"{type(error).__name__}: {error}")
-
-    def exists(self, path: Any) -> bool:
-        key = self._key(path)
-        if self._read(key, path, slice(0, 0)).state != "missing":
-            return True
-        first = _parts.part_name(key, 0)
-        return self._read(first, path, slice(0, 0)).state != "missing"
+        """An error of the libraries Orbax reaches stores through (s3fs, gcsfs,
+        botocore: raw, or as the cause of a builtin one) as an
+        `ObjectStoreError` that says what to set; others, and an answer that
+        an object is not there (a deletion, or damage), as they are."""
+        seen: set[int] = set()
+        at: BaseException | None = error
+        while at is not None and id(at) not in seen and len(seen) < 16:
+            seen.add(id(at))
+            if type(at).__module__.split(".")[0] in _FSSPEC:
+                if _says_missing(at):
+                    return error
+                return self.failed(what, path, f"{type(at).__name__}: {at}")
+            at = at.__cause__ or at.__context__
+        return error
 
     def delete(self, path: Any) -> None:
         key = self._key(path)
-        self._result(
-            self._kv.delete_range(ts.KvStore.KeyRange(key, key + "\0")),
-            "Deleting",
-            path,
-        )
         first = _parts.part_name(key, 0)[: -len("00000")]  # `{key}.part-`
         last = first[:-1] + chr(ord(first[-1]) + 1)
-        self._result(
-            self._kv.delete_range(ts.KvStore.KeyRange(first, last)), "Deleting", path
+        for lo, hi in ((key, key + "\0"), (first, last)):
+            request = self._kv.delete_range(ts.KvStore.KeyRange(lo, hi))
+            self.result(request, "Deleting", path)
+
+
+def _says_missing(error: BaseException) -> bool:
+    """Whether a library's error says an object (not its bucket) is not there."""
+    response = getattr(error, "response", None)
+    if isinstance(response, dict):  # botocore's ClientError
+        code = str(response.get("Error", {}).get("Code", ""))
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return code in ("NoSuchKey", "NotFound", "404") or (
+            status == 404 and code != "NoSuchBucket"
         )
+    return getattr(error, "code", None) == 404  # gcsfs's HttpError
+
+
+def _gcs_bucket_exists(bucket: str) -> bool:
+    """gcsfs (which Orbax reaches gs:// through) tells a missing bucket."""
+    try:
+        import gcsfs  # noqa: F401  (the `gcs` extra)
+        from etils import epath
+
+        return epath.Path(f"gs://{bucket}").exists()
+    except Exception:  # no gcsfs, or no answer: the requests after this say why
+        return True
+
+
+class ObjectReader(Reader):
+    """Objects (one, or a file's parts) of `store`, read in pieces, each
+    pinned to the generation `open` found (`pins`: {key: generation})."""
+
+    def __init__(self, store: ObjectStore, path: Any, pins: dict[str, Any]):
+        self._store, self._path, self._keys = store, path, list(pins)
+        self._pins = pins
+
+    def start(
+        self, ranges: Sequence[tuple[int, int]], buffers: Sequence[np.ndarray]
+    ) -> Reads:
+        jobs = []
+        for i, ((start, stop), buf) in enumerate(zip(ranges, buffers, strict=True)):
+            at = 0
+            where = (
+                [(0, start, stop)]
+                if len(self._keys) == 1
+                else _parts.pieces(start, stop)
+            )
+            for k, a, z in where:
+                for piece in range(a, z, _PIECE):
+                    n = min(_PIECE, z - piece)
+                    job = functools.partial(
+                        self._fill, buf[at : at + n], k, piece, start + at + n
+                    )
+                    jobs.append((i, at + n, job))
+                    at += n
+        return Reads(jobs, _WINDOW)
+
+    def _fill(self, into: np.ndarray, k: int, a: int, end: int) -> None:
+        key = self._keys[k]
+        got = self._store.read(key, self._path, a, a + into.size)
+        if got == "short":
+            raise BadFile(f"ends before byte {end}")
+        if got.state == "missing":
+            raise BadFile("is missing")
+        if got.stamp.generation != self._pins[key]:
+            raise BadFile(
+                "was replaced during the read (its generation changed after the "
+                "first bytes were read)"
+            )
+        into[:] = np.frombuffer(got.value, np.uint8)
+
+    def check_unchanged(self) -> None:
+        for key, pin in self._pins.items():
+            if self._store.probe(key, self._path, -1) != pin:
+                raise BadFile("was replaced during the read")
 
 
 def _cut(views: Iterable[memoryview], size: int) -> Iterable[memoryview]:
@@ -314,29 +468,20 @@ def _cut(views: Iterable[memoryview], size: int) -> Iterable[memoryview]:
     for view in views:
         view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
         while view.nbytes:
-            room = size - at % size
-            head, view = view[:room], view[room:]
+            head, view = view[: size - at % size], view[size - at % size :]
             at += head.nbytes
             yield head
 
 
-@dataclasses.dataclass(frozen=True)
-class _Value:
-    """A read's result, as TensorStore's `ReadResult` has it."""
-
-    value: bytes
-    state: str
-    stamp: Any
+_Value = collections.namedtuple("_Value", "value state stamp")  # a ReadResult
 
 
 @functools.lru_cache(maxsize=64)
-def _store(spec_json: str, where: _endpoints.Where) -> ObjectStore:
-    del spec_json  # part of the cache key: the environment it was made in
+def _store(where: Where) -> ObjectStore:
     return ObjectStore(where)
 
 
 def store_for(url: str) -> ObjectStore:
     """The store of the bucket `url` is in, reached as the environment says now."""
-    where, _ = _endpoints.split(url)
-    _patience.configure_tensorstore()  # before TensorStore's first request
-    return _store(json.dumps(where.spec(), sort_keys=True), where)
+    _stall_s()  # refused before any request if it is no time
+    return _store(split(url)[0])

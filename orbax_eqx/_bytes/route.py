@@ -2,7 +2,7 @@
 
 `for_path` is the one place that turns a path into a `store.Store`: local
 files (`local`) or a bucket's objects (`objects`, loaded only for object
-stores, with TensorStore). `paths.is_remote` says which side a path is on.
+stores, with TensorStore).
 """
 
 import os

@@ -2,12 +2,12 @@
 
 A `Store` reads and writes files named by full paths (`/ckpt/7/default/x`,
 `gs://bucket/run/7/default/x`). It knows nothing of what the bytes mean; the
-caller words every error about a file's contents. This module is the
-interface only: `route.for_path` picks the store from a path, and the
-implementations (`local`, `objects`) import this module, never the reverse.
+caller words every error about a file's contents. `route.for_path` picks
+the implementation (`local`, `objects`), which imports this module.
 """
 
 import abc
+import concurrent.futures
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -17,7 +17,8 @@ ErrorFor = Callable[[str], Exception]
 
 
 class BadFile(Exception):
-    """A file that is missing, of the wrong length, or ends early.
+    """A file that is missing, of the wrong length, ends early, or was
+    replaced while a `Reader` had it open.
 
     `what` completes a sentence about the file ("is missing", "has 10 bytes
     where 12 were written"); the caller turns it into its own error.
@@ -28,63 +29,65 @@ class BadFile(Exception):
         self.what = what
 
 
-class Reads(abc.ABC):
-    """Ranged reads in flight into the caller's buffers."""
+class Reads:
+    """Ranged reads in flight into the caller's buffers: `jobs` are `(buffer,
+    its stop in the buffer, callable)`, in order of need, run by `workers`
+    threads."""
 
-    @abc.abstractmethod
+    def __init__(self, jobs: Sequence[tuple[int, int, Callable[[], None]]], workers):
+        self._pool = None
+        if len(jobs) > 1:  # else read here: a thread costs more than a small read
+            self._pool = concurrent.futures.ThreadPoolExecutor(min(workers, len(jobs)))
+        self._jobs = [(i, stop, self._run(job)) for i, stop, job in jobs]
+
+    def _run(self, job: Callable[[], None]) -> concurrent.futures.Future:
+        if self._pool is not None:
+            return self._pool.submit(job)
+        done: concurrent.futures.Future = concurrent.futures.Future()
+        try:
+            job()
+            done.set_result(None)
+        except Exception as e:  # raised by `ready` and `wait`, as from a thread
+            done.set_exception(e)
+        return done
+
     def ready(self, i: int, stop: int) -> None:
         """Returns once the first `stop` bytes of buffer `i` are read; raises
         what their read raised (`BadFile` if the file ends before them)."""
+        before = 0
+        for j, end, future in self._jobs:
+            if j == i and before < stop:
+                future.result()  # bounded: every request has a timeout
+                before = end
 
-    @abc.abstractmethod
     def wait(self) -> None:
         """Returns once every buffer is filled; raises as `ready` does."""
-
-    @abc.abstractmethod
-    def cancel(self) -> None:
-        """Abandons the reads not yet done (after an error); never raises."""
-
-
-class InOrder(Reads):
-    """Reads as jobs `(buffer, start in it, stop in it, ...)`, finished in
-    order: a buffer's bytes are ready up to the stop of its last finished
-    job. Subclasses start the jobs and say how to wait for the next one."""
-
-    def __init__(self, jobs: Sequence[tuple], buffers: Sequence[np.ndarray]):
-        self._jobs, self._buffers = jobs, buffers
-        self._done = 0
-        self._filled = [0] * len(buffers)
-
-    @abc.abstractmethod
-    def _finish_next(self) -> None:
-        """Waits for job `self._done` (bounded), raising what it raised."""
-
-    def _next(self) -> None:
-        i, _, to, *_ = self._jobs[self._done]
-        self._finish_next()
-        self._filled[i] = to
-        self._done += 1
-
-    def ready(self, i: int, stop: int) -> None:
-        while self._filled[i] < stop and self._done < len(self._jobs):
-            self._next()
-
-    def wait(self) -> None:
         try:
-            while self._done < len(self._jobs):
-                self._next()
+            for _, _, future in self._jobs:
+                future.result()
         finally:
             self.cancel()
 
+    def cancel(self) -> None:
+        """Abandons the reads not yet started (after an error); never raises."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
 
 class Reader(abc.ABC):
-    """One file opened for ranged reads, its length already checked."""
+    """One file opened for ranged reads, its length already checked: every
+    read comes from the very version of the file that `open` saw, or raises
+    `BadFile("was replaced ...")`."""
 
     @abc.abstractmethod
     def start(
         self, ranges: Sequence[tuple[int, int]], buffers: Sequence[np.ndarray]
     ) -> Reads:
         """Starts reading each byte range `[start, stop)` into its buffer."""
+
+    def check_unchanged(self) -> None:
+        """Raises `BadFile("was replaced ...")` if the path names another file
+        than the one opened (after the reads, for callers that must know)."""
 
     def close(self) -> None:
         """Lets go of what the reader holds."""
@@ -101,11 +104,8 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def read_whole(self, path: Any, limit: int, error: ErrorFor) -> bytes:
-        """A whole file of at most `limit` bytes; more raises `error(...)`.
-
-        `FileNotFoundError` if there is none, `PermissionError` as the store
-        says.
-        """
+        """A whole file of at most `limit` bytes; more raises `error(...)`,
+        none `FileNotFoundError`."""
 
     @abc.abstractmethod
     def write_whole(self, path: Any, data: bytes) -> None:
@@ -123,31 +123,27 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def open(self, path: Any, end: int, nbytes: int | None) -> Reader:
-        """Opens `path` for ranged reads up to byte `end`.
-
-        Raises `BadFile` if it is missing, shorter than `end`, or longer than
-        `nbytes` (the length recorded for it, if known): before the caller
-        allocates anything for sizes that only a damaged record claims.
-        """
+        """Opens `path` for ranged reads up to byte `end`, pinned to the file
+        that is there now. Raises `BadFile` if it is missing, shorter than
+        `end`, or longer than `nbytes` (its recorded length, if known):
+        before the caller allocates anything for sizes only damage claims."""
 
     def check_reachable(self, path: Any) -> None:
         """Raises an error that says what to set if the store cannot be
-        reached at `path` (credentials, endpoint); before Orbax's own
-        directory calls, whose errors say less."""
+        reached at `path`: before Orbax's own calls, whose errors say less."""
 
     def wrap(
         self, error: BaseException, path: Any, what: str = "Saving to"
     ) -> BaseException:
-        """`error`, raised by Orbax's own file calls at `path` (while `what`:
-        "Saving to", "Reading"), worded as this store's errors are where that
-        helps (see `objects`)."""
+        """`error`, raised by Orbax's own file calls at `path` (while `what`),
+        as this store's error where that helps (see `objects`)."""
         return error
 
     @abc.abstractmethod
     def version(self, path: Any) -> Any:
         """Which file is at `path` now: a value that changes whenever it is
         written anew (on a disk its inode and change time, on an object store
-        its generation), or None if there is none."""
+        its generation or ETag), or None if there is none."""
 
     @abc.abstractmethod
     def exists(self, path: Any) -> bool:
@@ -156,3 +152,11 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def delete(self, path: Any) -> None:
         """Removes file `path` and its parts, if there; no error if not."""
+
+
+def check_length(size: int, end: int, nbytes: int | None, part: str = "") -> None:
+    """A file (or `part`, "a part 3 of ") of `size` bytes holding ranges up
+    to `end`, recorded as `nbytes` long: longer or shorter is damage."""
+    if (nbytes is not None and size > nbytes) or size < end:
+        written = end if nbytes is None else nbytes
+        raise BadFile(f"has {part}{size} bytes where {written} were written")

@@ -10,8 +10,8 @@ from typing import Any
 import orbax.checkpoint as ocp
 from etils import epath
 
+from .._bytes import damage as _damage
 from .._bytes import route as _route
-from .._bytes import verdict as _verdict
 from .._errors import ObjectStoreError, ObjectStoreSaveError, UnsupportedLeafError
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
@@ -287,8 +287,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
 
     def _restore_checked(self, directory: epath.Path, args: "EqxRestore") -> Any:
         # Bytes from an object store that fail their checks are read again
-        # before they are called damage (see `_bytes/verdict.py`).
-        return _verdict.confirmed(
+        # before they are called damage (see `_bytes/damage.py`).
+        return _damage.confirmed(
             directory, lambda: self._restore_current(directory, args)
         )
 

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 import orbax.checkpoint as ocp
 
-from .._bytes import verdict as _verdict
+from .._bytes import damage as _damage
 from .._errors import (
     CheckpointMismatchError,
     CheckpointNotFoundError,
@@ -90,7 +90,7 @@ def restore_latest(manager: ocp.CheckpointManager, args: Any = None) -> Restored
                 continue
             raise
         except Exception as e:  # any damage: missing, truncated, unreadable
-            failure = _verdict.store_failure(e, manager.directory)
+            failure = _damage.store_failure(e, manager.directory)
             if failure is not None:  # raw, from Orbax's own calls to the store
                 raise failure from e
             if len(deleted) < MAX_DELETED:

@@ -7,7 +7,7 @@ from typing import Any
 
 from etils import epath
 
-from .._bytes import verdict as _verdict
+from .._bytes import damage as _damage
 from .._errors import ObjectStoreError, OrbaxEqxError
 from .._format.checksum import NAMES, XXH3, Running, host_sum32
 from .._format.sidecar import (
@@ -99,7 +99,7 @@ def verify(
     path = find_item(directory)
     if _items.kind_of(path) == _items.PLAIN:
         return verify_plain(path, _plain.read(path), progress)
-    return _verdict.confirmed(path, lambda: _verify(path, progress), _listed)
+    return _damage.confirmed(path, lambda: _verify(path, progress), _listed)
 
 
 def _listed(report: VerifyReport) -> str:
