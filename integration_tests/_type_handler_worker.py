@@ -166,7 +166,7 @@ def save() -> None:
     for p in range(jax.process_count()):  # each process's own shards
         expected += [f"orbax_eqx~shards.{token}.{p}.bin"]
         expected += [f"orbax_eqx~shards.{token}.{p}.json"]
-    assert files == sorted(expected + ["orbax_eqx~typed.json"]), files
+    assert files == sorted(expected + ["orbax_eqx.json"]), files
     print("files:", files, flush=True)
     if jax.process_count() > 1:
         return

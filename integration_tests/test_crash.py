@@ -1,6 +1,6 @@
 """kill -9 and SIGTERM in the middle of async saves never cost a good step.
 
-Each round starts a process that saves step after step, kills it at a random
+Each trial starts a process that saves step after step, kills it at a random
 moment (seeded, so a failure can be replayed), then opens a fresh manager on
 the directory and checks that the latest step is complete and restores to
 exactly the values saved at that step, that no temporary directory is taken

@@ -282,7 +282,7 @@ def test_item_metadata(tmp_path):
 
     metadata = mngr.item_metadata(0)
     assert isinstance(metadata, oeqx.Metadata)
-    assert metadata.format_version == 6
+    assert metadata.format_version == 7
     assert metadata.versions["orbax_eqx"] == oeqx.__version__
     weight = metadata.leaves["model.layers.0.weight"]
     assert (weight.kind, weight.shape, weight.dtype) == ("array", (8, 4), "float32")

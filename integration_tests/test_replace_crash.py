@@ -1,6 +1,6 @@
 """kill -9 at any point of `save(..., overwrite=True)` never loses the checkpoint.
 
-Each round starts a process that overwrites one checkpoint again and again
+Each trial starts a process that overwrites one checkpoint again and again
 (`_replace_crash_worker.py`), kills it with SIGKILL at a random moment
 (seeded, so a failure can be replayed), then restores the path in this
 process: it must hold, bit for bit, the version being saved when the kill
@@ -93,7 +93,7 @@ def test_killed_overwrites_never_lose_the_checkpoint(tmp_path):
     oeqx.save(path, replace_item(0))
     latest, kinds, most_beside = 0, {"previous": 0, "new": 0}, 0
     swaps = [("exchange", "renames")[r % 2] for r in range(ROUNDS)]
-    waiting = _start(path, swaps[0])  # each round, the next one starts up
+    waiting = _start(path, swaps[0])  # each trial, the next one starts up
     try:
         for round_, swap in enumerate(swaps):
             proc = waiting

@@ -49,7 +49,7 @@ def test_two_processes_save_their_own_shards_and_one_restores(tmp_path):
     root = tmp_path / "ckpt"
     texts = _run("save", root, processes=2, devices=4, logs=tmp_path / "save")
     for text in texts:  # each process saw both processes' shard packs
-        assert ".0.json', " in text and ".1.json', " in text, text
+        assert ".0.json'" in text and ".1.json'" in text, text
     (loaded,) = _run("restore", root, processes=1, devices=4, logs=tmp_path / "load")
     assert "equal: 29 arrays, on NamedSharding(mesh=Mesh('x': 4" in loaded
     assert "equal: 29 arrays, on SingleDeviceSharding(" in loaded

@@ -70,21 +70,21 @@ class _ConsoleParser:
     def __call__(self, document: Document) -> Iterable[Region]:
         for region in fenced_blocks(document):
             if region.lexemes["language"] == "console":
-                region.parsed = _sessions(region.lexemes["source"])
+                region.parsed = _commands(region.lexemes["source"])
                 region.evaluator = _run_console
                 yield region
 
 
-def _sessions(text: str) -> list[tuple[str, str]]:
-    sessions: list[tuple[str, list[str]]] = []
+def _commands(text: str) -> list[tuple[str, str]]:
+    commands: list[tuple[str, list[str]]] = []
     for line in text.splitlines():
         if line.startswith("$ "):
-            sessions.append((line[2:], []))
-        elif not sessions:
+            commands.append((line[2:], []))
+        elif not commands:
             raise ValueError(f"console block does not start with `$ `: {line!r}")
         else:
-            sessions[-1][1].append(line)
-    return [(command, "\n".join(lines)) for command, lines in sessions]
+            commands[-1][1].append(line)
+    return [(command, "\n".join(lines)) for command, lines in commands]
 
 
 def _run_console(example: Example) -> str | None:

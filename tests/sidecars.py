@@ -29,7 +29,7 @@ def read(path) -> dict:
     before format 6 lack)."""
     content = json.loads((path / FILE_NAME).read_text())
     content.pop("checksum", None)
-    if content.get("format_version") == 6:
+    if content.get("format_version") == 7:
         content = expand(content)
     return content
 
@@ -71,3 +71,10 @@ def seal_text(text: str) -> bytes:
     checksum a save puts last: for sidecars written without `write`."""
     body = (text.rstrip().removesuffix("}") + ",\n").encode("utf-8", "surrogatepass")
     return body + checksum_line(digest(body))
+
+
+def write_json(path, content: dict) -> None:
+    """Writes `content` (a shard index, say) as JSON at `path`, sealed as a
+    save seals it (the old checksum member dropped, a new one last)."""
+    body = {k: v for k, v in content.items() if k != "checksum"}
+    path.write_bytes(seal_text(json.dumps(body)))

@@ -271,8 +271,9 @@ def _corrupt_sidecar(tmp_path):
         ),
         (
             _corrupt_sidecar,
-            r"The sidecar \S+/broken/orbax_eqx\.json is not valid JSON \(.+\); the "
-            r"checkpoint is damaged\. Restore an earlier step\.",
+            r"The sidecar \S+/broken/orbax_eqx\.json is not JSON as orbax_eqx writes "
+            r"it \(.+\); the checkpoint is damaged \(or something else was put in its "
+            r"place\)\. Restore an earlier step, or re-save it\.",
         ),
     ],
     ids=["missing", "not-a-checkpoint", "corrupt-sidecar"],

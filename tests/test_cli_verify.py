@@ -98,7 +98,7 @@ def test_verify_without_checksums_says_so(tmp_path):
         (lambda p: None, r"orbax_eqx: error: .*nope does not exist\."),
         (
             lambda p: (p / "ckpt" / "orbax_eqx.json").write_text("{"),
-            r"orbax_eqx: error: The sidecar .*orbax_eqx.json is not valid JSON",
+            r"orbax_eqx: error: The sidecar .*orbax_eqx.json is not JSON as orbax_eqx writes it",
         ),
     ],
     ids=["missing", "bad_sidecar"],
@@ -172,14 +172,14 @@ def test_verify_a_manager_root_goes_on_past_an_unreadable_step(root):
     ]
     assert doc["checkpoints"][0]["nbytes"] == 200 and doc["ok"] is False
     assert re.match(
-        r"The sidecar .*/7/default/orbax_eqx\.json is not valid JSON",
+        r"The sidecar .*/7/default/orbax_eqx\.json is not JSON as orbax_eqx writes it",
         doc["checkpoints"][2]["error"],
     )
 
     result = run_cli("verify", "run", cwd=root.parent)
     assert result.returncode == 1
     assert re.search(
-        rf"^UNREADABLE {root}/7/default: The sidecar .* is not valid JSON",
+        rf"^UNREADABLE {root}/7/default: The sidecar .* is not JSON as orbax_eqx writes it",
         result.stdout,
         re.M,
     )

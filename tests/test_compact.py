@@ -336,12 +336,12 @@ def _row(**at):
 @pytest.mark.parametrize(
     "change, what",
     [
-        (lambda c: c["leaves"]["w"].pop(), "it has 3 values"),
-        (lambda c: c["leaves"]["w"].append(0), "it has 5 values"),
-        (_row(i0=5), "its dtype is not a string"),
-        (_row(i1=[-1, 3]), "its shape is not a list of sizes"),
-        (_row(i2="0"), r"its offset is not a byte offset \(an integer >= 0\)"),
-        (_row(i3="XYZ"), "its checksum is not XXH3-64 in 16 lower-case"),
+        (lambda c: c["leaves"]["w"].pop(), "Expected `array` of length 4"),
+        (lambda c: c["leaves"]["w"].append(0), "Expected `array` of length 4"),
+        (_row(i0=5), r"Expected `str`, got `int` - at `\$\[0\]`"),
+        (_row(i1=[-1, 3]), r"Expected `int` >= 0 - at `\$\[1\]\[0\]`"),
+        (_row(i2="0"), r"Expected `int`, got `str` - at `\$\[2\]`"),
+        (_row(i3="XYZ"), r"Expected `str` matching regex .* - at `\$\[3\]`"),
     ],
     ids=["short", "long", "dtype", "shape", "offset", "checksum"],
 )
@@ -349,10 +349,7 @@ def test_a_malformed_row_is_damage(saved, change, what):
     _edit_raw(saved, change)
     with pytest.raises(
         oeqx.SidecarError,
-        match=_damaged(
-            r"leaf 'w' is a row, `\[dtype, shape, offset, xxh3\]` \(a packed "
-            rf"jax array\), but {what}.*"
-        ),
+        match=_damaged(rf"leaf 'w' is malformed \({what}\)"),
     ):
         oeqx.metadata(saved)
 
@@ -371,14 +368,6 @@ def test_a_row_is_checked_as_its_whole_record_is(saved, change, what):
         oeqx.metadata(saved)
 
 
-def test_a_row_edited_to_another_dtype_of_its_size_is_damaged_data(saved):
-    _edit_raw(saved, _row(i0="int32"))  # bound to its checksum, as whole
-    report = oeqx.verify(saved)
-    assert [d.name for d in report.damaged] == ["w"]
-    with pytest.raises(oeqx.CheckpointDamagedError, match=r"Leaf `\['w'\]`"):
-        oeqx.restore(saved)
-
-
 @pytest.mark.parametrize(
     "change, what",
     [
@@ -392,11 +381,12 @@ def test_a_row_edited_to_another_dtype_of_its_size_is_damaged_data(saved):
         ),
         (
             lambda c: c.update(module_types={"0": {}}),
-            '"module_types" must be a JSON list',
+            r'its "module_types" is malformed \(Expected `array`, got `object`.*\)',
         ),
         (
             lambda c: c["module_types"][0].pop("class"),
-            "module type 0 has no class or static fields",
+            r'its "module_types" is malformed \(Object missing required field '
+            r"`class` - at `\$\.module_types\[0\]`\)",
         ),
         (
             lambda c: c["nodes"].update({"": 3}),
@@ -414,17 +404,18 @@ def test_a_row_edited_to_another_dtype_of_its_size_is_damaged_data(saved):
         ),
         (
             lambda c: c["module_types"][0].update(node=-1),
-            'module type 0 gives its node type as -1, not an index into "node_types"',
+            r'its "module_types" is malformed \(Expected `int` >= 0 - at '
+            r"`\$\.module_types\[0\]\.node`\)",
         ),
         (
             lambda c: c["module_types"][0].update(node="0"),
-            "module type 0 gives its node type as a JSON string, not an index into "
-            '"node_types"',
+            r'its "module_types" is malformed \(Expected `int`, got `str` - at '
+            r"`\$\.module_types\[0\]\.node`\)",
         ),
         (
             lambda c: c["module_types"][0].update(node=None),
-            "module type 0 gives its node type as a JSON null, not an index into "
-            '"node_types"',
+            r'its "module_types" is malformed \(Expected `int`, got `null` - at '
+            r"`\$\.module_types\[0\]\.node`\)",
         ),
         (
             lambda c: c["nodes"].update(lin=0),
@@ -432,12 +423,8 @@ def test_a_row_edited_to_another_dtype_of_its_size_is_damaged_data(saved):
         ),
         (
             lambda c: c["node_types"][1].update(type="other"),
-            "node type 1 is malformed",
-        ),
-        (
-            lambda c: c["node_types"][0].pop("fields"),
-            r"node type 0 \(a module\) says no children: a list or tuple records "
-            r'its "length", a module or namedtuple its "fields", a dict its "keys"',
+            r'its "node_types" is malformed \(Invalid enum value .other. - at '
+            r"`\$\.node_types\[1\]\.type`\)",
         ),
     ],
     ids=[
@@ -453,7 +440,6 @@ def test_a_row_edited_to_another_dtype_of_its_size_is_damaged_data(saved):
         "module-node-null",
         "node-recorded-twice",
         "node-type-other",
-        "node-type-without-fields",
     ],
 )
 def test_malformed_types_are_damage(saved, change, what):
@@ -484,24 +470,6 @@ def test_a_length_is_checked_before_any_name_is_made(tmp_path):
         ),
     ):
         oeqx.metadata(path)
-
-
-def test_format_5_has_no_short_records(saved):
-    def older(c):
-        c["format_version"] = 5
-        c["checksums"] = False  # (format 5's are CRC-32s)
-        paths = compact.Paths(c["modules"])
-        for name, entry in c["leaves"].items():
-            c["leaves"][name] = compact.expand_leaf(name, entry, paths)
-            del c["leaves"][name]["xxh3"]
-
-    _edit_raw(saved, older)
-    # Its leaves whole, its module's index is no module of format 5.
-    with pytest.raises(
-        oeqx.SidecarError,
-        match=_damaged("module 'lin' has no class, path or static fields"),
-    ):
-        oeqx.metadata(saved)
 
 
 def test_zero_size_and_numpy_arrays_are_whole(tmp_path):
@@ -550,7 +518,7 @@ def test_a_shape_of_more_dimensions_than_numpy_has_is_damage(saved):
     _edit_raw(saved, _row(i1=[1] * 65))
     with pytest.raises(
         oeqx.SidecarError,
-        match=_damaged(r".* but its shape is not a list of sizes \(at most 64\)"),
+        match=_damaged(r"leaf 'w' is malformed \(Expected `array` of length <= 64.*\)"),
     ):
         oeqx.metadata(saved)
     # The same in a whole record.
@@ -563,8 +531,6 @@ def test_a_shape_of_more_dimensions_than_numpy_has_is_damage(saved):
     _edit_raw(saved, whole_record)
     with pytest.raises(
         oeqx.SidecarError,
-        match=_damaged(
-            "leaf 'w' has a shape of 1000 dimensions, where an array has at most 64"
-        ),
+        match=_damaged(r"leaf 'w' is malformed \(Expected `array` of length <= 64.*\)"),
     ):
         oeqx.metadata(saved)

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+import sidecars
 import zoo
 
 import orbax_eqx as oeqx
@@ -262,70 +263,75 @@ def test_manager_root_is_not_a_checkpoint(tmp_path):
 
 
 def _write_sidecar(path, text):
-    (path / "orbax_eqx.json").write_text(text)
+    (path / "orbax_eqx.json").write_bytes(sidecars.seal_text(text))
+
+
+# What every sidecar has besides its leaves and packs.
+_HEAD = (
+    '"format": "orbax_eqx", "format_version": 7, "versions": {}, '
+    '"token": "0123456789abcdef", "modules": {}'
+)
+_PACK = '{"file": "orbax_eqx~packed.0123456789abcdef.0.bin", "nbytes": 16, '
+_PACK += '"byteorder": "little"}'
+_ARRAY = '"kind": "array", "shape": [4], "dtype": "float32", "container": "jax"'
 
 
 @pytest.mark.parametrize(
     "text, match",
     [
-        ("", r"is not valid JSON"),
-        ('{"format": "orbax_eqx", "format_', r"is not valid JSON"),
-        ("[1, 2]", r'damaged: expected a JSON object with "format": "orbax_eqx"'),
+        ('{"format": "orbax_eqx", "format_', r"is not JSON as orbax_eqx writes it"),
+        ("[1, 2]", r"is not JSON as orbax_eqx writes it \(Expected `object`"),
         (
             '{"format": "orbax_eqx", "format_version": 99, "leaves": {}}',
-            r"format version 99, but this orbax_eqx reads versions up to 6. "
-            r"Upgrade orbax_eqx",
+            r"is of format version 99; this orbax_eqx reads format version 7 "
+            r"only\. Upgrade orbax_eqx",
         ),
         (
-            '{"format": "orbax_eqx", "format_version": 1, "leaves": {"w": '
-            '{"kind": "pickle"}}}',
-            r"leaf 'w' has unknown kind 'pickle'",
+            '{"format": "orbax_eqx", "format_version": 6, "leaves": {}}',
+            r"is of format version 6; this orbax_eqx reads format version 7 only\. "
+            r"It was written by an earlier, unreleased orbax_eqx",
         ),
         (
-            '{"format": "orbax_eqx", "format_version": 1, "leaves": {"w": '
-            '{"kind": "array", "shape": [-1], "dtype": "float32"}}}',
-            r"leaf 'w' has shape \[-1\], not a list of sizes",
+            "{" + _HEAD + ', "leaves": {"w": {"kind": "pickle"}}}',
+            r"leaf 'w' is malformed \(Invalid value 'pickle' - at `\$\.kind`\)",
         ),
         (
-            '{"format": "orbax_eqx", "format_version": 1, "leaves": {"w": '
-            '{"kind": "array", "shape": [1], "dtype": "float32", "container": "jax",'
-            ' "data": "orbax", "key": "../../etc/passwd"}}}',
+            "{" + _HEAD + ', "leaves": {"w": {"kind": "array", "shape": [-1], '
+            '"dtype": "float32"}}}',
+            r"leaf 'w' is malformed \(Expected `int` >= 0 - at `\$\.shape\[0\]`\)",
+        ),
+        (
+            "{" + _HEAD + ', "leaves": {"w": {' + _ARRAY + ', "nbytes": 4, '
+            '"data": "orbax", "key": "../../etc/passwd", "sum32": null}}}',
             r"leaf 'w' has storage key '../../etc/passwd', expected 'w'",
         ),
         (
-            '{"format": "orbax_eqx", "format_version": 2, "leaves": {}, "packs": '
-            '[{"file": "../../etc/passwd", "nbytes": 8}]}',
-            r"pack 0 is in file '../../etc/passwd', expected "
-            r"'orbax_eqx~packed.0.bin'",
+            "{" + _HEAD + ', "leaves": {}, "packs": [{"file": "../../etc/passwd", '
+            '"nbytes": 8, "byteorder": "little"}]}',
+            r"pack 0 is in file '../../etc/passwd', not a pack file",
         ),
         (
-            '{"format": "orbax_eqx", "format_version": 2, "leaves": {"w": '
-            '{"kind": "array", "shape": [4], "dtype": "float32", "container": "jax",'
-            ' "data": "packed", "pack": 1, "offset": 0, "nbytes": 16}}, "packs": '
-            '[{"file": "orbax_eqx~packed.0.bin", "nbytes": 16}]}',
+            "{" + _HEAD + ', "leaves": {"w": {' + _ARRAY + ', "data": "packed", '
+            '"pack": 1, "offset": 0, "nbytes": 16}}, "packs": [' + _PACK + "]}",
             r"leaf 'w' is in pack 1, which is not listed",
         ),
         (
-            '{"format": "orbax_eqx", "format_version": 2, "leaves": {"w": '
-            '{"kind": "array", "shape": [4], "dtype": "float32", "container": "jax",'
-            ' "data": "packed", "pack": 0, "offset": 64, "nbytes": 16}}, "packs": '
-            '[{"file": "orbax_eqx~packed.0.bin", "nbytes": 16}]}',
+            "{" + _HEAD + ', "leaves": {"w": {' + _ARRAY + ', "data": "packed", '
+            '"pack": 0, "offset": 64, "nbytes": 16}}, "packs": [' + _PACK + "]}",
             r"leaf 'w' ends at byte 80 of pack 0, which holds 16",
         ),
         (
-            '{"format": "orbax_eqx", "format_version": 2, "leaves": {"w": '
-            '{"kind": "array", "shape": [4], "dtype": "float32", "container": "jax",'
-            ' "data": "packed", "pack": 0, "offset": 0, "nbytes": 8}}, "packs": '
-            '[{"file": "orbax_eqx~packed.0.bin", "nbytes": 16}]}',
+            "{" + _HEAD + ', "leaves": {"w": {' + _ARRAY + ', "data": "packed", '
+            '"pack": 0, "offset": 0, "nbytes": 8}}, "packs": [' + _PACK + "]}",
             r"leaf 'w' has 8 bytes in its pack, but a float32 array of shape "
             r"\(4,\) has 16",
         ),
     ],
     ids=[
-        "empty",
         "truncated",
         "wrong_shape",
         "newer",
+        "older",
         "unknown_kind",
         "bad_shape",
         "escaping_key",
@@ -347,10 +353,18 @@ def test_missing_sidecar(saved_mlp):
         oeqx.EqxHandler().restore(saved_mlp)
 
 
+def test_an_empty_sidecar_is_damage(saved_mlp):
+    (saved_mlp / "orbax_eqx.json").write_bytes(b"")
+    with pytest.raises(oeqx.SidecarError, match=r"is not JSON as orbax_eqx writes"):
+        oeqx.restore(saved_mlp)
+
+
 def test_reading_a_sidecar_imports_and_runs_nothing(tmp_path):
     sidecar = {
         "format": "orbax_eqx",
-        "format_version": 1,
+        "format_version": 7,
+        "versions": {},
+        "token": "0123456789abcdef",
         "leaves": {
             "f": {"kind": "callable", "value": {"callable": "evil_mod_xyz.run"}},
             "o": {"kind": "object", "value": {"object": "os.system", "repr": "rm"}},
@@ -359,7 +373,9 @@ def test_reading_a_sidecar_imports_and_runs_nothing(tmp_path):
         "modules": {"": {"class": "evil_mod_xyz.Module", "static": {}}},
     }
     (tmp_path / "ckpt").mkdir()
-    (tmp_path / "ckpt" / "orbax_eqx.json").write_text(json.dumps(sidecar))
+    (tmp_path / "ckpt" / "orbax_eqx.json").write_bytes(
+        sidecars.seal_text(json.dumps(sidecar))
+    )
     flat = oeqx.restore(tmp_path / "ckpt")
     assert "evil_mod_xyz" not in sys.modules
     assert flat["f"] == oeqx.RecordedLeaf("callable", "evil_mod_xyz.run")

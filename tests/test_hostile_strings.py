@@ -16,9 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import sidecars
 from entry import main
-from safetensors import safe_open
 
 import orbax_eqx as oeqx
 
@@ -92,53 +90,6 @@ def test_descriptions_escape_such_text(tmp_path):
     oeqx.save(tmp_path / "ckpt", {"n": Named(), "w": jnp.ones(1)})
     value = oeqx.metadata(tmp_path / "ckpt").leaves["n"].value
     assert value["repr"] == "Named(caf\\udce9)"
-
-
-def test_checkpoints_saved_before_the_refusal_restore_exactly(tmp_path, capsys):
-    # Written as orbax_eqx used to write them: names and values as they are,
-    # lone surrogates UTF-8-encoded (`surrogatepass`), which a strict reader
-    # called damage; paths escaped, as `jax.tree_util.keystr` prints them.
-    path = tmp_path / "ckpt"
-    # Without checksums: from format 5 on a packed leaf's CRC-32 is bound to
-    # its name, which this test renames.
-    oeqx.save(
-        path, {"files": {"KEY": jnp.arange(3.0)}, "name": "VALUE"}, checksums=False
-    )
-    content = sidecars.read(path)
-    leaves = content["leaves"]
-    leaves[f"files.{NOT_UTF8}"] = leaves.pop("files.KEY")
-    leaves[f"files.{NOT_UTF8}"]["path"] = "['files']['caf\\udce9']"
-    leaves["name"]["value"] = NOT_UTF8
-    sidecars.write(path, content)  # as such a save wrote it, checksum and all
-    restored = oeqx.restore(path)
-    assert restored["name"] == NOT_UTF8
-    np.testing.assert_array_equal(restored[f"files.{NOT_UTF8}"], np.arange(3.0))
-    skeleton = {
-        "files": {NOT_UTF8: jax.ShapeDtypeStruct((3,), jnp.float32)},
-        "name": "",
-    }
-    restored = oeqx.restore(path, skeleton)
-    assert restored["name"] == NOT_UTF8 and list(restored["files"]) == [NOT_UTF8]
-    # inspect shows them escaped rather than failing to print them.
-    assert main(["inspect", str(path), "--flat"]) == 0
-    assert "files.caf\\udce9" in capsys.readouterr().out
-    # export: a tensor name must be UTF-8; the rule the error suggests works,
-    # and the str leaf goes into the metadata escaped, so it reads back exact.
-    out = tmp_path / "hf"
-    assert main(["export", str(path), "--to", "safetensors", str(out)]) == 2
-    assert capsys.readouterr().err == (
-        "orbax_eqx: error: Leaf `files.caf\\udce9` would be the tensor "
-        "'files.caf\\udce9', which is not valid Unicode (a lone surrogate); "
-        "safetensors names are UTF-8. Rename it with a --rename rule whose regex "
-        'matches it (`[["<regex>", "<new name>"]]`).\n'
-    )
-    (tmp_path / "rules.json").write_text('[["files\\\\.caf.", "files.cafe"]]')
-    argv = ["export", str(path), "--to", "safetensors", str(out)]
-    assert main([*argv, "--rename", str(tmp_path / "rules.json")]) == 0
-    with safe_open(out / "model.safetensors", framework="numpy") as f:
-        assert list(f.keys()) == ["files.cafe"]
-        ours = json.loads(f.metadata()["orbax_eqx"])
-    assert ours["leaves"]["name"]["value"] == NOT_UTF8
 
 
 # --- values nested too deep ---------------------------------------------------------

@@ -144,22 +144,3 @@ def test_overwrite_replaces_a_checkpoint_of_its_own_files(tmp_path, options):
     oeqx.save(path, _item(0), **options)
     oeqx.save(path, _item(1), overwrite=True, **options)
     assert oeqx.restore(path, _item(5))["b"].tolist() == [1, 2, 3]
-
-
-def test_overwrite_replaces_an_old_format_with_arrays_in_the_item_directory(
-    tmp_path,
-):
-    # Format 1-2 checkpoints: Orbax's store was the item directory itself, its
-    # arrays under their storage keys (here `_METADATA`, `checkpoint`, `w`...).
-    path = tmp_path / "old"
-    shutil.copytree(DATA / "old_reserved_keys", path)
-    content = (path / "orbax_eqx.json").read_text()
-    content = content.replace('"format_version": 3', '"format_version": 2')
-    content = content.replace('"token"', '"old_token"')
-    (path / "orbax_eqx.json").write_text(content)
-    os.rename(next(path.glob("orbax_eqx~arrays.*")), path / "store")
-    for entry in os.listdir(path / "store"):
-        os.rename(path / "store" / entry, path / entry)
-    os.rmdir(path / "store")
-    oeqx.save(path, _item(1), overwrite=True)
-    assert oeqx.restore(path, _item(5))["b"].tolist() == [1, 2, 3]

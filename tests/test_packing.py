@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-import sidecars
 import zoo
 from etils import epath
 
@@ -193,25 +192,6 @@ def test_missing_pack_file(tmp_path):
     ):
         oeqx.restore(tmp_path / "ckpt")
     assert isinstance(oeqx.CheckpointDamagedError("x"), ValueError)
-
-
-def test_version_1_sidecars_still_restore(tmp_path):
-    item = zoo.optax_state(KEY_SAVE)
-    oeqx.save(tmp_path / "ckpt", item, pack=False)
-    content = sidecars.read(tmp_path / "ckpt")
-    # Format 1 kept Orbax's array store in the item directory itself.
-    store = tmp_path / "ckpt" / f"orbax_eqx~arrays.{content.pop('token')}"
-    for entry in store.iterdir():
-        entry.rename(tmp_path / "ckpt" / entry.name)
-    store.rmdir()
-    del content["packs"]
-    content["format_version"] = 1
-    sidecars.write(tmp_path / "ckpt", content)
-    assert oeqx.metadata(tmp_path / "ckpt").format_version == 1
-    restored = oeqx.restore(
-        tmp_path / "ckpt", zoo.skeleton(zoo.optax_state, KEY_SKELETON)
-    )
-    zoo.assert_same(restored, item)
 
 
 def test_caller_may_change_or_donate_arrays_once_save_returns(tmp_path):

@@ -1,4 +1,4 @@
-"""The shard index's schema (`_storage/sharded/index_schema.py`): what a
+"""The shard index's schema (`_format/schema.py`): what a
 record may hold is said as types and bounds, and anything else written into
 an index is damage, named by index file and leaf.
 
@@ -14,6 +14,7 @@ import textwrap
 
 import numpy as np
 import pytest
+import sidecars
 
 import orbax_eqx as oeqx
 
@@ -55,11 +56,18 @@ def saved(tmp_path_factory):
 
 
 def _edited(saved, tmp_path, change):
+    """The index edited and resealed, as an attacker would (a JSON object's
+    text: anything else has no seal to write)."""
     path = tmp_path / "ckpt"
     shutil.copytree(saved, path)
     (index,) = path.glob("orbax_eqx~shards.*.json")
-    text = index.read_text()
-    index.write_text(change(json.loads(text)) if callable(change) else change)
+    content = json.loads(index.read_text())
+    content.pop("checksum")
+    text = change(content)
+    if text.startswith("{") and text.endswith("}"):
+        index.write_bytes(sidecars.seal_text(text))
+    else:
+        index.write_text(text)
     return path, index
 
 
@@ -72,39 +80,52 @@ def _set(content, k, value):
     return json.dumps(content)
 
 
-FORM = r"a chunk of `rows` is not \[start, stop, offset, nbytes, block, xxh3s\]"
+def _malformed(what):
+    return rf"it is not a shard index as orbax_eqx writes it \({what}\)"
+
+
+_UNSEALED = r"it records no checksum on its last line: it was edited"
 
 
 @pytest.mark.parametrize(
     "change, problem",
     [
-        (lambda c: _set(c, 2, True), FORM),  # a boolean is no size
-        (lambda c: _set(c, 2, 1.0), FORM),  # nor is a float
-        (lambda c: _set(c, 3, -4), FORM),
-        (lambda c: _set(c, 4, 0), FORM),  # a block of 0 bytes
-        (lambda c: _set(c, 5, ["0" * 17]), FORM),  # past an XXH3-64
-        (lambda c: _set(c, 0, [0]), FORM),  # start and stop of other ranks
-        (lambda c: _set(c, 0, "0"), FORM),
-        (lambda c: json.dumps({**c, "chunks": {"rows": [_row(c) + [7]]}}), FORM),
-        (lambda c: json.dumps({**c, "chunks": {"rows": [_row(c)[:5]]}}), FORM),
+        (lambda c: _set(c, 2, True), _malformed(r"Expected `int`, got `bool`.*")),
+        (lambda c: _set(c, 2, 1.0), _malformed(r"Expected `int`, got `float`.*")),
+        (lambda c: _set(c, 3, -4), _malformed(r"Expected `int` >= 0.*")),
+        (lambda c: _set(c, 4, 0), _malformed(r"Expected `int` >= 1.*")),
+        (lambda c: _set(c, 5, ["0" * 17]), _malformed(r"Expected `str` matching.*")),
+        (lambda c: _set(c, 0, [0]), r"a chunk of `rows` has a box of two ranks"),
+        (lambda c: _set(c, 0, "0"), _malformed(r"Expected `array`, got `str`.*")),
+        (
+            lambda c: json.dumps({**c, "chunks": {"rows": [_row(c) + [7]]}}),
+            _malformed(r"Expected `array` of at (most|least) length 6.*"),
+        ),
+        (
+            lambda c: json.dumps({**c, "chunks": {"rows": [_row(c)[:5]]}}),
+            _malformed(r"Expected `array` of at (most|least) length 6.*"),
+        ),
         (
             lambda c: json.dumps({**c, "chunks": {"rows": {"0": _row(c)}}}),
-            r"the chunks of `rows` are not a list",
+            _malformed(r"Expected `array`, got `object` - at `\$\.chunks\[\.\.\.\]`"),
         ),
         (
             lambda c: json.dumps({**c, "chunks": [_row(c)]}),
-            r'"chunks" must be a JSON object',
+            _malformed(r"Expected `object`, got `array` - at `\$\.chunks`"),
         ),
-        (lambda c: json.dumps({**c, "nbytes": -1}), r'"nbytes" must be a size'),
-        (lambda c: json.dumps([c]), r'expected a JSON object with "format"'),
+        (
+            lambda c: json.dumps({**c, "nbytes": -1}),
+            _malformed(r"Expected `int` >= 0 - at `\$\.nbytes`"),
+        ),
+        (lambda c: json.dumps([c]), _UNSEALED),
         (
             lambda c: json.dumps({**c, "chunks": {"rows": "@"}}).replace(
                 '"@"', "[" * 100_000 + "]" * 100_000
             ),
-            r"it is not valid JSON \(maximum recursion depth exceeded",
+            _malformed(r"maximum recursion depth exceeded.*"),
         ),
-        (lambda c: "[" * 100_000 + "]" * 100_000, r"expected a JSON object"),
-        (lambda c: '{"format": NaN}', r"it is not valid JSON"),
+        (lambda c: "[" * 100_000 + "]" * 100_000, _UNSEALED),
+        (lambda c: '{"format": NaN}', _malformed(r"JSON is malformed.*")),
     ],
     ids=[
         "bool-offset",
@@ -148,7 +169,6 @@ def test_fields_the_schema_does_not_name_are_ignored(saved, tmp_path):
 # --- the sidecar's schemas (`_format/schema.py`) ------------------------------
 
 import jax.numpy as jnp  # noqa: E402
-import sidecars  # noqa: E402
 from entry import main  # noqa: E402
 
 
@@ -168,25 +188,34 @@ def _damaged(what):
     return rf"The sidecar in .* is damaged: {what}.*\. Restore an earlier step"
 
 
+def _bad_leaf(what):
+    return rf"leaf 'w' is malformed \({what}\)"
+
+
+def _bad_field(field, what):
+    return rf'its "{field}" is malformed \({what}\)'
+
+
 @pytest.mark.parametrize(
     "edit, what",
     [
-        (_leaf("w", kind="tensor"), r"leaf 'w' has unknown kind 'tensor'"),
-        (_leaf("w", kind=None), r"leaf 'w' has unknown kind None"),
-        (_leaf("w", path=7), r"leaf 'w' has a path that is not a string"),
-        (_leaf("w", shape=[True]), r"leaf 'w' has shape \[True\], not a list of sizes"),
-        (_leaf("w", shape=[2.0]), r"leaf 'w' has shape \[2\.0\], not a list of sizes"),
-        (_leaf("w", shape=[2**63]), r"leaf 'w' has shape \[\d+\], not a list of sizes"),
-        (_leaf("w", container="torch"), r"leaf 'w' has no valid dtype or container"),
-        (_leaf("w", dtype=4), r"leaf 'w' has no valid dtype or container"),
-        (_leaf("w", data="disk"), r"leaf 'w' has unknown data location 'disk'"),
-        (_leaf("w", sum32=-1), r"leaf 'w' has sum32 -1, not a 32-bit checksum"),
-        (_leaf("w", crc32=5), r"leaf 'w' records a CRC-32 \(\"crc32\"\), which a"),
-        (_leaf("w", xxh3="XYZ"), r"leaf 'w' has data checksum 'XYZ', not XXH3-64"),
+        (
+            _leaf("w", kind="tensor"),
+            _bad_leaf(r"Invalid value 'tensor' - at `\$\.kind`"),
+        ),
+        (_leaf("w", kind=None), _bad_leaf(r"Expected `str` - at `\$\.kind`")),
+        (_leaf("w", path=7), _bad_leaf(r"Expected `str`, got `int` - at `\$\.path`")),
+        (_leaf("w", shape=[True]), _bad_leaf(r"Expected `int`, got `bool` - .*")),
+        (_leaf("w", shape=[2.0]), _bad_leaf(r"Expected `int`, got `float` - .*")),
+        (_leaf("w", shape=[2**63]), _bad_leaf(r"Expected `int` <= \d+ - .*")),
+        (_leaf("w", container="torch"), _bad_leaf(r"Invalid enum value 'torch' - .*")),
+        (_leaf("w", dtype=4), _bad_leaf(r"Expected `str`, got `int` - at `\$\.dtype`")),
+        (_leaf("w", data="disk"), _bad_leaf(r"Invalid enum value 'disk' - .*")),
+        (_leaf("w", sum32=-1), _bad_leaf(r"Expected `int` >= 0 - at `\$\.sum32`")),
+        (_leaf("w", xxh3="XYZ"), _bad_leaf(r"Expected `str` matching regex .*")),
         (
             lambda c: c["leaves"].update(w=[1, 2]),  # no row (`compact`)
-            r"leaf 'w' is a row, `\[dtype, shape, offset, xxh3\]` \(a packed jax "
-            r"array\), but it has 2 values",
+            _bad_leaf(r"Expected `str`, got `int` - at `\$\[0\]`"),
         ),
         (
             lambda c: c["modules"].update(x={"static": {}}),
@@ -194,18 +223,38 @@ def _damaged(what):
         ),
         (
             lambda c: c["nodes"][""].update(type="set"),
-            r"node '' has no valid type, path or children",
+            r"node '' is malformed \(Invalid enum value 'set' - at `\$\.type`\)",
         ),
         (
             lambda c: c["nodes"][""].update(keys={"a": 1}),
-            r"the keys of node '' are malformed",
+            r"node '' is malformed \(Expected `array`, got `object` - at `\$\.keys`\)",
         ),
-        (lambda c: c.update(checksums="yes"), r'"checksums" must be true or false'),
-        (lambda c: c.update(shard_files=-2), r'"shard_files" is -2, not a count'),
-        (lambda c: c.update(packs={}), r'"packs" must be a JSON list'),
-        (lambda c: c["packs"][0].update(nbytes="8"), r"pack 0 has no size"),
-        (lambda c: c.update(versions={"jax": 1}), r'"versions" must map package'),
-        (lambda c: c.update(modules=[]), r'"modules" must be a JSON object'),
+        (
+            lambda c: c.update(checksums="yes"),
+            _bad_field("checksums", r"Expected `bool`, got `str` - .*"),
+        ),
+        (
+            lambda c: c.update(shard_files=-2),
+            _bad_field("shard_files", r"Expected `int` >= 0 - .*"),
+        ),
+        (
+            lambda c: c.update(packs={}),
+            _bad_field("packs", r"Expected `array`, got `object` - .*"),
+        ),
+        (
+            lambda c: c["packs"][0].update(nbytes="8"),
+            _bad_field(
+                "packs", r"Expected `int`, got `str` - at `\$\.packs\[0\]\.nbytes`"
+            ),
+        ),
+        (
+            lambda c: c.update(versions={"jax": 1}),
+            _bad_field("versions", r"Expected `str`, got `int` - .*"),
+        ),
+        (
+            lambda c: c.update(modules=[]),
+            _bad_field("modules", r"Expected `object`, got `array` - .*"),
+        ),
     ],
     ids=[
         "kind-unknown",
@@ -218,7 +267,6 @@ def _damaged(what):
         "dtype-int",
         "data",
         "sum32",
-        "crc32-in-format-6",
         "xxh3-not-hex",
         "leaf-a-list",
         "module-no-class",
@@ -261,11 +309,11 @@ def test_only_a_rebuild_reads_the_records_of_inner_nodes(small, capsys):
     skeleton = {"w": jnp.zeros(2), "n": 0, "f": jnp.tanh}
     np.testing.assert_array_equal(oeqx.restore(small, skeleton)["w"], np.ones(2))
     assert oeqx.restore(small)["n"] == 3
-    damaged = _damaged(r"node '' has no valid type, path or children")
+    damaged = _damaged(r"node '' is malformed \(Invalid enum value 'set'")
     with pytest.raises(oeqx.SidecarError, match=damaged):
         oeqx.restore(small, allow=["jax"])
     with pytest.raises(oeqx.SidecarError, match=damaged):
         oeqx.metadata(small)
     capsys.readouterr()
     assert main(["verify", str(small)]) != 0
-    assert "node '' has no valid type, path or children" in capsys.readouterr().err
+    assert "node '' is malformed (Invalid enum value 'set'" in capsys.readouterr().err

@@ -13,7 +13,9 @@ from orbax.checkpoint import v1 as ocp
 
 import orbax_eqx as oeqx
 
-DAMAGED = r"orbax_eqx\.json is not valid JSON .*the checkpoint is damaged"
+DAMAGED = (
+    r"orbax_eqx\.json is not JSON as orbax_eqx writes it .*the checkpoint is damaged"
+)
 
 
 @pytest.fixture
@@ -33,7 +35,10 @@ def test_checkpointables_metadata_logs_our_error_and_gives_none(cut_short, caplo
     assert found == {"model": None}
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "Failed to get metadata for checkpointable: model" in logged
-    assert "is not valid JSON" in logged and "Restore an earlier step" in logged
+    assert (
+        "is not JSON as orbax_eqx writes it" in logged
+        and "Restore an earlier step" in logged
+    )
 
 
 def test_metadata_and_load_raise_it(cut_short):

@@ -1,10 +1,10 @@
-"""Format 6's short records: a sidecar about the size of the data it
+"""Short records: a sidecar about the size of the data it
 describes, still JSON with one line per record.
 
-A tree of small arrays used to get a sidecar 4.5 times its data: every
-record spelled out its path, its kind, its container and its size, and every
-layer repeated its class and static fields. From format 6 on a save writes
-these records short, where the short form says exactly the same:
+Whole records make a tree of small arrays a sidecar several times its data:
+every record spells out its path, its kind, its container and its size, and
+every layer repeats its class and static fields. A save writes these records
+short, where the short form says exactly the same:
 
 - *A path that reads off the name* (`Paths`) is not written: the leaf,
   module or node `blocks.3.lin1.weight` of a model has the path
@@ -25,8 +25,8 @@ these records short, where the short form says exactly the same:
 Each record is written short only where expanding the short form
 (`expand_leaf`, `expand_module`, `expand_node`) gives back the full record,
 value for value and type for type; any other record is written whole, as
-format 5 writes it. The reader reads both forms (`schema`, `records_read`,
-`structure_read`): what it makes of a short record is what it would make of
+it is. The reader reads both forms (`schema`, `sidecar_read`): what it makes
+of a short record is what it would make of
 the full one. A save makes packed jax arrays' rows itself as it builds the
 sidecar (`sidecar.build`), and the rest short here.
 """
@@ -41,7 +41,6 @@ import msgspec
 from .._tree import nodes as _nodes
 from .._tree.names import SEPARATOR, escape_part
 from .._tree.walk import ARRAY, JAX, parse_dtype
-from .checksum import XXH3
 from .paths import Paths
 from .sidecar import PACKED, itemsize
 
@@ -163,9 +162,9 @@ def _row(name: str, r: dict[str, Any], paths: Paths) -> list | None:
         shape, size, path = r["shape"], r["nbytes"], r["path"]
     except KeyError:
         return None
-    sum_ = r.get(XXH3)
+    sum_ = r.get("xxh3")
     # The nine keys read are there: so with this many, no others.
-    if len(r) != (9 if sum_ is None and XXH3 not in r else 10):
+    if len(r) != (9 if sum_ is None and "xxh3" not in r else 10):
         return None
     if not (
         type(pack) is int
@@ -194,7 +193,7 @@ _INT = frozenset([int])
 
 
 def expand_leaf(name: str, entry: Any, paths: Paths) -> Any:
-    """The full record of a leaf's entry, as format 5 writes it."""
+    """The full record of a leaf's entry."""
     if isinstance(entry, list) and len(entry) == 4:
         dtype, shape, offset, sum_ = entry
         record = {
@@ -209,7 +208,7 @@ def expand_leaf(name: str, entry: Any, paths: Paths) -> Any:
             "offset": offset,
         }
         if sum_ is not None:
-            record[XXH3] = sum_
+            record["xxh3"] = sum_
         return record
     if isinstance(entry, dict) and "path" not in entry:
         return {"path": paths.of(name), **entry}
@@ -265,7 +264,7 @@ def count_of(kind: dict[str, Any]) -> int | None:
     if node in _BY_INDEX:
         length = kind.get(LENGTH)
         return length if type(length) is int and length >= 0 else None
-    parts = kind.get("keys") if node == _nodes.DICT else kind.get("fields")
+    parts = kind.get("keys" if node == _nodes.DICT else "fields", [])
     if type(parts) is not list or not all(type(p) is str for p in parts):
         return None
     return len(parts)
@@ -282,8 +281,8 @@ def children_of(name: str, kind: dict[str, Any]) -> list[str] | None:
     if node in _BY_INDEX:
         return [f"{prefix}{i}" for i in range(count)]
     if node == _nodes.DICT:
-        return [prefix + escape_part(p) for p in kind["keys"]]
-    return [prefix + p for p in kind["fields"]]
+        return [prefix + escape_part(p) for p in kind.get("keys", [])]
+    return [prefix + p for p in kind.get("fields", [])]
 
 
 def expand_node(
@@ -300,7 +299,7 @@ def expand_node(
 
 
 def expand(content: dict[str, Any]) -> dict[str, Any]:
-    """The sidecar's content with every record whole, as format 5 writes it
+    """The sidecar's content with every record whole
     (the tables dropped): what `compact` makes short, back."""
     out = dict(content)
     module_types = out.pop(MODULE_TYPES, [])

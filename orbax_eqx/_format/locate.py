@@ -31,7 +31,13 @@ def is_plain_item(path: epath.Path) -> bool:
 
 
 def items_in(path: epath.Path) -> list[epath.Path]:
-    return sorted(p for p in path.iterdir() if p.is_dir() and is_item(p))
+    """The item directories in a step (not the type handler's groups, which
+    hold sidecars of their own: `orbax_eqx~typed.<group>`)."""
+    return sorted(
+        p
+        for p in path.iterdir()
+        if p.is_dir() and not p.name.startswith("orbax_eqx~") and is_item(p)
+    )
 
 
 def steps_in(path: epath.Path) -> list[tuple[int, epath.Path]]:

@@ -1,4 +1,4 @@
-"""Paths read off leaf names (format 6 on, `compact`): a record whose path
+"""Paths read off leaf names (`compact`): a record whose path
 its name reads as does not write it."""
 
 from collections.abc import Collection

@@ -1,23 +1,18 @@
-"""The sidecar as declarative schemas (msgspec Structs), one per format version.
+"""The format as declarative schemas (msgspec Structs): the sidecar's records
+and the shard packs' indexes.
 
 What each record may hold is said here once, as types, literals and bounds;
-anything else fails to decode, and `sidecar_read` words the failure as
-damage naming the record and the field. Fields a format does not name are
-read past (a later writer's notes): a record is what the schema reads of it.
-What depends on other records or on the file itself (the token and the
-names derived from it, aliases, packs, checksums per version, the binding of
-checksums to records) is checked apart, in `records_read` and
-`sidecar_read`.
+anything else fails to decode, and the reader words the failure as damage
+naming the record and the field. Fields the format does not name are read
+past. What depends on other records or on the file itself (the token and the
+names derived from it, aliases, packs, the tiling of shard chunks) is checked
+by the readers (`sidecar_read`, `_storage/sharded/index_read.py`).
+`json_schema()` publishes these structures as JSON Schema
+(docs/guides/format.md).
 
-Leaf records are a tagged union on `kind`; an array record of format 6
-records its data checksum as XXH3-64 (`xxh3`, 16 lower-case hexadecimal
-digits) and never a CRC-32 (`crc32`), one of formats 1 to 5 the other way
-round. `T` is how records arrive: `msgspec.Raw` while decoding bytes (each
-record is decoded on its own, so that a failure names it), `Any` for JSON
-already decoded by the standard library (a sidecar holding lone surrogates,
-which a save before format 6 could write), or the records' own schemas: a
-sidecar decodes in one pass, and only one that fails is decoded again,
-record by record, to name what failed.
+Leaf records are a tagged union on `kind`, plus the short row of a packed jax
+array (`compact`). A record arrives as `msgspec.Raw` when its document failed
+to decode whole, so that each is decoded again on its own to name it.
 """
 
 from typing import Annotated, Any, Generic, Literal, TypeVar
@@ -36,91 +31,78 @@ from .._tree.walk import (
     SHARED,
 )
 from . import compact as _compact
-from .sidecar import ALIAS, EMPTY, MAX_DIMS, PACKED, SHARDS, STORED
+from .sidecar import (
+    ALIAS,
+    EMPTY,
+    FORMAT,
+    FORMAT_VERSION,
+    MAX_DIMS,
+    PACKED,
+    SHARDS,
+    STORED,
+)
 
 L = TypeVar("L")  # how leaf records arrive
 M = TypeVar("M")  # how module records arrive
+N = TypeVar("N")  # how node records arrive
 UNSET: Any = msgspec.UNSET  # a field the record does not have at all
 
 Size = Annotated[int, msgspec.Meta(ge=0)]
 Dim = Annotated[int, msgspec.Meta(ge=0, le=2**62)]  # past it, no numpy array
 Shape = Annotated[list[Dim], msgspec.Meta(max_length=MAX_DIMS)]
-Crc32 = Annotated[int, msgspec.Meta(ge=0, lt=2**32)]
+Sum32 = Annotated[int, msgspec.Meta(ge=0, lt=2**32)]
 Hex64 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{16}$")]
+Token = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{16}$")]
+Digest = Annotated[str, msgspec.Meta(pattern="^xxh3:[0-9a-f]{16}$")]
 Container = Literal[JAX, NUMPY, NUMPY_SCALAR]  # type: ignore[valid-type]
 Data = Literal[STORED, PACKED, SHARDS, EMPTY, ALIAS]  # type: ignore[valid-type]
 Path = str | msgspec.UnsetType  # a leaf's key path as printed; its name if unset
 
 
 class Versioned(msgspec.Struct):
-    """What picks the schema: the format and its version (and the seal)."""
+    """What a reader looks at first: the format and its version."""
 
     format: Any = None
     format_version: Any = None
-    checksum: Any = UNSET
 
 
 class PackRecord(msgspec.Struct):
+    """One pack file: `file` must be a pack file's name (`sidecar.PACK_FILE`)."""
+
+    file: str
     nbytes: Size
-    file: Any = None  # compared with the name derived from the token
-    byteorder: Any = UNSET  # compared with this machine's
+    byteorder: Literal["little", "big"]
+    alignment: Literal[64] = 64
 
 
-# Format 6's short records (`compact`): a packed jax array's row, and the
-# index of a module's or node's type in its table.
+class SavedAs(msgspec.Struct):
+    """The step directory and item a manager saved the item as."""
+
+    step: str
+    item: str
+
+
+# A packed jax array's short record (`compact`): `[dtype, shape, offset, xxh3]`.
 Row = tuple[str, Shape, Size, Hex64 | None]
 TypeIndex = Annotated[int, msgspec.Meta(ge=0)]
 
 
-class Skimmed(msgspec.Struct, Generic[L, M]):
-    """A sidecar of any format without its records of inner nodes, which
-    only a rebuild without a skeleton reads: read past, unchecked (the
-    sidecar's checksum still covers them), they cost a restore into a
-    skeleton nothing."""
-
-    leaves: dict[str, L]
-    versions: dict[str, str] = {}
-    modules: dict[str, M] = {}
-    checksums: bool = True
-    token: Any = None
-    packs: list[PackRecord] = []
-    shard_files: Size = 0
-    # Format 6: the modules' types (`compact`); read past before.
-    module_types: Any = UNSET
-
-
-class Document(Skimmed[L, M]):
-    """A sidecar of any format; the token's form depends on the version."""
-
-    nodes: Any = UNSET
-    node_types: Any = UNSET  # format 6: the nodes' types (`compact`)
-
-
 class ArrayRecord(msgspec.Struct, tag_field="kind", tag=ARRAY):
-    """An array leaf of formats 1 to 5."""
+    """An array leaf, written whole."""
 
     shape: Shape
     dtype: str
     container: Container
     data: Data
+    nbytes: Size
     path: Path = UNSET
-    # Read where `data` says they matter (`records_read`), as a save wrote them.
-    nbytes: Any = 0
-    pack: Any = None
-    offset: Any = None
-    key: Any = None
-    alias_of: Any = None
-    sharding: Any = UNSET
-    crc32: Crc32 | None = None
-    sum32: Crc32 | None | msgspec.UnsetType = UNSET
-    xxh3: Any = None  # not of these formats: read past
-
-
-class ArrayRecord6(ArrayRecord, tag=ARRAY):
-    """An array leaf of format 6: its data checksum is XXH3-64."""
-
-    crc32: None = None
-    xxh3: Hex64 | None = None
+    pack: Size | None = None  # packed: which pack ...
+    offset: Size | None = None  # ... and where in it
+    xxh3: Hex64 | None = None  # packed: XXH3-64 of its bytes
+    key: str | None = None  # in Orbax's store: its storage key
+    sum32: Sum32 | None | msgspec.UnsetType = UNSET  # in Orbax's store
+    alias_of: str | None = None  # an alias: the leaf whose array it is
+    sharding: str | msgspec.UnsetType = UNSET  # in shard packs: as saved
 
 
 class ValueRecord(msgspec.Struct, tag_field="kind"):
@@ -146,27 +128,8 @@ class ObjectRecord(ValueRecord, tag=OBJECT):
     pass
 
 
-_OTHERS = ScalarRecord | CallableRecord | SharedRecord | ObjectRecord
-LeafRecord = ArrayRecord | _OTHERS
-LeafRecord6 = Row | ArrayRecord6 | _OTHERS
-
-
-def leaf_record(version: int) -> Any:
-    """The union a leaf record of format `version` decodes into."""
-    return LeafRecord6 if version >= 6 else LeafRecord
-
-
-def module_record(version: int) -> Any:
-    """What a module's entry of format `version` decodes into: from format 6
-    on its record, or the index of its type (`compact`)."""
-    return TypeIndex | ModuleRecord if version >= 6 else ModuleRecord
-
-
-def document(version: int, nodes: bool = True) -> Any:
-    """A whole sidecar of format `version`, every record by its schema
-    (without the records of inner nodes unless `nodes`)."""
-    kind = Document if nodes else Skimmed
-    return kind[leaf_record(version), module_record(version)]
+_Values = ScalarRecord | CallableRecord | SharedRecord | ObjectRecord
+LeafRecord = Row | ArrayRecord | _Values
 
 
 class ModuleRecord(msgspec.Struct):
@@ -176,29 +139,33 @@ class ModuleRecord(msgspec.Struct):
 
 
 class ModuleType(msgspec.Struct):
-    """A module's class and static fields, as format 6 lists them once for
-    every module that has them (`compact`), and the index of their node's
-    type in `node_types` where it is not written in `nodes`."""
+    """A module's class and static fields, listed once for every module that
+    has them (`compact`), and the index of their node's type in `node_types`
+    where it is not written in `nodes`."""
 
     cls: str = msgspec.field(name="class")
     static: dict[str, Any] = {}
     node: TypeIndex | msgspec.UnsetType = UNSET
 
 
-class NodeType(msgspec.Struct):
-    """An inner node's record without its path and children, as format 6
-    lists it once for every node it describes (`compact`): a list's or
-    tuple's number of children is its `length`."""
+class NodeType(msgspec.Struct, omit_defaults=True):
+    """An inner node's record without its path and children, listed once for
+    every node it describes (`compact`): a list's or tuple's number of
+    children is its `length`."""
 
     type: Literal[_compact.SHARED_TYPES]  # type: ignore[valid-type]
     fields: list[str] = []
     keys: list[str] = []
     cls: str = msgspec.field(name="class", default="")
     length: Size | msgspec.UnsetType = UNSET
+    absent: list[str] = []  # as in `NodeRecord`
+    wrapper: bool = False
+    wiring: dict[str, Any] | msgspec.UnsetType = UNSET
 
 
-class NodeRecord(msgspec.Struct):
-    """An inner node of the tree (format 5 on), checked for shape only."""
+class NodeRecord(msgspec.Struct, omit_defaults=True):
+    """An inner node of the tree, checked for shape only (the rebuild checks
+    how nodes refer to each other)."""
 
     type: Literal[_nodes.TYPES]  # type: ignore[valid-type]
     path: str
@@ -207,3 +174,99 @@ class NodeRecord(msgspec.Struct):
     cls: str = msgspec.field(name="class", default="")
     keys: list[Any] = []
     markers: list[Any] = []
+    absent: list[str] = []  # a module's static fields that are not set
+    wrapper: bool = False  # a module that wraps a function: not rebuilt
+    wiring: dict[str, Any] | msgspec.UnsetType = UNSET  # `eqx.nn.Shared`'s
+
+
+class Skimmed(msgspec.Struct, Generic[L, M]):
+    """A sidecar without its records of inner nodes, which only a rebuild
+    without a skeleton reads: read past unchecked (the sidecar's checksum
+    still covers them)."""
+
+    format: Literal[FORMAT]  # type: ignore[valid-type]
+    format_version: Literal[FORMAT_VERSION]  # type: ignore[valid-type]
+    versions: dict[str, str]
+    token: Token
+    leaves: dict[str, L]
+    modules: dict[str, M]
+    packs: list[PackRecord] = []
+    shard_files: Size = 0
+    checksums: bool = True
+    module_types: list[ModuleType] = []
+    saved_as: SavedAs | None = None
+    save: Token | None = None  # the type handler's groups: the save's own token
+    checksum: Digest | msgspec.UnsetType = UNSET  # checked before decoding
+
+
+class Sidecar(Skimmed[L, M], Generic[L, M, N], kw_only=True):
+    """A whole sidecar."""
+
+    nodes: dict[str, N]
+    node_types: list[NodeType] = []
+
+
+def document(nodes: bool = True) -> Any:
+    """A whole sidecar, every record by its schema (without the records of
+    inner nodes unless `nodes`)."""
+    if not nodes:
+        return Skimmed[LeafRecord, TypeIndex | ModuleRecord]
+    return Sidecar[LeafRecord, TypeIndex | ModuleRecord, TypeIndex | NodeRecord]
+
+
+def raw_records(nodes: bool = True) -> Any:
+    """A whole sidecar with its leaf and module records undecoded, to decode
+    them one by one."""
+    if not nodes:
+        return Skimmed[msgspec.Raw, msgspec.Raw]
+    return Sidecar[msgspec.Raw, msgspec.Raw, msgspec.Raw]
+
+
+# --- shard packs' indexes (`_storage/sharded/index.py`) ---------------------
+
+
+class ChunkRow(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
+    """One chunk: its box, its byte range in the shard pack, and the XXH3-64
+    of every `block` bytes of that range."""
+
+    start: list[Size]
+    stop: list[Size]
+    offset: Size
+    nbytes: Size
+    block: Annotated[int, msgspec.Meta(gt=0)]
+    xxh3s: list[Hex64]
+
+
+class ShardIndex(msgspec.Struct):
+    """One process's shard-pack index."""
+
+    format: Literal["orbax_eqx.shards"]
+    format_version: Literal[FORMAT_VERSION]  # type: ignore[valid-type]
+    token: Token
+    process: Size
+    file: str
+    nbytes: Size
+    chunks: dict[str, list[ChunkRow]]
+    checksum: Digest | msgspec.UnsetType = UNSET  # checked before decoding
+
+
+class SidecarFile(
+    Sidecar[LeafRecord, TypeIndex | ModuleRecord, TypeIndex | NodeRecord]
+):
+    """A checkpoint's sidecar, `orbax_eqx.json` (docs/guides/format.md), last
+    of all its `"checksum"`: `"xxh3:"` and the XXH3-64 of every byte before
+    that line."""
+
+
+def json_schema() -> dict[str, Any]:
+    """The JSON Schema of the sidecar and of a shard index (draft 2020-12),
+    generated from the structures that decode them."""
+    (sidecar, index), components = msgspec.json.schema_components(
+        [SidecarFile, ShardIndex], ref_template="#/$defs/{name}"
+    )
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "orbax_eqx checkpoint format",
+        "$defs": components,
+        "oneOf": [sidecar, index],
+    }

@@ -1,10 +1,9 @@
 """The sidecar's bytes: written one line per record, and sealed.
 
-From format 6 on a sidecar ends with its checksum (`checksum_line`), which
+A sidecar (and a shard index) ends with its checksum (`checksum_line`), which
 covers every byte before it: every record a restore trusts. A reader checks
 it (`check`) before it reads anything else of the file, so that a flipped bit
-or an edit is damage, never another value restored. The checksum is computed
-by `_format.checksum.digest` alone, and names its algorithm.
+or an edit is damage, never another value restored.
 """
 
 import json
@@ -15,12 +14,9 @@ from typing import Any
 import msgspec
 
 from .._errors import UnsupportedLeafError
-
-# The one module of `_storage` read here: it imports nothing of ours but
-# `_errors`, and computes every checksum.
 from .checksum import digest
 
-CHECKSUM = "checksum"  # the sidecar's last member, from format 6 on
+CHECKSUM = "checksum"  # the sidecar's last member
 # The largest sidecar read (or written): a model of 100,000 leaves has one of
 # ~30 MB. Reads stop here, so that a sidecar that is a link to an endless
 # stream fails at once (no size of it is recorded anywhere to check against).
@@ -39,24 +35,25 @@ def dumps(
     whole: dict[str, Any] | None = None,
 ) -> bytes:
     """The sidecar's bytes for its JSON `content`: one line per record, and
-    from format 6 on, last, the checksum of every byte before it (see
-    `checksum_line`). `whole`: the same content with every record whole
-    (`compact`), which an error for a sidecar too large describes."""
+    last, the checksum of every byte before it (see `checksum_line`).
+    `whole`: the same content with every record whole (`compact`), which an
+    error for a sidecar too large describes."""
     _check_count(content if whole is None else whole)
     parts = _dump(content, pause)
-    version = content.get("format_version")
-    sealed = not (type(version) is int and version < 6)
-    text = "{\n" + ",\n".join(parts) + (",\n" if sealed else "\n}\n")
+    text = "{\n" + ",\n".join(parts) + ",\n"
     _check_size(text, content if whole is None else whole)
-    data = text.encode("utf-8", "surrogatepass")
-    if sealed:
-        data += checksum_line(digest(data))
-    return data
+    return seal(text.encode("utf-8"))
+
+
+def seal(body: bytes) -> bytes:
+    """`body` (a JSON object's text up to its last member, and `,\n`) with
+    its checksum line and closing brace."""
+    return body + checksum_line(digest(body))
 
 
 def checksum_line(recorded: str) -> bytes:
-    """How a sidecar ends from format 6 on: its checksum (`digest` of every
-    byte before this line, as `"crc32:1a2b3c4d"`), then the closing brace."""
+    """How a sidecar ends: its checksum (`digest` of every byte before this
+    line, as `"xxh3:9f2c41d07a3be865"`), then the closing brace."""
     return f' "{CHECKSUM}": {json.dumps(recorded)}\n}}\n'.encode("ascii")
 
 
@@ -71,12 +68,10 @@ def check(raw: bytes, damaged: Callable[[str], Exception]) -> bool:
     if found is None:
         return False
     recorded = found.group(1).decode("ascii")
-    try:
-        # Every byte up to the line's start: the newline before it included.
-        covered = memoryview(raw)[: found.start() + 1]
-        computed = digest(covered, recorded.split(":")[0])
-    except ValueError as e:
-        raise damaged(f"records a checksum of {e}") from None
+    # Every byte up to the line's start: the newline before it included.
+    computed = digest(memoryview(raw)[: found.start() + 1])
+    if not recorded.startswith("xxh3:"):
+        raise damaged(f"records a checksum of another algorithm ({recorded[:24]})")
     if computed != recorded:
         raise damaged(
             f"does not match its checksum ({recorded} recorded, {computed} "
@@ -84,23 +79,6 @@ def check(raw: bytes, damaged: Callable[[str], Exception]) -> bool:
             "copy, or an edit)"
         )
     return True
-
-
-def check_sealed(
-    content: Any, sealed: bool, newest: int, damaged: Callable[[str], Exception]
-) -> None:
-    """From format 6 on (up to `newest`), every sidecar ends with its checksum:
-    raises `damaged(what)` for one that does not."""
-    if sealed or not isinstance(content, dict):
-        return
-    version = content.get("format_version")
-    if type(version) is int and version > newest:
-        return  # a newer format: the reader says to upgrade
-    if CHECKSUM in content or (type(version) is int and version >= 6):
-        raise damaged(
-            f"records no checksum on its last line, where a format-{version} "
-            "sidecar always has one: it was edited, or rewritten"
-        )
 
 
 def records(content: dict[str, Any]) -> int:
@@ -133,7 +111,7 @@ _FEWER = (
 
 def _check_size(text: str, content: dict[str, Any]) -> None:
     """Refuses a sidecar larger than readers read (`MAX_BYTES`)."""
-    room = MAX_BYTES - len(checksum_line("crc32:" + "0" * 64))  # its last line
+    room = MAX_BYTES - len(checksum_line("xxh3:" + "0" * 16))  # its last line
     if len(text) * 4 <= room:  # UTF-8 takes at most 4 bytes a character
         return
     size = len(text.encode("utf-8", "surrogatepass"))

@@ -1,93 +1,17 @@
 """The sidecar: a small, versioned JSON file beside the arrays of a checkpoint.
 
-It records every leaf (name, kind, shape, dtype, Python values, where its
-bytes are), each module's class and static fields, the pack files, and the
-package versions that wrote it. Reading it is pure data: nothing named in it
-is imported or called.
-
-Format version 6 (versions 1-5 are still read: 1 has no packs, 1 and 2 have
-no token, before 4 there are no shard packs, before 5 packed leaves' CRC-32s
-are not bound to their records and no tree structure is recorded, before 6
-the sidecar has no checksum of its own and no short records). Its records
-written whole, as below; a save writes the common ones short (rows, paths
-read off names, module and node types: see `compact`), and a reader reads
-both:
-
-```
-{
- "format": "orbax_eqx", "format_version": 6, "versions": {...},
- "token": "9f2c41d07a3be865",
- "packs": [{"file": "orbax_eqx~packed.9f2c41d07a3be865.0.bin",
-            "nbytes": 17310080, "byteorder": "little", "alignment": 64}],
- "shard_files": 2,
- "leaves": {
-  "layers.0.weight": {"path": ".layers[0].weight", "kind": "array",
-      "shape": [8, 3], "dtype": "float32", "container": "jax", "nbytes": 96,
-      "data": "packed", "pack": 0, "offset": 128, "crc32": 2351671402},
-  "blocks.0.mlp.weight": {..., "data": "shards",
-      "sharding": "P('fsdp', None) over fsdp=8"},
-  "embed.weight": {..., "data": "orbax", "key": "embed.weight",
-      "sum32": 180337513},
-  "head.weight": {..., "data": "alias", "alias_of": "embed.weight"},
-  "empty": {..., "data": "none"},
-  "step": {"path": "['step']", "kind": "scalar", "value": 3},
-  ...
- },
- "modules": {"layers.0": {"path": ".layers[0]", "class": "...", "static": {}}},
- "nodes": {"": {"path": "<root>", "type": "module", "fields": ["layers"],
-                "children": ["layers"]},
-           "layers": {"path": ".layers", "type": "list",
-                      "children": ["layers.0"]}, ...},
- "checksum": "crc32:5d41402a"
-}
-```
-
-The `checksum` (format 6 on) is the last member, on the file's second-last
-line: `_format.checksum.digest` of every byte before that line, named by
-its algorithm. It covers every record (each Python value, alias, `Shared`
-wiring, static field, leaf record and the pack table): a reader checks it
-before it reads anything else of the file, so a flipped bit or an edit is
-damage, never a different value restored.
-
-`nodes` (format 5 on) records every inner node of the tree, so that a
-restore with `allow=` can rebuild it without a skeleton (see `_tree/nodes.py`
-for the record of each kind of node). Earlier sidecars have none.
-
-An array leaf's `data` says where its bytes are:
-
-- `"packed"`: bytes `[offset, offset + nbytes)` of pack file `packs[pack]`: the
-  array in C order, native (`byteorder`) numpy layout of its dtype (one byte
-  per element for 4-bit and bool dtypes, as numpy holds them; a typed PRNG
-  key array as its `jax.random.key_data`). Offsets are multiples of
-  `alignment`, so that a restore can hand the bytes to `jax.device_put`
-  without a copy. Unsharded arrays (one device, fully replicated, numpy) are
-  packed: written and read at disk speed, with no per-leaf cost.
-- `"shards"`: chunks of shard packs, one pack per process of the save
-  (`shard_files` of them): a sharded array's distinct shards, each written
-  once, by the process holding its first replica. Each process's index file
-  says where each chunk is and its blocks' checksums (XXH3-64 in index
-  version 3, from format 6 on; see `_storage/sharded/index.py`).
-- `"orbax"`: one stored array in Orbax's array store under `key` (always
-  derived from the name): every array with `pack=False`.
-  The store is the directory `orbax_eqx~arrays.<token>` (before version 3: the
-  item directory itself).
-- `"alias"`: the very same array object as leaf `alias_of` (tied weights).
-- `"none"`: zero-size: shape and dtype say everything.
-
-Packed leaves record the CRC-32 of their bytes (`crc32`; from format 5 on
-bound to the leaf's record, see `bind`), Orbax-stored ones a sum over their
-32-bit words that does not depend on the sharding (`sum32`; from format 5 on
-`null` where no process held the array whole; both defined in `_format.checksum`).
-Sidecars written before checksums have neither; such leaves are read
-unchecked. Unless the save says `"checksums": false` (saved with
-`checksums=False`), every packed leaf has a `crc32` from format 4 on, and every
-Orbax-stored one a `sum32` key from format 5 on (see `sidecar_read`).
+It records every leaf (name, kind, shape, dtype, Python value, where its
+bytes are and their checksum), each module's class and static fields, every
+inner node of the tree, the pack files, and the package versions that wrote
+it; its last line is a checksum of every byte before it (`sealed`). Reading
+it is pure data: nothing named in it is imported or called. The format is
+specified in docs/guides/format.md; its records are the msgspec structures
+of `schema`, and common ones are written short (`compact`).
 
 The `token` is drawn at random for each save and names every file the save
 writes, so that two processes saving the same step into one directory (which
-Orbax allows) never write to the same file: the sidecar, claimed by whichever
-finishes first, names the files of one save only (see `_save.claim`). File names
-are derived from the token, never read from the sidecar.
+Orbax allows) never write to the same file. File names are derived from
+tokens and leaf names, never read from the sidecar.
 """
 
 import dataclasses
@@ -129,8 +53,8 @@ from .sealed import checksum_line as checksum_line
 
 FILE_NAME = "orbax_eqx.json"
 FORMAT = "orbax_eqx"
-# 6: every record bound by the sidecar's own checksum (`CHECKSUM`).
-FORMAT_VERSION = 6
+# The one format this release writes and reads (docs/guides/format.md).
+FORMAT_VERSION = 7
 # `~` never appears in a storage key except before a 16-digit hash, so these
 # names cannot collide with a directory Orbax makes for a leaf.
 PACK_FILE = "orbax_eqx~packed.{token}.{index}.bin"
@@ -140,7 +64,6 @@ SHARD_FILE = "orbax_eqx~shards.{token}.{process}.bin"
 SHARD_INDEX = "orbax_eqx~shards.{token}.{process}.json"
 # Files named by a save's token, each starting with one of these and the token.
 TOKEN_FILE_PREFIXES = ("orbax_eqx~packed.", "orbax_eqx~shards.")
-_OLD_PACK_FILE = "orbax_eqx~packed.{index}.bin"  # format 2
 TOKEN = re.compile(r"[0-9a-f]{16}")  # a save's token: 16 hex digits
 PACK_ALIGNMENT = 64  # what `jax.device_put` needs on CPU to take a buffer as is
 # numpy's most dimensions (NPY_MAXDIMS): no save records a shape of more (and
@@ -176,13 +99,10 @@ class LeafMetadata:
     value: Any = None  # encoded value or description, for non-array leaves
     pack: int | None = None  # for packed leaves: which pack file...
     offset: int | None = None  # ...and where in it
-    # Packed leaves' data checksum (see `_format/checksum.py`), of the
-    # algorithm `sum_algorithm` names: "crc32" up to format 5, "xxh3" from 6.
-    crc32: int | None = None
+    checksum: int | None = None  # packed leaves: XXH3-64 of their bytes
     sum32: int | None = None  # Orbax-stored leaves' checksum
     sharding: str | None = None  # shard-pack leaves: the saved sharding, as text
     key: str | None = None  # Orbax-stored leaves' storage key (`_tree.names`)
-    sum_algorithm: str = "crc32"  # of `crc32`
 
     def describe(self) -> str:
         if self.kind == ARRAY:
@@ -236,17 +156,15 @@ class Metadata:
     leaves: dict[str, LeafMetadata]
     modules: dict[str, ModuleInfo]
     packs: tuple[PackMetadata, ...] = ()
-    token: str | None = None  # names the save's files (format 3 on)
-    shard_files: int = 0  # shard packs: one per process of the save (format 4)
-    # False: saved with `checksums=False` (format 3 saves record a checksum
-    # for every array otherwise; see `oeqx.verify`).
+    token: str = ""  # names the save's files ("": no sidecar, a plain Orbax item)
+    shard_files: int = 0  # shard packs: one per process of the save
+    # False: saved with `checksums=False` (see `oeqx.verify`).
     checksums: bool = True
-    # Format 5: every inner node of the saved tree, as `_tree/nodes.py` records
-    # it (None: written before, or by a writer that did not record them).
+    # Every inner node of the saved tree, as `_tree/nodes.py` records it
+    # (None: not read, see `sidecar_read.read(nodes=False)`).
     nodes: dict[str, dict[str, Any]] | None = None
-    # The shard index versions its save may have written (None: those of its
-    # format version; the type handler's groups say theirs).
-    index_versions: tuple[int, ...] | None = None
+    # `(step directory, item)` a manager saved it as (None: a standalone save).
+    saved_as: tuple[str, str] | None = None
 
     def source(self, leaf: LeafMetadata) -> LeafMetadata:
         """The leaf whose data `leaf` holds: `leaf` itself, or for a tied
@@ -266,10 +184,8 @@ class Metadata:
         )
 
 
-def pack_file(token: str | None, index: int) -> str:
-    """The name of pack file `index` of the save `token` (None: format 2)."""
-    if token is None:
-        return _OLD_PACK_FILE.format(index=index)
+def pack_file(token: str, index: int) -> str:
+    """The name of pack file `index` of the save `token`."""
     return PACK_FILE.format(token=token, index=index)
 
 
@@ -283,10 +199,9 @@ def shard_index(token: str, process: int) -> str:
     return SHARD_INDEX.format(token=token, process=process)
 
 
-def arrays_dir(directory: epath.Path, token: str | None) -> epath.Path:
-    """Where Orbax's array store of the save `token` is (None: before format 3)."""
-    directory = epath.Path(directory)
-    return directory if token is None else directory / ARRAYS_DIR.format(token=token)
+def arrays_dir(directory: epath.Path, token: str) -> epath.Path:
+    """Where Orbax's array store of the save `token` is."""
+    return epath.Path(directory) / ARRAYS_DIR.format(token=token)
 
 
 def package_versions() -> dict[str, str]:
@@ -308,8 +223,10 @@ def build(
     sharded: dict[str, str] | None = None,
     shard_files: int = 0,
     pause: Callable[[], None] | None = None,
+    saved_as: tuple[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The sidecar's JSON for a walked item, saved with `token`.
+    """The sidecar's JSON for a walked item, saved with `token` (as the step
+    directory and item `saved_as`, under a manager).
 
     `aliases` maps a leaf to its twin; `packed` maps each packed leaf to its
     offset in pack 0, which is `pack_nbytes` long; leaves in `sharded` (to
@@ -352,13 +269,37 @@ def build(
         "leaves": leaves,
         "modules": modules,
     }
-    if walked.name_of is not None:  # format 5: what a rebuild needs
+    if saved_as is not None:
+        content["saved_as"] = {"step": saved_as[0], "item": saved_as[1]}
+    if walked.name_of is not None:  # what a rebuild needs
         content["nodes"] = _nodes.record(walked)
     return content
 
 
+def record_checksums(
+    content: dict[str, Any], xxh3: dict[str, int], sum32: dict[str, int]
+) -> None:
+    """Adds `{leaf name: checksum}` to the sidecar's JSON `content`, in place:
+    packed leaves' XXH3-64s, Orbax-stored leaves' `sum32`s. With checksums, an
+    Orbax-stored array that no process held whole (multi-host) records
+    `"sum32": null`, so that a missing one is damage."""
+    leaves = content["leaves"]
+    for name, value in xxh3.items():
+        record = leaves[name]
+        if type(record) is list:  # a row (`compact`)
+            record[3] = f"{value:016x}"
+        else:
+            record["xxh3"] = f"{value:016x}"
+    for name, value in sum32.items():
+        leaves[name]["sum32"] = value
+    if content.get("checksums", True):
+        for record in leaves.values():
+            if type(record) is dict and record.get("data") == STORED:
+                record.setdefault("sum32", None)
+
+
 def _record(leaf, aliases: dict, packed: dict, sharded: dict) -> dict[str, Any]:
-    """A leaf's whole record (format 5's spelling; see `build`)."""
+    """A leaf's whole record (see `build`)."""
     record: dict[str, Any] = {"path": leaf.path_str, "kind": leaf.kind}
     if leaf.kind == ARRAY:
         x = leaf.value
@@ -387,9 +328,8 @@ def _record(leaf, aliases: dict, packed: dict, sharded: dict) -> dict[str, Any]:
 
 
 def _row(leaf, packed: dict[str, int], aliases, paths: Paths) -> list | None:
-    """A packed jax array's row (format 6, `compact`), made here rather than
-    from its whole record: its checksum (None) is bound and set later
-    (`binding.record_checksums`)."""
+    """A packed jax array's row (`compact`), made here rather than from its
+    whole record: its checksum (None) is set later (`record_checksums`)."""
     if leaf.kind != ARRAY or leaf.name not in packed or leaf.name in aliases:
         return None
     x = leaf.value

@@ -1,67 +1,62 @@
-"""Reading the sidecar: decoding it by its format's schema and turning it into
-`Metadata`.
+"""Reading the sidecar: its seal, its version, its records by their schemas,
+then what holds across records, into `Metadata`.
 
 Pure data: nothing named in the file is imported or called, and every file
-name and storage key is derived (from the token, from leaf names) and only
-compared with what the file says. The format is described in `sidecar`; what
-each record may hold, as declarative schemas (msgspec Structs), in `schema`;
-the records are read one by one in `records_read` (leaves) and
-`structure_read` (modules, nodes); what holds across records
-(aliases, packs, shard packs) is checked here.
+name and storage key is derived (from tokens, from leaf names) and only
+compared with what the file says. The sidecar's checksum is checked before
+its JSON is read: any changed byte is damage. A sidecar of another format
+version is refused with one error naming both versions.
 
-From format 6 on, the file's checksum is checked first, before its JSON is
-read (see `sidecar.checksum_line`): any changed byte is damage.
-
-Reading is bounded: the file must be a regular file (a FIFO would block the
-read forever, a link to `/dev/zero` would never end) of at most `MAX_BYTES`;
-its JSON may hold no `NaN`/`Infinity` (which orbax_eqx never writes) and no
-integer of more digits than Python converts, and its values may nest at most
-`values.MAX_DEPTH` levels deep, so that reading, comparing or printing them
-never recurses without bound. Any of these is damage, said in one
-`SidecarError`. Bytes msgspec does not decode (text with lone surrogates,
-which saves before format 6 could write) are decoded by the standard library
-and checked by the same schemas.
+Reading is bounded: the file must be a regular file of at most `MAX_BYTES`,
+of at most `MAX_RECORDS` records, whose values nest at most
+`values.MAX_DEPTH` levels deep; anything msgspec does not decode (NaN,
+numbers out of range, malformed text) is damage. A document that fails its
+schema is decoded again record by record, so that the error names the
+record and the field.
 """
 
 import functools
-import json
+import math
+import re
 import sys
 from typing import Any
 
 import msgspec
+import numpy as np
 from etils import epath
-from msgspec import Raw
 
-# The one module of a later stage read here: it imports nothing of ours but
-# `_errors`, and opening files safely is the same job for every file.
 from .._bytes import route as _route
 from .._errors import SidecarError, permission_denied
-from .._gc import paused
-from .._tree.names import SEPARATOR
+from .._tree.names import SEPARATOR, storage_key
+from .._tree.values import decode_scalar, scalar_type, too_deep
+from .._tree.walk import ARRAY, JAX, SCALAR, ModuleInfo, parse_dtype
 from . import compact as _compact
-from . import records_read as _records
 from . import schema as _schema
 from . import sealed as _sealed
-from . import structure_read as _structure
-from .records_read import TOO_DEEP as _TOO_DEEP
+from .paths import Paths
 from .sidecar import (
     ALIAS,
+    EMPTY,
     FILE_NAME,
     FORMAT,
     FORMAT_VERSION,
+    KINDS,
     MAX_BYTES,
     PACKED,
     SHARDS,
     STORED,
-    TOKEN,
+    LeafMetadata,
     Metadata,
     PackMetadata,
-    pack_file,
+    itemsize,
+    leaf_metadata,
 )
 
-
-class _NotJSON(ValueError):
-    """`NaN` or `Infinity`, which Python's reader takes but JSON has not."""
+TOO_DEEP = "nests values deeper than orbax_eqx writes them"
+_NODE: Any = _schema.TypeIndex | _schema.NodeRecord
+_MODULE: Any = _schema.TypeIndex | _schema.ModuleRecord
+PACK_NAME = re.compile(r"orbax_eqx~packed\.[0-9a-f]{16}\.(0|[1-9][0-9]{0,5})\.bin")
+_DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 
 def read(directory: epath.Path, *, nodes: bool = True) -> Metadata:
@@ -69,8 +64,7 @@ def read(directory: epath.Path, *, nodes: bool = True) -> Metadata:
 
     Without `nodes`, the records of the tree's inner nodes (which only a
     rebuild without a skeleton reads) are read past: neither decoded nor
-    checked, and `nodes` of the result is None. A restore into a skeleton,
-    or a flat one, saves their time and memory (a tenth of a large tree's)."""
+    checked, and `nodes` of the result is None."""
     path = directory / FILE_NAME
     missing = SidecarError(
         f"{path} is missing, so {directory} is not an orbax_eqx checkpoint "
@@ -86,61 +80,73 @@ def read(directory: epath.Path, *, nodes: bool = True) -> Metadata:
                 "saving that with `oeqx.save` makes an orbax_eqx checkpoint."
             )
         raise missing
+    damaged = functools.partial(_damaged, path)
     try:
-        raw = _route.read_bounded(path, MAX_BYTES, lambda what: _damaged(path, what))
+        raw = _route.read_bounded(path, MAX_BYTES, damaged)
     except FileNotFoundError:  # deleted since, or a link to nothing
         raise missing from None
     except PermissionError:
         raise permission_denied(path) from None
-    try:
-        damaged = functools.partial(_damaged, path)
-        sealed = _sealed.check(raw, damaged)
-        with paused():  # objects per leaf: see `_gc`
-            return _decode(raw, path, sealed, str(directory), nodes)
-    except RecursionError:  # printing a value in an error, say
-        raise _damaged(path, _TOO_DEEP) from None
-
-
-def _decode(raw: bytes, path, sealed: bool, where: str, nodes: bool) -> Metadata:
-    """The sidecar's bytes, decoded by their format version's schema in one
-    pass by msgspec; one that fails it, again record by record to name what
-    failed; where msgspec cannot decode them, by the standard library (which
-    words what is not JSON) and then the same schemas."""
-    damaged = functools.partial(_damaged, path)
+    sealed = _sealed.check(raw, damaged)
     try:
         head = msgspec.json.decode(raw, type=_schema.Versioned)
-    except (msgspec.DecodeError, ValueError):
-        head = None
-    if head is not None:
-        _sealed.check_sealed(_seal_fields(head), sealed, FORMAT_VERSION, damaged)
-        version = _version(head, where, _bad(where))
+    except _DECODE_ERRORS as e:
+        raise damaged(f"is not JSON as orbax_eqx writes it ({_short(e)})") from None
+    check_version(head, f"The checkpoint in {directory}", _bad(str(directory)))
+    if not sealed:
+        raise damaged(
+            "records no checksum on its last line, where every sidecar has "
+            "one: it was edited, or rewritten"
+        )
     try:
-        if head is None:
-            raise _records.Undecodable
-        try:
-            document = msgspec.json.decode(raw, type=_schema.document(version, nodes))
-        except msgspec.ValidationError:  # which record? one by one, to say
-            document = msgspec.json.decode(raw, type=_schema.Document[Raw, Raw])
-    except (msgspec.DecodeError, ValueError, _records.Undecodable):
-        # Not JSON as msgspec reads it (invalid, NaN, a huge integer, lone
-        # surrogates), or a document of the wrong shape: the standard
-        # library's reading says which, or reads what a save once wrote.
-        content = _loads(raw, path)
-        del raw  # held no longer than needed: a sidecar may be 256 MiB
-        _sealed.check_sealed(content, sealed, FORMAT_VERSION, damaged)
-        return parse(content, where)
-    try:
-        return _from_document(document, version, where)
-    except _records.Undecodable:  # a number msgspec does not take, in a record
-        return parse(_loads(raw, path), where)
+        return _decode(raw, str(directory), nodes)
+    except RecursionError:
+        raise _bad(str(directory))(TOO_DEEP) from None
 
 
-def _seal_fields(head: _schema.Versioned) -> dict[str, Any]:
-    """What `sealed.check_sealed` reads of a sidecar."""
-    out = {"format_version": head.format_version}
-    if head.checksum is not _schema.UNSET:
-        out[_sealed.CHECKSUM] = head.checksum
-    return out
+def check_version(head: Any, what: str, bad) -> None:
+    """Refuses a file of another format or format version than this release's."""
+    if head.format not in (FORMAT, "orbax_eqx.shards"):
+        raise bad(f'expected a JSON object with "format": "{FORMAT}"')
+    version = head.format_version
+    if type(version) is not int:
+        raise bad('"format_version" is not an integer')
+    if version != FORMAT_VERSION:
+        advice = (
+            "Upgrade orbax_eqx to restore it."
+            if version > FORMAT_VERSION
+            else "It was written by an earlier, unreleased orbax_eqx; restore "
+            "it with that version and save it again with this one."
+        )
+        raise SidecarError(
+            f"{what} is of format version {version}; this orbax_eqx reads "
+            f"format version {FORMAT_VERSION} only. {advice}"
+        )
+
+
+def _decode(raw: bytes, where: str, nodes: bool) -> Metadata:
+    bad = _bad(where)
+    try:
+        document = msgspec.json.decode(raw, type=_schema.document(nodes))
+    except msgspec.ValidationError as e:
+        if not re.search(r"`\$\.(leaves|modules|nodes)\[", str(e)):
+            raise bad(f"its {_field(e)} is malformed ({_short(e)})") from None
+        # One record: decoded again one by one, so that the error names it.
+        document = msgspec.json.decode(raw, type=_schema.raw_records(nodes))
+    except _DECODE_ERRORS as e:
+        raise bad(f"it is not JSON as orbax_eqx writes it ({_short(e)})") from None
+    return _from_document(document, where, nodes)
+
+
+def _field(error: msgspec.ValidationError) -> str:
+    found = re.search(r"`\$\.?([A-Za-z_]*)", str(error))
+    field = found.group(1) if found else ""
+    return f'"{field}"' if field else "top level"
+
+
+def _short(error: BaseException) -> str:
+    text = str(error) or type(error).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def _bad(where: str):
@@ -160,149 +166,261 @@ def _damaged(path, what: str) -> SidecarError:
     )
 
 
-def _loads(raw: bytes, path) -> Any:
-    try:
-        # `surrogatepass`: sidecars from before such text was refused at save
-        # hold lone surrogates, UTF-8-encoded; they read back exactly.
-        return json.loads(
-            raw.decode("utf-8", "surrogatepass"), parse_constant=_no_constant
-        )
-    except RecursionError:
-        raise _damaged(path, _TOO_DEEP) from None
-    except _NotJSON as e:
-        raise _damaged(path, f"holds {e}, which JSON does not have") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise SidecarError(
-            f"The sidecar {path} is not valid JSON ({e}); the checkpoint is "
-            "damaged. Restore an earlier step."
-        ) from None
-    except ValueError:  # the only other: an int past Python's digit limit
-        raise _damaged(
-            path,
-            "holds an integer of more than "
-            f"{sys.get_int_max_str_digits()} digits, which orbax_eqx never "
-            "writes (it writes long integers in hexadecimal)",
-        ) from None
-
-
-def _no_constant(name: str) -> Any:
-    raise _NotJSON(name)
-
-
-def parse(content: Any, where: str) -> Metadata:
-    """Validates sidecar JSON, as the standard library decoded it, and turns
-    it into `Metadata` (by the same schemas as the bytes)."""
+def _from_document(document: Any, where: str, nodes: bool) -> Metadata:
+    """The `Metadata` of a decoded document: each record read, then the checks
+    across records."""
     bad = _bad(where)
-    head = (
-        msgspec.convert(content, _schema.Versioned)
-        if isinstance(content, dict)
-        else None
-    )
-    if head is None:
-        raise bad(f'expected a JSON object with "format": "{FORMAT}"')
-    version = _version(head, where, bad)
-    try:
-        document = msgspec.convert(content, _schema.Document[Any, Any])
-    except msgspec.ValidationError as e:
-        raise bad(_document_problem(_records.failed_field(e), content)) from None
-    return _from_document(document, version, where)
-
-
-def _from_document(document: _schema.Document, version: int, where: str) -> Metadata:
-    """The `Metadata` of a decoded document: each record read by
-    `records_read`, then the checks across records."""
-    bad = _bad(where)
-    token = document.token
-    if version >= 3 and not (isinstance(token, str) and TOKEN.fullmatch(token)):
-        raise bad(f"token {token!r} is not 16 hexadecimal digits")
-    if version < 3:
-        token = None
-    packs = _packs(document.packs, token, where, bad)
-    recorded = getattr(document, "nodes", _schema.UNSET)  # (not if `Skimmed`)
-    count = len(document.leaves) + len(document.modules)
-    count += len(recorded) if isinstance(recorded, dict) else 0
+    recorded = getattr(document, "nodes", {}) if nodes else {}
+    count = len(document.leaves) + len(document.modules) + len(recorded)
     if count > _sealed.MAX_RECORDS:  # before any record is read
         raise bad(
             f"it holds {count} records (leaves, modules and nodes), more than "
             f"any save writes ({_sealed.MAX_RECORDS})"
         )
-    sums = _records.Sums(version, document.checksums, token)
-    # From format 6 on, paths not written are read off names (`compact`).
-    paths = _compact.Paths(document.modules) if version >= 6 else None
-    leaves = _records.leaves(document.leaves, packs, sums, bad, paths)
-    _check_references(leaves, token is not None and document.shard_files != 0, bad)
-    types = _structure.module_types(document.module_types, bad) if version >= 6 else []
+    packs = _packs(document.packs, where, bad)
+    paths = Paths(document.modules)
+    leaves = _Leaves(packs, document.checksums, bad, paths).read(document.leaves)
+    _check_references(leaves, document.shard_files != 0, bad)
+    types = document.module_types
     modules = {
-        name: _structure.module(name, rec, bad, version, types, paths)
+        name: _module(name, rec, bad, types, paths)
         for name, rec in document.modules.items()
     }
-    nodes = None
-    if version >= 5 and recorded is not _schema.UNSET:
-        node_types = getattr(document, "node_types", _schema.UNSET)
-        if version < 6:
-            node_types = _schema.UNSET  # (read past: no format 5 has them)
-        kinds = _structure.node_types(node_types, bad)
-        carried = _structure.carried_nodes(document.modules, types, kinds, bad)
-        limit = len(leaves) + len(carried)
-        limit += len(recorded) if isinstance(recorded, dict) else 0
-        nodes = _nodes(recorded, kinds, paths, limit, bad, carried, modules)
+    read_nodes = None
+    if nodes:
+        kinds = [msgspec.to_builtins(kind) for kind in document.node_types]
+        for i, kind in enumerate(kinds):
+            if _compact.count_of(kind) is None:
+                raise bad(
+                    f"node type {i} (a {kind['type']}) says no children: a list "
+                    'or tuple records its "length", a module or namedtuple its '
+                    '"fields", a dict its "keys"'
+                )
+        carried = _carried(document.modules, types, kinds, bad)
+        limit = len(leaves) + len(carried) + len(recorded)
+        read_nodes = _nodes(recorded, kinds, paths, limit, bad, carried, modules)
+    saved_as = document.saved_as
     return Metadata(
         where,
-        version,
+        FORMAT_VERSION,
         dict(document.versions),
         leaves,
         modules,
         packs,
-        token,
+        document.token,
         document.shard_files,
         document.checksums,
-        nodes,
+        read_nodes,
+        None if saved_as is None else (saved_as.step, saved_as.item),
     )
 
 
-def _document_problem(field: str, content: dict) -> str:
-    """What is wrong with a sidecar's top level, by the field that failed."""
-    got = content.get(field)
-    if field == "versions" and isinstance(got, dict):
-        return '"versions" must map package names to version strings'
-    if field in ("versions", "leaves"):
-        return '"leaves" and "versions" must be JSON objects'
-    if field == "modules":
-        return '"modules" must be a JSON object'
-    if field == "checksums":
-        return '"checksums" must be true or false'
-    if field == "shard_files":
-        return f'"shard_files" is {got!r}, not a count of files'
-    if field == "packs" and isinstance(got, list):
-        bad = [i for i, p in enumerate(got) if not _is_pack(p)]
-        return f"pack {bad[0] if bad else 0} has no size"
-    return '"packs" must be a JSON list'
+def _packs(records, where: str, bad) -> tuple[PackMetadata, ...]:
+    packs = []
+    for i, rec in enumerate(records):
+        if not PACK_NAME.fullmatch(rec.file):
+            # Like storage keys, file names are never taken from the file as
+            # they are: only a pack file's name, in the item directory, is.
+            raise bad(f"pack {i} is in file {rec.file[:80]!r}, not a pack file")
+        if rec.byteorder != sys.byteorder:
+            raise SidecarError(
+                f"The arrays of the checkpoint in {where} were packed on a "
+                f"{rec.byteorder}-endian machine; this one is {sys.byteorder}-"
+                "endian, which orbax_eqx does not convert."
+            )
+        packs.append(PackMetadata(rec.file, rec.nbytes))
+    return tuple(packs)
 
 
-def _is_pack(record: Any) -> bool:
-    nbytes = record.get("nbytes") if isinstance(record, dict) else None
-    return type(nbytes) is int and nbytes >= 0
+class _Leaves:
+    """Reads the leaf records of one sidecar."""
 
+    def __init__(self, packs, checksums: bool, bad, paths: Paths):
+        self.packs, self.checksums, self.bad, self.paths = packs, checksums, bad, paths
 
-def _version(head: _schema.Versioned, where: str, bad) -> int:
-    """The sidecar's format version, one this orbax_eqx reads."""
-    if head.format != FORMAT:
-        raise bad(f'expected a JSON object with "format": "{FORMAT}"')
-    version = head.format_version
-    if type(version) is not int:
-        raise bad('"format_version" is not an integer')
-    if version < 1:
-        raise bad(
-            f'"format_version" is {version}, which no orbax_eqx ever wrote (they '
-            f"write 1 to {FORMAT_VERSION})"
+    def read(self, records: dict[str, Any]) -> dict[str, LeafMetadata]:
+        """Every leaf's record, in order; each dropped from `records` once
+        read, so that a huge sidecar costs its records' objects once."""
+        out = {}
+        take = records.pop
+        of = self.paths.of
+        for name in list(records):
+            record = take(name)
+            if type(record) is tuple:  # a row (most leaves: sooner)
+                out[name] = self.row(name, of(name), record)
+            else:
+                out[name] = self.leaf(name, record)
+        return out
+
+    def leaf(self, name: str, record: Any) -> LeafMetadata:
+        bad = self.bad
+        if type(record) is msgspec.Raw:  # after a failed decode
+            try:
+                record = msgspec.json.decode(record, type=_schema.LeafRecord)
+            except msgspec.ValidationError as e:
+                raise bad(f"leaf {name!r} is malformed ({_short(e)})") from None
+            except RecursionError:
+                raise bad(f"leaf {name!r} {TOO_DEEP}") from None
+            if type(record) is tuple:
+                return self.row(name, self.paths.of(name), record)
+        path = record.path
+        if path is _schema.UNSET:  # read off the name (`compact`)
+            path = self.paths.of(name)
+        if not isinstance(record, _schema.ArrayRecord):
+            kind = KINDS[KINDS.index(type(record).__struct_config__.tag)]
+            value = None if record.value is _schema.UNSET else record.value
+            if too_deep(value):
+                raise bad(f"leaf {name!r} {TOO_DEEP}")
+            if kind == SCALAR and (
+                record.value is _schema.UNSET or not _is_scalar(value)
+            ):
+                raise bad(f"leaf {name!r} has no valid Python value")
+            return leaf_metadata(name, path, kind, value=value)
+        return self.array(name, path, record)
+
+    def row(self, name: str, path: str, row: tuple) -> LeafMetadata:
+        """A packed jax array's row (`compact`), checked as the array record
+        it stands for."""
+        text, dims, offset, xxh3 = row
+        dtype = sys.intern(text)
+        why = _dtype_problem(dtype)
+        if why is not None:
+            raise self.bad(f"leaf {name!r} has {why}")
+        size = _compact.row_nbytes(dims, dtype)
+        packs = self.packs
+        if not packs:
+            raise self.bad(f"leaf {name!r} is in pack 0, which is not listed")
+        if offset + size > packs[0].nbytes:
+            raise self.bad(
+                f"leaf {name!r} ends at byte {offset + size} of pack 0, which "
+                f"holds {packs[0].nbytes}"
+            )
+        if xxh3 is None and self.checksums:
+            raise self.bad(_no_checksum(name, path))
+        checksum = None if xxh3 is None else int(xxh3, 16)
+        return leaf_metadata(
+            name,
+            path,
+            ARRAY,
+            tuple(dims),
+            dtype,
+            JAX,
+            PACKED,
+            None,
+            size,
+            pack=0,
+            offset=offset,
+            checksum=checksum,
         )
-    if version > FORMAT_VERSION:
-        raise SidecarError(
-            f"The checkpoint in {where} has sidecar format version {version}, but "
-            f"this orbax_eqx reads versions up to {FORMAT_VERSION}. Upgrade "
-            "orbax_eqx to restore it."
+
+    def array(self, name: str, path: str, rec) -> LeafMetadata:
+        bad = self.bad
+        dtype = sys.intern(rec.dtype)
+        why = _dtype_problem(dtype)  # every array's: zero-size and sharded too
+        if why is not None:
+            raise bad(f"leaf {name!r} has {why}")
+        shape, data = tuple(rec.shape), rec.data
+        checksum = None
+        if data == PACKED:
+            self.check_packed(name, shape, dtype, rec)
+            if rec.xxh3 is None and self.checksums:
+                raise bad(_no_checksum(name, path))
+            checksum = None if rec.xxh3 is None else int(rec.xxh3, 16)
+        elif data == STORED:
+            if rec.key != storage_key(name):
+                # Keys are derived from names, never read from the file.
+                raise bad(
+                    f"leaf {name!r} has storage key {str(rec.key)[:80]!r}, "
+                    f"expected {storage_key(name)!r}"
+                )
+            if self.checksums and rec.sum32 is _schema.UNSET:
+                raise bad(_no_checksum(name, path, "sum32"))
+        elif data == ALIAS and not isinstance(rec.alias_of, str):
+            raise bad(f"leaf {name!r} is an alias of nothing")
+        elif data == EMPTY and math.prod(shape) != 0:
+            # Else a restore would invent zeros for it, as many as it claims.
+            raise bad(
+                f'leaf `{path}` (leaf name {name!r}) is stored as zero-size ("data":'
+                f' "none") but has shape {shape}, which holds '
+                f"{math.prod(shape)} elements"
+            )
+        sum32 = rec.sum32 if data == STORED and rec.sum32 is not _schema.UNSET else None
+        sharding = rec.sharding
+        return leaf_metadata(
+            name,
+            path,
+            ARRAY,
+            shape,
+            dtype,
+            rec.container,
+            data,
+            rec.alias_of,
+            rec.nbytes,
+            pack=rec.pack if data == PACKED else None,
+            offset=rec.offset if data == PACKED else None,
+            checksum=checksum,
+            sum32=sum32,
+            sharding=None if sharding is _schema.UNSET else sharding,
+            key=rec.key if data == STORED else None,
         )
-    return version
+
+    def check_packed(self, name, shape, dtype, rec) -> None:
+        """A packed leaf's bytes lie inside its pack and fit its shape exactly."""
+        pack, offset, size, packs = rec.pack, rec.offset, rec.nbytes, self.packs
+        if pack is None or pack >= len(packs):
+            raise self.bad(f"leaf {name!r} is in pack {pack!r}, which is not listed")
+        if offset is None:
+            raise self.bad(f"leaf {name!r} has no offset in its pack")
+        if offset + size > packs[pack].nbytes:
+            raise self.bad(
+                f"leaf {name!r} ends at byte {offset + size} of pack {pack}, which "
+                f"holds {packs[pack].nbytes}"
+            )
+        expected = math.prod(shape) * itemsize(parse_dtype(dtype))
+        if size != expected:
+            raise self.bad(
+                f"leaf {name!r} has {size} bytes in its pack, but a {dtype} array "
+                f"of shape {shape} has {expected}"
+            )
+
+
+def _no_checksum(name: str, path: str, kind: str = "xxh3") -> str:
+    where = "is in Orbax's array store" if kind == "sum32" else "is packed"
+    return (
+        f"leaf `{path}` (leaf name {name!r}) {where} but records no {kind}, "
+        "though a save with checksums records one for every such leaf: it was "
+        "edited"
+    )
+
+
+@functools.cache
+def _dtype_problem(text: str) -> str | None:
+    """What is wrong with an array's recorded dtype, or None: it must be
+    spelled as a save spells it (`str(dtype)`: `<U2`, not `U2`), and be one a
+    save writes (no structured or object dtype)."""
+    try:
+        dtype = parse_dtype(text)
+    except (TypeError, ValueError, OverflowError, MemoryError, SyntaxError):
+        return f"unknown dtype {text[:40]!r}"
+    if isinstance(dtype, np.dtype) and (
+        dtype.fields is not None or dtype.subdtype is not None
+    ):
+        return f"unknown dtype {text!r}"
+    if isinstance(dtype, np.dtype) and dtype.hasobject:
+        return f"dtype {text!r}, which no save writes (it refuses arrays of objects)"
+    if str(dtype) != text:
+        return f"dtype {text!r}, which no save writes (it writes {str(dtype)!r})"
+    return None
+
+
+def _is_scalar(encoded: Any) -> bool:
+    if scalar_type(encoded) is None:
+        return False
+    try:
+        decode_scalar(encoded)
+    except (TypeError, ValueError):  # `{"complex": 5}`: no pair to unpack
+        return False
+    return True
 
 
 def _check_references(leaves: dict, has_shards: bool, bad) -> None:
@@ -316,71 +434,117 @@ def _check_references(leaves: dict, has_shards: bool, bad) -> None:
             or (target.shape, target.dtype) != (leaf.shape, leaf.dtype)
         ):
             raise bad(
-                f"leaf {leaf.name!r} is an alias of {leaf.alias_of!r}, "
+                f"leaf {leaf.name!r} is an alias of {str(leaf.alias_of)[:80]!r}, "
                 "which is no stored array of the same shape and dtype"
             )
         if leaf.data == SHARDS and not has_shards:
             raise bad(
                 f"leaf {leaf.name!r} is in shard packs, but the sidecar lists "
-                'none (no token, or "shard_files": 0)'
+                'none ("shard_files": 0)'
             )
 
 
-def _nodes(
-    nodes_json: Any,
-    types: list[dict[str, Any]],
-    paths,
-    limit: int,
-    bad,
-    carried: dict[str, int],
-    modules: dict[str, Any],
-) -> dict[str, dict[str, Any]]:
-    """The records of the tree's inner nodes, each checked by its schema, kept
-    as the plain dicts the rebuild reads; from format 6 on a node may be the
-    index of its type in `types` (`compact`), which names its children: at
-    most `limit` in all (each leaf and node is one node's child at most).
-    `carried`: the nodes of modules whose module type holds their node type,
-    each recorded there only."""
-    if not isinstance(nodes_json, dict):
-        raise bad('"nodes" must be a JSON object')
-    twice = next((name for name in carried if name in nodes_json), None)
+def _module(name: str, rec: Any, bad, types: list, paths: Paths) -> ModuleInfo:
+    """One module's record, or the index of its class and static fields in
+    `types` (`compact`)."""
+    if type(rec) is msgspec.Raw:  # after a failed decode
+        try:
+            rec = msgspec.json.decode(rec, type=_MODULE)
+        except (msgspec.ValidationError, RecursionError):
+            raise bad(f"module {name!r} has no class, path or static fields") from None
+    if type(rec) is int:
+        if rec >= len(types):
+            listed = len(types)
+            raise bad(
+                f"module {name!r} is of module type {rec}, but the sidecar lists "
+                f"{listed} module type{'' if listed == 1 else 's'}"
+            )
+        kind = types[rec]
+        _check_static(f"of type {rec}", kind.static, bad)
+        return ModuleInfo(paths.of(name), kind.cls, kind.static)
+    _check_static(name, rec.static, bad)
+    path = paths.of(name) if rec.path is _schema.UNSET else rec.path
+    return ModuleInfo(path, rec.cls, rec.static)
+
+
+def _check_static(name: str, static: dict[str, Any], bad) -> None:
+    for field, value in static.items():
+        if too_deep(value):
+            raise bad(f"static field {field!r} of module {name!r} {TOO_DEEP}")
+
+
+def _carried(modules: dict[str, Any], types: list, kinds: list, bad) -> dict:
+    """`{name: node type}` of the modules whose module type holds their node's
+    type (`compact.NODE`): an index into the node types `kinds`, of a module."""
+    carried = {}
+    for name, rec in modules.items():
+        if type(rec) is not int or rec >= len(types):
+            continue  # (read as a module, or refused there)
+        at = types[rec].node
+        if at is _schema.UNSET:
+            continue
+        if not (at < len(kinds) and kinds[at]["type"] == "module"):
+            raise bad(
+                f"module type {rec} (of module {name!r}) gives its node type as "
+                f"{at}, which is no module's node type among the sidecar's "
+                f"{len(kinds)} node type{'' if len(kinds) == 1 else 's'}"
+            )
+        carried[name] = at
+    return carried
+
+
+def _nodes(recorded, kinds, paths, limit: int, bad, carried, modules) -> dict:
+    """The records of the tree's inner nodes, as the plain dicts the rebuild
+    reads; a node may be the index of its type in `kinds` (`compact`), which
+    names its children: at most `limit` in all (each leaf and node is one
+    node's child at most). `carried`: the nodes of modules whose module type
+    holds their node type, each recorded there only."""
+    twice = next((name for name in carried if name in recorded), None)
     if twice is not None:
         raise bad(
             f'node {twice!r} is recorded twice: in "nodes" and by its module\'s type'
         )
-    counts = [_compact.count_of(kind) or 0 for kind in types]  # (checked: not None)
-    expand = _Expand(types, paths)
+    counts = [_compact.count_of(kind) or 0 for kind in kinds]
+    expand = _Expand(kinds, paths)
+    out: dict[str, dict[str, Any]] = {}
     named = 0
-    for name, rec in nodes_json.items():
-        if types and type(rec) is int and 0 <= rec < len(types):
+    for name, rec in recorded.items():
+        if type(rec) is msgspec.Raw:  # after a failed decode
+            try:
+                rec = msgspec.json.decode(rec, type=_NODE)
+            except (msgspec.ValidationError, RecursionError) as e:
+                raise bad(f"node {name!r} is malformed ({_short(e)})") from None
+        if type(rec) is int:
+            if rec >= len(kinds):
+                raise bad(
+                    f"node {name!r} is of node type {rec}, but the sidecar lists "
+                    f"{len(kinds)} node type{'' if len(kinds) == 1 else 's'}"
+                )
             named += counts[rec]
             if named > limit:  # before any name is made
                 raise _too_many(name, limit, bad)
-            # Checked as its type was (`records_read.node_types`).
-            nodes_json[name] = expand(name, rec)
+            out[name] = expand(name, rec)
             continue
-        elif type(rec) is int:
-            raise bad(
-                f"node {name!r} is of node type {rec}, but the sidecar lists "
-                f"{len(types)} node type{'' if len(types) == 1 else 's'}"
-            )
-        _structure.node(name, rec, bad)
-    for name, rec in carried.items():  # (their indices checked by the modules')
+        node = msgspec.to_builtins(rec)
+        for key in ("keys", "markers"):
+            if too_deep(node.get(key)):
+                raise bad(f"the {key} of node {name!r} are malformed")
+        out[name] = node
+    for name, rec in carried.items():
         named += counts[rec]
         if named > limit:
             raise _too_many(name, limit, bad)
-        path = modules[name].path  # a module's node's path is the module's
-        nodes_json[name] = expand(name, rec, path)
-    return nodes_json
+        out[name] = expand(name, rec, modules[name].path)
+    return out
 
 
 class _Expand:
     """`compact.expand_node` for the nodes of one sidecar, sooner: each node
-    type's record (less its `length`) and its children's name parts (what
-    `compact.children_of` names the root's children) made once; a node's
-    children are named by its name and a separator before each part."""
+    type's record (less its `length`) and its children's name parts made
+    once; a node's children are named by its name and a separator before
+    each part."""
 
-    def __init__(self, types: list[dict[str, Any]], paths):
+    def __init__(self, types: list[dict[str, Any]], paths: Paths):
         self.types = types
         self.paths = paths
         self.made: dict[int, tuple[dict[str, Any], list[str]]] = {}
@@ -395,7 +559,8 @@ class _Expand:
         kind, parts = made
         prefix = name + SEPARATOR if name else ""
         children = [prefix + part for part in parts]
-        return {"path": path or self.paths.of(name), **kind, "children": children}
+        node = {"path": path or self.paths.of(name), **kind, "children": children}
+        return msgspec.to_builtins(msgspec.convert(node, _schema.NodeRecord))
 
 
 def _too_many(name: str, limit: int, bad) -> Exception:
@@ -403,22 +568,3 @@ def _too_many(name: str, limit: int, bad) -> Exception:
         f"its node types name more children than it has leaves and nodes "
         f"({limit}), at node {name!r}"
     )
-
-
-def _packs(records, token, where, bad) -> tuple[PackMetadata, ...]:
-    packs = []
-    for i, rec in enumerate(records):
-        if rec.file != pack_file(token, i):
-            # Like storage keys, file names are derived, never read from the file.
-            raise bad(
-                f"pack {i} is in file {rec.file!r}, expected {pack_file(token, i)!r}"
-            )
-        byteorder = sys.byteorder if rec.byteorder is _schema.UNSET else rec.byteorder
-        if byteorder != sys.byteorder:
-            raise SidecarError(
-                f"The arrays of the checkpoint in {where} were packed on a "
-                f"{byteorder}-endian machine; this one is {sys.byteorder}-"
-                "endian, which orbax_eqx does not convert."
-            )
-        packs.append(PackMetadata(rec.file, rec.nbytes))
-    return tuple(packs)

@@ -76,7 +76,7 @@ class EqxRestore(_CheckpointArgs):
         whatever the checkpoint names: `allow=["equinox", "jax", "my_models"]`.
         Anything the checkpoint names outside them, or that cannot be rebuilt
         (a lambda, a local class), is one `RebuildError` listing every such
-        leaf. Needs a checkpoint saved with sidecar format 5 or later.
+        leaf.
     - `shardings`: where restored jax arrays go: one `jax.sharding.Sharding`
         for all, a PyTree shaped like the skeleton with a Sharding (or None) at
         each leaf, or a function `(leaf name, skeleton leaf) -> Sharding`.

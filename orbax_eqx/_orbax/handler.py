@@ -336,7 +336,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         _at_exit.committing(where)  # Orbax commits the step once this returns
         with _background.noted(where):
             if stored:
-                arrays = _sidecar.arrays_dir(directory, token)
+                arrays = epath.Path(directory)  # (no sidecar here: not known)
+                if token is not None:
+                    arrays = _sidecar.arrays_dir(directory, token)
                 try:
                     # Orbax's merge and our commit check read the store.
                     _store_files.check(arrays, saving=True)

@@ -123,14 +123,11 @@ class _Builder:
     def __init__(self, saved: Metadata, look: Callable[[str], Any], dry=False):
         # `dry`: for `needs`, which keeps no value: jax arrays get no stand-in.
         self.dry = dry
-        if saved.nodes is None:
+        if saved.nodes is None:  # arrays of the type handler: no tree recorded
             raise RebuildError(
-                f"The checkpoint at {saved.directory} has sidecar format "
-                f"{saved.format_version}, which does not record the structure of "
-                "the saved tree (from format 5 on it does), so it cannot be rebuilt "
-                "without a skeleton. Restore it into a skeleton, or re-save it "
-                "with this orbax_eqx (restore it into a skeleton, or flat, and "
-                "`oeqx.save` it again)."
+                f"The checkpoint at {saved.directory} records no tree structure "
+                "(its arrays were saved through Orbax's own handlers), so it "
+                "cannot be rebuilt without a skeleton. Restore it into a skeleton."
             )
         self.saved = saved
         self.nodes = saved.nodes
@@ -141,8 +138,8 @@ class _Builder:
         self.decoder = Decoder(self.find, self.refuse, self.damaged)
         self._decoded_alike: set[bytes] = set()  # static fields, for a dry run
         self._jax: dict[tuple[Any, Any, bool], bool] = {}  # see `_jax_array`
-        # A dry run's modules of a class and static fields (the same record:
-        # format 6 shares it) that looked up and decoded without a word: the
+        # A dry run's modules of a class and static fields (the same record,
+        # shared by `compact`) that looked up and decoded without a word: the
         # next ones would again, with nothing to add (see `_static`).
         self._clean: dict[tuple[str, int], Any] = {}
 

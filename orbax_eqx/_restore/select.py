@@ -10,12 +10,6 @@ checkpoint names, which is what the arrays are stored under.
 
 Under a prefix, the skeleton's names are those it would have had inside the
 saved tree, found by walking it wrapped in one dict per part of the prefix.
-
-Checkpoints saved before `eqx.nn.State` entries were named relative to their
-State (`state.model.bn.state_index`, now `state.bn.state_index`) are read
-through their old names: a checkpoint leaf that has the old name of a skeleton
-leaf, and not the new one, is taken as that leaf (unless `renames=` renames
-it).
 """
 
 import dataclasses
@@ -111,21 +105,15 @@ def warn_kept(report: RestoreReport, where: str) -> None:
 
 def targets(prefix: str | None, walked: Walked) -> dict[str, str]:
     """Maps the skeleton's leaf and module names to their names under `prefix`."""
-    return _targets(prefix, walked)[0]
-
-
-def _targets(prefix: str | None, walked: Walked):
-    """`targets`, and `{old name: name}` of the leaves under `prefix` whose names
-    orbax_eqx spelled otherwise before (`Walked.old_names`)."""
     if not prefix:
-        return {}, {old: new for new, old in walked.old_names.items()}
+        return {}
     keys = [_key(part) for part in split(prefix)]
     plain = {
         name: prefix if name == "" else prefix + SEPARATOR + name
         for name in [leaf.name for leaf in walked.leaves] + list(walked.modules)
     }
     if any(key is None for key in keys):
-        return plain, {}  # a part no dict key spells: as if saved there, unwrapped
+        return plain  # a part no dict key spells: as if saved there, unwrapped
     tree = jtu.tree_unflatten(walked.treedef, [leaf.value for leaf in walked.leaves])
     for key in reversed(keys):
         tree = {key: tree}
@@ -133,10 +121,10 @@ def _targets(prefix: str | None, walked: Walked):
     if len(inside.leaves) != len(walked.leaves) or len(inside.modules) != len(
         walked.modules
     ):
-        return plain, {}
+        return plain
     result = {a.name: b.name for a, b in zip(walked.leaves, inside.leaves, strict=True)}
     result.update(zip(walked.modules, inside.modules, strict=True))
-    return result, {old: new for new, old in inside.old_names.items()}
+    return result
 
 
 def _key(part: str) -> str | int | None:
@@ -181,9 +169,9 @@ def select(
 
     Raises `RenameError` or `CheckpointMismatchError` before any array is read.
     """
-    target, old_names = _targets(prefix, walked)
+    target = targets(prefix, walked)
     rename, labels = compile_renames(renames)
-    if renames is None and not prefix and not old_names:
+    if renames is None and not prefix:
         # The usual restore: every name stays, so the view is the sidecar itself
         # (decided without a rename call and three tables per leaf).
         return Selection(saved, None, {}, target, tuple(saved.leaves))
@@ -191,8 +179,6 @@ def select(
     hits: dict[str, list[tuple[str, str | None]]] = {label: [] for label in labels}
     for name in saved.leaves:
         new, label = rename(name)
-        if label is None and name in old_names and old_names[name] not in saved.leaves:
-            new = old_names[name]  # saved under the name it had before
         new_names[name] = new
         if label is not None:
             hits.setdefault(label, []).append((name, new))
@@ -207,20 +193,12 @@ def select(
     }
     if prefix and not leaves:
         raise _nothing_under(prefix, saved, new_names)
-    # Leaves read by the name they had before: no rename was asked for, and no
-    # module moved (State entries are in none).
-    by_old_name = {n for n, new in new_names.items() if old_names.get(n, n) == new}
-    moved = {n: n if n in by_old_name else new for n, new in new_names.items()}
     modules: dict[str, Any] = {}
-    for name, new in _module_names(saved, moved).items():
+    for name, new in _module_names(saved, new_names).items():
         if new is not None and _under(prefix, new):
             modules.setdefault(new, saved.modules[name])
     view = dataclasses.replace(saved, leaves=leaves, modules=modules)
-    renamed = {
-        old: new
-        for old, new in new_names.items()
-        if new != old and old not in by_old_name
-    }
+    renamed = {old: new for old, new in new_names.items() if new != old}
     return Selection(view, prefix or None, renamed, target, tuple(saved.leaves))
 
 

@@ -16,7 +16,6 @@ import jax
 import numpy as np
 from etils import epath
 
-from .._format import binding as _binding
 from .._format import sidecar as _sidecar
 from .._format import sidecar_write as _sidecar_write
 from .._format.checksum import host_sum32
@@ -75,7 +74,7 @@ def _pack_and_sidecar(directory, prepared: Any, started, pack) -> None:
         crcs = dict(zip(prepared.packed_names, found, strict=False))
         prepared.drop_pieces()  # now, not after the sidecar
     sums = {name: host_sum32(np.asarray(x)) for name, x in prepared.sums.items()}
-    _binding.record_checksums(prepared.content, crcs, sums)
+    _sidecar.record_checksums(prepared.content, crcs, sums)
     _claim.before_sidecar(started)
     try:
         with paused():

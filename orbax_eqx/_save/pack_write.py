@@ -16,7 +16,6 @@ from collections.abc import Callable
 import numpy as np
 from etils import epath
 
-from .._format import binding as _binding
 from .._format import sidecar as _sidecar
 from .._storage.packed import write as _packed
 from .prepare import Prepared
@@ -39,12 +38,10 @@ class PackWrite:
         self.path = path
         self._sums: list[int] = []
         self._error: BaseException | None = None
-        # The sidecar written is of the current format (`sidecar.build`).
-        algorithm = _binding.data_sum_algorithm(_sidecar.FORMAT_VERSION)
 
         def run() -> None:
             try:
-                self._sums = _packed.write(path, take(), nbytes, checksums, algorithm)
+                self._sums = _packed.write(path, take(), nbytes, checksums)
             except BaseException as e:  # raised by `result()`, in the save's thread
                 self._error = e
 

@@ -36,7 +36,6 @@ from .._bytes.paths import is_remote
 from .._errors import OrbaxEqxError, some
 from .._format.locate import is_item, steps_in
 from .._format.sidecar import FILE_NAME
-from .._format.sidecar_read import read
 from . import leftovers as _leftovers
 from .claim import ConcurrentSaveError
 
@@ -204,8 +203,8 @@ def _what_step(items: list[epath.Path]) -> tuple[str, dict[str, object]] | None:
 
 
 _STEP_METADATA = "_CHECKPOINT_METADATA"
-# What Orbax writes in an item directory: its own metadata and, before sidecar
-# format 3, its array store's files (now in `orbax_eqx~arrays.<token>`).
+# What Orbax writes in an item directory: its own metadata (and the files of
+# a plain Orbax checkpoint's array store).
 _ORBAX_ITEM_FILES = frozenset(
     {
         *_ORBAX_TOP_FILES,
@@ -234,20 +233,7 @@ def foreign(item: epath.Path) -> list[str]:
             or _OCDBT_PROCESS.fullmatch(p.name)
         )
     )
-    if odd:  # sidecar formats 1-2: Orbax stored arrays under their keys here
-        keys = _old_storage_keys(item)
-        odd = [name for name in odd if name not in keys]
     return odd
-
-
-def _old_storage_keys(item: epath.Path) -> set[str]:
-    try:
-        saved = read(item)
-    except Exception:  # unreadable: nothing is known to be its own
-        return set()
-    if saved.token is not None:
-        return set()
-    return {leaf.key for leaf in saved.leaves.values() if leaf.key is not None}
 
 
 def publish(

@@ -219,7 +219,6 @@ class _Source:
         elif record.data == SHARDS:
             if self._chunks is None:
                 self._chunks = read_all(self.item, self.saved)
-            assert self.saved.token is not None  # (shard packs: format 4 on)
             for chunk in self._chunks[record.name]:
                 file = self.item / shard_file(self.saved.token, chunk.process)
                 yield from self._ranges(file, chunk.offset, chunk.nbytes, dtype)

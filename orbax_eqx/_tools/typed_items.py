@@ -16,11 +16,11 @@ from etils import epath
 
 from .._errors import CheckpointNotFoundError
 from .._format import locate as _locate
-from .._format.sidecar import Metadata
+from .._format.sidecar import FILE_NAME, Metadata
 from .._format.sidecar_read import read as read_sidecar
 from .._storage.typed.read import Group
 from .._storage.typed.read import find as find_groups
-from .._storage.typed.write import GROUP_PREFIX, INDEX_FILE
+from .._storage.typed.write import GROUP_PREFIX
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +35,7 @@ def is_typed_item(path: epath.Path) -> bool:
     """Whether `path` holds a group of arrays saved through the type handler."""
     try:
         return any(
-            p.name.startswith(GROUP_PREFIX) and (p / INDEX_FILE).exists()
+            p.name.startswith(GROUP_PREFIX) and (p / FILE_NAME).exists()
             for p in path.iterdir()
         )
     except OSError:
@@ -100,7 +100,7 @@ def read(item: epath.Path) -> Metadata:
         return read_sidecar(item)  # which says what is wrong, if anything
     groups: dict[str, Group] = {}
     for group in find_groups(item).values():
-        groups.setdefault(group.saved.token or "", group)
+        groups.setdefault(group.saved.token, group)
     ordered = tuple(groups[k] for k in sorted(groups))
     leaves = {n: r for g in ordered for n, r in g.saved.leaves.items()}
     first = ordered[0].saved

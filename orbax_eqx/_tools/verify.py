@@ -9,7 +9,7 @@ from etils import epath
 
 from .._bytes import damage as _damage
 from .._errors import ObjectStoreError, OrbaxEqxError
-from .._format.checksum import NAMES, XXH3, Running, host_sum32
+from .._format.checksum import NAME, Running, host_sum32
 from .._format.sidecar import (
     PACKED,
     SHARDS,
@@ -47,11 +47,9 @@ class VerifyReport:
     - `checked`: names of the array leaves whose data matched its checksum.
     - `damaged`: a `DamagedLeaf` for each leaf whose data did not match, or
         could not be read at all (a missing or short file).
-    - `unchecked`: names of array leaves that record no checksum (saved by
-        an orbax_eqx before checksums, or with `checksums=False`); their data
-        was read, not checked. A leaf of a format-3 sidecar that records none
-        though the save did not turn them off is damaged: its sidecar was
-        edited.
+    - `unchecked`: names of array leaves that record no checksum (saved
+        with `checksums=False`, or Orbax-stored arrays no process held whole);
+        their data was read, not checked.
     - `nbytes`: bytes of array data read.
     """
 
@@ -187,17 +185,8 @@ def _check(path: epath.Path, saved: Metadata, note, *lists) -> int:
 def _sort(saved: Metadata, record: LeafMetadata, result, *lists) -> None:
     """`result`: None if unchecked, True if it matched, else the problem."""
     checked, damaged, unchecked = lists
-    # From format 4 on, a save without checksums says so (`"checksums": false`);
-    # format 3 did not, so there a missing checksum may be `checksums=False`.
-    # From format 5 on, a sidecar that lost one is refused when read, and a
-    # null `sum32` is an array no process held whole at save: unchecked.
-    if result is None and saved.checksums and saved.format_version == 4:
-        result = (
-            f"records no checksum, though a format-{saved.format_version} "
-            "sidecar records one for every array unless saved with "
-            "checksums=False, which this one does not say: its sidecar was "
-            "edited or damaged"
-        )
+    # A sidecar that lost a checksum is refused when read; a null `sum32` is
+    # an array no process held whole at save: unchecked.
     if result is None:
         unchecked.append(record.name)
     elif result is True:
@@ -209,7 +198,7 @@ def _sort(saved: Metadata, record: LeafMetadata, result, *lists) -> None:
 def _check_packed(path: epath.Path, saved: Metadata, record, note):
     pack = saved.packs[record.pack]
     start, stop = record.offset, record.offset + record.nbytes
-    running, done = Running(record.sum_algorithm), 0
+    running, done = Running(), 0
     try:
         for piece in range(start, stop, _CHUNK):
             (data,) = _ranges.read(
@@ -224,14 +213,11 @@ def _check_packed(path: epath.Path, saved: Metadata, record, note):
         raise  # said of the data
     except (OrbaxEqxError, OSError) as e:
         return str(e).split("\n")[0], done
-    if record.crc32 is None:
+    if record.checksum is None:
         return None, done
-    crc = running.value()
-    if crc != record.crc32:
-        problem = _differs(NAMES[record.sum_algorithm], record.crc32, crc)
-        if saved.format_version >= 5:  # the checksum is bound to the record
-            problem += " (or its sidecar record was edited: dtype, shape, offset)"
-        return problem, done
+    found = running.value()
+    if found != record.checksum:
+        return _differs(NAME, record.checksum, found), done
     return True, done
 
 
@@ -253,7 +239,6 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
             # read up to there.
             if problem is not None:
                 break
-            assert saved.token is not None  # (shard packs: format 4 on)
             file = path / shard_file(saved.token, chunk.process)
             step = max(_CHUNK // chunk.block, 1) * chunk.block
             try:
@@ -271,9 +256,8 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
                         end = min((i + 1) * chunk.block, chunk.nbytes)
                         problem = (
                             f"chunk {chunk.box()} in {file.name}: "
-                            + _differs(NAMES[chunk.algorithm], recorded, found)
-                            + f" in bytes {i * chunk.block}-{end} (its bytes "
-                            "changed, or the index moved the chunk)"
+                            + _differs(NAME, recorded, found)
+                            + f" in bytes {i * chunk.block}-{end}"
                         )
                         break  # the leaf is damaged: no need to read on
             except (PermissionError, ObjectStoreError):
@@ -301,7 +285,7 @@ def _check_stored(reader: LeafReader, record):
 
 
 def _differs(kind: str, recorded: int, found: int) -> str:
-    digits = 18 if kind == NAMES[XXH3] else 10  # 64 bits: 16 hexadecimal digits
+    digits = 18 if kind == NAME else 10  # 64 bits: 16 hexadecimal digits
     return (
         f"data does not match its {kind}: {recorded:#0{digits}x} recorded at "
         f"save, {found:#0{digits}x} computed now"

@@ -187,19 +187,10 @@ def _text(report: VerifyReport, saved) -> str:
     ]
     arrays = len(report.checked) + len(report.damaged) + len(report.unchecked)
     if report.unchecked:
-        # Format 4 says `"checksums": false`; format 3 recorded a checksum for
-        # every array unless saved with checksums=False, which it did not say;
-        # formats 1 and 2 may come from before checksums (format 4 leaves
-        # without one are damage: see `verify._sort`).
         if not saved.checksums:
             why = "saved with checksums=False"
-        elif saved.format_version >= 3:
-            why = (
-                f"a format-{saved.format_version} sidecar has a checksum for every "
-                "array unless saved with checksums=False, which it does not record"
-            )
         else:
-            why = "saved with checksums=False, or by an orbax_eqx from before checksums"
+            why = "Orbax-stored arrays that no process held whole at save"
         lines.append(
             f"{len(report.unchecked)} leaves record no checksum ({why}): read, not "
             "checked."

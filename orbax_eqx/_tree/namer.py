@@ -97,7 +97,6 @@ class Namer:
 
     def __init__(self, states: dict[tuple, tuple], modules: list):
         self._states = states
-        self.crossed_state = False  # whether the last path named went through one
         owners: dict[Any, tuple] = {}
         if states:
             for path, m in modules:
@@ -110,19 +109,17 @@ class Namer:
     def __call__(self, path: tuple, old: bool = False) -> str:
         if not self._states:
             return self._plain(path)
-        parts, crossed = [], False
+        parts = []
         for i, entry in enumerate(path):
             markers = self._states.get(path[:i])
             if markers is None or not isinstance(entry, jtu.FlattenedIndexKey):
                 parts.append(key_part(entry))
                 continue
-            crossed = True
             relative = self._relative[path[:i]]
             if not old and relative is not None:
                 parts.extend(relative[entry.key])
             else:
                 parts.append(self._old_part(markers[entry.key], entry.key, old))
-        self.crossed_state = crossed  # (after `_old_part`, which names an owner)
         return join(parts)
 
     def _plain(self, path: tuple) -> str:

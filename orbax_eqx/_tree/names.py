@@ -7,9 +7,7 @@ like an integer key are marked, so that two different paths never share a name.
 A *storage key* is what Orbax stores the array under. It is the leaf name
 itself when that name is short, made of safe characters and not a name Orbax
 gives its own files, which is almost always; otherwise it is a sanitised prefix
-plus a hash of the full name. Before names of Orbax's files were avoided, the
-same rule without that condition gave the key (`old_storage_key`); a
-checkpoint's sidecar records which of the two it used.
+plus a hash of the full name.
 """
 
 import hashlib
@@ -103,17 +101,6 @@ def storage_key(name: str) -> str:
         and _SAFE_KEY.fullmatch(name)
         and not _is_orbax_file(name)
     ):
-        return name
-    return _stand_in(name)
-
-
-def old_storage_key(name: str) -> str:
-    """The key orbax_eqx stored a leaf under before it avoided Orbax's file names.
-
-    Only names of Orbax's files got another key since, and only with OCDBT
-    (the default) did such a leaf save and restore.
-    """
-    if len(name) <= MAX_STORAGE_KEY and _SAFE_KEY.fullmatch(name):
         return name
     return _stand_in(name)
 

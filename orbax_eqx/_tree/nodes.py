@@ -4,8 +4,8 @@ A walk records leaves and modules; this records every node that holds them
 (modules, dicts, lists, tuples, namedtuples, `eqx.nn.State`), with its
 children by name, in the order `jtu.tree_flatten` visits them, empty
 containers included. It is read from the walk's treedef, so nothing of the
-tree is touched again. Recorded in the sidecar from format 5 on (`"nodes"`),
-so that `restore(..., allow=[...])` can rebuild the tree without a skeleton.
+tree is touched again. Recorded in the sidecar (`"nodes"`), so that
+`restore(..., allow=[...])` can rebuild the tree without a skeleton.
 
 A record is `{"path": ".layers", "type": T, "children": [names]}` with, by
 type: `"module"`: `"fields"` (the dynamic fields, in order, one per child;

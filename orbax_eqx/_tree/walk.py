@@ -63,9 +63,6 @@ class Walked:
     leaves: list[Leaf]
     treedef: Any
     modules: dict[str, ModuleInfo]  # module name -> info
-    # Leaf name -> the name orbax_eqx gave it before `eqx.nn.State` entries were
-    # named relative to their State, where the two differ (see `namer.Namer`).
-    old_names: dict[str, str] = dataclasses.field(default_factory=dict)
     # Key path -> name, for the tree's inner nodes too (see `_tree/nodes.py`).
     name_of: Callable[[tuple], str] | None = None
 
@@ -183,16 +180,11 @@ def walk(tree: Any, pause: Callable[[], None] | None = None) -> Walked:
     name_of = Namer(states, modules)
     shown = Shown()
     leaves = []
-    old_names = {}  # only for leaves in a State
     if states:
         for path, value in path_leaves:
             pause()
             name = name_of(path)
             leaves.append(Leaf(path, name, leaf_kind(value), value, shown(path)))
-            if name_of.crossed_state:
-                old = name_of(path, old=True)
-                if old != name:
-                    old_names[name] = old
     else:
         labels = Labels(name_of, shown)
         for path, value in path_leaves:
@@ -205,7 +197,7 @@ def walk(tree: Any, pause: Callable[[], None] | None = None) -> Walked:
         infos[name_of(path)] = ModuleInfo(
             display_path(shown(path)), _class_name(type(m)), _static_fields(m)
         )
-    return Walked(leaves, treedef, infos, old_names, name_of)
+    return Walked(leaves, treedef, infos, name_of)
 
 
 def _no_pause() -> None:

@@ -99,8 +99,7 @@ def _what(entry: os.DirEntry) -> str | None:
 
 
 def _item(store: epath.Path) -> str:
-    """The checkpoint the store belongs to: its item directory (a store of
-    format 3 on lives in it; before, the item directory is the store)."""
+    """The checkpoint the store belongs to: its item directory."""
     store = epath.Path(store)
     return os.fspath(store.parent if store.name.startswith("orbax_eqx~") else store)
 

@@ -23,7 +23,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from ..._format.checksum import NAMES, Running, damaged, data_sum, mismatch
+from ..._format.checksum import NAME, Running, damaged, mismatch, xxh3
 from ..._format.sidecar import PackMetadata
 from ..._tree.walk import (
     JAX,
@@ -51,7 +51,7 @@ def read(
     A request has the leaf's sidecar `record`, the target `dtype`, the
     `container` (jax or numpy) and, for jax arrays, the target `sharding`.
     Only the wanted leaves' bytes are read (see `plan`). With `verify`, each
-    leaf's bytes are checked against the CRC-32 its sidecar records, if any,
+    leaf's bytes are checked against the XXH3-64 its sidecar records, if any,
     in this thread while the reader threads go on reading.
     """
     by_pack: dict[int, dict[str, Any]] = {}
@@ -93,7 +93,7 @@ def read(
 
 
 def _check(records, where, problems: list[str], buffers, ready) -> None:
-    """Checks each leaf's bytes against the CRC-32 its record holds, in file
+    """Checks each leaf's bytes against the XXH3-64 its record holds, in file
     order, as the reads bring them in (see `_ranges.read`); appends a line
     to `problems` for each that differs."""
     # Bytes of each buffer known to be read: `ready` is asked again only past
@@ -102,24 +102,23 @@ def _check(records, where, problems: list[str], buffers, ready) -> None:
     views = [memoryview(buffer) for buffer in buffers]  # (slices cost less)
     for name, (i, start) in where.items():  # (`plan` lists them in file order)
         record = records[name]
-        if record.crc32 is None:
+        if record.checksum is None:
             continue
         stop = start + record.nbytes
         if record.nbytes <= _CHECK_PIECE:  # (most leaves: summed in one call)
             if stop > known[i]:
                 known[i] = min(max(stop, known[i] + _READY_STEP), len(views[i]))
                 ready(i, known[i])
-            found = data_sum(views[i][start:stop], record.sum_algorithm)
+            found = xxh3(views[i][start:stop])
         else:
-            running = Running(record.sum_algorithm)
+            running = Running()
             for at in range(start, stop, _CHECK_PIECE):
                 end = min(at + _CHECK_PIECE, stop)
                 ready(i, end)
                 running.update(buffers[i][at:end])
             found = running.value()
-        if found != record.crc32:
-            kind = NAMES[record.sum_algorithm]
-            problems.append(mismatch(record, kind, record.crc32, found))
+        if found != record.checksum:
+            problems.append(mismatch(record, NAME, record.checksum, found))
 
 
 # Bytes beyond a small leaf's that its check waits for at once (see `_check`).

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from ..._format.checksum import CRC32, data_sum
+from ..._format.checksum import xxh3
 from ..._tree.walk import JAX, container
 from .. import ranges as _ranges
 
@@ -33,10 +33,9 @@ def write(
     pieces: Sequence[tuple[int, np.ndarray]],
     nbytes: int,
     checksums: bool = True,
-    algorithm: str = CRC32,
 ) -> list[int]:
     """Writes pack file `path` (see `_ranges.write`); returns each piece's
-    checksum `algorithm` (see `checksum.Running`; none without `checksums`).
+    XXH3-64 (none without `checksums`).
 
     The checksums of large pieces are computed in a second thread while the
     file is written: both release the GIL, so on two cores they cost about
@@ -49,10 +48,9 @@ def write(
         return []
     large = [i for i, (_, view) in enumerate(views) if view.nbytes >= IN_THREAD]
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        later = pool.submit(lambda: [data_sum(views[i][1], algorithm) for i in large])
+        later = pool.submit(lambda: [xxh3(views[i][1]) for i in large])
         sums = [  # (0 for a large piece until its sum is in)
-            0 if view.nbytes >= IN_THREAD else data_sum(view, algorithm)
-            for _, view in views
+            0 if view.nbytes >= IN_THREAD else xxh3(view) for _, view in views
         ]
         _ranges.write(path, views, nbytes)
         for i, found in zip(large, later.result(), strict=True):

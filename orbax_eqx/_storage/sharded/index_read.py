@@ -10,15 +10,15 @@ import functools
 import math
 import os
 import stat
-from typing import Any, TypeGuard
 
 import msgspec
 from etils import epath
 
 from ..._bytes.paths import is_remote
 from ..._bytes.route import read_bounded
-from ..._errors import CheckpointDamagedError, permission_denied
-from ..._format.checksum import NAMES
+from ..._errors import CheckpointDamagedError, SidecarError, permission_denied
+from ..._format import schema as _schema
+from ..._format import sealed as _sealed
 from ..._format.sidecar import (
     SHARDS,
     LeafMetadata,
@@ -27,20 +27,9 @@ from ..._format.sidecar import (
     shard_file,
     shard_index,
 )
+from ..._format.sidecar_read import check_version
 from ..._tree.walk import parse_dtype
-from .index import (
-    INDEX_FORMAT,
-    OLD_BLOCK,
-    Chunk,
-    ShardPack,
-    algorithm_of,
-    binding,
-    block_size,
-    leaf_seed,
-    stored_of,
-    versions_for,
-)
-from .index_schema import FORMS, ROWS, Header
+from .index import Chunk, ShardPack, block_size
 
 # An index holds a few numbers per chunk: a million chunks fit many times.
 MAX_INDEX_BYTES = 256 << 20
@@ -51,21 +40,14 @@ def read_all(directory: epath.Path, saved: Metadata) -> dict[str, list[Chunk]]:
 
     Raises `CheckpointDamagedError` naming the file and the leaf for a missing
     or unreadable index, a chunk outside its array or its file, a chunk whose
-    size is not its box's, and chunks that do not tile their array. The
-    chunks of a version-2 index come with their `seed`, so that reading them
-    checks where they belong too.
+    size is not its box's, and chunks that do not tile their array.
     """
     records = {n: r for n, r in saved.leaves.items() if r.data == SHARDS}
     chunks: dict[str, list[Chunk]] = {name: [] for name in records}
-    # Each sidecar format's save wrote one version (the type handler's groups,
-    # whose own index has a version of its own, say which they may hold).
-    versions = saved.index_versions or versions_for(saved.format_version)
-    # The element type the sidecar records is bound into each chunk's seed.
-    stored = {name: stored_of(r.dtype) for name, r in records.items()}
     token = token_of(saved)
     for process in range(saved.shard_files):
         try:
-            pack = _read_one(directory, token, process, versions, stored)
+            pack = _read_one(directory, token, process)
         except CheckpointDamagedError as e:
             paths = [f"`{r.path}`" for r in records.values()]
             more = f" and {len(paths) - 3} more" if len(paths) > 3 else ""
@@ -91,56 +73,48 @@ def read_all(directory: epath.Path, saved: Metadata) -> dict[str, list[Chunk]]:
     return chunks
 
 
-def _read_one(
-    directory: epath.Path, token: str, process: int, versions, stored
-) -> ShardPack:
+def _read_one(directory: epath.Path, token: str, process: int) -> ShardPack:
     name = shard_index(token, process)
     text = _read_bounded(directory / name)
 
     def bad(what: str) -> CheckpointDamagedError:
         return _damaged(directory, name, what)
 
+    if not _sealed.check(text, lambda what: bad(f"it {what}")):
+        raise bad("it records no checksum on its last line: it was edited")
     try:
-        header = msgspec.json.decode(text, type=Header)
-    except msgspec.ValidationError as e:
-        raise bad(_header_problem(e)) from None
-    except (msgspec.DecodeError, RecursionError) as e:
-        raise bad(f"it is not valid JSON ({e})") from None
-    version, rows = _check_header(header, token, process, versions, bad)
-    algorithm = algorithm_of(version)
+        head = msgspec.json.decode(text, type=_schema.Versioned)
+        check_version(head, f"The shard index {directory / name}", bad)
+        index = msgspec.json.decode(text, type=_schema.ShardIndex)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
+        raise bad(f"it is not a shard index as orbax_eqx writes it ({e})") from None
+    except SidecarError as e:
+        raise bad(str(e)) from None
+    if index.token != token or index.process != process:
+        raise bad(
+            f"it names the save {index.token!r} and process {index.process!r}, "
+            f"expected {token!r} and {process}"
+        )
+    if index.file != shard_file(token, process):
+        raise bad(f"it names the file {index.file[:80]!r}")
     chunks: list[Chunk] = []
-    for leaf, raw in rows.items():
-        seed = None  # version 1, or a leaf the sidecar lacks (refused later)
-        if version >= 2 and leaf in stored:
-            seed = leaf_seed(token, process, leaf, stored[leaf], algorithm)
-        for row in _rows(raw, version, leaf, bad):
-            block = OLD_BLOCK if version == 1 else row.block
-            start, stop = tuple(row.start), tuple(row.stop)
-            bound = None
-            if seed is not None:
-                bound = binding(
-                    seed, start, stop, row.offset, row.nbytes, block, algorithm
-                )
-            sums = row.crcs
-            if version >= 3:  # 16 hexadecimal digits each (the schema checked)
-                sums = [int(x, 16) for x in sums]
+    for leaf, rows in index.chunks.items():
+        for row in rows:
+            if len(row.start) != len(row.stop):
+                raise bad(f"a chunk of `{leaf}` has a box of two ranks")
             chunks.append(
                 Chunk(
                     leaf,
                     process,
-                    start,
-                    stop,
+                    tuple(row.start),
+                    tuple(row.stop),
                     row.offset,
                     row.nbytes,
-                    block,
-                    tuple(sums),
-                    bound,
-                    algorithm,
+                    row.block,
+                    tuple(int(x, 16) for x in row.xxh3s),
                 )
             )
-    return ShardPack(
-        process, shard_file(token, process), header.nbytes, version, tuple(chunks)
-    )
+    return ShardPack(process, index.file, index.nbytes, tuple(chunks))
 
 
 def _read_bounded(path: epath.Path) -> bytes:
@@ -155,63 +129,6 @@ def _read_bounded(path: epath.Path) -> bytes:
         raise _damaged(path.parent, path.name, "it is missing") from None
     except PermissionError:
         raise permission_denied(path) from None
-
-
-def _header_problem(error: msgspec.ValidationError) -> str:
-    """What a header that fails to decode lacks, as the index's rules say it."""
-    if "- at `$.chunks`" in str(error):
-        return '"chunks" must be a JSON object'
-    return f'expected a JSON object with "format": "{INDEX_FORMAT}"'
-
-
-def _check_header(
-    header: Header, token: str, process: int, versions, bad
-) -> tuple[int, dict[str, msgspec.Raw]]:
-    """The index's version and its leaves' raw rows, once its header is the
-    one of this save's index of `process`."""
-    if header.format != INDEX_FORMAT:
-        raise bad(f'expected a JSON object with "format": "{INDEX_FORMAT}"')
-    version = header.format_version
-    if type(version) is not int or version not in versions:
-        expected = " or ".join(str(v) for v in versions)
-        older = type(version) is int and 1 <= version < max(versions)
-        raise bad(
-            f"format_version {version!r} is not {expected}"
-            + (
-                f" (a version-{version} index where the save wrote version "
-                f"{max(versions)}: put in by hand)"
-                if older
-                else ""
-            )
-        )
-    if header.token != token or header.process != process:
-        raise bad(
-            f"it names the save {header.token!r} and process "
-            f"{header.process!r}, expected {token!r} and {process}"
-        )
-    if header.file != shard_file(token, process):
-        raise bad(f"it names the file {header.file!r}")
-    if not _is_size(header.nbytes):
-        raise bad('"nbytes" must be a size')
-    if version == 1 and header.crc_block != OLD_BLOCK:
-        raise bad(f'"crc_block" is {header.crc_block!r}, not {OLD_BLOCK}')
-    if header.chunks is None:
-        raise bad('"chunks" must be a JSON object')
-    return version, header.chunks
-
-
-def _rows(raw: msgspec.Raw, version: int, leaf: str, bad) -> list[Any]:
-    """One leaf's chunk rows, decoded by the version's schema."""
-    if not bytes(raw).lstrip().startswith(b"["):
-        raise bad(f"the chunks of `{leaf}` are not a list")
-    try:
-        rows = msgspec.json.decode(raw, type=ROWS[version])
-    except (msgspec.ValidationError, RecursionError):  # (too deep: no row)
-        raise bad(f"a chunk of `{leaf}` is not {FORMS[version]}") from None
-    for row in rows:
-        if len(row.start) != len(row.stop):
-            raise bad(f"a chunk of `{leaf}` is not {FORMS[version]}")
-    return rows
 
 
 def _check_file(directory, pack: ShardPack, records) -> None:
@@ -243,10 +160,6 @@ def _check_file(directory, pack: ShardPack, records) -> None:
     )
 
 
-def _is_size(x: Any) -> TypeGuard[int]:
-    return type(x) is int and x >= 0
-
-
 def _check_chunk(directory, pack: ShardPack, record: LeafMetadata, chunk: Chunk):
     def bad(what: str) -> CheckpointDamagedError:
         return _damaged(
@@ -269,14 +182,14 @@ def _check_chunk(directory, pack: ShardPack, record: LeafMetadata, chunk: Chunk)
             f"ends at byte {chunk.offset + chunk.nbytes} of {pack.file}, which "
             f"holds {pack.nbytes}"
         )
-    kind = f"{NAMES[chunk.algorithm]}s"
-    if pack.version >= 2 and chunk.block != block_size(chunk.nbytes):
+    kind = "XXH3-64s"
+    if chunk.block != block_size(chunk.nbytes):
         raise bad(
             f"has {kind} of {chunk.block}-byte blocks where a chunk of "
             f"{chunk.nbytes} bytes has {block_size(chunk.nbytes)}-byte ones"
         )
-    if len(chunk.crcs) != -(-chunk.nbytes // chunk.block):
-        raise bad(f"has {len(chunk.crcs)} {kind} for {chunk.nbytes} bytes")
+    if len(chunk.sums) != -(-chunk.nbytes // chunk.block):
+        raise bad(f"has {len(chunk.sums)} {kind} for {chunk.nbytes} bytes")
 
 
 @functools.cache
@@ -331,7 +244,7 @@ def _check_tiling(directory, saved: Metadata, record: LeafMetadata, chunks) -> N
 def token_of(saved: Metadata) -> str:
     """The save's token, which names its shard packs (every sidecar that lists
     shard packs has one: `sidecar_read` checks)."""
-    if saved.token is None:
+    if not saved.token:
         raise CheckpointDamagedError(
             f"The sidecar of the checkpoint in {saved.directory} lists shard packs "
             "but records no token to name them by: it is damaged. Restore an "

@@ -3,7 +3,7 @@
 For each array, the target sharding says which box each of this process's
 devices holds. Each distinct box is built from the stored chunks it overlaps:
 of each chunk, only the byte range from the overlap's first element to its
-last is read, widened to whole CRC blocks of that chunk (see
+last is read, widened to whole checksum blocks of that chunk (see
 `sharded.index.block_size`: at most a 64th of the chunk, or 1 MiB, at each
 end) so that every byte read is checked. Ranges are merged only across the
 padding between chunks (`GAP` bytes): a process reads what its devices hold
@@ -43,7 +43,7 @@ import numpy as np
 from etils import epath
 
 from ..._errors import CheckpointDamagedError, bullet_list
-from ..._format.checksum import NAMES, XXH3
+from ..._format.checksum import NAME
 from ..._format.sidecar import PACK_ALIGNMENT, Metadata, itemsize, shard_file
 from ..._tree.walk import JAX, is_key_dtype, key_data_struct, key_impl, parse_dtype
 from .. import ranges as _ranges
@@ -167,19 +167,14 @@ def damaged_chunks(directory, problems: list[str]) -> CheckpointDamagedError:
 
 
 def check_chunk(chunk: Chunk, a: int, data: np.ndarray, record, path) -> list[str]:
-    """Checks bytes `[a, ...)` of `chunk` (whole blocks) against its checksums,
-    which are bound to where the chunk belongs (see `sharded.index.binding`)."""
+    """Checks bytes `[a, ...)` of `chunk` (whole blocks) against its checksums."""
     problems = []
-    kind = NAMES[chunk.algorithm]
-    digits = 18 if chunk.algorithm == XXH3 else 10  # 0x and 16 or 8 digits
     for block, recorded, found in check_blocks(chunk, a, data):
         problems.append(
             f"Leaf `{record.path}` ({record.name}), chunk {chunk.box()} in "
             f"{path.name}, bytes {block * chunk.block}-"
-            f"{min((block + 1) * chunk.block, chunk.nbytes)}: {kind} recorded at "
-            f"save {recorded:#0{digits}x}, computed from the data now "
-            f"{found:#0{digits}x} (its bytes changed, or the index moved the "
-            "chunk to another box, offset, leaf or save)."
+            f"{min((block + 1) * chunk.block, chunk.nbytes)}: {NAME} recorded at "
+            f"save {recorded:#018x}, computed from the data now {found:#018x}."
         )
     return problems
 

@@ -5,9 +5,8 @@ whose `replica_id` is 0 (so each distinct box is written once, by exactly
 one process, whatever the replication), copies them to host memory before
 `save` returns, and writes them end to end, 64-byte aligned, into its own
 shard pack with `pwritev`, then the pack's index (see `sharded.index`). The
-checksums (XXH3-64 of blocks sized per chunk, each bound to where its bytes belong:
-see `sharded.index.binding`) are computed on host from the bytes being
-written, in a second thread:
+checksums (XXH3-64 of blocks sized per chunk) are computed on host from the
+bytes being written, in a second thread:
 no computation runs on any device, and no process waits for another (Orbax's
 own barrier, before the step is committed, is the only meeting point).
 """
@@ -28,17 +27,7 @@ from ..boxes import box
 from ..ranges import layout
 from ..transfer import staging as _staging
 from ..transfer import to_host as _to_host
-from .index import (
-    INDEX_VERSION,
-    Chunk,
-    algorithm_of,
-    binding,
-    block_crcs,
-    block_size,
-    leaf_seed,
-    stored_text,
-    to_json,
-)
+from .index import Chunk, block_size, block_sums, to_bytes
 
 
 @dataclasses.dataclass
@@ -143,40 +132,31 @@ def write(directory: epath.Path, token: str, process: int, local: Local) -> list
     offsets, nbytes = layout((str(i), size) for i, size in enumerate(sizes))
     pieces = [(offsets[str(i)], h) for i, h in enumerate(local.hosts)]
     pack = directory / shard_file(token, process)
-    chunks = []
-    seeds: dict[tuple, int] = {}  # (name, stored type) -> its `leaf_seed`
-    algorithm = algorithm_of(INDEX_VERSION)
-    for i, (name, start, stop) in enumerate(
-        zip(local.names, local.starts, local.stops, strict=True)
-    ):
-        host, offset, size = local.hosts[i], offsets[str(i)], sizes[i]
-        stored = stored_text(host.dtype, host.shape[len(start) :])
-        seed = seeds.get((name, stored))
-        if seed is None:
-            seed = leaf_seed(token, process, name, stored, algorithm)
-            seeds[(name, stored)] = seed
-        block = block_size(size)
-        seed = binding(seed, start, stop, offset, size, block, algorithm)
-        chunks.append(
-            Chunk(name, process, start, stop, offset, size, block, (), seed, algorithm)
+    chunks = [
+        Chunk(name, process, start, stop, offsets[str(i)], sizes[i], 0, ())
+        for i, (name, start, stop) in enumerate(
+            zip(local.names, local.starts, local.stops, strict=True)
         )
+    ]
 
-    def crcs_of() -> list[list[int]]:
-        return [
-            block_crcs(h, c.block, c.seed, algorithm)
-            for h, c in zip(local.hosts, chunks, strict=True)
-        ]
+    def sums_of() -> list[tuple[int, list[int]]]:
+        out = []
+        for h, c in zip(local.hosts, chunks, strict=True):
+            block = block_size(c.nbytes)
+            out.append((block, block_sums(h, block)))
+        return out
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        summing = pool.submit(crcs_of)
+        summing = pool.submit(sums_of)
         _ranges.write(pack, pieces, nbytes)
-        crcs = summing.result()
+        sums = summing.result()
     chunks = [
-        dataclasses.replace(c, crcs=tuple(x)) for c, x in zip(chunks, crcs, strict=True)
+        dataclasses.replace(c, block=block, sums=tuple(x))
+        for c, (block, x) in zip(chunks, sums, strict=True)
     ]
     local.hosts = []  # let go of device buffers' views (see `take`)
     index = directory / shard_index(token, process)
-    _route.write_whole(index, to_json(token, process, nbytes, chunks).encode())
+    _route.write_whole(index, to_bytes(token, process, nbytes, chunks))
     return [pack, index]
 
 

@@ -1,9 +1,9 @@
 """What a staged restore reads, and in which jobs (see `staged.read`).
 
-A packed leaf is one unit (read whole, for the CRC-32 of all its bytes); a
+A packed leaf is one unit (read whole, for the checksum of all its bytes); a
 shard-packed leaf has a unit per distinct box of its target sharding on this
 process's devices. A unit costs what it stages: the bytes read (widened to
-whole CRC blocks of their chunk for checked shard-pack reads, 64 bytes of
+whole checksum blocks of their chunk for checked shard-pack reads, 64 bytes of
 slack each), the
 boxes assembled from them where a box is not one contiguous range of what
 was read, and their casts (`cast=True`). Units are grouped in jobs of at most
@@ -29,7 +29,7 @@ from ..sharded.index_read import read_all, token_of
 from ..transfer import streaming
 
 # The least a streamed slab of a shard pack may stage: its bytes, plus up to
-# two CRC blocks (at most `MAX_BLOCK` each) read only to check them. Half of
+# two checksum blocks (at most `MAX_BLOCK` each) read only to check them. Half of
 # `staging.MIN_WINDOW`.
 SLAB_FLOOR = 4 * MAX_BLOCK
 

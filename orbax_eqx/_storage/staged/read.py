@@ -4,7 +4,7 @@ Used where transfers copy (accelerators, or `ORBAX_EQX_STAGING=copy`); on CPU
 `packed.read` and `sharded.read` hand their buffers to the devices as
 they are. Both kinds of leaf are read the same way here: a packed leaf is a
 leaf of one chunk, the whole array, at its offset in the pack file, checked
-against the CRC-32 of all its bytes; a shard-packed leaf has the chunks of
+against the XXH3-64 of all its bytes; a shard-packed leaf has the chunks of
 its index, checked per block of its chunk (reads are widened to whole
 blocks; see `sharded.index`).
 
@@ -25,7 +25,7 @@ import jax
 import numpy as np
 from etils import epath
 
-from ..._format.checksum import NAMES, Running, damaged, mismatch
+from ..._format.checksum import NAME, Running, damaged, mismatch
 from ..._format.sidecar import PACK_ALIGNMENT, Metadata
 from ..._tree.walk import JAX, key_impl, parse_dtype
 from .. import ranges as _ranges
@@ -127,17 +127,17 @@ class _Reading:
     def _packed(self, step: Step, data: np.ndarray) -> list:
         leaf = step.leaf
         record = leaf.request.record
-        if self.verify and record.crc32 is not None:
+        if self.verify and record.checksum is not None:
             # The bytes not summed yet: a leaf's last slab may overlap the one
             # before it (see `streaming.slabs`).
             first = offset(step.slab[0], leaf.shape, leaf.size) if step.slab else 0
             if leaf.crc is None:
-                leaf.crc = Running(record.sum_algorithm)
+                leaf.crc = Running()
             leaf.crc.update(data[leaf.summed - first :])
             leaf.summed = first + data.nbytes
-            if step.last and leaf.crc.value() != record.crc32:
-                kind = NAMES[record.sum_algorithm]
-                problem = mismatch(record, kind, record.crc32, leaf.crc.value())
+            if step.last and leaf.crc.value() != record.checksum:
+                found = leaf.crc.value()
+                problem = mismatch(record, NAME, record.checksum, found)
                 self.problems["pack"].append(problem)
         shape = step.slab[1] if step.slab else leaf.shape
         host = data.view(leaf.elem).reshape(shape + leaf.tail)

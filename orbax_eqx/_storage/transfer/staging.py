@@ -50,7 +50,7 @@ _MODES = ("auto", "copy")
 _SPLIT = 32
 # ...but not smaller than this: each job costs a read call and a transfer call.
 MIN_JOB = 1 << 20
-# A streamed slab of a shard pack reads whole CRC blocks (up to 1 MiB each), up
+# A streamed slab of a shard pack reads whole checksum blocks (up to 1 MiB each), up
 # to two more than it needs: with less than 4 MiB a slab, most of what is read would be
 # read again for the next one. Two such slabs (one read, one transferred).
 MIN_WINDOW = 8 << 20

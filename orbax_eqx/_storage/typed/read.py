@@ -1,38 +1,34 @@
-"""Typed groups, read: a group's index checked, and its leaves read back.
+"""Typed groups, read: a group's sidecar checked, and its leaves read back.
 
-Reading the index (see `typed`) validates every record before any array
-byte is read: shapes, dtypes, where each leaf's bytes are. File names are
-derived from the group's name, never read from the index. Leaves then go to
-the pack reader (`packed.read`) or the shard-pack reader (`sharded.read`), which
-read just the byte ranges wanted and check their CRC-32s.
+A group's sidecar is read as any sidecar is (`_format/sidecar_read.py`:
+sealed, every record checked before any array byte is read), then checked to
+be this group's (its token is the group, its leaves the ones the group was
+named for) and this checkpoint's (the seal beside the group's directory holds
+its SHA-256). Leaves then go to the pack reader (`packed.read`) or the
+shard-pack reader (`sharded.read`), which read just the byte ranges wanted and
+check their checksums.
 """
 
 import dataclasses
 import json
-import math
-import os
-import re
-from typing import Any, TypeGuard
+from typing import Any
 
 import jax
 import numpy as np
 from etils import epath
 
 from ..._bytes import route as _route
-from ..._errors import CheckpointDamagedError, permission_denied
-from ..._format.checksum import CRC32, XXH3
+from ..._errors import CheckpointDamagedError, SidecarError, permission_denied
 from ..._format.sidecar import (
     EMPTY,
-    MAX_DIMS,
+    FILE_NAME,
+    MAX_BYTES,
     PACKED,
     SHARDS,
     LeafMetadata,
     Metadata,
-    PackMetadata,
-    itemsize,
-    leaf_metadata,
-    pack_file,
 )
+from ..._format.sidecar_read import read as read_sidecar
 from ..._tree.walk import (
     ARRAY,
     JAX,
@@ -43,19 +39,7 @@ from ..._tree.walk import (
 )
 from ..packed import read as _packed
 from ..sharded import read as _shard_read
-from .write import (
-    GROUP_DIR,
-    GROUP_PREFIX,
-    INDEX_FILE,
-    INDEX_FORMAT,
-    INDEX_VERSION,
-    SEAL_FILE,
-    SEAL_PREFIX,
-    group_of,
-    seal,
-)
-
-_MAX_INDEX_BYTES = 256 << 20  # a few hundred bytes per leaf: millions of leaves
+from .write import GROUP_DIR, GROUP_PREFIX, SEAL_FILE, SEAL_PREFIX, group_of, seal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +55,7 @@ def find(directory: epath.Path) -> dict[str, Group]:
     """Every leaf of every group in item directory `directory`: `{name: Group}`.
 
     Empty if there are no groups (a checkpoint of Orbax's own handlers).
-    Raises `CheckpointDamagedError` for a damaged index, naming file and leaf.
+    Raises `CheckpointDamagedError` for a damaged group, naming file and leaf.
     """
     directory = epath.Path(directory)
     try:
@@ -96,7 +80,7 @@ def find(directory: epath.Path) -> dict[str, Group]:
         for name in group.saved.leaves:
             if name in found:
                 raise _damaged(
-                    group.directory / INDEX_FILE,
+                    group.directory / FILE_NAME,
                     f"leaf `{name}` is also in {found[name].directory.name}",
                 )
             found[name] = group
@@ -104,75 +88,48 @@ def find(directory: epath.Path) -> dict[str, Group]:
 
 
 def _read_group(where: epath.Path) -> Group:
-    path = where / INDEX_FILE
+    path = where / FILE_NAME
     group = where.name[len(GROUP_PREFIX) :]
-    text = _read_bounded(path)
+    if not path.exists():
+        raise _damaged(path, "it is missing")
     try:
-        content = json.loads(text)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
-        raise _damaged(path, f"it is not valid JSON ({e})") from None
-
-    def bad(what: str) -> CheckpointDamagedError:
-        return _damaged(path, what)
-
-    if not isinstance(content, dict) or content.get("format") != INDEX_FORMAT:
-        raise bad(f'expected a JSON object with "format": "{INDEX_FORMAT}"')
-    version = content.get("format_version")
-    if type(version) is not int or not 1 <= version <= INDEX_VERSION:
-        raise bad(
-            f"format_version {version!r} is not 1 to "
-            f"{INDEX_VERSION} (saved by a newer orbax_eqx?)"
-        )
-    if content.get("group") != group:
-        raise bad(f"it names the group {content.get('group')!r}, not {group!r}")
-    processes = content.get("processes")
-    if not (_is_size(processes)):
-        raise bad('"processes" must be a count')
-    pack = content.get("pack")
-    packs: tuple[PackMetadata, ...] = ()
-    if pack is not None:
-        if not (isinstance(pack, dict) and _is_size(pack.get("nbytes"))):
-            raise bad('"pack" must be null or an object with "nbytes"')
-        packs = (PackMetadata(pack_file(group, 0), pack["nbytes"]),)
-    table, rows = content.get("shardings"), content.get("leaves")
-    if not isinstance(table, list) or not isinstance(rows, dict):
-        raise bad('"shardings" must be a JSON list and "leaves" an object')
-    if group_of(list(rows)) != group:
-        raise bad("its leaves are not those its group was named for")
-    leaves, shardings = {}, {}
-    for name, row in rows.items():
-        leaves[name] = _parse_leaf(name, row, packs, version, bad)
-        at = row.get("sharding")
-        if at is not None and not (_is_size(at) and at < len(table)):
-            raise bad(f"leaf `{name}` has the sharding {at!r}")
-        shardings[name] = None if at is None else table[at]
-    if any(r.data == SHARDS for r in leaves.values()) and not processes:
-        raise bad("it has leaves in shard packs but no process wrote any")
-    if version >= 2:
-        _check_seal(where, group, text)
-    saved = Metadata(
-        directory=os.fspath(where),
-        format_version=INDEX_VERSION,
-        versions=content.get("versions") or {},
-        leaves=leaves,
-        modules={},
-        packs=packs,
-        token=group,
-        shard_files=processes,
-        # Version 3 wrote shard indexes of version 3 (XXH3-64 blocks), the
-        # earlier ones of version 1 or 2.
-        index_versions=(3,) if version >= 3 else (1, 2),
-    )
+        saved = read_sidecar(where, nodes=False)
+    except SidecarError as e:
+        raise CheckpointDamagedError(str(e)) from None
+    if saved.token != group:
+        raise _damaged(path, f"it names the group {saved.token!r}, not {group!r}")
+    if group_of(list(saved.leaves)) != group:
+        raise _damaged(path, "its leaves are not those its group was named for")
+    shardings: dict[str, Any] = {}
+    for name, record in saved.leaves.items():
+        if record.kind != ARRAY or record.data not in (PACKED, SHARDS, EMPTY):
+            raise _damaged(path, f"leaf `{name}` is no array of a pack or shard pack")
+        shardings[name] = _sharding(path, name, record)
+    _check_seal(where, group)
     return Group(where, saved, shardings)
 
 
-def _check_seal(where: epath.Path, group: str, index: bytes) -> None:
-    """The seal beside the group's directory must hold this index's SHA-256:
-    else the directory is another checkpoint's (or its index was edited)."""
+def _sharding(path: epath.Path, name: str, record: LeafMetadata) -> Any:
+    """The Orbax sharding metadata a leaf's record holds as JSON text, or None."""
+    if record.sharding is None:
+        return None
+    try:
+        found = json.loads(record.sharding)
+    except (ValueError, RecursionError):
+        found = None
+    if not isinstance(found, dict):
+        raise _damaged(path, f"leaf `{name}` has the sharding {record.sharding[:60]!r}")
+    return found
+
+
+def _check_seal(where: epath.Path, group: str) -> None:
+    """The seal beside the group's directory must hold its sidecar's SHA-256:
+    else the directory is another checkpoint's (or its sidecar was edited)."""
     path = where.parent / SEAL_FILE.format(group=group)
     problem = None
     try:
         found = _route.read_bounded(path, 1024, lambda what: _damaged(path, what))
+        data = _route.read_bounded(where / FILE_NAME, MAX_BYTES)
     except FileNotFoundError:
         problem = (
             f"{path.name} beside it, which binds it to this checkpoint, is missing"
@@ -180,11 +137,11 @@ def _check_seal(where: epath.Path, group: str, index: bytes) -> None:
     except PermissionError:
         raise permission_denied(path) from None
     else:
-        if found != seal(index).encode("ascii"):
+        if found != seal(data).encode("ascii"):
             problem = (
-                f"its index is not the one {path.name} beside it was sealed with: "
-                "the directory was copied in from another checkpoint, or its "
-                "index was edited"
+                f"its sidecar is not the one {path.name} beside it was sealed "
+                "with: the directory was copied in from another checkpoint, or "
+                "its sidecar was edited"
             )
     if problem is not None:
         raise CheckpointDamagedError(
@@ -195,107 +152,9 @@ def _check_seal(where: epath.Path, group: str, index: bytes) -> None:
         )
 
 
-def _parse_leaf(name: str, row: Any, packs, version: int, bad) -> LeafMetadata:
-    if not isinstance(row, dict):
-        raise bad(f"leaf `{name}` is not a JSON object")
-    shape, text, data = row.get("shape"), row.get("dtype"), row.get("data")
-    if not (
-        isinstance(shape, list)
-        and len(shape) <= MAX_DIMS
-        and all(_is_size(n) for n in shape)
-    ):
-        raise bad(f"leaf `{name}` has no valid shape")
-    try:
-        dtype = parse_dtype(text) if isinstance(text, str) else None
-    except (TypeError, ValueError):
-        dtype = None
-    if dtype is None:
-        raise bad(f"leaf `{name}` has the unknown dtype {text!r}")
-    nbytes = math.prod(shape) * itemsize(dtype)
-    if row.get("nbytes") != nbytes:
-        raise bad(f"leaf `{name}` records {row.get('nbytes')!r} bytes, not {nbytes}")
-    if data not in (PACKED, SHARDS, EMPTY) or (data == EMPTY) != (nbytes == 0):
-        raise bad(f"leaf `{name}` has the data kind {data!r}")
-    offset = row.get("offset")
-    crc, algorithm = _data_sum(name, row, version, bad)
-    if data == PACKED:
-        if not packs:
-            raise bad(f"leaf `{name}` is packed, but the group has no pack")
-        if not (_is_size(offset) and offset + nbytes <= packs[0].nbytes):
-            raise bad(
-                f"leaf `{name}` at offset {offset!r} does not fit in the pack's "
-                f"{packs[0].nbytes} bytes"
-            )
-    path = row.get("path")
-    return leaf_metadata(
-        name=name,
-        path=path if isinstance(path, str) else name,
-        kind=ARRAY,
-        shape=tuple(shape),
-        dtype=text,
-        container=JAX,
-        data=data,
-        nbytes=nbytes,
-        pack=0 if data == PACKED else None,
-        offset=offset if data == PACKED else None,
-        crc32=crc if data == PACKED else None,
-        sum_algorithm=algorithm,
-    )
-
-
-def _data_sum(name: str, row: dict, version: int, bad) -> tuple[int | None, str]:
-    """A packed leaf's data checksum and its algorithm: from version 3 on an
-    XXH3-64 (`"xxh3"`, 16 lower-case hexadecimal digits) and never a CRC-32,
-    before it a CRC-32 (`"crc32"`, an integer below 2**32); or none."""
-    if version >= 3:
-        if "crc32" in row:
-            raise bad(
-                f'leaf `{name}` records a CRC-32 ("crc32"), which a version-'
-                f"{version} index never does: it was edited"
-            )
-        value = row.get(XXH3)
-        if value is not None and not (
-            isinstance(value, str) and _HEX64.fullmatch(value)
-        ):
-            raise bad(
-                f"leaf `{name}` has the data checksum {value!r}, not XXH3-64 in "
-                "16 lower-case hexadecimal digits"
-            )
-        return (None if value is None else int(value, 16)), XXH3
-    if XXH3 in row:
-        raise bad(
-            f'leaf `{name}` records an XXH3-64 ("xxh3"), which a version-'
-            f"{version} index never does: it was edited"
-        )
-    crc = row.get("crc32")
-    if not (crc is None or (_is_size(crc) and crc < 2**32)):
-        raise bad(f"leaf `{name}` has the CRC-32 {crc!r}")
-    return crc, CRC32
-
-
-_HEX64 = re.compile(r"[0-9a-f]{16}")
-
-
-def _is_size(x: Any) -> TypeGuard[int]:
-    return type(x) is int and x >= 0
-
-
-def _read_bounded(path: epath.Path) -> bytes:
-    """The index's bytes; refuses what is missing, not a regular file (a FIFO
-    is refused, not waited on), or huge."""
-    try:
-        return _route.read_bounded(
-            path, _MAX_INDEX_BYTES, lambda what: _damaged(path, f"it {what}")
-        )
-    except FileNotFoundError:
-        raise _damaged(path, "it is missing") from None
-    except PermissionError:
-        raise permission_denied(path) from None
-
-
 def _damaged(path: epath.Path, what: str) -> CheckpointDamagedError:
     return CheckpointDamagedError(
-        f"The index {path} of arrays saved with orbax_eqx's type handler is "
+        f"The sidecar {path} of arrays saved with orbax_eqx's type handler is "
         f"damaged: {what}. Restore an earlier step, or re-save this one."
     )
 
