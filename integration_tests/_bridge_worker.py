@@ -76,8 +76,8 @@ def write(directory: str) -> None:
 def plan():
     import _hand_plan as hp
 
-    from orbax_eqx._bridge.pieces import Piece
-    from orbax_eqx._bridge.plan import whole
+    from orbax_eqx._mapping.pieces import Piece
+    from orbax_eqx._mapping.plan import whole
 
     wte = (
         [hp.leaf("wte", (V, D))],

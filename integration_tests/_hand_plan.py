@@ -2,15 +2,15 @@
 and split layouts, apart from the mapping's planner.
 
 A `HandPlan` answers `leaf_pieces` / `tensor_pieces` for any box, as
-`orbax_eqx._bridge.plan.Plan` does, from whole pieces each given with `axes`:
+`orbax_eqx._mapping.plan.Plan` does, from whole pieces each given with `axes`:
 for each of the tensor box's axes in the leaf's order (`perm`), the leaf axis
 it is; the leaf's other axes have length 1 in the piece (a stacked layer).
 """
 
 import dataclasses
 
-from orbax_eqx._bridge.pieces import Piece
-from orbax_eqx._bridge.plan import LeafSpec, TensorSpec, whole
+from orbax_eqx._mapping.pieces import Piece
+from orbax_eqx._mapping.plan import LeafSpec, TensorSpec, whole
 
 
 @dataclasses.dataclass

@@ -1,12 +1,9 @@
 """Checkpoint Equinox modules through Orbax, leaf by leaf, with nothing lost."""
 
-from ._bridge.errors import BridgeError as BridgeError
-from ._bridge.errors import MappingError as MappingError
 from ._bridge.export import Exported as Exported
 from ._bridge.export import export_safetensors as export_safetensors
 from ._bridge.export_source import ExportError as ExportError
 from ._bridge.load import load_safetensors as load_safetensors
-from ._bridge.mapping import StateDictMapping as StateDictMapping
 from ._bridge.memory import from_state_dict as from_state_dict
 from ._bridge.memory import to_state_dict as to_state_dict
 from ._bridge.safetensors.header import SafetensorsError as SafetensorsError
@@ -24,6 +21,10 @@ from ._errors import SidecarError as SidecarError
 from ._errors import UnsupportedLeafError as UnsupportedLeafError
 from ._format.sidecar import LeafMetadata as LeafMetadata
 from ._format.sidecar import Metadata as Metadata
+from ._mapping.errors import BridgeError as BridgeError
+from ._mapping.errors import MappingError as MappingError
+from ._mapping.errors import RenameError as RenameError
+from ._mapping.mapping import StateDictMapping as StateDictMapping
 from ._orbax.api import CheckpointExistsError as CheckpointExistsError
 from ._orbax.api import NotACheckpointError as NotACheckpointError
 from ._orbax.api import NotWritableError as NotWritableError
@@ -40,7 +41,6 @@ from ._restore.check import StaticMismatchWarning as StaticMismatchWarning
 from ._restore.fallback import FallbackWarning as FallbackWarning
 from ._restore.fallback import RestoredStep as RestoredStep
 from ._restore.fallback import restore_latest as restore_latest
-from ._restore.rename_map import RenameError as RenameError
 from ._restore.restore import RecordedLeaf as RecordedLeaf
 from ._restore.rules import shardings_from_rules as shardings_from_rules
 from ._restore.select import KeptLeavesWarning as KeptLeavesWarning

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import orbax_eqx as oeqx
-from orbax_eqx._bridge.leaves import leaf_specs
-from orbax_eqx._bridge.plan import TensorSpec, plan_load
+from orbax_eqx._mapping.leaves import leaf_specs
+from orbax_eqx._mapping.plan import TensorSpec, plan_load
 from orbax_eqx._tree.walk import walk
 
 M = oeqx.StateDictMapping
@@ -67,11 +67,12 @@ def test_every_load_problem_at_once():
         r"\(`h\.1\.attn\.w`, `h\.1\.ln\.w`; from leaves `blocks\.attn\.w`, "
         r"`blocks\.ln\.w`\)\.",
         r"Layer 4 is in the tensors \(2 tensors, `h\.4\.attn\.w`, `h\.4\.ln\.w`\), but "
-        r"the skeleton stacks 4 layers at `\.stack\(\"blocks\", \"h\.\{i\}\"\)` "
-        r"\(0 to 3\)\.",
+        r'the skeleton stacks 4 layers at `\{"op": "stack", "from": "blocks", "to": '
+        r'"h\.\{i\}"\}` \(0 to 3\)\.',
         r"Tensor `h\.0\.attn\.bias` is in the tensors, but no leaf maps to it\.",
-        r"To cast tensors to the skeleton's dtypes, pass `cast=True`\.",
-        r"add an `ignore` rule for them .* or pass `allow_unused=True`\.",
+        r"Pass `cast=True` to cast tensors to the skeleton's dtypes\.",
+        r"add an `ignore` rule for them .* or pass `allow_unused=True` to leave "
+        r"them out\.",
         r"Build the skeleton with the number of layers the tensors hold\.",
     ]
     for pattern in expected:
@@ -117,18 +118,19 @@ def test_unmatched_rules_collisions_and_shapes_at_once():
     text = str(info.value)
     expected = [
         r"The mapping cannot turn the leaves into tensors \(10 problems\):",
-        r"Leaf `a` and leaf `b` both become `same` at rule 0 `\.rename\(",
-        r'The entry "nothing" of rule 0 .* matches no name',
+        r'Leaf `a` and leaf `b` both become `same` at rule 0 `\{"op": "rename"',
+        r"The entry 'nothing' of rule 0 .* matches no name",
         r"`h\.0\.qkv` \(leaf `blocks\.qkv`, layer 0\) has 2 axes \(shape \(9, 4\)\), "
-        r"but rule 2 `\.transpose\(\"h\.\{i\}\.qkv\", \(1, 0, 2\)\)` permutes 3\.",
+        r'but rule 2 `\{"op": "transpose", "match": "h\.\{i\}\.qkv", "perm": '
+        r"\[1, 0, 2\]\}` permutes 3\.",
         r"`h\.1\.qkv` \(leaf `blocks\.qkv`, layer 1\) has 9 along axis 0, but the "
         r"sizes \[4, 4\] of rule 3 .* sum to 8\.",
         r"`fused` \(leaf `fused`\) has 7 along axis 0, which rule 4 .* cannot split "
         r"into 2 equal parts\.",
         r"`h\.0\.scalar` \(leaf `blocks\.scalar`, layer 0\) has shape \(\), but rule 5 "
         r".* unstacks 1 leading layer axis from it\.",
-        r'The pattern "nope\.\*\*" of rule 6 `\.cast\("nope\.\*\*", "bfloat16"\)` '
-        r"matches no name",
+        r"The pattern 'nope\.\*\*' of rule 6 `\{\"op\": \"cast\", \"match\": "
+        r'"nope\.\*\*", "dtype": "bfloat16"\}` matches no name',
         r"Fix the rules that match nothing",  # first of the fixes
         r"Give every tensor its own name",
         r"Give `split` the size of each part",
@@ -167,8 +169,8 @@ def test_tie_problems():
         oeqx.to_state_dict(tree, mapping)
     text = str(info.value)
     assert (
-        '`head`, which `.tie("head", "wte")` ties to `wte`, is also made from '
-        "leaf `head`." in text
+        '`head`, which `{"op": "tie", "tensor": "head", "to": "wte", "export": '
+        "false}` ties to `wte`, is also made from leaf `head`." in text
     )
     assert re.search(
         r"`nowhere`, to which .* ties `x`, is no tensor the mapping makes", text
@@ -254,7 +256,7 @@ def test_field_key_problems():
         oeqx.to_state_dict(_Keyed(jnp.zeros(1)), M().field_keys())
     with pytest.raises(
         oeqx.MappingError,
-        match=r'\.field_keys\("sd"\)` finds no field declared with '
+        match=r"The `field_keys` rule of key 'sd' finds no field declared with "
         r'`eqx\.field\(metadata=\{"sd": \.\.\.\}\)`',
     ):
         oeqx.to_state_dict(_Plain(jnp.zeros(1)), M().field_keys("sd"))

@@ -142,8 +142,9 @@ def test_export_of_a_checkpoint_needs_field_keys_resolved(tmp_path):
     oeqx.save(tmp_path / "ckpt", model)
     with pytest.raises(
         oeqx.BridgeError,
-        match=r"(?s)rule 0 `\.field_keys\(\"state_dict_key\"\)` reads field metadata "
-        r"from a tree, but the mapping was applied to names only\.\nResolve the "
+        match=r'(?s)rule 0 `\{"op": "field_keys", "key": "state_dict_key"\}` '
+        r"reads field metadata from a tree, but the mapping was applied to names "
+        r"only\.\nResolve the "
         r"mapping against the model first: `mapping\.resolve\(model_or_skeleton\)` "
         r"turns field keys into renames\.",
     ):

@@ -198,6 +198,6 @@ def test_guide_shows_the_tested_mappings(name):
 
 
 def _natural(name):
-    from orbax_eqx._bridge.plan import natural
+    from orbax_eqx._mapping.plan import natural
 
     return natural(name)

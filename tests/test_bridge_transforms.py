@@ -20,9 +20,9 @@ import numpy as np
 import pytest
 
 import orbax_eqx as oeqx
-from orbax_eqx._bridge.leaves import leaf_specs
-from orbax_eqx._bridge.pieces import shape, slices, to_leaf, to_tensor
-from orbax_eqx._bridge.plan import plan_export
+from orbax_eqx._mapping.leaves import leaf_specs
+from orbax_eqx._mapping.pieces import shape, slices, to_leaf, to_tensor
+from orbax_eqx._mapping.plan import plan_export
 from orbax_eqx._tree.walk import walk
 
 M = oeqx.StateDictMapping
@@ -96,7 +96,7 @@ def test_rename_regex_first_rule_wins():
     mapping = M().rename_regex(
         [(r"layers\.(\d+)\.(.*)", r"h.\1.\2"), ("layers.*", "x"), ("head", "lm_head")]
     )
-    with pytest.raises(oeqx.BridgeError, match=r'The pattern "layers\.\*" of rule 0'):
+    with pytest.raises(oeqx.BridgeError, match=r"The pattern 'layers\.\*' of rule 0"):
         oeqx.to_state_dict(tree, mapping)
     mapping = M().rename_regex(
         [(r"layers\.(\d+)\.(.*)", r"h.\1.\2"), ("head", "lm_head")]
@@ -228,7 +228,7 @@ def test_cast_on_export_and_back():
 def test_dtype_mismatch_needs_cast():
     tree = {"a": jnp.zeros(3, jnp.float32)}
     tensors = {"a": np.arange(3, dtype=np.float16)}
-    with pytest.raises(oeqx.BridgeError, match="pass `cast=True`"):
+    with pytest.raises(oeqx.BridgeError, match="Pass `cast=True`"):
         oeqx.from_state_dict(tree, tensors)
     out = oeqx.from_state_dict(tree, tensors, cast=True)
     assert out["a"].dtype == jnp.float32

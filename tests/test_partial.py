@@ -296,14 +296,20 @@ def _layers(key):
     return {"layers": _blocks(key)["blocks"]}
 
 
+M = oeqx.StateDictMapping
+# The skeleton's `layers.*` read from the checkpoint's `blocks.*`.
+TO_BLOCKS = M().rename_regex(r"layers\.(.*)", r"blocks.\1")
+
+
 @pytest.mark.parametrize(
     "renames",
     [
-        [(r"blocks\.(.*)", r"layers.\1")],
-        [(re.compile(r"blocks\.(?P<rest>.*)"), r"layers.\g<rest>")],
-        lambda name: re.sub(r"^blocks\.", "layers.", name),
+        TO_BLOCKS,
+        M().rename_regex([(re.compile(r"layers\.(?P<rest>.*)"), r"blocks.\g<rest>")]),
+        M().rename("layers", "blocks"),
+        {"blocks": "layers"},
     ],
-    ids=["rule", "compiled-rule", "function"],
+    ids=["rule", "compiled-rule", "rename", "dict"],
 )
 def test_renames_map_old_names_to_the_skeleton(tmp_path, renames):
     old = _blocks(KEY_SAVE)
@@ -342,44 +348,43 @@ def test_renamed_modules_still_have_their_static_fields_checked(tmp_path):
         match=r"Static field `num_heads` of module `layers\.0` is 4 in the "
         r"skeleton but 2 in the checkpoint\.",
     ):
-        oeqx.restore(
-            tmp_path / "ckpt", skeleton, renames=[(r"blocks\.(.*)", r"layers.\1")]
-        )
+        oeqx.restore(tmp_path / "ckpt", skeleton, renames=TO_BLOCKS)
 
 
 @pytest.mark.parametrize(
     "renames, match",
     [
         (
-            [(r"blokcs\.(.*)", r"layers.\1")],
-            r"The `renames=` rule \('blokcs\\\\\.\(\.\*\)', 'layers\.\\\\1'\) matches "
-            r"no checkpoint leaf name \(they look like `blocks\.0\.attn",
+            M().rename_regex(r"layres\.(.*)", r"blocks.\1"),
+            r"The pattern 'layres.*' of rule 0 .* matches no name \(the "
+            r"names it sees look like `layers\.0\.attn",
         ),
         (
             {"blocks.9.norm.weight": "layers.9.norm.weight"},
-            r"The `renames=` entry `blocks\.9\.norm\.weight` -> "
-            r"`layers\.9\.norm\.weight` matches no checkpoint leaf name",
+            r"The entry 'layers\.9\.norm\.weight' of rule 0 .* matches no name",
         ),
         (
-            lambda name: name,
-            r"The `renames=` function `.*<lambda>` renames no checkpoint leaf\.",
+            M().rename_regex(r"layers\.(.*)", r"blokcs.\1"),
+            r"Rule 0 of `renames=` renames skeleton leaves "
+            r"\(`layers\.0\.attn\.query_proj\.weight` -> "
+            r"`blokcs\.0\.attn\.query_proj\.weight` and \d+ more\) only to names the "
+            r"checkpoint lacks \(its leaves are named like `blocks\.0",
         ),
         (
-            [(r"blocks\.(.*)", r"layres.\1")],
-            r"renames checkpoint leaves \(`blocks\.0\.attn\.query_proj\.weight` -> "
-            r"`layres\.0\.attn\.query_proj\.weight` and \d+ more\) only to names the "
-            r"skeleton lacks \(its leaves are named like `layers\.0",
+            M().rename({"layers": "blocks", "layers.0": "blocks.0"}),
+            r"The entry 'layers' of rule 0 .* is shadowed: every name it fits is "
+            r"renamed by a longer entry\.",
         ),
     ],
-    ids=["rule-matches-nothing", "entry-matches-nothing", "function", "typo-target"],
+    ids=["rule-matches-nothing", "entry-matches-nothing", "typo-target", "shadowed"],
 )
 def test_a_rename_that_does_nothing_is_an_error(tmp_path, renames, match):
-    oeqx.save(tmp_path / "ckpt", _blocks(KEY_SAVE))
-    skeleton = eqx.filter_eval_shape(_layers, KEY_SKELETON)
+    oeqx.save(tmp_path / "ckpt", {"blocks": _blocks(KEY_SAVE)["blocks"][:1]})
+    skeleton = {"layers": eqx.filter_eval_shape(_layers, KEY_SKELETON)["layers"][:1]}
     with pytest.raises(oeqx.RenameError, match=match) as info:
         oeqx.restore(tmp_path / "ckpt", skeleton, renames=renames)
     msg = str(info.value)
-    assert f"do nothing for the checkpoint at {tmp_path / 'ckpt'}:" in msg
+    assert f"do nothing, or clash, for the checkpoint at {tmp_path / 'ckpt'}:" in msg
     assert "`EqxRestore(..., renames_must_match=False)`" in msg
     assert f"`python -m orbax_eqx inspect {tmp_path / 'ckpt'}`" in msg
 
@@ -390,10 +395,27 @@ def test_renames_must_match_false_allows_renames_that_do_nothing(tmp_path):
     restored = oeqx.restore(
         tmp_path / "ckpt",
         eqx.filter_eval_shape(_layers, KEY_SKELETON),
-        renames=[(r"blokcs\.(.*)", r"x.\1"), (r"blocks\.(.*)", r"layers.\1")],
+        renames=M().rename_regex(
+            [(r"layres\.(.*)", r"x.\1"), (r"layers\.(.*)", r"blocks.\1")]
+        ),
         renames_must_match=False,
     )
     zoo.assert_same(restored, {"layers": old["blocks"]})
+
+
+def test_a_missing_leaf_is_paired_with_an_unread_one_of_its_shape(tmp_path):
+    """GPT-NeoX in transformers 5 names its head `lm_head.weight` in memory but
+    `embed_out.weight` in its files: the error says which to map."""
+    oeqx.save(tmp_path / "ckpt", {"embed_out": {"weight": jnp.ones((4, 3))}})
+    skeleton = {"lm_head": {"weight": jax.ShapeDtypeStruct((4, 3), jnp.float32)}}
+    with pytest.raises(
+        oeqx.CheckpointMismatchError,
+        match=r"Leaf `lm_head\.weight` is in the skeleton but not in the checkpoint; "
+        r"did you mean the checkpoint's `embed_out\.weight`, of that shape and dtype, "
+        r"which the skeleton lacks\? \(map it with `renames=`\)\.",
+    ) as info:
+        oeqx.restore(tmp_path / "ckpt", skeleton)
+    assert "is in the checkpoint but not in the skeleton" not in str(info.value)
 
 
 def test_renames_that_make_two_leaves_one_are_an_error(tmp_path):
@@ -421,38 +443,34 @@ def test_a_swap_is_no_clash(tmp_path):
 @pytest.mark.parametrize(
     "renames, match",
     [
-        ("blocks", r"`renames=` is a str: expected a dict"),
-        ({"a": 3}, r"`renames=` maps 'a' to 3: a dict of renames maps"),
-        ([("a",)], r"`renames=` holds the rule \('a',\): a rule is a pair"),
-        ([("(", "x")], r"`renames=` has an invalid pattern '\('"),
+        ("blocks", r"`renames=` is a str: expected an `oeqx\.StateDictMapping`"),
+        ([("a", "b")], r"`renames=` is a list: expected .* `rename_regex`"),
+        (lambda n: n, r"`renames=` is a function: expected"),
+        ({"a": 3}, r"`renames=` maps 'a' to 3: a rename map maps names"),
+        (M().drop("a"), r"`renames=` has the rule Drop\(.*which a restore does not"),
     ],
-    ids=["str", "dict-value", "rule-shape", "bad-regex"],
+    ids=["str", "list", "function", "dict-value", "drop"],
 )
 def test_malformed_renames_fail_when_made(renames, match):
     with pytest.raises(oeqx.RenameError, match=match):
         oeqx.EqxRestore(zoo.skeleton(zoo.mlp, KEY_SKELETON), renames=renames)
 
 
-def test_a_rename_function_must_return_names(tmp_path):
-    oeqx.save(tmp_path / "ckpt", {"a": jnp.ones(2)})
-    with pytest.raises(
-        oeqx.RenameError,
-        match=r"The `renames=` function `.*<lambda>` returned 3 for the checkpoint "
-        r"leaf `a`: it must return a leaf name \(str\), or None",
-    ):
-        oeqx.restore(tmp_path / "ckpt", {"a": jnp.ones(2)}, renames=lambda n: 3)
-
-
 def test_rename_to_none_leaves_a_leaf_out_even_when_strict(tmp_path):
     item = {"keep": jnp.arange(2.0), "old": jnp.ones(2)}
     oeqx.save(tmp_path / "ckpt", item)
     skeleton = {"keep": jax.ShapeDtypeStruct((2,), jnp.float32)}
-    restored = oeqx.restore(tmp_path / "ckpt", skeleton, renames=[("old", None)])
+    restored, report = oeqx.restore(
+        tmp_path / "ckpt", skeleton, renames={"old": None}, report=True
+    )
+    zoo.assert_same(restored, {"keep": item["keep"]})
+    assert report.renamed == {"old": None}
+    restored = oeqx.restore(tmp_path / "ckpt", skeleton, renames=M().ignore("old"))
     zoo.assert_same(restored, {"keep": item["keep"]})
 
 
-# A refactor that splits a fused projection: names map to names, and the split
-# is done after the restore (what the README shows).
+# A refactor that splits a fused projection: the checkpoint's `attn.qkv` read
+# into the skeleton's q, k and v, planned as a load of safetensors is.
 
 
 class OldAttention(eqx.Module):
@@ -494,44 +512,93 @@ class NewNet(eqx.Module):
         ]
 
 
-def test_fused_qkv_is_restored_under_its_own_name_then_split(tmp_path):
+FUSED = (
+    M()
+    .rename("layers", "blocks")
+    .fuse(
+        [f"blocks.{{i}}.attn.{p}.weight" for p in "qkv"],
+        "blocks.{i}.attn.qkv.weight",
+        axis=0,
+    )
+)
+
+
+def test_a_fused_leaf_is_planned_into_the_skeletons_parts(tmp_path):
+    """The restore's entry point: for each skeleton leaf, its pieces over the
+    checkpoint's leaves, planned from the sidecar alone."""
+    from orbax_eqx._mapping.pieces import slices, to_leaf
+    from orbax_eqx._restore.select import select
+    from orbax_eqx._tree.walk import ARRAY, walk
+
     old = OldNet(KEY_SAVE)
     oeqx.save(tmp_path / "ckpt", old)
-
-    def rename(name):  # checkpoint name -> name in the skeleton below
-        if m := re.fullmatch(r"blocks\.(\d+)\.attn\.qkv\.weight", name):
-            return f"qkv.{m[1]}"
-        if name.endswith(".attn.qkv.bias"):
-            return None  # None (use_bias=False); q, k and v keep their own
-        return "model." + re.sub(r"^blocks\.", "layers.", name)
-
-    new = NewNet(KEY_SKELETON)  # q, k, v hold fresh arrays until filled below
-    fused = [jax.ShapeDtypeStruct((12, 4), jnp.float32)] * 2
-    tree, report = oeqx.restore(
-        tmp_path / "ckpt",
-        {"model": new, "qkv": fused},
-        renames=rename,
-        missing="keep",
-        report=True,
+    saved = oeqx.metadata(tmp_path / "ckpt")
+    skeleton = eqx.filter_eval_shape(NewNet, KEY_SKELETON)
+    walked = walk(skeleton)
+    selection = select(
+        saved,
+        walked,
+        prefix=None,
+        renames=FUSED,
+        renames_must_match=True,
+        pieces=True,
     )
-    assert report.kept == tuple(
-        f"model.layers.{i}.attn.{p}.{leaf}"
-        for i in range(2)
-        for p in "qkv"
-        for leaf in ("weight", "bias")
-    )
-    model = tree["model"]
-    for i, w in enumerate(tree["qkv"]):
-        q, k, v = jnp.split(w, 3)
-        attn = lambda m: m.layers[i]["attn"]  # noqa: B023, E731
-        model = eqx.tree_at(
-            lambda m: (attn(m).q.weight, attn(m).k.weight, attn(m).v.weight),
-            model,
-            (q, k, v),
-        )
+    assert selection.plan is not None
+    arrays = {leaf.name for leaf in walked.leaves if leaf.kind == ARRAY}
+    assert selection.planned == arrays
+    stored = oeqx.restore(tmp_path / "ckpt")  # every leaf, flat, by its name
     for i in range(2):
-        zoo.assert_same(model.layers[i]["out"], old.blocks[i]["out"])
-        fused_weight = jnp.concatenate(
-            [getattr(model.layers[i]["attn"], p).weight for p in "qkv"]
+        for k, p in enumerate("qkv"):
+            (piece,) = selection.plan.leaf_pieces(f"layers.{i}.attn.{p}.weight")
+            assert piece.tensor == f"blocks.{i}.attn.qkv.weight"
+            assert piece.tensor_box == ((4 * k, 4 * k + 4), (0, 4))
+            part = np.asarray(stored[piece.tensor])[slices(piece.tensor_box)]
+            np.testing.assert_array_equal(
+                to_leaf(piece, part),
+                old.blocks[i]["attn"].qkv.weight[4 * k : 4 * k + 4],
+            )
+        (piece,) = selection.plan.leaf_pieces(f"layers.{i}.out.weight")
+        assert piece.tensor == f"blocks.{i}.out.weight"
+    assert selection.renamed["blocks.0.out.bias"] == "layers.0.out.bias"
+
+
+def test_a_split_restore_is_checked_before_any_read(tmp_path):
+    oeqx.save(tmp_path / "ckpt", OldNet(KEY_SAVE))
+    skeleton = eqx.filter_eval_shape(NewNet, KEY_SKELETON)
+    wrong = (
+        M()
+        .rename("layers", "blocks")
+        .fuse(
+            [f"blocks.{{i}}.attn.{p}.weight" for p in "qk"],
+            "blocks.{i}.attn.qkv.weight",
+            axis=0,
         )
-        zoo.assert_same(fused_weight, old.blocks[i]["attn"].qkv.weight)
+    )
+    from orbax_eqx._restore.select import select
+    from orbax_eqx._tree.walk import walk
+
+    with pytest.raises(
+        oeqx.CheckpointMismatchError,
+        match=r"(?s)The skeleton does not match the checkpoint at .* through "
+        r"`renames=` \(\d+ problems\):\n  - Tensor `blocks\.0\.attn\.qkv\.weight` "
+        r"\(leaves `layers\.0\.attn\.q\.weight`, `layers\.0\.attn\.k\.weight`\) has "
+        r"shape \(12, 4\) in the checkpoint, but the mapping makes \(8, 4\)",
+    ):
+        select(
+            oeqx.metadata(tmp_path / "ckpt"),
+            walk(skeleton),
+            prefix=None,
+            renames=wrong,
+            renames_must_match=True,
+            pieces=True,
+        )
+
+
+def test_a_restore_whose_reader_takes_no_pieces_refuses_splits(tmp_path):
+    oeqx.save(tmp_path / "ckpt", OldNet(KEY_SAVE))
+    with pytest.raises(oeqx.RenameError, match=r"`renames=` changes arrays"):
+        oeqx.restore(
+            tmp_path / "ckpt",
+            eqx.filter_eval_shape(NewNet, KEY_SKELETON),
+            renames=FUSED,
+        )

@@ -28,6 +28,9 @@ from typing import Any
 import numpy as np
 
 from .._errors import inline_list
+from .._mapping.pieces import slices, to_tensor
+from .._mapping.plan import LeafSpec, Plan, plan_export
+from .._mapping.stage import whole
 from .._restore.read import release_memory
 from .._restore.rename_map import RenameMap
 from .._tree.values import is_text
@@ -35,8 +38,6 @@ from . import export_files as _files
 from . import export_source as _source
 from .export_source import ExportError
 from .memory import _mapping as as_mapping
-from .pieces import slices, to_tensor
-from .plan import LeafSpec, Plan, plan_export, whole
 from .progress import Progress, Quiet
 from .safetensors import index as _index
 from .safetensors import write as _write

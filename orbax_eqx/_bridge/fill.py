@@ -45,12 +45,12 @@ import numpy as np
 
 from .._bytes import route as _route
 from .._bytes import store as _store
+from .._mapping.pieces import Box, Piece, shape, to_leaf
+from .._mapping.plan import Plan
 from .._storage.boxes import contiguous, strides_of
 from .._storage.ranges import aligned_empty
 from .._storage.ranges import plan as merge
 from .buffers import Arena, copy
-from .pieces import Box, Piece, shape, to_leaf
-from .plan import Plan
 from .safetensors.dtypes import numpy_dtype
 from .safetensors.header import Header, SafetensorsError, TensorInfo
 

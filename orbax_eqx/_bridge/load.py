@@ -17,18 +17,18 @@ from typing import Any
 import jax.tree_util as jtu
 import numpy as np
 
+from .._mapping.errors import BridgeError
+from .._mapping.leaves import leaf_specs
+from .._mapping.plan import TensorSpec, plan_load
 from .._restore.rename_map import RenameMap
 from .._restore.shardings import Shardings, resolve
 from .._tree.values import SCALAR_TYPES, decode_scalar, scalar_type
 from .._tree.walk import ARRAY, JAX, NUMPY_SCALAR, SCALAR, container, walk
 from . import fill as _fill
 from . import load_check as _check
-from .errors import BridgeError
-from .leaves import leaf_specs
 from .memory import _check_kept as keep_dropped
 from .memory import _kept as kept
 from .memory import _mapping as as_mapping
-from .plan import TensorSpec, plan_load
 from .progress import Progress, Quiet
 from .safetensors import index as _index
 from .safetensors.header import Header, TensorInfo

@@ -9,16 +9,18 @@ record them in `__metadata__`), module classes and static fields (unless
 its arguments (`cast=True`), the command line its flags (`--cast`).
 """
 
-import dataclasses
 import json
 from typing import Any
 
 from .._errors import inline_list, some
+from .._mapping.errors import BridgeError
+from .._mapping.wording import API as API
+from .._mapping.wording import CLI as CLI
+from .._mapping.wording import Words
 from .._restore.classes import explain
 from .._tree.names import label
 from .._tree.values import describe, too_deep
 from .._tree.walk import ARRAY, Walked, key_impl
-from .errors import BridgeError
 from .safetensors.header import Header, SafetensorsError, TensorInfo
 from .specs import data_of, is_key
 
@@ -26,31 +28,12 @@ METADATA_ENTRY = "orbax_eqx"  # the key of our JSON in `__metadata__`
 
 
 class MismatchError(SafetensorsError, BridgeError):
-    """The safetensors files do not fit the skeleton (or the mapping)."""
+    """The safetensors files do not fit the skeleton (or the mapping); `head`,
+    `problems` and `fixes` say it in parts (where the checks here found it)."""
 
-
-@dataclasses.dataclass(frozen=True)
-class Words:
-    """How each fix is put, by who asked."""
-
-    rename: str
-    allow_unused: str
-    cast: str
-    ignore_static: str
-
-
-API = Words(
-    rename="map tensor names to leaf names with `mapping=`",
-    allow_unused="pass `allow_unused=True` to leave them out",
-    cast="pass `cast=True` to cast tensors to the skeleton's dtypes",
-    ignore_static="pass `ignore_static=True` to keep the skeleton's",
-)
-CLI = Words(
-    rename="map tensor names to leaf names with --rename or --mapping",
-    allow_unused="pass --allow-unused to leave them out",
-    cast="pass --cast to cast tensors to the skeleton's dtypes",
-    ignore_static="pass --ignore-static to keep the skeleton's",
-)
+    head: str | None = None
+    problems: list[str] | None = None
+    fixes: list[str] | None = None
 
 
 class Problems:
@@ -77,12 +60,15 @@ class Problems:
         if not self.problems:
             return
         n = len(self.problems)
-        fixes = f" To fix: {'; '.join(self.fixes)}." if self.fixes else ""
-        raise MismatchError(
+        head = (
             f"The skeleton does not fit the safetensors at {source} "
-            f"({n} problem{'s' if n > 1 else ''}): "
-            f"{inline_list(self.problems)}.{fixes}"
+            f"({n} problem{'s' if n > 1 else ''})"
         )
+        fixes = f" To fix: {'; '.join(self.fixes)}." if self.fixes else ""
+        error = MismatchError(f"{head}: {inline_list(self.problems)}.{fixes}")
+        # The same, as fields: for the command line, one problem a line.
+        error.head, error.problems, error.fixes = head, self.problems, self.fixes
+        raise error
 
 
 def names(items: list[str], limit: int = 3) -> str:

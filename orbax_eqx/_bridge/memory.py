@@ -15,6 +15,11 @@ import jax.tree_util as jtu
 import numpy as np
 
 from .._errors import bullet_list
+from .._mapping.errors import BridgeError
+from .._mapping.leaves import leaf_specs
+from .._mapping.mapping import StateDictMapping
+from .._mapping.pieces import Box, shape, slices, to_leaf, to_tensor
+from .._mapping.plan import Plan, TensorSpec, plan_export, plan_load
 from .._restore.shardings import resolve
 from .._tree.walk import (
     ARRAY,
@@ -26,11 +31,6 @@ from .._tree.walk import (
     key_impl,
     walk,
 )
-from .errors import BridgeError
-from .leaves import leaf_specs
-from .mapping import StateDictMapping
-from .pieces import Box, shape, slices, to_leaf, to_tensor
-from .plan import Plan, TensorSpec, plan_export, plan_load
 
 
 def to_state_dict(

@@ -1,28 +1,20 @@
 """Leaves as the readers and writers of files see them: a checkpoint's sidecar
 records as planner specs, and typed PRNG keys as their key data.
 
-(A walked tree's specs come from `leaves.leaf_specs`.) A typed key is stored
-as its key data (`jax.random.key_data`: uint32, the key array's shape plus
-the key's own axes), which is what a tensor can hold.
+(A walked tree's specs come from `_mapping.leaves.leaf_specs`.) A typed key
+is stored as its key data (`jax.random.key_data`: uint32, the key array's
+shape plus the key's own axes), which is what a tensor can hold.
 """
 
 from typing import Any
 
 import jax
-import numpy as np
 
 from .._format.sidecar import LeafMetadata
+from .._mapping.leaves import data_of as data_of
+from .._mapping.plan import LeafSpec
 from .._tree.names import label
-from .._tree.walk import Leaf, is_key_dtype, key_data_struct, key_impl, parse_dtype
-from .plan import LeafSpec
-
-
-def data_of(dtype: Any, shape: tuple[int, ...]) -> tuple[tuple[int, ...], str]:
-    """The shape and dtype name an array of `dtype` is stored as in a tensor."""
-    if is_key_dtype(dtype):
-        data = key_data_struct(dtype)
-        return tuple(shape) + tuple(data.shape), str(data.dtype)
-    return tuple(shape), str(np.dtype(dtype))
+from .._tree.walk import Leaf, is_key_dtype, key_impl, parse_dtype
 
 
 def from_record(record: LeafMetadata) -> LeafSpec:

@@ -95,21 +95,21 @@ class EqxRestore(_CheckpointArgs):
         `layers.0.weight` is restored from `model.encoder.layers.0.weight`.
         Leaves outside the prefix are never read, and are no error even with
         `strict=True`, which then applies to the leaves under the prefix.
-    - `renames`: restore a checkpoint saved under older names. Maps checkpoint
-        leaf names to the names the skeleton has, as if the checkpoint had
-        been saved with the new ones (`prefix` applies after it): a dict
-        `{old name: new name}`; a list of `(regex, replacement)` rules, of
-        which the first whose pattern matches the whole name gives the new name
-        (`re.Match.expand`: `(r"blocks\.(.*)", r"layers.\1")`); or a function
-        `old name -> new name`. A new name of `None` leaves the leaf out (it
-        is then no error with `strict=True`). Renames map names to names
-        only: to change an array (split a fused `attn.qkv` into `q`, `k`, `v`),
-        restore it under a name of its own and change it after the restore
-        (the README shows how); a restore never computes on your arrays.
-    - `renames_must_match`: if True (the default), a dict entry or rule that
-        matches no checkpoint leaf name, a function that renames nothing, and
-        a rename whose new names the skeleton lacks are errors, since they are
-        almost always typos. False allows them.
+    - `renames`: restore a checkpoint saved under other names, or in another
+        layout: an `oeqx.StateDictMapping` from the skeleton's leaf names
+        (after `prefix`) to the checkpoint's, the same mapping a load of
+        safetensors takes (`rename`, `rename_regex` with RE2 patterns,
+        `stack`, `transpose`, `reshape`, `split`, `fuse`, `cast`, `ignore`);
+        or the shorthand of a migration, a dict `{old name: new name}` of
+        exact names (checkpoint name to skeleton name; `None` leaves a
+        checkpoint leaf unread, no error with `strict=True`). A mapping that
+        changes arrays (a checkpoint's fused `attn.qkv` split into the
+        skeleton's `q`, `k`, `v`) is planned against the sidecar's shapes
+        and checked before any read, as a load is.
+    - `renames_must_match`: if True (the default), a rule or entry of
+        `renames` that matches no name, one shadowed by longer entries, and a
+        rename whose every new name the checkpoint lacks are errors, since
+        they are almost always typos. False allows them.
     - `missing`: `"error"` (the default) or `"keep"`. With `"keep"`, a skeleton
         leaf that the checkpoint lacks keeps the skeleton's own value: build
         the skeleton with a freshly initialised new head, and every other leaf
@@ -158,7 +158,7 @@ class EqxRestore(_CheckpointArgs):
         args = oeqx.EqxRestore(new_model, missing="keep", report=True)
         model, report = mngr.restore(step, args=args)  # report.kept: the head
         # After a refactor that renamed `blocks` to `layers`.
-        args = oeqx.EqxRestore(skeleton, renames=[(r"blocks\.(.*)", r"layers.\1")])
+        args = oeqx.EqxRestore(skeleton, renames={"blocks": "layers"})
         # No skeleton: the saved tree rebuilt, importing only these modules.
         args = oeqx.EqxRestore(allow=["equinox", "jax", "my_models"])
         ```

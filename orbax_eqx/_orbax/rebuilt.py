@@ -15,7 +15,7 @@ from etils import epath
 from .._errors import CheckpointMismatchError, RebuildError, SidecarError
 from .._format.sidecar import PACKED, Metadata
 from .._rebuild import build as _rebuild
-from .._restore.rename_map import RenameError
+from .._mapping.errors import RenameError
 from .._restore.restore import restore_tree
 from .._storage import ranges as _ranges
 

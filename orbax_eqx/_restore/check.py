@@ -4,7 +4,8 @@ Every difference is collected first (`compare`, as `mismatch.Difference`s),
 then worded at once by `mismatch.judge`, by leaf path.
 """
 
-from collections.abc import Callable
+import difflib
+from collections.abc import Callable, Collection
 from typing import Literal
 
 import jax
@@ -61,18 +62,27 @@ def check(
     on_static_mismatch: StaticPolicy,
     missing: MissingPolicy = "error",
     target: Callable[[str], str] | None = None,
+    planned: Collection[str] = (),
 ) -> list[Leaf]:
     """Raises `CheckpointMismatchError` listing every difference.
 
     `saved.leaves` and `saved.modules` are keyed by the name `target(skeleton
-    name)` (`select.Selection`). Returns the skeleton leaves to keep as they
-    are: those that the checkpoint lacks, with `missing="keep"`.
+    name)` (`select.Selection`). Leaves whose target name is in `planned` are
+    left to the plan of a mapping that changes arrays, which checked them
+    (`Selection.planned`). Returns the skeleton leaves to keep as they are:
+    those that the checkpoint lacks, with `missing="keep"`.
 
     Each fix offered is one that works: `on_static_mismatch="warn"` only when
     no difference that needs a new skeleton (a shape, a kind) is listed.
     """
     differences, kept = compare(
-        walked, saved, cast=cast, strict=strict, missing=missing, target=target
+        walked,
+        saved,
+        cast=cast,
+        strict=strict,
+        missing=missing,
+        target=target,
+        planned=planned,
     )
     prefix = None
     kinds = {d.kind for d in differences}
@@ -94,37 +104,41 @@ def compare(
     strict: bool,
     missing: MissingPolicy,
     target: Callable[[str], str] | None,
+    planned: Collection[str] = (),
 ) -> tuple[list[Difference], list[Leaf]]:
     """Every difference of `walked` from `saved`: leaves in order, then the
     checkpoint's leaves the skeleton lacks (if `strict`), then modules; and the
     skeleton leaves to keep (`missing="keep"`)."""
     differences: list[Difference] = []
     kept: list[Leaf] = []
-    names = set()
+    absent: list[tuple[Leaf, str]] = []
+    names = set(planned)
     records = saved.leaves
     for leaf in walked.leaves:
         # (No call per leaf where no `prefix=` or `renames=` renames them.)
         name = leaf.name if target is None else target(leaf.name)
+        if name in planned:
+            continue
         names.add(name)
         record = records.get(name)
         if record is None:
             if missing == "keep" and not isinstance(leaf.value, jax.ShapeDtypeStruct):
                 kept.append(leaf)
             else:
-                differences.append(_absent(leaf, name, missing))
+                absent.append((leaf, name))
             continue
         found = _compare_leaf(leaf, record, cast)
         if found is not None:
             differences.append(found)
+    unexpected = [r for n, r in saved.leaves.items() if n not in names]
+    paired = _absent_all(absent, unexpected if strict else [], missing, differences)
     if strict:
-        for name, record in saved.leaves.items():
-            if name not in names:
-                renamed = f" (renamed to `{name}`)" if name != record.name else ""
-                text = (
-                    f"Leaf {label(record.name, record.path)}{renamed} is in the "
-                    "checkpoint but not in the skeleton."
-                )
-                differences.append(Difference(text, (FIX_STRICT,), kind="unexpected"))
+        for record in unexpected:
+            if record.name in paired:
+                continue
+            text = f"Leaf {label(record.name, record.path)} is in the checkpoint but "
+            text += "not in the skeleton."
+            differences.append(Difference(text, (FIX_STRICT,), kind="unexpected"))
     target = target or _same
     for name, module in walked.modules.items():
         differences.extend(
@@ -137,10 +151,38 @@ def _same(name: str) -> str:
     return name
 
 
-def _absent(leaf: Leaf, name: str, missing: MissingPolicy) -> Difference:
+def _absent_all(absent, unexpected, missing, differences) -> set[str]:
+    """The skeleton leaves the checkpoint lacks, each paired with a checkpoint
+    leaf of its shape and dtype that the skeleton lacks, if there is one
+    ("did you mean"); returns the checkpoint leaves so paired."""
+    paired: set[str] = set()
+    for leaf, name in absent:
+        x = leaf.value
+        alike = [
+            r.name
+            for r in unexpected
+            if r.kind == ARRAY
+            and r.name not in paired
+            and leaf.kind == ARRAY
+            and r.shape == tuple(x.shape)
+            and r.dtype == str(x.dtype)
+        ]
+        guess = difflib.get_close_matches(name, alike, n=1, cutoff=0.0)
+        if guess:
+            paired.add(guess[0])
+        differences.append(_absent(leaf, name, missing, guess[0] if guess else None))
+    return paired
+
+
+def _absent(leaf: Leaf, name: str, missing: MissingPolicy, guess) -> Difference:
     """A skeleton leaf that the checkpoint lacks, and that cannot be kept."""
     sought = f" (looked for leaf name `{name}`)" if name != leaf.name else ""
     where = f"Leaf {leaf.label} is in the skeleton but not in the checkpoint{sought}"
+    if guess is not None:
+        where += (
+            f"; did you mean the checkpoint's `{guess}`, of that shape and dtype, "
+            "which the skeleton lacks? (map it with `renames=`)"
+        )
     if missing == "keep":  # then a jax.ShapeDtypeStruct: nothing to keep
         return Difference(
             f"{where}, and is a jax.ShapeDtypeStruct: it has no value to keep "

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from .._errors import bullet_list
+from .._mapping.problems import Problem
 from . import wide
 
 StaticPolicy = Literal["error", "warn"]
@@ -81,21 +82,8 @@ FIX_EVAL_SHAPE = wide.FIX_EVAL_SHAPE
 _REBUILD = (FIX_INSPECT, FIX_KIND, FIX_KEY, FIX_NONE, FIX_FILTERED, FIX_ABSTRACT)
 
 
-@dataclasses.dataclass(frozen=True)
-class Difference:
-    """One way the skeleton and the checkpoint differ.
-
-    `text` names the leaf or module first; `fixes` are texts of this module's
-    table that mend it; `static` is true for a class, static field or callable,
-    which `on_static_mismatch="warn"` lets pass; `kind` says whether a skeleton
-    leaf is `"absent"` from the checkpoint, a checkpoint leaf `"unexpected"`,
-    or both hold something that `"differs"`.
-    """
-
-    text: str
-    fixes: tuple[str, ...] = ()
-    static: bool = False
-    kind: Literal["absent", "unexpected", "differs"] = "differs"
+# One difference: the wording layer's problem (text, fixes, static, kind).
+Difference = Problem
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,12 +1,13 @@
 """Which checkpoint leaves a restore reads, and under which skeleton names.
 
-`EqxRestore(..., renames=...)` first renames checkpoint leaves, as if the
-checkpoint had been saved with the new names; `prefix=` then picks the part of
-the (renamed) checkpoint that the skeleton describes: a skeleton leaf named
-`layers.0.weight` with `prefix="model.encoder"` is matched with the checkpoint
-leaf `model.encoder.layers.0.weight`. What comes out is a *view* of the
-sidecar, keyed by the names the skeleton asks for; its records keep their
-checkpoint names, which is what the arrays are stored under.
+`prefix=` puts a leaf name before every skeleton leaf name (`layers.0.weight`
+with `prefix="model.encoder"` is the checkpoint's
+`model.encoder.layers.0.weight`); `renames=` then maps those names to the
+checkpoint's, through a `StateDictMapping` (`renames`). What comes out is a
+*view* of the sidecar, keyed by the names the skeleton asks for; its records
+keep their checkpoint names, which is what the arrays are stored under. A
+mapping that changes arrays (a split, a fuse) also gives a plan: the pieces
+of checkpoint leaves that fill each skeleton leaf (`Selection.plan`).
 
 Under a prefix, the skeleton's names are those it would have had inside the
 saved tree, found by walking it wrapped in one dict per part of the prefix.
@@ -22,14 +23,23 @@ import jax.tree_util as jtu
 
 from .._errors import CheckpointMismatchError, bullet_list, warn_user
 from .._format.sidecar import Metadata
+from .._mapping.leaves import data_of
+from .._mapping.mapping import StateDictMapping
+from .._mapping.names import ignores, through
+from .._mapping.plan import LeafSpec, Plan, TensorSpec, plan_restore
+from .._mapping.rules.field_keys import FieldKeys
+from .._mapping.rules.rename import Rename
+from .._mapping.rules.rename_regex import RenameRegex
+from .._mapping.stage import Context, examples
+from .._mapping.wording import RESTORE, planned
 from .._tree.names import ESCAPE, SEPARATOR, join, label
-from .._tree.walk import Leaf, Walked, walk
+from .._tree.walk import ARRAY, Leaf, Walked, parse_dtype, walk
 from .renames import (
+    RenameError,
     Renames,
-    check_unique,
-    check_used,
-    compile_renames,
-    examples,
+    as_mapping,
+    raise_rule_problems,
+    unused_targets,
 )
 
 
@@ -46,10 +56,10 @@ class RestoreReport:
     - `kept`: leaf names of the skeleton leaves that no checkpoint leaf
         filled, kept from the skeleton (`missing="keep"`), e.g. `head.weight`.
     - `unread`: leaf names of the checkpoint leaves that were not restored:
-        outside `prefix=`, renamed to `None`, or absent from the skeleton
+        outside `prefix=`, ignored by `renames=`, or absent from the skeleton
         (`strict=False`).
-    - `renamed`: `{checkpoint leaf name: new name}` for every leaf that
-        `renames=` renamed (`None`: left out).
+    - `renamed`: `{checkpoint leaf name: skeleton leaf name}` for every leaf
+        that `renames=` renamed (`None`: left unread).
     """
 
     kept: tuple[str, ...] = ()
@@ -59,13 +69,23 @@ class RestoreReport:
 
 @dataclasses.dataclass(frozen=True)
 class Selection:
-    """The checkpoint as the skeleton sees it."""
+    """The checkpoint as the skeleton sees it.
+
+    With a `plan` (a mapping that changes arrays), the skeleton's array leaves
+    it fills (`planned`, by target name) have no record in `saved`: a reader
+    fills each from `plan.leaf_pieces(target name, box)`, pieces of the
+    checkpoint leaves `piece.tensor` (names of `Metadata.leaves`), and the
+    check skips them (`check(..., planned=selection.planned)`): the planner
+    checked them already.
+    """
 
     saved: Metadata  # leaves and modules keyed by target names, under the prefix
     prefix: str | None
-    renamed: dict[str, str | None]  # checkpoint name -> new name, where changed
+    renamed: dict[str, str | None]  # checkpoint name -> skeleton name, if changed
     targets: dict[str, str]  # skeleton leaf or module name -> target name
     everything: tuple[str, ...]  # every checkpoint leaf name
+    plan: Plan | None = None
+    planned: frozenset[str] = frozenset()
 
     def target(self, name: str) -> str:
         """The name a skeleton leaf or module is looked for under."""
@@ -74,11 +94,15 @@ class Selection:
     def report(self, walked: Walked, kept: list[Leaf]) -> RestoreReport:
         """What a restore of `walked` did, once `kept` leaves were kept."""
         skipped = {leaf.name for leaf in kept}
-        restored = {
-            self.saved.leaves[self.target(leaf.name)].name
-            for leaf in walked.leaves
-            if leaf.name not in skipped
-        }
+        restored: set[str] = set()
+        for leaf in walked.leaves:
+            name = self.target(leaf.name)
+            if leaf.name in skipped:
+                continue
+            if name in self.planned and self.plan is not None:
+                restored.update(p.tensor for p in self.plan.leaf_pieces(name))
+            elif name in self.saved.leaves:
+                restored.add(self.saved.leaves[name].name)
         return RestoreReport(
             kept=tuple(leaf.name for leaf in kept),
             unread=tuple(n for n in self.everything if n not in restored),
@@ -154,7 +178,7 @@ def check_options(prefix: Any, renames: Any) -> None:
             f"EqxRestore(prefix={prefix!r}): a prefix is a leaf name such as "
             f'"model.encoder", without a leading or trailing `{SEPARATOR}`.'
         )
-    compile_renames(renames)
+    as_mapping(renames)
 
 
 def select(
@@ -164,86 +188,194 @@ def select(
     prefix: str | None,
     renames: Renames | None,
     renames_must_match: bool,
+    pieces: bool = False,
+    cast: bool = False,
+    strict: bool = True,
 ) -> Selection:
-    """Renames the checkpoint's leaves, then keeps those under `prefix`.
+    """Maps the skeleton's names (under `prefix`) to the checkpoint's.
 
-    Raises `RenameError` or `CheckpointMismatchError` before any array is read.
+    `pieces` says the caller reads a plan's pieces (`Selection.plan`); without
+    it, a mapping that changes arrays is refused. `cast` and `strict` are the
+    restore's, for the plan's checks. Raises `RenameError` or
+    `CheckpointMismatchError` before any array is read.
     """
     target = targets(prefix, walked)
-    rename, labels = compile_renames(renames)
-    if renames is None and not prefix:
+    mapping = as_mapping(renames)
+    if mapping is None and not prefix:
         # The usual restore: every name stays, so the view is the sidecar itself
         # (decided without a rename call and three tables per leaf).
         return Selection(saved, None, {}, target, tuple(saved.leaves))
-    new_names: dict[str, str | None] = {}
-    hits: dict[str, list[tuple[str, str | None]]] = {label: [] for label in labels}
-    for name in saved.leaves:
-        new, label = rename(name)
-        new_names[name] = new
-        if label is not None:
-            hits.setdefault(label, []).append((name, new))
-    check_unique(new_names)
-    if renames_must_match:
-        wanted = {target.get(leaf.name, leaf.name) for leaf in walked.leaves}
-        check_used(hits, wanted, saved, walked)
-    leaves = {
-        new: record
-        for name, record in saved.leaves.items()
-        if (new := new_names[name]) is not None and _under(prefix, new)
-    }
-    if prefix and not leaves:
-        raise _nothing_under(prefix, saved, new_names)
-    modules: dict[str, Any] = {}
-    for name, new in _module_names(saved, new_names).items():
-        if new is not None and _under(prefix, new):
-            modules.setdefault(new, saved.modules[name])
-    view = dataclasses.replace(saved, leaves=leaves, modules=modules)
-    renamed = {old: new for old, new in new_names.items() if new != old}
+    mapping = mapping or StateDictMapping()
+    if any(isinstance(r, FieldKeys) for r in mapping.rules):
+        mapping = mapping.resolve(walked_tree(walked))
+    if mapping.names_only:
+        return _by_names(saved, walked, target, mapping, prefix, renames_must_match)
+    if not pieces:
+        raise RenameError(
+            "`renames=` changes arrays (its rules split, fuse, stack, transpose, "
+            "reshape or cast), which this restore's reader does not take."
+        )
+    return _by_plan(
+        saved, walked, target, mapping, prefix, renames_must_match, cast, strict
+    )
+
+
+def walked_tree(walked: Walked) -> Any:
+    return jtu.tree_unflatten(walked.treedef, [leaf.value for leaf in walked.leaves])
+
+
+def _by_names(saved, walked, target, mapping, prefix, must_match) -> Selection:
+    """The view through a mapping of renames only: names in, names out."""
+    names = [target.get(leaf.name, leaf.name) for leaf in walked.leaves]
+    ctx = Context({}, RESTORE)
+    trace: dict = {}
+    stored = through(mapping, names, ctx, trace)
+    if must_match:
+        pairs = {
+            key: [(names[k], stored[k]) for k in found] for key, found in trace.items()
+        }
+        unused_targets(pairs, saved.leaves, ctx)
+    raise_rule_problems(ctx, must_match, saved.directory)
+    stored_of = dict(zip(names, stored, strict=True))
+    view, renamed = _view(saved, walked, target, mapping, prefix, stored_of)
     return Selection(view, prefix or None, renamed, target, tuple(saved.leaves))
 
 
-def _module_names(saved: Metadata, new_names) -> dict[str, str | None]:
-    """Where renames move each module, judged by the leaves inside it.
+def _view(saved, walked, target, mapping, prefix, stored_of, planned=frozenset()):
+    """The sidecar keyed by target names: each skeleton leaf's record under its
+    name, then the checkpoint's leaves no skeleton leaf reads, under their own
+    (within the prefix, unless ignored)."""
+    leaves: dict[str, Any] = {}
+    read = {}
+    for name, stored in stored_of.items():
+        if stored in saved.leaves and not ignores(mapping, stored):
+            leaves[name] = saved.leaves[stored]
+            read[stored] = name
+    renamed = {old: new for old, new in read.items() if old != new}
+    planned_reads = set() if not planned else set(planned)
+    clashes = []
+    for name, record in saved.leaves.items():
+        if name in read or name in planned_reads:
+            continue
+        if ignores(mapping, name):
+            renamed[name] = None
+        elif _under(prefix, name) or not prefix:
+            if name in leaves:
+                clashes.append(
+                    f"Checkpoint leaves `{leaves[name].name}` and `{name}` both "
+                    f"become `{name}`."
+                )
+            else:
+                leaves[name] = record
+    if clashes:
+        raise RenameError(
+            "With `renames=`, checkpoint leaves would share a name:\n"
+            + bullet_list(clashes)
+            + "\nRename them to distinct names, or ignore one of them (a dict maps "
+            "it to None) to leave it unread."
+        )
+    if prefix and not leaves and not planned:
+        raise _nothing_under(prefix, saved)
+    pairs = [(name, stored) for stored, name in read.items()]
+    modules = _modules(saved, walked, target, pairs)
+    view = dataclasses.replace(saved, leaves=leaves, modules=modules)
+    return view, renamed
 
-    A module moves to `new` when every leaf inside it keeps its place relative
-    to the module: `blocks.0` moves to `layers.0` when `blocks.0.weight` became
-    `layers.0.weight` and `blocks.0.bias` `layers.0.bias`. A module whose leaves
-    were all left out, or disagree, is not compared with the skeleton's.
-    """
-    if all(new == old for old, new in new_names.items()):
-        return {name: name for name in saved.modules}
+
+def _modules(saved, walked, target, pairs) -> dict[str, Any]:
+    """The checkpoint's modules by target name: each skeleton module moves with
+    its leaves (`layers.0` is the checkpoint's `blocks.0` when
+    `layers.0.weight` is read from `blocks.0.weight` and `layers.0.bias` from
+    `blocks.0.bias`); one whose leaves disagree is not compared."""
+    wanted = {target.get(m, m) for m in walked.modules}
+    with_leaves = {
+        join(parts[:k])
+        for name in (target.get(leaf.name, leaf.name) for leaf in walked.leaves)
+        for parts in [split(name)]
+        for k in range(len(parts))
+    }
     seen: dict[str, set[str | None]] = {}
-    for old, new in new_names.items():
-        parts = split(old)
-        new_parts = None if new is None else split(new)
+    for name, stored in pairs:
+        parts, stored_parts = split(name), split(stored)
         for k in range(len(parts)):
             module = join(parts[:k])
-            if module not in saved.modules:
+            if module not in wanted:
                 continue
             suffix = parts[k:]
-            place = None
-            if new_parts is not None and new_parts[len(new_parts) - len(suffix) :] == (
-                suffix
-            ):
-                place = join(new_parts[: len(new_parts) - len(suffix)])
+            cut = len(stored_parts) - len(suffix)
+            place = join(stored_parts[:cut]) if stored_parts[cut:] == suffix else None
             seen.setdefault(module, set()).add(place)
-    result = {}
-    for name in saved.modules:
-        places = seen.get(name, {name})  # a module without leaves stays put
-        result[name] = places.pop() if len(places) == 1 else None
-    return result
+    out = {}
+    for module in wanted:
+        # A module without leaves stays put; one none of whose leaves is read
+        # (ignored, absent) is not compared.
+        places = seen.get(module, {None} if module in with_leaves else {module})
+        place = places.pop() if len(places) == 1 else None
+        if place is not None and place in saved.modules:
+            out[module] = saved.modules[place]
+    return out
 
 
-def _nothing_under(prefix: str, saved: Metadata, new_names) -> Exception:
+def _by_plan(saved, walked, target, mapping, prefix, must_match, cast, strict):
+    """The view and the plan through a mapping that changes arrays."""
+    specs, others = [], []
+    for leaf in walked.leaves:
+        name = target.get(leaf.name, leaf.name)
+        if leaf.kind == ARRAY:
+            shape, dtype = data_of(leaf.value.dtype, tuple(leaf.value.shape))
+            specs.append(LeafSpec(name, leaf.label, shape, dtype))
+        else:
+            others.append(name)
+    stored = [
+        TensorSpec(n, *data_of(parse_dtype(r.dtype), tuple(r.shape or ())))
+        for n, r in saved.leaves.items()
+        if r.kind == ARRAY
+    ]
+    outside = {t.name for t in stored if not _under(prefix, t.name)}
+    plan, ctx = plan_restore(
+        mapping, specs, stored, cast=cast, strict=strict, words=RESTORE, leave=outside
+    )
+    raise_rule_problems(ctx, must_match, saved.directory)
+    if plan is None:
+        raise CheckpointMismatchError(
+            planned(
+                f"The skeleton does not match the checkpoint at {saved.directory} "
+                "through `renames=`",
+                ctx,
+            )
+        )
+    # Non-array leaves (Python values, callables) follow the renames alone.
+    renames = StateDictMapping(
+        tuple(r for r in mapping.rules if isinstance(r, Rename | RenameRegex))
+    )
+    quiet = Context({}, RESTORE)  # (the plan reported the rules' problems)
+    stored_of = dict(zip(others, through(renames, others, quiet), strict=True))
+    read = frozenset(p.tensor for leaf in plan.leaves for p in plan.leaf_pieces(leaf))
+    view, renamed = _view(saved, walked, target, mapping, prefix, stored_of, read)
+    for leaf in plan.leaves:
+        for p in plan.leaf_pieces(leaf):
+            if p.tensor != leaf:
+                renamed.setdefault(p.tensor, leaf)
+    return Selection(
+        view,
+        prefix or None,
+        renamed,
+        target,
+        tuple(saved.leaves),
+        plan,
+        frozenset(plan.leaves),
+    )
+
+
+def _nothing_under(prefix: str, saved: Metadata) -> Exception:
     known: set[str] = set()
-    for new in new_names.values():
-        if new is not None:
-            parts = split(new)
-            known.update(join(parts[:i]) for i in range(1, len(parts) + 1))
+    for name in saved.leaves:
+        parts = split(name)
+        known.update(join(parts[:i]) for i in range(1, len(parts) + 1))
     depth = len(split(prefix))
     same_depth = sorted(k for k in known if len(split(k)) == depth)
     close = difflib.get_close_matches(prefix, same_depth, n=3, cutoff=0.6)
-    tops = sorted({split(n)[0] for n in new_names.values() if n is not None})
+    tops = sorted({split(n)[0] for n in saved.leaves})
     hint = (
         f"Did you mean {' or '.join(f'`{c}`' for c in close)}? "
         if close
@@ -253,7 +385,7 @@ def _nothing_under(prefix: str, saved: Metadata, new_names) -> Exception:
         f"No leaf of the checkpoint at {saved.directory} is under "
         f'`prefix="{prefix}"`. {hint}A prefix is a leaf name, parts joined by '
         f"`{SEPARATOR}`, as `python -m orbax_eqx inspect {saved.directory}` shows "
-        "them (after `renames=`, if given)."
+        "them."
     )
 
 

@@ -130,7 +130,7 @@ def _parser() -> argparse.ArgumentParser:
 def _one_line(error: BaseException) -> str:
     """An error's message on one line: the state_dict bridge's messages list
     their problems on lines of their own (`  - ...`), joined here with `; `."""
-    from .._bridge.errors import BridgeError
+    from .._mapping.errors import BridgeError
 
     if not isinstance(error, BridgeError):
         return first_line(error)

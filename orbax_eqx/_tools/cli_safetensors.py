@@ -195,7 +195,7 @@ def _mapping(path, skeleton):
     """The `--mapping` file, resolved against `--skeleton` if given."""
     if path is None:
         return None
-    from .._bridge.mapping import StateDictMapping
+    from .._mapping.mapping import StateDictMapping
 
     mapping = StateDictMapping.from_file(path)
     if skeleton is not None:

@@ -20,17 +20,19 @@ part of a piece: the planner records each side's dtype, and the reader or
 writer casts once, after placing.
 """
 
-import dataclasses
 import math
+from typing import NamedTuple
 
 import numpy as np
 
 Box = tuple[tuple[int, int], ...]
 
 
-@dataclasses.dataclass(frozen=True)
-class Piece:
-    """Values shared by a box of leaf `leaf` and a box of tensor `tensor`."""
+class Piece(NamedTuple):
+    """Values shared by a box of leaf `leaf` and a box of tensor `tensor`.
+
+    (A named tuple: a stack of a million layers makes a million pieces.
+    `check` says whether one keeps the contract above.)"""
 
     leaf: str  # leaf name (`blocks.attn.query.weight`)
     leaf_box: Box
@@ -38,16 +40,18 @@ class Piece:
     tensor_box: Box
     perm: tuple[int, ...]  # axes of the tensor box, in the leaf's order
 
-    def __post_init__(self):
-        if sorted(self.perm) != list(range(len(self.tensor_box))):
-            raise ValueError(f"{self}: perm is not a permutation of the tensor axes")
-        if math.prod(shape(self.leaf_box)) != math.prod(shape(self.tensor_box)):
-            raise ValueError(f"{self}: the boxes hold different numbers of values")
-        tensor_shape = shape(self.tensor_box)
-        if size(self.leaf_box) and [n for n in shape(self.leaf_box) if n != 1] != [
-            tensor_shape[a] for a in self.perm if tensor_shape[a] != 1
-        ]:
-            raise ValueError(f"{self}: the boxes differ by more than axes of length 1")
+
+def check(piece: Piece) -> None:
+    """Raises `ValueError` if `piece` breaks the contract of this module."""
+    if sorted(piece.perm) != list(range(len(piece.tensor_box))):
+        raise ValueError(f"{piece}: perm is not a permutation of the tensor axes")
+    if math.prod(shape(piece.leaf_box)) != math.prod(shape(piece.tensor_box)):
+        raise ValueError(f"{piece}: the boxes hold different numbers of values")
+    tensor_shape = shape(piece.tensor_box)
+    if size(piece.leaf_box) and [n for n in shape(piece.leaf_box) if n != 1] != [
+        tensor_shape[a] for a in piece.perm if tensor_shape[a] != 1
+    ]:
+        raise ValueError(f"{piece}: the boxes differ by more than axes of length 1")
 
 
 def shape(box: Box) -> tuple[int, ...]:
@@ -110,4 +114,4 @@ def clip(piece: Piece, box: Box, *, leaf_side: bool) -> Piece | None:
         offset = other[o][0] - mine[m][0]
         moved[o] = (cut[m][0] + offset, cut[m][1] + offset)
     leaf_box, tensor_box = (cut, tuple(moved)) if leaf_side else (tuple(moved), cut)
-    return dataclasses.replace(piece, leaf_box=leaf_box, tensor_box=tensor_box)
+    return piece._replace(leaf_box=leaf_box, tensor_box=tensor_box)

@@ -11,45 +11,70 @@ Nothing here touches array values: a virtual is a few boxes per leaf.
 problem is reported at once.
 """
 
-import dataclasses
+import json
 from collections.abc import Iterable
 
+import msgspec
 import numpy as np
 
 from .._errors import some
 from .pieces import Box, Piece, clip
+from .problems import Kind, Problem
 
 # A layer a virtual belongs to: (index of the stack rule, the layer's indices).
 Layer = tuple[int, tuple[int, ...]]
 
 
-@dataclasses.dataclass(frozen=True)
 class Virtual:
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    # Pieces whose `tensor_box` is in this virtual's coordinates (their
-    # `tensor` field is set once the final names are known).
-    pieces: tuple[Piece, ...]
-    leaves: tuple[str, ...]  # names of the leaves whose values it holds
-    layers: tuple[Layer, ...] = ()
+    """A tensor in the making. (A plain class with slots, not a dataclass: a
+    stack of a million layers makes a million of them.)"""
+
+    __slots__ = ("name", "shape", "dtype", "pieces", "leaves", "layers")
+
+    def __init__(self, name, shape, dtype, pieces, leaves, layers=()):
+        self.name: str = name
+        self.shape: tuple[int, ...] = shape
+        self.dtype: str = dtype
+        # Pieces whose `tensor_box` is in this virtual's coordinates (their
+        # `tensor` field is set once the final names are known).
+        self.pieces: tuple[Piece, ...] = pieces
+        self.leaves: tuple[str, ...] = leaves  # names of the leaves it holds
+        self.layers: tuple[Layer, ...] = layers
+
+    def but(self, **changes) -> "Virtual":
+        """This virtual with some fields changed."""
+        new = Virtual(
+            self.name, self.shape, self.dtype, self.pieces, self.leaves, self.layers
+        )
+        for key, value in changes.items():
+            setattr(new, key, value)
+        return new
 
 
 class Context:
     """Problems found while planning, each a sentence, with the fixes to offer."""
 
-    def __init__(self, labels: dict[str, str]):
+    def __init__(self, labels: dict[str, str], words=None):
         self.labels = labels  # leaf name -> how messages show it
-        self.problems: list[str] = []
-        self.fixes: list[str] = []
+        self.words = words  # `wording.Words`: how the stored side and fixes are put
+        self.problems: list[Problem] = []
         self.rule = -1  # index of the rule being applied
-        self.dropped: list[Virtual] = []  # virtuals that rules left out
         self.rule_label = ""
+        self.dropped: list[Virtual] = []  # virtuals that rules left out
+        # Names whose problem is reported already (a split that failed): not
+        # reported again as missing or unexpected.
+        self.explained: set[str] = set()
+        self.equal_parts: set[str] = set()  # names made by a split without sizes
 
-    def problem(self, text: str, fix: str | None = None) -> None:
-        self.problems.append(text)
-        if fix is not None and fix not in self.fixes:
-            self.fixes.append(fix)
+    def problem(self, text: str, fix: str | None = None, kind: Kind = "rule") -> None:
+        self.problems.append(Problem(text, () if fix is None else (fix,), kind=kind))
+
+    @property
+    def fixes(self) -> list[str]:
+        return list(dict.fromkeys(f for p in self.problems for f in p.fixes))
+
+    def at(self, i: int, rule) -> None:
+        self.rule, self.rule_label = i, label(rule)
 
     def at_rule(self) -> str:
         return f"rule {self.rule} `{self.rule_label}`"
@@ -65,6 +90,12 @@ class Context:
         return text
 
 
+def label(rule) -> str:
+    """A rule as messages show it: its JSON, cut short."""
+    text = json.dumps(msgspec.to_builtins(rule), ensure_ascii=False)
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
 def examples(names: Iterable[str], n: int = 3) -> str:
     names = list(names)
     text = ", ".join(f"`{name}`" for name in names[:n])
@@ -74,8 +105,7 @@ def examples(names: Iterable[str], n: int = 3) -> str:
 def permute(piece: Piece, perm: tuple[int, ...]) -> Piece:
     """The piece for the tensor `t.transpose(perm)` instead of `t`."""
     inverse = np.argsort(perm)
-    return dataclasses.replace(
-        piece,
+    return piece._replace(
         tensor_box=tuple(piece.tensor_box[a] for a in perm),
         perm=tuple(int(inverse[a]) for a in piece.perm),
     )
@@ -86,13 +116,12 @@ def shift(piece: Piece, axis: int, offset: int) -> Piece:
     box = list(piece.tensor_box)
     start, stop = box[axis]
     box[axis] = (start + offset, stop + offset)
-    return dataclasses.replace(piece, tensor_box=tuple(box))
+    return piece._replace(tensor_box=tuple(box))
 
 
 def drop_leading(piece: Piece, k: int) -> Piece:
     """The piece without the first `k` tensor axes, each of length 1."""
-    return dataclasses.replace(
-        piece,
+    return piece._replace(
         tensor_box=piece.tensor_box[k:],
         perm=tuple(a - k for a in piece.perm if a >= k),
     )

@@ -6,8 +6,20 @@ data: shape `(..., 2)` uint32 for threefry keys, as `jax.random.key_data`
 gives it; loading wraps the data back into keys of the skeleton's type.
 """
 
+from typing import Any
+
+import numpy as np
+
 from .._tree.walk import ARRAY, Walked, is_key_dtype, key_data_struct
 from .plan import LeafSpec
+
+
+def data_of(dtype: Any, shape: tuple[int, ...]) -> tuple[tuple[int, ...], str]:
+    """The shape and dtype name an array of `dtype` is stored as in a tensor."""
+    if is_key_dtype(dtype):
+        data = key_data_struct(dtype)
+        return tuple(shape) + tuple(data.shape), str(data.dtype)
+    return tuple(shape), str(np.dtype(dtype))
 
 
 def leaf_specs(walked: Walked) -> list[LeafSpec]:
@@ -16,10 +28,6 @@ def leaf_specs(walked: Walked) -> list[LeafSpec]:
     for leaf in walked.leaves:
         if leaf.kind != ARRAY:
             continue
-        x = leaf.value
-        shape, dtype = tuple(x.shape), x.dtype
-        if is_key_dtype(dtype):
-            data = key_data_struct(dtype)
-            shape, dtype = shape + tuple(data.shape), data.dtype
-        specs.append(LeafSpec(leaf.name, leaf.label, shape, str(dtype)))
+        shape, dtype = data_of(leaf.value.dtype, tuple(leaf.value.shape))
+        specs.append(LeafSpec(leaf.name, leaf.label, shape, dtype))
     return specs

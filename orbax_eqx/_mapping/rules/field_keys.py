@@ -24,26 +24,12 @@ from ..._tree.walk import Walked
 from ..errors import MappingError
 from ..stage import Context, Virtual
 from ..templates import escape
-from . import schema
-from .base import Rule, quote
+from .base import Rule, Text
 from .rename import Rename
 
 
-@dataclasses.dataclass(frozen=True)
-class FieldKeys(Rule):
-    op = "field_keys"
-    key: str = "state_dict_key"
-
-    def to_json(self) -> dict[str, Any]:
-        return {"op": self.op, "key": self.key}
-
-    @classmethod
-    def from_json(cls, data: Any, where: str) -> "FieldKeys":
-        schema.keys(data, where, set(), {"key"})
-        return cls(schema.string(data.get("key", "state_dict_key"), f'{where}: "key"'))
-
-    def label(self) -> str:
-        return f".field_keys({quote(self.key)})"
+class FieldKeys(Rule, frozen=True, tag="field_keys"):
+    key: Text = "state_dict_key"
 
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
         ctx.problem(
@@ -87,13 +73,13 @@ class FieldKeys(Rule):
             )
         if not renames:
             raise MappingError(
-                f"`{self.label()}` finds no field declared with "
-                f'`eqx.field(metadata={{"{self.key}": ...}})` in the tree. Declare '
-                "the keys on the model's fields, or leave the rule out."
+                f"The `field_keys` rule of key {self.key!r} finds no field declared "
+                f'with `eqx.field(metadata={{"{self.key}": ...}})` in the tree. '
+                "Declare the keys on the model's fields, or leave the rule out."
             )
         # Entries are exact names (escaped as templates), longest prefix first
         # wins in `rename`, so nested keys compose.
-        return Rename(tuple((escape(old), escape(new)) for old, new in renames.items()))
+        return Rename({escape(old): escape(new) for old, new in renames.items()})
 
 
 _MISSING = object()

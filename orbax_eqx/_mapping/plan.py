@@ -1,31 +1,39 @@
 """The planner: a mapping and both sides' shapes, turned into pieces.
 
-`plan_load` (tensors into leaves) and `plan_export` (leaves into tensors)
-check everything at once and return a `Plan`, which answers, for any box of
-a leaf or of a tensor, the pieces that hold its values (`pieces.Piece`).
-Readers and writers (in memory, safetensors files, a device's shard) follow
-the pieces and nothing else.
+`plan_load` (tensors into leaves), `plan_export` (leaves into tensors) and
+`plan_restore` (a checkpoint's leaves into a skeleton's) check everything
+at once and return a `Plan`, which answers, for any box of a leaf or of a
+tensor, the pieces that hold its values (`pieces.Piece`). Readers and
+writers (in memory, safetensors files, a checkpoint's records, a device's
+shard) follow the pieces and nothing else.
 
-Both directions run the mapping's rules the same way, from the leaves
-towards the tensors (`stage`, `transforms/`): an export writes what they
-make; a load compares what they make with the tensors it is given, and reads
-the same pieces the other way. Planning costs a few boxes per tensor, never
-anything per element.
+All run the mapping's rules the same way, from the leaves towards the
+tensors (`stage`, `rules/`): an export writes what they make; a load
+compares what they make with the tensors it is given, and reads the same
+pieces the other way. Planning costs a few boxes per tensor, never anything
+per element.
 """
 
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
-from .errors import BridgeError as BridgeError
-from .errors import MappingError as MappingError
+from .errors import BridgeError
 from .mapping import StateDictMapping
 from .pieces import Box, Piece, clip, size
-from .report import message, report_missing, report_shapes, report_unexpected
-from .stage import Context, Virtual, examples, whole
+from .rules.drop import Ignore
+from .rules.tie import Tie
+from .stage import Context, Virtual, examples, label, whole
 from .templates import MAX_NAME
-from .transforms.drop import Ignore
-from .transforms.tie import Tie
+from .wording import (
+    API,
+    Words,
+    planned,
+    report_dtypes,
+    report_missing,
+    report_shapes,
+    report_unexpected,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +48,8 @@ class LeafSpec:
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
-    """A tensor of the other layout as the planner sees it."""
+    """A tensor of the other layout (or a checkpoint's leaf) as the planner
+    sees it."""
 
     name: str
     shape: tuple[int, ...]
@@ -93,6 +102,7 @@ def plan_load(
     *,
     cast: bool,
     allow_unused: bool = False,
+    words: Words = API,
 ) -> Plan:
     """Plans filling `leaves` from `tensors`; raises `BridgeError` listing every
     problem at once.
@@ -105,30 +115,88 @@ def plan_load(
         leaves' (else each is a problem).
     - `allow_unused`: whether tensors no leaf maps to are left alone (else
         each is a problem, unless an `ignore` rule matches it).
+    - `words`: what the tensors are called, and how fixes are put.
     """
+    plan, ctx = checked_load(
+        mapping, leaves, tensors, cast=cast, allow_unused=allow_unused, words=words
+    )
+    if ctx.problems:
+        raise BridgeError(
+            planned("The tensors do not fit the skeleton through the mapping", ctx)
+        )
+    assert plan is not None
+    return plan
+
+
+def checked_load(
+    mapping: StateDictMapping | None,
+    leaves: Sequence[LeafSpec],
+    tensors: Sequence[TensorSpec],
+    *,
+    cast: bool,
+    allow_unused: bool,
+    words: Words,
+    leave: Collection[str] = (),
+) -> tuple[Plan | None, Context]:
+    """`plan_load` without raising: the plan (None if there are problems) and
+    the context holding the problems. Tensors in `leave` are no problem when
+    nothing maps to them."""
     mapping = mapping or StateDictMapping()
-    virtuals, ctx = _run(mapping, leaves)
+    virtuals, ctx = _run(mapping, leaves, words)
     expected = {v.name: v for v in virtuals}
     given = _named(tensors, ctx)
     present_ties = _present_ties(mapping, expected, given, ctx, cast)
-    _compare(virtuals, given, ctx, cast)
+    unexpected: list[str] = []
     if not allow_unused:
-        ignored = [r.selector for r in mapping.rules if isinstance(r, Ignore)]
+        ignored = [r for r in mapping.rules if isinstance(r, Ignore)]
         unexpected = [
             name
             for name in given
             if name not in expected
             and name not in present_ties
-            and not any(s.match(name) for s in ignored)
+            and name not in ctx.explained
+            and name not in leave
+            and not any(r.ignores(name) for r in ignored)
         ]
-        report_unexpected(unexpected, mapping, virtuals, ctx)
+    paired = _compare(virtuals, given, unexpected, ctx, cast)
+    report_unexpected(unexpected, paired, mapping, virtuals, ctx)
     dropped = _coverage(leaves, virtuals, ctx, load=True)
     if ctx.problems:
-        raise BridgeError(
-            message("The tensors do not fit the skeleton through the mapping", ctx)
-        )
+        return None, ctx
     specs = {n: given[n] for n in [*expected, *present_ties]}
-    return _plan(leaves, virtuals, dropped, specs, present_ties)
+    return _plan(leaves, virtuals, dropped, specs, present_ties), ctx
+
+
+def plan_restore(
+    mapping: StateDictMapping,
+    leaves: Sequence[LeafSpec],
+    stored: Sequence[TensorSpec],
+    *,
+    cast: bool,
+    strict: bool,
+    words: Words,
+    leave: Collection[str] = (),
+) -> tuple[Plan | None, Context]:
+    """The pieces of a restore through `mapping`: `leaves` are the skeleton's
+    array leaves (named as the checkpoint would name them: under `prefix=`),
+    `stored` the checkpoint's array leaves as its sidecar records them. The
+    plan's tensors are the checkpoint's leaves: `plan.leaf_pieces(leaf, box)`
+    says which box of which checkpoint leaf fills each part of `box`.
+
+    Returns the plan (None if there are problems) and the context holding
+    them, for the restore to word with its own (`kind` "rule" for the
+    mapping's own, else differences from the checkpoint). Checkpoint leaves
+    in `leave` (outside `prefix=`) are no problem when nothing reads them.
+    """
+    return checked_load(
+        mapping,
+        leaves,
+        stored,
+        cast=cast,
+        allow_unused=not strict,
+        words=words,
+        leave=leave,
+    )
 
 
 def _named(tensors: Sequence[TensorSpec], ctx) -> dict[str, TensorSpec]:
@@ -141,6 +209,7 @@ def _named(tensors: Sequence[TensorSpec], ctx) -> dict[str, TensorSpec]:
                 f"Tensor `{spec.name[:60]}...` has a name of {len(spec.name)} "
                 f"characters, more than the {MAX_NAME} a name may have.",
                 "Give tensors names of at most that length.",
+                kind="unexpected",
             )
         else:
             given[spec.name] = spec
@@ -162,30 +231,31 @@ def _present_ties(mapping, expected, given, ctx, cast: bool) -> dict[str, str]:
                 f"but is {copy.dtype}{list(copy.shape)} where `{tie.to}` is "
                 f"{source.dtype}{list(source.shape)}.",
                 _FIX_TIE,
+                kind="differs",
             )
         present[copy.name] = tie.to
     return present
 
 
-def _compare(virtuals: list[Virtual], given, ctx, cast: bool) -> None:
-    """Every expected tensor against the one given: missing ones, shapes and
-    dtypes, each a problem."""
+def _compare(virtuals: list[Virtual], given, unexpected, ctx, cast: bool) -> set:
+    """Every expected tensor against the one given: dtypes (alike ones as
+    one), shapes and missing ones, each a problem. Returns the unexpected
+    tensors paired with a missing one."""
     missing: list[Virtual] = []
     shapes: list[tuple[Virtual, TensorSpec]] = []
+    dtypes: list[tuple[Virtual, TensorSpec]] = []
     for v in virtuals:
         t = given.get(v.name)
         if t is None:
-            missing.append(v)
+            if v.name not in ctx.explained:
+                missing.append(v)
         elif t.shape != v.shape:
             shapes.append((v, t))
         elif t.dtype != v.dtype and not cast:
-            ctx.problem(
-                f"Tensor `{v.name}` ({ctx.origin(v)}) is {t.dtype} in the tensors, "
-                f"but the mapping expects {v.dtype}.",
-                "To cast tensors to the skeleton's dtypes, pass `cast=True`.",
-            )
+            dtypes.append((v, t))
+    report_dtypes(dtypes, len(virtuals), ctx)
     report_shapes(shapes, virtuals, ctx)
-    report_missing(missing, virtuals, ctx)
+    return report_missing(missing, virtuals, unexpected, given, ctx)
 
 
 def plan_export(
@@ -196,13 +266,13 @@ def plan_export(
     problem at once. Tensors come in natural order of their names (`h.2`
     before `h.10`)."""
     mapping = mapping or StateDictMapping()
-    virtuals, ctx = _run(mapping, leaves)
+    virtuals, ctx = _run(mapping, leaves, API)
     expected = {v.name: v for v in virtuals}
     ties = {t.tensor: t.to for t in _ties(mapping, expected, ctx) if t.export}
     dropped = _coverage(leaves, virtuals, ctx, load=False)
     if ctx.problems:
         raise BridgeError(
-            message("The mapping cannot turn the leaves into tensors", ctx)
+            planned("The mapping cannot turn the leaves into tensors", ctx)
         )
     order = sorted([*expected, *ties], key=natural)
     specs = {}
@@ -212,16 +282,19 @@ def plan_export(
     return _plan(leaves, virtuals, dropped, specs, ties)
 
 
+_DIGITS = re.compile(r"(\d+)")
+
+
 def natural(name: str) -> tuple:
     """Sort key: digit runs as numbers (`h.2` before `h.10`)."""
     return tuple(
         (0, int(part), "") if part.isdigit() else (1, 0, part)
-        for part in re.split(r"(\d+)", name)
+        for part in _DIGITS.split(name)
     )
 
 
-def _run(mapping: StateDictMapping, leaves: Sequence[LeafSpec]):
-    ctx = Context({leaf.name: f"{leaf.label}" for leaf in leaves})
+def _run(mapping: StateDictMapping, leaves: Sequence[LeafSpec], words: Words):
+    ctx = Context({leaf.name: leaf.label for leaf in leaves}, words)
     virtuals = []
     for leaf in leaves:
         if len(leaf.name) > MAX_NAME:  # never matched against a rule
@@ -237,7 +310,7 @@ def _run(mapping: StateDictMapping, leaves: Sequence[LeafSpec]):
             Virtual(leaf.name, leaf.shape, leaf.dtype, (piece,), (leaf.name,))
         )
     for i, rule in enumerate(mapping.rules):
-        ctx.rule, ctx.rule_label = i, rule.label()
+        ctx.at(i, rule)
         virtuals = _unique(rule.apply(virtuals, ctx), ctx)
     return virtuals, ctx
 
@@ -270,16 +343,16 @@ def _unique(virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
 def _ties(mapping, expected, ctx: Context) -> list[Tie]:
     ties = [r for r in mapping.rules if isinstance(r, Tie)]
     for tie in ties:
-        ctx.rule_label = tie.label()
+        shown = label(tie)
         if tie.to not in expected:
             ctx.problem(
-                f"`{tie.to}`, to which `{tie.label()}` ties `{tie.tensor}`, is no "
+                f"`{tie.to}`, to which `{shown}` ties `{tie.tensor}`, is no "
                 f"tensor the mapping makes (they look like {examples(expected)}).",
                 _FIX_TIE,
             )
         if tie.tensor in expected:
             ctx.problem(
-                f"`{tie.tensor}`, which `{tie.label()}` ties to `{tie.to}`, is also "
+                f"`{tie.tensor}`, which `{shown}` ties to `{tie.to}`, is also "
                 f"made from {ctx.origin(expected[tie.tensor])}.",
                 _FIX_TIE,
             )
@@ -322,14 +395,13 @@ def _plan(leaves, virtuals, dropped, tensors, ties) -> Plan:
         leaf.name: [] for leaf in leaves if leaf.name not in dropped
     }
     for v in virtuals:
-        pieces = [dataclasses.replace(p, tensor=v.name) for p in v.pieces]
-        by_tensor[v.name] = pieces
+        name = v.name
+        pieces = [p._replace(tensor=name) for p in v.pieces]
+        by_tensor[name] = pieces
         for p in pieces:
             by_leaf[p.leaf].append(p)
     for copy, source in ties.items():  # a copy: its source's pieces
-        by_tensor[copy] = [
-            dataclasses.replace(p, tensor=copy) for p in by_tensor[source]
-        ]
+        by_tensor[copy] = [p._replace(tensor=copy) for p in by_tensor[source]]
     return Plan(
         {leaf.name: leaf for leaf in leaves if leaf.name not in dropped},
         tensors,

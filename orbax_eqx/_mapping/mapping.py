@@ -1,28 +1,32 @@
 """`StateDictMapping`: how leaf names and shapes become another layout's tensors.
 
-A mapping is a list of rules (`transforms/`), applied in order from the
-leaves towards the tensors; loading uses the same rules (the planner derives
-the inverse). It is data: `to_json` / `from_json` round-trip exactly, and
-the JSON is read as an allow list (`transforms/schema.py`).
+A mapping is a list of rules (`rules/`), applied in order from the leaves
+towards the tensors; loading uses the same rules (the planner derives the
+inverse). It is data: its JSON is `{"format", "version", "rules"}`, each
+rule decoded by one msgspec tagged union (`rules.Rule`, tagged by `"op"`),
+which checks every key, type and bound; `to_json` and `from_json` round-trip
+exactly.
 """
 
 import dataclasses
-import json
 import os
+import re
 from collections.abc import Mapping, Sequence
-from typing import Any, Self
+from typing import Annotated, Any, Literal, Self
 
+import msgspec
 import numpy as np
+from etils import epath
 
+from .._bytes import files as _files
 from .._bytes.paths import is_remote
 from .._tree.walk import walk
 from .errors import MappingError
+from .rules import NAMES_ONLY, Rule
+from .rules.drop import Ignore
+from .rules.field_keys import FieldKeys
+from .rules.rename import Rename
 from .templates import escape
-from .transforms import RULES, Rule
-from .transforms.drop import Ignore
-from .transforms.field_keys import FieldKeys
-from .transforms.rename import Rename
-from .transforms.rename_regex import RenameRegex
 
 FORMAT = "orbax_eqx.state_dict_mapping"
 VERSION = 1
@@ -30,22 +34,45 @@ MAX_JSON_BYTES = 16 << 20  # far more than any mapping: thousands of rules
 MAX_RULES = 10_000
 
 
-def _builder(where: str, data: dict) -> Rule:
-    """A rule made by a builder method, checked as its JSON would be."""
-    return RULES[data["op"]].from_json(data, where)
+class _File(msgspec.Struct, forbid_unknown_fields=True):
+    """A mapping's JSON."""
+
+    format: Literal["orbax_eqx.state_dict_mapping"]
+    version: Literal[1]
+    rules: "_Rules"
+
+
+_Rules = Annotated[list[Rule], msgspec.Meta(max_length=MAX_RULES)]
+
+
+def _rule(data: dict, where: str) -> Rule:
+    """A rule from its JSON data, checked by the union's decoder."""
+    try:
+        return msgspec.convert(data, Rule)
+    except msgspec.ValidationError as e:
+        raise MappingError(f"{where}: {_why(e)}.") from None
+
+
+def _why(e: Exception) -> str:
+    """msgspec's message, with our own errors' text as they were."""
+    text = str(e)
+    return text[:-1] if text.endswith(".") else text
 
 
 @dataclasses.dataclass(frozen=True)
 class StateDictMapping:
     """How an Equinox tree's leaves map to the tensors of another layout (a
     PyTorch `state_dict`, a Hugging Face checkpoint), declared once and used
-    both ways: by `oeqx.to_state_dict` (leaves to tensors) and by
-    `oeqx.from_state_dict` (tensors into leaves; the inverse is derived).
+    both ways: by `oeqx.to_state_dict` and `oeqx.export_safetensors` (leaves
+    to tensors), by `oeqx.from_state_dict` and `oeqx.load_safetensors`
+    (tensors into leaves; the inverse is derived), and by a restore
+    (`EqxRestore(renames=)`: the skeleton's leaves to the checkpoint's).
 
     A mapping is a list of rules, applied in order from the leaves' names
     (`blocks.attn.qkv.weight`, as `python -m orbax_eqx inspect` shows them)
-    towards the tensors' names. Each builder method returns a new mapping
-    with one more rule:
+    towards the other side's names (the files' names, as `save_pretrained`
+    writes them). Each builder method returns a new mapping with one more
+    rule:
 
     !!! example
 
@@ -60,22 +87,19 @@ class StateDictMapping:
 
     Names in rules are templates: `{i}` stands for a layer index (and is
     repeated where a rule writes names), `*` for any text within one part of a
-    name and `**` for any text (only where a rule selects tensors:
-    `transpose`, `split`, `cast`, `drop`, `ignore`). `{{`, `}}` and `{*}` are
-    a literal `{`, `}` and `*`. A template has at most two wildcards, and
-    text between any two holes or wildcards. Each rule sees the names the
-    rules before it made, and every rule must match something (except
-    `ignore` and `tie`).
+    name and `**` for any text (only where a rule selects tensors). `{{`,
+    `}}` and `{*}` are a literal `{`, `}` and `*`. A template has at most two
+    wildcards, and text between any two holes or wildcards. Each rule sees
+    the names the rules before it made, and every rule must match something
+    (except `ignore` and `tie`).
 
-    `to_json()` gives the mapping as JSON data, which `from_json` reads back
-    (also the rename maps of `export --rename`: an object of names, or a list
-    of `[regex, new name]` rules).
+    `to_json()` gives the mapping as JSON data, which `from_json` reads back.
     """
 
     rules: tuple[Rule, ...] = ()
 
-    def _with(self, rule: Rule) -> Self:
-        return dataclasses.replace(self, rules=self.rules + (rule,))
+    def _with(self, data: dict, where: str) -> Self:
+        return dataclasses.replace(self, rules=self.rules + (_rule(data, where),))
 
     def rename(
         self, names: str | Mapping[str, str | None], new: str | None = None
@@ -92,40 +116,37 @@ class StateDictMapping:
             out (like `drop`); `""` removes the parts that matched.
         - `new`: the new name, when `names` is one name.
         """
-        if isinstance(names, str):
-            table: Any = {names: new}
-        else:
-            table = dict(names) if isinstance(names, Mapping) else names
-        return self._with(_builder(".rename()", {"op": "rename", "names": table}))
+        table = {names: new} if isinstance(names, str) else dict(names)
+        return self._with({"op": "rename", "names": table}, ".rename()")
 
     def rename_regex(
         self, rules: str | Sequence[tuple[str, str | None]], new: str | None = None
     ) -> Self:
         """Renames by regular expressions: the first pattern that matches a whole
-        name gives its new name (`re.Match.expand`: `\\1` is the first group).
+        name gives its new name (`\\1` is the first group, `\\g<name>` a named
+        one).
 
         **Arguments:**
 
         - `rules`: a pattern, or a list of `(pattern, new name)` pairs. A new
-            name of `None` leaves the names out. Patterns that could backtrack
-            without end (a repeat of a repeat, a repeated choice,
-            backreferences, lookarounds, more than 4 repetitions) are refused.
+            name of `None` leaves the names out. Patterns are RE2's (linear
+            time, whatever the pattern and the name): Python's syntax without
+            backreferences or lookarounds, `\\d` and `\\w` matching ASCII.
         - `new`: the new name, when `rules` is one pattern.
         """
-        pairs = [(rules, new)] if isinstance(rules, str) else rules
-        return self._with(
-            _builder(
-                ".rename_regex()",
-                {"op": "rename_regex", "rules": [list(p) for p in pairs]},
-            )
-        )
+        pairs = [(rules, new)] if isinstance(rules, str | re.Pattern) else rules
+        listed = [
+            [p.pattern if isinstance(p, re.Pattern) else p, n]
+            for p, n in (_pair(r) for r in pairs)
+        ]
+        return self._with({"op": "rename_regex", "rules": listed}, ".rename_regex()")
 
     def field_keys(self, key: str = "state_dict_key") -> Self:
         """Renames each field declared `eqx.field(metadata={key: "name"})` to
         that name, wherever its module is in the tree (`""` leaves the field's
         part out). Needs the tree: `to_state_dict` and `from_state_dict` read it
         from theirs; `resolve` turns the keys into plain renames."""
-        return self._with(_builder(".field_keys()", {"op": "field_keys", "key": key}))
+        return self._with({"op": "field_keys", "key": key}, ".field_keys()")
 
     def stack(self, leaves: str, tensors: str) -> Self:
         """A leading layer axis of leaves ⇄ one tensor per layer.
@@ -141,9 +162,7 @@ class StateDictMapping:
             leading axes, in the order they appear; holes of `leaves` (from an
             earlier `stack`) are carried over, so stacks nest.
         """
-        return self._with(
-            _builder(".stack()", {"op": "stack", "from": leaves, "to": tensors})
-        )
+        return self._with({"op": "stack", "from": leaves, "to": tensors}, ".stack()")
 
     def transpose(
         self, match: str | Sequence[str], perm: Sequence[int] | None = None
@@ -160,7 +179,35 @@ class StateDictMapping:
             reverses the axes.
         """
         data = {"op": "transpose", "match": _names(match), "perm": _ints(perm)}
-        return self._with(_builder(".transpose()", data))
+        return self._with(data, ".transpose()")
+
+    def reshape(self, match: str | Sequence[str], shape: Sequence[int]) -> Self:
+        """The tensors matched hold the same values in another shape:
+        `tensor == x.reshape(shape)` (one `-1` is inferred), such as ViT's
+        `cls_token` of shape (1, 1, D) for a leaf of shape (D,):
+        `.reshape("cls_token", [1, 1, -1])`."""
+        data = {"op": "reshape", "match": _names(match), "shape": _ints(shape)}
+        return self._with(data, ".reshape()")
+
+    def squeeze(
+        self, match: str | Sequence[str], axes: int | Sequence[int] | None = None
+    ) -> Self:
+        """The tensors matched lack the axes `axes` of length 1 (`None`: every
+        axis of length 1), as `numpy.squeeze` gives: `eqx.nn.Conv2d` keeps its
+        bias as (D, 1, 1) where PyTorch has (D,)."""
+        axes = [axes] if isinstance(axes, int) else axes
+        data = {"op": "squeeze", "match": _names(match), "axes": _ints(axes)}
+        return self._with(data, ".squeeze()")
+
+    def expand_dims(
+        self, match: str | Sequence[str], axes: int | Sequence[int]
+    ) -> Self:
+        """The tensors matched have axes of length 1 inserted at `axes`, as
+        `numpy.expand_dims` gives: ViT's (1, N+1, D) position embeddings for
+        a leaf of (N+1, D) are `.expand_dims("pos_embed", 0)`."""
+        axes = [axes] if isinstance(axes, int) else axes
+        data = {"op": "expand_dims", "match": _names(match), "axes": _ints(axes)}
+        return self._with(data, ".expand_dims()")
 
     def split(
         self,
@@ -186,10 +233,10 @@ class StateDictMapping:
             "op": "split",
             "match": match,
             "axis": axis,
-            "into": _names(into, one=False),
+            "into": _names(into),
             "sizes": _ints(sizes),
         }
-        return self._with(_builder(".split()", data))
+        return self._with(data, ".split()")
 
     def fuse(self, parts: Sequence[str], into: str, *, axis: int) -> Self:
         """Several tensors of the leaves' side are one tensor: the parts,
@@ -203,29 +250,28 @@ class StateDictMapping:
         - `into`: the fused tensor's name, with those holes.
         - `axis`: the axis to concatenate along.
         """
-        data = {"op": "fuse", "parts": _names(parts, one=False), "axis": axis}
-        data["into"] = into
-        return self._with(_builder(".fuse()", data))
+        data = {"op": "fuse", "parts": _names(parts), "axis": axis, "into": into}
+        return self._with(data, ".fuse()")
 
     def cast(self, match: str | Sequence[str], dtype: Any) -> Self:
         """Writes the tensors matched in `dtype` (such as `"bfloat16"`); loads
         take that dtype as expected and cast back to the leaves' own."""
         name = dtype if isinstance(dtype, str) else _dtype_name(dtype)
-        data = {"op": "cast", "match": _names(match), "dtype": name}
-        return self._with(_builder(".cast()", data))
+        return self._with(
+            {"op": "cast", "match": _names(match), "dtype": name}, ".cast()"
+        )
 
     def drop(self, match: str | Sequence[str]) -> Self:
         """Leaves the names matched out of the tensors. A load keeps those
         leaves' values from the skeleton, which must then hold arrays (not
         `jax.ShapeDtypeStruct`s)."""
-        return self._with(_builder(".drop()", {"op": "drop", "match": _names(match)}))
+        return self._with({"op": "drop", "match": _names(match)}, ".drop()")
 
     def ignore(self, match: str | Sequence[str]) -> Self:
         """Tensors a load leaves alone (buffers such as GPT-2's `attn.bias`
         masks or `rotary_emb.inv_freq`), by their final names; matching none
         is no error."""
-        data = {"op": "ignore", "match": _names(match)}
-        return self._with(_builder(".ignore()", data))
+        return self._with({"op": "ignore", "match": _names(match)}, ".ignore()")
 
     def tie(self, tensor: str, to: str, *, export: bool = False) -> Self:
         """The tensor `tensor` is a copy of the tensor `to` (a tied output
@@ -233,7 +279,7 @@ class StateDictMapping:
         when present and checks it holds the same values; with `export=True`,
         exports write it too."""
         data = {"op": "tie", "tensor": tensor, "to": to, "export": export}
-        return self._with(_builder(".tie()", data))
+        return self._with(data, ".tie()")
 
     def resolve(self, tree: Any) -> Self:
         """This mapping with the tree's field keys (`field_keys`) written out as
@@ -253,65 +299,53 @@ class StateDictMapping:
         )
         return dataclasses.replace(self, rules=rules)
 
+    @property
+    def names_only(self) -> bool:
+        """Whether every rule only renames (or ignores): then applying the
+        mapping needs names alone, no shapes."""
+        return all(isinstance(r, NAMES_ONLY) for r in self.rules)
+
     def to_json(self) -> dict[str, Any]:
         """The mapping as JSON data (`json.dumps` it to save it)."""
         return {
             "format": FORMAT,
             "version": VERSION,
-            "rules": [r.to_json() for r in self.rules],
+            "rules": msgspec.to_builtins(list(self.rules)),
         }
 
     @classmethod
     def from_json(cls, data: Any) -> "StateDictMapping":
         """Reads a mapping from JSON data or text (what `to_json` gives).
 
-        Also reads the rename maps of `export --rename`: an object of names
-        `{"old": "new" or null}` (a `rename` rule), or a list of
-        `[regex, new name or null]` rules (a `rename_regex` rule).
-        Unknown keys, wrong types and out-of-range numbers raise
-        `MappingError`, naming the rule.
+        Also reads two shorthands: an object of names `{"old": "new" or
+        null}` (one `rename` rule of those exact names) and a list of
+        `[regex, new name or null]` pairs (one `rename_regex` rule). Unknown
+        keys, wrong types and out-of-range numbers raise `MappingError`,
+        saying where.
         """
         if isinstance(data, str | bytes):
             data = _parse_text(data)
-        if isinstance(data, Mapping) and "format" in data and "rules" in data:
-            extra = sorted(set(data) - {"format", "version", "rules"}, key=str)
-            if extra:
+        if isinstance(data, Mapping) and "rules" in data and "format" in data:
+            try:
+                decoded = msgspec.convert(data, _File)
+            except msgspec.ValidationError as e:
                 raise MappingError(
-                    f"The mapping has the unknown key {extra[0]!r}: a mapping is "
-                    '{"format", "version", "rules"}.'
-                )
-            if data["format"] != FORMAT or data.get("version") != VERSION:
-                raise MappingError(
-                    f"The mapping is format {data['format']!r} version "
-                    f"{data.get('version')!r}; this orbax_eqx reads {FORMAT!r} "
-                    f"version {VERSION}."
-                )
-            return cls(_rules(data["rules"]))
-        if isinstance(data, Mapping):  # a rename map: {"old": "new" or null}
-            if all(isinstance(k, str) for k in data) and all(
-                isinstance(v, str | None) for v in data.values()
-            ):
-                names = {
-                    escape(k): (None if v is None else escape(v))
-                    for k, v in data.items()
-                }
-                return cls(
-                    (
-                        Rename.from_json(
-                            {"op": "rename", "names": names}, "The rename map"
-                        ),
-                    )
-                )
+                    f"The mapping is not one this orbax_eqx reads ({_why(e)}): a "
+                    f'mapping is {{"format": "{FORMAT}", "version": {VERSION}, '
+                    '"rules": [...]}.'
+                ) from None
+            return cls(tuple(decoded.rules))
+        if isinstance(data, Mapping):
+            return cls((names_rule(data, "The rename map"),))
         if isinstance(data, list) and data and all(isinstance(r, list) for r in data):
-            return cls(
-                (
-                    RenameRegex.from_json(
-                        {"op": "rename_regex", "rules": data}, "The rename map"
-                    ),
-                )
-            )
-        if isinstance(data, list):
-            return cls(_rules(data))
+            rule = _rule({"op": "rename_regex", "rules": data}, "The rename map")
+            return cls((rule,))
+        if isinstance(data, list):  # the rules alone
+            try:
+                rules = msgspec.convert(data, _Rules)
+            except msgspec.ValidationError as e:
+                raise MappingError(f"The mapping's rules: {_why(e)}.") from None
+            return cls(tuple(rules))
         raise MappingError(
             "A mapping is a JSON object "
             f'{{"format": "{FORMAT}", "version": {VERSION}, "rules": [...]}}, or a '
@@ -322,11 +356,8 @@ class StateDictMapping:
     @classmethod
     def from_file(cls, path: str | os.PathLike) -> "StateDictMapping":
         """Reads the mapping in the JSON file at `path` (local, `gs://`, `s3://`),
-        at most 16 MiB."""
-        from etils import epath
-
-        from .._bytes import files as _files
-
+        at most 16 MiB: the full form or a shorthand, as `from_json` reads
+        them. The command line's `--rename` and `--mapping` files are these."""
         source = os.fspath(path)
 
         def refused(what: str) -> MappingError:
@@ -344,27 +375,42 @@ class StateDictMapping:
         except MappingError as e:
             raise MappingError(f"In {source}: {e}") from None
 
-    def __repr__(self) -> str:
-        return "StateDictMapping()" + "".join(r.label() for r in self.rules)
+
+def names_rule(table: Mapping, where: str) -> Rename:
+    """The `rename` rule of a rename map `{"old": "new" or null}` of exact names."""
+    bad = [k for k, v in table.items() if not isinstance(k, str) or not _is_new(v)]
+    if bad:
+        raise MappingError(
+            f"{where} maps {bad[0]!r} to {table[bad[0]]!r}: a rename map maps "
+            "names (str) to new names (str), or to null to leave them out."
+        )
+    names = {escape(k): (None if v is None else escape(v)) for k, v in table.items()}
+    rule = _rule({"op": "rename", "names": names}, where)
+    assert isinstance(rule, Rename)
+    return rule
 
 
-def for_import(renamed: Mapping[str, str | None]) -> StateDictMapping:
-    """The mapping that an `import --rename` map stands for, once applied to
-    the tensors' names: `renamed` is `{tensor name: leaf name or None}`
-    (`RenameMap.apply`), read the other way: a `rename` of each leaf to its
-    tensor, and an `ignore` of the tensors renamed to None."""
-    names = {
-        escape(leaf): escape(tensor)
-        for tensor, leaf in renamed.items()
-        if leaf is not None and leaf != tensor
+def from_old_names(table: Mapping, where: str) -> StateDictMapping:
+    """The mapping a migration's `{old name: new name or None}` stands for,
+    read the other way: each new name renamed to its old one, and the old
+    names mapped to None ignored (left unread)."""
+    names_rule(table, where)  # checks the table
+    renames: dict[str, str | None] = {
+        escape(new): escape(old)
+        for old, new in table.items()
+        if new is not None and new != old
     }
-    ignored = [escape(t) for t, leaf in renamed.items() if leaf is None]
+    ignored = [escape(old) for old, new in table.items() if new is None]
     rules: list[Rule] = []
-    if names:
-        rules.append(Rename(tuple(names.items())))
+    if renames:
+        rules.append(Rename(renames))
     if ignored:
-        rules.append(Ignore(tuple(ignored)))
+        rules.append(Ignore(ignored))
     return StateDictMapping(tuple(rules))
+
+
+def _is_new(x: Any) -> bool:
+    return x is None or isinstance(x, str)
 
 
 def _parse_text(data: str | bytes) -> Any:
@@ -374,39 +420,23 @@ def _parse_text(data: str | bytes) -> Any:
             f"{MAX_JSON_BYTES >> 20} MiB a mapping may have."
         )
     try:
-        return json.loads(data)
-    except (ValueError, RecursionError) as e:  # also bytes that are not UTF-8
+        return msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError) as e:
         raise MappingError(f"The mapping is not valid JSON ({e}).") from None
 
 
-def _rules(data: Any) -> tuple[Rule, ...]:
-    if not isinstance(data, list):
-        raise MappingError('The mapping\'s "rules" must be a list of rules.')
-    if len(data) > MAX_RULES:
-        raise MappingError(
-            f"The mapping has {len(data)} rules, more than the {MAX_RULES} allowed."
-        )
-    rules = []
-    for i, item in enumerate(data):
-        where = f"Rule {i}"
-        if not isinstance(item, Mapping) or not isinstance(item.get("op"), str):
-            raise MappingError(f'{where} must be a JSON object with an "op".')
-        kind = RULES.get(item["op"])
-        if kind is None:
-            raise MappingError(
-                f"{where} has the unknown op {item['op']!r}"[:200]
-                + f"; the ops are {', '.join(RULES)}."
-            )
-        rules.append(kind.from_json(item, f"{where} ({item['op']})"))
-    return tuple(rules)
+def _pair(rule: Any) -> tuple[Any, Any]:
+    if isinstance(rule, Sequence) and not isinstance(rule, str) and len(rule) == 2:
+        return rule[0], rule[1]
+    raise MappingError(
+        f"`.rename_regex()` takes (pattern, new name) pairs, not {rule!r:.80}."
+    )
 
 
-def _names(value: Any, one: bool = True) -> Any:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Sequence):
-        return list(value)
-    return value  # refused by the rule's own check, with its message
+def _names(value: Any) -> Any:
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        return value  # refused by the rule's decoder, with its message
+    return list(value)
 
 
 def _ints(value: Any) -> Any:

@@ -1,0 +1,269 @@
+"""How the planner words what it found: problems grouped the way a person
+fixes them (a missing layer as one, layers past a stack's end as one, dtypes
+alike as one line), each naming the tensor and the leaf, a missing tensor
+paired with a stored one of its shape that nothing maps ("did you mean"),
+and the fixes after them, as the caller (the Python API, the command line,
+a restore) names its options (`Words`)."""
+
+import dataclasses
+import difflib
+
+from .._errors import some
+from .problems import Problem, message
+from .rules.base import FIX_UNMATCHED
+from .rules.split import FIX_SIZES
+from .rules.stack import Stack
+from .stage import Context, Virtual, examples, label
+
+
+@dataclasses.dataclass(frozen=True)
+class Words:
+    """What the stored side is called, and how each fix is put, by who asked."""
+
+    stored: str  # "the tensors", "the checkpoint"
+    rename: str
+    allow_unused: str
+    cast: str
+    ignore_static: str
+
+
+API = Words(
+    stored="the tensors",
+    rename="map tensor names to leaf names with `mapping=`",
+    allow_unused="pass `allow_unused=True` to leave them out",
+    cast="pass `cast=True` to cast tensors to the skeleton's dtypes",
+    ignore_static="pass `ignore_static=True` to keep the skeleton's",
+)
+CLI = Words(
+    stored="the tensors",
+    rename="map tensor names to leaf names with --rename or --mapping",
+    allow_unused="pass --allow-unused to leave them out",
+    cast="pass --cast to cast tensors to the skeleton's dtypes",
+    ignore_static="pass --ignore-static to keep the skeleton's",
+)
+RESTORE = Words(
+    stored="the checkpoint",
+    rename="map the skeleton's leaf names to the checkpoint's with `renames=`",
+    allow_unused="pass `EqxRestore(..., strict=False)` to leave them unread",
+    cast="pass `EqxRestore(..., cast=True)` to cast arrays to the skeleton's dtypes",
+    ignore_static='pass `EqxRestore(..., on_static_mismatch="warn")`',
+)
+
+FIX_SHAPE = (
+    "If the model's hyperparameters differ (sizes, heads, layers), build the "
+    "skeleton with the ones the tensors were made with; if the layout holds the "
+    "axes in another order, add a `transpose` rule; if it fuses or splits "
+    "tensors, check the `split`/`fuse` sizes."
+)
+FIX_RESHAPE = (
+    "If the layout holds the same values in another shape, add a `reshape` rule "
+    "(`squeeze` or `expand_dims` for axes of length 1)."
+)
+FIX_MISSING = (
+    "Build the skeleton of the model the tensors hold (its number of layers), "
+    "fix the mapping's names (each problem names the leaf it maps), or `drop` "
+    "leaves the tensors do not have (their values then come from the skeleton)."
+)
+FIX_UNEXPECTED = (
+    "To leave such tensors out, add an `ignore` rule for them (buffers such as "
+    "`attn.bias` or `rotary_emb.inv_freq`), or {allow_unused}."
+)
+ALIKE = 4  # dtype problems alike from which they are one line
+
+
+def report_shapes(shapes, virtuals, ctx: Context) -> None:
+    wrong = {v.name for v, _ in shapes}
+    for v, t in shapes:
+        why, fix = _why_shape(v, t, virtuals, wrong)
+        if v.name in ctx.equal_parts:
+            why, fix = " (a part of a `split` into equal parts)", FIX_SIZES
+        ctx.problem(
+            f"Tensor `{v.name}` ({ctx.origin(v)}) has shape {t.shape} in "
+            f"{ctx.words.stored}, but the mapping makes {v.shape} of the "
+            f"skeleton{why}.",
+            fix,
+            kind="differs",
+        )
+
+
+def _why_shape(v: Virtual, t, virtuals, wrong) -> tuple[str, str]:
+    if sorted(t.shape) == sorted(v.shape) and len(v.shape) > 1:
+        why = " (the same axes in another order: a `transpose` rule may be missing)"
+        return why, FIX_SHAPE
+    if [n for n in t.shape if n != 1] == [n for n in v.shape if n != 1]:
+        why = " (the same axes but for axes of length 1: a `squeeze` or `expand_dims`"
+        return why + " rule may be missing)", FIX_RESHAPE
+    if _size(t.shape) == _size(v.shape):
+        why = " (as many values: a `reshape` rule may be missing)"
+        return why, FIX_RESHAPE
+    if v.layers:
+        siblings = [u for u in virtuals if u.leaves == v.leaves and u.name not in wrong]
+        if siblings:
+            why = (
+                f" (an uneven stack: {examples([u.name for u in siblings], 1)} and "
+                "other layers have the expected shape)"
+            )
+            return why, FIX_SHAPE
+    return "", FIX_SHAPE
+
+
+def _size(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def report_dtypes(dtypes: list, total: int, ctx: Context) -> None:
+    """Dtype problems: many alike (`bfloat16` tensors for a `float32`
+    skeleton) as one line, first; the others one by one."""
+    groups: dict[tuple[str, str], list] = {}
+    for v, t in dtypes:
+        groups.setdefault((t.dtype, v.dtype), []).append(v)
+    for (found, wanted), group in groups.items():
+        if len(group) < ALIKE:
+            continue
+        count = (
+            f"All {len(group)} tensors are"
+            if len(group) == total
+            else f"{len(group)} tensors ({examples([v.name for v in group])}) are"
+        )
+        ctx.problem(
+            f"{count} {found} in {ctx.words.stored}; the skeleton is {wanted}: "
+            f"{ctx.words.cast}.",
+            kind="differs",
+        )
+    for (found, wanted), group in groups.items():
+        if len(group) >= ALIKE:
+            continue
+        for v in group:
+            ctx.problem(
+                f"Tensor `{v.name}` ({ctx.origin(v)}) is {found} in "
+                f"{ctx.words.stored}, but the mapping expects {wanted}.",
+                ctx.words.cast[:1].upper() + ctx.words.cast[1:] + ".",
+                kind="differs",
+            )
+
+
+def report_missing(missing, virtuals, unexpected, given, ctx: Context) -> set[str]:
+    """Missing tensors (a layer missing whole as one); each paired with an
+    unexpected tensor of its shape where there is one. Returns the
+    unexpected tensors so paired."""
+    per_layer: dict[tuple, int] = {}
+    for v in virtuals:
+        if v.layers:
+            per_layer[v.layers] = per_layer.get(v.layers, 0) + 1
+    groups: dict[tuple, list[Virtual]] = {}
+    for v in missing:
+        groups.setdefault(v.layers, []).append(v)
+    paired: set[str] = set()
+    for layers, group in groups.items():
+        if layers and len(group) > 1 and len(group) == per_layer[layers]:
+            index = ", ".join(".".join(map(str, idx)) for _, idx in layers)
+            ctx.problem(
+                f"Layer {index} is missing from {ctx.words.stored}: none of its "
+                f"{len(group)} tensors is there ({examples([v.name for v in group])}"
+                f"; from {_leaves(group, ctx)}).",
+                FIX_MISSING,
+                kind="absent",
+            )
+            continue
+        for v in group:
+            guess = _did_you_mean(v, unexpected, given, paired)
+            ctx.problem(
+                f"Tensor `{v.name}` ({ctx.origin(v)}) is missing from "
+                f"{ctx.words.stored}{guess}.",
+                FIX_MISSING,
+                kind="absent",
+            )
+    return paired
+
+
+def _did_you_mean(v: Virtual, unexpected, given, paired: set[str]) -> str:
+    alike = [
+        n
+        for n in unexpected
+        if n not in paired and given[n].shape == v.shape and given[n].dtype == v.dtype
+    ]
+    if not alike:
+        alike = [n for n in unexpected if n not in paired and given[n].shape == v.shape]
+    if not alike:
+        return ""
+    close = difflib.get_close_matches(v.name, alike, n=1, cutoff=0.0)
+    name = close[0] if close else alike[0]
+    paired.add(name)
+    return (
+        f"; did you mean `{name}`, of that shape, which no leaf maps to? (rename "
+        f"`{v.name}` to it)"
+    )
+
+
+def _leaves(group: list[Virtual], ctx: Context) -> str:
+    names = list(dict.fromkeys(n for v in group for n in v.leaves))
+    shown = some([ctx.labels.get(n, f"`{n}`") for n in names])
+    return ("leaf " if len(names) == 1 else "leaves ") + shown
+
+
+def report_unexpected(names, paired, mapping, virtuals, ctx: Context) -> None:
+    if not names:
+        return
+    beyond = _beyond_stacks(names, mapping, virtuals)
+    for (shown, count, index), group in beyond.items():
+        ctx.problem(
+            f"Layer {index} is in {ctx.words.stored} ({_count(len(group))}, "
+            f"{examples(group)}), but the skeleton stacks {count} layers at "
+            f"`{shown}` (0 to {count - 1}).",
+            "Build the skeleton with the number of layers the tensors hold.",
+            kind="unexpected",
+        )
+    listed = {n for group in beyond.values() for n in group}
+    fix = FIX_UNEXPECTED.format(allow_unused=ctx.words.allow_unused)
+    for name in names:
+        if name not in listed and name not in paired:
+            ctx.problem(
+                f"Tensor `{name}` is in {ctx.words.stored}, but no leaf maps to it.",
+                fix,
+                kind="unexpected",
+            )
+
+
+def _beyond_stacks(names, mapping, virtuals) -> dict[tuple, list[str]]:
+    """Unexpected tensors that are layers past a stack's end, by layer."""
+    out: dict[tuple, list[str]] = {}
+    for i, rule in enumerate(mapping.rules):
+        if not isinstance(rule, Stack) or len(rule.new_holes) != 1:
+            continue
+        count = 1 + max(
+            (idx[0] for v in virtuals for r, idx in v.layers if r == i), default=-1
+        )
+        target = rule.templates[1]
+        for name in names:
+            m = target.prefix.fullmatch(name)
+            if m is None:
+                continue
+            index = int(m.group(rule.new_holes[0]))
+            if index >= count:
+                out.setdefault((label(rule), count, index), []).append(name)
+    return out
+
+
+def planned(head: str, ctx: Context, kinds=None) -> str:
+    """The message of the planner's problems (of `kinds`, if given): rules'
+    own problems first, since the others are often their consequences."""
+    problems = [p for p in ctx.problems if kinds is None or p.kind in kinds]
+    problems.sort(key=lambda p: p.kind != "rule")
+    fixes = list(dict.fromkeys(f for p in problems for f in p.fixes))
+    if FIX_UNMATCHED in fixes:  # the other fixes are about the names they make
+        fixes.remove(FIX_UNMATCHED)
+        fixes.insert(0, FIX_UNMATCHED)
+    if FIX_SIZES in fixes:  # what a split's sizes decide comes last
+        fixes.remove(FIX_SIZES)
+        fixes.append(FIX_SIZES)
+    return message(head, problems, fixes)
+
+
+def _count(n: int) -> str:
+    return f"{n} tensor{'s' if n != 1 else ''}"
+
+
+__all__ = ["Problem", "planned"]
