@@ -10,7 +10,7 @@ measures the peak resident memory (VmHWM) of, each in a fresh process:
 
     python benchmarks/export_memory.py --size 1024 --buffers 64 256
 
-Each child runs the command line through the private `orbax_eqx._tools.cli.main`, so
+Each child runs the command line through the private `orbax_eqx._cli.main.main`, so
 that it can print its own peak memory after the command returns.
 """
 
@@ -30,7 +30,7 @@ import orbax_eqx as oeqx
 # carries that over from the parent through fork and exec.
 _PEAK = "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])"
 _EXPORT = (
-    "import sys; from orbax_eqx._tools.cli import main; rc = main(sys.argv[1:]); "
+    "import sys; from orbax_eqx._cli.main import main; rc = main(sys.argv[1:]); "
     f"{_PEAK}; sys.exit(rc)"
 )
 _RESTORE_THEN_SAVE = (

@@ -33,7 +33,7 @@ linear from 1k to 100k leaves, restore memory <= 2 KiB per leaf beyond the
 data, sidecar no larger than the data, metadata and inspect of 50k leaves
 <= 1 s. Everything is printed with its configuration and checked against
 the targets, PASS or FAIL; nothing here is a test. It runs `inspect` through the
-private `orbax_eqx._tools.cli.main`, in this process, to time it without a subprocess.
+private `orbax_eqx._cli.main.main`, in this process, to time it without a subprocess.
 """
 
 import argparse
@@ -163,7 +163,7 @@ def probe(n: int, repeats: int, workdir: str) -> dict:
     import numpy as np
 
     import orbax_eqx as oeqx
-    from orbax_eqx._tools.cli import main as cli_main
+    from orbax_eqx._cli.main import main as cli_main
 
     model, skeleton = _model(n)
     arrays = [x for x in jax.tree_util.tree_leaves(model) if eqx.is_array(x)]

@@ -12,7 +12,7 @@ resident memory (VmHWM) of, each in a fresh process:
 
     python benchmarks/stats_memory.py --size 1024 --leaf 64
 
-Each child runs the command line through the private `orbax_eqx._tools.cli.main`, so
+Each child runs the command line through the private `orbax_eqx._cli.main.main`, so
 that it can print its own peak memory after the command returns.
 """
 
@@ -31,7 +31,7 @@ import orbax_eqx as oeqx
 # The peak resident size of this process alone, in KiB (see export_memory.py).
 _PEAK = "print(open('/proc/self/status').read().split('VmHWM:')[1].split()[0])"
 _CLI = (
-    "import sys; from orbax_eqx._tools.cli import main; rc = main(sys.argv[1:]); "
+    "import sys; from orbax_eqx._cli.main import main; rc = main(sys.argv[1:]); "
     f"{_PEAK}; sys.exit(0 if rc == 0 else rc)"
 )
 _RESTORE_THEN_STATS = (

@@ -1,6 +1,8 @@
 """`EqxHandler` under a real `ocp.CheckpointManager`: retention, best step,
 both spellings of the options, Composite items, restores without arguments."""
 
+import json
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -143,8 +145,8 @@ def _best_n_options(with_best_fn: bool) -> ocp.CheckpointManagerOptions:
     ],
     ids=["policy-and-best_fn", "policy-alone"],
 )
-def test_best_n_across_a_restart(tmp_path, with_best_fn, kept, best, on_disk):
-    from orbax_eqx._tools.inspect import gather
+def test_best_n_across_a_restart(tmp_path, capsys, with_best_fn, kept, best, on_disk):
+    from orbax_eqx.__main__ import main
 
     def manager():
         return ocp.CheckpointManager(
@@ -169,8 +171,10 @@ def test_best_n_across_a_restart(tmp_path, with_best_fn, kept, best, on_disk):
     restored = restarted.restore(best, args=oeqx.EqxRestore(skeleton_mlp()))
     assert_trees_equal(restored, _model_at(best))
     restarted.close()
-    steps = gather(tmp_path).steps  # `python -m orbax_eqx inspect` shows metrics
-    metrics = {s.step: s.metrics for s in steps}
+    capsys.readouterr()
+    assert main(["inspect", "--json", str(tmp_path)]) == 0  # it shows metrics
+    steps = json.loads(capsys.readouterr().out)["steps"]
+    metrics = {s["step"]: s["metrics"] for s in steps}
     if on_disk:
         assert metrics == {s: {"loss": RESTART_LOSSES[s]} for s in kept}
     else:

@@ -7,14 +7,13 @@ elsewhere these are skipped.
 
 import os
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.importing import import_
+from orbax_eqx.__main__ import main
 
 from .test_disk import mount  # noqa: F401  (the fixture)
 
@@ -63,8 +62,14 @@ def test_import_overwrite_on_a_full_disk_keeps_the_old_checkpoint(
     out = fs / "ckpt"
     oeqx.save(out, OLD)
     save_file({"w": BIG}, tmp_path / "big.safetensors")
-    skeleton = {"w": jax.ShapeDtypeStruct(BIG.shape, jnp.float32)}
+    (tmp_path / "big_model.py").write_text(
+        "import jax, jax.numpy as jnp\n"
+        "def skeleton():\n"
+        f"    return {{'w': jax.ShapeDtypeStruct({BIG.shape}, jnp.float32)}}\n"
+    )
+    skeleton = f"{tmp_path / 'big_model.py'}:skeleton"
+    argv = ["import", str(tmp_path / "big.safetensors"), str(out), "--overwrite"]
     with pytest.raises(OSError, match="No space left on device"):
-        import_(tmp_path / "big.safetensors", out, skeleton, overwrite=True)
+        main([*argv, "--skeleton", skeleton, "--debug"])
     _assert_old(out)
     assert os.listdir(fs) == ["ckpt"]

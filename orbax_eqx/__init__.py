@@ -50,7 +50,7 @@ from ._restore.vanished import CheckpointReplacedError as CheckpointReplacedErro
 from ._save.claim import ConcurrentSaveError as ConcurrentSaveError
 from ._storage.transfer.pool import HostPoolError as HostPoolError
 from ._storage.transfer.staging import StagingError as StagingError
-from ._tools.verify import DamagedLeaf as DamagedLeaf
-from ._tools.verify import VerifyReport as VerifyReport
-from ._tools.verify import verify as verify
+from ._orbax.verify import DamagedLeaf as DamagedLeaf
+from ._orbax.verify import VerifyReport as VerifyReport
+from ._orbax.verify import verify as verify
 from ._version import __version__ as __version__

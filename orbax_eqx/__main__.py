@@ -1,6 +1,6 @@
-"""`python -m orbax_eqx ...`: see `orbax_eqx._tools.cli`."""
+"""`python -m orbax_eqx ...`: see `orbax_eqx._cli.main`."""
 
-from ._tools.cli import main
+from ._cli.main import main
 
 if __name__ == "__main__":
     raise SystemExit(main())

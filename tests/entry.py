@@ -7,6 +7,8 @@ entry point renamed or moved, they would fail. The package is installed
 `PYTHONPATH` set to a checkout, the module they name is imported from there.
 """
 
+import sys
+import types
 from importlib.metadata import entry_points
 
 
@@ -22,3 +24,12 @@ def _console_script():
 
 
 main = _console_script()
+
+
+def skeleton_spec(skeleton) -> str:
+    """A `module:function` that gives `skeleton`, for `--skeleton`: a module of
+    this process (`import --skeleton` imports it, finding it imported)."""
+    module = types.ModuleType("_skeleton_of_this_test")
+    module.skeleton = lambda: skeleton
+    sys.modules[module.__name__] = module
+    return f"{module.__name__}:skeleton"

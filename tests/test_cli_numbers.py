@@ -1,14 +1,11 @@
 """`inspect --params` (counts per module subtree and per dtype, from metadata)
-and `inspect --stats` (the numbers in each array, read a piece at a time).
-
-Internal modules imported here (`_tools.stats`, `_tools.step_items`) are the
-units these tests pin, or the only way to cause or observe the condition under
-test; everything else goes through `orbax_eqx` and the `orbax-eqx` command.
-"""
+and `inspect --stats` / `stats` (the numbers in each array, read a piece at a
+time as `verify` reads them, and checked)."""
 
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -20,12 +17,9 @@ import ml_dtypes
 import numpy as np
 import pytest
 from entry import main
-from etils import epath
 from test_cli import PACKAGE_ROOT
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.stats import leaf_stats
-from orbax_eqx._tools.step_items import read
 
 
 @pytest.mark.slow
@@ -150,31 +144,53 @@ def test_stats_match_numpy(tmp_path, capsys, pack):
 
 def test_stats_text(tmp_path, capsys):
     oeqx.save(tmp_path / "ckpt", {"w": jnp.array([1.0, -1.0, jnp.nan, 0.0])})
-    assert main(["inspect", "--stats", str(tmp_path / "ckpt")]) == 0
-    out = capsys.readouterr().out
-    assert out.startswith(
+    expected = (
         f"Checkpoint {tmp_path / 'ckpt'} (orbax_eqx item)\n"
         "\n"
-        "Values of 1 array (over their finite elements; read, not checked: "
-        "`verify` checks them):\n"
+        "Values of 1 array (over their finite elements):\n"
         "  min  max  mean     std     L2  zeros  nan  inf  dtype    name\n"
         "   -1    1     0  0.8165  1.414      1    1    0  float32  w\n"
         "Not finite: 1 array(s) hold NaN or Inf: w.\n"
         "\n"
         "Parameters: 4 in 1 array (16 B; tied weights once).\n"
     )
+    assert main(["inspect", "--stats", str(tmp_path / "ckpt")]) == 0
+    assert capsys.readouterr().out.startswith(expected)
+    # `stats`, the name people try, is `inspect --stats`.
+    assert main(["stats", str(tmp_path / "ckpt")]) == 0
+    assert capsys.readouterr().out.startswith(expected)
 
 
-def test_stats_read_pieces_of_the_budget(tmp_path):
+def _stats(capsys, path) -> dict:
+    assert main(["stats", "--json", str(path)]) == 0
+    (item,) = json.loads(capsys.readouterr().out)["items"]
+    return {s["name"]: s for s in item["stats"]}
+
+
+def test_stats_of_a_large_array_match_numpy(tmp_path, capsys):
     big = jax.random.normal(jax.random.key(0), (256, 1024))  # 1 MiB
     oeqx.save(tmp_path / "ckpt", {"big": big})
-    item = epath.Path(tmp_path / "ckpt")
-    pieces = []
-    (s,) = leaf_stats(item, read(item), budget=64 << 10, progress=pieces.append)
-    assert len(pieces) == 16 and max(pieces) == 64 << 10
+    s = _stats(capsys, tmp_path / "ckpt")["big"]
     host = np.asarray(big, np.float64)
-    assert math.isclose(s.std, host.std(), rel_tol=1e-9)
-    assert math.isclose(s.mean, host.mean(), rel_tol=1e-6, abs_tol=1e-12)
+    assert math.isclose(s["std"], host.std(), rel_tol=1e-9)
+    assert math.isclose(s["mean"], host.mean(), rel_tol=1e-6, abs_tol=1e-12)
+
+
+def test_stats_of_a_damaged_array(tmp_path, capsys):
+    oeqx.save(tmp_path / "ckpt", {"w": jnp.arange(4.0), "v": jnp.ones(2)})
+    saved = oeqx.metadata(tmp_path / "ckpt")
+    with open(tmp_path / "ckpt" / saved.packs[0].file, "r+b") as f:
+        f.seek(saved.leaves["w"].offset)
+        f.write(b"\xff")
+    assert main(["stats", str(tmp_path / "ckpt")]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"^ +- +- +- +- +- +- +- +- +float32 +w$", out, re.M)
+    assert re.search(
+        r"^DAMAGED w: data does not match its XXH3-64: 0x[0-9a-f]{16} recorded at "
+        r"save, 0x[0-9a-f]{16} computed now$",
+        out,
+        re.M,
+    )
 
 
 _SHARDED = """
@@ -189,7 +205,7 @@ oeqx.save({path!r}, {{"x": x, "y": y}})
 
 
 @pytest.mark.slow
-def test_stats_of_shard_packs(tmp_path):
+def test_stats_of_shard_packs(tmp_path, capsys):
     # Saved on 8 devices in a subprocess; read here, on one.
     env = dict(
         os.environ,
@@ -201,14 +217,13 @@ def test_stats_of_shard_packs(tmp_path):
     )
     script = textwrap.dedent(_SHARDED.format(path=str(tmp_path / "ckpt")))
     subprocess.run([sys.executable, "-c", script], env=env, check=True, timeout=300)
-    item = epath.Path(tmp_path / "ckpt")
-    saved = read(item)
+    saved = oeqx.metadata(tmp_path / "ckpt")
     assert {r.data for r in saved.leaves.values()} == {"shards"}
-    stats = {s.name: s for s in leaf_stats(item, saved, budget=1024)}
+    stats = _stats(capsys, tmp_path / "ckpt")
     x = np.arange(64 * 32, dtype=np.float64) - 1000.0
-    assert (stats["x"].min, stats["x"].max, stats["x"].size) == (-1000.0, 1047.0, 2048)
-    assert math.isclose(stats["x"].mean, x.mean(), rel_tol=1e-12)
-    assert math.isclose(stats["x"].std, x.std(), rel_tol=1e-12)
-    assert stats["x"].zeros == 1
+    assert (stats["x"]["min"], stats["x"]["max"]) == (-1000.0, 1047.0)
+    assert stats["x"]["size"] == 2048 and stats["x"]["zeros"] == 1
+    assert math.isclose(stats["x"]["mean"], x.mean(), rel_tol=1e-12)
+    assert math.isclose(stats["x"]["std"], x.std(), rel_tol=1e-12)
     # Replicated over "a": each distinct shard counted once.
-    assert (stats["y"].size, stats["y"].l2) == (32, math.sqrt(32))
+    assert (stats["y"]["size"], stats["y"]["l2"]) == (32, math.sqrt(32))

@@ -3,15 +3,16 @@ own handlers (PyTree, Standard; OCDBT or not; zarr v2 or v3; v0 and v1), read
 from Orbax's public metadata and TensorStore specs it builds, a block at a
 time.
 
-Internal modules imported here (`_tools.plain_items`, `_tools.plain_read`,
-`_tools.stats`) are the units these tests pin, or the only way to cause or
-observe the condition under test; everything else goes through `orbax_eqx` and
-the `orbax-eqx` command.
+The internal module imported here (`_orbax.store_read`, the reader of Orbax's
+array store) is the only way to observe that it reads a block of whole chunks
+at a time; everything else goes through `orbax_eqx` and the `orbax-eqx`
+command.
 """
 
 import json
 import math
 import os
+import re
 
 import equinox as eqx
 import jax
@@ -23,9 +24,7 @@ from entry import main
 from etils import epath
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.plain_items import read
-from orbax_eqx._tools.plain_read import StoreReader
-from orbax_eqx._tools.stats import leaf_stats
+from orbax_eqx._orbax.store_read import StoreReader
 
 MODEL = eqx.nn.Linear(3, 2, key=jax.random.key(0))
 
@@ -194,10 +193,14 @@ def test_a_lost_chunk_is_damage(tmp_path, capsys):
         "checkpoint.\n"
     )
     assert main(["inspect", "--stats", str(item)]) == 1
-    assert "CANNOT READ model.weight: Leaf " in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert (
+        f"DAMAGED model.weight: cannot be read from Orbax's array store at {item}: "
+        in out
+    )
 
 
-def test_blocks_are_bounded_and_stats_match_numpy(tmp_path):
+def test_blocks_are_bounded_and_stats_match_numpy(tmp_path, capsys):
     # 64 chunks of 8 x 16 float32 (512 bytes each): blocks of whole chunks.
     x = (
         jax.random.normal(jax.random.key(3), (64, 128))
@@ -207,22 +210,22 @@ def test_blocks_are_bounded_and_stats_match_numpy(tmp_path):
     tree = {"x": x, "i": jnp.arange(1000, dtype=jnp.int32)}
     save_args = {"x": ocp.SaveArgs(chunk_byte_size=4096), "i": ocp.SaveArgs()}
     item = write("pytree", tmp_path / "ckpt", tree, save_args=save_args)
-    saved = read(item)
-    record = saved.leaves["x"]
-    reader = StoreReader(item, saved.ocdbt, saved.zarr3)
-    blocks = list(reader.blocks(record, 8192))
+    record = oeqx.LeafMetadata("x", "['x']", "array", (64, 128), "float32", key="x")
+    blocks = list(StoreReader(item).blocks(record, 8192))
     assert len(blocks) > 1 and max(b.nbytes for b in blocks) <= 8192
     assert sum(b.size for b in blocks) == x.size
-    stats = {s.name: s for s in leaf_stats(item, saved, budget=8192)}
+    assert main(["stats", "--json", str(item)]) == 0
+    (doc,) = json.loads(capsys.readouterr().out)["items"]
+    stats = {s["name"]: s for s in doc["stats"]}
     s = stats["x"]
     host = np.asarray(x, np.float64).reshape(-1)
     finite = host[np.isfinite(host)]
-    assert (s.nan, s.inf, s.zeros, s.size) == (1, 1, 1, x.size)
-    assert s.min == finite.min() and s.max == finite.max()
-    assert math.isclose(s.mean, finite.mean(), rel_tol=1e-12)
-    assert math.isclose(s.std, finite.std(), rel_tol=1e-9)
-    assert math.isclose(s.l2, math.sqrt(np.sum(finite**2)), rel_tol=1e-12)
-    assert (stats["i"].min, stats["i"].max, stats["i"].mean) == (0, 999, 499.5)
+    assert (s["nan"], s["inf"], s["zeros"], s["size"]) == (1, 1, 1, x.size)
+    assert s["min"] == finite.min() and s["max"] == finite.max()
+    assert math.isclose(s["mean"], finite.mean(), rel_tol=1e-12)
+    assert math.isclose(s["std"], finite.std(), rel_tol=1e-9)
+    assert math.isclose(s["l2"], math.sqrt(np.sum(finite**2)), rel_tol=1e-12)
+    assert (stats["i"]["min"], stats["i"]["max"], stats["i"]["mean"]) == (0, 999, 499.5)
 
 
 def _write_json(path, change):
@@ -245,9 +248,9 @@ def test_hostile_metadata_names_outside_the_item(tmp_path, capsys):
         r"Orbax writes; it is not read\."
     )
     with pytest.raises(oeqx.CheckpointDamagedError, match=message):
-        read(item)
+        oeqx.verify(item)
     assert main(["inspect", str(item)]) == 2
-    assert capsys.readouterr().err.startswith(f"orbax_eqx: error: {item}/_METADATA")
+    assert re.fullmatch(f"orbax_eqx: error: {message}\n", capsys.readouterr().err)
 
 
 def test_hostile_metadata_too_large(tmp_path):
@@ -260,14 +263,14 @@ def test_hostile_metadata_too_large(tmp_path):
         r"not one; it is not read\."
     )
     with pytest.raises(oeqx.CheckpointDamagedError, match=message):
-        read(item)
+        oeqx.verify(item)
 
 
 def test_hostile_fifo_in_the_store(tmp_path):
     item = write("pytree-no-ocdbt", tmp_path / "ckpt", {"x": jnp.ones(2)})
     os.mkfifo(item / "x" / "1.0")  # a read of it would block forever
     with pytest.raises(oeqx.CheckpointDamagedError, match="FIFO"):
-        read(item)
+        oeqx.verify(item)
 
 
 def test_hostile_metadata_shape_does_not_match_the_array(tmp_path, capsys):

@@ -1,10 +1,5 @@
-"""`diff`, `export` and `import` run as a user runs them: `python -m orbax_eqx ...`.
-
-Internal modules imported here (`_tools.diff`, `_tools.progress`,
-`_tools.skeleton`) are the units these tests pin, or the only way to cause or
-observe the condition under test; everything else goes through `orbax_eqx` and
-the `orbax-eqx` command.
-"""
+"""`diff`, `export` and `import` run as a user runs them: `python -m orbax_eqx ...`
+(or the `orbax-eqx` command's `main`, in this process)."""
 
 import io
 import json
@@ -20,8 +15,6 @@ from safetensors import safe_open
 from test_cli import run_cli
 
 import orbax_eqx as oeqx
-from orbax_eqx._tools.diff import compare
-from orbax_eqx._tools.progress import Progress
 
 # The user's code: `module:function` skeletons for diff and import.
 MODELS_PY = """
@@ -336,8 +329,9 @@ def test_import_unused_tensors(work, capsys):
     assert main(["import", hf, out, "--skeleton", skeleton]) == 2
     assert capsys.readouterr().err == (
         f"orbax_eqx: error: The skeleton does not fit the safetensors at {hf} (1 "
-        "problem): 1 tensor(s) fill no leaf: `extra`. To fix: pass --allow-unused to "
-        "leave them out.\n"
+        "problem):\n"
+        "  - 1 tensor(s) fill no leaf: `extra`\n"
+        "To fix: pass --allow-unused to leave them out.\n"
     )
     assert main(["import", hf, out, "--skeleton", skeleton, "--allow-unused"]) == 0
     restored = oeqx.restore(out, eqx.filter_eval_shape(make))
@@ -364,19 +358,20 @@ def test_missing_safetensors_is_one_line_and_only_export_needs_it(
 # ---------------------------------------------------------------- pieces
 
 
-def test_progress_bar_only_on_a_terminal():
-    class Terminal(io.StringIO):
-        def isatty(self):
-            return True
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
 
-    term, pipe = Terminal(), io.StringIO()
-    for stream in (term, pipe):
-        with Progress("export", 2048, stream) as bar:
-            bar.advance(1024)
-            bar.advance(1024)
-    assert pipe.getvalue() == ""
-    drawn = term.getvalue().split("\r")
-    assert "export [##############################] 100% 2.0 KiB / 2.0 KiB" in drawn
+
+def test_progress_bar_only_on_a_terminal(work, capsys, monkeypatch):
+    argv = ["export", str(work / "a"), "--to", "safetensors"]
+    assert main([*argv, str(work / "piped")]) == 0
+    assert capsys.readouterr().err == ""  # a pipe: nothing drawn
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert main([*argv, str(work / "drawn")]) == 0
+    drawn = terminal.getvalue().split("\r")
+    assert "export [##############################] 100% 200 B / 200 B" in drawn
     assert drawn[-2].strip() == drawn[-1] == ""  # the bar is erased at the end
 
 
@@ -409,14 +404,18 @@ def test_progress_bar_only_on_a_terminal():
         "complex",
     ],
 )
-def test_compare(a, b, rtol, atol, expected):
-    result = compare("x", np.asarray(a), np.asarray(b), rtol, atol)
+def test_compare(tmp_path, capsys, a, b, rtol, atol, expected):
+    oeqx.save(tmp_path / "a", {"x": np.asarray(a)})
+    oeqx.save(tmp_path / "b", {"x": np.asarray(b)})
+    argv = ["diff", str(tmp_path / "a"), str(tmp_path / "b"), "--values", "--json"]
+    code = main([*argv, "--rtol", str(rtol), "--atol", str(atol)])
+    (result,) = json.loads(capsys.readouterr().out)["values"]["leaves"]
     max_abs, max_rel, mismatched = expected
-    assert result.mismatched == mismatched
-    if max_abs is not None:
-        np.testing.assert_allclose(result.max_abs, max_abs, rtol=1e-6)
-    if max_rel is not None:
-        np.testing.assert_allclose(result.max_rel, max_rel, rtol=1e-6)
+    assert (code, result["mismatched"]) == (int(bool(mismatched)), mismatched)
+    for got, want in ((result["max_abs"], max_abs), (result["max_rel"], max_rel)):
+        if want is not None:
+            got = float(got)  # "inf" as text: JSON has no infinity
+            np.testing.assert_allclose(got, want, rtol=1e-6)
 
 
 @pytest.mark.parametrize(
@@ -443,29 +442,31 @@ def test_compare(a, b, rtol, atol, expected):
         (
             "def f(): pass\n",
             "m.py:",
-            r"'m\.py:' is not a skeleton: expected "
-            r"`module:function`",
+            r"'m\.py:' is not a skeleton: expected `module:function`, such as "
+            r"`my_model:skeleton`, naming a function of no arguments\.",
         ),
     ],
     ids=["not-callable", "import-fails", "no-file", "no-function-name"],
 )
-def test_skeleton_errors(tmp_path, monkeypatch, source, spec, message):
-    from orbax_eqx._tools.skeleton import SkeletonError, load
-
+def test_skeleton_errors(tmp_path, capsys, monkeypatch, source, spec, message):
     (tmp_path / "m.py").write_text(source)
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SkeletonError, match=message):
-        load(spec)
+    # (`import` builds the skeleton before it looks for the tensors.)
+    assert main(["import", "none.safetensors", "out", "--skeleton", spec]) == 2
+    assert re.fullmatch(f"orbax_eqx: error: {message}\n", capsys.readouterr().err)
 
 
-def test_skeleton_from_file(tmp_path, monkeypatch):
-    from orbax_eqx._tools.skeleton import load, looks_like_spec
-
+def test_skeleton_from_file(tmp_path, capsys, monkeypatch):
     (tmp_path / "m.py").write_text("def f():\n    return {'a': 1}\n")
+    oeqx.save(tmp_path / "ckpt", {"a": 2})
     monkeypatch.chdir(tmp_path)
-    assert load("m.py:f") == {"a": 1}
-    assert looks_like_spec("m.py:f") and looks_like_spec("pkg.mod:make")
-    assert not looks_like_spec("m.py") and not looks_like_spec("gs://bucket/ckpt")
+    # `m.py:f` is a skeleton, `m.py` a path (and no checkpoint).
+    assert main(["diff", "ckpt", "m.py:f"]) == 0
+    assert "B: skeleton m.py:f\n" in capsys.readouterr().out
+    assert main(["diff", "ckpt", "m.py"]) == 2
+    assert (
+        "m.py is a file; pass the directory of a checkpoint" in capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize("name", ["prng_keys", "batchnorm_state", "shared_tied"])

@@ -6,8 +6,8 @@ are in `integration_tests/test_replace_*.py`; here, single-process: failed
 saves, the states a crash leaves (made on disk as a crash leaves them), and
 what a later save or restore does with them.
 
-Internal modules imported here (`_save.leftovers`, `_save.replace`,
-`_tools.importing`) are the units these tests pin, or the only way to cause or
+Internal modules imported here (`_save.leftovers`, `_save.replace`) are the
+units these tests pin, or the only way to cause or
 observe the condition under test; everything else goes through `orbax_eqx` and
 the `orbax-eqx` command.
 """
@@ -39,7 +39,6 @@ from orbax_eqx._save.leftovers import (
     saving,
 )
 from orbax_eqx._save.replace import publish
-from orbax_eqx._tools.importing import ImportMismatchError, import_
 
 
 def _item(seed: int) -> dict:
@@ -411,14 +410,17 @@ def _safetensors(tmp_path):
     return str(tmp_path / "t.safetensors"), f"{tmp_path / 'models.py'}:skeleton"
 
 
-def test_import_overwrite_first_undoes_what_a_killed_one_left(tmp_path):
-    source, _ = _safetensors(tmp_path)
+def test_import_overwrite_first_undoes_what_a_killed_one_left(tmp_path, capsys):
+    source, skeleton = _safetensors(tmp_path)
     out = tmp_path / "out"
     _cut_swap(tmp_path, out, Owner("0badc0de", _dead_pid(), HOST))
-    skeleton = {"w": jax.ShapeDtypeStruct((4,), jnp.float32)}
-    with pytest.raises(ImportMismatchError, match=rf"{out} already exists\. Pass --"):
-        import_(source, out, skeleton)  # the killed one's old checkpoint is back
-    import_(source, out, skeleton, overwrite=True)
+    argv = ["import", source, str(out), "--skeleton", skeleton]
+    assert main(argv) == 2  # the killed one's old checkpoint is back
+    assert capsys.readouterr().err == (
+        f"orbax_eqx: error: {out} already exists. Pass --overwrite to replace it, "
+        "or choose another output.\n"
+    )
+    assert main([*argv, "--overwrite"]) == 0
     np.testing.assert_array_equal(oeqx.restore(out)["w"], np.arange(4.0))
     assert sorted(os.listdir(tmp_path)) == ["models.py", "out", "t.safetensors"]
 

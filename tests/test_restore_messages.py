@@ -2,12 +2,9 @@
 
 Every fix a mismatch message offers is followed here, and the restore then
 succeeds; a fix that could not help is not offered.
-
-Internal modules imported here (`_tools.importing`) are the units these tests
-pin, or the only way to cause or observe the condition under test; everything
-else goes through `orbax_eqx` and the `orbax-eqx` command.
 """
 
+import re
 import runpy
 import sys
 import textwrap
@@ -335,28 +332,26 @@ def test_class_saved_from_a_module_restored_by_a_script(tmp_path, script_and_mod
     np.testing.assert_array_equal(restored.linear.weight, saved.linear.weight)
 
 
-def test_import_checks_classes_as_restore_does(tmp_path, script_and_module):
+def test_import_checks_classes_as_restore_does(tmp_path, capsys, script_and_module):
     pytest.importorskip("safetensors")
-    from orbax_eqx._tools.importing import ImportMismatchError, import_
+    from entry import skeleton_spec
 
     run_script, module = script_and_module
     run_script(tmp_path / "ckpt", seed=0)
     oeqx.export_safetensors(tmp_path / "ckpt", tmp_path / "model.safetensors")
     skeleton = eqx.filter_eval_shape(module.Model, KEY_SKELETON)
-    with pytest.raises(
-        ImportMismatchError,
-        match=r"module `<root>` is `train_\w+\.Model` in the skeleton but "
+    argv = ["import", str(tmp_path / "model.safetensors"), str(tmp_path / "imported")]
+    argv += ["--skeleton", skeleton_spec(skeleton)]
+    assert main(argv) == 2
+    assert re.fullmatch(
+        r"orbax_eqx: error: The skeleton does not fit the safetensors at \S+ \(1 "
+        r"problem\):\n  - module `<root>` is `train_\w+\.Model` in the skeleton but "
         r"`__main__\.Model` in the files: the same name `Model` in another module, "
-        r".*To fix: pass --ignore-static to keep the skeleton's\.",
-    ):
-        import_(tmp_path / "model.safetensors", tmp_path / "imported", skeleton)
-    # The advice, followed; then the imported checkpoint restores plainly.
-    import_(
-        tmp_path / "model.safetensors",
-        tmp_path / "imported",
-        skeleton,
-        ignore_static=True,
+        r".*\nTo fix: pass --ignore-static to keep the skeleton's\.\n",
+        capsys.readouterr().err,
     )
+    # The advice, followed; then the imported checkpoint restores plainly.
+    assert main([*argv, "--ignore-static"]) == 0
     restored = oeqx.restore(tmp_path / "imported", skeleton)
     flat = oeqx.restore(tmp_path / "ckpt")
     np.testing.assert_array_equal(restored.linear.weight, flat["linear.weight"])

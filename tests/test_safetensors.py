@@ -2,10 +2,9 @@
 library's own reader and writer.
 
 Internal modules imported here (`_bridge.safetensors`,
-`_bridge.safetensors.dtypes`, `_restore.rename_map`, `_tools.export`,
-`_tools.importing`) are the units these tests pin, or the only way to cause or
-observe the condition under test; everything else goes through `orbax_eqx` and
-the `orbax-eqx` command.
+`_bridge.safetensors.dtypes`, `_restore.rename_map`) are the units these tests
+pin, or the only way to cause or observe the condition under test; everything
+else goes through `orbax_eqx` and the `orbax-eqx` command.
 """
 
 import json
@@ -24,7 +23,7 @@ import numpy as np
 import pytest
 import safetensors
 import zoo
-from entry import main
+from entry import main, skeleton_spec
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -32,8 +31,9 @@ import orbax_eqx as oeqx
 from orbax_eqx._bridge.safetensors import header as st
 from orbax_eqx._bridge.safetensors.dtypes import numpy_dtype
 from orbax_eqx._restore.rename_map import RenameError, load
-from orbax_eqx._tools.export import ExportError, export
-from orbax_eqx._tools.importing import ImportMismatchError, import_
+
+export = oeqx.export_safetensors
+
 
 KEY = jax.random.key(1)
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
@@ -61,7 +61,7 @@ def test_export_then_import_round_trip(tmp_path, name):
     skeleton = zoo.skeleton(make, KEY_SKELETON)
     if name == "dtypes":
         skeleton = _without_int4(skeleton)
-    import_(tmp_path / "st", tmp_path / "back", skeleton)
+    oeqx.save(tmp_path / "back", oeqx.load_safetensors(tmp_path / "st", skeleton))
     zoo.assert_same(oeqx.restore(tmp_path / "back", skeleton), item)
     # Every file is one the reference library reads, with the names we expect.
     arrays = [r for r in oeqx.metadata(tmp_path / "ckpt").leaves.values()]
@@ -110,7 +110,7 @@ def test_export_bytes_match_library_reader(tmp_path):
         assert info.start % numpy_dtype(info.dtype).itemsize == 0, info
 
 
-def test_library_writer_then_import(tmp_path):
+def test_library_writer_then_import(tmp_path, capsys):
     # A "PyTorch" state_dict, written by the library, loads into an Equinox MLP
     # through a rename map of rules.
     model = eqx.nn.MLP(3, 2, 8, 1, key=KEY)
@@ -132,24 +132,40 @@ def test_library_writer_then_import(tmp_path):
         ),
         skeleton,
     )
-    with pytest.raises(
-        ImportMismatchError,
-        match=r"leaf `layers\.0\.bias` is bfloat16 in the skeleton but tensor "
-        r"`net\.0\.bias` is float8_e4m3fn\. To fix: pass --cast to cast tensors to "
-        r"the skeleton's dtypes\.",
-    ):
-        import_(
-            tmp_path / "torch.safetensors",
-            tmp_path / "x",
-            bf16,
-            renames=load(tmp_path / "map.json"),
+    rename = ["--rename", str(tmp_path / "map.json")]
+    assert (
+        main(
+            [
+                "import",
+                str(tmp_path / "torch.safetensors"),
+                str(tmp_path / "x"),
+                "--skeleton",
+                skeleton_spec(bf16),
+                *rename,
+            ]
         )
-    import_(
-        tmp_path / "torch.safetensors",
-        tmp_path / "ckpt",
-        bf16,
-        renames=load(tmp_path / "map.json"),
-        cast=True,
+        == 2
+    )
+    assert re.fullmatch(
+        r"orbax_eqx: error: The skeleton does not fit the safetensors at \S+ \(1 "
+        r"problem\):\n  - leaf `layers\.0\.bias` is bfloat16 in the skeleton but "
+        r"tensor `net\.0\.bias` is float8_e4m3fn\nTo fix: pass --cast to cast "
+        r"tensors to the skeleton's dtypes\.\n",
+        capsys.readouterr().err,
+    )
+    assert (
+        main(
+            [
+                "import",
+                str(tmp_path / "torch.safetensors"),
+                str(tmp_path / "ckpt"),
+                "--skeleton",
+                skeleton_spec(bf16),
+                *rename,
+                "--cast",
+            ]
+        )
+        == 0
     )
     restored = oeqx.restore(tmp_path / "ckpt", bf16)
     assert restored.layers[1].weight.dtype == jnp.bfloat16
@@ -159,30 +175,28 @@ def test_library_writer_then_import(tmp_path):
     )
 
 
-def test_export_refuses_dtypes_safetensors_lacks(tmp_path):
+def test_export_refuses_dtypes_safetensors_lacks(tmp_path, capsys):
     oeqx.save(tmp_path / "ckpt", zoo.dtypes(KEY))
     with pytest.raises(
-        ExportError,
+        oeqx.ExportError,
         match=r"safetensors has no dtype for 1 array\(s\): leaf `int4` is int4\. "
-        r"It holds bool, uint8, .*\. Leave them out with a "
-        r'rename map entry `\{"<leaf name>": null\}`',
+        r"It holds bool, uint8, .*\. Leave them out through `mapping=`, or cast "
+        r"them before saving\.",
     ):
         export(tmp_path / "ckpt", tmp_path / "out")
     assert not (tmp_path / "out").exists()
     (tmp_path / "drop.json").write_text('{"int4": null}')
-    result = export(
-        tmp_path / "ckpt", tmp_path / "out", renames=load(tmp_path / "drop.json")
-    )
-    assert result.left_out == 1
+    argv = ["export", str(tmp_path / "ckpt"), str(tmp_path / "out")]
+    assert main([*argv, "--rename", str(tmp_path / "drop.json")]) == 0
+    assert "The rename map left out 1 arrays." in capsys.readouterr().out
 
 
 def test_export_refuses_the_metadata_name(tmp_path):
     oeqx.save(tmp_path / "ckpt", {"__metadata__": np.ones(2)})
     with pytest.raises(
-        ExportError,
+        oeqx.ExportError,
         match=r"Leaf `__metadata__` would be the tensor `__metadata__`, a name "
-        r"safetensors keeps for its metadata\. Rename it with --rename "
-        r'\(`\{"__metadata__": "<another name>"\}`\)\.',
+        r"safetensors keeps for its metadata\. Rename it through `mapping=`\.",
     ):
         export(tmp_path / "ckpt", tmp_path / "out")
 
@@ -436,9 +450,9 @@ def test_export_overwrite_removes_stale_shards(tmp_path):
     sharded = export(tmp_path / "ckpt", tmp_path / "out", max_shard_size=200)
     assert len(sharded.files) > 2
     with pytest.raises(
-        ExportError,
+        oeqx.ExportError,
         match=r"\S+/out already holds safetensors files \(model-00001-of-0000\d\."
-        r"safetensors and \d+ more\)\. Pass --overwrite to replace them",
+        r"safetensors and \d+ more\)\. Pass `overwrite=True` to replace them",
     ):
         export(tmp_path / "ckpt", tmp_path / "out")
     export(tmp_path / "ckpt", tmp_path / "out", overwrite=True)
@@ -514,7 +528,7 @@ def _two_files(tmp_path):
                 | {"key": jax.ShapeDtypeStruct((), jax.random.key(0, impl="rbg").dtype)}
             ),
             r"leaf `key` is a rbg key array, whose key data is uint32\[4\], but "
-            r"its tensor is uint32\[2\]\. To fix: export keys with "
+            r"its tensor is uint32\[2\]\nTo fix: export keys with "
             r"`jax\.random\.key_data`\.",
         ),
         (
@@ -534,10 +548,10 @@ def _two_files(tmp_path):
                     )
                 }
             ),
-            r"\(3 problems\): 1 tensor\(s\) fill no leaf: `model\.layers\.2\.bias`; "
-            r"static field `use_final_bias` of module `model` is False in the "
-            r"skeleton but True in the files; .*To fix: pass --allow-unused to leave "
-            r"them out; pass --ignore-static to keep the skeleton's\.",
+            r"\(3 problems\):\n  - 1 tensor\(s\) fill no leaf: `model\.layers\.2\.bias`"
+            r"\n  - static field `use_final_bias` of module `model` is False in the "
+            r"skeleton but True in the files\n  - .*\nTo fix: pass --allow-unused to "
+            r"leave them out; pass --ignore-static to keep the skeleton's\.",
         ),
     ],
     ids=[
@@ -551,14 +565,21 @@ def _two_files(tmp_path):
         "static",
     ],
 )
-def test_import_errors(tmp_path, damage, skeleton_change, message):
+def test_import_errors(tmp_path, capsys, damage, skeleton_change, message):
     skeleton = _exported(tmp_path)
     if damage is not None:
         damage(tmp_path)
     if skeleton_change is not None:
         skeleton = skeleton_change(skeleton)
-    with pytest.raises(oeqx.OrbaxEqxError, match=message):
-        import_(tmp_path / "st", tmp_path / "back", skeleton)
+    spec = skeleton_spec(skeleton)
+    assert (
+        main(
+            ["import", str(tmp_path / "st"), str(tmp_path / "back"), "--skeleton", spec]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert re.fullmatch(f"orbax_eqx: error: (.*\n)*.*{message}.*\n(.*\n)*", err), err
     assert not (tmp_path / "back" / "orbax_eqx.json").exists()
 
 
@@ -580,7 +601,7 @@ def test_export_into_a_file(tmp_path):
     oeqx.save(tmp_path / "ckpt", {"w": np.ones(2)})
     (tmp_path / "out").write_text("")
     with pytest.raises(
-        ExportError,
+        oeqx.ExportError,
         match=r"\S+/out is a file\. Give a directory, or a file name ending in "
         r"`\.safetensors` for a single file\.",
     ):

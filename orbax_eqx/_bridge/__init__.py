@@ -21,6 +21,6 @@ side sees them (`specs`), and progress hooks (`progress`).
 May import: `_restore` (reading a checkpoint's leaves), `_storage`, `_format`,
 `_tree`, `_bytes`, `_errors`; not `_orbax`, a stage beside it (the CLI's
 `import` saves through `_orbax` itself). Nothing imports `_bridge` except
-`orbax_eqx/__init__.py` and `_tools` (the CLI's `export` / `import`, thin
-layers over it).
+`orbax_eqx/__init__.py` and `_cli` (the CLI's `export` / `import`, thin
+layers over it, and its dry run `inspect --skeleton`).
 """

@@ -261,3 +261,35 @@ def _scalar(leaf, record: Any) -> Any:
         return decode_scalar(encoded)
     except ValueError:  # damaged: the skeleton's own
         return leaf.value
+
+
+def check_load(
+    source,
+    skeleton: Any,
+    *,
+    mapping: Any = None,
+    renames: RenameMap | None = None,
+    cast: bool = False,
+    allow_unused: bool = False,
+    ignore_static: bool = False,
+) -> tuple[list[Header], Any]:
+    """The checks and the plan of `load`, with no tensor read: the files'
+    headers and the plan (which tensors fill which leaf), or the error `load`
+    would raise. For the command line's dry run (`inspect --skeleton`)."""
+    headers = _index.find(source)
+    where = _index.describe(source)
+    tensors = {name: (h, t) for h in headers for name, t in h.tensors.items()}
+    walked = walk(skeleton)
+    specs = leaf_specs(walked)
+    problems = _check.Problems()
+    if not ignore_static:
+        modules = _check.ours(headers).get("modules")
+        _check.statics(walked, modules, _check.API, problems)
+    if mapping is None:
+        checks = (cast, allow_unused, _check.API, where)
+        plan, _ = _by_name(walked, specs, tensors, renames, checks, problems)
+    else:
+        mapping = as_mapping(mapping).resolve(skeleton)
+        plan = _by_mapping(mapping, specs, tensors, cast, allow_unused, problems, where)
+        keep_dropped(walked, plan)
+    return headers, plan

@@ -1,6 +1,6 @@
-"""Skeletons named on the command line as `module:function`, and what they hold.
+"""Skeletons named on the command line as `module:function`.
 
-`diff` and `import` take a skeleton as `module:function` (or
+`diff`, `import`, `export` and `inspect` take a skeleton as `module:function` (or
 `path/to/file.py:function`): a function of no arguments that returns the
 skeleton, usually `eqx.filter_eval_shape(make_model, key)`. Unlike a
 checkpoint, this runs the user's code, which is the point.
@@ -17,13 +17,8 @@ import os
 import sys
 from typing import Any
 
-import jax
-
 from .._bytes.paths import is_remote
 from .._errors import OrbaxEqxError, first_line
-from .._format.sidecar import EMPTY, STORED, LeafMetadata, Metadata
-from .._tree.values import encode
-from .._tree.walk import ARRAY, SHARED, container, dtype_str, is_key_dtype, walk
 
 
 class SkeletonError(OrbaxEqxError, ValueError):
@@ -190,44 +185,11 @@ def _failed(what: str, error: BaseException) -> SkeletonError:
     )
 
 
-def metadata(tree: Any, where: str) -> Metadata:
-    """What a checkpoint of `tree` would record, without saving (or reading) data.
+def load_mapping(path: str | None, skeleton: str | None) -> Any:
+    """The `--mapping` file, resolved against the `--skeleton` if given."""
+    if path is None:
+        return None
+    from .._mapping.mapping import StateDictMapping
 
-    Every array is taken as stored on its own: a skeleton has no tied arrays.
-    """
-    walked = walk(tree)
-    leaves = {}
-    for leaf in walked.leaves:
-        if leaf.kind == ARRAY:
-            x = leaf.value
-            nbytes = _nbytes(x)
-            leaves[leaf.name] = LeafMetadata(
-                leaf.name,
-                leaf.path_str,
-                ARRAY,
-                tuple(x.shape),
-                dtype_str(x),
-                container(x),
-                STORED if nbytes else EMPTY,
-                None,
-                nbytes,
-            )
-        else:
-            value = None if leaf.kind == SHARED else encode(leaf.value)
-            leaves[leaf.name] = LeafMetadata(
-                leaf.name, leaf.path_str, leaf.kind, value=value
-            )
-    return Metadata(where, 0, {}, leaves, dict(walked.modules))
-
-
-def _nbytes(x: Any) -> int:
-    dtype = x.dtype
-    if is_key_dtype(dtype):
-        data = jax.eval_shape(jax.random.key_data, jax.ShapeDtypeStruct((), dtype))
-        itemsize = data.dtype.itemsize * int(data.size)
-    else:
-        itemsize = dtype.itemsize
-    size = 1
-    for d in x.shape:
-        size *= d
-    return size * itemsize
+    found = StateDictMapping.from_file(path)
+    return found if skeleton is None else found.resolve(load(skeleton))

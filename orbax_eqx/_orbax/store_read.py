@@ -1,16 +1,18 @@
 """Reads arrays of Orbax's array store a block at a time, through TensorStore.
 
-For the tools on plain Orbax checkpoints (and on the Orbax-stored leaves of
-orbax_eqx ones): each array is opened from a TensorStore spec that Orbax's
-public `ocp.type_handlers.get_json_tspec_read` builds (zarr or zarr3, OCDBT
-or one directory per array), with missing chunks an error rather than zeros,
-and read one block of whole chunks at a time: memory stays near the budget,
-or one chunk where a chunk is larger (Orbax writes one chunk per shard).
+For `verify` and the command line on plain Orbax checkpoints (and on the
+Orbax-stored leaves of orbax_eqx ones): each array is opened from a
+TensorStore spec that Orbax's public `ocp.type_handlers.get_json_tspec_read`
+builds (zarr or zarr3, OCDBT or one directory per array), with missing chunks
+an error rather than zeros, and read one block of whole chunks at a time:
+memory stays near the budget, or one chunk where a chunk is larger (Orbax
+writes one chunk per shard).
 """
 
 import itertools
 import math
 import os
+import re
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -203,7 +205,27 @@ def _damaged(record: LeafMetadata, problem: str) -> UnreadableArray:
 
 
 def _unreadable(record: LeafMetadata, directory, error) -> UnreadableArray:
-    text = str(error).strip().splitlines()[0] if error and str(error) else repr(error)
     return _damaged(
-        record, f"cannot be read from Orbax's array store at {directory}: {text}"
+        record,
+        f"cannot be read from Orbax's array store at {directory}: "
+        + tensorstore_text(error),
     )
+
+
+# What TensorStore appends to its errors: the whole spec it opened (kilobytes
+# of JSON) and where in its C++ sources the error arose.
+_APPENDED = re.compile(r"\s*\[(tensorstore_spec|source locations)='.*?'\]", re.S)
+_MAX_TEXT = 240  # characters of a library's error kept in ours, at most
+
+
+def without_specs(text: str) -> str:
+    """`text` without the specs and source locations TensorStore appends."""
+    return _APPENDED.sub("", text)
+
+
+def tensorstore_text(error: BaseException | None) -> str:
+    """The first line of a TensorStore (or Orbax) error, without the spec it
+    appends, cut to a few hundred characters."""
+    text = without_specs(str(error or "")).strip()
+    line = text.splitlines()[0] if text else repr(error)
+    return line if len(line) <= _MAX_TEXT else line[: _MAX_TEXT - 3] + "..."

@@ -1,10 +1,15 @@
-"""`verify`: read every array of a checkpoint and check it against its checksum."""
+"""`verify`: read every array of a checkpoint and check it against its checksum.
+
+`check` is the one pass over a checkpoint's array data, piece by piece; it
+hands each piece to an optional callback, so that `inspect --stats` counts
+the values of the very bytes that were checked.
+"""
 
 import dataclasses
 import os
 from collections.abc import Callable
-from typing import Any
 
+import numpy as np
 from etils import epath
 
 from .._bytes import damage as _damage
@@ -22,12 +27,16 @@ from .._restore.read import LeafReader, release_memory
 from .._storage import ranges as _ranges
 from .._storage.sharded.index import check_blocks
 from .._storage.sharded.index_read import read_all
-from . import plain_items as _plain
-from . import step_items as _items
-from .plain_read import StoreReader, UnreadableArray
-from .typed_items import TypedMetadata, find_item, read
+from . import items as _items
+from .plain_items import PlainMetadata
+from .store_read import StoreReader, UnreadableArray, tensorstore_text
 
-_CHUNK = 64 << 20  # bytes of a packed leaf read at a time
+_CHUNK = 64 << 20  # bytes read at a time
+# Called with each leaf's record and each piece of its data, as read (bytes
+# for packed and sharded leaves, typed arrays from Orbax's store).
+OnPiece = Callable[[LeafMetadata, np.ndarray], None]
+# Not damage, whatever the data: nothing can be said of it.
+_NOT_DAMAGE = (PermissionError, ObjectStoreError)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +57,8 @@ class VerifyReport:
     - `damaged`: a `DamagedLeaf` for each leaf whose data did not match, or
         could not be read at all (a missing or short file).
     - `unchecked`: names of array leaves that record no checksum (saved
-        with `checksums=False`, or Orbax-stored arrays no process held whole);
-        their data was read, not checked.
+        with `checksums=False`, Orbax-stored arrays no process held whole, or
+        a plain Orbax checkpoint's); their data was read, not checked.
     - `nbytes`: bytes of array data read.
     """
 
@@ -82,8 +91,9 @@ def verify(
     - `directory`: a checkpoint: an item directory, or a step with one item;
         one saved through `oeqx.type_handler_registry()` too (its jax arrays
         are checked: Orbax's own handler stored its other leaves); or a plain
-        Orbax checkpoint, whose arrays are read back whole (Orbax records no
-        checksums: every one is `unchecked` unless it cannot be read).
+        Orbax checkpoint, whose arrays are read back a block at a time (Orbax
+        records no checksums: every one is `unchecked` unless it cannot be
+        read).
     - `progress`: called with the bytes of each piece read (for a progress bar).
 
     **Returns:** a `VerifyReport`; `report.ok` is False if any leaf is damaged.
@@ -94,10 +104,12 @@ def verify(
     (the whole checkpoint is read again): bytes that fail differently on each
     read, like a store that fails, raise `ObjectStoreError`, no damage.
     """
-    path = find_item(directory)
+    path = _items.find_item(directory)
     if _items.kind_of(path) == _items.PLAIN:
-        return verify_plain(path, _plain.read(path), progress)
-    return _damage.confirmed(path, lambda: _verify(path, progress), _listed)
+        return check(path, _items.read(path), progress)
+    return _damage.confirmed(
+        path, lambda: check(path, _items.read(path), progress), _listed
+    )
 
 
 def _listed(report: VerifyReport) -> str:
@@ -105,34 +117,36 @@ def _listed(report: VerifyReport) -> str:
     return "\n".join(f"  - {d.name}: {d.problem}" for d in report.damaged)
 
 
-def _verify(path: epath.Path, progress) -> VerifyReport:
-    saved = read(path)
-    checked: list[Any] = []
-    damaged: list[Any] = []
-    unchecked: list[Any] = []
-    total = 0
+def check(
+    path: epath.Path,
+    saved: Metadata,
+    progress: Callable[[int], None] | None = None,
+    on_piece: OnPiece | None = None,
+) -> VerifyReport:
+    """Checks every array of the item at `path`, whose metadata is `saved`
+    (as `items.read` gives it), once, without the object store's second read."""
+    lists: tuple[list, list, list] = ([], [], [])
     note = progress or (lambda n: None)
-    parts = [(path, saved)]
-    if isinstance(saved, TypedMetadata):  # each group names its own files
-        parts = [(g.directory, g.saved) for g in saved.groups]
-    for where, part in parts:
-        total += _check(where, part, note, checked, damaged, unchecked)
+    piece = on_piece or (lambda record, data: None)
+    total = 0
+    if isinstance(saved, PlainMetadata):
+        total = _check_plain(path, saved, note, piece, lists)
+    elif isinstance(saved, _items.TypedMetadata):  # each group names its files
+        for group in saved.groups:
+            total += _check(group.directory, group.saved, note, piece, lists)
+    else:
+        total = _check(path, saved, note, piece, lists)
+    checked, damaged, unchecked = lists
     return VerifyReport(
         str(path), tuple(checked), tuple(damaged), tuple(unchecked), total
     )
 
 
-def verify_plain(
-    path: epath.Path,
-    saved: "_plain.PlainMetadata",
-    progress: Callable[[int], None] | None = None,
-) -> VerifyReport:
-    """Reads every array of a plain Orbax item back, a block of whole chunks
-    at a time (see `plain_read`): one that cannot be read (a missing chunk or
-    file, bytes that do not decode, a shape that does not match Orbax's
-    metadata) is damaged; the others are `unchecked`, as no checksum exists."""
-    note = progress or (lambda n: None)
-    damaged, unchecked = [], []
+def _check_plain(path, saved: PlainMetadata, note, piece, lists) -> int:
+    """Every array of a plain Orbax item read back, a block of whole chunks at
+    a time: one that cannot be read (a missing chunk or file, bytes that do not
+    decode, a shape that does not match Orbax's metadata) is damaged, the
+    others `unchecked`, as no checksum exists."""
     total = 0
     with StoreReader(path, saved.ocdbt, saved.zarr3) as reader:
         for record in saved.leaves.values():
@@ -140,49 +154,45 @@ def verify_plain(
                 for block in reader.blocks(record, _CHUNK):
                     total += block.nbytes
                     note(block.nbytes)
-            except PermissionError:  # not damage: nothing can be said of the data
+                    piece(record, block)
+            except _NOT_DAMAGE:
                 raise
             except UnreadableArray as e:
-                damaged.append(DamagedLeaf(record.name, record.path, e.problem))
+                _sort(record, e.problem, lists)
                 continue
             except (OrbaxEqxError, OSError) as e:
-                problem = str(e).split("\n")[0]
-                damaged.append(DamagedLeaf(record.name, record.path, problem))
+                _sort(record, _first_line(e), lists)
                 continue
-            unchecked.append(record.name)
+            _sort(record, None, lists)
             release_memory()
-    return VerifyReport(str(path), (), tuple(damaged), tuple(unchecked), total)
+    return total
 
 
-def _check(path: epath.Path, saved: Metadata, note, *lists) -> int:
+def _check(path: epath.Path, saved: Metadata, note, piece, lists) -> int:
     """Checks every array of `saved` into `lists`; returns the bytes read."""
-    checked, damaged, unchecked = lists
     total = 0
-    stored = []
     sharded = [r for r in saved.leaves.values() if r.data == SHARDS]
     if sharded:
-        for record, result, n in _check_sharded(path, saved, sharded, note):
-            _sort(saved, record, result, checked, damaged, unchecked)
+        for record, result, n in _check_sharded(path, saved, sharded, note, piece):
+            _sort(record, result, lists)
             total += n
     for record in saved.leaves.values():
         if record.data == PACKED:
-            result, n = _check_packed(path, saved, record, note)
-            _sort(saved, record, result, checked, damaged, unchecked)
+            result, n = _check_packed(path, saved, record, note, piece)
+            _sort(record, result, lists)
             total += n
-        elif record.data == STORED:
-            stored.append(record)
+    stored = [r for r in saved.leaves.values() if r.data == STORED]
     if stored:
         with LeafReader(path, saved) as reader:
             for record in stored:
-                result = _check_stored(reader, record)
-                _sort(saved, record, result, checked, damaged, unchecked)
+                _sort(record, _check_stored(reader, record, piece), lists)
                 total += record.nbytes
                 note(record.nbytes)
                 release_memory()
     return total
 
 
-def _sort(saved: Metadata, record: LeafMetadata, result, *lists) -> None:
+def _sort(record: LeafMetadata, result, lists) -> None:
     """`result`: None if unchecked, True if it matched, else the problem."""
     checked, damaged, unchecked = lists
     # A sidecar that lost a checksum is refused when read; a null `sum32` is
@@ -195,24 +205,22 @@ def _sort(saved: Metadata, record: LeafMetadata, result, *lists) -> None:
         damaged.append(DamagedLeaf(record.name, record.path, result))
 
 
-def _check_packed(path: epath.Path, saved: Metadata, record, note):
+def _check_packed(path: epath.Path, saved: Metadata, record, note, piece):
     pack = saved.packs[record.pack]
     start, stop = record.offset, record.offset + record.nbytes
     running, done = Running(), 0
     try:
-        for piece in range(start, stop, _CHUNK):
-            (data,) = _ranges.read(
-                path / pack.file,
-                [(piece, min(piece + _CHUNK, stop))],
-                nbytes=pack.nbytes,
-            )
+        for at in range(start, stop, _CHUNK):
+            span = [(at, min(at + _CHUNK, stop))]
+            (data,) = _ranges.read(path / pack.file, span, nbytes=pack.nbytes)
             running.update(data)
             done += data.nbytes
             note(data.nbytes)
-    except (PermissionError, ObjectStoreError):  # not damage: nothing can be
-        raise  # said of the data
+            piece(record, data)
+    except _NOT_DAMAGE:
+        raise
     except (OrbaxEqxError, OSError) as e:
-        return str(e).split("\n")[0], done
+        return _first_line(e), done
     if record.checksum is None:
         return None, done
     found = running.value()
@@ -221,15 +229,15 @@ def _check_packed(path: epath.Path, saved: Metadata, record, note):
     return True, done
 
 
-def _check_sharded(path: epath.Path, saved: Metadata, records, note):
+def _check_sharded(path: epath.Path, saved: Metadata, records, note, piece):
     """Yields `(record, result, bytes read)` for each leaf in the shard packs."""
     try:
         chunks = read_all(path, saved)
-    except (PermissionError, ObjectStoreError):
+    except _NOT_DAMAGE:
         raise
     except (OrbaxEqxError, OSError) as e:
         for record in records:
-            yield record, str(e).split("\n")[0], 0
+            yield record, _first_line(e), 0
         return
     for record in records:
         done, problem = 0, None
@@ -237,19 +245,16 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
             # A leaf stops at its first bad block: a damaged (or hostile,
             # sparse, terabytes long) shard pack costs no more than the data
             # read up to there.
-            if problem is not None:
-                break
             file = path / shard_file(saved.token, chunk.process)
             step = max(_CHUNK // chunk.block, 1) * chunk.block
             try:
                 for at in range(0, chunk.nbytes, step):
-                    stop = min(at + step, chunk.nbytes)
-                    start = chunk.offset + at
-                    (data,) = _ranges.read(file, [(start, chunk.offset + stop)])
+                    stop = chunk.offset + min(at + step, chunk.nbytes)
+                    span = [(chunk.offset + at, stop)]
+                    (data,) = _ranges.read(file, span)
                     done += data.nbytes
                     note(data.nbytes)
-                    # The same check as a restore's
-                    # (`_storage/sharded/read.py: check_chunk`).
+                    # The same check as a restore's (`sharded/read.py`).
                     bad = check_blocks(chunk, at, data)
                     if bad:
                         i, recorded, found = bad[0]
@@ -260,28 +265,34 @@ def _check_sharded(path: epath.Path, saved: Metadata, records, note):
                             + f" in bytes {i * chunk.block}-{end}"
                         )
                         break  # the leaf is damaged: no need to read on
-            except (PermissionError, ObjectStoreError):
+                    piece(record, data)
+            except _NOT_DAMAGE:
                 raise
             except (OrbaxEqxError, OSError) as e:
-                problem = problem or str(e).split("\n")[0]
+                problem = problem or _first_line(e)
             if problem is not None:
                 break
         yield record, problem or True, done
 
 
-def _check_stored(reader: LeafReader, record):
+def _check_stored(reader: LeafReader, record, piece):
     try:
         (data,) = reader.read([record.name], verify=False).values()
-    except (PermissionError, ObjectStoreError):  # not damage: nothing can be
-        raise  # said of the data
+    except _NOT_DAMAGE:
+        raise
     except Exception as e:  # whatever Orbax or TensorStore raise on bad files
-        return f"cannot be read: {str(e).splitlines()[0] if str(e) else e!r}"
+        return f"cannot be read: {tensorstore_text(e)}"
+    piece(record, data)
     if record.sum32 is None:
         return None
     found = host_sum32(data)
     if found != record.sum32:
         return _differs("sum32", record.sum32, found)
     return True
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).split("\n")[0]
 
 
 def _differs(kind: str, recorded: int, found: int) -> str:

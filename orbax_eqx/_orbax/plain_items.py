@@ -1,4 +1,5 @@
-"""Plain Orbax checkpoints for the tools: what they hold, from Orbax's metadata.
+"""Plain Orbax checkpoints as `verify` and the command line see them: what
+they hold, from Orbax's metadata.
 
 A plain Orbax item is one that Orbax's own PyTree handlers wrote
 (`PyTreeCheckpointHandler`, `StandardCheckpointHandler`, `ocp.v1.save_pytree`;
@@ -7,7 +8,7 @@ sidecar. Its arrays are listed from Orbax's public
 `PyTreeCheckpointHandler().metadata(path)` (names, shapes, dtypes, the
 sharding each was saved with), and the handler that wrote it from the
 `_CHECKPOINT_METADATA` file Orbax writes beside it. Nothing is read from the
-arrays here; `plain_read` reads them.
+arrays here; `store_read` reads them.
 
 A plain checkpoint may come from anywhere: before Orbax reads it, its files
 are checked to be regular files (`_storage/orbax_store/files.py`), its
@@ -28,15 +29,15 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from .._bytes.route import read_bounded
-from .._errors import CheckpointDamagedError, OrbaxEqxError, first_line, inline_list
+from .._errors import CheckpointDamagedError, OrbaxEqxError, inline_list
 from .._format.locate import PLAIN_METADATA, is_plain_item
 from .._format.sidecar import STORED, LeafMetadata, Metadata
 from .._storage.orbax_store.files import check as check_store_files
 from .._tree.names import join, key_part
 from .._tree.walk import ARRAY, JAX, NUMPY
-from .sharding_text import sharding_text as _sharding_text
-from .tree_view import PYTHON
+from .store_read import tensorstore_text
 
+PYTHON = "python"  # the `container` of a Python scalar Orbax stored
 # Orbax's record of a checkpoint: the handler that wrote each item, metrics.
 CHECKPOINT_METADATA = "_CHECKPOINT_METADATA"
 _METADATA_MAX = 256 << 20  # bytes of an item's `_METADATA`, at most (as a sidecar)
@@ -104,8 +105,8 @@ def read(item: epath.Path) -> PlainMetadata:
     except Exception as e:  # Orbax's and TensorStore's errors, whatever they are
         raise PlainCheckpointError(
             f"{item} looks like a plain Orbax checkpoint (it has {PLAIN_METADATA}), "
-            f"but Orbax cannot read its metadata: {first_line(e)}. The checkpoint "
-            "is damaged or incomplete; use another step."
+            f"but Orbax cannot read its metadata: {tensorstore_text(e)}. The "
+            "checkpoint is damaged or incomplete; use another step."
         ) from e
     finally:
         handler.close()
@@ -155,7 +156,7 @@ def _record(name: str, path: str, m: Any) -> tuple[LeafMetadata | None, str]:
             f"Orbax names its data {storage!r}, which is no name inside the "
             "checkpoint's directory"
         )
-    sharding = _sharding_text(getattr(m, "sharding", None))
+    sharding = sharding_text(getattr(m, "sharding", None))
     scalar = isinstance(m, ocp.metadata.ScalarMetadata)
     container = PYTHON if scalar else (JAX if sharding else NUMPY)
     record = LeafMetadata(
@@ -244,15 +245,6 @@ def _is_handler_name(text: str) -> bool:
     return len(text) <= _HANDLER_MAX and bool(_HANDLER_NAME.fullmatch(text))
 
 
-def handler_text(handler: str | None) -> str:
-    """A recorded handler as people name it: `StandardCheckpointHandler`, or
-    `PyTreeHandler (Orbax v1)`; `handler not recorded` if None."""
-    if handler is None:
-        return "handler not recorded"
-    short = handler.rsplit(".", 1)[-1]
-    return f"{short} (Orbax v1)" if ".v1." in f".{handler}" else short
-
-
 def _json(path: epath.Path) -> Any:
     # A nicety: a missing, odd or oversized file says nothing.
     try:
@@ -272,3 +264,23 @@ def _check_size(path: epath.Path, limit: int) -> None:
             "of any checkpoint needs: the checkpoint is damaged, or not one; it "
             "is not read."
         )
+
+
+def sharding_text(sharding: Any) -> str:
+    """Orbax's sharding metadata as text: `single device (cpu:0)`,
+    `P('data', None) over data=8`, `replicated over data=8`; "" for None."""
+    if sharding is None:
+        return ""
+    device = getattr(sharding, "device_str", None)
+    if device is not None:
+        return f"single device ({device})"
+    spec = getattr(sharding, "partition_spec", None)
+    axes = getattr(sharding, "axis_names", None)
+    shape = getattr(sharding, "shape", None)
+    if spec is None or axes is None or shape is None:
+        return type(sharding).__name__
+    mesh = ", ".join(f"{a}={int(n)}" for a, n in zip(axes, list(shape), strict=False))
+    if all(p is None or p == [] for p in spec):
+        return f"replicated over {mesh}"
+    parts = ", ".join(repr(tuple(p)) if isinstance(p, list) else repr(p) for p in spec)
+    return f"P({parts}) over {mesh}"

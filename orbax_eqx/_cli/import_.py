@@ -1,0 +1,50 @@
+"""`import`: safetensors into a skeleton (`_bridge.load`: every check before
+any tensor is read), saved as a checkpoint atomically, as `oeqx.save` does."""
+
+import argparse
+
+from .._bridge.load import load
+from .._format.locate import as_path
+from .._orbax import items as _items
+from .._orbax.api import save
+from .._restore.rename_map import load as load_renames
+from .._save.leftovers import recover
+from .._save.replace import CheckpointExistsError, check_target
+from . import skeleton as _skeleton
+from .inspect import totals
+from .render import Progress, human_bytes
+from .skeleton import load_mapping
+
+
+def run(args: argparse.Namespace) -> int:
+    out = as_path(args.out)
+    recover(out)  # an earlier save killed mid-swap: its checkpoint counts
+    if out.exists() and not args.overwrite:
+        raise CheckpointExistsError(
+            f"{out} already exists. Pass `overwrite=True` to replace it, or choose "
+            "another output."
+        )
+    if args.overwrite:  # refuses a file or a directory of other files, first
+        check_target(out, args.overwrite)
+    loaded = load(
+        args.source,
+        _skeleton.load(args.skeleton),
+        mapping=load_mapping(args.mapping, None),
+        renames=load_renames(args.rename),
+        cast=args.cast,
+        allow_unused=args.allow_unused,
+        ignore_static=args.ignore_static,
+        progress=lambda total: Progress("import", total),
+    )
+    save(out, loaded.tree, overwrite=args.overwrite)
+    _, nbytes = totals(_items.read(out))
+    read = (
+        f"; {human_bytes(loaded.nbytes)} of tensors read"
+        if nbytes != loaded.nbytes
+        else ""
+    )
+    print(
+        f"Imported {loaded.tensors} tensors ({human_bytes(nbytes)}{read}) from "
+        f"{len(loaded.files)} file(s) into {out} ({loaded.leaves} leaves)."
+    )
+    return 0
