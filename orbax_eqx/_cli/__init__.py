@@ -1,4 +1,4 @@
-"""The command line: `python -m orbax_eqx {inspect,stats,diff,verify,export,import,demo}`.
+"""The command line: `python -m orbax_eqx COMMAND` (or `orbax-eqx COMMAND`).
 
 `main` holds the arguments and the one error handler; each command is a
 module of its own (`inspect` with `stats` for `--params`/`--stats` and

@@ -1,15 +1,14 @@
 """`diff`: how two checkpoints (or a checkpoint and a skeleton) differ.
 
-The structure comes from the metadata alone: leaves added and removed, kinds,
+The structure comes from the metadata: leaves added and removed, kinds,
 shapes, dtypes, Python values (against a skeleton, by type only, as restore
-compares them) and tied weights; modules' classes and static fields. With
-`--values`, arrays both sides hold with one shape are read a batch at a time
+compares them), tied weights; modules' classes and static fields. With
+`--values`, the arrays both hold with one shape are read a batch at a time
 and compared, floats as `numpy.isclose` with B as the reference. A plain
-Orbax checkpoint is compared by its arrays. Two steps (or manager roots) are
-compared item by item, paired by name.
+Orbax checkpoint is compared by its arrays; two steps (or manager roots)
+item by item, paired by name.
 """
 
-import argparse
 import dataclasses
 import json
 import math
@@ -17,7 +16,6 @@ import os
 from typing import Any
 
 import numpy as np
-from etils import epath
 
 from .._errors import OrbaxEqxError
 from .._format.locate import as_path
@@ -42,7 +40,7 @@ from . import skeleton as _skeleton
 from .render import Progress, count, handler_text, table
 
 _CHUNK = 1 << 20  # elements compared at once: bounds the float64 temporaries
-_ARROW = " -> "
+_NOT_COMPARED = " Array values were not compared: "
 
 
 class ItemNotFoundError(OrbaxEqxError, FileNotFoundError):
@@ -51,153 +49,122 @@ class ItemNotFoundError(OrbaxEqxError, FileNotFoundError):
 
 @dataclasses.dataclass(frozen=True)
 class Side:
-    """A checkpoint's item (with its directory) or a skeleton (none)."""
+    """What the user named (`what`: skeleton, item, step or root), its items by
+    name (a root's latest step's), and the other items of its step."""
 
-    label: str
-    saved: Metadata
-    directory: Any = None
+    text: str
+    what: str
+    items: dict[str, Any]
+    others: dict[str, str | None] = dataclasses.field(default_factory=dict)
+
+    def where(self) -> str:
+        if self.what != "root":
+            return os.fspath(as_path(self.text))
+        step = next(iter(self.items.values())).parent
+        root = as_path(self.text)
+        return f"{step} (the latest step of the CheckpointManager root {root})"
 
 
 @dataclasses.dataclass(frozen=True)
-class Named:
-    """What the user named: a skeleton, one item, or a step's items (a root's
-    latest step) by name, with the step's other items and their handlers."""
+class Compared:
+    """One item of each side compared: each side's metadata and directory
+    (None for a skeleton), how they differ in structure, and in values (None
+    without `--values`)."""
 
-    text: str
-    what: str  # "skeleton", "item", "step" or "root"
-    items: dict[str, epath.Path]
-    others: dict[str, str | None]
+    name: str
+    a: tuple[Metadata, Any]
+    b: tuple[Metadata, Any]
+    diffs: list[tuple]
+    got: list[dict] | None
+
+    @property
+    def differ(self) -> bool:
+        return bool(self.diffs) or any(v["mismatched"] for v in self.got or [])
 
 
-def run(args: argparse.Namespace) -> int:
-    a, b = resolve(args.a, args.item), resolve(args.b, args.item)
-    found, changes = _pairs(a, b)
-    results = []
-    for name, ia, ib in found:
-        sa, sb = _open(args.a, ia), _open(args.b, ib)
-        diffs = structure(sa, sb)
-        got = values(sa, sb, args.rtol, args.atol, args.buffer) if args.values else None
-        results.append((name, sa, sb, diffs, got))
-    if "item" in (a.what, b.what) or "skeleton" in (a.what, b.what):
-        ((_, sa, sb, diffs, got),) = results
-        if args.json:
-            print(
-                json.dumps(
-                    _json(sa, sb, diffs, got, args), indent=2, ensure_ascii=False
-                )
-            )
-        else:
-            print("\n".join(_text(sa, sb, diffs, got, args)))
-        return 1 if _differ(diffs, got) else 0
-    differ = bool(changes) or any(_differ(d, v) for *_, d, v in results)
+def run(args) -> int:
+    a, b = side(args.a, args.item), side(args.b, args.item)
+    pairs, changes = _pairs(a, b)
+    items = [_compare(args, *pair) for pair in pairs]
+    differ = bool(changes) or any(c.differ for c in items)
     others = sorted(set(a.others) & set(b.others))
-    if args.json:
-        doc = {
-            "a": _where(a),
-            "b": _where(b),
-            "items": [
-                {"name": n} | _json(x, y, d, v, args) for n, x, y, d, v in results
-            ],
-            "item_differences": [
-                {"what": w, "name": n, "a": x or None, "b": y or None}
-                for w, n, x, y in changes
-            ],
-            "not_compared": others,
-            "differ": differ,
-        }
-        print(json.dumps(doc, indent=2, ensure_ascii=False))
+    if {"item", "skeleton"} & {a.what, b.what}:
+        doc, text = _item_json(items[0], args), _item_text(items[0], args)
     else:
-        print("\n".join(_steps_text(a, b, results, changes, others, args)))
+        doc = {"a": a.where(), "b": b.where()}
+        doc["items"] = [{"name": c.name} | _item_json(c, args) for c in items]
+        doc |= {"item_differences": _changes_json(changes), "not_compared": others}
+        doc["differ"] = differ
+        text = _steps_text(a, b, items, changes, others, args)
+    print(json.dumps(doc, indent=2, ensure_ascii=False) if args.json else text)
     return 1 if differ else 0
 
 
-def _differ(diffs, got) -> bool:
-    return bool(diffs) or any(v["mismatched"] for v in got or [])
-
-
-# ---------------------------------------------------------------- sides
-
-
-def resolve(text: str, item: str | None = None) -> Named:
-    """What `text` names: a skeleton spec, an item, a step or a root (its
-    latest step); `item`, if given, picks that item of a step or root."""
+def side(text: str, item: str | None) -> Side:
+    """What `text` names; `item` picks that item of a step or root."""
     if _skeleton.looks_like_spec(text):
-        return Named(text, "skeleton", {}, {})
+        return Side(text, "skeleton", {"": None})
     path = as_path(text)
     found = _items.items_under(path)  # raises if it names nothing
-    numbers = sorted({n for n, _ in found if n is not None})
     if len(found) == 1 and found[0][1] == path:
-        return Named(text, "item", {path.name: path}, {})
-    what, step = ("root", numbers[-1]) if numbers else ("step", None)
+        return Side(text, "item", {path.name: path})
+    step = max((n for n, _ in found if n is not None), default=None)
     items = {p.name: p for n, p in found if n == step}
-    step_dir = next(iter(items.values())).parent
-    others = {o.name: o.handler for o in _items.others_in(step_dir)}
-    if item is None:
-        return Named(text, what, items, others)
-    if item not in items:
+    if item is not None and item not in items:
         raise ItemNotFoundError(
             f"{path} holds no item named {item!r} (--item); it holds "
-            f"{', '.join(sorted(items)) or 'no items'}. Pass one of those."
+            f"{', '.join(sorted(items))}. Pass one of those."
         )
-    return Named(text, "item", {item: items[item]}, {})
+    if item is not None:
+        return Side(text, "item", {item: items[item]})
+    others = _items.others_in(next(iter(items.values())).parent)
+    what = "step" if step is None else "root"
+    return Side(text, what, items, {o.name: o.handler for o in others})
 
 
-def _where(side: Named) -> str:
-    if side.what == "root":
-        step = next(iter(side.items.values())).parent
-        return f"{step} (the latest step of the CheckpointManager root {as_path(side.text)})"
-    return os.fspath(as_path(side.text))
-
-
-def _pairs(a: Named, b: Named):
-    """`[(name, item of A, item of B)]` to compare (None for a skeleton), and
-    how the items the two sides hold differ: `[(what, name, in A, in B)]`."""
-    single = [s for s in (a, b) if s.what in ("item", "skeleton")]
-    if single:
-        other = b if single[0] is a else a
-        if other.what not in ("item", "skeleton") and len(other.items) != 1:
-            raise ItemNotFoundError(
-                f"{_where(other)} holds several items ({', '.join(sorted(other.items))}), "
-                f"and {single[0].text} is one item: pass --item NAME to compare that "
-                "item of it, or give two steps to compare them item by item."
-            )
-        name = next(iter(b.items or a.items), "")
-        one = lambda s: next(iter(s.items.values()), None)  # noqa: E731
-        return [(name, one(a), one(b))], []
-    found, changes = [], []
-    for name in sorted(set(a.items) | set(b.items)):
-        ia, ib = a.items.get(name), b.items.get(name)
-        if ia is not None and ib is not None:
-            found.append((name, ia, ib))
-        else:
-            text = f"{_items.kind_of(ia or ib)} item"
-            changes.append(_change(name, ia is not None, text))
-    for name in sorted(set(a.others) ^ set(b.others)):
-        if name not in a.items and name not in b.items:
-            changes.append(
-                _change(
-                    name, name in a.others, handler_text((a.others | b.others)[name])
+def _pairs(a: Side, b: Side):
+    """`[(name, item of A, item of B)]` (None: a skeleton), and how the items
+    the sides hold differ: `[(what, name, in A, in B)]`."""
+    if "item" in (a.what, b.what) or "skeleton" in (a.what, b.what):
+        for one, other in ((a, b), (b, a)):
+            if one.what in ("item", "skeleton") and len(other.items) > 1:
+                names = ", ".join(sorted(other.items))
+                raise ItemNotFoundError(
+                    f"{other.where()} holds several items ({names}), "
+                    f"and {one.text} is one item: pass --item NAME to compare that "
+                    "item of it, or give two steps to compare them item by item."
                 )
-            )
-    return found, changes
+        name = next((n for n in [*b.items, *a.items] if n), "")
+        return [(name, *(next(iter(s.items.values())) for s in (a, b)))], []
+    both = sorted(a.items.keys() & b.items.keys())
+    changes = []
+    for name in sorted(a.items.keys() ^ b.items.keys()):
+        kind = f"{_items.kind_of((a.items | b.items)[name])} item"
+        changes.append(_change(name, name in a.items, kind))
+    for name in sorted(a.others.keys() ^ b.others.keys()):
+        if name not in a.items and name not in b.items:
+            kind = handler_text((a.others | b.others)[name])
+            changes.append(_change(name, name in a.others, kind))
+    return [(n, a.items[n], b.items[n]) for n in both], changes
 
 
 def _change(name: str, in_a: bool, text: str) -> tuple[str, str, str, str]:
-    if in_a:
-        return ("item removed", name, text, "")
-    return ("item added", name, "", text)
+    return ("item removed", name, text, "") if in_a else ("item added", name, "", text)
 
 
-def _open(text: str, item: epath.Path | None) -> Side:
-    if item is None:
-        return Side(text, skeleton_metadata(_skeleton.load(text), f"skeleton {text}"))
-    return Side(text, _items.read(item), item)
+def _compare(args, name: str, item_a, item_b) -> Compared:
+    sa, sb = _open(args.a, item_a), _open(args.b, item_b)
+    got = _values(sa, sb, args.rtol, args.atol, args.buffer) if args.values else None
+    both_saved = sa[1] is not None and sb[1] is not None
+    return Compared(name, sa, sb, structure(sa[0], sb[0], both_saved), got)
 
 
-def skeleton_metadata(tree: Any, where: str) -> Metadata:
-    """What a checkpoint of `tree` would record, with nothing saved or read
-    (a skeleton has no tied arrays)."""
-    walked = walk(tree)
+def _open(text: str, item) -> tuple[Metadata, Any]:
+    """The metadata of a checkpoint's item (with its directory), or what a
+    checkpoint of the skeleton `text` would record (and None)."""
+    if item is not None:
+        return _items.read(item), item
+    walked = walk(_skeleton.load(text))
     leaves = {}
     for leaf in walked.leaves:
         if leaf.kind != ARRAY:
@@ -206,12 +173,11 @@ def skeleton_metadata(tree: Any, where: str) -> Metadata:
                 leaf.name, leaf.path_str, leaf.kind, value=value
             )
             continue
-        x = leaf.value
-        item = x.dtype.itemsize
+        x, size = leaf.value, leaf.value.dtype.itemsize
         if is_key_dtype(x.dtype):
             data = key_data_struct(x.dtype)
-            item = data.dtype.itemsize * math.prod(data.shape)
-        nbytes = math.prod(x.shape) * item
+            size = data.dtype.itemsize * math.prod(data.shape)
+        nbytes = math.prod(x.shape) * size
         leaves[leaf.name] = LeafMetadata(
             leaf.name,
             leaf.path_str,
@@ -223,38 +189,28 @@ def skeleton_metadata(tree: Any, where: str) -> Metadata:
             None,
             nbytes,
         )
-    return Metadata(where, 0, {}, leaves, dict(walked.modules))
+    return Metadata(f"skeleton {text}", 0, {}, leaves, dict(walked.modules)), None
 
 
-# ---------------------------------------------------------------- structure
-
-
-def structure(a: Side, b: Side) -> list[tuple[str, str, str, str]]:
-    """Every difference of `a` and `b` in structure: `(what, name, as A has
-    it, as B has it)`, in A's leaf order, then B's, then the modules'."""
-    la, lb = a.saved.leaves, b.saved.leaves
-    both_saved = a.directory is not None and b.directory is not None
-    plain = isinstance(a.saved, PlainMetadata) or isinstance(b.saved, PlainMetadata)
-    if plain:  # Orbax holds arrays only, and Python numbers as 0-d arrays
-        la = {n: r for n, r in la.items() if n in lb or _plain_holds(r)}
-        lb = {n: r for n, r in lb.items() if n in la or _plain_holds(r)}
+def structure(a: Metadata, b: Metadata, both_saved: bool) -> list[tuple]:
+    """Every difference in structure, `(what, name, as A has it, as B has
+    it)`: in A's leaf order, then B's other leaves, then the modules'."""
+    plain = isinstance(a, PlainMetadata) or isinstance(b, PlainMetadata)
+    la, lb = _held(a.leaves, b.leaves) if plain else (a.leaves, b.leaves)
     diffs = []
     for name, ra in la.items():
         rb = lb.get(name)
         if rb is None:
             diffs.append(("removed", name, ra.describe(), ""))
-            continue
-        if plain and ARRAY in (ra.kind, rb.kind) and ra.kind != rb.kind:
-            ra, rb = _as_array(ra), _as_array(rb)
-        diff = _leaf(ra, rb, both_saved and not plain)
-        # A skeleton's Python values are placeholders: their types must match.
-        if diff and ra.kind == SCALAR and not both_saved:
-            diff = diff if scalar_type(ra.value) != scalar_type(rb.value) else None
-        diffs += [diff] if diff else []
+        else:
+            diffs.append(_leaf(ra, rb, both_saved, plain))
     diffs += [("added", n, "", r.describe()) for n, r in lb.items() if n not in la]
-    if plain:  # no modules recorded
-        return diffs
-    ma, mb = a.saved.modules, b.saved.modules
+    diffs = [d for d in diffs if d]
+    return diffs + ([] if plain else _modules(a.modules, b.modules))
+
+
+def _modules(ma: dict, mb: dict) -> list[tuple]:
+    diffs = []
     for name, m in ma.items():
         other = mb.get(name)
         if other is None:
@@ -262,16 +218,23 @@ def structure(a: Side, b: Side) -> list[tuple[str, str, str, str]]:
             continue
         if m.cls != other.cls:
             diffs.append(("class", name, m.cls, other.cls))
-        for field in sorted(set(m.static) | set(other.static)):
-            da, db = (
-                describe(s[field]) if field in s else "absent"
-                for s in (m.static, other.static)
-            )
-            if da != db:
-                diffs.append(("static", f"{name}:{field}", da, db))
+        for field in sorted(m.static.keys() | other.static.keys()):
+            da, db = (_field(s, field) for s in (m.static, other.static))
+            diffs += [("static", f"{name}:{field}", da, db)] if da != db else []
     return diffs + [
         ("module added", n, "", m.cls) for n, m in mb.items() if n not in ma
     ]
+
+
+def _field(static: dict, field: str) -> str:
+    return describe(static[field]) if field in static else "absent"
+
+
+def _held(la: dict, lb: dict) -> tuple[dict, dict]:
+    """The leaves of each side a plain Orbax checkpoint could hold (arrays,
+    and Python numbers as 0-d arrays), or the other side holds."""
+    la = {n: r for n, r in la.items() if n in lb or _plain_holds(r)}
+    return la, {n: r for n, r in lb.items() if n in la or _plain_holds(r)}
 
 
 def _plain_holds(record: LeafMetadata) -> bool:
@@ -285,140 +248,143 @@ def _plain_holds(record: LeafMetadata) -> bool:
 
 
 def _as_array(record: LeafMetadata) -> LeafMetadata:
-    """A Python number as the 0-d array Orbax stores it as, of Orbax's dtype:
-    compared by shape only."""
+    """A Python number as the 0-d array Orbax stores it as, of a dtype Orbax
+    picks: compared by shape only."""
     if record.kind == ARRAY:
         return dataclasses.replace(record, dtype=None) if record.shape == () else record
     return dataclasses.replace(record, kind=ARRAY, shape=(), dtype=None)
 
 
-def _leaf(ra: LeafMetadata, rb: LeafMetadata, both_saved: bool):
-    name = ra.name
+def _leaf(ra: LeafMetadata, rb: LeafMetadata, both_saved: bool, plain: bool):
+    """How one leaf differs, or None. A skeleton's Python values are
+    placeholders: only their types count."""
+    if plain and ARRAY in (ra.kind, rb.kind) and ra.kind != rb.kind:
+        ra, rb = _as_array(ra), _as_array(rb)
     if ra.kind != rb.kind:
-        return ("kind", name, ra.describe(), rb.describe())
+        return ("kind", ra.name, ra.describe(), rb.describe())
     if ra.kind != ARRAY:
-        return (
-            ("value", name, ra.describe(), rb.describe())
-            if ra.value != rb.value
-            else None
-        )
+        placeholder = not both_saved and ra.kind == SCALAR
+        if ra.value == rb.value or placeholder and _same_type(ra, rb):
+            return None
+        return ("value", ra.name, ra.describe(), rb.describe())
+    return _array(ra, rb, both_saved and not plain)
+
+
+def _array(ra: LeafMetadata, rb: LeafMetadata, tied: bool):
     if ra.shape != rb.shape:
-        return ("shape", name, str(ra.shape), str(rb.shape))
+        return ("shape", ra.name, str(ra.shape), str(rb.shape))
     if ra.dtype != rb.dtype and None not in (ra.dtype, rb.dtype):
-        return ("dtype", name, str(ra.dtype), str(rb.dtype))
-    tie = lambda r: f"tied to {r.alias_of}" if r.data == ALIAS else "its own array"  # noqa: E731
-    if both_saved and tie(ra) != tie(rb):
-        return ("tied", name, tie(ra), tie(rb))
-    return None
+        return ("dtype", ra.name, str(ra.dtype), str(rb.dtype))
+    ties = [_tie(r) for r in (ra, rb)]
+    return ("tied", ra.name, *ties) if tied and ties[0] != ties[1] else None
+
+
+def _tie(record: LeafMetadata) -> str:
+    return f"tied to {record.alias_of}" if record.data == ALIAS else "its own array"
+
+
+def _same_type(ra: LeafMetadata, rb: LeafMetadata) -> bool:
+    return scalar_type(ra.value) == scalar_type(rb.value)
 
 
 # ---------------------------------------------------------------- values
 
 
-def values(a: Side, b: Side, rtol: float, atol: float, buffer: int) -> list[dict]:
-    """How the values of each array leaf both sides hold with one shape differ:
-    `{"name", "max_abs", "max_rel", "mismatched", "size", "keys"}`, reading
-    about `buffer` bytes at once (half from each side)."""
-    for side in (a, b):
-        if side.directory is None:
+def _values(a, b, rtol: float, atol: float, buffer: int) -> list[dict]:
+    """How the values of each array leaf both hold with one shape differ, read
+    about `buffer` bytes at a time (half from each side)."""
+    for text, (saved, directory) in (("A", a), ("B", b)):
+        if directory is None:
             raise _skeleton.SkeletonError(
-                f"--values compares the data of two checkpoints, but {side.label} is "
-                "a skeleton, which has none. Give two checkpoints, or leave out --values."
+                f"--values compares the data of two checkpoints, but "
+                f"{saved.directory.removeprefix('skeleton ')} is a skeleton, which "
+                "has none. Give two checkpoints, or leave out --values."
             )
-    pairs = []
-    for name, ra in a.saved.leaves.items():
-        rb = b.saved.leaves.get(name)
-        if (
-            ra.kind == ARRAY
-            and rb is not None
-            and rb.kind == ARRAY
-            and ra.shape == rb.shape
-        ):
-            if str(ra.dtype).startswith("key<") == str(rb.dtype).startswith("key<"):
-                pairs.append((ra, rb))
+    pairs = [
+        (ra, b[0].leaves[name])
+        for name, ra in a[0].leaves.items()
+        if _comparable(ra, b[0].leaves.get(name))
+    ]
     total = sum(read_cost(ra) + read_cost(rb) for ra, rb in pairs)
     found = []
     with (
-        _reader(a) as reader_a,
-        _reader(b) as reader_b,
+        _reader(*a) as ra_,
+        _reader(*b) as rb_,
         Progress("diff --values", total) as bar,
     ):
-        stream_b = reader_b.stream((rb for _, rb in pairs), buffer // 2)
-        for ra, xa in reader_a.stream((ra for ra, _ in pairs), buffer // 2):
+        stream_b = rb_.stream((rb for _, rb in pairs), buffer // 2)
+        for ra, xa in ra_.stream((ra for ra, _ in pairs), buffer // 2):
             rb, xb = next(stream_b)  # both streams follow `pairs`
             if ra.dtype.startswith("key<"):
                 found.append(_compare_keys(ra.name, ra.dtype == rb.dtype, xa, xb))
             else:
                 found.append(compare(ra.name, xa, xb, rtol, atol))
             bar.advance(read_cost(ra) + read_cost(rb))
-            del xa, xb
     return found
 
 
-def _reader(side: Side):
-    if isinstance(side.saved, PlainMetadata):
-        return StoreReader(side.directory, side.saved.ocdbt, side.saved.zarr3)
-    return LeafReader(side.directory, side.saved)
+def _comparable(ra: LeafMetadata, rb: LeafMetadata | None) -> bool:
+    if rb is None or ra.kind != ARRAY or rb.kind != ARRAY or ra.shape != rb.shape:
+        return False
+    return str(ra.dtype).startswith("key<") == str(rb.dtype).startswith("key<")
+
+
+def _reader(saved: Metadata, directory):
+    if isinstance(saved, PlainMetadata):
+        return StoreReader(directory, saved.ocdbt, saved.zarr3)
+    return LeafReader(directory, saved)
+
+
+def _result(name: str, max_abs, max_rel, mismatched: int, size: int, keys: bool):
+    return dict(
+        name=name,
+        max_abs=max_abs,
+        max_rel=max_rel,
+        mismatched=mismatched,
+        size=size,
+        keys=keys,
+    )
 
 
 def _compare_keys(name: str, same_impl: bool, a: np.ndarray, b: np.ndarray) -> dict:
-    """Typed PRNG keys (their key data, a trailing axis of words per key),
-    each equal or not: no magnitude."""
+    """Typed PRNG keys (their key data: a trailing axis of words a key), each
+    equal or not, and of one implementation: no magnitude."""
     size = int(np.prod(a.shape[:-1])) if a.ndim else 0
     mismatched = size
     if same_impl and a.shape == b.shape:
         same = np.all(a.reshape(size, -1) == b.reshape(size, -1), axis=1)
         mismatched = int(size - np.count_nonzero(same))
-    return {
-        "name": name,
-        "max_abs": None,
-        "max_rel": None,
-        "mismatched": mismatched,
-        "size": size,
-        "keys": True,
-    }
+    return _result(name, None, None, mismatched, size, True)
 
 
 def compare(name: str, a: np.ndarray, b: np.ndarray, rtol: float, atol: float) -> dict:
     """Two arrays of one shape, a chunk at a time: integers and booleans
     exactly, floats (and complex) as `numpy.isclose(a, b, rtol, atol,
-    equal_nan=True)`; an element's relative difference is
-    `|a - b| / max(|a|, |b|)`, and a nan facing a number is mismatched with
-    no size."""
+    equal_nan=True)`. An element's relative difference is `|a - b| / max(|a|,
+    |b|)`; a nan facing a number is mismatched, with no size."""
     fa, fb = a.reshape(-1), b.reshape(-1)
     exact = _is_exact(a.dtype) and _is_exact(b.dtype)
     max_abs = max_rel = 0.0
     mismatched = 0
     for at in range(0, fa.size, _CHUNK):
-        ra, rb = fa[at : at + _CHUNK], fb[at : at + _CHUNK]
-        ca, cb = _wide(ra), _wide(rb)
+        xa, xb = fa[at : at + _CHUNK], fb[at : at + _CHUNK]
+        wa, wb = _wide(xa), _wide(xb)
         with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
-            if exact:  # exactly, even int64 values float64 would round
-                close = same = ra == rb
-                hi, lo = np.maximum(ra, rb), np.minimum(ra, rb)
-                diff = np.where(
-                    same,
-                    0.0,
-                    (hi.astype(np.uint64) - lo.astype(np.uint64)).astype(np.float64),
-                )
+            if exact:  # exactly, even for int64 values float64 would round
+                close = same = xa == xb
+                hi, lo = np.maximum(xa, xb).astype(np.uint64), np.minimum(xa, xb)
+                diff = np.where(same, 0.0, (hi - lo.astype(np.uint64)).astype(float))
             else:
-                same = (ca == cb) | (np.isnan(ca) & np.isnan(cb))
-                close = np.isclose(ca, cb, rtol=rtol, atol=atol, equal_nan=True)
-                diff = np.where(same, 0.0, np.abs(ca - cb))
+                same = (wa == wb) | (np.isnan(wa) & np.isnan(wb))
+                close = np.isclose(wa, wb, rtol=rtol, atol=atol, equal_nan=True)
+                diff = np.where(same, 0.0, np.abs(wa - wb))
             diff = np.where(np.isnan(diff), 0.0, diff)
-            scale = np.maximum(np.abs(ca), np.abs(cb))
+            scale = np.maximum(np.abs(wa), np.abs(wb))
             rel = np.where(np.isinf(diff), np.inf, diff / np.where(diff, scale, 1))
         mismatched += int(close.size - np.count_nonzero(close))
-        max_abs = max(max_abs, float(np.max(diff, initial=0.0)))
-        max_rel = max(max_rel, float(np.max(rel, initial=0.0)))
-    return {
-        "name": name,
-        "max_abs": max_abs,
-        "max_rel": max_rel,
-        "mismatched": mismatched,
-        "size": int(fa.size),
-        "keys": False,
-    }
+        max_abs = max(max_abs, float(np.max(diff)))
+        max_rel = max(max_rel, float(np.max(rel)))
+    return _result(name, max_abs, max_rel, mismatched, int(fa.size), False)
 
 
 def _is_exact(dtype: np.dtype) -> bool:
@@ -436,68 +402,65 @@ def _is_exact(dtype: np.dtype) -> bool:
 
 
 def _wide(x: np.ndarray) -> np.ndarray:
-    return x.astype(
-        np.complex128 if np.issubdtype(x.dtype, np.complexfloating) else np.float64
-    )
+    complex_ = np.issubdtype(x.dtype, np.complexfloating)
+    return x.astype(np.complex128 if complex_ else np.float64)
 
 
 # ---------------------------------------------------------------- output
 
 
-def _text(a: Side, b: Side, diffs, got, args) -> list[str]:
-    lines = [f"A: {a.saved.directory}", f"B: {b.saved.directory}", ""]
-    if diffs:
-        rows = [
-            [w, _name(w, n), f"{x or '(absent)'}{_ARROW}{y or '(absent)'}"]
-            for w, n, x, y in diffs
-        ]
-        lines += [
-            f"Structure: {count(len(diffs), 'difference')}",
-            table(["difference", "name", "A -> B"], rows, max_pad=None),
-        ]
-    elif isinstance(a.saved, PlainMetadata) or isinstance(b.saved, PlainMetadata):
-        lines.append(
-            f"Structure: the same ({len(a.saved.leaves)} leaves; a plain Orbax "
-            "checkpoint records arrays only, so modules were not compared)."
-        )
-    else:
-        lines.append(
-            f"Structure: the same ({len(a.saved.leaves)} leaves, {len(a.saved.modules)} modules)."
-        )
-    if got is not None:
-        bad = sum(bool(v["mismatched"]) for v in got)
-        lines += [
-            "",
-            f"Values (rtol={args.rtol:g}, atol={args.atol:g}): "
-            + (
-                f"{bad} of {len(got)} arrays differ"
-                if bad
-                else f"all {len(got)} arrays compared are within tolerance"
-            ),
-        ]
-        rows = [
-            [
-                _num(v["max_abs"]),
-                _num(v["max_rel"]),
-                _status(v),
-                display_path(v["name"]),
-            ]
-            for v in got
-        ]
-        # The name last: the numbers line up whatever its length.
-        lines += (
-            [table(["max abs", "max rel", "status", "name"], rows, right=(0, 1))]
-            if got
-            else []
-        )
-    return lines + ["", _verdict(a, b, diffs, got)]
+def _rows(changes) -> list[list[str]]:
+    return [
+        [w, _name(w, n), f"{x or '(absent)'} -> {y or '(absent)'}"]
+        for w, n, x, y in changes
+    ]
 
 
 def _name(what: str, name: str) -> str:
     if what != "static":
         return display_path(name)
     module, _, field = name.rpartition(":")
-    return f"{display_path(module)}.{field}" if module else f"<root>.{field}"
+    return f"{display_path(module) if module else '<root>'}.{field}"
+
+
+def _item_text(c: Compared, args) -> str:
+    (a, _), (b, _), diffs, got = c.a, c.b, c.diffs, c.got
+    lines = [f"A: {a.directory}", f"B: {b.directory}", ""]
+    if diffs:
+        lines.append(f"Structure: {count(len(diffs), 'difference')}")
+        # Every row aligned, however long its name (optimizer state...).
+        lines.append(
+            table(["difference", "name", "A -> B"], _rows(diffs), max_pad=None)
+        )
+    elif isinstance(a, PlainMetadata) or isinstance(b, PlainMetadata):
+        lines.append(
+            f"Structure: the same ({len(a.leaves)} leaves; a plain Orbax checkpoint "
+            "records arrays only, so modules were not compared)."
+        )
+    else:
+        lines.append(
+            f"Structure: the same ({len(a.leaves)} leaves, {len(a.modules)} modules)."
+        )
+    if got is not None:
+        lines += ["", _values_text(got, args)]
+    return "\n".join([*lines, "", _verdict(c)])
+
+
+def _values_text(got: list[dict], args) -> str:
+    bad = sum(bool(v["mismatched"]) for v in got)
+    head = f"Values (rtol={args.rtol:g}, atol={args.atol:g}): "
+    head += (
+        f"{bad} of {len(got)} arrays differ"
+        if bad
+        else f"all {len(got)} arrays compared are within tolerance"
+    )
+    rows = [
+        [_num(v["max_abs"]), _num(v["max_rel"]), _status(v), display_path(v["name"])]
+        for v in got
+    ]
+    # The name last: the numbers line up whatever its length.
+    shown = [table(["max abs", "max rel", "status", "name"], rows, right=(0, 1))]
+    return "\n".join([head, *(shown if got else [])])
 
 
 def _num(x: float | None) -> str:
@@ -513,90 +476,77 @@ def _status(v: dict) -> str:
     return "equal keys" if v["keys"] else "equal" if v["max_abs"] == 0 else "close"
 
 
-def _verdict(a: Side, b: Side, diffs, got) -> str:
+def _verdict(c: Compared) -> str:
+    sa, sb, diffs, got = c.a, c.b, c.diffs, c.got
     bad = sum(bool(v["mismatched"]) for v in got or [])
-    if not diffs and not bad:
+    parts = [f"{len(diffs)} in structure"] * bool(diffs) + [f"{bad} in values"] * bool(
+        bad
+    )
+    if parts:
+        verdict = f"A and B differ: {', '.join(parts)}."
+    else:
         verdict = "A and B do not differ" + (
             " (values within tolerance)." if got else " in structure."
         )
-    else:
-        parts = [f"{len(diffs)} in structure"] if diffs else []
-        verdict = f"A and B differ: {', '.join(parts + ([f'{bad} in values'] if bad else []))}."
     if got is not None:
         return verdict
     # "Do not differ" must not read as "hold the same values".
-    skeletons = [n for n, s in (("A", a), ("B", b)) if s.directory is None]
+    skeletons = [n for n, (_, d) in (("A", sa), ("B", sb)) if d is None]
     if not skeletons:
-        return (
-            verdict + " Array values were not compared: pass --values to compare them."
-        )
+        return verdict + _NOT_COMPARED + "pass --values to compare them."
     if len(skeletons) == 2:
-        return (
-            verdict
-            + " Array values were not compared: A and B are skeletons, which hold none."
-        )
-    return (
-        verdict
-        + f" Array values were not compared: {skeletons[0]} is a skeleton, which holds none."
-    )
+        return verdict + _NOT_COMPARED + "A and B are skeletons, which hold none."
+    return verdict + _NOT_COMPARED + f"{skeletons[0]} is a skeleton, which holds none."
 
 
-def _steps_text(a: Named, b: Named, results, changes, others, args) -> list[str]:
-    lines = [f"A: {_where(a)}", f"B: {_where(b)}", ""]
+def _steps_text(a: Side, b: Side, items, changes, others, args) -> str:
+    lines = [f"A: {a.where()}", f"B: {b.where()}", ""]
     if changes:
-        rows = [
-            [w, display_path(n), f"{x or '(absent)'}{_ARROW}{y or '(absent)'}"]
-            for w, n, x, y in changes
-        ]
+        lines.append(f"Items: {count(len(changes), 'difference')}")
         lines += [
-            f"Items: {count(len(changes), 'difference')}",
-            table(["difference", "item", "A -> B"], rows, max_pad=None),
+            table(["difference", "item", "A -> B"], _rows(changes), max_pad=None),
             "",
         ]
-    for name, sa, sb, diffs, got in results:
-        body = _text(sa, sb, diffs, got, args)[:-1]  # its verdict is the last line's
-        while body and not body[-1]:
-            body.pop()
+    for c in items:
+        # Each item's own lines, but its verdict: the last line's, for all.
+        body = _item_text(c, args).rsplit("\n", 1)[0].rstrip("\n")
         lines += [
-            f"Item {name}:",
-            *("  " + x if x else "" for x in "\n".join(body).splitlines()),
+            f"Item {c.name}:",
+            *("  " + x if x else "" for x in body.split("\n")),
             "",
         ]
     if others:
-        lines.append(
-            f"Not compared (neither orbax_eqx nor plain Orbax items, in both): {', '.join(others)}."
-        )
-    differing = [n for n, *_, d, v in results if _differ(d, v)]
-    parts = [f"{len(changes)} in which items they hold"] if changes else []
-    parts += [f"item(s) {', '.join(differing)}"] if differing else []
+        listed = ", ".join(others)
+        neither = "neither orbax_eqx nor plain Orbax items"
+        lines.append(f"Not compared ({neither}, in both): {listed}.")
+    differing = [c.name for c in items if c.differ]
+    parts = [f"{len(changes)} in which items they hold"] * bool(changes)
+    parts += [f"item(s) {', '.join(differing)}"] * bool(differing)
     if parts:
         verdict = f"A and B differ: {'; '.join(parts)}."
     else:
-        verdict = f"A and B do not differ ({len(results)} item(s) compared" + (
-            ", values within tolerance)." if args.values else " in structure)."
-        )
+        what = ", values within tolerance)." if args.values else " in structure)."
+        verdict = f"A and B do not differ ({len(items)} item(s) compared{what}"
     if not args.values:
-        verdict += " Array values were not compared: pass --values to compare them."
-    return lines + [verdict]
+        verdict += _NOT_COMPARED + "pass --values to compare them."
+    return "\n".join([*lines, verdict])
 
 
-def _json(a: Side, b: Side, diffs, got, args) -> dict:
-    def number(x):
-        return x if x is None or math.isfinite(x) else repr(x)
+def _changes_json(changes) -> list[dict]:
+    return [
+        {"what": w, "name": n, "a": x or None, "b": y or None} for w, n, x, y in changes
+    ]
 
-    doc: dict[str, Any] = {
-        "a": a.saved.directory,
-        "b": b.saved.directory,
-        "differences": [
-            {"what": w, "name": n, "a": x or None, "b": y or None}
-            for w, n, x, y in diffs
-        ],
-        "values": None,
-    }
+
+def _number(x: float | None) -> float | str | None:
+    return x if x is None or math.isfinite(x) else repr(x)  # (strict JSON)
+
+
+def _item_json(c: Compared, args) -> dict:
+    sa, sb, diffs, got = c.a, c.b, c.diffs, c.got
+    doc: dict[str, Any] = {"a": sa[0].directory, "b": sb[0].directory}
+    doc |= {"differences": _changes_json(diffs), "values": None}
     if got is not None:
-        leaves = [
-            v | {"max_abs": number(v["max_abs"]), "max_rel": number(v["max_rel"])}
-            for v in got
-        ]
+        leaves = [v | {k: _number(v[k]) for k in ("max_abs", "max_rel")} for v in got]
         doc["values"] = {"rtol": args.rtol, "atol": args.atol, "leaves": leaves}
-    return doc | {"differ": _differ(diffs, got)}
+    return doc | {"differ": c.differ}

@@ -15,9 +15,9 @@ from .skeleton import load_mapping
 def run(args: argparse.Namespace) -> int:
     path = args.path
     if args.item is not None:
-        from .diff import resolve
+        from .diff import side
 
-        path = os.fspath(resolve(path, args.item).items[args.item])
+        path = os.fspath(side(path, args.item).items[args.item])
     result = export(
         path,
         args.out,

@@ -149,23 +149,28 @@ def saved_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
             result[name] = "unsharded"
         elif source.data == SHARDS and source.sharding:
             result[name] = source.sharding
-    if not any(r.data == STORED for r in saved.leaves.values()):
-        return result
+    if any(r.data == STORED for r in saved.leaves.values()):
+        result |= _stored_shardings(directory, saved)
+    return result
+
+
+def _stored_shardings(directory: epath.Path, saved: Metadata) -> dict[str, str]:
+    """Orbax's record of the sharding of each array in its store."""
     handler = ocp.PyTreeCheckpointHandler()
     try:
         store = arrays_dir(directory, saved.token)
         check_store_files(store)  # Orbax's read would block on a FIFO there
         tree = handler.metadata(store).tree
     except Exception:  # any failure here only costs the sharding column
-        return result
+        return {}
     finally:
         handler.close()
+    found = {}
     for name, leaf in saved.leaves.items() if isinstance(tree, dict) else ():
         key = saved.source(leaf).key
         if leaf.data in (STORED, ALIAS) and key is not None:
-            text = sharding_text(getattr(tree.get(key), "sharding", None))
-            result.update({name: text} if text else {})
-    return result
+            found[name] = sharding_text(getattr(tree.get(key), "sharding", None))
+    return {n: text for n, text in found.items() if text}
 
 
 def _typed_shardings(saved: _items.TypedMetadata) -> dict[str, str]:
@@ -238,46 +243,41 @@ def _metrics_text(metrics: dict[str, Any] | None) -> str:
 
 def _item_text(saved: Metadata, shardings: dict[str, str], flat: bool, every: bool):
     plain = isinstance(saved, PlainMetadata)
-    tree = Tree(saved)
-    if flat:
-        header = ["name", "shape", "type", "bytes", "sharding", "value"]
-        rows = [_flat_row(n, r, shardings) for n, r in saved.leaves.items()]
-        hide = {"sharding"} if not plain else set()
-    else:
-        last = "value" if plain else "value / static fields"
-        header = ["name", "type", "shape", "bytes", "stored in", "sharding", last]
-        rows = tree.rows(shardings, every)
-        hide = {"stored in"} if plain else set()
-    # Columns with nothing in them go (no arrays; no sharding recorded).
-    hide |= {
-        h
-        for i, h in enumerate(header)
-        if h in ("stored in", "sharding") and not any(r[i] for r in rows)
-    }
-    keep = [i for i, h in enumerate(header) if h not in hide]
-    shown = table(
-        [header[i] for i in keep],
-        [[r[i] for i in keep] for r in rows],
-        (keep.index(3),),
-    )
-    if not rows:
-        shown = "  (no arrays)" if plain else "  (no leaves)"
-    if plain:
-        layout = (
-            f"{'OCDBT' if saved.ocdbt else 'no OCDBT'}, zarr v{3 if saved.zarr3 else 2}"
-        )
-        head = [
+    lines = [f"Checkpoint {saved.directory}", ""]
+    if isinstance(saved, PlainMetadata):
+        layout = f"{'' if saved.ocdbt else 'no '}OCDBT, zarr v{3 if saved.zarr3 else 2}"
+        lines[:1] = [
             f"Plain Orbax checkpoint {saved.directory}",
             f"Written by {handler_text(saved.handler)}; arrays stored with {layout}.",
         ]
+    tree = Tree(saved)
+    if not flat:
+        last = "value" if plain else "value / static fields"
+        header = ["name", "type", "shape", "bytes", "stored in", "sharding", last]
+        shown = _table(
+            header, tree.rows(shardings, every), {"stored in"} if plain else ()
+        )
+        lines += [shown or "  (no leaves)", *tree.left_out_line()]
     else:
-        head = [f"Checkpoint {saved.directory}"]
-    lines = [*head, ""]
-    if flat and not plain:
-        lines += [f"Leaves ({len(saved.leaves)}):", shown, "", *_modules(saved)]
-    else:
-        lines += [shown, *([] if flat else tree.left_out_line())]
+        header = ["name", "shape", "type", "bytes", "sharding", "value"]
+        rows = [_flat_row(n, r, shardings) for n, r in saved.leaves.items()]
+        shown = _table(header, rows, () if plain else {"sharding"})
+        lines += (
+            [shown or "  (no arrays)"]
+            if plain
+            else [f"Leaves ({len(saved.leaves)}):", shown, "", *_modules(saved)]
+        )
     return "\n".join([*lines, "", *_trailer(saved)]) + "\n"
+
+
+def _table(header: list[str], rows: list[list[str]], hide) -> str:
+    """The rows, without the columns in `hide` and those with nothing in them
+    (no arrays stored; no sharding recorded); "" if there are no rows."""
+    empty = {h for i, h in enumerate(header) if not any(r[i] for r in rows)}
+    gone = set(hide) | (empty & {"stored in", "sharding"})
+    keep = [i for i, h in enumerate(header) if h not in gone]
+    shown = [[r[i] for i in keep] for r in rows]
+    return table([header[i] for i in keep], shown, (keep.index(3),)) if rows else ""
 
 
 def _flat_row(name: str, leaf, shardings: dict[str, str]) -> list[str]:

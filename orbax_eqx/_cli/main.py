@@ -60,30 +60,24 @@ def _run(args: argparse.Namespace) -> int:
         module = importlib.import_module(f"{__package__}.{name}")
         with paused():  # objects per leaf, thousands of them: see `_gc`
             return module.run(args)
-    except ModuleNotFoundError as e:
-        if e.name not in _EXTRAS or args.debug:
-            raise
-        print_error(
-            [
-                f"{args.command} needs the {e.name} package, which is not installed: "
-                f"pip install 'orbax_eqx[{_EXTRAS[e.name]}]' (or pip install {e.name})."
-            ]
-        )
-        return 2
     except BrokenPipeError:  # the reader went away (`... | head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     except KeyboardInterrupt:
         return 130
-    except (OrbaxEqxError, OSError) as e:
+    except Exception as e:  # the one handler: whatever it is, no traceback
         if args.debug:
             raise
-        print_error(error_lines(e))
-        return 2
-    except Exception as e:  # the last line of defence: still no traceback
-        if args.debug:
-            raise
-        print_error([unforeseen(args.command, e)])
+        if isinstance(e, ModuleNotFoundError) and e.name in _EXTRAS:
+            lines = [
+                f"{args.command} needs the {e.name} package, which is not installed: "
+                f"pip install 'orbax_eqx[{_EXTRAS[e.name]}]' (or pip install {e.name})."
+            ]
+        elif isinstance(e, (OrbaxEqxError, OSError)):
+            lines = error_lines(e)
+        else:  # unforeseen: named with its command
+            lines = [unforeseen(args.command, e)]
+        print_error(lines)
         return 2
 
 
@@ -93,13 +87,9 @@ def _quiet(hook):
     the error reported says what went wrong."""
 
     def quiet(unraisable) -> None:
-        text = str(unraisable.exc_value)
-        if "Event loop is closed" in text or type(unraisable.object).__name__ in (
-            "coroutine",
-            "Task",
-        ):
-            return
-        hook(unraisable)
+        closed = "Event loop is closed" in str(unraisable.exc_value)
+        if not closed and type(unraisable.object).__name__ not in ("coroutine", "Task"):
+            hook(unraisable)
 
     return quiet
 
@@ -159,136 +149,68 @@ def positive_int(text: str) -> int:
     return value
 
 
-_GUIDE = "Every command, its output and --json: docs/guides/cli.md."
+# Each command's one-line help, then what its page says in full.
 _HELP = {
-    "inspect": (
-        "show what a checkpoint or safetensors holds, without reading array data",
-        "PATH: an item, a step (each item), a CheckpointManager root (its steps, "
-        "then the latest), a plain Orbax checkpoint, or safetensors (a file, a "
-        "directory of them, an index). Runs of 3 or more alike list items fold "
-        "into one row (--all shows each). With --skeleton (and --mapping), "
-        "safetensors are lined up with the skeleton as `import` would, reading "
-        "no tensor: exit status 1 if they do not fit. --stats reads every array "
-        "(exit status 1 if one is damaged).",
-    ),
-    "diff": (
-        "compare two checkpoints, or a checkpoint and a skeleton",
-        "A and B: checkpoints (items, steps item by item, manager roots' latest "
-        "steps), or skeletons as `module:function` or `path/to/file.py:function` "
-        "(a function of no arguments returning the skeleton). Exit status: 0 if "
-        "they do not differ, 1 if they do, 2 on an error.",
-    ),
-    "verify": (
-        "check every array of a checkpoint against its checksum",
-        "PATH: an item, a step, a manager root (every step, or --latest), a plain "
-        "Orbax checkpoint (its arrays read back), or safetensors (the checksums "
-        "export records, where a file has them). Exit status: 0 if sound, 1 if "
-        "damaged, 2 if it cannot be read at all.",
-    ),
-    "export": (
-        "write a checkpoint's arrays as safetensors",
-        "OUT: a directory (model.safetensors, or sharded past --max-shard-size "
-        "with an index), or a file ending in .safetensors. --rename: a JSON "
-        '{"leaf": "tensor" or null} or [["regex", "replacement" or null], ...]; '
-        "--mapping: a StateDictMapping's JSON. Needs the safetensors package.",
-    ),
-    "import": (
-        "save a checkpoint from safetensors, given a skeleton",
-        "SOURCE: a .safetensors file or a directory of them. Every problem is "
-        "listed before any tensor is read.",
-    ),
-    "demo": (
-        "train, checkpoint and restore a small model",
-        "Trains a small MLP with BatchNorm with optax, saves every step through a "
-        "CheckpointManager that keeps the 3 best, restores the best into a "
-        "skeleton and checks it. Needs optax.",
-    ),
+    "inspect": "show what a checkpoint or safetensors holds, reading no array",
+    "stats": "the values of every array: inspect --stats",
+    "diff": "compare two checkpoints, or a checkpoint and a skeleton",
+    "verify": "check every array of a checkpoint against its checksum",
+    "export": "write a checkpoint's arrays as safetensors",
+    "import": "save a checkpoint from safetensors, given a skeleton",
+    "demo": "train, checkpoint and restore a small model (needs optax)",
+}
+_GUIDE = "What each command shows, its --json and its exit status: docs/guides/cli.md"
+_FLAGS = {  # store_true options, by the commands that take them
+    "--json": ("print JSON", "inspect stats diff verify"),
+    "--flat": ("one row per leaf or tensor", "inspect stats"),
+    "--all": ("fold no alike rows", "inspect stats"),
+    "--params": ("parameter counts per subtree and dtype", "inspect stats"),
+    "--stats": ("read every array: min, max, mean, std, L2, NaN/Inf", "inspect"),
+    "--latest": ("of a manager root, the latest step only", "verify"),
+    "--values": ("compare array data too", "diff"),
+    "--cast": ("cast tensors to the skeleton's dtypes", "inspect stats import"),
+    "--allow-unused": ("leave out tensors that fill no leaf", "inspect stats import"),
+    "--ignore-static": ("keep the skeleton's static fields", "inspect stats import"),
+    "--overwrite": ("replace what is at OUT", "export import"),
 }
 
 
 def _parser() -> argparse.ArgumentParser:
     from .._version import __version__
 
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="Inspect, compare, verify, export and import orbax_eqx "
-        "checkpoints, or run a short demo.",
-    )
-    parser.add_argument(
-        "--version", action="version", version=f"%(prog)s {__version__}"
-    )
+    parser = argparse.ArgumentParser(prog=PROG, description=_GUIDE)
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--debug", action="store_true", help="show the traceback of an error"
-    )
+    common.add_argument("--debug", action="store_true", help="show tracebacks")
     commands = parser.add_subparsers(title="commands", dest="command", required=True)
-
-    def command(name: str, help_name: str | None = None):
-        short, long = _HELP[help_name or name]
-        return commands.add_parser(
-            name, parents=[common], help=short, description=f"{long} {_GUIDE}"
-        )
-
-    for name in ("inspect", "stats"):
-        _inspect(command(name, "inspect"), stats=name == "stats")
-    _diff(command("diff"))
-    verify = command("verify")
-    verify.add_argument("path", metavar="PATH")
-    verify.add_argument("--json", action="store_true", help="print JSON")
-    verify.add_argument(
-        "--latest", action="store_true", help="a root's latest step only"
-    )
-    _export(command("export"))
-    _import(command("import"))
-    demo = command("demo")
-    demo.add_argument(
-        "--dir",
-        default="demo_checkpoints",
-        help="where to save (default: ./demo_checkpoints); an earlier demo's "
-        "checkpoints there are replaced, anything else is left alone",
-    )
-    demo.add_argument("--steps", type=positive_int, default=10, help="default: 10")
+    for name, help in _HELP.items():
+        text = f"{help[0].upper()}{help[1:]}. {_GUIDE}."
+        p = commands.add_parser(name, parents=[common], help=help, description=text)
+        p.set_defaults(stats=name == "stats")
+        for flag, (text, where) in _FLAGS.items():
+            if name in where.split():
+                dest = "every" if flag == "--all" else flag[2:].replace("-", "_")
+                p.add_argument(flag, action="store_true", help=text, dest=dest)
+        _ARGUMENTS.get(name, lambda p: None)(p)
     return parser
 
 
-def _inspect(p: argparse.ArgumentParser, stats: bool) -> None:
-    p.set_defaults(stats=stats)
+def _inspect(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH")
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--flat", action="store_true", help="one row per leaf or tensor")
-    p.add_argument("--all", action="store_true", dest="every", help="fold nothing")
     p.add_argument("--best", metavar="METRIC", default="loss", help="default: loss")
     p.add_argument("--mode", choices=("min", "max"), default="min", help="default: min")
-    p.add_argument("--params", action="store_true", help="parameter counts")
-    if not stats:
-        p.add_argument("--stats", action="store_true", help="read every array")
     p.add_argument("--depth", type=positive_int, metavar="N", help="subtrees' depth")
-    p.add_argument("--skeleton", metavar="MODULE:FUNCTION", help="line safetensors up")
-    p.add_argument("--mapping", metavar="FILE", help="a StateDictMapping's JSON")
-    _load_options(p)
-
-
-def _load_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--cast", action="store_true", help="cast to the skeleton's dtypes")
-    p.add_argument(
-        "--allow-unused", action="store_true", help="leave out extra tensors"
-    )
-    p.add_argument(
-        "--ignore-static", action="store_true", help="keep the skeleton's static fields"
-    )
+    p.add_argument("--skeleton", metavar="MODULE:FUNCTION", help="line tensors up")
+    p.add_argument("--mapping", metavar="FILE", help="JSON state_dict mapping")
 
 
 def _diff(p: argparse.ArgumentParser) -> None:
     p.add_argument("a", metavar="A", help="checkpoint, or module:function")
     p.add_argument("b", metavar="B", help="checkpoint, or module:function")
-    p.add_argument("--values", action="store_true", help="compare array data too")
     p.add_argument("--rtol", type=tolerance, default=1e-5, help="default: 1e-5")
     p.add_argument("--atol", type=tolerance, default=1e-8, help="default: 1e-8")
-    p.add_argument(
-        "--buffer", metavar="SIZE", type=size, default="256MiB", help="data held"
-    )
+    p.add_argument("--buffer", metavar="SIZE", type=size, default="256MiB")
     p.add_argument("--item", metavar="NAME", help="that item of each step")
-    p.add_argument("--json", action="store_true", help="print JSON")
 
 
 def _names(p: argparse.ArgumentParser) -> None:
@@ -299,26 +221,17 @@ def _names(p: argparse.ArgumentParser) -> None:
 
 def _export(p: argparse.ArgumentParser) -> None:
     p.add_argument("path", metavar="PATH", help="checkpoint (item or step)")
+    p.add_argument("out", metavar="OUT", help="directory, or file.safetensors")
     p.add_argument(
         "--to",
         default="safetensors",
         choices=("safetensors",),
         help="default: safetensors",
     )
-    p.add_argument("out", metavar="OUT", help="directory, or file.safetensors")
     _names(p)
     p.add_argument("--skeleton", metavar="MODULE:FUNCTION", help="for field keys")
-    p.add_argument(
-        "--max-shard-size",
-        metavar="SIZE",
-        type=size,
-        default="5GB",
-        help="default: 5GB",
-    )
-    p.add_argument(
-        "--buffer", metavar="SIZE", type=size, default="256MiB", help="default: 256MiB"
-    )
-    p.add_argument("--overwrite", action="store_true", help="replace files in OUT")
+    p.add_argument("--max-shard-size", metavar="SIZE", type=size, default="5GB")
+    p.add_argument("--buffer", metavar="SIZE", type=size, default="256MiB")
     p.add_argument("--item", metavar="NAME", help="that item of a step")
 
 
@@ -327,5 +240,21 @@ def _import(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", metavar="OUT", help="where to save the checkpoint")
     p.add_argument("--skeleton", required=True, metavar="MODULE:FUNCTION")
     _names(p)
-    _load_options(p)
-    p.add_argument("--overwrite", action="store_true", help="replace a checkpoint")
+
+
+def _demo(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dir", default="demo_checkpoints", help="default: demo_checkpoints"
+    )
+    p.add_argument("--steps", type=positive_int, default=10, help="default: 10")
+
+
+_ARGUMENTS = {
+    "inspect": _inspect,
+    "stats": _inspect,
+    "diff": _diff,
+    "verify": lambda p: p.add_argument("path", metavar="PATH"),
+    "export": _export,
+    "import": _import,
+    "demo": _demo,
+}

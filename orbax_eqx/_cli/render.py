@@ -6,6 +6,7 @@ cursor or fake a line of the report.
 """
 
 import json
+import math
 import re
 import sys
 from typing import Any, TextIO
@@ -157,8 +158,8 @@ def _parts(error: BaseException) -> tuple[str, list[str], list[str], int]:
 
 
 def _grouped(problems: list[str]) -> list[str]:
-    """Problems that differ only in the names they quote, as one: the first,
-    then the names of the others."""
+    """Problems that differ only in the first name they quote, as one: the
+    first, then the names of the others."""
     groups: dict[str, list[str]] = {}
     for p in problems:
         groups.setdefault(_NAME.sub("``", p, count=1), []).append(p)
@@ -267,13 +268,13 @@ def split(name: str) -> list[str]:
 class Node:
     """A node of the tree: one per name part (slots: there are many)."""
 
-    __slots__ = ("children", "leaf", "module", "nbytes", "kind")
+    __slots__ = ("children", "leaf", "module", "nbytes", "params", "kind")
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.children: dict[str, Node] = {}
         self.leaf: Any = None
         self.module: str | None = None  # the module's name in the sidecar
-        self.nbytes = 0
+        self.nbytes = self.params = 0  # of the arrays stored under it
         self.kind = 0  # nodes whose rows would be alike have one kind
 
 
@@ -308,15 +309,16 @@ class Tree:
             if leaf.kind == ARRAY and leaf.data in (STORED, PACKED, SHARDS):
                 for node in path:
                     node.nbytes += leaf.nbytes
+                    node.params += math.prod(leaf.shape or ())
         for module in saved.modules:
-            node = self.find(split(module) if module else [])
-            if node is not None:
-                node.module = module
+            found = self.find(split(module) if module else [])
+            if found is not None:
+                found.module = module
 
     def find(self, parts: list[str]) -> Node | None:
         node: Node | None = self.root
         for part in parts:
-            node = node.children.get(part) if node else None
+            node = node.children.get(part) if node is not None else None
         return node
 
     def left_out_line(self) -> list[str]:

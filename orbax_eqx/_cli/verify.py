@@ -24,20 +24,9 @@ from .render import Progress, count, handler_text, human_bytes, printable
 def run(args: argparse.Namespace) -> int:
     if safetensors_files.names_safetensors(args.path):
         return safetensors_files.verify(args)
-    items = _items.items_under(args.path)
-    steps = sorted({step for step, _ in items if step is not None})
-    if args.latest and steps:
-        items = [(step, item) for step, item in items if step == steps[-1]]
-    saved = {}
-    for _, item in items:
-        try:
-            saved[item] = _items.read(item)
-        except CheckpointPermissionError:
-            raise  # no damage: it ends the command
-        except OrbaxEqxError as e:
-            if len(items) == 1 and not steps:
-                raise  # one checkpoint that cannot be read at all
-            saved[item] = e
+    items, steps = _named(args.path, args.latest)
+    one = len(items) == 1 and not steps
+    saved = {item: _read(item, one) for _, item in items}
     root = as_path(args.path)
     if steps and not args.json:  # before the progress bar, which takes a while
         which = "the latest only" if args.latest else "every step"
@@ -45,46 +34,61 @@ def run(args: argparse.Namespace) -> int:
             f"CheckpointManager root {root}: {len(steps)} step(s); checking {which}.",
             flush=True,
         )
-    total = sum(_nbytes(s) for s in saved.values() if not isinstance(s, Exception))
-    results = []
-    with Progress("verify", total) as bar:
-        for step, item in items:
-            found = saved[item]
-            if not isinstance(found, Exception):
-                found = _verify(item, found, bar.advance)
-            results.append((step, item, found))
-    bad = [(s, i) for s, i, f in results if isinstance(f, Exception) or not f.ok]
+    with Progress("verify", sum(map(_nbytes, saved.values()))) as bar:
+        results = [(s, i, _verify(i, saved[i], bar.advance)) for s, i in items]
+    bad = [(s, i) for s, i, found in results if not getattr(found, "ok", False)]
     if args.json:
-        entries = [
-            _json(step, item, found, saved[item]) for step, item, found in results
-        ]
-        if len(items) == 1 and not steps:
-            doc = entries[0]
-            doc.pop("step")
-        else:
-            doc = {"path": str(root), "steps": steps, "checkpoints": entries}
-            doc["ok"] = not bad
-        print(json.dumps(doc, indent=2))
-        return 1 if bad else 0
-    for _, item, found in results:
-        if isinstance(found, Exception):
-            print(f"UNREADABLE {item}: {str(found).strip().splitlines()[0]}")
-        else:
-            print(_text(found, saved[item]), end="")
-    if len(items) > 1 or steps:
-        plain = any(isinstance(s, PlainMetadata) for s in saved.values())
-        print(_verdict(root, results, bad, bool(steps), plain))
+        _print_json(root, steps, results, saved, bad, one)
+    else:
+        for _, item, found in results:
+            print(_text(item, found, saved[item]), end="")
+        if not one:
+            print(_verdict(root, results, bad, bool(steps), saved))
     return 1 if bad else 0
 
 
-def _verify(item, saved, progress) -> VerifyReport:
+def _named(path: str, latest: bool):
+    """The items `path` names with their steps (a root's latest only, if
+    `latest`), and the steps."""
+    items = _items.items_under(path)
+    steps = sorted({step for step, _ in items if step is not None})
+    if latest and steps:
+        return [(s, i) for s, i in items if s == steps[-1]], steps
+    return items, steps
+
+
+def _print_json(root, steps, results, saved, bad, one: bool) -> None:
+    entries = [_json(s, i, found, saved[i]) for s, i, found in results]
+    if one:  # one checkpoint's report, as `oeqx.verify` gives it
+        doc = {k: v for k, v in entries[0].items() if k != "step"}
+    else:
+        doc = {"path": str(root), "steps": steps, "checkpoints": entries, "ok": not bad}
+    print(json.dumps(doc, indent=2))
+
+
+def _read(item, alone: bool):
+    """The item's metadata; if it cannot be read, the error (one of several
+    items counts as damaged; alone, it ends the command)."""
+    try:
+        return _items.read(item)
+    except CheckpointPermissionError:
+        raise  # no damage: it ends the command
+    except OrbaxEqxError as e:
+        if alone:
+            raise
+        return e
+
+
+def _verify(item, saved, progress) -> VerifyReport | Exception:
+    if isinstance(saved, Exception):
+        return saved
     if isinstance(saved, PlainMetadata):  # its metadata is read already
         return check(item, saved, progress)
     return verify(item, progress=progress)
 
 
 def _nbytes(saved) -> int:
-    leaves = saved.leaves.values()
+    leaves = () if isinstance(saved, Exception) else saved.leaves.values()
     return sum(r.nbytes for r in leaves if r.data in (PACKED, SHARDS, STORED))
 
 
@@ -98,64 +102,55 @@ def _json(step, item, found, saved) -> dict:
     return {"step": step} | doc
 
 
-def _text(report: VerifyReport, saved) -> str:
+def _text(item, report: VerifyReport | Exception, saved) -> str:
+    if isinstance(report, Exception):
+        return f"UNREADABLE {item}: {str(report).strip().splitlines()[0]}\n"
     lines = [
         f"DAMAGED {printable(label(leaf.name, leaf.path))}: {printable(leaf.problem)}"
         for leaf in report.damaged
     ]
-    where = report.directory
-    checked = report.checked + report.unchecked
-    arrays = len(checked) + len(report.damaged)
+    arrays = len(report.checked) + len(report.unchecked) + len(report.damaged)
     if isinstance(saved, PlainMetadata):
-        who = handler_text(saved.handler)
-        if report.ok:
-            return (
-                "\n".join(
-                    lines
-                    + [
-                        f"{arrays} of {arrays} arrays ({human_bytes(report.nbytes)}) in {where} "
-                        f"read back whole. It is a plain Orbax checkpoint ({who}), which "
-                        "records no checksums: every array is there and decodes, but whether "
-                        "its values changed since the save cannot be told."
-                    ]
-                )
-                + "\n"
-            )
-        return (
-            "\n".join(
-                lines
-                + [
-                    f"{len(report.damaged)} of {arrays} arrays in {where} cannot be read (a "
-                    f"plain Orbax checkpoint, {who}). {EARLIER_STEP}"
-                ]
-            )
-            + "\n"
-        )
+        return "\n".join([*lines, _plain_line(report, saved, arrays)]) + "\n"
     if report.unchecked:
-        why = (
-            "saved with checksums=False"
-            if not saved.checksums
-            else "Orbax-stored arrays that no process held whole at save"
-        )
+        why = "saved with checksums=False"
+        if saved.checksums:
+            why = "Orbax-stored arrays that no process held whole at save"
         lines.append(
             f"{len(report.unchecked)} leaves record no checksum ({why}): read, not "
             "checked."
         )
+    where = report.directory
     if report.ok:
-        lines.append(
-            f"{len(report.checked)} of {arrays} arrays ({human_bytes(report.nbytes)}) "
-            f"in {where} match their checksums."
-        )
+        size = human_bytes(report.nbytes)
+        line = f"{len(report.checked)} of {arrays} arrays ({size}) in {where} match "
+        lines.append(line + "their checksums.")
     else:
-        lines.append(
-            f"{len(report.damaged)} of {arrays} arrays in {where} are damaged. "
-            + EARLIER_STEP
-        )
+        line = f"{len(report.damaged)} of {arrays} arrays in {where} are damaged. "
+        lines.append(line + EARLIER_STEP)
     return "\n".join(lines) + "\n"
 
 
-def _verdict(root, results, bad, by_step: bool, plain: bool) -> str:
+def _plain_line(report: VerifyReport, saved: PlainMetadata, arrays: int) -> str:
+    """A plain Orbax item: every array read back, none checked (Orbax records
+    no checksums)."""
+    who, where = handler_text(saved.handler), report.directory
+    if not report.ok:
+        return (
+            f"{len(report.damaged)} of {arrays} arrays in {where} cannot be read (a "
+            f"plain Orbax checkpoint, {who}). {EARLIER_STEP}"
+        )
+    return (
+        f"{arrays} of {arrays} arrays ({human_bytes(report.nbytes)}) in {where} read "
+        f"back whole. It is a plain Orbax checkpoint ({who}), which records no "
+        "checksums: every array is there and decodes, but whether its values "
+        "changed since the save cannot be told."
+    )
+
+
+def _verdict(root, results, bad, by_step: bool, saved: dict) -> str:
     # Plain Orbax items have no checksums: their arrays read back, no more.
+    plain = any(isinstance(s, PlainMetadata) for s in saved.values())
     sound = "every array matches" + (
         " (or, in plain Orbax items, reads back)." if plain else "."
     )
