@@ -60,12 +60,12 @@ def test_partial_restores_through_the_manager(tmp_path, composite):
     # Renamed, with a new head kept from a live skeleton, and a report.
     fresh_head = eqx.nn.Linear(8, 5, key=jax.random.key(9))
     skeleton = {"net": skeleton_mlp(), "head": fresh_head}
-    tree, report = restore(
-        skeleton,
-        renames=[(r"model\.(.*)", r"net.\1"), (r"opt_state\..*|step", None)],
-        missing="keep",
-        report=True,
+    renames = (  # the skeleton's names to the checkpoint's; the rest left unread
+        oeqx.StateDictMapping()
+        .rename_regex(r"net\.(.*)", r"model.\1")
+        .ignore(["opt_state.**", "step"])
     )
+    tree, report = restore(skeleton, renames=renames, missing="keep", report=True)
     assert_trees_equal(tree["net"], saved["model"])
     assert tree["head"].weight is fresh_head.weight
     assert report.kept == ("head.weight", "head.bias")

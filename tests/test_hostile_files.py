@@ -254,29 +254,29 @@ def test_rename_map_that_would_never_end_is_refused_unread(tmp_path):
     raised = raised_by(lambda: load(fifo), fifo)
     assert isinstance(raised, RenameError), raised
     assert str(raised) == (
-        f"The rename map {fifo} is a FIFO (named pipe), not a regular file. Pass "
-        "the path of the JSON file of renames."
+        f"The mapping {fifo} is a FIFO (named pipe), not a regular file. Pass the "
+        "path of a JSON file."
     )
     endless = tmp_path / "zero.json"
     os.symlink("/dev/zero", endless)
     with pytest.raises(
         RenameError,
-        match=rf"^The rename map {endless} is a character device, not a regular file\.",
+        match=rf"^The mapping {endless} is a character device, not a regular file\.",
     ):
         load(endless)
     huge = tmp_path / "huge.json"
     with open(huge, "wb") as f:
-        f.truncate((64 << 20) + 1)  # sparse: no disk, and never read
+        f.truncate((16 << 20) + 1)  # sparse: no disk, and never read
     with pytest.raises(
         RenameError,
-        match=rf"^The rename map {huge} has {(64 << 20) + 1} bytes, more than the "
-        rf"{64 << 20} allowed\. Pass the path of the JSON file of renames\.$",
+        match=rf"^The mapping {huge} has {(16 << 20) + 1} bytes, more than the "
+        rf"{16 << 20} allowed\. Pass the path of a JSON file\.$",
     ):
         load(huge)
     with pytest.raises(
         RenameError,
-        match=rf"^The rename map {tmp_path}/nope\.json does not exist\. Pass the "
-        r"path of the JSON file of renames\.$",
+        match=rf"^The mapping {tmp_path}/nope\.json does not exist\. Pass the path "
+        r"of a JSON file\.$",
     ):
         load(tmp_path / "nope.json")
 

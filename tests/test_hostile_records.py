@@ -386,8 +386,19 @@ def test_shared_wiring_rebuilds_after_resealing(tmp_path):
 
 
 def test_renames_with_allow_speak_of_the_rebuilt_tree(tree):
+    # The checkpoint's `a` read into a `c` that the rebuilt tree lacks.
     with pytest.raises(oeqx.RenameError) as info:
         oeqx.restore(tree, allow=[], renames={"a": "c"})
     text = str(info.value)
-    assert "only to names the rebuilt tree lacks (its leaves are named like" in text
+    assert "The entry 'c' of rule 0 " in text
+    assert "matches no name (the names it sees look like `a`, `b`, `d.k`)" in text
+    assert "skeleton" not in text
+    # The rebuilt tree's `a` read from a `zz` that the checkpoint lacks.
+    with pytest.raises(oeqx.RenameError) as info:
+        oeqx.restore(tree, allow=[], renames={"zz": "a"})
+    text = str(info.value)
+    assert (
+        "Rule 0 of `renames=` renames the rebuilt tree's leaves (`a` -> `zz`) only "
+        "to names the checkpoint lacks (its leaves are named like `a`, `b`, `d.k`)."
+    ) in text
     assert "skeleton" not in text

@@ -57,7 +57,9 @@ def test_state_in_a_tuple_restores_from_another_layout(tmp_path):
     restored = oeqx.restore(
         tmp_path / "ckpt",
         {"net": skeleton_model, "state": skeleton_state},
-        renames=[(r"0\.(.*)", r"net.\1"), (r"1\.(.*)", r"state.\1")],
+        renames=oeqx.StateDictMapping().rename_regex(
+            [(r"net\.(.*)", r"0.\1"), (r"state\.(.*)", r"1.\1")]
+        ),
     )
     zoo.assert_same(restored["state"], state)
 

@@ -365,7 +365,7 @@ def test_renamed_modules_still_have_their_static_fields_checked(tmp_path):
         ),
         (
             M().rename_regex(r"layers\.(.*)", r"blokcs.\1"),
-            r"Rule 0 of `renames=` renames skeleton leaves "
+            r"Rule 0 of `renames=` renames the skeleton's leaves "
             r"\(`layers\.0\.attn\.query_proj\.weight` -> "
             r"`blokcs\.0\.attn\.query_proj\.weight` and \d+ more\) only to names the "
             r"checkpoint lacks \(its leaves are named like `blocks\.0",
@@ -447,9 +447,15 @@ def test_a_swap_is_no_clash(tmp_path):
         ([("a", "b")], r"`renames=` is a list: expected .* `rename_regex`"),
         (lambda n: n, r"`renames=` is a function: expected"),
         ({"a": 3}, r"`renames=` maps 'a' to 3: a rename map maps names"),
+        (
+            {"a": "c", "b": "c"},
+            r"^`renames=` maps both 'a' and 'b' to 'c': a new name is read from one "
+            r"old name\. Give each its own new name, or map one to None to leave it "
+            r"unread\.$",
+        ),
         (M().drop("a"), r"`renames=` has the rule Drop\(.*which a restore does not"),
     ],
-    ids=["str", "list", "function", "dict-value", "drop"],
+    ids=["str", "list", "function", "dict-value", "dict-one-new-name", "drop"],
 )
 def test_malformed_renames_fail_when_made(renames, match):
     with pytest.raises(oeqx.RenameError, match=match):

@@ -415,19 +415,41 @@ def test_reader_agrees_with_library_writer(tmp_path):
 @pytest.mark.parametrize(
     "content, message",
     [
-        ("{", r"The rename map \S+ is not valid JSON"),
-        ("[1, 2]", r"must be a JSON object of names .* or a list of rules"),
-        ('[["(", "x"]]', r"has an invalid pattern '\('"),
+        ("{", r"^In \S+m\.json: The mapping is not valid JSON \("),
+        (
+            "[1, 2]",
+            r"^In \S+m\.json: "
+            + re.escape(
+                "The mapping's rules: Expected `object`, got `int` - at `$[0]`. Each "
+                'rule is an object {"op": ...}; a rename map is {"old": "new" or '
+                'null}, or [["regex", "new" or null]].'
+            )
+            + "$",
+        ),
+        (
+            '[["a", "b"], "c"]',
+            r"^In \S+m\.json: The rename map: Expected `array`, got `str` - at "
+            r"`\$\[1\]`\.$",
+        ),
+        (
+            '[["(", "x"]]',
+            r"^In \S+m\.json: The rename map: Rule 0 of a `rename_regex`: the pattern "
+            r"'\(' is not one RE2 takes",
+        ),
         (
             '{"nope": "x", "a": "b"}',
-            r"has entries that match no tensor name: 'nope'\. Fix",
+            r"^The rename map \S+m\.json does not fit the names: The entry 'nope' of "
+            r"rule 0 `.*` matches no name \(the names it sees look like `a`, `b`\); "
+            r"`a` and `b` both become `b`\. Fix or remove those entries \(`inspect` "
+            r"shows the names\)\.$",
         ),
         (
             '{"a": "c", "b": "c"}',
-            r"tensors would share a name: `a` and `b` both become `c`\.",
+            r"^The rename map \S+m\.json does not fit the names: `a` and `b` both "
+            r"become `c`\. Fix",
         ),
     ],
-    ids=["json", "shape", "regex", "unmatched", "clash"],
+    ids=["json", "shape", "pair", "regex", "unmatched", "clash"],
 )
 def test_rename_map_errors(tmp_path, content, message):
     (tmp_path / "m.json").write_text(content)

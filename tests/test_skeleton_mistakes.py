@@ -35,11 +35,13 @@ def test_lookalike_class_with_same_fields_but_other_structure(tmp_path):
         jax.ShapeDtypeStruct((2,), jnp.float32),
         (jax.ShapeDtypeStruct((3,), jnp.float32),),
     )
+    # The checkpoint's `y` has the shape and dtype of the skeleton's `y.0`: the
+    # two are one difference, paired.
     match = (
-        r"(?s)\(3 differences\).*Leaf `y\.0` is in the skeleton but not in the "
-        r"checkpoint\..*Leaf `y` is in the checkpoint but not in "
-        r"the skeleton\..*Module `<root>` is `.*Lookalike` in the skeleton but "
-        r"`.*Saved` in the checkpoint\."
+        r"(?s)\(2 differences\).*Leaf `y\.0` is in the skeleton but not in the "
+        r"checkpoint; did you mean the checkpoint's `y`, of that shape and dtype, "
+        r"which the skeleton lacks\? \(map it with `renames=`\)\..*Module `<root>` "
+        r"is `.*Lookalike` in the skeleton but `.*Saved` in the checkpoint\."
     )
     fails_touching_nothing(
         tmp_path, tmp_path / "ckpt", oeqx.CheckpointMismatchError, match, skeleton
@@ -52,16 +54,18 @@ def test_lookalike_class_with_same_fields_but_other_structure(tmp_path):
         (
             {"0": jnp.ones(2)},
             {0: jax.ShapeDtypeStruct((2,), jnp.float32)},
-            r"(?s)Leaf `0` is in the skeleton but not in the checkpoint\..*"
-            r"Leaf `\\0` \(path `\['0'\]`\) is in the checkpoint but not in "
-            r"the skeleton\.",
+            r"\(1 difference\):\n  - Leaf `0` is in the skeleton but not in the "
+            r"checkpoint; did you mean the checkpoint's `\\0` \(path `\['0'\]`\), of "
+            r"that shape and dtype, which the skeleton lacks\? \(map it with "
+            r"`renames=`\)\.\n",
         ),
         (
             {0: jnp.ones(2)},
             {"0": jax.ShapeDtypeStruct((2,), jnp.float32)},
-            r"(?s)Leaf `\\0` \(path `\['0'\]`\) is in the skeleton but not in the "
-            r"checkpoint\..*Leaf `0` is in the checkpoint but not in the "
-            r"skeleton\.",
+            r"\(1 difference\):\n  - Leaf `\\0` \(path `\['0'\]`\) is in the "
+            r"skeleton but not in the checkpoint; did you mean the checkpoint's `0`, "
+            r"of that shape and dtype, which the skeleton lacks\? \(map it with "
+            r"`renames=`\)\.\n",
         ),
         (
             {"w": None, "v": jnp.ones(2)},

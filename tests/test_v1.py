@@ -247,9 +247,9 @@ def test_option_prefix(saved_item):
 def test_option_renames_and_report(saved_item):
     path, item = saved_item
     skeleton = {"net": _block_skeleton(), "step": 0, "note": ""}
+    renames = oeqx.StateDictMapping().rename_regex(r"net\.(.*)", r"model.\1")
     restored, report = _load_state(
-        path,
-        oeqx.EqxRestore(skeleton, renames=[(r"model\.(.*)", r"net.\1")], report=True),
+        path, oeqx.EqxRestore(skeleton, renames=renames, report=True)
     )
     zoo.assert_same(restored, {"net": item["model"], "step": 3, "note": "hi"})
     assert isinstance(report, oeqx.RestoreReport) and report.renamed

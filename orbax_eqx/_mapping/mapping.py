@@ -337,14 +337,23 @@ class StateDictMapping:
             return cls(tuple(decoded.rules))
         if isinstance(data, Mapping):
             return cls((names_rule(data, "The rename map"),))
-        if isinstance(data, list) and data and all(isinstance(r, list) for r in data):
-            rule = _rule({"op": "rename_regex", "rules": data}, "The rename map")
+        if isinstance(data, list) and data and isinstance(data[0], list):
+            try:
+                rule = msgspec.convert({"op": "rename_regex", "rules": data}, Rule)
+            except msgspec.ValidationError as e:
+                # Where in the list, not in the rule it stands for.
+                why = _why(e).replace("at `$.rules", "at `$")
+                raise MappingError(f"The rename map: {why}.") from None
             return cls((rule,))
         if isinstance(data, list):  # the rules alone
             try:
                 rules = msgspec.convert(data, _Rules)
             except msgspec.ValidationError as e:
-                raise MappingError(f"The mapping's rules: {_why(e)}.") from None
+                raise MappingError(
+                    f"The mapping's rules: {_why(e)}. Each rule is an object "
+                    '{"op": ...}; a rename map is {"old": "new" or null}, or '
+                    '[["regex", "new" or null]].'
+                ) from None
             return cls(tuple(rules))
         raise MappingError(
             "A mapping is a JSON object "
@@ -395,6 +404,14 @@ def from_old_names(table: Mapping, where: str) -> StateDictMapping:
     read the other way: each new name renamed to its old one, and the old
     names mapped to None ignored (left unread)."""
     names_rule(table, where)  # checks the table
+    olds: dict[str, str] = {}
+    for old, new in table.items():
+        if new is not None and olds.setdefault(new, old) != old:
+            raise MappingError(
+                f"{where} maps both {olds[new]!r} and {old!r} to {new!r}: a new name "
+                "is read from one old name. Give each its own new name, or map one "
+                "to None to leave it unread."
+            )
     renames: dict[str, str | None] = {
         escape(new): escape(old)
         for old, new in table.items()

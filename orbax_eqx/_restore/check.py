@@ -158,19 +158,21 @@ def _absent_all(absent, unexpected, missing, differences) -> set[str]:
     paired: set[str] = set()
     for leaf, name in absent:
         x = leaf.value
-        alike = [
-            r.name
+        alike = {
+            r.name: r
             for r in unexpected
             if r.kind == ARRAY
             and r.name not in paired
             and leaf.kind == ARRAY
             and r.shape == tuple(x.shape)
             and r.dtype == str(x.dtype)
-        ]
-        guess = difflib.get_close_matches(name, alike, n=1, cutoff=0.0)
+        }
+        guess = difflib.get_close_matches(name, list(alike), n=1, cutoff=0.0)
+        shown = None
         if guess:
             paired.add(guess[0])
-        differences.append(_absent(leaf, name, missing, guess[0] if guess else None))
+            shown = label(guess[0], alike[guess[0]].path)
+        differences.append(_absent(leaf, name, missing, shown))
     return paired
 
 
@@ -180,7 +182,7 @@ def _absent(leaf: Leaf, name: str, missing: MissingPolicy, guess) -> Difference:
     where = f"Leaf {leaf.label} is in the skeleton but not in the checkpoint{sought}"
     if guess is not None:
         where += (
-            f"; did you mean the checkpoint's `{guess}`, of that shape and dtype, "
+            f"; did you mean the checkpoint's {guess}, of that shape and dtype, "
             "which the skeleton lacks? (map it with `renames=`)"
         )
     if missing == "keep":  # then a jax.ShapeDtypeStruct: nothing to keep

@@ -11,6 +11,7 @@ import dataclasses
 import os
 
 from .._errors import inline_list
+from .._mapping.errors import MappingError
 from .._mapping.errors import RenameError as RenameError
 from .._mapping.mapping import StateDictMapping
 from .._mapping.names import through
@@ -30,10 +31,11 @@ class RenameMap:
         ctx = Context({}, CLI)
         new = through(self.mapping, names, ctx)
         if ctx.problems:
+            found = [p.text.removesuffix(".") for p in ctx.problems]
             raise RenameError(
                 f"The rename map {self.source} does not fit the names: "
-                f"{inline_list([p.text for p in ctx.problems])}. Fix or remove "
-                "those entries (`inspect` shows the names)."
+                f"{inline_list(found)}. Fix or remove those entries (`inspect` "
+                "shows the names)."
             )
         return dict(zip(names, new, strict=True))
 
@@ -43,7 +45,10 @@ def load(path: str | os.PathLike | None) -> RenameMap:
     if path is None:
         return RenameMap("(none)", StateDictMapping())
     source = os.fspath(path)
-    mapping = StateDictMapping.from_file(source)
+    try:
+        mapping = StateDictMapping.from_file(source)
+    except MappingError as e:  # a `--rename` file's problem is a rename's
+        raise RenameError(str(e)) from None
     if not mapping.names_only:
         raise RenameError(
             f"The rename map {source} has rules that change arrays; give it as a "

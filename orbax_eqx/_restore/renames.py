@@ -95,7 +95,7 @@ def unused_targets(pairs, saved_names, ctx: Context) -> None:
         skeleton, stored = renamed[0]
         more = f" and {len(renamed) - 1} more" if len(renamed) > 1 else ""
         ctx.problem(
-            f"Rule {rule} of `renames=` renames skeleton leaves (`{skeleton}` -> "
-            f"`{stored}`{more}) only to names the checkpoint lacks (its leaves are "
-            f"named like {examples(list(saved_names))}).",
+            f"Rule {rule} of `renames=` renames the skeleton's leaves "
+            f"(`{skeleton}` -> `{stored}`{more}) only to names the checkpoint lacks "
+            f"(its leaves are named like {examples(list(saved_names))}).",
         )
