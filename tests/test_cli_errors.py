@@ -1,11 +1,14 @@
-"""Every failure of the command line is one line on stderr and exit status 2,
-even one nothing foresaw; `--debug` shows its traceback instead. (Errors from
-damaged sidecars: tests/test_hostile_records.py.)"""
+"""Every failure of the command line is its message on stderr (one problem a
+line, alike ones grouped, at most 10, the fix in flags) and exit status 2,
+even one nothing foresaw, with no traceback from any library; `--debug` shows
+it instead. (Errors from damaged sidecars: tests/test_hostile_records.py.)"""
 
 import re
+import sys
 
 import equinox as eqx
 import jax.numpy as jnp
+import numpy as np
 import pytest
 import sidecars
 from entry import main
@@ -76,3 +79,132 @@ def test_inspect_of_a_module_nested_1000_deep(tmp_path, capsys):
     assert len(rows[-1]) - len(leaf) >= 2 * depth  # indented by its depth
     assert "Total: 1 leaves, 1 arrays, 8 B." in out
     assert "Without a skeleton: restore with `allow=['test_cli_errors']`" in out
+
+
+# ---------------------------------------------------------------- for people
+
+MANY_PY = """
+import jax, jax.numpy as jnp
+
+def shapes():
+    return {"w": [jax.ShapeDtypeStruct((i + 2,), jnp.float32) for i in range(15)]}
+
+def half():
+    return {"w": [jax.ShapeDtypeStruct((i + 1,), jnp.bfloat16) for i in range(15)]}
+
+def alike():
+    return {"w": [jax.ShapeDtypeStruct((3,), jnp.float32) for i in range(15)]}
+"""
+
+
+@pytest.fixture
+def many(tmp_path, monkeypatch):
+    """15 tensors `w.0` .. `w.14` of float32[i + 1], and skeletons of them."""
+    from safetensors.numpy import save_file
+
+    (tmp_path / "many.py").write_text(MANY_PY)
+    tensors = {f"w.{i}": np.zeros(i + 1, np.float32) for i in range(15)}
+    save_file(tensors, str(tmp_path / "w.safetensors"))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "many", raising=False)
+    yield tmp_path
+    sys.modules.pop("many", None)
+
+
+def test_problems_one_a_line_capped(many, capsys):
+    assert main(["import", "w.safetensors", "out", "--skeleton", "many:shapes"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert re.fullmatch(
+        r"orbax_eqx: error: The skeleton does not fit the safetensors at \S+ \(15 "
+        r"problems\):",
+        lines[0],
+    )
+    items = [x for x in lines if x.startswith("  - ")]
+    assert len(items) == 10 and "`w.0`" in items[0] and "`w.9`" in items[9]
+    assert lines[11] == "  ... and 5 more"
+    assert not (many / "out").exists()
+
+
+def test_alike_problems_are_one_line(many, capsys):
+    from safetensors.numpy import save_file
+
+    save_file({f"w.{i}": np.zeros(2, np.float32) for i in range(15)}, "two.safetensors")
+    assert main(["import", "two.safetensors", "out", "--skeleton", "many:alike"]) == 2
+    lines = capsys.readouterr().err.splitlines()
+    # Problems alike but for the name they start with: the first, then the names.
+    (grouped,) = [x for x in lines if x.startswith("  - ")]
+    assert re.fullmatch(
+        r"  - .*`w\.0`.*\(2,\).*\(3,\).*; 14 more alike: `w\.1`, `w\.2`, `w\.3` "
+        r"and 11 more\.?",
+        grouped,
+    ), grouped
+
+
+def test_the_fix_is_a_flag_and_the_size_the_checkpoints(many, capsys):
+    assert main(["import", "w.safetensors", "out", "--skeleton", "many:half"]) == 2
+    err = capsys.readouterr().err
+    (line,) = [x for x in err.splitlines() if x.startswith("  - ")]
+    assert "bfloat16" in line and "float32" in line
+    assert "--cast" in err and "cast=True" not in err
+    argv = ["import", "w.safetensors", "out", "--skeleton", "many:half", "--cast"]
+    assert main(argv) == 0
+    # The checkpoint's size (bfloat16: half the float32 tensors read).
+    assert capsys.readouterr().out == (
+        f"Imported 15 tensors (240 B; 480 B of tensors read) from 1 file(s) into "
+        f"{many / 'out'} (15 leaves).\n"
+    )
+
+
+@pytest.mark.slow
+def test_a_damaged_plain_orbax_checkpoint_prints_no_traceback(tmp_path):
+    import orbax.checkpoint as ocp
+    from test_cli import run_cli
+
+    with ocp.PyTreeCheckpointer() as c:
+        c.save(tmp_path / "ckpt", {"a": np.arange(100.0), "b": np.ones((9, 9))})
+    for data in (tmp_path / "ckpt" / "d").iterdir():  # the metadata's records
+        data.write_bytes(data.read_bytes()[:20])
+    result = run_cli("verify", "ckpt", cwd=tmp_path)
+    assert result.returncode == 2 and result.stdout == ""
+    assert re.fullmatch(
+        rf"orbax_eqx: error: {tmp_path / 'ckpt'} looks like a plain Orbax checkpoint "
+        r"\(it has _METADATA\), but Orbax cannot read its metadata: [^\n]{20,240}\. "
+        r"The checkpoint is damaged or incomplete; use another step\.\n",
+        result.stderr,
+    ), result.stderr
+    assert "tensorstore_spec" not in result.stderr
+
+
+def test_missing_package_of_the_demo(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "optax", None)  # `import optax` fails
+    monkeypatch.delitem(sys.modules, "orbax_eqx._cli.demo", raising=False)
+    assert main(["demo", "--dir", str(tmp_path / "d")]) == 2
+    assert capsys.readouterr().err == (
+        "orbax_eqx: error: demo needs the optax package, which is not installed: "
+        "pip install 'orbax_eqx[demo]' (or pip install optax).\n"
+    )
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["diff", "a", "b", "--rtol", "-1"],
+            r"orbax_eqx diff: error: argument --rtol: expected a tolerance, a number "
+            r">= 0, got '-1'",
+        ),
+        (
+            ["inspect", "a", "--depth", "0"],
+            r"orbax_eqx inspect: error: argument --depth: expected a positive "
+            r"integer, got '0'",
+        ),
+    ],
+    ids=["tolerance", "positive-int"],
+)
+def test_bad_arguments_exit_2(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert re.fullmatch(message, capsys.readouterr().err.splitlines()[-1])

@@ -112,49 +112,44 @@ _MORE = re.compile(r"\.\.\. and (\d+) more\.?")
 
 
 def error_lines(error: BaseException) -> list[str]:
-    """What `error` says, for a person: its message with the library's options
-    said as flags, one problem a line (alike ones grouped, at most
-    `MAX_PROBLEMS`, the rest counted), every line cut to `MAX_LINE`."""
-    head, problems, rest, more = _parts(error)
-    listed = _grouped(problems)
-    more += max(len(listed) - MAX_PROBLEMS, 0)
-    shown = [f"  - {p}" for p in listed[:MAX_PROBLEMS]]
-    shown += [f"  ... and {more} more"] if more else []
-    lines = [head or type(error).__name__, *shown, *rest]
-    return [
-        cut(printable(_FLAG.sub(lambda m: FLAGS[m[0]], x)), MAX_LINE) for x in lines
-    ]
+    """What `error` says, for a person: its lines in order, with the library's
+    options said as flags; each run of `- ` items one problem a line, alike
+    ones grouped, at most `MAX_PROBLEMS` (the rest counted); TensorStore's
+    specs left out, and every line cut to `MAX_LINE`."""
+    out: list[str] = []
+    run: list[str] = []
+    more = 0
+    for line in [*_lines(error), ""]:
+        capped = _MORE.fullmatch(line)
+        if line.startswith("- ") or (capped and run):
+            run += [line[2:]] if not capped else []
+            more += int(capped[1]) if capped else 0
+            continue
+        if run:  # a run of items ends
+            listed = _grouped(run)
+            more += max(len(listed) - MAX_PROBLEMS, 0)
+            out += [f"  - {p}" for p in listed[:MAX_PROBLEMS]]
+            out += [f"  ... and {more} more"] if more else []
+            run, more = [], 0
+        out += [line] if line else []
+    out = out or [type(error).__name__]
+    return [cut(printable(_FLAG.sub(lambda m: FLAGS[m[0]], x)), MAX_LINE) for x in out]
 
 
-def _parts(error: BaseException) -> tuple[str, list[str], list[str], int]:
-    """An error's head, its problems, the lines after them (the fixes), and how
-    many problems the library left out: from its fields where it has them
-    (`head`, `problems`, `fixes`), else from its message's `- ` items."""
-    problems = getattr(error, "problems", None)
-    head = getattr(error, "head", None)
+def _lines(error: BaseException) -> list[str]:
+    """The lines of an error: from its fields where it has them (`head`,
+    `problems`, `fixes`), else from its message."""
+    head, problems = getattr(error, "head", None), getattr(error, "problems", None)
     if (
         head
         and isinstance(problems, list)
         and all(isinstance(p, str) for p in problems)
     ):
         fixes = getattr(error, "fixes", None) or []
-        return (
-            f"{head}:",
-            problems,
-            [f"To fix: {'; '.join(fixes)}."] if fixes else [],
-            0,
-        )
-    lines: tuple[list[str], list[str], list[str]] = ([], [], [])
-    more = 0
-    for line in (x.strip() for x in without_specs(str(error)).strip().splitlines()):
-        capped = _MORE.fullmatch(line)
-        if capped and lines[1]:
-            more += int(capped[1])
-        elif line.startswith("- "):
-            lines[1].append(line[2:])
-        elif line:
-            lines[2 if lines[1] else 0].append(line)
-    return " ".join(lines[0]), lines[1], lines[2], more
+        found = [f"{head}:", *(f"- {p}" for p in problems)]
+        return found + ([f"To fix: {'; '.join(fixes)}."] if fixes else [])
+    text = without_specs(str(error)).strip()
+    return [x.strip() for x in text.splitlines() if x.strip()]
 
 
 def _grouped(problems: list[str]) -> list[str]:
@@ -168,7 +163,11 @@ def _grouped(problems: list[str]) -> list[str]:
         first, others = group[0], group[1:]
         if others:
             names = [(_NAME.findall(p) or [p])[0] for p in others]
-            first += f"; {len(others)} more alike: {some(names)}"
+            end = "." if first.endswith(".") else ""
+            first = (
+                f"{first.removesuffix('.')}; {len(others)} more alike: {some(names)}"
+            )
+            first += end
         out.append(first)
     return out
 

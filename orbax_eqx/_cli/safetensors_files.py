@@ -26,7 +26,7 @@ from .._mapping.errors import BridgeError
 from .._orbax import items as _items
 from .._storage import ranges as _ranges
 from . import skeleton as _skeleton
-from .render import Progress, count, error_lines, human_bytes, printable, table
+from .render import FOLD, Progress, count, error_lines, human_bytes, printable, table
 
 _INDEX = ".index.json"
 _PIECE = 64 << 20  # bytes of a tensor read at a time by `verify`
@@ -144,9 +144,10 @@ def _key(name: str) -> tuple:
 
 
 def folded(tensors) -> list[tuple[str, tuple, str, int, int]]:
-    """`(name, shape, dtype, bytes, tensors)` rows: tensors whose names differ
-    only in numeric parts, of one shape and dtype, as one row when their
-    indices make a full grid (`h.{0..11}.attn.w`); the others one a row."""
+    """`(name, shape, dtype, bytes, tensors)` rows: `FOLD` or more tensors
+    whose names differ only in numeric parts, of one shape and dtype, as one
+    row when their indices make a full grid (`h.{0..11}.attn.w`); the others
+    one a row."""
     groups: dict[tuple, list] = {}
     for name, shape, dtype, nbytes in sorted(tensors, key=lambda t: _key(t[0])):
         parts = name.split(".")
@@ -156,7 +157,7 @@ def folded(tensors) -> list[tuple[str, tuple, str, int, int]]:
     for (template, shape, dtype), members in groups.items():
         holes = [i for i, p in enumerate(template) if p is None]
         values = [sorted({int(m[0][i]) for m in members}) for i in holes]
-        if len(members) == 1 or len(members) != _product(len(v) for v in values):
+        if len(members) < FOLD or len(members) != _product(len(v) for v in values):
             rows += [(".".join(p), shape, dtype, b, 1) for p, b in members]
             continue
         parts = list(template)
@@ -299,7 +300,7 @@ def _check(h: Header, advance) -> dict:
     try:
         sums = recorded(h.metadata)
     except ValueError as e:
-        damaged.append({"name": CHECKSUMS, "problem": f"the file's {e}"})
+        damaged.append({"name": CHECKSUMS, "problem": f"the __metadata__ entry is {e}"})
         return doc
     doc["checksums"] = sums is not None
     for name in sorted((sums or {}).keys() - h.tensors.keys()):
