@@ -98,7 +98,8 @@ def test_verify_without_checksums_says_so(tmp_path):
         (lambda p: None, r"orbax_eqx: error: .*nope does not exist\."),
         (
             lambda p: (p / "ckpt" / "orbax_eqx.json").write_text("{"),
-            r"orbax_eqx: error: The sidecar .*orbax_eqx.json is not JSON as orbax_eqx writes it",
+            r"orbax_eqx: error: The sidecar .*orbax_eqx.json is not JSON as "
+            r"orbax_eqx writes it",
         ),
     ],
     ids=["missing", "bad_sidecar"],
@@ -179,7 +180,8 @@ def test_verify_a_manager_root_goes_on_past_an_unreadable_step(root):
     result = run_cli("verify", "run", cwd=root.parent)
     assert result.returncode == 1
     assert re.search(
-        rf"^UNREADABLE {root}/7/default: The sidecar .* is not JSON as orbax_eqx writes it",
+        rf"^UNREADABLE {root}/7/default: The sidecar .* is not JSON as orbax_eqx "
+        r"writes it",
         result.stdout,
         re.M,
     )
