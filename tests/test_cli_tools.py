@@ -275,9 +275,10 @@ def test_export_renamed_for_pytorch_then_import(work):
         (
             lambda w: (w / "m.json").write_text('{"model.layers.9.weight": "x"}'),
             ["export", "a", "--to", "safetensors", "out", "--rename", "m.json"],
-            r"The rename map m\.json has entries that match no tensor name: "
-            r"'model\.layers\.9\.weight'\. Fix or remove them \(`inspect` shows the "
-            r"names\)\.",
+            r"The rename map m\.json does not fit the names: The entry "
+            r"'model\.layers\.9\.weight' of rule 0 `.*` matches no name \(the names "
+            r"it sees look like `model\.layers\.0\.weight`, .*\)\. Fix or remove "
+            r"those entries \(`inspect` shows the names\)\.",
         ),
         (
             lambda w: oeqx.save(w / "st", make()) or None,
