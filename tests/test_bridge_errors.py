@@ -54,8 +54,7 @@ def test_every_load_problem_at_once():
     text = str(info.value)
     expected = [
         r"The tensors do not fit the skeleton through the mapping \(6 problems\):",
-        r"Tensor `wte` \(leaf `wte`\) is float16 in the tensors, but the mapping "
-        r"expects float32\.",
+        r"Tensor `wte` is float16 in the tensors, but the mapping expects float32\.",
         r"Tensor `h\.2\.attn\.w` \(leaf `blocks\.attn\.w`, layer 2\) has shape "
         r"\(3, 2\) in the tensors, but the mapping makes \(2, 3\) of the skeleton "
         r"\(the same axes in another order: a `transpose` rule may be missing\)\.",
@@ -227,6 +226,54 @@ def test_tensors_that_are_not_arrays():
         oeqx.from_state_dict({"a": np.zeros(1)}, {3: np.zeros(1), "b": [1.0]})
     with pytest.raises(oeqx.BridgeError, match=r"`tensors` is a list: pass a dict"):
         oeqx.from_state_dict({"a": np.zeros(1)}, [np.zeros(1)])
+
+
+class Tensor:
+    """Stands in for `torch.Tensor` (orbax_eqx never imports PyTorch, and tells
+    its tensors by their type's module and name)."""
+
+    __module__ = "torch"
+    dtype = "torch.float32"
+    shape = (2,)
+
+
+class Parameter(Tensor):
+    __module__ = "torch.nn.parameter"
+
+
+def test_pytorch_tensors_are_refused_with_numpy_advice():
+    with pytest.raises(
+        oeqx.BridgeError,
+        match=r"^Some tensors are not named arrays:\n  - Tensor `w` is a PyTorch "
+        r"tensor \(torch\.Tensor\)\.\n  - Tensor `b` is a PyTorch tensor "
+        r"\(torch\.nn\.parameter\.Parameter\)\.\nCall `\.numpy\(\)` on each PyTorch "
+        r"tensor first \(`v\.detach\(\)\.cpu\(\)\.numpy\(\)` for one that needs "
+        r"gradients or sits on a GPU, `v\.float\(\)\.numpy\(\)` for bfloat16, which "
+        r"numpy lacks; `cast=True` then casts to the skeleton's dtype\), or read the "
+        r"file with `safetensors\.numpy`\.$",
+    ):
+        oeqx.from_state_dict(
+            {"w": np.zeros(2, np.float32), "b": np.zeros(2, np.float32)},
+            {"w": Tensor(), "b": Parameter()},
+        )
+
+
+def test_masked_arrays_are_refused(tmp_path):
+    masked = np.ma.masked_array(np.zeros(2, np.float32), mask=[0, 1])
+    with pytest.raises(
+        oeqx.BridgeError,
+        match=r"^Some tensors are not named arrays:\n  - Tensor `w` is a "
+        r"numpy\.ma\.MaskedArray, a subclass of numpy\.ndarray: a load would take "
+        r"its data and drop what the subclass adds \(a mask\)\.\nPass a plain array "
+        r"of the values you mean: `np\.ma\.getdata\(x\)` \(or `x\.filled\(value\)`\) "
+        r"for a masked array, `np\.asarray\(x\)` for other subclasses\.$",
+    ):
+        oeqx.from_state_dict({"w": np.zeros(2, np.float32)}, {"w": masked})
+    # A memory-mapped array adds nothing: it loads as its data.
+    mapped = np.memmap(tmp_path / "w.bin", np.float32, "w+", shape=(2,))
+    mapped[:] = [1.5, 2.5]
+    loaded = oeqx.from_state_dict({"w": np.zeros(2, np.float32)}, {"w": mapped})
+    assert loaded["w"].tolist() == [1.5, 2.5]
 
 
 def test_to_state_dict_of_a_skeleton():

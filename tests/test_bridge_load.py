@@ -6,7 +6,7 @@ Plans for stacked, transposed and fused layouts are made by hand
 (`integration_tests/_hand_plan.py`); the mapping's own planner is tested
 with them in `test_bridge_models.py`.
 
-Internal modules imported here (`_bridge`, `_bridge.load`,
+Internal modules imported here (`_bridge`, `_bridge.load`, `_mapping.wording`,
 `_bridge.safetensors`) are the units these tests pin, or the only way to cause
 or observe the condition under test; everything else goes through `orbax_eqx`
 and the `orbax-eqx` command.
@@ -32,6 +32,7 @@ from orbax_eqx._bridge import fill as _fill
 from orbax_eqx._bridge.load import load
 from orbax_eqx._bridge.safetensors import header as _header
 from orbax_eqx._bridge.safetensors import index as _index
+from orbax_eqx._mapping import wording
 
 KEY = jax.random.key(0)
 
@@ -110,9 +111,9 @@ def test_cast_and_numpy_leaves(tmp_path):
     with pytest.raises(
         oeqx.SafetensorsError,
         match=r"^The skeleton does not fit the safetensors at \S+m\.safetensors "
-        r"\(1 problem\): leaf `w` is float32 in the skeleton but its tensor is "
-        r"bfloat16\. To fix: pass `cast=True` to cast tensors to the skeleton's "
-        r"dtypes\.$",
+        r"\(1 problem\):\n  - Tensor `w` is bfloat16 in the tensors, but the "
+        r"skeleton has float32\.\nPass `cast=True` to cast tensors to the "
+        r"skeleton's dtypes\.$",
     ):
         oeqx.load_safetensors(tmp_path / "m.safetensors", skeleton)
     loaded = oeqx.load_safetensors(tmp_path / "m.safetensors", skeleton, cast=True)
@@ -132,15 +133,49 @@ def test_every_problem_at_once_before_any_read(tmp_path):
         "b": jax.ShapeDtypeStruct((1,), jnp.float32),
         "k": jax.ShapeDtypeStruct((), jax.random.key(0).dtype),
     }
+    with pytest.raises(oeqx.SafetensorsError) as info:
+        oeqx.load_safetensors(tmp_path / "m.safetensors", skeleton)
+    # Worded as a load through a mapping, or a restore through `renames=`, is.
+    assert str(info.value).splitlines() == [
+        f"The skeleton does not fit the safetensors at {tmp_path / 'm.safetensors'} "
+        "(8 problems):",
+        "  - Tensor `a` has shape (2, 3) in the tensors, but the skeleton has (3, 2) "
+        "(the same axes in another order: a `transpose` rule may be missing).",
+        "  - Tensor `b` is missing from the tensors; did you mean `z4`, of that "
+        "shape, which no leaf maps to? (rename `b` to it).",
+        "  - Tensor `k` is missing from the tensors.",
+        *[
+            f"  - Tensor `{name}` is in the tensors, but no leaf maps to it."
+            for name in ["extra", "z0", "z1", "z2", "z3"]
+        ],
+        wording.FIX_SHAPE,
+        "Build the skeleton of the model the tensors hold, or map tensor names to "
+        "leaf names with `mapping=` (each problem names the tensor a leaf reads).",
+        wording.FIX_UNEXPECTED.format(allow_unused=wording.API.allow_unused),
+    ]
+
+
+@pytest.mark.parametrize(
+    "data, found",
+    [
+        (
+            np.zeros(2, np.uint32),
+            r"has shape \(2,\) in the tensors, but the skeleton has ",
+        ),
+        (np.zeros(4, np.float32), r"is float32 in the tensors, but the skeleton has "),
+    ],
+    ids=["shape", "dtype"],
+)
+def test_a_typed_key_of_other_key_data(tmp_path, data, found):
+    save_file({"key": data}, tmp_path / "m.safetensors")
+    skeleton = {"key": jax.random.key(0, impl="rbg")}
     with pytest.raises(
         oeqx.SafetensorsError,
-        match=r"\(3 problems\): 2 leaf\(s\) have no tensor: `b`, `k`; 6 tensor\(s\) "
-        r"fill no leaf: `extra`, `z0`, `z1` and 3 more; leaf `a` has shape \(3, 2\) "
-        r"in the skeleton but its tensor has \(2, 3\)\. To fix: map tensor names to "
-        r"leaf names with `mapping=`; pass `allow_unused=True` to leave them out; "
-        r"build the skeleton of the model the tensors are for\.$",
+        match=r"\(1 problem\):\n  - Tensor `key` " + found + r"\S+ \(a rbg key array, "
+        r"as its key data uint32\[4\]\)\.\nTyped PRNG keys are stored as their key "
+        r"data \(`jax\.random\.key_data`\), and never cast",
     ):
-        oeqx.load_safetensors(tmp_path / "m.safetensors", skeleton)
+        oeqx.load_safetensors(tmp_path / "m.safetensors", skeleton, cast=True)
 
 
 def test_reads_only_the_tensors_it_fills(tmp_path):

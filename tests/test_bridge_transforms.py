@@ -397,3 +397,20 @@ def test_any_box_through_a_fuse(box):
         )
         got[at] = to_tensor(p, leaves[p.leaf][slices(p.leaf_box)])
     np.testing.assert_array_equal(got, tensors["h.1.qk"][slices(tbox)])
+
+
+@pytest.mark.slow
+def test_a_stack_of_a_million_layers_takes_seconds_not_hours():
+    """A guard against work per layer that grows with the layers (a quadratic
+    planner would take hours here), not a measure of speed: that is
+    `benchmarks/mappings.py`'s."""
+    import time
+
+    n = 10**6
+    tree = {"blocks": {"w": np.arange(n, dtype=np.float32)}}
+    start = time.process_time()
+    out = oeqx.to_state_dict(tree, M().stack("blocks", "h.{i}"))
+    spent = time.process_time() - start
+    assert len(out) == n and out["h.999999.w"].shape == () and out["h.7.w"] == 7
+    assert list(out)[:3] == ["h.0.w", "h.1.w", "h.2.w"]
+    assert spent < 60, f"{spent:.0f} s of CPU for {n} layers"

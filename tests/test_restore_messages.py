@@ -345,9 +345,9 @@ def test_import_checks_classes_as_restore_does(tmp_path, capsys, script_and_modu
     assert main(argv) == 2
     assert re.fullmatch(
         r"orbax_eqx: error: The skeleton does not fit the safetensors at \S+ \(1 "
-        r"problem\):\n  - module `<root>` is `train_\w+\.Model` in the skeleton but "
+        r"problem\):\n  - Module `<root>` is `train_\w+\.Model` in the skeleton but "
         r"`__main__\.Model` in the files: the same name `Model` in another module, "
-        r".*\nTo fix: pass --ignore-static to keep the skeleton's\.\n",
+        r".*\nPass --ignore-static to keep the skeleton's\.\n",
         capsys.readouterr().err,
     )
     # The advice, followed; then the imported checkpoint restores plainly.

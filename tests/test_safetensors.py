@@ -148,9 +148,9 @@ def test_library_writer_then_import(tmp_path, capsys):
     )
     assert re.fullmatch(
         r"orbax_eqx: error: The skeleton does not fit the safetensors at \S+ \(1 "
-        r"problem\):\n  - leaf `layers\.0\.bias` is bfloat16 in the skeleton but "
-        r"tensor `net\.0\.bias` is float8_e4m3fn\nTo fix: pass --cast to cast "
-        r"tensors to the skeleton's dtypes\.\n",
+        r"problem\):\n  - Tensor `net\.0\.bias` \(leaf `layers\.0\.bias`\) is "
+        r"float8_e4m3fn in the tensors, but the skeleton has bfloat16\.\nPass --cast "
+        r"to cast tensors to the skeleton's dtypes\.\n",
         capsys.readouterr().err,
     )
     assert (
@@ -549,9 +549,9 @@ def _two_files(tmp_path):
                 s
                 | {"key": jax.ShapeDtypeStruct((), jax.random.key(0, impl="rbg").dtype)}
             ),
-            r"leaf `key` is a rbg key array, whose key data is uint32\[4\], but "
-            r"its tensor is uint32\[2\]\nTo fix: export keys with "
-            r"`jax\.random\.key_data`\.",
+            r"Tensor `key` has shape \(2,\) in the tensors, but the skeleton has "
+            r"\(4,\) \(a rbg key array, as its key data uint32\[4\]\)\.\nTyped PRNG "
+            r"keys are stored as their key data \(`jax\.random\.key_data`\)",
         ),
         (
             None,
@@ -570,10 +570,11 @@ def _two_files(tmp_path):
                     )
                 }
             ),
-            r"\(3 problems\):\n  - 1 tensor\(s\) fill no leaf: `model\.layers\.2\.bias`"
-            r"\n  - static field `use_final_bias` of module `model` is False in the "
-            r"skeleton but True in the files\n  - .*\nTo fix: pass --allow-unused to "
-            r"leave them out; pass --ignore-static to keep the skeleton's\.",
+            r"\(3 problems\):\n  - Tensor `model\.layers\.2\.bias` is in the tensors, "
+            r"but no leaf maps to it\.\n  - Static field `use_final_bias` of module "
+            r"`model` is False in the skeleton but True in the files\.\n  - .*\n.*or "
+            r"pass --allow-unused to leave them out\.\nPass --ignore-static to keep "
+            r"the skeleton's\.",
         ),
     ],
     ids=[

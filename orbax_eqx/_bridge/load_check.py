@@ -1,78 +1,66 @@
 """The checks of a load, all before any tensor byte is read: every leaf of the
 skeleton against the tensors, every problem at once, each with its fix.
 
-As a restore checks a skeleton against a sidecar: leaves with no tensor,
-tensors that fill no leaf (unless `allow_unused`), shapes, dtypes (unless
-`cast`), typed PRNG keys' data, and, for files written by `export` (which
-record them in `__metadata__`), module classes and static fields (unless
-`ignore_static`). The fixes are worded for who asked: the Python API names
-its arguments (`cast=True`), the command line its flags (`--cast`).
+One wording with the rest of the library: leaves matched to tensors by name
+(no mapping, or `--rename`) are checked by the planner, as a load through a
+mapping and a restore through `renames=` are (`_mapping.plan`, worded by
+`_mapping.wording`): tensors missing or left over, shapes, dtypes (unless
+`cast`), typed PRNG keys' data; for files written by `export` (which record
+them in `__metadata__`), module classes and static fields are compared as a
+restore compares them with a sidecar (`_restore.check.compare_module`),
+unless `ignore_static`. The message is `_mapping.problems.message`; the fixes
+are worded for who asked: the Python API names its arguments (`cast=True`),
+the command line its flags (`--cast`).
 """
 
 import json
+import types
 from typing import Any
 
-from .._errors import inline_list, some
 from .._mapping.errors import BridgeError
+from .._mapping.leaves import leaf_specs
+from .._mapping.plan import LeafSpec, TensorSpec, checked_load
+from .._mapping.problems import Problem, message
 from .._mapping.wording import API as API
 from .._mapping.wording import CLI as CLI
-from .._mapping.wording import Words
-from .._restore.classes import explain
-from .._tree.names import label
-from .._tree.values import describe, too_deep
-from .._tree.walk import ARRAY, Walked, key_impl
+from .._mapping.wording import Words, sentence
+from .._restore.check import compare_module
+from .._tree.values import too_deep
+from .._tree.walk import Walked
 from .safetensors.header import Header, SafetensorsError, TensorInfo
-from .specs import data_of, is_key
 
 METADATA_ENTRY = "orbax_eqx"  # the key of our JSON in `__metadata__`
+STORED = "the files"  # what holds the modules `export` records, in messages
 
 
 class MismatchError(SafetensorsError, BridgeError):
-    """The safetensors files do not fit the skeleton (or the mapping); `head`,
-    `problems` and `fixes` say it in parts (where the checks here found it)."""
-
-    head: str | None = None
-    problems: list[str] | None = None
-    fixes: list[str] | None = None
+    """The safetensors files do not fit the skeleton (or the mapping)."""
 
 
 class Problems:
-    """Problems and their fixes, each fix once, in the order first needed."""
+    """Problems found (`_mapping.problems.Problem`s) and their fixes, each fix
+    once, in the order first needed."""
 
     def __init__(self):
-        self.problems: list[str] = []
+        self.problems: list[Problem] = []
         self.fixes: list[str] = []
 
-    def add(self, problem: str, fix: str | None = None) -> None:
+    def add(self, problem: Problem) -> None:
         self.problems.append(problem)
-        if fix is not None and fix not in self.fixes:
-            self.fixes.append(fix)
+        self.fixes.extend(f for f in problem.fixes if f not in self.fixes)
 
     def also(self, source: str) -> str:
         """These problems, after a mapping's own (`BridgeError`)."""
-        return (
-            f"\nAnd the skeleton does not fit what the safetensors at {source} "
-            f"record of the model: {inline_list(self.problems)}. To fix: "
-            f"{'; '.join(self.fixes)}."
+        head = (
+            f"And the skeleton does not fit what the safetensors at {source} "
+            "record of the model"
         )
+        return "\n" + message(head, self.problems, self.fixes)
 
     def raise_if_any(self, source: str) -> None:
-        if not self.problems:
-            return
-        n = len(self.problems)
-        head = (
-            f"The skeleton does not fit the safetensors at {source} "
-            f"({n} problem{'s' if n > 1 else ''})"
-        )
-        fixes = f" To fix: {'; '.join(self.fixes)}." if self.fixes else ""
-        error = MismatchError(f"{head}: {inline_list(self.problems)}.{fixes}")
-        # The same, as fields: for the command line, one problem a line.
-        error.head, error.problems, error.fixes = head, self.problems, self.fixes
-        raise error
-
-
-def names(items: list[str], limit: int = 3) -> str:
-    return some([f"`{n}`" for n in items], limit)
+        if self.problems:
+            head = f"The skeleton does not fit the safetensors at {source}"
+            raise MismatchError(message(head, self.problems, self.fixes))
 
 
 def by_name(
@@ -85,54 +73,21 @@ def by_name(
     out: Problems,
 ) -> None:
     """Leaves matched to tensors one to one by name (`by_leaf`: leaf name ->
-    tensor name), as without a mapping or through renames."""
-    arrays = [leaf for leaf in walked.leaves if leaf.kind == ARRAY]
-    missing = [leaf.name for leaf in arrays if leaf.name not in by_leaf]
-    if missing:
-        out.add(
-            f"{len(missing)} leaf(s) have no tensor: {names(missing)}", words.rename
-        )
-    wanted = {leaf.name for leaf in arrays}
-    unused = [old for new, old in by_leaf.items() if new not in wanted]
-    if unused and not allow_unused:
-        out.add(
-            f"{len(unused)} tensor(s) fill no leaf: {names(unused)}",
-            words.allow_unused,
-        )
-    for leaf in arrays:
-        if leaf.name in by_leaf:
-            tensor = by_leaf[leaf.name]
-            problem, fix = compare(leaf, tensor, tensors[tensor], cast, words)
-            if problem:
-                out.add(problem, fix)
-
-
-def compare(leaf, tensor: str, info: TensorInfo, cast: bool, words: Words):
-    """`(problem, fix)` if tensor `tensor` cannot fill `leaf`; else Nones."""
-    x = leaf.value
-    where = f"leaf {leaf.label}"
-    what = f"tensor `{tensor}`" if tensor != leaf.name else "its tensor"
-    if is_key(leaf):
-        shape, dtype = data_of(x.dtype, ())
-        shape = tuple(x.shape) + shape
-        if (info.shape, info.dtype) != (shape, dtype):
-            return (
-                f"{where} is a {key_impl(x.dtype)} key array, whose key data is "
-                f"{dtype}{list(shape)}, but {what} is {info.dtype}{list(info.shape)}",
-                "export keys with `jax.random.key_data`",
-            )
-        return None, None
-    if info.shape != tuple(x.shape):
-        return (
-            f"{where} has shape {tuple(x.shape)} in the skeleton but {what} has "
-            f"{info.shape}",
-            "build the skeleton of the model the tensors are for",
-        )
-    if info.dtype != str(x.dtype) and not cast:
-        return f"{where} is {x.dtype} in the skeleton but {what} is {info.dtype}", (
-            words.cast
-        )
-    return None, None
+    tensor name), as without a mapping or through renames: planned as a load
+    through a mapping is, each leaf named as the tensor it reads."""
+    leaves = [
+        LeafSpec(by_leaf.get(s.name, s.name), s.label, s.shape, s.dtype, s.key)
+        for s in leaf_specs(walked)
+    ]
+    given = [
+        TensorSpec(name, tensors[name].shape, tensors[name].dtype)
+        for name in dict.fromkeys(by_leaf.values())
+    ]
+    _, ctx = checked_load(
+        None, leaves, given, cast=cast, allow_unused=allow_unused, words=words
+    )
+    for problem in ctx.problems:
+        out.add(problem)
 
 
 def ours(headers: list[Header]) -> dict[str, Any]:
@@ -153,32 +108,19 @@ def ours(headers: list[Header]) -> dict[str, Any]:
 
 
 def statics(walked: Walked, saved_modules: Any, words: Words, out: Problems) -> None:
-    """Module classes and static fields against those `export` recorded."""
+    """Module classes and static fields against those `export` recorded, as a
+    restore compares them with a sidecar's."""
     if not isinstance(saved_modules, dict):
         return
+    fix = sentence(words.ignore_static)
     for name, module in walked.modules.items():
         saved = saved_modules.get(name)
         if not isinstance(saved, dict):
             continue
-        cls = saved.get("class")  # checked as `restore` checks it
-        if isinstance(cls, str) and cls != module.cls:
-            why = explain(module.cls, cls, "what they came from")
-            out.add(
-                f"module {label(name, module.path)} is `{module.cls}` in the "
-                f"skeleton but `{cls}` in the files{why}",
-                words.ignore_static,
-            )
-        theirs = saved.get("static", {})
-        if not isinstance(theirs, dict):
-            continue
-        for field in sorted(set(module.static) | set(theirs)):
-            mine = (
-                describe(module.static[field]) if field in module.static else "absent"
-            )
-            other = describe(theirs[field]) if field in theirs else "absent"
-            if mine != other:
-                out.add(
-                    f"static field `{field}` of module {label(name, module.path)} "
-                    f"is {mine} in the skeleton but {other} in the files",
-                    words.ignore_static,
-                )
+        cls, static = saved.get("class"), saved.get("static", {})
+        record = types.SimpleNamespace(
+            cls=cls if isinstance(cls, str) else module.cls,
+            static=static if isinstance(static, dict) else module.static,
+        )
+        for problem in compare_module(name, module, record, stored=STORED):
+            out.add(Problem(problem.text, (fix,), static=True))

@@ -72,13 +72,53 @@ def to_state_dict(
     plan = plan_export(mapping, specs)
     wanted = [leaf for leaf in walked.leaves if leaf.name in plan.leaves]
     host = dict(zip((leaf.name for leaf in wanted), _to_host(wanted), strict=True))
+    return _tensors(plan, host)
+
+
+def _tensors(plan: Plan, host: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each tensor of `plan`, made from the leaves' values. A tensor that is one
+    box of one leaf, as it is (a layer of a stack, a part of a split) is a view
+    of a copy of that leaf made once: a stack of a million layers makes a
+    million tensors, and each costs a view, not an array and a copy."""
     result = {}
+    dtypes: dict[str, np.dtype] = {}
+    wholes: dict[tuple[int, ...], Box] = {}
+    copies: dict[tuple[str, np.dtype], np.ndarray] = {}  # ours, not the caller's
     for name, spec in plan.tensors.items():
-        out = np.empty(spec.shape, spec.dtype)
+        dtype = dtypes.get(spec.dtype)
+        if dtype is None:
+            dtype = dtypes[spec.dtype] = np.dtype(spec.dtype)
+        whole = wholes.get(spec.shape)
+        if whole is None:
+            whole = wholes[spec.shape] = tuple((0, n) for n in spec.shape)
+        p = plan.piece(name)
+        if p is not None and p.tensor_box == whole:
+            copy = copies.get((p.leaf, dtype))
+            if copy is None:
+                copy = copies[p.leaf, dtype] = np.array(host[p.leaf], dtype)
+            box = p.leaf_box
+            if (
+                len(box) == len(whole) + 1
+                and box[1:] == whole
+                and copy.shape[1:] == spec.shape
+                and box[0][1] - box[0][0] == 1
+                and p.perm == _IDENTITY[len(p.perm)]
+            ):
+                part = copy[box[0][0], ...]  # a layer of a stack, as it is
+            else:
+                part = to_tensor(p, copy[slices(box)])
+            if name in plan.ties or not part.flags.c_contiguous:
+                part = np.array(part, order="C")  # (a tied copy: its own)
+            result[name] = part
+            continue
+        out = np.empty(spec.shape, dtype)
         for p in plan.tensor_pieces(name):
             out[slices(p.tensor_box)] = to_tensor(p, host[p.leaf][slices(p.leaf_box)])
         result[name] = out
     return result
+
+
+_IDENTITY = [tuple(range(n)) for n in range(65)]  # numpy has at most 64 axes
 
 
 def from_state_dict(
@@ -173,10 +213,17 @@ def _tensor_specs(tensors: Any) -> list[TensorSpec]:
             f"`tensors` is a {type(tensors).__name__}: pass a dict "
             "{name: numpy or jax array}."
         )
-    specs, problems = [], []
+    specs, problems, fixes = [], [], []
     for name, x in tensors.items():
         if not isinstance(name, str):
             problems.append(f"The key {name!r} is {type(name).__name__}, not a name.")
+            fixes.append(_FIX_NOT_ARRAYS)
+            continue
+        refused = _refused(x)
+        if refused is not None:
+            what, fix = refused
+            problems.append(f"Tensor `{name}` {what}.")
+            fixes.append(fix)
             continue
         dtype = getattr(x, "dtype", None)
         try:
@@ -187,17 +234,52 @@ def _tensor_specs(tensors: Any) -> list[TensorSpec]:
             problems.append(
                 f"Tensor `{name}` is a {type(x).__name__}, not a numpy or jax array."
             )
+            fixes.append(_FIX_NOT_ARRAYS)
             continue
         specs.append(TensorSpec(name, tuple(int(n) for n in x.shape), str(dtype)))
     if problems:
         raise BridgeError(
             "Some tensors are not named arrays:\n"
             + bullet_list(problems)
-            + "\nPass a dict {name: numpy or jax array}; a PyTorch state_dict as "
-            "`{k: v.numpy() for k, v in state_dict.items()}` (bfloat16 tensors as "
-            "`v.float().numpy()`)."
+            + "\n"
+            + "\n".join(dict.fromkeys(fixes))
         )
     return specs
+
+
+_FIX_NOT_ARRAYS = (
+    "Pass a dict {name: numpy or jax array}; a PyTorch state_dict as "
+    "`{k: v.numpy() for k, v in state_dict.items()}` (bfloat16 tensors as "
+    "`v.float().numpy()`)."
+)
+_FIX_TORCH = (
+    "Call `.numpy()` on each PyTorch tensor first (`v.detach().cpu().numpy()` for "
+    "one that needs gradients or sits on a GPU, `v.float().numpy()` for bfloat16, "
+    "which numpy lacks; `cast=True` then casts to the skeleton's dtype), or read "
+    "the file with `safetensors.numpy`."
+)
+_FIX_SUBCLASS = (
+    "Pass a plain array of the values you mean: `np.ma.getdata(x)` (or "
+    "`x.filled(value)`) for a masked array, `np.asarray(x)` for other subclasses."
+)
+
+
+def _refused(x: Any) -> tuple[str, str] | None:
+    """`(what it is, the fix)` for a value that is an array of another kind
+    than a load takes: a PyTorch tensor (told by its type's module; orbax_eqx
+    never imports PyTorch), or a subclass of `np.ndarray` whose additions a load
+    would drop (a masked array's mask), as `oeqx.save` refuses them."""
+    kind = type(x)
+    module = getattr(kind, "__module__", "") or ""
+    if module == "torch" or module.startswith("torch."):
+        return f"is a PyTorch tensor ({module}.{kind.__qualname__})", _FIX_TORCH
+    if isinstance(x, np.ndarray) and kind is not np.ndarray and kind is not np.memmap:
+        return (
+            f"is a {kind.__module__}.{kind.__qualname__}, a subclass of numpy.ndarray: "
+            "a load would take its data and drop what the subclass adds (a mask)",
+            _FIX_SUBCLASS,
+        )
+    return None
 
 
 def _check_concrete(walked: Walked) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .._tree.walk import ARRAY, Walked, is_key_dtype, key_data_struct
+from .._tree.walk import ARRAY, Walked, is_key_dtype, key_data_struct, key_impl
 from .plan import LeafSpec
 
 
@@ -28,6 +28,8 @@ def leaf_specs(walked: Walked) -> list[LeafSpec]:
     for leaf in walked.leaves:
         if leaf.kind != ARRAY:
             continue
-        shape, dtype = data_of(leaf.value.dtype, tuple(leaf.value.shape))
-        specs.append(LeafSpec(leaf.name, leaf.label, shape, dtype))
+        x = leaf.value
+        shape, dtype = data_of(x.dtype, tuple(x.shape))
+        key = key_impl(x.dtype) if is_key_dtype(x.dtype) else None
+        specs.append(LeafSpec(leaf.name, leaf.label, shape, dtype, key))
     return specs

@@ -55,11 +55,11 @@ def check(piece: Piece) -> None:
 
 
 def shape(box: Box) -> tuple[int, ...]:
-    return tuple(stop - start for start, stop in box)
+    return tuple([stop - start for start, stop in box])
 
 
 def slices(box: Box) -> tuple[slice, ...]:
-    return tuple(slice(start, stop) for start, stop in box)
+    return tuple([slice(start, stop) for start, stop in box])
 
 
 def to_leaf(piece: Piece, tensor_part: np.ndarray) -> np.ndarray:
@@ -69,8 +69,14 @@ def to_leaf(piece: Piece, tensor_part: np.ndarray) -> np.ndarray:
 
 def to_tensor(piece: Piece, leaf_part: np.ndarray) -> np.ndarray:
     """`leaf_part` (the values of `piece.leaf_box`) as the tensor box's values."""
-    permuted = tuple(shape(piece.tensor_box)[a] for a in piece.perm)
-    return leaf_part.reshape(permuted).transpose(np.argsort(piece.perm))
+    perm = piece.perm
+    if perm == _IDENTITY[len(perm)]:  # the usual case: no permutation to undo
+        return leaf_part.reshape(shape(piece.tensor_box))
+    permuted = tuple(shape(piece.tensor_box)[a] for a in perm)
+    return leaf_part.reshape(permuted).transpose(np.argsort(perm))
+
+
+_IDENTITY = [tuple(range(n)) for n in range(65)]  # up to the 64 axes a rule allows
 
 
 def size(box: Box) -> int:

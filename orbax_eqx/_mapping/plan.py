@@ -15,15 +15,15 @@ per element.
 """
 
 import dataclasses
-import re
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import NamedTuple
 
 from .errors import BridgeError
 from .mapping import StateDictMapping
-from .pieces import Box, Piece, clip, size
+from .pieces import Box, Piece, clip
 from .rules.drop import Ignore
 from .rules.tie import Tie
-from .stage import Context, Virtual, examples, label, whole
+from .stage import Context, Virtual, examples, label, natural, whole
 from .templates import MAX_NAME
 from .wording import (
     API,
@@ -44,12 +44,12 @@ class LeafSpec:
     label: str  # how messages show it (the leaf name, and its path where it helps)
     shape: tuple[int, ...]
     dtype: str  # numpy dtype name
+    key: str | None = None  # a typed PRNG key's implementation: stored as key data
 
 
-@dataclasses.dataclass(frozen=True)
-class TensorSpec:
+class TensorSpec(NamedTuple):
     """A tensor of the other layout (or a checkpoint's leaf) as the planner
-    sees it."""
+    sees it. (A named tuple: a stack of a million layers makes a million.)"""
 
     name: str
     shape: tuple[int, ...]
@@ -69,9 +69,11 @@ class Plan:
     (their `tensor_pieces` are their source's)."""
 
     leaves: dict[str, LeafSpec]
-    tensors: dict[str, TensorSpec]
+    tensors: Mapping[str, TensorSpec]
     _by_leaf: dict[str, list[Piece]]  # whole-leaf pieces, covering each leaf once
-    _by_tensor: dict[str, list[Piece]]  # the same pieces, by tensor
+    # The same pieces, by tensor: one as itself (a million layers of a stack
+    # are a million of these), several as a tuple.
+    _by_tensor: dict[str, Piece | tuple[Piece, ...]]
     dropped: dict[str, LeafSpec] = dataclasses.field(default_factory=dict)
     ties: dict[str, str] = dataclasses.field(default_factory=dict)
 
@@ -81,10 +83,38 @@ class Plan:
 
     def tensor_pieces(self, tensor: str, box: Box | None = None) -> list[Piece]:
         """Pieces covering `box` of `tensor` (default: all of it) exactly once."""
-        return _clip(self._by_tensor[tensor], box, leaf_side=False)
+        held = self._by_tensor[tensor]
+        pieces = (held,) if isinstance(held, Piece) else held
+        return _clip(pieces, box, leaf_side=False)
+
+    def piece(self, tensor: str) -> Piece | None:
+        """The one piece that holds all of `tensor`, if one does."""
+        held = self._by_tensor[tensor]
+        return held if isinstance(held, Piece) else None
 
 
-def _clip(pieces: list[Piece], box: Box | None, leaf_side: bool) -> list[Piece]:
+class _Specs(Mapping[str, TensorSpec]):
+    """An export's tensors by name, each kept as `(shape, dtype)` and made a
+    `TensorSpec` when asked for: a tuple of a shape and a name is no object the
+    collector follows, and a stack of a million layers makes a million."""
+
+    def __init__(self, specs: dict[str, tuple[tuple[int, ...], str]]):
+        self._specs = specs
+
+    def __getitem__(self, name: str) -> TensorSpec:
+        return TensorSpec(name, *self._specs[name])
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._specs
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+
+def _clip(pieces: Sequence[Piece], box: Box | None, leaf_side: bool) -> list[Piece]:
     if box is None:
         return list(pieces)
     out = []
@@ -143,6 +173,7 @@ def checked_load(
     nothing maps to them."""
     mapping = mapping or StateDictMapping()
     virtuals, ctx = _run(mapping, leaves, words)
+    ctx.mapped = bool(mapping.rules)
     expected = {v.name: v for v in virtuals}
     given = _named(tensors, ctx)
     present_ties = _present_ties(mapping, expected, given, ctx, cast)
@@ -251,7 +282,7 @@ def _compare(virtuals: list[Virtual], given, unexpected, ctx, cast: bool) -> set
                 missing.append(v)
         elif t.shape != v.shape:
             shapes.append((v, t))
-        elif t.dtype != v.dtype and not cast:
+        elif t.dtype != v.dtype and (not cast or ctx.key_of(v)):  # keys: never cast
             dtypes.append((v, t))
     report_dtypes(dtypes, len(virtuals), ctx)
     report_shapes(shapes, virtuals, ctx)
@@ -274,27 +305,20 @@ def plan_export(
         raise BridgeError(
             planned("The mapping cannot turn the leaves into tensors", ctx)
         )
-    order = sorted([*expected, *ties], key=natural)
+    keys = {v.name: v.key or natural(v.name) for v in virtuals}
+    keys.update((name, natural(name)) for name in ties)
+    order = sorted(keys, key=keys.__getitem__)
+    del keys
     specs = {}
     for name in order:
         v = expected[ties.get(name, name)]
-        specs[name] = TensorSpec(name, v.shape, v.dtype)
-    return _plan(leaves, virtuals, dropped, specs, ties)
-
-
-_DIGITS = re.compile(r"(\d+)")
-
-
-def natural(name: str) -> tuple:
-    """Sort key: digit runs as numbers (`h.2` before `h.10`)."""
-    return tuple(
-        (0, int(part), "") if part.isdigit() else (1, 0, part)
-        for part in _DIGITS.split(name)
-    )
+        specs[name] = (v.shape, v.dtype)
+    return _plan(leaves, virtuals, dropped, _Specs(specs), ties)
 
 
 def _run(mapping: StateDictMapping, leaves: Sequence[LeafSpec], words: Words):
     ctx = Context({leaf.name: leaf.label for leaf in leaves}, words)
+    ctx.keys = {leaf.name: leaf.key for leaf in leaves if leaf.key is not None}
     virtuals = []
     for leaf in leaves:
         if len(leaf.name) > MAX_NAME:  # never matched against a rule
@@ -317,6 +341,9 @@ def _run(mapping: StateDictMapping, leaves: Sequence[LeafSpec], words: Words):
 
 def _unique(virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
     """Names two virtuals would share, each a problem; the first is kept."""
+    names = {v.name for v in virtuals}
+    if len(names) == len(virtuals) and max(map(len, names), default=0) <= MAX_NAME:
+        return virtuals  # the usual case, told at once
     first: dict[str, Virtual] = {}
     out = []
     for v in virtuals:
@@ -370,8 +397,12 @@ def _coverage(leaves, virtuals, ctx: Context, load: bool) -> dict[str, LeafSpec]
     problem (nothing would fill the rest)."""
     covered = {leaf.name: 0 for leaf in leaves}
     for v in virtuals:
-        for p in v.pieces:
-            covered[p.leaf] += size(p.leaf_box)
+        held = v.held
+        for p in (held,) if isinstance(held, Piece) else held:
+            n = 1
+            for start, stop in p.leaf_box:
+                n *= stop - start
+            covered[p.leaf] += n
     dropped = {}
     for leaf in leaves:
         total = 1
@@ -390,18 +421,32 @@ def _coverage(leaves, virtuals, ctx: Context, load: bool) -> dict[str, LeafSpec]
 
 
 def _plan(leaves, virtuals, dropped, tensors, ties) -> Plan:
-    by_tensor: dict[str, list[Piece]] = {}
+    by_tensor: dict[str, Piece | tuple[Piece, ...]] = {}
     by_leaf: dict[str, list[Piece]] = {
         leaf.name: [] for leaf in leaves if leaf.name not in dropped
     }
     for v in virtuals:
         name = v.name
-        pieces = [p._replace(tensor=name) for p in v.pieces]
+        held = v.held
+        # (A million layers are a million of these: a new piece only where a
+        # rule renamed the tensor after making it.)
+        if isinstance(held, Piece):
+            if held.tensor != name:
+                held = Piece(held.leaf, held.leaf_box, name, held.tensor_box, held.perm)
+            by_tensor[name] = held
+            by_leaf[held.leaf].append(held)
+            continue
+        pieces = tuple(p._replace(tensor=name) for p in v.pieces)
         by_tensor[name] = pieces
         for p in pieces:
             by_leaf[p.leaf].append(p)
     for copy, source in ties.items():  # a copy: its source's pieces
-        by_tensor[copy] = [p._replace(tensor=copy) for p in by_tensor[source]]
+        copied = by_tensor[source]
+        by_tensor[copy] = (
+            copied._replace(tensor=copy)
+            if isinstance(copied, Piece)
+            else tuple(p._replace(tensor=copy) for p in copied)
+        )
     return Plan(
         {leaf.name: leaf for leaf in leaves if leaf.name not in dropped},
         tensors,

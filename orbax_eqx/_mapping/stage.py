@@ -12,6 +12,7 @@ problem is reported at once.
 """
 
 import json
+import re
 from collections.abc import Iterable
 
 import msgspec
@@ -29,25 +30,45 @@ class Virtual:
     """A tensor in the making. (A plain class with slots, not a dataclass: a
     stack of a million layers makes a million of them.)"""
 
-    __slots__ = ("name", "shape", "dtype", "pieces", "leaves", "layers")
+    __slots__ = ("name", "shape", "dtype", "held", "leaves", "layers", "key")
 
-    def __init__(self, name, shape, dtype, pieces, leaves, layers=()):
+    def __init__(self, name, shape, dtype, pieces, leaves, layers=(), key=None):
         self.name: str = name
         self.shape: tuple[int, ...] = shape
         self.dtype: str = dtype
         # Pieces whose `tensor_box` is in this virtual's coordinates (their
-        # `tensor` field is set once the final names are known).
-        self.pieces: tuple[Piece, ...] = pieces
+        # `tensor` field is set once the final names are known): one piece as
+        # itself, several as a tuple (`pieces`).
+        self.held: Piece | tuple[Piece, ...] = pieces[0] if len(pieces) == 1 else pieces
         self.leaves: tuple[str, ...] = leaves  # names of the leaves it holds
         self.layers: tuple[Layer, ...] = layers
+        # The name's sort key (`natural`), where the rule that made the
+        # name knew it cheaply (a stack's layers); None: computed when needed.
+        self.key: tuple | None = key
+
+    @property
+    def pieces(self) -> tuple[Piece, ...]:
+        held = self.held
+        return (held,) if isinstance(held, Piece) else held
+
+    @pieces.setter
+    def pieces(self, pieces: tuple[Piece, ...]) -> None:
+        self.held = pieces[0] if len(pieces) == 1 else pieces
 
     def but(self, **changes) -> "Virtual":
         """This virtual with some fields changed."""
+        key = None if "name" in changes else self.key
         new = Virtual(
-            self.name, self.shape, self.dtype, self.pieces, self.leaves, self.layers
+            self.name,
+            self.shape,
+            self.dtype,
+            self.pieces,
+            self.leaves,
+            self.layers,
+            key,
         )
-        for key, value in changes.items():
-            setattr(new, key, value)
+        for field, value in changes.items():
+            setattr(new, field, value)
         return new
 
 
@@ -65,6 +86,8 @@ class Context:
         # reported again as missing or unexpected.
         self.explained: set[str] = set()
         self.equal_parts: set[str] = set()  # names made by a split without sizes
+        self.mapped = True  # whether a mapping's rules made the names (else by name)
+        self.keys: dict[str, str] = {}  # leaf name -> PRNG impl, of typed key leaves
 
     def problem(self, text: str, fix: str | None = None, kind: Kind = "rule") -> None:
         self.problems.append(Problem(text, () if fix is None else (fix,), kind=kind))
@@ -78,6 +101,21 @@ class Context:
 
     def at_rule(self) -> str:
         return f"rule {self.rule} `{self.rule_label}`"
+
+    def key_of(self, v: Virtual) -> str | None:
+        """The PRNG implementation of the typed key leaf `v` holds, if any."""
+        for name in v.leaves:
+            if name in self.keys:
+                return self.keys[name]
+        return None
+
+    def of(self, v: Virtual) -> str:
+        """` (leaf `x`)` after a tensor's name, or nothing where the tensor is
+        named as its one leaf."""
+        if len(v.leaves) == 1 and not v.layers:
+            if self.labels.get(v.leaves[0], f"`{v.leaves[0]}`") == f"`{v.name}`":
+                return ""
+        return f" ({self.origin(v)})"
 
     def origin(self, v: Virtual) -> str:
         """`leaf `x`` or `leaves `x`, `y``, with the layer if there is one."""
@@ -135,6 +173,18 @@ def cut(pieces: Iterable[Piece], box: Box) -> list[Piece]:
         if part is not None:
             out.append(part)
     return out
+
+
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural(name: str) -> tuple:
+    """Sort key: digit runs as numbers (`h.2` before `h.10`). The split
+    alternates text and digits, so two keys compare text with text and
+    numbers with numbers, place by place."""
+    parts: list = _DIGITS.split(name)
+    parts[1::2] = map(int, parts[1::2])
+    return tuple(parts)  # (a tuple of numbers and text: the collector skips it)
 
 
 def whole(shape: Iterable[int]) -> Box:

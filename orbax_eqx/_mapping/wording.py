@@ -64,11 +64,43 @@ FIX_MISSING = (
     "fix the mapping's names (each problem names the leaf it maps), or `drop` "
     "leaves the tensors do not have (their values then come from the skeleton)."
 )
+FIX_MISSING_BY_NAME = (
+    "Build the skeleton of the model the tensors hold, or {rename} (each "
+    "problem names the tensor a leaf reads)."
+)
 FIX_UNEXPECTED = (
     "To leave such tensors out, add an `ignore` rule for them (buffers such as "
     "`attn.bias` or `rotary_emb.inv_freq`), or {allow_unused}."
 )
 ALIKE = 4  # dtype problems alike from which they are one line
+
+
+FIX_KEY = (
+    "Typed PRNG keys are stored as their key data (`jax.random.key_data`), and "
+    "never cast: give such tensors the key data of the skeleton's key type, or "
+    'build the skeleton with the stored one (`jax.random.key(0, impl="rbg")`).'
+)
+
+
+def _expected(ctx: Context, what: str) -> str:
+    """What the skeleton asks for, through the mapping or by name."""
+    return (
+        f"the mapping makes {what} of the skeleton"
+        if ctx.mapped
+        else (f"the skeleton has {what}")
+    )
+
+
+def _expects(ctx: Context, dtype: str) -> str:
+    return f"the mapping expects {dtype}" if ctx.mapped else f"the skeleton has {dtype}"
+
+
+def _key(v: Virtual, ctx: Context) -> str:
+    """`, a key array...` for a tensor of a typed PRNG key leaf, or nothing."""
+    impl = ctx.key_of(v)
+    if impl is None:
+        return ""
+    return f" (a {impl} key array, as its key data {v.dtype}{list(v.shape)})"
 
 
 def report_shapes(shapes, virtuals, ctx: Context) -> None:
@@ -77,10 +109,11 @@ def report_shapes(shapes, virtuals, ctx: Context) -> None:
         why, fix = _why_shape(v, t, virtuals, wrong)
         if v.name in ctx.equal_parts:
             why, fix = " (a part of a `split` into equal parts)", FIX_SIZES
+        if ctx.key_of(v):
+            why, fix = _key(v, ctx), FIX_KEY
         ctx.problem(
-            f"Tensor `{v.name}` ({ctx.origin(v)}) has shape {t.shape} in "
-            f"{ctx.words.stored}, but the mapping makes {v.shape} of the "
-            f"skeleton{why}.",
+            f"Tensor `{v.name}`{ctx.of(v)} has shape {t.shape} in "
+            f"{ctx.words.stored}, but {_expected(ctx, str(v.shape))}{why}.",
             fix,
             kind="differs",
         )
@@ -121,7 +154,7 @@ def report_dtypes(dtypes: list, total: int, ctx: Context) -> None:
     for v, t in dtypes:
         groups.setdefault((t.dtype, v.dtype), []).append(v)
     for (found, wanted), group in groups.items():
-        if len(group) < ALIKE:
+        if len(group) < ALIKE or any(ctx.key_of(v) for v in group):
             continue
         count = (
             f"All {len(group)} tensors are"
@@ -134,15 +167,21 @@ def report_dtypes(dtypes: list, total: int, ctx: Context) -> None:
             kind="differs",
         )
     for (found, wanted), group in groups.items():
-        if len(group) >= ALIKE:
+        if len(group) >= ALIKE and not any(ctx.key_of(v) for v in group):
             continue
         for v in group:
+            key = ctx.key_of(v) is not None
             ctx.problem(
-                f"Tensor `{v.name}` ({ctx.origin(v)}) is {found} in "
-                f"{ctx.words.stored}, but the mapping expects {wanted}.",
-                ctx.words.cast[:1].upper() + ctx.words.cast[1:] + ".",
+                f"Tensor `{v.name}`{ctx.of(v)} is {found} in {ctx.words.stored}, "
+                f"but {_expects(ctx, wanted)}{_key(v, ctx)}.",
+                FIX_KEY if key else sentence(ctx.words.cast),
                 kind="differs",
             )
+
+
+def sentence(clause: str) -> str:
+    """A fix of `Words` (a clause) as a sentence."""
+    return clause[:1].upper() + clause[1:] + "."
 
 
 def report_missing(missing, virtuals, unexpected, given, ctx: Context) -> set[str]:
@@ -168,12 +207,17 @@ def report_missing(missing, virtuals, unexpected, given, ctx: Context) -> set[st
                 kind="absent",
             )
             continue
+        fix = (
+            FIX_MISSING
+            if ctx.mapped
+            else FIX_MISSING_BY_NAME.format(rename=ctx.words.rename)
+        )
         for v in group:
             guess = _did_you_mean(v, unexpected, given, paired)
             ctx.problem(
-                f"Tensor `{v.name}` ({ctx.origin(v)}) is missing from "
+                f"Tensor `{v.name}`{ctx.of(v)} is missing from "
                 f"{ctx.words.stored}{guess}.",
-                FIX_MISSING,
+                fix,
                 kind="absent",
             )
     return paired
@@ -266,4 +310,4 @@ def _count(n: int) -> str:
     return f"{n} tensor{'s' if n != 1 else ''}"
 
 
-__all__ = ["Problem", "planned"]
+__all__ = ["Problem", "planned", "sentence"]

@@ -142,7 +142,7 @@ def compare(
     target = target or _same
     for name, module in walked.modules.items():
         differences.extend(
-            _compare_module(name, module, saved.modules.get(target(name)))
+            compare_module(name, module, saved.modules.get(target(name)))
         )
     return differences, kept
 
@@ -194,8 +194,12 @@ def _absent(leaf: Leaf, name: str, missing: MissingPolicy, guess) -> Difference:
     return Difference(f"{where}.", (FIX_MISSING,), kind="absent")
 
 
-def _compare_module(name: str, module, other) -> list[Difference]:
-    """A skeleton module against its record: its class, then its static fields."""
+def compare_module(
+    name: str, module, other, stored: str = "the checkpoint"
+) -> list[Difference]:
+    """A skeleton module against its record (in `stored`: a checkpoint's
+    sidecar, or what `export_safetensors` wrote in its files): its class, then
+    its static fields."""
     if other is None or (module.cls == other.cls and module.static == other.static):
         return []  # the usual case, decided without describing every field
     where = label(name, module.path)
@@ -204,7 +208,7 @@ def _compare_module(name: str, module, other) -> list[Difference]:
         found.append(
             Difference(
                 f"Module {where} is `{module.cls}` in the skeleton but `{other.cls}` "
-                f"in the checkpoint{explain(module.cls, other.cls)}.",
+                f"in {stored}{explain(module.cls, other.cls, stored)}.",
                 static=True,
             )
         )
@@ -215,7 +219,7 @@ def _compare_module(name: str, module, other) -> list[Difference]:
             found.append(
                 Difference(
                     f"Static field `{field}` of module {where} is {mine} in the "
-                    f"skeleton but {theirs} in the checkpoint.",
+                    f"skeleton but {theirs} in {stored}.",
                     (FIX_INSPECT,),
                     static=True,
                 )

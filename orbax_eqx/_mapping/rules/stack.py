@@ -21,7 +21,7 @@ import msgspec
 from .. import templates
 from ..errors import MappingError
 from ..pieces import Piece
-from ..stage import Context, Virtual, cut, drop_leading, whole
+from ..stage import Context, Virtual, cut, drop_leading, natural, whole
 from .base import Rule, Text, template, unmatched
 
 MAX_LAYERS = 1 << 20  # tensors one leaf may unstack into
@@ -88,11 +88,10 @@ class Stack(Rule, frozen=True, tag="stack"):
 
 def _unstacked(v, k, layers, binding, new_holes, target, tail, ctx) -> list[Virtual]:
     """One virtual per layer of `v`, in order. (The hot loop of a deep stack:
-    a million layers are a million of these.)"""
+    a million layers are a million of these, so each is a few objects: its
+    name, its piece and its boxes, the virtual.)"""
     rest_shape = v.shape[k:]
     rest_box = tuple((0, n) for n in rest_shape)
-    perm_rest: tuple = ()
-    out = []
     p = v.pieces[0] if len(v.pieces) == 1 else None
     # The usual case, cut without clipping: one piece, the whole leaf as it is.
     plain = (
@@ -100,14 +99,18 @@ def _unstacked(v, k, layers, binding, new_holes, target, tail, ctx) -> list[Virt
         and p.tensor_box == p.leaf_box == whole(v.shape)
         and p.perm == tuple(range(len(p.perm)))
     )
-    if plain:
+    if plain and k == 1:
         assert p is not None
-        perm_rest = tuple(range(len(rest_shape)))
+        hole = new_holes[0]
+        return _unstacked_plain(v, p, layers[0], binding, hole, target, tail, ctx)
+    perm_rest = tuple(range(len(rest_shape)))
+    out = []
     for index in itertools.product(*(range(n) for n in layers)):
         named = binding | dict(zip(new_holes, index, strict=True))
         name = target.render(named) + tail
         box = tuple((i, i + 1) for i in index) + rest_box
-        if p is not None and plain:
+        if plain:
+            assert p is not None
             pieces: tuple = (Piece(p.leaf, box, p.tensor, rest_box, perm_rest),)
         else:
             pieces = tuple(drop_leading(q, k) for q in cut(v.pieces, box))
@@ -122,6 +125,52 @@ def _unstacked(v, k, layers, binding, new_holes, target, tail, ctx) -> list[Virt
             )
         )
     return out
+
+
+def _unstacked_plain(v, p, count, binding, hole, target, tail, ctx) -> list[Virtual]:
+    """`_unstacked` of one leading axis of a leaf as it is: names from the text
+    around the hole, one piece a layer."""
+    head, after = _around(target, binding, hole)
+    after += tail
+    rest_shape = v.shape[1:]
+    rest_box = tuple((0, n) for n in rest_shape)
+    perm = tuple(range(len(rest_shape)))
+    leaf, dtype, leaves = p.leaf, v.dtype, v.leaves
+    layers, rule = v.layers, ctx.rule
+    # A hole sits between text that is not digits, so the name's sort key is
+    # the key of the text before it, the index, then the key of the text after.
+    before, behind = natural(head), natural(after)
+    out = []
+    for i in range(count):
+        name = f"{head}{i}{after}"
+        # The piece names its tensor already: the plan keeps it if no later
+        # rule renames the tensor.
+        piece = Piece(leaf, ((i, i + 1), *rest_box), name, rest_box, perm)
+        out.append(
+            Virtual(
+                name,
+                rest_shape,
+                dtype,
+                (piece,),
+                leaves,
+                (*layers, (rule, (i,))),
+                (*before, i, *behind),
+            )
+        )
+    return out
+
+
+def _around(target: templates.Template, binding: dict, hole: str) -> tuple[str, str]:
+    """The text `target` renders before and after `hole`, with `binding`."""
+    head: list[str] = []
+    after: list[str] = []
+    side = head
+    for kind, value in target.tokens:
+        if kind == "hole" and value == hole:
+            side = after
+        else:
+            side.append(str(binding[value]) if kind == "hole" else value)
+    return "".join(head), "".join(after)
 
 
 @functools.lru_cache(maxsize=256)
