@@ -190,7 +190,7 @@ def test_every_single_bit_flip_in_orbax_stored_data_is_caught(tmp_path):
             assert "Invalid bool value" in str(info.value)
             assert "from Orbax's array store of the checkpoint" in str(info.value)
         else:
-            assert "does not match its sum32" in problem
+            assert "does not match its sum32" in problem, problem
             assert f"`['{name}']` ({name}): sum32 recorded at" in str(info.value)
         _flip(file, byte, bit)
     assert oeqx.verify(path).ok

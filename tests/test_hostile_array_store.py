@@ -103,7 +103,7 @@ def test_array_store_entry_that_would_never_end_fails_fast(
     # verify: every Orbax-stored array is damaged, and says why.
     problems = runs["verify"]["value"]
     assert len(problems) == 4
-    assert all(re.fullmatch(f'cannot be read: "{message}"', p) for p in problems)
+    assert all(re.fullmatch(f"cannot be read: {message}", p) for p in problems)
     verified = runs["cli verify"]
     assert verified["code"] == 1 and verified["stdout"].count("DAMAGED") == 4
     assert re.search(message, verified["stdout"])

@@ -195,7 +195,6 @@ class Skimmed(msgspec.Struct, Generic[L, M]):
     checksums: bool = True
     module_types: list[ModuleType] = []
     saved_as: SavedAs | None = None
-    save: Token | None = None  # the type handler's groups: the save's own token
     checksum: Digest | msgspec.UnsetType = UNSET  # checked before decoding
 
 

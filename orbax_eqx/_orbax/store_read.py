@@ -225,7 +225,9 @@ def without_specs(text: str) -> str:
 
 def tensorstore_text(error: BaseException | None) -> str:
     """The first line of a TensorStore (or Orbax) error, without the spec it
-    appends, cut to a few hundred characters."""
+    appends, cut to a few hundred characters: its start and its end, which
+    says what was wrong ("Invalid bool value")."""
     text = without_specs(str(error or "")).strip()
     line = text.splitlines()[0] if text else repr(error)
-    return line if len(line) <= _MAX_TEXT else line[: _MAX_TEXT - 3] + "..."
+    half = (_MAX_TEXT - 5) // 2
+    return line if len(line) <= _MAX_TEXT else f"{line[:half]} ... {line[-half:]}"

@@ -25,6 +25,7 @@ from .._format.sidecar import (
 )
 from .._restore.read import LeafReader, release_memory
 from .._storage import ranges as _ranges
+from .._storage.orbax_store.read import storage_error
 from .._storage.sharded.index import check_blocks
 from .._storage.sharded.index_read import read_all
 from . import items as _items
@@ -281,7 +282,11 @@ def _check_stored(reader: LeafReader, record, piece):
     except _NOT_DAMAGE:
         raise
     except Exception as e:  # whatever Orbax or TensorStore raise on bad files
-        return f"cannot be read: {tensorstore_text(e)}"
+        if isinstance(e, OrbaxEqxError) and e.__cause__ is None:
+            return f"cannot be read: {e}"  # ours, whole
+        # TensorStore's own words, from under ours where a read wrapped them.
+        told = storage_error(e.__cause__ or e) or tensorstore_text(e)
+        return f"cannot be read: {told}"
     piece(record, data)
     if record.sum32 is None:
         return None

@@ -73,7 +73,8 @@ def first_line(e: BaseException) -> str:
     text = str(e).split("\n", 1)[0]
     for tail in (" [tensorstore_spec", ". See full TensorStore details"):
         text = text.split(tail, 1)[0]
-    return text if len(text) <= 300 else text[:297] + "..."
+    # The start and the end, which says what was wrong ("Invalid bool value").
+    return text if len(text) <= 300 else f"{text[:147]} ... {text[-148:]}"
 
 
 # How TensorStore names a file it may not open.

@@ -69,7 +69,7 @@ def _orbax_read(inner, directory, to_read: dict) -> dict[str, Any]:
             ),
         )
     except Exception as e:  # Orbax raises bare `Exception`s for TensorStore's
-        cause = _storage_error(e)
+        cause = storage_error(e)
         denied = permission_error(e, directory)
         records = [request.record for request in to_read.values()]
         if denied is not None:
@@ -121,7 +121,7 @@ def _collect_quietly() -> None:
 _STORAGE_SIGNS = ("DATA_LOSS", "FAILED_PRECONDITION", "NOT_FOUND", "OUT_OF_RANGE")
 
 
-def _storage_error(first: BaseException) -> str | None:
+def storage_error(first: BaseException) -> str | None:
     """The first line of a TensorStore error in `first`'s chain, if any."""
     error: BaseException | None = first
     seen = set()
