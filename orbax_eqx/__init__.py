@@ -37,6 +37,9 @@ from ._orbax.handler import EqxSave as EqxSave
 from ._orbax.type_handler import PackedArrayHandler as PackedArrayHandler
 from ._orbax.type_registry import type_handler_registry as type_handler_registry
 from ._orbax.v1 import EqxCheckpointableHandler as EqxCheckpointableHandler
+from ._orbax.verify import DamagedLeaf as DamagedLeaf
+from ._orbax.verify import VerifyReport as VerifyReport
+from ._orbax.verify import verify as verify
 from ._restore.check import StaticMismatchWarning as StaticMismatchWarning
 from ._restore.fallback import FallbackWarning as FallbackWarning
 from ._restore.fallback import RestoredStep as RestoredStep
@@ -50,7 +53,4 @@ from ._restore.vanished import CheckpointReplacedError as CheckpointReplacedErro
 from ._save.claim import ConcurrentSaveError as ConcurrentSaveError
 from ._storage.transfer.pool import HostPoolError as HostPoolError
 from ._storage.transfer.staging import StagingError as StagingError
-from ._orbax.verify import DamagedLeaf as DamagedLeaf
-from ._orbax.verify import VerifyReport as VerifyReport
-from ._orbax.verify import verify as verify
 from ._version import __version__ as __version__

@@ -14,8 +14,8 @@ from etils import epath
 
 from .._errors import CheckpointMismatchError, RebuildError, SidecarError
 from .._format.sidecar import PACKED, Metadata
-from .._rebuild import build as _rebuild
 from .._mapping.errors import RenameError
+from .._rebuild import build as _rebuild
 from .._restore.restore import restore_tree
 from .._storage import ranges as _ranges
 
