@@ -35,7 +35,7 @@ from ._orbax.handler import EqxHandler as EqxHandler
 from ._orbax.handler import EqxRestore as EqxRestore
 from ._orbax.handler import EqxSave as EqxSave
 from ._orbax.type_handler import PackedArrayHandler as PackedArrayHandler
-from ._orbax.type_registry import type_handler_registry as type_handler_registry
+from ._orbax.type_handler import type_handler_registry as type_handler_registry
 from ._orbax.v1 import EqxCheckpointableHandler as EqxCheckpointableHandler
 from ._orbax.verify import DamagedLeaf as DamagedLeaf
 from ._orbax.verify import VerifyReport as VerifyReport

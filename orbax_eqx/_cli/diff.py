@@ -21,8 +21,7 @@ from .._errors import OrbaxEqxError
 from .._format.locate import as_path
 from .._format.sidecar import ALIAS, EMPTY, STORED, LeafMetadata, Metadata
 from .._orbax import items as _items
-from .._orbax.plain_items import PlainMetadata
-from .._orbax.store_read import StoreReader
+from .._orbax.plain import PlainMetadata, StoreReader
 from .._restore.read import LeafReader, read_cost
 from .._tree.values import describe, encode, scalar_type
 from .._tree.walk import (

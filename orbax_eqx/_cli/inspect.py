@@ -22,7 +22,7 @@ from .._errors import OrbaxEqxError
 from .._format.locate import as_path
 from .._format.sidecar import ALIAS, PACKED, SHARDS, STORED, Metadata, arrays_dir
 from .._orbax import items as _items
-from .._orbax.plain_items import PlainMetadata, sharding_text
+from .._orbax.plain import PlainMetadata, sharding_text
 from .._orbax.type_restore import sharding_metadata
 from .._rebuild import build as _rebuild
 from .._storage.orbax_store.files import check as check_store_files

@@ -15,8 +15,7 @@ from tqdm import tqdm
 
 from .._errors import first_line, inline_list, some
 from .._format.sidecar import ALIAS, EMPTY, PACKED, SHARDS, STORED, Metadata
-from .._orbax.plain_items import PYTHON
-from .._orbax.store_read import without_specs
+from .._orbax.plain import PYTHON, without_specs
 from .._tree.names import ESCAPE, SEPARATOR
 from .._tree.values import describe, scalar_type
 from .._tree.walk import ARRAY, NUMPY, NUMPY_SCALAR, SCALAR, SHARED, display_path

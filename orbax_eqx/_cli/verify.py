@@ -14,7 +14,7 @@ from .._errors import EARLIER_STEP, CheckpointPermissionError, OrbaxEqxError
 from .._format.locate import as_path
 from .._format.sidecar import PACKED, SHARDS, STORED
 from .._orbax import items as _items
-from .._orbax.plain_items import PlainMetadata
+from .._orbax.plain import PlainMetadata
 from .._orbax.verify import VerifyReport, check, verify
 from .._tree.names import label
 from . import safetensors_files

@@ -15,6 +15,7 @@ from .._bytes import route as _route
 from .._errors import ObjectStoreError, ObjectStoreSaveError, UnsupportedLeafError
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
+from .._format.locate import is_plain_item
 from .._gc import paused
 from .._restore.restore import restore_flat, restore_tree
 from .._restore.together import together
@@ -303,7 +304,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
     def _restore(self, directory: epath.Path, args: "EqxRestore") -> Any:
         # Says so if the step is deleted or replaced meanwhile.
         with noticed(directory):
-            if _plain.is_plain(epath.Path(directory)):  # saved by Orbax alone
+            if is_plain_item(epath.Path(directory)):  # saved by Orbax alone
                 return _plain.restore(epath.Path(directory), args)
             rebuild = args.skeleton is None and args.allow is not None
             # Only a rebuild reads the records of inner nodes.

@@ -2,7 +2,7 @@
 
 An item is an orbax_eqx item (a sidecar), one saved through
 `oeqx.type_handler_registry()` (groups of arrays with indexes and no sidecar,
-read as one `TypedMetadata`), or a plain Orbax PyTree item (`plain_items`).
+read as one `TypedMetadata`), or a plain Orbax PyTree item (`plain`).
 A step directory holds items and may hold others (a JSON item, a data
 loader's state): those are listed with the handler Orbax recorded for them,
 never read. A CheckpointManager root holds steps, directories named by
@@ -23,7 +23,7 @@ from .._format.sidecar_read import read as read_sidecar
 from .._storage.typed.read import Group
 from .._storage.typed.read import find as find_groups
 from .._storage.typed.write import GROUP_PREFIX
-from . import plain_items as _plain
+from . import plain as _plain
 
 ORBAX_EQX, TYPED, PLAIN = "orbax_eqx", "type handler", "plain Orbax"
 
@@ -60,7 +60,7 @@ def kind_of(path: epath.Path) -> str | None:
             return ORBAX_EQX
         if _is_typed(path):
             return TYPED
-        if _plain.is_plain(path):
+        if _locate.is_plain_item(path):
             return PLAIN
     except OSError:
         return None

@@ -29,8 +29,7 @@ from .._storage.orbax_store.read import storage_error
 from .._storage.sharded.index import check_blocks
 from .._storage.sharded.index_read import read_all
 from . import items as _items
-from .plain_items import PlainMetadata
-from .store_read import StoreReader, UnreadableArray, tensorstore_text
+from .plain import PlainMetadata, StoreReader, UnreadableArray, tensorstore_text
 
 _CHUNK = 64 << 20  # bytes read at a time
 # Called with each leaf's record and each piece of its data, as read (bytes
