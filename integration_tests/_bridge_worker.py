@@ -275,7 +275,7 @@ def load_gpt2(directory: str, target: str) -> None:
         out = os.path.join(directory + ".out", str(jax.process_index()))
         try:
             oeqx.export_safetensors(loaded.tree, out, mapping=bm.GPT2_MAPPING)
-        except oeqx.ExportError as e:
+        except oeqx.BridgeError as e:
             assert str(e).startswith("20 array leaf(s) are on devices of "), e
             assert "Save the tree with `oeqx.save(path, tree)`" in str(e), e
             assert not os.path.exists(out)

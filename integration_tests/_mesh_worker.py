@@ -119,7 +119,7 @@ def onto_2x4():
     )
     try:
         oeqx.restore(ROOT / "1", skeleton, shardings=uneven)
-    except oeqx.ShardingRuleError as e:
+    except oeqx.CheckpointMismatchError as e:
         message = str(e)
         print(message)
         assert (

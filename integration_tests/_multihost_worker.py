@@ -136,7 +136,7 @@ def host_local():
     mngr = manager()
     try:
         mngr.save(0, args=oeqx.EqxSave(bad))
-    except oeqx.HostLocalArrayError as e:
+    except oeqx.UnsupportedLeafError as e:
         message = str(e)
         print(message, flush=True)
         assert message.startswith(
@@ -159,7 +159,7 @@ def host_local():
     standalone = ROOT.parent / f"standalone-p{PROCESS}"
     try:
         oeqx.save(standalone, bad)
-    except oeqx.HostLocalArrayError:
+    except oeqx.UnsupportedLeafError:
         pass
     else:
         raise AssertionError("a host-local array was saved")

@@ -76,7 +76,7 @@ def main() -> None:
     oeqx.save(BASE / "sync", sync, **OPTIONS)  # a barrier
     try:
         oeqx.save(user, item(3), overwrite=True, **OPTIONS)
-    except oeqx.NotACheckpointError:
+    except FileExistsError:
         pass
     else:
         raise AssertionError("user files replaced")

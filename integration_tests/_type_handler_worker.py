@@ -132,7 +132,7 @@ def refuse_host_local(mesh) -> None:
     try:
         mngr.save(0, args=ocp.args.PyTreeSave(bad))
         mngr.wait_until_finished()
-    except oeqx.HostLocalArrayError as e:
+    except oeqx.UnsupportedLeafError as e:
         device = bad["local"].sharding.device_set.pop().id
         expected = (
             "Cannot save: this save runs on 2 processes, and a multi-host "

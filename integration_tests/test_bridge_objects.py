@@ -89,14 +89,14 @@ def test_refusals(bucket):
         json.dumps({"weight_map": {"w": "../secret.safetensors"}}).encode(),
     )
     with pytest.raises(
-        oeqx.SafetensorsError,
+        oeqx.BridgeError,
         match=rf"^{bucket}/evil/model\.safetensors\.index\.json names what an index "
         r"may not: `w` is in '\.\./secret\.safetensors', not a file beside the "
         r"index\.",
     ):
         oeqx.load_safetensors(f"{bucket}/evil", {})
     with pytest.raises(
-        oeqx.SafetensorsError,
+        oeqx.BridgeError,
         match=rf"^{bucket}/nothing holds neither model\.safetensors\.index\.json nor "
         r"model\.safetensors \(an object store is not listed for other files\)\. "
         r"Give the URL of a \.safetensors file, or a list of them\.$",
@@ -105,7 +105,7 @@ def test_refusals(bucket):
     data = save({"w": np.ones(1000, np.float32)})
     _put(f"{bucket}/cut.safetensors", data[:-10])
     with pytest.raises(
-        oeqx.SafetensorsError,
+        oeqx.BridgeError,
         match=rf"^{bucket}/cut\.safetensors is not a valid safetensors file: the "
         r"header describes \d+ bytes of file, but it ends before byte \d+\. ",
     ):

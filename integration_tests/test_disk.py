@@ -87,7 +87,7 @@ def test_full_disk_fails_clearly_keeps_earlier_step_and_exits_promptly(mount):
 def test_standalone_save_into_read_only_directory_fails_before_work(mount):
     fs = mount("size=1m,ro")
     with pytest.raises(
-        oeqx.NotWritableError,
+        PermissionError,
         match=r"Cannot save to .*/ckpt: .* is not writable \(read-only file system "
         r"or no permission\). Choose a writable directory.",
     ):

@@ -57,7 +57,7 @@ def test_damaged_newest_step_falls_back(root, damage):
                 f.write_bytes(f.read_bytes()[: f.stat().st_size // 3])
     mngr = _manager(root)
     with pytest.warns(
-        oeqx.FallbackWarning,
+        oeqx.OrbaxEqxWarning,
         match=r"(?s)Restored step 2 of .*, because newer steps could not be "
         r"restored:\n  - step 3: ",
     ):

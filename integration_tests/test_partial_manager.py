@@ -80,7 +80,7 @@ def test_kept_leaves_warn_through_the_manager(tmp_path):
     mngr.save(0, args=oeqx.EqxSave({"body": make_mlp(jax.random.key(0))}))
     mngr.wait_until_finished()
     skeleton = {"body": skeleton_mlp(), "scale": jnp.ones(3)}
-    with pytest.warns(oeqx.KeptLeavesWarning, match=r"- `scale`"):
+    with pytest.warns(oeqx.OrbaxEqxWarning, match=r"- `scale`"):
         restored = mngr.restore(0, args=oeqx.EqxRestore(skeleton, missing="keep"))
     assert_trees_equal(restored["body"], make_mlp(jax.random.key(0)))
     mngr.close()

@@ -151,7 +151,7 @@ def test_bytes_damaged_in_the_bucket_are_still_damage_and_fall_back(bucket):
         with pytest.raises(oeqx.CheckpointDamagedError, match="changed after it"):
             mngr.restore(10, args=oeqx.EqxRestore(_tree(0)))
         assert _data_reads(proxy, 10) == 2  # read again once, then believed
-        with pytest.warns(oeqx.FallbackWarning, match=r"step 10: CheckpointDamaged"):
+        with pytest.warns(oeqx.OrbaxEqxWarning, match=r"step 10: CheckpointDamaged"):
             step, got = oeqx.restore_latest(mngr, oeqx.EqxRestore(_tree(0)))
     assert step == 2
     _same(got, 2)
@@ -297,7 +297,7 @@ def test_objects_deleted_during_a_restore_are_a_deletion(bucket):
 
     first = Fault("call", method="GET", path=_pack(10), nth=[1], action=delete(10))
     with _proxied(bucket, first) as proxy, _manager(root) as mngr:
-        with pytest.raises(oeqx.CheckpointDeletedError, match="was deleted while"):
+        with pytest.raises(oeqx.CheckpointNotFoundError, match="was deleted while"):
             mngr.restore(10, args=oeqx.EqxRestore(_tree(0)))
         proxy.add(Fault("call", method="GET", path=_pack(6), nth=[1], action=delete(6)))
         with warnings.catch_warnings():

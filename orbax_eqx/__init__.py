@@ -1,56 +1,71 @@
-"""Checkpoint Equinox modules through Orbax, leaf by leaf, with nothing lost."""
+"""Checkpoint Equinox modules through Orbax, leaf by leaf, with nothing lost.
 
-from ._bridge.export import Exported as Exported
-from ._bridge.export import export_safetensors as export_safetensors
-from ._bridge.export_source import ExportError as ExportError
-from ._bridge.load import load_safetensors as load_safetensors
-from ._bridge.memory import from_state_dict as from_state_dict
-from ._bridge.memory import to_state_dict as to_state_dict
-from ._bridge.safetensors.header import SafetensorsError as SafetensorsError
-from ._errors import CheckpointDamagedError as CheckpointDamagedError
-from ._errors import CheckpointMismatchError as CheckpointMismatchError
-from ._errors import CheckpointNotFoundError as CheckpointNotFoundError
-from ._errors import CheckpointPermissionError as CheckpointPermissionError
-from ._errors import HostLocalArrayError as HostLocalArrayError
-from ._errors import ObjectStoreError as ObjectStoreError
-from ._errors import ObjectStoreSaveError as ObjectStoreSaveError
-from ._errors import OrbaxEqxError as OrbaxEqxError
-from ._errors import RebuildError as RebuildError
-from ._errors import ShardingRuleError as ShardingRuleError
-from ._errors import SidecarError as SidecarError
-from ._errors import UnsupportedLeafError as UnsupportedLeafError
-from ._format.sidecar import LeafMetadata as LeafMetadata
-from ._format.sidecar import Metadata as Metadata
-from ._mapping.errors import BridgeError as BridgeError
-from ._mapping.errors import MappingError as MappingError
-from ._mapping.errors import RenameError as RenameError
-from ._mapping.mapping import StateDictMapping as StateDictMapping
-from ._orbax.api import CheckpointExistsError as CheckpointExistsError
-from ._orbax.api import NotACheckpointError as NotACheckpointError
-from ._orbax.api import NotWritableError as NotWritableError
-from ._orbax.api import metadata as metadata
-from ._orbax.api import restore as restore
-from ._orbax.api import save as save
-from ._orbax.handler import EqxHandler as EqxHandler
-from ._orbax.handler import EqxRestore as EqxRestore
-from ._orbax.handler import EqxSave as EqxSave
-from ._orbax.type_handler import PackedArrayHandler as PackedArrayHandler
-from ._orbax.type_handler import type_handler_registry as type_handler_registry
-from ._orbax.v1 import EqxCheckpointableHandler as EqxCheckpointableHandler
-from ._orbax.verify import DamagedLeaf as DamagedLeaf
-from ._orbax.verify import VerifyReport as VerifyReport
-from ._orbax.verify import verify as verify
-from ._restore.check import StaticMismatchWarning as StaticMismatchWarning
-from ._restore.fallback import FallbackWarning as FallbackWarning
-from ._restore.fallback import RestoredStep as RestoredStep
-from ._restore.fallback import restore_latest as restore_latest
-from ._restore.restore import RecordedLeaf as RecordedLeaf
-from ._restore.rules import shardings_from_rules as shardings_from_rules
-from ._restore.select import KeptLeavesWarning as KeptLeavesWarning
-from ._restore.select import RestoreReport as RestoreReport
-from ._restore.vanished import CheckpointDeletedError as CheckpointDeletedError
-from ._restore.vanished import CheckpointReplacedError as CheckpointReplacedError
-from ._save.claim import ConcurrentSaveError as ConcurrentSaveError
-from ._storage.transfer.pool import HostPoolError as HostPoolError
-from ._storage.transfer.staging import StagingError as StagingError
-from ._version import __version__ as __version__
+The whole public surface is `__all__`. Errors are an `OrbaxEqxError` of one
+of a few kinds, each also the built-in it matches (`ValueError`,
+`FileNotFoundError`, `OSError`, ...); warnings an `OrbaxEqxWarning`.
+"""
+
+from ._bridge.export import export_safetensors
+from ._bridge.load import load_safetensors
+from ._bridge.memory import from_state_dict, to_state_dict
+from ._errors import (
+    BridgeError,
+    CheckpointDamagedError,
+    CheckpointMismatchError,
+    CheckpointNotFoundError,
+    ObjectStoreError,
+    OrbaxEqxError,
+    OrbaxEqxWarning,
+    RebuildError,
+    UnsupportedLeafError,
+)
+from ._format.sidecar import Metadata
+from ._mapping.mapping import StateDictMapping
+from ._orbax.api import metadata, restore, save
+from ._orbax.handler import EqxHandler, EqxRestore, EqxSave
+from ._orbax.type_handler import PackedArrayHandler, type_handler_registry
+from ._orbax.v1 import EqxCheckpointableHandler
+from ._orbax.verify import verify
+from ._restore.check import StaticMismatchWarning
+from ._restore.fallback import restore_latest
+from ._restore.restore import RecordedLeaf
+from ._restore.rules import shardings_from_rules
+from ._version import __version__
+
+__all__ = [
+    # Saving and restoring.
+    "save",
+    "restore",
+    "restore_latest",
+    "metadata",
+    "verify",
+    "shardings_from_rules",
+    # Through Orbax.
+    "EqxHandler",
+    "EqxSave",
+    "EqxRestore",
+    "EqxCheckpointableHandler",
+    "type_handler_registry",
+    "PackedArrayHandler",
+    # PyTorch and Hugging Face layouts.
+    "to_state_dict",
+    "from_state_dict",
+    "load_safetensors",
+    "export_safetensors",
+    "StateDictMapping",
+    # What a checkpoint records.
+    "Metadata",
+    "RecordedLeaf",
+    # Errors, by what to do about them; warnings.
+    "OrbaxEqxError",
+    "CheckpointNotFoundError",
+    "CheckpointDamagedError",
+    "CheckpointMismatchError",
+    "RebuildError",
+    "UnsupportedLeafError",
+    "ObjectStoreError",
+    "BridgeError",
+    "OrbaxEqxWarning",
+    "StaticMismatchWarning",
+    "__version__",
+]

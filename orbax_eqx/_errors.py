@@ -44,11 +44,7 @@ class RebuildError(OrbaxEqxError, ValueError):
         self.needed = list(needed)
 
 
-class SidecarError(OrbaxEqxError, ValueError):
-    """The sidecar file of a checkpoint is missing, damaged or of unknown format."""
-
-
-class ShardingRuleError(OrbaxEqxError, ValueError):
+class ShardingRuleError(CheckpointMismatchError):
     """Sharding rules that do not fit the mesh, or a leaf they cannot place.
 
     `problems` names each offending rule or leaf; `fix` says what to change.
@@ -66,7 +62,7 @@ class ShardingRuleError(OrbaxEqxError, ValueError):
         super().__init__(f"{text}\n{fix}")
 
 
-class HostLocalArrayError(OrbaxEqxError, ValueError):
+class HostLocalArrayError(UnsupportedLeafError, ValueError):
     """A multi-host save holds an array that lives on one process only."""
 
 
@@ -75,7 +71,22 @@ class CheckpointNotFoundError(OrbaxEqxError, FileNotFoundError):
 
 
 class CheckpointDamagedError(OrbaxEqxError, ValueError):
-    """A checkpoint's array data is missing or shorter than its sidecar says."""
+    """A checkpoint's files are missing, cut short, changed or not of this
+    format: its sidecar, a pack, a shard index or Orbax's array store."""
+
+
+class SidecarError(CheckpointDamagedError):
+    """The sidecar file of a checkpoint is missing, damaged or of unknown format."""
+
+
+class BridgeError(OrbaxEqxError, ValueError):
+    """The state_dict bridge cannot do what it was asked: a mapping that does
+    not fit the tree or the tensors, a malformed mapping or rename, a damaged
+    safetensors file, an export that cannot be written.
+
+    The message lists every problem at once, each naming the tensor and the
+    leaf, then the fixes that would work.
+    """
 
 
 class CheckpointPermissionError(OrbaxEqxError, PermissionError):
@@ -169,9 +180,15 @@ class ObjectStoreError(OrbaxEqxError, OSError):
     falling back to an older step."""
 
 
-class ObjectStoreSaveError(OrbaxEqxError, ValueError):
+class ObjectStoreSaveError(ObjectStoreError, ValueError):
     """A save that cannot succeed on its object store (a rename commit or
     `pack=False` on `s3://`), refused before anything is written."""
+
+
+class OrbaxEqxWarning(UserWarning):
+    """Base class of every warning orbax_eqx gives: static fields that differ
+    where the user chose to go on, a fallback to an older step, skeleton
+    leaves kept by a partial restore."""
 
 
 # Modules whose frames stand between the user's line and a warning: ours, and

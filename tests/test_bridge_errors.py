@@ -296,13 +296,13 @@ class _Plain(eqx.Module):
 
 def test_field_key_problems():
     with pytest.raises(
-        oeqx.MappingError,
+        oeqx.BridgeError,
         match=r"Some field keys are not names:\n  - Field `w` of `_Keyed` has "
         r"state_dict_key=3, not a string\.",
     ):
         oeqx.to_state_dict(_Keyed(jnp.zeros(1)), M().field_keys())
     with pytest.raises(
-        oeqx.MappingError,
+        oeqx.BridgeError,
         match=r"The `field_keys` rule of key 'sd' finds no field declared with "
         r'`eqx\.field\(metadata=\{"sd": \.\.\.\}\)`',
     ):

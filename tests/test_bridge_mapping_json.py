@@ -71,7 +71,7 @@ def test_from_file(tmp_path):
     path.write_text(json.dumps(EVERY_RULE.to_json()))
     assert M.from_file(path) == EVERY_RULE
     with pytest.raises(
-        oeqx.MappingError, match=r"The mapping .*nope\.json does not exist"
+        oeqx.BridgeError, match=r"The mapping .*nope\.json does not exist"
     ):
         M.from_file(tmp_path / "nope.json")
     bad = tmp_path / "bad.json"
@@ -80,7 +80,7 @@ def test_from_file(tmp_path):
         '"rules": [{"op": "zap"}]}'
     )
     with pytest.raises(
-        oeqx.MappingError,
+        oeqx.BridgeError,
         match=r"In .*bad\.json: .*Invalid value 'zap' - at `\$\.rules\[0\]\.op`",
     ):
         M.from_file(bad)
@@ -90,7 +90,7 @@ def test_from_file_never_blocks_on_a_fifo(tmp_path):
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     start = time.monotonic()
-    with pytest.raises(oeqx.MappingError, match=r"The mapping .*fifo"):
+    with pytest.raises(oeqx.BridgeError, match=r"The mapping .*fifo"):
         M.from_file(fifo)
     assert time.monotonic() - start < 10
 
@@ -365,27 +365,27 @@ HOSTILE = [
     "data, match", [h[1:] for h in HOSTILE], ids=[h[0] for h in HOSTILE]
 )
 def test_hostile_json_is_refused_naming_the_rule(data, match):
-    with pytest.raises(oeqx.MappingError, match=match):
+    with pytest.raises(oeqx.BridgeError, match=match):
         M.from_json(data)
 
 
 def test_json_size_is_bounded():
     with pytest.raises(
-        oeqx.MappingError, match=r"more than the 16 MiB a mapping may have"
+        oeqx.BridgeError, match=r"more than the 16 MiB a mapping may have"
     ):
         M.from_json(" " * (MAX_JSON_BYTES + 1))
 
 
 def test_builder_checks_as_json_does():
     with pytest.raises(
-        oeqx.MappingError,
+        oeqx.BridgeError,
         match=r"\.transpose\(\): Expected `int`, got `str` - at `\$\.perm\[0\]`",
     ):
         M().transpose("a", ["0"])
-    with pytest.raises(oeqx.MappingError, match=r"`cast` takes a dtype, not 'no'"):
+    with pytest.raises(oeqx.BridgeError, match=r"`cast` takes a dtype, not 'no'"):
         M().cast("a", object.__new__(type("X", (), {"__repr__": lambda s: "'no'"})))
     with pytest.raises(
-        oeqx.MappingError, match=r"Expected `array` of length >= 2 - at `\$\.into`"
+        oeqx.BridgeError, match=r"Expected `array` of length >= 2 - at `\$\.into`"
     ):
         M().split("a", ["b"], axis=0)
 
@@ -443,7 +443,7 @@ def test_hostile_patterns_match_in_linear_time(pattern):
 )
 def test_what_re2_refuses_is_named(pattern, why):
     with pytest.raises(
-        oeqx.MappingError,
+        oeqx.BridgeError,
         match=r"the pattern .* is not one RE2 takes \(" + why + r".*\)\. Patterns "
         r"are matched in linear time",
     ):
@@ -460,7 +460,7 @@ def test_what_re2_refuses_is_named(pattern, why):
     ids=["group-number", "group-name", "escape"],
 )
 def test_replacements_are_checked_against_the_pattern(replacement, match):
-    with pytest.raises(oeqx.MappingError, match=match):
+    with pytest.raises(oeqx.BridgeError, match=match):
         M().rename_regex(r"layers\.(\d+)\.(?P<rest>.*)", replacement)
 
 

@@ -108,7 +108,7 @@ def test_absent_and_unexpected_leaves_are_typed_and_keep_is_applied(tmp_path):
     # `strict=False` collects no unexpected leaf; the restore then succeeds.
     differences, kept = _compare(tmp_path, skeleton, missing="keep", strict=False)
     assert differences == []
-    with pytest.warns(oeqx.KeptLeavesWarning, match="`head`"):
+    with pytest.warns(oeqx.OrbaxEqxWarning, match="`head`"):
         restored = oeqx.restore(
             tmp_path / "ckpt", skeleton, missing="keep", strict=False
         )

@@ -348,7 +348,7 @@ def _row(**at):
 def test_a_malformed_row_is_damage(saved, change, what):
     _edit_raw(saved, change)
     with pytest.raises(
-        oeqx.SidecarError,
+        oeqx.CheckpointDamagedError,
         match=_damaged(rf"leaf 'w' is malformed \({what}\)"),
     ):
         oeqx.metadata(saved)
@@ -364,7 +364,7 @@ def test_a_malformed_row_is_damage(saved, change, what):
 )
 def test_a_row_is_checked_as_its_whole_record_is(saved, change, what):
     _edit_raw(saved, change)
-    with pytest.raises(oeqx.SidecarError, match=_damaged(what + ".*")):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=_damaged(what + ".*")):
         oeqx.metadata(saved)
 
 
@@ -449,9 +449,9 @@ def test_malformed_types_are_damage(saved, change, what):
     assert content["node_types"][1]["type"] == "dict"
     assert content["nodes"] == {"": 1}  # the dict, the module's in its type
     _edit_raw(saved, change)
-    with pytest.raises(oeqx.SidecarError, match=_damaged(what)):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=_damaged(what)):
         oeqx.metadata(saved)
-    with pytest.raises(oeqx.SidecarError, match=_damaged(what)):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=_damaged(what)):
         oeqx.restore(saved, allow=["equinox"])
 
 
@@ -463,7 +463,7 @@ def test_a_length_is_checked_before_any_name_is_made(tmp_path):
     content["node_types"][1]["length"] = 10**15  # names would not fit in memory
     _write_raw(path, content)
     with pytest.raises(
-        oeqx.SidecarError,
+        oeqx.CheckpointDamagedError,
         match=_damaged(
             r"its node types name more children than it has leaves and nodes "
             r"\(4\), at node 'layers'"
@@ -517,7 +517,7 @@ def test_a_shape_of_more_dimensions_than_numpy_has_is_damage(saved):
     # (math.prod of a million dimensions takes hours: refused unmultiplied)
     _edit_raw(saved, _row(i1=[1] * 65))
     with pytest.raises(
-        oeqx.SidecarError,
+        oeqx.CheckpointDamagedError,
         match=_damaged(r"leaf 'w' is malformed \(Expected `array` of length <= 64.*\)"),
     ):
         oeqx.metadata(saved)
@@ -530,7 +530,7 @@ def test_a_shape_of_more_dimensions_than_numpy_has_is_damage(saved):
 
     _edit_raw(saved, whole_record)
     with pytest.raises(
-        oeqx.SidecarError,
+        oeqx.CheckpointDamagedError,
         match=_damaged(r"leaf 'w' is malformed \(Expected `array` of length <= 64.*\)"),
     ):
         oeqx.metadata(saved)

@@ -83,7 +83,7 @@ def test_step_deleted_during_restore_is_said_so(run, pack):
     shardings = _saving_meanwhile(writer, [3, 4])
     skeleton = zoo.skeleton(zoo.mlp, jax.random.key(9))
     with pytest.raises(
-        oeqx.CheckpointDeletedError,  # a CheckpointNotFoundError, FileNotFoundError
+        oeqx.CheckpointNotFoundError,  # a CheckpointNotFoundError, FileNotFoundError
         match=r"The checkpoint at .*run/2/default was deleted while it was being "
         r"restored, as a CheckpointManager with `max_to_keep` \(perhaps in another "
         r"process\) deletes old steps when it saves new ones\. Restore a step that "
@@ -169,7 +169,7 @@ def test_damaged_step_is_still_a_fallback(run):
     pack.write_bytes(b"")  # cut short: damage, not a deletion
     skeleton = zoo.skeleton(zoo.mlp, jax.random.key(9))
     with pytest.warns(
-        oeqx.FallbackWarning,
+        oeqx.OrbaxEqxWarning,
         match=r"Restored step 1 of .*run, because newer steps could not be "
         r"restored:\n  - step 2: CheckpointDamagedError",
     ):

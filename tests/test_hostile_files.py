@@ -150,7 +150,7 @@ def test_directory_in_place_of_the_sidecar(tmp_path, capsys):
     (path / SIDECAR).mkdir()
     message = _damaged_sidecar("is a directory, not a regular file")
     for run in (oeqx.restore, oeqx.verify, oeqx.metadata):
-        with pytest.raises(oeqx.SidecarError, match=message):
+        with pytest.raises(oeqx.CheckpointDamagedError, match=message):
             run(path)
     assert main(["inspect", str(path)]) == 2
     assert re.fullmatch(f"orbax_eqx: error: {message}\n", capsys.readouterr().err)
@@ -161,7 +161,7 @@ def test_sidecar_larger_than_any_sidecar_is_refused_unread(tmp_path):
     with open(path / SIDECAR, "r+b") as f:
         f.truncate(MAX_BYTES + 1)  # sparse: no disk, and never read
     with pytest.raises(
-        oeqx.SidecarError,
+        oeqx.CheckpointDamagedError,
         match=_damaged_sidecar(
             f"has {MAX_BYTES + 1} bytes, more than the {MAX_BYTES} allowed"
         ),

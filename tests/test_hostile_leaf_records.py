@@ -319,7 +319,7 @@ def test_alias_of_a_name_that_is_no_leaf(tmp_path, target):
     fails_touching_nothing(
         tmp_path,
         path,
-        oeqx.SidecarError,
+        oeqx.CheckpointDamagedError,
         rf"The sidecar in .*ckpt is damaged: leaf '.*' is an alias of "
         rf"{re.escape(repr(target))}, which is no stored array of the same shape and "
         "dtype. Restore an earlier step",

@@ -130,7 +130,7 @@ def test_a_storage_key_that_is_neither_derivation_is_refused(tmp_path):
         lambda c: c["leaves"]["_METADATA"].update(key="../_METADATA"),
     )
     with pytest.raises(
-        oeqx.SidecarError,
+        oeqx.CheckpointDamagedError,
         match=r"leaf '_METADATA' has storage key '\.\./_METADATA', expected "
         r"'_METADATA~[0-9a-f]{16}'",
     ):

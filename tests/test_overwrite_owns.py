@@ -82,7 +82,7 @@ def test_overwrite_refuses_a_checkpoint_holding_files_it_did_not_write(tmp_path,
         rf"nor Orbax wrote \({', '.join(added)}\)"
     )
     with pytest.raises(
-        oeqx.NotACheckpointError,
+        FileExistsError,
         match=_refusal(path, found)
         + r"Overwriting deletes the whole directory: move those entries out of "
         r"it first, or choose another directory\.$",
@@ -105,7 +105,7 @@ def test_overwrite_refuses_a_folder_of_checkpoints_each_saved_alone(tmp_path):
     before = _listing(tmp_path)
     found = r"a directory of 2 checkpoint\(s\) each saved on its own \(exp1, exp2\)"
     with pytest.raises(
-        oeqx.NotACheckpointError,
+        FileExistsError,
         match=_refusal(folder, found)
         + rf"To replace one of them, save to its path \(such as {folder}/exp1\) "
         r"instead; else choose another directory\.$",
@@ -123,13 +123,13 @@ def test_overwrite_refuses_a_step_whose_item_holds_a_users_file(tmp_path):
     step = tmp_path / "root" / "0"
     (step / "default" / "notes.txt").write_text("mine")
     with pytest.raises(
-        oeqx.NotACheckpointError,
+        FileExistsError,
         match=r"it is a step of checkpoints whose item directories also hold "
         r"entries neither orbax_eqx nor Orbax wrote \(default/notes\.txt\)",
     ):
         oeqx.save(step, _item(1), overwrite=True)
     # The item directory itself: the same refusal.
-    with pytest.raises(oeqx.NotACheckpointError, match=r"\(notes\.txt\)"):
+    with pytest.raises(FileExistsError, match=r"\(notes\.txt\)"):
         oeqx.save(step / "default", _item(1), overwrite=True)
     assert (step / "default" / "notes.txt").read_text() == "mine"
 

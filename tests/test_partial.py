@@ -244,7 +244,7 @@ def test_missing_keep_warns_with_the_kept_leaves_unless_reported(tmp_path):
         "temperature": 0.5,
     }
     with pytest.warns(
-        oeqx.KeptLeavesWarning,
+        oeqx.OrbaxEqxWarning,
         match=r"(?s)3 skeleton leaves are not in the checkpoint at .* so kept "
         r"from the skeleton \(missing=\"keep\"\):\n  - `head\.weight`\n"
         r"  - `head\.bias`\n  - `temperature`\nPass `report=True`",
@@ -381,7 +381,7 @@ def test_renamed_modules_still_have_their_static_fields_checked(tmp_path):
 def test_a_rename_that_does_nothing_is_an_error(tmp_path, renames, match):
     oeqx.save(tmp_path / "ckpt", {"blocks": _blocks(KEY_SAVE)["blocks"][:1]})
     skeleton = {"layers": eqx.filter_eval_shape(_layers, KEY_SKELETON)["layers"][:1]}
-    with pytest.raises(oeqx.RenameError, match=match) as info:
+    with pytest.raises(oeqx.BridgeError, match=match) as info:
         oeqx.restore(tmp_path / "ckpt", skeleton, renames=renames)
     msg = str(info.value)
     assert f"do nothing, or clash, for the checkpoint at {tmp_path / 'ckpt'}:" in msg
@@ -421,7 +421,7 @@ def test_a_missing_leaf_is_paired_with_an_unread_one_of_its_shape(tmp_path):
 def test_renames_that_make_two_leaves_one_are_an_error(tmp_path):
     oeqx.save(tmp_path / "ckpt", {"a": jnp.ones(2), "b": jnp.zeros(2)})
     with pytest.raises(
-        oeqx.RenameError,
+        oeqx.BridgeError,
         match=r"(?s)checkpoint leaves would share a name:\n  - Checkpoint leaves `a` "
         r"and `b` both become `b`\.\nRename them to distinct names",
     ):
@@ -458,7 +458,7 @@ def test_a_swap_is_no_clash(tmp_path):
     ids=["str", "list", "function", "dict-value", "dict-one-new-name", "drop"],
 )
 def test_malformed_renames_fail_when_made(renames, match):
-    with pytest.raises(oeqx.RenameError, match=match):
+    with pytest.raises(oeqx.BridgeError, match=match):
         oeqx.EqxRestore(zoo.skeleton(zoo.mlp, KEY_SKELETON), renames=renames)
 
 
@@ -602,7 +602,7 @@ def test_a_split_restore_is_checked_before_any_read(tmp_path):
 
 def test_a_restore_whose_reader_takes_no_pieces_refuses_splits(tmp_path):
     oeqx.save(tmp_path / "ckpt", OldNet(KEY_SAVE))
-    with pytest.raises(oeqx.RenameError, match=r"`renames=` changes arrays"):
+    with pytest.raises(oeqx.BridgeError, match=r"`renames=` changes arrays"):
         oeqx.restore(
             tmp_path / "ckpt",
             eqx.filter_eval_shape(NewNet, KEY_SKELETON),

@@ -138,13 +138,13 @@ def test_needs_a_skeleton(tmp_path):
         checkpointer.save(tmp_path / "ckpt", {"w": jnp.ones(2)})
     # What it lacks for these is a sidecar: our errors, which are ValueErrors.
     with pytest.raises(
-        oeqx.SidecarError,
+        oeqx.CheckpointDamagedError,
         match=r"is a plain Orbax checkpoint \(no orbax_eqx sidecar\): it holds "
         r"arrays only, with no classes or static fields, so it restores into a "
         r"skeleton only\. Pass the skeleton of the model",
     ):
         oeqx.restore(tmp_path / "ckpt")
-    with pytest.raises(oeqx.SidecarError, match=r"not with prefix='w'\.$"):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=r"not with prefix='w'\.$"):
         oeqx.restore(tmp_path / "ckpt", {"w": jnp.ones(2)}, prefix="w")
     with pytest.raises(oeqx.RebuildError, match=r"not with allow=\['equinox'\]\.$"):
         oeqx.restore(tmp_path / "ckpt", allow=["equinox"])
@@ -210,7 +210,7 @@ def test_metadata_and_inspect_say_what_it_is(tmp_path, capsys):
         r"handlers, with no orbax_eqx sidecar\): it holds arrays only\. "
         r"`oeqx\.restore\(path, skeleton\)` restores it into a skeleton"
     )
-    with pytest.raises(oeqx.SidecarError, match=message):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=message):
         oeqx.metadata(tmp_path / "ckpt")
     # The command line shows what it holds, from Orbax's own metadata
     # (tests/test_cli_plain.py has the rest).

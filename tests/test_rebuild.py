@@ -630,7 +630,7 @@ def _edit_nodes(path, edit):
 def test_damaged_nodes_are_sidecar_errors(tmp_path, edit, match):
     oeqx.save(tmp_path / "ckpt", eqx.nn.MLP(2, 2, 4, 1, key=KEY))
     _edit_nodes(tmp_path / "ckpt", edit)
-    with pytest.raises(oeqx.SidecarError, match=match):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=match):
         oeqx.restore(tmp_path / "ckpt", allow=["equinox", "jax"])
 
 

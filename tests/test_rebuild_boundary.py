@@ -319,7 +319,7 @@ def test_shared_selectors_step_through_recorded_nodes_only(tied, field, steps):
     _wire(tied, field, steps)
     shown = "".join(f".{k}" if kind == "attr" else f"[{k!r}]" for kind, k in steps)
     with pytest.raises(
-        oeqx.SidecarError,
+        oeqx.CheckpointDamagedError,
         match=_damaged(
             r"`eqx\.nn\.Shared` node `shared` records that "
             rf"`{field}` selects `{_escape(shown)}`, which is no node of the saved "
@@ -411,7 +411,7 @@ def test_numpy_scalars_are_checked_before_anything_is_made(holder, capsys, body,
     tracemalloc.start()
     try:
         with pytest.raises(
-            oeqx.SidecarError,
+            oeqx.CheckpointDamagedError,
             match=r"The sidecar in \S+ is damaged: the numpy scalar at `value` is "
             rf"none a save writes: {what}",
         ):
@@ -511,7 +511,7 @@ def test_array_dtypes_only_as_a_save_writes_them(tmp_path, capsys, dtype, what):
         lambda: oeqx.metadata(path),
         lambda: oeqx.verify(path),
     ):
-        with pytest.raises(oeqx.SidecarError, match=_damaged(what)):
+        with pytest.raises(oeqx.CheckpointDamagedError, match=_damaged(what)):
             restore()
     assert cli_main(["inspect", str(path)]) == 2
     assert "is damaged: leaf 'x' has" in capsys.readouterr().err

@@ -71,7 +71,7 @@ def test_a_checkpoint_replaced_again_and_again_is_said_so(tmp_path, pack):
         oeqx.save(path, _item(10 + n), overwrite=True, pack=pack)
 
     with pytest.raises(
-        oeqx.CheckpointReplacedError,
+        RuntimeError,
         match=rf"^The checkpoint at {path} was replaced by another save while it "
         r"was being restored \(`save\(..., overwrite=True\)`, or a save of the "
         r"same step, perhaps in another process\); nothing is damaged\. Restore "
@@ -94,7 +94,7 @@ def test_a_deletion_under_way_is_said_so_not_damage(tmp_path):
             os.remove(pack)
         threading.Timer(0.1, shutil.rmtree, [path]).start()
 
-    with pytest.raises(oeqx.CheckpointDeletedError, match=r"was deleted while"):
+    with pytest.raises(oeqx.CheckpointNotFoundError, match=r"was deleted while"):
         oeqx.restore(path, _skeleton(), shardings=_meanwhile(delete, times=1))
 
 
@@ -145,7 +145,7 @@ def test_restores_beside_a_job_that_keeps_overwriting(tmp_path, pack):
         for _ in range(40):
             try:
                 got = oeqx.restore(path, _skeleton())
-            except oeqx.CheckpointReplacedError:
+            except RuntimeError:
                 said += 1
                 continue
             seed = int(got["b"][0])

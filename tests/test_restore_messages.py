@@ -200,7 +200,7 @@ def test_missing_leaves_advice_works(tmp_path):
     ):
         oeqx.restore(tmp_path / "ckpt", skeleton)
     with pytest.warns(
-        oeqx.KeptLeavesWarning,
+        oeqx.OrbaxEqxWarning,
         match=r"Pass `report=True` to get this list as a `RestoreReport` instead "
         r"of this warning\.",
     ):
@@ -211,7 +211,7 @@ def test_missing_leaves_advice_works(tmp_path):
         restored, report = oeqx.restore(
             tmp_path / "ckpt", skeleton, missing="keep", report=True
         )
-    assert not [w for w in caught if w.category is oeqx.KeptLeavesWarning]
+    assert not [w for w in caught if w.category is oeqx.OrbaxEqxWarning]
     assert restored["head"].weight is head.weight
     assert report.kept == ("head.weight", "head.bias")
 

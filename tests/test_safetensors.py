@@ -178,7 +178,7 @@ def test_library_writer_then_import(tmp_path, capsys):
 def test_export_refuses_dtypes_safetensors_lacks(tmp_path, capsys):
     oeqx.save(tmp_path / "ckpt", zoo.dtypes(KEY))
     with pytest.raises(
-        oeqx.ExportError,
+        oeqx.BridgeError,
         match=r"safetensors has no dtype for 1 array\(s\): leaf `int4` is int4\. "
         r"It holds bool, uint8, .*\. Leave them out through `mapping=`, or cast "
         r"them before saving\.",
@@ -194,7 +194,7 @@ def test_export_refuses_dtypes_safetensors_lacks(tmp_path, capsys):
 def test_export_refuses_the_metadata_name(tmp_path):
     oeqx.save(tmp_path / "ckpt", {"__metadata__": np.ones(2)})
     with pytest.raises(
-        oeqx.ExportError,
+        oeqx.BridgeError,
         match=r"Leaf `__metadata__` would be the tensor `__metadata__`, a name "
         r"safetensors keeps for its metadata\. Rename it through `mapping=`\.",
     ):
@@ -472,7 +472,7 @@ def test_export_overwrite_removes_stale_shards(tmp_path):
     sharded = export(tmp_path / "ckpt", tmp_path / "out", max_shard_size=200)
     assert len(sharded.files) > 2
     with pytest.raises(
-        oeqx.ExportError,
+        oeqx.BridgeError,
         match=r"\S+/out already holds safetensors files \(model-00001-of-0000\d\."
         r"safetensors and \d+ more\)\. Pass `overwrite=True` to replace them",
     ):
@@ -624,7 +624,7 @@ def test_export_into_a_file(tmp_path):
     oeqx.save(tmp_path / "ckpt", {"w": np.ones(2)})
     (tmp_path / "out").write_text("")
     with pytest.raises(
-        oeqx.ExportError,
+        oeqx.BridgeError,
         match=r"\S+/out is a file\. Give a directory, or a file name ending in "
         r"`\.safetensors` for a single file\.",
     ):

@@ -282,7 +282,7 @@ def _bad_field(field, what):
 )
 def test_what_the_sidecar_schema_does_not_allow_is_damage(small, edit, what):
     sidecars.edit(small, edit)
-    with pytest.raises(oeqx.SidecarError, match=_damaged(what)):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=_damaged(what)):
         oeqx.metadata(small)
 
 
@@ -310,9 +310,9 @@ def test_only_a_rebuild_reads_the_records_of_inner_nodes(small, capsys):
     np.testing.assert_array_equal(oeqx.restore(small, skeleton)["w"], np.ones(2))
     assert oeqx.restore(small)["n"] == 3
     damaged = _damaged(r"node '' is malformed \(Invalid enum value 'set'")
-    with pytest.raises(oeqx.SidecarError, match=damaged):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=damaged):
         oeqx.restore(small, allow=["jax"])
-    with pytest.raises(oeqx.SidecarError, match=damaged):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=damaged):
         oeqx.metadata(small)
     capsys.readouterr()
     assert main(["verify", str(small)]) != 0

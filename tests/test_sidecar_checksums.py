@@ -77,9 +77,9 @@ def test_stripped_checksums_are_damage(tmp_path, capsys, pack):
         rf"leaf `\['a'\]` \(leaf name 'a'\) {where} but records no {kind}, though "
         r"a save with checksums records one for every such leaf: it was edited"
     )
-    with pytest.raises(oeqx.SidecarError, match=match):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=match):
         oeqx.verify(path)
-    with pytest.raises(oeqx.SidecarError, match=match):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=match):
         oeqx.restore(path, {"a": jnp.zeros(10), "b": jnp.zeros(3)})
     assert main(["verify", str(path)]) != 0
     assert "records no" in capsys.readouterr().err
@@ -90,7 +90,7 @@ def test_checksums_flag_that_is_no_bool_is_damage(tmp_path):
     oeqx.save(path, {"a": jnp.arange(10.0)}, checksums=False)
     _edit(path, lambda c: c.update(checksums="no"))
     with pytest.raises(
-        oeqx.SidecarError,
+        oeqx.CheckpointDamagedError,
         match=_damaged(
             r'its "checksums" is malformed \(Expected `bool`, got `str`.*\)'
         ),

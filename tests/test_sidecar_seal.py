@@ -93,7 +93,7 @@ def test_a_one_bit_edit_is_damage_to_every_reader(saved, capsys, old, new):
         lambda: oeqx.verify(saved),
     ]
     for read in readers:
-        with pytest.raises(oeqx.SidecarError, match=_DAMAGED):
+        with pytest.raises(oeqx.CheckpointDamagedError, match=_DAMAGED):
             read()
     assert main(["verify", str(saved)]) == 2
     assert re.fullmatch(f"orbax_eqx: error: {_DAMAGED}\n", capsys.readouterr().err)
@@ -108,7 +108,7 @@ def test_a_shared_wiring_edit_is_damage(tmp_path):
         '"where": {"many": false, "paths": [[["index", 1]',
         ('"where": {"many": false, "paths": [[["index", 0]'),
     )
-    with pytest.raises(oeqx.SidecarError, match=_DAMAGED):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=_DAMAGED):
         oeqx.restore(path, allow=["equinox", "zoo"])
 
 
@@ -122,7 +122,7 @@ def test_every_single_bit_flip_is_damage(saved):
             flipped = bytearray(data)
             flipped[at] ^= bit
             (saved / FILE_NAME).write_bytes(bytes(flipped))
-            with pytest.raises(oeqx.SidecarError):
+            with pytest.raises(oeqx.CheckpointDamagedError):
                 oeqx.metadata(saved)
     (saved / FILE_NAME).write_bytes(data)
     assert oeqx.metadata(saved).format_version == 7
@@ -163,7 +163,7 @@ def test_the_checksum_is_the_last_line_and_covers_every_byte_before_it(saved):
 def test_a_sidecar_without_a_checksum_it_can_check_is_damage(saved, rewrite, what):
     text = (saved / FILE_NAME).read_text()
     (saved / FILE_NAME).write_text(rewrite(text))
-    with pytest.raises(oeqx.SidecarError, match=rf"orbax_eqx\.json {what}"):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=rf"orbax_eqx\.json {what}"):
         oeqx.metadata(saved)
 
 
@@ -173,7 +173,7 @@ def test_restore_latest_falls_back_past_an_edited_sidecar(tmp_path):
             mngr.save(step, args=oeqx.EqxSave({"step": 100 + step}))
         mngr.wait_until_finished()
         _flip(tmp_path / "2" / "default", '"value": 102', '"value": 103')
-        with pytest.warns(oeqx.FallbackWarning, match=r"does not match its checksum"):
+        with pytest.warns(oeqx.OrbaxEqxWarning, match=r"does not match its checksum"):
             step, item = oeqx.restore_latest(mngr, oeqx.EqxRestore())
     assert (step, item) == (1, {"step": 101})
 
@@ -227,9 +227,9 @@ def test_a_data_checksum_not_in_16_hex_digits_is_damage(tmp_path, change, what):
     # Resealed: what is probed is the reader's rule for the field.
     sidecars.edit(path, lambda c: change(c["leaves"]["a"]))
     match = _damaged(f"leaf 'a' {what}")
-    with pytest.raises(oeqx.SidecarError, match=match):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=match):
         oeqx.restore(path, {"a": jnp.zeros(10)})
-    with pytest.raises(oeqx.SidecarError, match=match):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=match):
         oeqx.verify(path)
 
 

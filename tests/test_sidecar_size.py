@@ -135,7 +135,9 @@ def test_a_sidecar_of_more_records_is_not_read(tmp_path, monkeypatch):
         r"The sidecar in \S+ is damaged: it holds 201 records \(leaves, modules "
         r"and nodes\), more than any save writes \(150\)\."
     )
-    with pytest.raises(oeqx.SidecarError, match=damaged):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=damaged):
         oeqx.metadata(tmp_path / "ckpt")
-    with pytest.raises(oeqx.SidecarError, match=damaged.replace("201", "200")):
+    with pytest.raises(
+        oeqx.CheckpointDamagedError, match=damaged.replace("201", "200")
+    ):
         oeqx.restore(tmp_path / "ckpt", _layers(200))  # (its nodes read past)

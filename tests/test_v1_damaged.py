@@ -43,7 +43,7 @@ def test_checkpointables_metadata_logs_our_error_and_gives_none(cut_short, caplo
 
 def test_metadata_and_load_raise_it(cut_short):
     path, model = cut_short
-    with pytest.raises(oeqx.SidecarError, match=DAMAGED):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=DAMAGED):
         oeqx.metadata(path / "model")
-    with pytest.raises(oeqx.SidecarError, match=DAMAGED):
+    with pytest.raises(oeqx.CheckpointDamagedError, match=DAMAGED):
         ocp.load_checkpointables(path, {"model": model})

@@ -24,7 +24,7 @@ def _kept(tmp_path):
     """A checkpoint and a skeleton with one leaf more: `missing="keep"` warns."""
     saved = {"body": zoo.mlp(KEY_SAVE)}
     skeleton = {"body": zoo.skeleton(zoo.mlp, KEY_SKELETON), "scale": 0.5}
-    return saved, skeleton, {"missing": "keep"}, oeqx.KeptLeavesWarning
+    return saved, skeleton, {"missing": "keep"}, oeqx.OrbaxEqxWarning
 
 
 def _static(tmp_path):

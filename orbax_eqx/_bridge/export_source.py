@@ -19,7 +19,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._errors import OrbaxEqxError, inline_list
+from .._errors import BridgeError, inline_list
 from .._format.locate import find_item
 from .._format.sidecar import FORMAT_VERSION, package_versions
 from .._format.sidecar_read import read
@@ -31,7 +31,7 @@ from .._tree.walk import ARRAY, SHARED, is_key_dtype, walk
 from .specs import from_record
 
 
-class ExportError(OrbaxEqxError, ValueError):
+class ExportError(BridgeError):
     """A checkpoint or tree cannot be exported as asked."""
 
 

@@ -1,14 +1,6 @@
 """The mapping's exceptions."""
 
-from .._errors import OrbaxEqxError
-
-
-class BridgeError(OrbaxEqxError, ValueError):
-    """A mapping does not fit the tree or the tensors it is applied to.
-
-    The message lists every problem at once, each naming the tensor and the
-    leaf, then the fixes that would work.
-    """
+from .._errors import BridgeError as BridgeError
 
 
 class MappingError(BridgeError):

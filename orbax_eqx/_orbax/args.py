@@ -117,9 +117,9 @@ class EqxRestore(_CheckpointArgs):
         has no value to keep, so it is still an error. Kept jax arrays go
         where `shardings` says.
     - `report`: if True, return `(tree, report)`, where `report` is a
-        `oeqx.RestoreReport` naming the leaves kept from the skeleton, the
+        a report naming the leaves kept from the skeleton, the
         checkpoint leaves left unread, and the renames done. If False (the
-        default), a restore that kept leaves warns (`oeqx.KeptLeavesWarning`)
+        default), a restore that kept leaves warns (an `oeqx.OrbaxEqxWarning`)
         and lists them: kept leaves are asked for, but a mistyped rename would
         otherwise leave a layer at its fresh initialisation without a sign. A
         caller that asks for the report has the list, so is not warned.

@@ -10,7 +10,7 @@ from typing import Literal
 
 import jax
 
-from .._errors import CheckpointMismatchError, warn_user
+from .._errors import CheckpointMismatchError, OrbaxEqxWarning, warn_user
 from .._format.sidecar import Metadata
 from .._tree.names import label
 from .._tree.values import SCALAR_TYPES, describe, encode, scalar_type
@@ -49,7 +49,7 @@ from .select import suggest_prefix
 MissingPolicy = Literal["error", "keep"]
 
 
-class StaticMismatchWarning(UserWarning):
+class StaticMismatchWarning(OrbaxEqxWarning):
     """Static fields, callables or classes differ, and the user chose to go on."""
 
 

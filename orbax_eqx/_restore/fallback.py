@@ -16,6 +16,7 @@ from .._errors import (
     CheckpointMismatchError,
     CheckpointNotFoundError,
     ObjectStoreError,
+    OrbaxEqxWarning,
     RebuildError,
     bullet_list,
     first_line,
@@ -29,7 +30,7 @@ from .vanished import CheckpointDeletedError, CheckpointReplacedError
 MAX_DELETED = 10
 
 
-class FallbackWarning(UserWarning):
+class FallbackWarning(OrbaxEqxWarning):
     """Newer steps could not be restored; an older one was used."""
 
 

@@ -21,7 +21,12 @@ from typing import Any
 
 import jax.tree_util as jtu
 
-from .._errors import CheckpointMismatchError, bullet_list, warn_user
+from .._errors import (
+    CheckpointMismatchError,
+    OrbaxEqxWarning,
+    bullet_list,
+    warn_user,
+)
 from .._format.sidecar import Metadata
 from .._mapping.leaves import data_of
 from .._mapping.mapping import StateDictMapping
@@ -43,7 +48,7 @@ from .renames import (
 )
 
 
-class KeptLeavesWarning(UserWarning):
+class KeptLeavesWarning(OrbaxEqxWarning):
     """A restore with `missing="keep"` kept some skeleton leaves as they were."""
 
 

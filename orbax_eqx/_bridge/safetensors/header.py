@@ -29,7 +29,7 @@ import numpy as np
 from ..._bytes import route as _route
 from ..._bytes import store as _store
 from ..._bytes.paths import is_remote
-from ..._errors import OrbaxEqxError
+from ..._errors import BridgeError
 from ..._tree.values import is_text
 from .dtypes import DTYPES, nbytes_of
 
@@ -41,7 +41,7 @@ _MAX_DIM = 2**62  # past this, a dimension is no array numpy can make
 _READERS = 8  # headers read at once (round trips on an object store)
 
 
-class SafetensorsError(OrbaxEqxError, ValueError):
+class SafetensorsError(BridgeError):
     """A safetensors file is damaged, or cannot hold what it was asked to."""
 
 
