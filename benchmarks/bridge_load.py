@@ -208,8 +208,7 @@ def _ranges(layout, directory, layers, dim, vocab, put):
 
     from orbax_eqx._bridge import fill as _fill
     from orbax_eqx._bridge.safetensors import index as _index
-    from orbax_eqx._mapping.leaves import leaf_specs
-    from orbax_eqx._mapping.plan import TensorSpec, plan_load
+    from orbax_eqx._mapping.plan import TensorSpec, leaf_specs, plan_load
     from orbax_eqx._storage.ranges import plan as merge
     from orbax_eqx._tree.walk import walk
 

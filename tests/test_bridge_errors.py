@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 import orbax_eqx as oeqx
-from orbax_eqx._mapping.leaves import leaf_specs
-from orbax_eqx._mapping.plan import TensorSpec, plan_load
+from orbax_eqx._mapping.plan import TensorSpec, leaf_specs, plan_load
 from orbax_eqx._tree.walk import walk
 
 M = oeqx.StateDictMapping

@@ -1,10 +1,10 @@
 """`oeqx.export_safetensors`: trees and checkpoints written as safetensors,
 read back with the `safetensors` library; stacked, transposed and fused
-layouts through hand-made plans (`integration_tests/_hand_plan.py`); work
-grouped so that memory stays near the buffer.
+layouts; work grouped so that memory stays near the buffer (hand-made plans,
+`integration_tests/_hand_plan.py`).
 
-Internal modules imported here (`_bridge`, `_bridge.export_source`) are the
-units these tests pin, or the only way to cause or observe the condition under
+The internal module imported here (`_bridge.export`) is the
+unit these tests pin, or the only way to cause or observe the condition under
 test; everything else goes through `orbax_eqx` and the `orbax-eqx` command.
 """
 
@@ -20,7 +20,6 @@ from safetensors import safe_open
 import orbax_eqx as oeqx
 from integration_tests import _hand_plan as hp
 from orbax_eqx._bridge import export as _export
-from orbax_eqx._bridge.export_source import TreeSource
 
 KEY = jax.random.key(0)
 
@@ -87,58 +86,36 @@ def test_refuses_shapes_without_values(tmp_path):
     assert not (tmp_path / "hf").exists()
 
 
-def _leaf_values(plan, seed=0):
-    rng = np.random.default_rng(seed)
-    return {
-        name: rng.standard_normal(spec.shape).astype(np.float32)
-        for name, spec in plan.leaves.items()
-    }
+_STACK = oeqx.StateDictMapping().stack("blocks", "h.{i}")
+_QK = ["h.{i}.q", "h.{i}.k"]
 
 
 @pytest.mark.parametrize(
-    "make, reference",
+    "names, mapping, reference",
     [
+        (["w"], _STACK, lambda x, i: x["w"][i]),
+        (["w"], _STACK.transpose("h.{i}.w"), lambda x, i: x["w"][i].T),
         (
-            lambda: hp.plan_of(hp.stacked("blocks.w", 3, (4, 5), "h.{}.w")),
-            lambda x, i: x["blocks.w"][i],
-        ),
-        (
-            lambda: hp.plan_of(
-                hp.stacked("blocks.w", 3, (4, 5), "h.{}.w", transpose=True)
-            ),
-            lambda x, i: x["blocks.w"][i].T,
-        ),
-        (
-            lambda: hp.plan_of(hp.fused(["blocks.q", "blocks.k"], 3, 2, 5, "h.{}.w")),
-            lambda x, i: np.concatenate([x["blocks.q"][i].T, x["blocks.k"][i].T], 1),
+            ["q", "k"],
+            _STACK.transpose(_QK).fuse(_QK, "h.{i}.w", axis=1),
+            lambda x, i: np.concatenate([x["q"][i].T, x["k"][i].T], 1),
         ),
     ],
     ids=["stacked", "stacked-transposed", "fused"],
 )
-def test_hand_made_plans_write_what_they_say(tmp_path, make, reference):
-    plan = make()
-    leaves = _leaf_values(plan)
-    names = {t: t for t in plan.tensors}
-    tree = {}
-    for name, x in leaves.items():  # `blocks.w` is the leaf of tree["blocks"]["w"]
-        head, tail = name.split(".")
-        tree.setdefault(head, {})[tail] = x
-    _export._write_all(
-        TreeSource(tree),
-        plan,
-        names,
-        0,
-        tmp_path / "hf",
-        150,  # bytes per file: several files
-        1 << 20,
-        False,
-        None,
-        _export.API,
+def test_stacked_and_fused_layouts_write_what_they_say(
+    tmp_path, names, mapping, reference
+):
+    rng = np.random.default_rng(0)
+    blocks = {n: rng.standard_normal((3, 2, 5)).astype(np.float32) for n in names}
+    oeqx.export_safetensors(
+        {"blocks": blocks}, tmp_path / "hf", mapping=mapping, max_shard_size=50
     )
     tensors, _ = _read_all(tmp_path / "hf")
+    assert len(list((tmp_path / "hf").iterdir())) > 2  # several files, an index
     assert sorted(tensors) == [f"h.{i}.w" for i in range(3)]
     for i in range(3):
-        np.testing.assert_array_equal(tensors[f"h.{i}.w"], reference(leaves, i))
+        np.testing.assert_array_equal(tensors[f"h.{i}.w"], reference(blocks, i))
 
 
 class _Costs:

@@ -151,7 +151,9 @@ def test_every_problem_at_once_before_any_read(tmp_path):
         wording.FIX_SHAPE,
         "Build the skeleton of the model the tensors hold, or map tensor names to "
         "leaf names with `mapping=` (each problem names the tensor a leaf reads).",
-        wording.FIX_UNEXPECTED.format(allow_unused=wording.API.allow_unused),
+        "To leave such tensors out, add an `ignore` rule for them (buffers such "
+        "as `attn.bias` or `rotary_emb.inv_freq`), or pass `allow_unused=True` to "
+        "leave them out.",
     ]
 
 

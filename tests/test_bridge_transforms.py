@@ -20,9 +20,8 @@ import numpy as np
 import pytest
 
 import orbax_eqx as oeqx
-from orbax_eqx._mapping.leaves import leaf_specs
 from orbax_eqx._mapping.pieces import shape, slices, to_leaf, to_tensor
-from orbax_eqx._mapping.plan import plan_export
+from orbax_eqx._mapping.plan import leaf_specs, plan_export
 from orbax_eqx._tree.walk import walk
 
 M = oeqx.StateDictMapping

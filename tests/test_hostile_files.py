@@ -9,7 +9,7 @@ in a thread with a time limit (`tests/unblock.py`), so that a regression
 fails the test instead of hanging it or filling the machine's memory.
 
 Two internals are called directly, as units no public call reaches with the
-same condition: the rename map's loader (`rename_map.load`: the command
+same condition: the rename map's loader (`names.load`: the command
 line's `--rename` file, read before any checkpoint is opened) and the check a
 save makes of a sidecar after a failure (`claim._is_sidecar_of`). The
 sidecar's size limit (`MAX_BYTES`) is read from the format, not restated.
@@ -28,7 +28,7 @@ from unblock import raised_by
 
 import orbax_eqx as oeqx
 from orbax_eqx._format.sidecar import MAX_BYTES
-from orbax_eqx._restore.rename_map import RenameError, load
+from orbax_eqx._mapping.names import RenameError, load
 from orbax_eqx._save.claim import _is_sidecar_of
 from orbax_eqx._storage.transfer import staging
 

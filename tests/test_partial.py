@@ -375,8 +375,19 @@ def test_renamed_modules_still_have_their_static_fields_checked(tmp_path):
             r"The entry 'layers' of rule 0 .* is shadowed: every name it fits is "
             r"renamed by a longer entry\.",
         ),
+        (
+            {"blocks": "layers", "blocks.0.typo": None},
+            r"The name 'blocks\.0\.typo' of rule 1 .* matches no name \(the names it "
+            r"sees look like `blocks\.0",
+        ),
     ],
-    ids=["rule-matches-nothing", "entry-matches-nothing", "typo-target", "shadowed"],
+    ids=[
+        "rule-matches-nothing",
+        "entry-matches-nothing",
+        "typo-target",
+        "shadowed",
+        "left-unread-matches-nothing",
+    ],
 )
 def test_a_rename_that_does_nothing_is_an_error(tmp_path, renames, match):
     oeqx.save(tmp_path / "ckpt", {"blocks": _blocks(KEY_SAVE)["blocks"][:1]})

@@ -2,7 +2,7 @@
 library's own reader and writer.
 
 Internal modules imported here (`_bridge.safetensors`,
-`_bridge.safetensors.dtypes`, `_restore.rename_map`) are the units these tests
+`_bridge.safetensors.dtypes`, `_mapping.names`) are the units these tests
 pin, or the only way to cause or observe the condition under test; everything
 else goes through `orbax_eqx` and the `orbax-eqx` command.
 """
@@ -30,7 +30,7 @@ from safetensors.numpy import save_file
 import orbax_eqx as oeqx
 from orbax_eqx._bridge.safetensors import header as st
 from orbax_eqx._bridge.safetensors.dtypes import numpy_dtype
-from orbax_eqx._restore.rename_map import RenameError, load
+from orbax_eqx._mapping.names import RenameError, load
 
 export = oeqx.export_safetensors
 

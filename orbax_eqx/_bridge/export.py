@@ -28,11 +28,11 @@ from typing import Any
 import numpy as np
 
 from .._errors import inline_list
+from .._mapping.names import RenameMap
 from .._mapping.pieces import slices, to_tensor
 from .._mapping.plan import LeafSpec, Plan, plan_export
 from .._mapping.stage import whole
 from .._restore.read import release_memory
-from .._restore.rename_map import RenameMap
 from .._tree.values import is_text
 from . import export_files as _files
 from . import export_source as _source
@@ -47,6 +47,7 @@ from .safetensors.header import METADATA_KEY, name_problem
 DEFAULT_MAX_SHARD_SIZE = 5 * 1000**3  # Hugging Face's default, "5GB"
 DEFAULT_BUFFER = 256 * 2**20
 METADATA_ENTRY = "orbax_eqx"  # the key of our JSON in `__metadata__`
+_RENAME = "Rename it through `mapping=`"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,30 +67,6 @@ class Exported:
     modules: int
     in_metadata: int
     left_out: int
-
-
-@dataclasses.dataclass(frozen=True)
-class _Words:
-    rename_rule: str  # how to rename one leaf by a rule
-    rename_exact: str  # ... by its exact name (a format string of `name`)
-    drop: str
-    overwrite: str
-
-
-API = _Words(
-    rename_rule="Rename it through `mapping=`",
-    rename_exact="Rename it through `mapping=`",
-    drop="Leave them out through `mapping=`, or cast them before saving",
-    overwrite="Pass `overwrite=True`",
-)
-CLI = _Words(
-    rename_rule='Rename it with a --rename rule whose regex matches it (`[["<regex>", '
-    '"<new name>"]]`)',
-    rename_exact='Rename it with --rename (`{{"{name}": "<another name>"}}`)',
-    drop='Leave them out with a rename map entry `{"<leaf name>": null}`, or cast '
-    "them before saving",
-    overwrite="Pass --overwrite",
-)
 
 
 def export_safetensors(
@@ -153,15 +130,12 @@ def export(
     buffer: int = DEFAULT_BUFFER,
     overwrite: bool = False,
     progress: Progress | None = None,
-    words: _Words = API,
 ) -> Exported:
     """`export_safetensors`, with the command line's `renames` (a rename map
-    from leaf names to tensor names), `progress` (given the bytes to write,
-    makes a context manager whose `advance(nbytes)` is called as they are)
-    and `words`."""
+    from leaf names to tensor names) and `progress` (see `progress.Progress`)."""
     source = _source.open_source(checkpoint_or_tree)
     try:
-        plan, file_names, left_out = _plan(source, mapping, renames, words)
+        plan, file_names, left_out = _plan(source, mapping, renames)
         return _write_all(
             source,
             plan,
@@ -172,13 +146,12 @@ def export(
             buffer,
             overwrite,
             progress,
-            words,
         )
     finally:
         source.close()
 
 
-def _plan(source, mapping, renames, words) -> tuple[Plan, dict[str, str], int]:
+def _plan(source, mapping, renames) -> tuple[Plan, dict[str, str], int]:
     """The plan, each planned tensor's name in the files, and how many array
     leaves are left out."""
     specs: list[LeafSpec] = source.specs
@@ -194,8 +167,8 @@ def _plan(source, mapping, renames, words) -> tuple[Plan, dict[str, str], int]:
         plan = plan_export(mapping, specs)
         file_names = {name: name for name in plan.tensors}
     labels = {s.name: s.label for s in specs}
-    _check_names(plan, file_names, labels, words)
-    _check_dtypes(plan, labels, words)
+    _check_names(plan, file_names, labels)
+    _check_dtypes(plan, labels)
     return plan, file_names, len(specs) - len(plan.leaves)
 
 
@@ -204,7 +177,7 @@ def _feeding(plan: Plan, tensor: str) -> list[str]:
     return list(dict.fromkeys(p.leaf for p in plan.tensor_pieces(tensor)))
 
 
-def _check_names(plan: Plan, file_names, labels, words: _Words) -> None:
+def _check_names(plan: Plan, file_names, labels) -> None:
     for tensor in plan.tensors:
         name = file_names[tensor]
         leaf = labels[_feeding(plan, tensor)[0]]
@@ -212,22 +185,22 @@ def _check_names(plan: Plan, file_names, labels, words: _Words) -> None:
             raise ExportError(
                 f"Leaf {leaf} would be the tensor {name!r}, which is not valid "
                 "Unicode (a lone surrogate); safetensors names are UTF-8. "
-                f"{words.rename_rule}."
+                f"{_RENAME}."
             )
         if name == METADATA_KEY:
             raise ExportError(
                 f"Leaf {leaf} would be the tensor `{name}`, a name safetensors "
-                f"keeps for its metadata. {words.rename_exact.format(name=name)}."
+                f"keeps for its metadata. {_RENAME}."
             )
         problem = name_problem(name)
         if problem is not None:
             raise ExportError(
                 f"Leaf {leaf} would be the tensor {name[:80]!r}, which {problem}; "
-                f"a safetensors reader may refuse it. {words.rename_rule}."
+                f"a safetensors reader may refuse it. {_RENAME}."
             )
 
 
-def _check_dtypes(plan: Plan, labels, words: _Words) -> None:
+def _check_dtypes(plan: Plan, labels) -> None:
     problems = []
     for tensor, spec in plan.tensors.items():
         if spec.dtype in CODES:
@@ -241,7 +214,8 @@ def _check_dtypes(plan: Plan, labels, words: _Words) -> None:
     if problems:
         raise ExportError(
             f"safetensors has no dtype for {len(problems)} array(s): "
-            f"{inline_list(problems)}. It holds {', '.join(CODES)}. {words.drop}."
+            f"{inline_list(problems)}. It holds {', '.join(CODES)}. Leave them "
+            "out through `mapping=`, or cast them before saving."
         )
 
 
@@ -255,14 +229,13 @@ def _write_all(
     buffer,
     overwrite,
     progress,
-    words,
 ) -> Exported:
     # By a mapping, in the plan's order (natural order of the names); by
     # name, in the order of the leaves, as the checkpoint holds them.
     tensors = list(file_names)
     single = os.fspath(out).endswith(_index.SUFFIX)
     out_dir = os.path.dirname(os.path.abspath(out)) if single else os.path.abspath(out)
-    stale = _files.existing(out, out_dir, single, overwrite, words.overwrite)
+    stale = _files.existing(out, out_dir, single, overwrite, "Pass `overwrite=True`")
     sizes = {
         t: nbytes_of(plan.tensors[t].dtype, plan.tensors[t].shape) for t in tensors
     }

@@ -23,8 +23,7 @@ from .._errors import BridgeError, inline_list
 from .._format.locate import find_item
 from .._format.sidecar import FORMAT_VERSION, package_versions
 from .._format.sidecar_read import read
-from .._mapping.leaves import leaf_specs
-from .._mapping.plan import LeafSpec
+from .._mapping.plan import LeafSpec, leaf_specs
 from .._restore.read import LeafReader, read_cost, release_memory
 from .._tree.values import encode
 from .._tree.walk import ARRAY, SHARED, is_key_dtype, walk

@@ -18,9 +18,8 @@ import jax.tree_util as jtu
 import numpy as np
 
 from .._mapping.errors import BridgeError
-from .._mapping.leaves import leaf_specs
-from .._mapping.plan import TensorSpec, plan_load
-from .._restore.rename_map import RenameMap
+from .._mapping.names import RenameMap
+from .._mapping.plan import TensorSpec, leaf_specs, plan_load
 from .._restore.shardings import Shardings, resolve
 from .._tree.values import SCALAR_TYPES, decode_scalar, scalar_type
 from .._tree.walk import ARRAY, JAX, NUMPY_SCALAR, SCALAR, container, walk
@@ -127,12 +126,11 @@ def load(
     allow_unused: bool = False,
     ignore_static: bool = False,
     window: int = DEFAULT_WINDOW,
-    words: _check.Words = _check.API,
     progress: Progress | None = None,
 ) -> Loaded:
     """`load_safetensors`, telling what it read; for the command line,
-    `renames` (a rename map from tensor names to leaf names, `--rename`),
-    `words` (how fixes are put) and `progress` (see `progress.Progress`)."""
+    `renames` (a rename map from tensor names to leaf names, `--rename`)
+    and `progress` (see `progress.Progress`)."""
     headers = _index.find(source)
     where = _index.describe(source)
     tensors = {name: (h, t) for h in headers for name, t in h.tensors.items()}
@@ -142,10 +140,10 @@ def load(
     saved = _check.ours(headers)
     problems = _check.Problems()
     if not ignore_static:
-        _check.statics(walked, saved.get("modules"), words, problems)
+        _check.statics(walked, saved.get("modules"), problems)
     if mapping is None:
         # Matched by name (through renames): checked here as a restore checks.
-        checks = (cast, allow_unused, words, where)
+        checks = (cast, allow_unused, where)
         plan, named = _by_name(walked, specs, tensors, renames, checks, problems)
     else:
         mapping = as_mapping(mapping).resolve(skeleton)
@@ -195,12 +193,12 @@ def _by_name(walked, specs, tensors, renames, checks, problems):
     """`(plan, tensors by leaf name)` of a load without a mapping: tensors
     matched to leaves by name (through `renames`), every difference listed
     with `problems` (the skeleton's static fields) as one error."""
-    cast, allow_unused, words, where = checks
+    cast, allow_unused, where = checks
     new = renames.apply(list(tensors)) if renames else {t: t for t in tensors}
     by_leaf = {n: old for old, n in new.items() if n is not None}
     infos = {name: info for name, (_, info) in tensors.items()}
     checked = _check.Problems()
-    _check.by_name(walked, by_leaf, infos, cast, allow_unused, words, checked)
+    _check.by_name(walked, by_leaf, infos, cast, allow_unused, checked)
     checked.problems += problems.problems
     checked.fixes += [f for f in problems.fixes if f not in checked.fixes]
     checked.raise_if_any(where)
@@ -284,9 +282,9 @@ def check_load(
     problems = _check.Problems()
     if not ignore_static:
         modules = _check.ours(headers).get("modules")
-        _check.statics(walked, modules, _check.API, problems)
+        _check.statics(walked, modules, problems)
     if mapping is None:
-        checks = (cast, allow_unused, _check.API, where)
+        checks = (cast, allow_unused, where)
         plan, _ = _by_name(walked, specs, tensors, renames, checks, problems)
     else:
         mapping = as_mapping(mapping).resolve(skeleton)

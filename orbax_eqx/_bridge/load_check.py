@@ -1,16 +1,7 @@
-"""The checks of a load, all before any tensor byte is read: every leaf of the
-skeleton against the tensors, every problem at once, each with its fix.
-
-One wording with the rest of the library: leaves matched to tensors by name
-(no mapping, or `--rename`) are checked by the planner, as a load through a
-mapping and a restore through `renames=` are (`_mapping.plan`, worded by
-`_mapping.wording`): tensors missing or left over, shapes, dtypes (unless
-`cast`), typed PRNG keys' data; for files written by `export` (which record
-them in `__metadata__`), module classes and static fields are compared as a
-restore compares them with a sidecar (`_restore.check.compare_module`),
-unless `ignore_static`. The message is `_mapping.problems.message`; the fixes
-are worded for who asked: the Python API names its arguments (`cast=True`),
-the command line its flags (`--cast`).
+"""The checks of a load, before any tensor byte is read: leaves matched by name
+planned as a load through a mapping is (`_mapping.plan`, worded by
+`_mapping.wording`), and for files `export` wrote, module classes and static
+fields compared as a restore compares them (`_restore.check.compare_module`).
 """
 
 import json
@@ -18,12 +9,9 @@ import types
 from typing import Any
 
 from .._mapping.errors import BridgeError
-from .._mapping.leaves import leaf_specs
-from .._mapping.plan import LeafSpec, TensorSpec, checked_load
-from .._mapping.problems import Problem, message
-from .._mapping.wording import API as API
-from .._mapping.wording import CLI as CLI
-from .._mapping.wording import Words, sentence
+from .._mapping.plan import LeafSpec, TensorSpec, checked_load, leaf_specs
+from .._mapping.stage import Problem
+from .._mapping.wording import message
 from .._restore.check import compare_module
 from .._tree.values import too_deep
 from .._tree.walk import Walked
@@ -31,6 +19,7 @@ from .safetensors.header import Header, SafetensorsError, TensorInfo
 
 METADATA_ENTRY = "orbax_eqx"  # the key of our JSON in `__metadata__`
 STORED = "the files"  # what holds the modules `export` records, in messages
+_FIX_STATIC = "Pass `ignore_static=True` to keep the skeleton's."
 
 
 class MismatchError(SafetensorsError, BridgeError):
@@ -38,8 +27,7 @@ class MismatchError(SafetensorsError, BridgeError):
 
 
 class Problems:
-    """Problems found (`_mapping.problems.Problem`s) and their fixes, each fix
-    once, in the order first needed."""
+    """Problems found and their fixes, each fix once, in the order first needed."""
 
     def __init__(self):
         self.problems: list[Problem] = []
@@ -69,12 +57,10 @@ def by_name(
     tensors: dict[str, TensorInfo],
     cast: bool,
     allow_unused: bool,
-    words: Words,
     out: Problems,
 ) -> None:
     """Leaves matched to tensors one to one by name (`by_leaf`: leaf name ->
-    tensor name), as without a mapping or through renames: planned as a load
-    through a mapping is, each leaf named as the tensor it reads."""
+    tensor name), planned with each leaf named as the tensor it reads."""
     leaves = [
         LeafSpec(by_leaf.get(s.name, s.name), s.label, s.shape, s.dtype, s.key)
         for s in leaf_specs(walked)
@@ -83,9 +69,7 @@ def by_name(
         TensorSpec(name, tensors[name].shape, tensors[name].dtype)
         for name in dict.fromkeys(by_leaf.values())
     ]
-    _, ctx = checked_load(
-        None, leaves, given, cast=cast, allow_unused=allow_unused, words=words
-    )
+    _, ctx = checked_load(None, leaves, given, cast=cast, allow_unused=allow_unused)
     for problem in ctx.problems:
         out.add(problem)
 
@@ -107,12 +91,10 @@ def ours(headers: list[Header]) -> dict[str, Any]:
     return {}
 
 
-def statics(walked: Walked, saved_modules: Any, words: Words, out: Problems) -> None:
-    """Module classes and static fields against those `export` recorded, as a
-    restore compares them with a sidecar's."""
+def statics(walked: Walked, saved_modules: Any, out: Problems) -> None:
+    """Module classes and static fields against those `export` recorded."""
     if not isinstance(saved_modules, dict):
         return
-    fix = sentence(words.ignore_static)
     for name, module in walked.modules.items():
         saved = saved_modules.get(name)
         if not isinstance(saved, dict):
@@ -123,4 +105,4 @@ def statics(walked: Walked, saved_modules: Any, words: Words, out: Problems) -> 
             static=static if isinstance(static, dict) else module.static,
         )
         for problem in compare_module(name, module, record, stored=STORED):
-            out.add(Problem(problem.text, (fix,), static=True))
+            out.add(Problem(problem.text, (_FIX_STATIC,), static=True))

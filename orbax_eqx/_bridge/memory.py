@@ -16,10 +16,9 @@ import numpy as np
 
 from .._errors import bullet_list
 from .._mapping.errors import BridgeError
-from .._mapping.leaves import leaf_specs
 from .._mapping.mapping import StateDictMapping
 from .._mapping.pieces import Box, shape, slices, to_leaf, to_tensor
-from .._mapping.plan import Plan, TensorSpec, plan_export, plan_load
+from .._mapping.plan import Plan, TensorSpec, leaf_specs, plan_export, plan_load
 from .._restore.shardings import resolve
 from .._tree.walk import (
     ARRAY,

@@ -11,8 +11,8 @@ from typing import Any
 import jax
 
 from .._format.sidecar import LeafMetadata
-from .._mapping.leaves import data_of as data_of
 from .._mapping.plan import LeafSpec
+from .._mapping.plan import data_of as data_of
 from .._tree.names import label
 from .._tree.walk import Leaf, is_key_dtype, key_impl, parse_dtype
 

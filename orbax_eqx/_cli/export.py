@@ -7,7 +7,7 @@ import os
 import safetensors  # noqa: F401  (each file written is checked with its reader)
 
 from .._bridge.export import export
-from .._restore.rename_map import load as load_renames
+from .._mapping.names import load as load_renames
 from .render import Progress, human_bytes
 from .skeleton import load_mapping
 

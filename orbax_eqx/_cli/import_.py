@@ -5,9 +5,9 @@ import argparse
 
 from .._bridge.load import load
 from .._format.locate import as_path
+from .._mapping.names import load as load_renames
 from .._orbax import items as _items
 from .._orbax.api import save
-from .._restore.rename_map import load as load_renames
 from .._save.leftovers import recover
 from .._save.replace import CheckpointExistsError, check_target
 from . import skeleton as _skeleton

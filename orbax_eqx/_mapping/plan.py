@@ -1,23 +1,20 @@
 """The planner: a mapping and both sides' shapes, turned into pieces.
 
 `plan_load` (tensors into leaves), `plan_export` (leaves into tensors) and
-`plan_restore` (a checkpoint's leaves into a skeleton's) check everything
-at once and return a `Plan`, which answers, for any box of a leaf or of a
-tensor, the pieces that hold its values (`pieces.Piece`). Readers and
-writers (in memory, safetensors files, a checkpoint's records, a device's
-shard) follow the pieces and nothing else.
-
-All run the mapping's rules the same way, from the leaves towards the
-tensors (`stage`, `rules/`): an export writes what they make; a load
-compares what they make with the tensors it is given, and reads the same
-pieces the other way. Planning costs a few boxes per tensor, never anything
-per element.
+`plan_restore` (a checkpoint's leaves into a skeleton's) run the rules from
+the leaves towards the tensors, check everything at once, and return a
+`Plan`: for any box of a leaf or a tensor, the pieces that hold its values.
+Readers and writers follow the pieces and nothing else; planning costs a few
+boxes per tensor, never anything per element.
 """
 
 import dataclasses
 from collections.abc import Collection, Iterator, Mapping, Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
+import numpy as np
+
+from .._tree.walk import ARRAY, Walked, is_key_dtype, key_data_struct, key_impl
 from .errors import BridgeError
 from .mapping import StateDictMapping
 from .pieces import Box, Piece, clip
@@ -26,8 +23,6 @@ from .rules.tie import Tie
 from .stage import Context, Virtual, examples, label, natural, whole
 from .templates import MAX_NAME
 from .wording import (
-    API,
-    Words,
     planned,
     report_dtypes,
     report_missing,
@@ -48,12 +43,33 @@ class LeafSpec:
 
 
 class TensorSpec(NamedTuple):
-    """A tensor of the other layout (or a checkpoint's leaf) as the planner
-    sees it. (A named tuple: a stack of a million layers makes a million.)"""
+    """A tensor of the other layout (or a checkpoint's leaf) as the planner sees
+    it (a named tuple: a stack of a million layers makes a million)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str  # numpy dtype name (`bfloat16` for safetensors' BF16)
+
+
+def data_of(dtype: Any, shape: tuple[int, ...]) -> tuple[tuple[int, ...], str]:
+    """The shape and dtype name an array of `dtype` is stored as in a tensor: a
+    typed PRNG key as its key data (`jax.random.key_data`)."""
+    if is_key_dtype(dtype):
+        data = key_data_struct(dtype)
+        return tuple(shape) + tuple(data.shape), str(data.dtype)
+    return tuple(shape), str(np.dtype(dtype))
+
+
+def leaf_specs(walked: Walked) -> list[LeafSpec]:
+    """One `LeafSpec` per array leaf of `walked`, in the tree's order."""
+    specs = []
+    for leaf in walked.leaves:
+        if leaf.kind == ARRAY:
+            x = leaf.value
+            shape, dtype = data_of(x.dtype, tuple(x.shape))
+            key = key_impl(x.dtype) if is_key_dtype(x.dtype) else None
+            specs.append(LeafSpec(leaf.name, leaf.label, shape, dtype, key))
+    return specs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,9 +110,8 @@ class Plan:
 
 
 class _Specs(Mapping[str, TensorSpec]):
-    """An export's tensors by name, each kept as `(shape, dtype)` and made a
-    `TensorSpec` when asked for: a tuple of a shape and a name is no object the
-    collector follows, and a stack of a million layers makes a million."""
+    """An export's tensors by name, kept as `(shape, dtype)` (no object the
+    collector follows: a stack of a million layers makes a million)."""
 
     def __init__(self, specs: dict[str, tuple[tuple[int, ...], str]]):
         self._specs = specs
@@ -132,23 +147,13 @@ def plan_load(
     *,
     cast: bool,
     allow_unused: bool = False,
-    words: Words = API,
 ) -> Plan:
-    """Plans filling `leaves` from `tensors`; raises `BridgeError` listing every
-    problem at once.
-
-    **Arguments:**
-
-    - `mapping`: the mapping (resolved: see `StateDictMapping.resolve`), or
-        None for leaves and tensors of the same names.
-    - `cast`: whether tensors of other dtypes than expected are cast to the
-        leaves' (else each is a problem).
-    - `allow_unused`: whether tensors no leaf maps to are left alone (else
-        each is a problem, unless an `ignore` rule matches it).
-    - `words`: what the tensors are called, and how fixes are put.
-    """
+    """Plans filling `leaves` from `tensors` through `mapping` (resolved; None:
+    by name); raises `BridgeError` listing every problem at once. `cast` casts
+    other dtypes to the leaves'; `allow_unused` leaves alone tensors no leaf
+    maps to (else each is a problem, unless an `ignore` rule matches it)."""
     plan, ctx = checked_load(
-        mapping, leaves, tensors, cast=cast, allow_unused=allow_unused, words=words
+        mapping, leaves, tensors, cast=cast, allow_unused=allow_unused
     )
     if ctx.problems:
         raise BridgeError(
@@ -165,14 +170,14 @@ def checked_load(
     *,
     cast: bool,
     allow_unused: bool,
-    words: Words,
     leave: Collection[str] = (),
+    restore: bool = False,
 ) -> tuple[Plan | None, Context]:
     """`plan_load` without raising: the plan (None if there are problems) and
     the context holding the problems. Tensors in `leave` are no problem when
-    nothing maps to them."""
+    nothing maps to them; `restore` words what is stored as a checkpoint."""
     mapping = mapping or StateDictMapping()
-    virtuals, ctx = _run(mapping, leaves, words)
+    virtuals, ctx = _run(mapping, leaves, restore)
     ctx.mapped = bool(mapping.rules)
     expected = {v.name: v for v in virtuals}
     given = _named(tensors, ctx)
@@ -205,34 +210,25 @@ def plan_restore(
     *,
     cast: bool,
     strict: bool,
-    words: Words,
     leave: Collection[str] = (),
 ) -> tuple[Plan | None, Context]:
-    """The pieces of a restore through `mapping`: `leaves` are the skeleton's
-    array leaves (named as the checkpoint would name them: under `prefix=`),
-    `stored` the checkpoint's array leaves as its sidecar records them. The
-    plan's tensors are the checkpoint's leaves: `plan.leaf_pieces(leaf, box)`
-    says which box of which checkpoint leaf fills each part of `box`.
-
-    Returns the plan (None if there are problems) and the context holding
-    them, for the restore to word with its own (`kind` "rule" for the
-    mapping's own, else differences from the checkpoint). Checkpoint leaves
-    in `leave` (outside `prefix=`) are no problem when nothing reads them.
-    """
+    """`checked_load` of a restore: `leaves` are the skeleton's array leaves
+    (named under `prefix=`), `stored` the checkpoint's array leaves (its
+    tensors); checkpoint leaves in `leave` (outside `prefix=`) are no
+    problem when nothing reads them."""
     return checked_load(
         mapping,
         leaves,
         stored,
         cast=cast,
         allow_unused=not strict,
-        words=words,
         leave=leave,
+        restore=True,
     )
 
 
 def _named(tensors: Sequence[TensorSpec], ctx) -> dict[str, TensorSpec]:
-    """The tensors by name; a name too long to match against a rule is a
-    problem."""
+    """The tensors by name; a name too long to match a rule is a problem."""
     given: dict[str, TensorSpec] = {}
     for spec in tensors:
         if len(spec.name) > MAX_NAME:  # never matched against a rule
@@ -297,7 +293,7 @@ def plan_export(
     problem at once. Tensors come in natural order of their names (`h.2`
     before `h.10`)."""
     mapping = mapping or StateDictMapping()
-    virtuals, ctx = _run(mapping, leaves, API)
+    virtuals, ctx = _run(mapping, leaves, False)
     expected = {v.name: v for v in virtuals}
     ties = {t.tensor: t.to for t in _ties(mapping, expected, ctx) if t.export}
     dropped = _coverage(leaves, virtuals, ctx, load=False)
@@ -316,8 +312,8 @@ def plan_export(
     return _plan(leaves, virtuals, dropped, _Specs(specs), ties)
 
 
-def _run(mapping: StateDictMapping, leaves: Sequence[LeafSpec], words: Words):
-    ctx = Context({leaf.name: leaf.label for leaf in leaves}, words)
+def _run(mapping: StateDictMapping, leaves: Sequence[LeafSpec], restore: bool):
+    ctx = Context({leaf.name: leaf.label for leaf in leaves}, restore)
     ctx.keys = {leaf.name: leaf.key for leaf in leaves if leaf.key is not None}
     virtuals = []
     for leaf in leaves:

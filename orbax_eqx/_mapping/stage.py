@@ -1,34 +1,43 @@
-"""What the planner carries from rule to rule: the tensors made so far.
+"""What the planner carries from rule to rule: each name a `Virtual` (a tensor
+in the making: shape, dtype, the leaves' pieces that hold it), and the
+`Context` collecting every `Problem` of a planning run."""
 
-The planner runs a mapping's rules in order, from the leaves towards the
-tensors. Between two rules, every name is a `Virtual`: a tensor in the
-making, with its shape and dtype, and the pieces (`pieces.Piece`) of leaves
-that hold its values. A rule replaces virtuals by others (renamed, split,
-stacked...) and moves their pieces along; the last virtuals are the tensors.
-Nothing here touches array values: a virtual is a few boxes per leaf.
-
-`Context` collects the problems of a whole planning run, so that every
-problem is reported at once.
-"""
-
+import dataclasses
 import json
 import re
 from collections.abc import Iterable
+from typing import Literal
 
 import msgspec
 import numpy as np
 
 from .._errors import some
 from .pieces import Box, Piece, clip
-from .problems import Kind, Problem
+
+Kind = Literal["absent", "unexpected", "differs", "rule"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One way the skeleton and what is stored differ: `text` names the leaf
+    or tensor first; `static` (a class, static field or callable) lets
+    `on_static_mismatch="warn"` pass it; `kind`: a skeleton leaf `"absent"`
+    from what is stored, a stored one `"unexpected"`, both hold something
+    that `"differs"`, or a mapping's `"rule"` is at fault."""
+
+    text: str
+    fixes: tuple[str, ...] = ()
+    static: bool = False
+    kind: Kind = "differs"
+
 
 # A layer a virtual belongs to: (index of the stack rule, the layer's indices).
 Layer = tuple[int, tuple[int, ...]]
 
 
 class Virtual:
-    """A tensor in the making. (A plain class with slots, not a dataclass: a
-    stack of a million layers makes a million of them.)"""
+    """A tensor in the making (slots: a stack of a million layers makes a
+    million)."""
 
     __slots__ = ("name", "shape", "dtype", "held", "leaves", "layers", "key")
 
@@ -75,9 +84,9 @@ class Virtual:
 class Context:
     """Problems found while planning, each a sentence, with the fixes to offer."""
 
-    def __init__(self, labels: dict[str, str], words=None):
+    def __init__(self, labels: dict[str, str], restore: bool = False):
         self.labels = labels  # leaf name -> how messages show it
-        self.words = words  # `wording.Words`: how the stored side and fixes are put
+        self.restore = restore  # what is stored is a checkpoint (else tensors)
         self.problems: list[Problem] = []
         self.rule = -1  # index of the rule being applied
         self.rule_label = ""
@@ -91,10 +100,6 @@ class Context:
 
     def problem(self, text: str, fix: str | None = None, kind: Kind = "rule") -> None:
         self.problems.append(Problem(text, () if fix is None else (fix,), kind=kind))
-
-    @property
-    def fixes(self) -> list[str]:
-        return list(dict.fromkeys(f for p in self.problems for f in p.fixes))
 
     def at(self, i: int, rule) -> None:
         self.rule, self.rule_label = i, label(rule)

@@ -1,53 +1,38 @@
-"""How the planner words what it found: problems grouped the way a person
-fixes them (a missing layer as one, layers past a stack's end as one, dtypes
-alike as one line), each naming the tensor and the leaf, a missing tensor
-paired with a stored one of its shape that nothing maps ("did you mean"),
-and the fixes after them, as the caller (the Python API, the command line,
-a restore) names its options (`Words`)."""
+"""How the planner words what it found, grouped as a person fixes it (a missing
+layer as one, layers past a stack's end as one, alike dtypes as one line), a
+missing tensor paired with a stored one of its shape ("did you mean"), then
+the fixes, naming the options of a load or of `EqxRestore`."""
 
-import dataclasses
 import difflib
+import math
+from collections.abc import Sequence
 
-from .._errors import some
-from .problems import Problem, message
+from .._errors import bullet_list, some
 from .rules.base import FIX_UNMATCHED
 from .rules.split import FIX_SIZES
 from .rules.stack import Stack
-from .stage import Context, Virtual, examples, label
+from .stage import Context, Problem, Virtual, examples, label
+
+_OPTIONS = {  # (the command line says a load's arguments as its flags)
+    False: {
+        "stored": "the tensors",
+        "rename": "map tensor names to leaf names with `mapping=`",
+        "allow_unused": "pass `allow_unused=True` to leave them out",
+        "cast": "pass `cast=True` to cast tensors to the skeleton's dtypes",
+    },
+    True: {
+        "stored": "the checkpoint",
+        "rename": "map the skeleton's leaf names to the checkpoint's with `renames=`",
+        "allow_unused": "pass `EqxRestore(..., strict=False)` to leave them unread",
+        "cast": "pass `EqxRestore(..., cast=True)` to cast arrays to the skeleton's "
+        "dtypes",
+    },
+}
 
 
-@dataclasses.dataclass(frozen=True)
-class Words:
-    """What the stored side is called, and how each fix is put, by who asked."""
+def _say(ctx: Context, what: str) -> str:
+    return _OPTIONS[ctx.restore][what]
 
-    stored: str  # "the tensors", "the checkpoint"
-    rename: str
-    allow_unused: str
-    cast: str
-    ignore_static: str
-
-
-API = Words(
-    stored="the tensors",
-    rename="map tensor names to leaf names with `mapping=`",
-    allow_unused="pass `allow_unused=True` to leave them out",
-    cast="pass `cast=True` to cast tensors to the skeleton's dtypes",
-    ignore_static="pass `ignore_static=True` to keep the skeleton's",
-)
-CLI = Words(
-    stored="the tensors",
-    rename="map tensor names to leaf names with --rename or --mapping",
-    allow_unused="pass --allow-unused to leave them out",
-    cast="pass --cast to cast tensors to the skeleton's dtypes",
-    ignore_static="pass --ignore-static to keep the skeleton's",
-)
-RESTORE = Words(
-    stored="the checkpoint",
-    rename="map the skeleton's leaf names to the checkpoint's with `renames=`",
-    allow_unused="pass `EqxRestore(..., strict=False)` to leave them unread",
-    cast="pass `EqxRestore(..., cast=True)` to cast arrays to the skeleton's dtypes",
-    ignore_static='pass `EqxRestore(..., on_static_mismatch="warn")`',
-)
 
 FIX_SHAPE = (
     "If the model's hyperparameters differ (sizes, heads, layers), build the "
@@ -83,7 +68,6 @@ FIX_KEY = (
 
 
 def _expected(ctx: Context, what: str) -> str:
-    """What the skeleton asks for, through the mapping or by name."""
     return (
         f"the mapping makes {what} of the skeleton"
         if ctx.mapped
@@ -113,7 +97,7 @@ def report_shapes(shapes, virtuals, ctx: Context) -> None:
             why, fix = _key(v, ctx), FIX_KEY
         ctx.problem(
             f"Tensor `{v.name}`{ctx.of(v)} has shape {t.shape} in "
-            f"{ctx.words.stored}, but {_expected(ctx, str(v.shape))}{why}.",
+            f"{_say(ctx, 'stored')}, but {_expected(ctx, str(v.shape))}{why}.",
             fix,
             kind="differs",
         )
@@ -126,7 +110,7 @@ def _why_shape(v: Virtual, t, virtuals, wrong) -> tuple[str, str]:
     if [n for n in t.shape if n != 1] == [n for n in v.shape if n != 1]:
         why = " (the same axes but for axes of length 1: a `squeeze` or `expand_dims`"
         return why + " rule may be missing)", FIX_RESHAPE
-    if _size(t.shape) == _size(v.shape):
+    if math.prod(t.shape) == math.prod(v.shape):
         why = " (as many values: a `reshape` rule may be missing)"
         return why, FIX_RESHAPE
     if v.layers:
@@ -138,13 +122,6 @@ def _why_shape(v: Virtual, t, virtuals, wrong) -> tuple[str, str]:
             )
             return why, FIX_SHAPE
     return "", FIX_SHAPE
-
-
-def _size(shape) -> int:
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 def report_dtypes(dtypes: list, total: int, ctx: Context) -> None:
@@ -162,8 +139,8 @@ def report_dtypes(dtypes: list, total: int, ctx: Context) -> None:
             else f"{len(group)} tensors ({examples([v.name for v in group])}) are"
         )
         ctx.problem(
-            f"{count} {found} in {ctx.words.stored}; the skeleton is {wanted}: "
-            f"{ctx.words.cast}.",
+            f"{count} {found} in {_say(ctx, 'stored')}; the skeleton is {wanted}: "
+            f"{_say(ctx, 'cast')}.",
             kind="differs",
         )
     for (found, wanted), group in groups.items():
@@ -172,15 +149,14 @@ def report_dtypes(dtypes: list, total: int, ctx: Context) -> None:
         for v in group:
             key = ctx.key_of(v) is not None
             ctx.problem(
-                f"Tensor `{v.name}`{ctx.of(v)} is {found} in {ctx.words.stored}, "
+                f"Tensor `{v.name}`{ctx.of(v)} is {found} in {_say(ctx, 'stored')}, "
                 f"but {_expects(ctx, wanted)}{_key(v, ctx)}.",
-                FIX_KEY if key else sentence(ctx.words.cast),
+                FIX_KEY if key else sentence(_say(ctx, "cast")),
                 kind="differs",
             )
 
 
 def sentence(clause: str) -> str:
-    """A fix of `Words` (a clause) as a sentence."""
     return clause[:1].upper() + clause[1:] + "."
 
 
@@ -200,7 +176,7 @@ def report_missing(missing, virtuals, unexpected, given, ctx: Context) -> set[st
         if layers and len(group) > 1 and len(group) == per_layer[layers]:
             index = ", ".join(".".join(map(str, idx)) for _, idx in layers)
             ctx.problem(
-                f"Layer {index} is missing from {ctx.words.stored}: none of its "
+                f"Layer {index} is missing from {_say(ctx, 'stored')}: none of its "
                 f"{len(group)} tensors is there ({examples([v.name for v in group])}"
                 f"; from {_leaves(group, ctx)}).",
                 FIX_MISSING,
@@ -210,13 +186,13 @@ def report_missing(missing, virtuals, unexpected, given, ctx: Context) -> set[st
         fix = (
             FIX_MISSING
             if ctx.mapped
-            else FIX_MISSING_BY_NAME.format(rename=ctx.words.rename)
+            else FIX_MISSING_BY_NAME.format(rename=_say(ctx, "rename"))
         )
         for v in group:
             guess = _did_you_mean(v, unexpected, given, paired)
             ctx.problem(
                 f"Tensor `{v.name}`{ctx.of(v)} is missing from "
-                f"{ctx.words.stored}{guess}.",
+                f"{_say(ctx, 'stored')}{guess}.",
                 fix,
                 kind="absent",
             )
@@ -254,18 +230,18 @@ def report_unexpected(names, paired, mapping, virtuals, ctx: Context) -> None:
     beyond = _beyond_stacks(names, mapping, virtuals)
     for (shown, count, index), group in beyond.items():
         ctx.problem(
-            f"Layer {index} is in {ctx.words.stored} ({_count(len(group))}, "
+            f"Layer {index} is in {_say(ctx, 'stored')} ({_count(len(group))}, "
             f"{examples(group)}), but the skeleton stacks {count} layers at "
             f"`{shown}` (0 to {count - 1}).",
             "Build the skeleton with the number of layers the tensors hold.",
             kind="unexpected",
         )
     listed = {n for group in beyond.values() for n in group}
-    fix = FIX_UNEXPECTED.format(allow_unused=ctx.words.allow_unused)
+    fix = FIX_UNEXPECTED.format(allow_unused=_say(ctx, "allow_unused"))
     for name in names:
         if name not in listed and name not in paired:
             ctx.problem(
-                f"Tensor `{name}` is in {ctx.words.stored}, but no leaf maps to it.",
+                f"Tensor `{name}` is in {_say(ctx, 'stored')}, but no leaf maps to it.",
                 fix,
                 kind="unexpected",
             )
@@ -306,8 +282,17 @@ def planned(head: str, ctx: Context, kinds=None) -> str:
     return message(head, problems, fixes)
 
 
+def message(head: str, problems: Sequence[Problem], fixes: Sequence[str]) -> str:
+    """`head (N problems):`, the problems as a list, then each fix once."""
+    n = len(problems)
+    return "\n".join(
+        [
+            f"{head} ({n} problem{'s' if n != 1 else ''}):",
+            bullet_list([p.text for p in problems]),
+            *dict.fromkeys(fixes),
+        ]
+    )
+
+
 def _count(n: int) -> str:
     return f"{n} tensor{'s' if n != 1 else ''}"
-
-
-__all__ = ["Problem", "planned", "sentence"]

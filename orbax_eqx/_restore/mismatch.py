@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Literal
 
 from .._errors import bullet_list
-from .._mapping.problems import Problem
+from .._mapping.stage import Problem
 from . import wide
 
 StaticPolicy = Literal["error", "warn"]

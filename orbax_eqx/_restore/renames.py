@@ -1,16 +1,7 @@
-"""`renames=` of `EqxRestore`: the skeleton's leaf names to the checkpoint's,
-through a `StateDictMapping`, the same mapping a load of safetensors uses.
-
-`renames=` is a mapping (its rules go from the skeleton's names towards the
-checkpoint's), or the shorthand of a migration, a dict `{old name: new
-name}` of exact names: each new (skeleton) name renamed to its old
-(checkpoint) one, and old names mapped to None left unread (`ignore`).
-
-A mapping of renames only (`rename`, `rename_regex`, `ignore`) stays on the
-fast path: names through rules, one string per leaf (`_mapping.names`). Any
-other rule (`split`, `fuse`, `stack`, `transpose`, `reshape`, `cast`) is
-planned against the checkpoint's leaves as recorded in its sidecar, exactly
-as against a safetensors file's tensors (`_mapping.plan.plan_restore`).
+"""`renames=` of `EqxRestore`: a `StateDictMapping` from the skeleton's leaf
+names to the checkpoint's, or a migration's dict `{old name: new name}`
+(`mapping.from_old_names`). Renames alone go name by name (`_mapping.names`);
+other rules are planned against the sidecar's leaves (`plan.plan_restore`).
 """
 
 from collections.abc import Mapping
@@ -19,7 +10,8 @@ from typing import Any
 from .._errors import bullet_list
 from .._mapping.errors import MappingError, RenameError
 from .._mapping.mapping import StateDictMapping, from_old_names
-from .._mapping.rules.drop import Drop
+from .._mapping.rules.base import patterns, unmatched
+from .._mapping.rules.drop import Drop, Ignore
 from .._mapping.rules.rename import Rename
 from .._mapping.rules.tie import Tie
 from .._mapping.stage import Context, examples
@@ -85,10 +77,10 @@ def raise_rule_problems(ctx: Context, must_match: bool, where: str) -> None:
     )
 
 
-def unused_targets(pairs, saved_names, ctx: Context) -> None:
-    """A rename whose every name is one the checkpoint lacks: a typo in the
-    new names, worded as a rule's problem. `pairs` are `(rule, entry) ->
-    [(skeleton name, checkpoint name)]`."""
+def unused_targets(mapping: StateDictMapping, pairs, saved_names, ctx) -> None:
+    """Rule problems of what matches no checkpoint leaf: a rename whose every
+    new name the checkpoint lacks (`pairs`: `(rule, entry) -> [(skeleton
+    name, checkpoint name)]`), and an `ignore` pattern (a dict's `None`)."""
     for (rule, _), renamed in pairs.items():
         if any(stored in saved_names for _, stored in renamed):
             continue
@@ -99,3 +91,9 @@ def unused_targets(pairs, saved_names, ctx: Context) -> None:
             f"(`{skeleton}` -> `{stored}`{more}) only to names the checkpoint lacks "
             f"(its leaves are named like {examples(list(saved_names))}).",
         )
+    for i, rule in enumerate(mapping.rules):
+        if isinstance(rule, Ignore):
+            ctx.at(i, rule)
+            for pattern in patterns(rule.match):
+                if not any(Ignore(pattern).ignores(n) for n in saved_names):
+                    unmatched(ctx, f"The name {pattern!r}", list(saved_names))

@@ -28,15 +28,14 @@ from .._errors import (
     warn_user,
 )
 from .._format.sidecar import Metadata
-from .._mapping.leaves import data_of
 from .._mapping.mapping import StateDictMapping
 from .._mapping.names import ignores, through
-from .._mapping.plan import LeafSpec, Plan, TensorSpec, plan_restore
+from .._mapping.plan import LeafSpec, Plan, TensorSpec, data_of, plan_restore
 from .._mapping.rules.field_keys import FieldKeys
 from .._mapping.rules.rename import Rename
 from .._mapping.rules.rename_regex import RenameRegex
 from .._mapping.stage import Context, examples
-from .._mapping.wording import RESTORE, planned
+from .._mapping.wording import planned
 from .._tree.names import ESCAPE, SEPARATOR, join, label
 from .._tree.walk import ARRAY, Leaf, Walked, parse_dtype, walk
 from .renames import (
@@ -232,14 +231,14 @@ def walked_tree(walked: Walked) -> Any:
 def _by_names(saved, walked, target, mapping, prefix, must_match) -> Selection:
     """The view through a mapping of renames only: names in, names out."""
     names = [target.get(leaf.name, leaf.name) for leaf in walked.leaves]
-    ctx = Context({}, RESTORE)
+    ctx = Context({}, restore=True)
     trace: dict = {}
     stored = through(mapping, names, ctx, trace)
     if must_match:
         pairs = {
             key: [(names[k], stored[k]) for k in found] for key, found in trace.items()
         }
-        unused_targets(pairs, saved.leaves, ctx)
+        unused_targets(mapping, pairs, saved.leaves, ctx)
     raise_rule_problems(ctx, must_match, saved.directory)
     stored_of = dict(zip(names, stored, strict=True))
     view, renamed = _view(saved, walked, target, mapping, prefix, stored_of)
@@ -338,7 +337,7 @@ def _by_plan(saved, walked, target, mapping, prefix, must_match, cast, strict):
     ]
     outside = {t.name for t in stored if not _under(prefix, t.name)}
     plan, ctx = plan_restore(
-        mapping, specs, stored, cast=cast, strict=strict, words=RESTORE, leave=outside
+        mapping, specs, stored, cast=cast, strict=strict, leave=outside
     )
     raise_rule_problems(ctx, must_match, saved.directory)
     if plan is None:
@@ -353,7 +352,7 @@ def _by_plan(saved, walked, target, mapping, prefix, must_match, cast, strict):
     renames = StateDictMapping(
         tuple(r for r in mapping.rules if isinstance(r, Rename | RenameRegex))
     )
-    quiet = Context({}, RESTORE)  # (the plan reported the rules' problems)
+    quiet = Context({}, restore=True)  # (the plan reported the rules' problems)
     stored_of = dict(zip(others, through(renames, others, quiet), strict=True))
     read = frozenset(p.tensor for leaf in plan.leaves for p in plan.leaf_pieces(leaf))
     view, renamed = _view(saved, walked, target, mapping, prefix, stored_of, read)

@@ -1,15 +1,7 @@
-"""`rename`: new names for leaves, or for whole subtrees of them.
-
-`{"op": "rename", "names": {"embed": "wte", "blocks.{i}.attn": "h.{i}.attn"}}`
-renames every name that is an entry or starts with an entry and a `.`
-(`embed` renames `embed` and `embed.weight`, not `embedding`): the longest
-entry that fits wins. Entries may have holes (`{i}`) that the new name
-repeats; a new name of `null` leaves the names out (see `drop`), `""` the
-parts that matched.
-
-Inverse: the same names read the other way. A rename must stay one-to-one;
-the planner reports names that two leaves would share.
-"""
+"""`rename`: new names for leaves, or whole subtrees of them (`{"op": "rename",
+"names": {"embed": "wte", "blocks.{i}.attn": "h.{i}.attn"}}`: the longest
+entry that is a name or its leading parts wins; `null` leaves names out, `""`
+the parts that matched). Inverse: the same names read the other way."""
 
 import functools
 from typing import Annotated
@@ -24,18 +16,77 @@ from .base import MAX_PARTS, Rule, Text, template, unmatched
 NewName = Annotated[str, msgspec.Meta(max_length=templates.MAX_LENGTH)] | None
 Names = Annotated[dict[Text, NewName], msgspec.Meta(max_length=MAX_PARTS * 16)]
 
-KEEP = object()  # what `Rename.rename` gives a name no entry fits
+KEEP = object()  # the new name of a name no entry fits
 
 
-class Rename(Rule, frozen=True, tag="rename"):
+class Renaming(Rule, frozen=True):
+    """A rule that only renames (`rename`, `rename_regex`): each name alone."""
+
+    def rename(self, name: str, seen: set[int]) -> tuple[object, int | None]:
+        """`(new name or None, entry)` of `name`, or `(KEEP, None)`; entries
+        that fit but lose to a longer one are added to `seen`."""
+        raise NotImplementedError
+
+    def entries(self) -> list[str]:
+        raise NotImplementedError
+
+    def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
+        out = []
+        new = rename_all(self, [v.name for v in virtuals], ctx)
+        for v, (name, _) in zip(virtuals, new, strict=True):
+            if name is None:
+                ctx.dropped.append(v)
+            else:
+                out.append(v if name is KEEP else v.but(name=name))
+        return out
+
+
+def rename_all(rule: Renaming, names: list, ctx: Context) -> list[tuple]:
+    """`(new, entry)` for each of `names` (None: no name) through `rule`: new
+    is the new name, None (left out) or KEEP. Entries that rename nothing
+    (shadowed, or matching no name) and empty new names are problems."""
+    entries = rule.entries()
+    used = [False] * len(entries)
+    seen: set[int] = set()
+    out: list[tuple] = []
+    for name in names:
+        new, k = (KEEP, None) if name is None else rule.rename(name, seen)
+        if k is not None:
+            used[k] = True
+        if new == "":
+            ctx.problem(
+                f"{ctx.at_rule()} renames `{name}` to the empty name.",
+                "Give every renamed name at least one part.",
+            )
+            new = KEEP
+        out.append((new, k))
+    what = "entry" if isinstance(rule, Rename) else "pattern"
+    for k, ok in enumerate(used):
+        if ok:
+            continue
+        if k in seen:
+            ctx.problem(
+                f"The entry {entries[k]!r} of {ctx.at_rule()} is shadowed: every "
+                "name it fits is renamed by a longer entry.",
+                "Remove shadowed entries, or make the longer entries say what "
+                "they should.",
+            )
+        else:
+            named = [n for n in names if n is not None]
+            unmatched(ctx, f"The {what} {entries[k]!r}", named)
+    return out
+
+
+class Rename(Renaming, frozen=True, tag="rename"):
     names: Names
 
     def __post_init__(self):
         _parsed(tuple(self.names.items()))
 
-    def rename(self, name: str, seen: set[int] | None = None):
-        """`(new name or None, entry)` of `name`, or `(KEEP, None)`. Entries that
-        fit `name` but lose to a longer one are added to `seen`."""
+    def entries(self) -> list[str]:
+        return list(self.names)
+
+    def rename(self, name: str, seen: set[int]) -> tuple[object, int | None]:
         literal, holed, parsed = _parsed(tuple(self.names.items()))
         found = _longest(name, literal, holed, parsed, seen)
         if found is None:
@@ -48,46 +99,6 @@ class Rename(Rule, frozen=True, tag="rename"):
         if rest is not None:
             new = f"{new}.{rest}" if new else rest
         return new, k
-
-    def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
-        used = [False] * len(self.names)
-        seen: set[int] = set()
-        out = []
-        for v in virtuals:
-            new, k = self.rename(v.name, seen)
-            if new is KEEP:
-                out.append(v)
-                continue
-            used[k] = True
-            if new is None:
-                ctx.dropped.append(v)
-            elif not new:
-                ctx.problem(
-                    f"{ctx.at_rule()} renames `{v.name}` ({ctx.origin(v)}) to the "
-                    "empty name.",
-                    "Give every renamed name at least one part.",
-                )
-            else:
-                out.append(v.but(name=new))
-        report_unused(self, used, seen, [v.name for v in virtuals], ctx)
-        return out
-
-
-def report_unused(rule: Rename, used, seen, names, ctx: Context) -> None:
-    """Entries that renamed nothing: shadowed by longer ones, or matching no name."""
-    entries = list(rule.names)
-    for k, ok in enumerate(used):
-        if ok:
-            continue
-        if k in seen:
-            ctx.problem(
-                f"The entry {entries[k]!r} of {ctx.at_rule()} is shadowed: every "
-                "name it fits is renamed by a longer entry.",
-                "Remove shadowed entries, or make the longer entries say what "
-                "they should.",
-            )
-        else:
-            unmatched(ctx, f"The entry {entries[k]!r}", names)
 
 
 @functools.lru_cache(maxsize=256)
