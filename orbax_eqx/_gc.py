@@ -1,17 +1,10 @@
-"""Python's cyclic garbage collector paused while a save or restore allocates
-objects per leaf.
+"""Python's cyclic collector paused while a call in the caller's thread builds
+objects per leaf: a save's prepare and a restore (never a background thread).
 
-A restore of 50,000 leaves makes several objects per leaf (sidecar records,
-walked leaves, requests, jax arrays); each allocation counts towards the
-collector's thresholds, and every full collection walks every live object of
-the process, the caller's model included. Measured on 50,000 leaves: 205 us
-per leaf with the collector on, 106 us with it paused, and the cost per leaf
-grew with the tree's size (the collections walk more each time). Nothing
-here makes reference cycles that must be collected during the call:
-reference counting frees everything else as usual, and the collector runs
-again as soon as the last paused call returns.
-
-Imports nothing of ours: every stage may use it.
+Each allocation counts towards the collector's thresholds, and each full
+collection walks every live object of the process (BENCHMARKS.md, "Many small
+leaves"). Nothing here makes cycles that must be collected meanwhile; the
+collector is restored as it was when the last paused call returns.
 """
 
 import contextlib
@@ -26,9 +19,7 @@ _resume = False  # whether the collector was on when the first of them began
 
 @contextlib.contextmanager
 def paused() -> Iterator[None]:
-    """Pauses the cyclic collector until the last of the nested or concurrent
-    `paused()` blocks ends; then restores it as it was (a caller that had it
-    off keeps it off)."""
+    """Pauses the collector until the last nested or concurrent block ends."""
     global _depth, _resume
     with _lock:
         if _depth == 0:

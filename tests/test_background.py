@@ -1,6 +1,6 @@
-"""Which save a background write error names (`_save.background.target`).
+"""Which save a background write error names (`_save.futures.target`).
 
-Internal modules imported here (`_save.background`) are the units these tests
+Internal modules imported here (`_save.futures`) are the units these tests
 pin, or the only way to cause or observe the condition under test; everything
 else goes through `orbax_eqx` and the `orbax-eqx` command.
 """
@@ -8,7 +8,7 @@ else goes through `orbax_eqx` and the `orbax-eqx` command.
 import pytest
 from etils import epath
 
-from orbax_eqx._save.background import target
+from orbax_eqx._save.futures import target
 
 
 @pytest.mark.parametrize(

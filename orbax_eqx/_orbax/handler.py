@@ -21,10 +21,9 @@ from .._restore.restore import restore_flat, restore_tree
 from .._restore.together import together
 from .._restore.vanished import CheckpointReplacedError, noticed
 from .._save import at_exit as _at_exit
-from .._save import background as _background
 from .._save import claim as _claim
 from .._save import files as _files
-from .._save import released as _released
+from .._save import futures as _futures
 from .._save.hosts import check_global
 from .._save.prepare import prepare
 from .._storage.orbax_store import files as _store_files
@@ -174,8 +173,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             bool(prepared.stored),
             prepared.shard_files,
         )
-        where = _background.target(directory)  # named by errors of the writes
-        _at_exit.started(where, _background.final_directory(directory))
+        where = _futures.target(directory)  # named by errors of the writes
+        _at_exit.started(where, _futures.final_directory(directory))
         try:
             return await self._start_writes(directory, token, prepared, started, where)
         except BaseException:
@@ -191,7 +190,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         except (ObjectStoreSaveError, ObjectStoreError):
             # Refused before anything was written, while Orbax makes this
             # save's directories in the background: let it finish, or its
-            # threads would wait out their timeout at exit (see `released`).
+            # threads would wait out their timeout at exit (see `_save.futures`).
             await undo_directories(epath.Path(directory), primary)
             raise
 
@@ -231,7 +230,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         packs and the sidecar, as futures of the save."""
         futures: list[Any] = []
         if prepared.stored:
-            inner = await _released.run(
+            inner = await _futures.run(
                 self._inner.async_save(
                     _sidecar.arrays_dir(directory, token),
                     args=ocp.args.PyTreeSave(prepared.stored),
@@ -239,17 +238,10 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                 name="orbax_eqx_arrays",
             )
             explain = functools.partial(_claim.explain, started)
-            futures.extend(
-                _background.NotedFuture(f, where, explain) for f in inner or []
-            )
-        futures.append(
-            _released.commit_future(
-                _background.noted_coroutine(
-                    self._write_files(directory, prepared, started), where
-                ),
-                name="orbax_eqx_files",
-            )
-        )
+            futures.extend(_futures.NotedFuture(f, where, explain) for f in inner or [])
+        files = self._write_files(directory, prepared, started)
+        future = _futures.commit_future(files, name="orbax_eqx_files")
+        futures.append(_futures.NotedFuture(future, where))
         return futures
 
     async def _write_files(self, directory: epath.Path, prepared, started) -> None:
@@ -267,7 +259,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                 futures = await self.async_save(directory, item, args)
             finally:
                 _WAITED.reset(waited)
-            _background.wait_all(futures)
+            _futures.wait_all(futures)
 
         _run_sync(save_and_wait())
 
@@ -333,9 +325,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         if saving is None:
             saving = _saved_here(epath.Path(directory))
         token, started, stored, shard_files = saving
-        where = _background.target(directory)
+        where = _futures.target(directory)
         _at_exit.committing(where)  # Orbax commits the step once this returns
-        with _background.noted(where):
+        with _futures.noted(where):
             if stored:
                 arrays = epath.Path(directory)  # (no sidecar here: not known)
                 if token is not None:

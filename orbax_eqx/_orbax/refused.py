@@ -8,7 +8,7 @@ import time
 from etils import epath
 
 from .._bytes.paths import is_remote
-from .._save import released as _released
+from .._save import futures as _futures
 
 # How long a refused save waits for Orbax to make its directories.
 _DIRECTORIES_WAIT_S = 30.0
@@ -33,7 +33,7 @@ async def undo_directories(directory: epath.Path, primary: bool) -> None:
     async def nothing() -> None:
         return None
 
-    made = _released.commit_future(nothing(), name="orbax_eqx_refused")
+    made = _futures.commit_future(nothing(), name="orbax_eqx_refused")
     try:
         await asyncio.to_thread(made.result, _DIRECTORIES_WAIT_S)
     except Exception:  # not made in time, or could not be: leave it to Orbax

@@ -30,7 +30,7 @@ from .._errors import (
 )
 from .._restore.together import together
 from .._save import at_exit as _at_exit
-from .._save import background as _background
+from .._save import futures as _futures
 from .._storage.sharded.write import describe
 from .._storage.typed import read as _typed_read
 from .._storage.typed import write as _typed
@@ -126,28 +126,25 @@ class PackedArrayHandler(ocp.type_handlers.TypeHandler):
             return []
 
         # A script that ends before Orbax commits this save gets it finished
-        # at exit (`_save/at_exit.py`); there is no `finalize` here to say
-        # when the save is done, so the record stays, and at exit a committed
-        # save is told apart by its final directory.
-        where = _background.target(infos[0].parent_dir)
-        _at_exit.started(where, _background.final_directory(infos[0].parent_dir))
+        # at exit (`_save/at_exit.py`): a committed one has its final directory.
+        where = _futures.target(infos[0].parent_dir)
+        _at_exit.started(where, _futures.final_directory(infos[0].parent_dir))
 
         async def write() -> None:
             try:
                 await asyncio.gather(*(info.await_path_creation() for info in infos))
                 directory = infos[0].parent_dir
                 # An error (a full disk) names the step it stopped, as ours do.
-                with _background.noted(_background.target(directory)):
+                with _futures.noted(_futures.target(directory)):
                     _typed.write(directory, taken, process, primary)
             except BaseException:
                 _at_exit.ended(where)  # Orbax reports the error
                 raise
 
-        return [
-            ocp.future.CommitFutureAwaitingContractedSignals(
-                write(), name="orbax_eqx_typed"
-            )
-        ]
+        future = ocp.future.CommitFutureAwaitingContractedSignals(
+            write(), name="orbax_eqx_typed"
+        )
+        return [_futures.NotedFuture(future, where)]
 
     async def deserialize(
         self,

@@ -1,156 +1,132 @@
 """A script that ends while a save of ours is under way still gets its step.
 
-`mngr.save` returns before the step is written; a script that ends without
-`mngr.wait_until_finished()` (or `mngr.close()`, or a `with` block) used to
-lose its last step, after a wall of Orbax tracebacks and a 300 s wait:
-Python's exit first shuts down every `concurrent.futures` executor ("cannot
-schedule new futures after shutdown"), then joins the threads still running,
-and Orbax's save thread then waits out its timeout for directories that are
-never made.
-
-So at exit, before those executors shut down, we wait for Orbax's save
-threads to commit every step we are still saving, and print one line on
-stderr naming the step and what to call. If the step still fails, a second
-line says so (in place of Orbax's logged tracebacks), and that the steps
-before it are intact.
-
-CPython runs `threading._register_atexit` functions, last registered first,
-before it joins threads; `concurrent.futures` registers its shutdown there
-on import, which Orbax does before we register. `atexit.register` would run
-only after the threads were joined: too late.
+`mngr.save` returns before the step is written. At exit Python shuts down
+every `concurrent.futures` executor before it joins the threads still running,
+and Orbax's thread that commits the step needs one ("cannot schedule new
+futures after shutdown"). So at exit we first wait for our saves to be
+committed, saying so in one line on stderr: we join the thread that called our
+`finalize`, else wait for the save's final directory while a thread that
+waited on its futures (`waiting`) runs.
+`threading._register_atexit` is the one hook that runs before those executors
+shut down (`atexit` runs after the threads are joined: too late).
 """
 
 import concurrent.futures.thread  # noqa: F401  (registers its shutdown first)
-import logging
+import dataclasses
 import sys
 import threading
+import time
 
 from etils import epath
 
+
+@dataclasses.dataclass
+class _Save:
+    final: epath.Path | None  # the directory it is renamed to on commit
+    committer: threading.Thread | None = None  # the thread that finalized it
+    waiters: list[threading.Thread] = dataclasses.field(default_factory=list)
+
+
 # What a message calls a save under way (`step `3` (/ckpts/3/default)`, see
-# `background.target`) -> the directory it is committed to.
-_pending: dict[str, epath.Path | None] = {}
-# Saves past our `finalize`, being renamed by Orbax: where -> final directory.
-_committing: dict[str, epath.Path] = {}
-_lock = threading.Lock()
-# Orbax names the thread that waits for a save's writes and commits it.
-_ORBAX_SAVE_THREAD = "async_save"
-
-
-# Past this many records, those of committed saves are dropped (a handler
-# that cannot say when its save is done leaves its records; see `started`).
-_PRUNE_AT = 64
+# `futures.target`) -> the save.
+_saves: dict[str, _Save] = {}
+_lock = threading.Condition()
+_MAX = 64  # records kept of saves that never say they are done
+_WAIT_S = 300.0  # Orbax's own timeout for a save's directories
+_WAITER_S = 2.0  # for a thread to start waiting on a save's futures
 
 
 def started(where: str, final: epath.Path | None) -> None:
-    """Records a save under way, to be committed to `final`.
-
-    A record that `ended` never removes is harmless: at exit a save whose
-    final directory exists counts as done.
-    """
+    """Records a save under way; forgets those done (committed by a thread
+    that has ended, or by this one: a save that waited)."""
+    me = threading.current_thread()
     with _lock:
-        if len(_pending) >= _PRUNE_AT:
-            for old, directory in list(_pending.items()):
-                if directory is not None and directory.exists():
-                    del _pending[old]
-        _pending[where] = final
+        for old, save in list(_saves.items()):
+            if save.committer is me or (
+                save.committer and not save.committer.is_alive()
+            ):
+                del _saves[old]
+        if len(_saves) >= _MAX:
+            del _saves[next(iter(_saves))]  # the oldest
+        _saves[where] = _Save(final)
+
+
+def waiting(where: str) -> None:
+    """The calling thread waits on the save's futures (and may commit it)."""
+    with _lock:
+        save = _saves.get(where)
+        if save is not None and threading.current_thread() not in save.waiters:
+            save.waiters.append(threading.current_thread())
+            _lock.notify_all()
 
 
 def ended(where: str) -> None:
     """The save failed (Orbax reports that error): nothing to finish at exit."""
     with _lock:
-        _pending.pop(where, None)
+        _saves.pop(where, None)
+        _lock.notify_all()
 
 
 def committing(where: str) -> None:
-    """Our part of the save is done (`finalize`); Orbax renames its directory
-    next, which still needs the executors that Python shuts down at exit. Kept
-    among the last `_PRUNE_AT` such saves (no look at the store meanwhile):
-    at exit, one whose final directory is not there yet is waited for. A save
-    without a temporary directory has no rename to wait for."""
+    """Our part of the save is done (`finalize`, in the thread that commits)."""
     with _lock:
-        final = _pending.pop(where, None)
-        if final is not None:
-            _committing.pop(where, None)  # (a step saved again: the newest last)
-            _committing[where] = final
-            while len(_committing) > _PRUNE_AT:
-                del _committing[next(iter(_committing))]  # the oldest
+        save = _saves.get(where)
+        if save is not None and save.final is None:
+            del _saves[where]  # no rename to wait for
+        elif save is not None:
+            save.committer = threading.current_thread()
+        _lock.notify_all()
 
 
 def _finish_at_exit() -> None:
-    with _lock:
-        saves = {**_committing, **_pending}
-        _pending.clear()
-        _committing.clear()
-    threads = [
-        t
-        for t in threading.enumerate()
-        if t.name == _ORBAX_SAVE_THREAD and t.is_alive()
-    ]
-    # Without a save thread of Orbax's nothing is in flight: what is left was
-    # committed (on a process other than the primary host, which does not
-    # finalize) or failed (Orbax raised that error).
-    if not (saves and threads):
-        return
-    # A save counts as done once its final directory exists. Until Orbax has
-    # renamed it, the thread still needs the executors (its commit runs there),
-    # so it is waited for even after our `finalize` has returned.
-    unsaved = {
-        where: final
-        for where, final in saves.items()
-        if final is None or not final.exists()
-    }
-    if not unsaved:
-        for thread in threads:  # what follows a commit (retention) ends too
-            thread.join()
-        return
-    names = " and ".join(unsaved)
-    was, it = ("was", "it") if len(unsaved) == 1 else ("were", "them")
-    print(
-        f"orbax_eqx: the script ended while {names} {was} still being saved; "
-        f"finishing {it} now. Call `mngr.wait_until_finished()` (or `mngr.close()`, "
-        "or use the manager in a `with` block) before a script ends.",
-        file=sys.stderr,
-        flush=True,
-    )
-    errors = _Quiet()
-    logging.getLogger().addFilter(errors)
-    logging.getLogger("absl").addFilter(errors)
-    try:
-        for thread in threads:
-            thread.join()
-    finally:
-        logging.getLogger().removeFilter(errors)
-        logging.getLogger("absl").removeFilter(errors)
-    for where, final in unsaved.items():
+    me = threading.current_thread()
+    start = time.monotonic()
+    with _lock:  # a thread about to wait on a save's futures gets a moment
+        _lock.wait_for(
+            lambda: all(s.waiters or s.committer for s in _saves.values()), _WAITER_S
+        )
+        saves = {w: s for w, s in _saves.items() if _live(s, me)}
+    unsaved = [w for w, s in saves.items() if not (s.final and s.final.exists())]
+    if unsaved:
+        names = " and ".join(unsaved)
+        was, it = ("was", "it") if len(unsaved) == 1 else ("were", "them")
+        _say(
+            f"the script ended while {names} {was} still being saved; finishing "
+            f"{it} now. Call `mngr.wait_until_finished()` (or `mngr.close()`, or "
+            "use the manager in a `with` block) before a script ends."
+        )
+    for where, save in saves.items():
+        with _lock:  # until it is finalized, fails, or is committed elsewhere
+            while not _known(where, save, time.monotonic() - start):
+                _lock.wait(0.05)
+        if save.committer is not None and save.committer is not me:
+            save.committer.join()
+    for where in unsaved:
+        final = saves[where].final
         if final is not None and not final.exists():
-            reason = f" ({errors.first})" if errors.first else ""
-            print(
-                f"orbax_eqx: {where} was not saved{reason}; the steps saved "
-                "before it are intact.",
-                file=sys.stderr,
-                flush=True,
+            _say(
+                f"{where} was not saved (see the error above); the steps saved "
+                "before it are intact."
             )
 
 
-class _Quiet(logging.Filter):
-    """Keeps Orbax's logged errors (each with a traceback) off stderr while we
-    wait at exit, and remembers the first for our own line."""
-
-    def __init__(self):
-        super().__init__()
-        self.first: str | None = None
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.ERROR:
-            return True
-        if self.first is None:
-            exc = record.exc_info[1] if record.exc_info else None
-            self.first = str(exc) if exc is not None else record.getMessage()
-            self.first = self.first.splitlines()[0] if self.first else None
-        return False
+def _live(save: _Save, me: threading.Thread) -> bool:
+    """Whether a thread that may still commit the save runs."""
+    threads = [save.committer] if save.committer else save.waiters
+    return any(t is not me and t.is_alive() for t in threads)
 
 
-_register = getattr(threading, "_register_atexit", None)
-if _register is not None:  # CPython 3.9+
-    _register(_finish_at_exit)
+def _known(where: str, save: _Save, waited: float) -> bool:
+    """Whether the save's outcome is known, or nothing may still commit it."""
+    if save.committer is not None or where not in _saves or waited > _WAIT_S:
+        return True
+    if save.final is not None and save.final.exists():
+        return True
+    return not any(t.is_alive() for t in save.waiters)
+
+
+def _say(text: str) -> None:
+    print(f"orbax_eqx: {text}", file=sys.stderr, flush=True)
+
+
+threading._register_atexit(_finish_at_exit)  # type: ignore[attr-defined]

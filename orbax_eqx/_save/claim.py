@@ -47,7 +47,7 @@ from .._format.sidecar import (
     arrays_dir,
 )
 from .._storage.orbax_store.keys import missing_in_store
-from .background import final_directory
+from .futures import final_directory
 
 
 class ConcurrentSaveError(OrbaxEqxError, RuntimeError):

@@ -19,11 +19,9 @@ from etils import epath
 from .._format import sidecar as _sidecar
 from .._format import sidecar_write as _sidecar_write
 from .._format.checksum import host_sum32
-from .._gc import paused
 from .._storage.sharded import write as _shards
 from . import claim as _claim
 from . import pack_write as _pack_write
-from .polite import Polite
 from .prepare import Prepared
 
 
@@ -42,10 +40,7 @@ def write(
     try:
         if primary:  # written meanwhile: `pack_write`
             pack = _pack_write.start(directory, started.token, prepared, checksums)
-        # The leaves' names and the sidecar's content, and the rest of the
-        # host copies (see `_save/prepare.py`).
-        with paused():  # see `_gc`
-            prepared.finish()
+        prepared.finish()  # names, the sidecar's content, the rest of the copies
         assert prepared.content is not None  # (made by `finish`)
         if prepared.local is not None:
             token = prepared.content["token"]
@@ -77,9 +72,7 @@ def _pack_and_sidecar(directory, prepared: Any, started, pack) -> None:
     _sidecar.record_checksums(prepared.content, crcs, sums)
     _claim.before_sidecar(started)
     try:
-        with paused():
-            pause = Polite() if prepared.polite else None
-            _sidecar_write.write(directory, prepared.content, pause)
+        _sidecar_write.write(directory, prepared.content)
     except FileExistsError:
         _claim.claim_failed(started)
     _claim.wrote(started, directory / _sidecar.FILE_NAME)

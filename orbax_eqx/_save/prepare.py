@@ -40,7 +40,6 @@ from .._tree.names import storage_key
 from .._tree.values import is_text
 from .._tree.walk import JAX, Walked, container, is_array_leaf, walk
 from . import recordable, storable
-from .polite import Polite
 
 # Tree structures whose save was checked before returning; a save of an equal
 # one need not be (see the module's docstring). Few: a training job saves one
@@ -73,9 +72,6 @@ class Prepared:
     pieces: list[tuple[int, np.ndarray]] = dataclasses.field(default_factory=list)
     pack_nbytes: int = 0
     packed_names: list[str] = dataclasses.field(default_factory=list)
-    # Whether the background work pauses now and then for the caller's
-    # thread (`Polite`); not when the caller waits for the save.
-    polite: bool = True
     # Whether this process writes the pack (it took the host copies), and
     # its packed pieces, `(offset, host copy)` in file order, once the copies
     # are done (waits for them; None once taken, see `take_pieces`).
@@ -141,8 +137,7 @@ def prepare(
     `flatten(item)`, if the caller has it. `waited`, for a save that returns
     only once its writes are done (the caller can neither change an array
     meanwhile nor run anything): numpy arrays are packed without copying them
-    first, and the background work never pauses for the caller's thread
-    (`Polite`). Otherwise numpy arrays are copied into buffers of `lease`, if
+    first. Otherwise numpy arrays are copied into buffers of `lease`, if
     given; the caller gives them back once the pack is written
     (`Prepared.give_back`).
     """
@@ -169,12 +164,7 @@ def prepare(
         return [(at[i], h) for i, h in zip(to_pack, copies, strict=True)]
 
     def finish() -> tuple:
-        # The caller's thread goes on: let it have the GIL (unless it waits).
-        pause = None if waited else Polite()
-        if walked is not None:
-            named = walked
-        else:
-            named = _walk_snapshot(leaves, treedef, pause)
+        named = walked if walked is not None else _walk_snapshot(leaves, treedef)
         names = [leaf.name for leaf in named.leaves]
         offsets = {names[i]: at[i] for i in to_pack}
         content = build(
@@ -185,7 +175,6 @@ def prepare(
             token,
             sharded={names[i]: _shards.describe(leaves[i].sharding) for i in to_shard},
             shard_files=shard_files,
-            pause=pause,
         )
         if not checksums:
             content["checksums"] = False  # so that `verify` tells it from damage
@@ -201,7 +190,6 @@ def prepare(
         local,
         finish,
         pack_nbytes=pack_nbytes if hosts is not None else 0,
-        polite=not waited,
         writes_pack=hosts is not None,
         pieces_of=pieces_of if hosts is not None else None,
         lease=lease,
@@ -258,16 +246,14 @@ def _to_store(
     return stored, sums
 
 
-def _walk_snapshot(
-    leaves: list[Any], treedef: Any, pause: Callable[[], None] | None
-) -> Walked:
+def _walk_snapshot(leaves: list[Any], treedef: Any) -> Walked:
     """The walk of the item as it was at `save`: its leaves, in its structure
     (the caller may have changed its dicts and lists since). Checked as the
     item of a first save is: a tree that compares equal to one checked before
     but names or records differently (`{1: x}` after `{True: x}`) still gets
     its own names, and a failed check fails the save (and forgets the
     structure)."""
-    walked = walk(jtu.tree_unflatten(treedef, leaves), pause)
+    walked = walk(jtu.tree_unflatten(treedef, leaves))
     try:
         _same_leaves(walked, leaves)
         # The bytes were taken before `save` returned (and deleted arrays
