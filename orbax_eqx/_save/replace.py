@@ -241,8 +241,6 @@ def publish(
     path: epath.Path,
     owner: _leftovers.Owner,
     overwrite: bool,
-    *,
-    exchange: bool = True,
 ) -> None:
     """Puts the committed checkpoint `new` at `path` (see the module docstring).
 
@@ -254,8 +252,6 @@ def publish(
         deleted.
     - `overwrite`: whether a checkpoint at `path` is replaced; else one put
         there meanwhile is kept.
-    - `exchange`: exchange the two names in one call where the system can;
-        False always swaps with two renames (as elsewhere; for tests).
 
     Raises `ConcurrentSaveError` if another save put its checkpoint at `path`
     meanwhile where that shows; `new` is then left for the caller to remove,
@@ -273,7 +269,7 @@ def publish(
         )
     old = _leftovers.beside(path, owner, _leftovers.OLD)
     try:
-        exchanged = exchange and _exchange(new, path)
+        exchanged = _exchange(new, path)
     except FileNotFoundError:  # another save is swapping it: path is missing
         _rename_into_place(new, path)
         return
