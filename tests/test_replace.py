@@ -27,6 +27,7 @@ from entry import main
 from safetensors.numpy import save_file
 
 import orbax_eqx as oeqx
+from orbax_eqx._save import replace as _replace
 from orbax_eqx._save.leftovers import (
     HOST,
     NEW,
@@ -38,7 +39,6 @@ from orbax_eqx._save.leftovers import (
     new_owner,
     saving,
 )
-from orbax_eqx._save import replace as _replace
 from orbax_eqx._save.replace import publish
 
 
