@@ -1,11 +1,9 @@
-"""`python -m orbax_eqx demo`: train, checkpoint every step, restore the best one.
+"""`demo`: train a small model, checkpoint every step, restore the best one.
 
-The whole workflow a training job needs, small enough to read in one sitting
-and to run in seconds on a laptop CPU: a model with `eqx.nn.BatchNorm` (so
-there is `eqx.nn.State` to save too) and an optax optimizer, saved
-asynchronously through Orbax's `CheckpointManager`, which keeps the best steps
-by loss; then the best step is restored into a skeleton that holds no values
-at all, and checked against what was saved.
+A model with `eqx.nn.BatchNorm` (so there is `eqx.nn.State` to save) and an
+optax optimizer, saved asynchronously through Orbax's `CheckpointManager`,
+which keeps the best steps by loss; the best step is then restored into a
+skeleton that holds no values, and checked against what was saved.
 """
 
 import os
@@ -29,16 +27,11 @@ N_SAMPLES, BATCH = 256, 16
 SEED = 0
 OPTIMIZER = optax.adam(3e-2)
 
-# What an earlier demo leaves in its directory: finished steps, and the
-# temporary directories of steps that were being saved when it was stopped.
-_STEP_DIR = re.compile(r"[0-9]+")
-_TMP_STEP_DIR = re.compile(r"[0-9]+\.orbax-checkpoint-tmp.*")
-_STEP_METADATA = "_CHECKPOINT_METADATA"
 
-
-def make_model(key):
+def make_train_state(key):
+    """Everything a run saves: model, its `eqx.nn.State`, optimizer state, step."""
     k1, k2 = jax.random.split(key)
-    return eqx.nn.Sequential(
+    model, state = eqx.nn.make_with_state(eqx.nn.Sequential)(
         [
             eqx.nn.Linear(IN_SIZE, HIDDEN, key=k1),
             eqx.nn.BatchNorm(HIDDEN, axis_name="batch", mode="batch"),
@@ -46,29 +39,21 @@ def make_model(key):
             eqx.nn.Linear(HIDDEN, 1, key=k2),
         ]
     )
-
-
-def make_train_state(key):
-    """Everything a run saves: model, its `eqx.nn.State`, optimizer state, step."""
-    model, state = eqx.nn.make_with_state(make_model)(key)
     opt_state = OPTIMIZER.init(eqx.filter(model, eqx.is_array))
     return {"model": model, "state": state, "opt_state": opt_state, "step": 0}
 
 
-def _batched(model, x, state):
+def _loss(model, state, x, y):
     # BatchNorm needs the batch as a named axis; its state is shared, not batched.
-    return jax.vmap(model, axis_name="batch", in_axes=(0, None), out_axes=(0, None))(
-        x, state
-    )
+    batched = jax.vmap(model, axis_name="batch", in_axes=(0, None), out_axes=(0, None))
+    pred, state = batched(x, state)
+    return jnp.mean((pred[:, 0] - y) ** 2), state
 
 
 @eqx.filter_jit
 def train_step(model, state, opt_state, x, y):
-    def loss_fn(model, state):
-        pred, state = _batched(model, x, state)
-        return jnp.mean((pred[:, 0] - y) ** 2), state
-
-    (_, state), grads = eqx.filter_value_and_grad(loss_fn, has_aux=True)(model, state)
+    grad = eqx.filter_value_and_grad(_loss, has_aux=True)
+    (_, state), grads = grad(model, state, x, y)
     params = eqx.filter(model, eqx.is_array)
     updates, opt_state = OPTIMIZER.update(grads, opt_state, params)
     return eqx.apply_updates(model, updates), state, opt_state
@@ -78,8 +63,7 @@ def train_step(model, state, opt_state, x, y):
 def eval_loss(model, state, x, y):
     # Inference mode uses BatchNorm's running statistics, which live in
     # `state`: a restore that lost the state would change this loss.
-    pred, _ = _batched(eqx.nn.inference_mode(model), x, state)
-    return jnp.mean((pred[:, 0] - y) ** 2)
+    return _loss(eqx.nn.inference_mode(model), state, x, y)[0]
 
 
 def synthetic_data(seed: int):
@@ -101,18 +85,17 @@ def run(args) -> int:
 
 
 def demo(directory: str = "demo_checkpoints", steps: int = 10) -> bool:
-    """Runs the demo and prints what it did; True if every check passed.
+    """Runs the demo, printing what it did; True if every check passed.
 
-    One function on purpose: it reads top to bottom as the demo's story
-    (train, save every step, restore the best, check). An earlier demo's
-    checkpoints in `directory` are deleted first; anything else there stops
-    it before it writes a byte.
+    One function on purpose: it reads top to bottom as the demo's story. An
+    earlier demo's checkpoints in `directory` are deleted first; anything
+    else there stops it before it writes a byte.
     """
     path = _fresh_directory(directory)
     (x, y), (x_val, y_val) = synthetic_data(SEED)
     batches = np.random.default_rng(SEED + 1)
-    train_state = make_train_state(jax.random.key(SEED))
-    model, state, opt_state = (train_state[k] for k in ("model", "state", "opt_state"))
+    item = make_train_state(jax.random.key(SEED))
+    model, state, opt_state = item["model"], item["state"], item["opt_state"]
     first_loss = float(eval_loss(model, state, x_val, y_val))
 
     saved, losses = {}, {}
@@ -130,21 +113,15 @@ def demo(directory: str = "demo_checkpoints", steps: int = 10) -> bool:
             i = batches.choice(N_SAMPLES, BATCH, replace=False)
             model, state, opt_state = train_step(model, state, opt_state, x[i], y[i])
             loss = float(eval_loss(model, state, x_val, y_val))
-            item = {
-                "model": model,
-                "state": state,
-                "opt_state": opt_state,
-                "step": step,
-            }
+            item = dict(model=model, state=state, opt_state=opt_state, step=step)
             # Returns once the arrays are copied off the device; the writes go
             # on in the background while the next step trains.
             mngr.save(step, args=EqxSave(item), metrics={"loss": loss})
             saved[step], losses[step] = item, loss
         mngr.wait_until_finished()
         kept, best = list(mngr.all_steps()), mngr.best_step()
-
-        # A different key, to show the values come from disk: the skeleton is
-        # all `jax.ShapeDtypeStruct`s and holds no values anyway.
+        # Another key, to show the values come from disk: the skeleton is all
+        # `jax.ShapeDtypeStruct`s and holds no values anyway.
         skeleton = eqx.filter_eval_shape(make_train_state, jax.random.key(SEED + 1))
         restored = mngr.restore(best, args=EqxRestore(skeleton))
     finally:
@@ -153,29 +130,35 @@ def demo(directory: str = "demo_checkpoints", steps: int = 10) -> bool:
     restored_loss = float(eval_loss(restored["model"], restored["state"], x_val, y_val))
     n_leaves = len(jax.tree.leaves(restored, is_leaf=lambda x: x is None))
     arrays = jax.tree.leaves(eqx.filter(restored, eqx.is_array))
-    nbytes = sum(a.nbytes for a in arrays)
     n_params = sum(a.size for a in jax.tree.leaves(eqx.filter(model, eqx.is_array)))
-
     print(
         f"Trained an MLP with BatchNorm ({IN_SIZE} -> {HIDDEN} -> 1, {n_params} "
         f"parameters) for {steps} steps with optax.adam: validation loss "
-        f"{first_loss:.4f} -> {losses[steps]:.4f}."
-    )
-    print(
+        f"{first_loss:.4f} -> {losses[steps]:.4f}.\n"
         f"Saved every step asynchronously to {path}; Orbax kept steps "
-        f"{', '.join(map(str, kept))} (max_to_keep=3, best by lowest loss)."
-    )
-    print(f"Best step: {best}, loss {losses.get(best, float('nan')):.6f}.")
-    print(
+        f"{', '.join(map(str, kept))} (max_to_keep=3, best by lowest loss).\n"
+        f"Best step: {best}, loss {losses.get(best, float('nan')):.6f}.\n"
         f"Restored step {best} into a skeleton from eqx.filter_eval_shape (built "
         f"with another key): {n_leaves} leaves, {len(arrays)} of them arrays "
-        f"({human_bytes(nbytes)}) read from disk; loss {restored_loss:.6f}."
+        f"({human_bytes(sum(a.nbytes for a in arrays))}) read from disk; loss "
+        f"{restored_loss:.6f}."
     )
-
-    failures = _failures(best, kept, saved, losses, restored, restored_loss)
+    failures = []
+    if best not in saved or best not in kept:
+        failures.append(f"the best step {best} is not one of the kept steps {kept}")
+    else:
+        if restored["step"] != best:
+            failures.append(f"the restored step counter is {restored['step']!r}")
+        if restored_loss != losses[best]:
+            failures.append(
+                f"the restored model's loss {restored_loss!r} differs from the loss "
+                f"recorded for step {best}, {losses[best]!r}"
+            )
+        if not eqx.tree_equal(restored, saved[best]):
+            failures.append("the restored arrays differ from those saved")
+    for failure in failures:
+        print(f"Check failed: {failure}.", file=sys.stderr)
     if failures:
-        for failure in failures:
-            print(f"Check failed: {failure}.", file=sys.stderr)
         return False
     print(
         "Checked: same loss as recorded, and every array and Python leaf "
@@ -185,38 +168,15 @@ def demo(directory: str = "demo_checkpoints", steps: int = 10) -> bool:
     return True
 
 
-def _failures(best, kept, saved, losses, restored, restored_loss) -> list[str]:
-    """What the restore of step `best` got wrong, if anything."""
-    if best not in saved or best not in kept:
-        return [f"the best step {best} is not one of the kept steps {kept}"]
-    failures = []
-    if restored["step"] != best:
-        failures.append(f"the restored step counter is {restored['step']!r}")
-    if restored_loss != losses[best]:
-        failures.append(
-            f"the restored model's loss {restored_loss!r} differs from the "
-            f"loss recorded for step {best}, {losses[best]!r}"
-        )
-    if not bool(eqx.tree_equal(restored, saved[best])):
-        failures.append("the restored arrays differ from those saved")
-    return failures
-
-
 def _python() -> str:
-    """This interpreter, as a command that works from the current directory.
-
-    Not `python`: after the README's set-up (`python3 -m venv .venv` and
-    `.venv/bin/python -m orbax_eqx demo`) the venv is never activated, so a
-    bare `python` is another interpreter, without orbax_eqx.
-    """
+    """This interpreter as a command that works from the current directory: not
+    a bare `python`, which after the README's set-up (a venv never activated)
+    is another interpreter, without orbax_eqx."""
     executable = os.path.abspath(sys.executable or "python")
     relative = os.path.relpath(executable)
-    if not relative.startswith(os.pardir + os.sep):
-        # Inside the current directory: `.venv/bin/python`; a path with a
-        # slash, so that the shell does not look it up on PATH.
-        executable = (
-            os.path.join(os.curdir, relative) if os.sep not in relative else relative
-        )
+    if not relative.startswith(os.pardir + os.sep):  # `.venv/bin/python`: a
+        # path with a slash, so that the shell does not look it up on PATH
+        executable = relative if os.sep in relative else os.path.join(".", relative)
     return shlex.quote(executable)
 
 
@@ -224,9 +184,11 @@ def _fresh_directory(directory: str) -> str:
     """An empty directory at `directory`, deleting an earlier demo's checkpoints."""
     path = os.path.abspath(directory)
     if os.path.lexists(path):
-        if not (
-            os.path.isdir(path) and not os.path.islink(path) and _holds_steps(path)
-        ):
+        steps = os.path.isdir(path) and not os.path.islink(path)
+        if steps:
+            with os.scandir(path) as entries:
+                steps = all(map(_is_step, entries))
+        if not steps:
             raise FileExistsError(
                 f"{path} exists and does not look like the demo's checkpoints "
                 "(only CheckpointManager step directories), so the demo will not "
@@ -237,15 +199,11 @@ def _fresh_directory(directory: str) -> str:
     return path
 
 
-def _holds_steps(path: str) -> bool:
-    """True if `path` holds nothing but CheckpointManager steps (or nothing)."""
-    with os.scandir(path) as entries:
-        for entry in entries:
-            if not entry.is_dir(follow_symlinks=False):
-                return False
-            if _TMP_STEP_DIR.fullmatch(entry.name):
-                continue
-            finished = os.path.isfile(os.path.join(entry.path, _STEP_METADATA))
-            if not (_STEP_DIR.fullmatch(entry.name) and finished):
-                return False
-    return True
+def _is_step(entry: os.DirEntry) -> bool:
+    """A CheckpointManager step, finished or being saved when a demo stopped."""
+    if not entry.is_dir(follow_symlinks=False):
+        return False
+    if re.fullmatch(r"[0-9]+\.orbax-checkpoint-tmp.*", entry.name):
+        return True
+    finished = os.path.join(entry.path, "_CHECKPOINT_METADATA")
+    return bool(re.fullmatch("[0-9]+", entry.name)) and os.path.isfile(finished)

@@ -36,7 +36,7 @@ from .._tree.walk import (
     walk,
 )
 from . import skeleton as _skeleton
-from .render import Progress, count, handler_text, table
+from .render import Progress, count, handler_text, number, table
 
 _CHUNK = 1 << 20  # elements compared at once: bounds the float64 temporaries
 _NOT_COMPARED = " Array values were not compared: "
@@ -454,18 +454,17 @@ def _values_text(got: list[dict], args) -> str:
         else f"all {len(got)} arrays compared are within tolerance"
     )
     rows = [
-        [_num(v["max_abs"]), _num(v["max_rel"]), _status(v), display_path(v["name"])]
+        [
+            number(v["max_abs"], 3),
+            number(v["max_rel"], 3),
+            _status(v),
+            display_path(v["name"]),
+        ]
         for v in got
     ]
     # The name last: the numbers line up whatever its length.
     shown = [table(["max abs", "max rel", "status", "name"], rows, right=(0, 1))]
     return "\n".join([head, *(shown if got else [])])
-
-
-def _num(x: float | None) -> str:
-    if x is None:  # keys have no magnitude
-        return "-"
-    return "0" if x == 0 else f"{x:.3g}" if math.isfinite(x) else str(x)
 
 
 def _status(v: dict) -> str:

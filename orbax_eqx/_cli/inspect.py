@@ -29,7 +29,7 @@ from .._storage.orbax_store.files import check as check_store_files
 from .._tree.names import label
 from .._tree.values import describe
 from .._tree.walk import ARRAY, JAX, display_path
-from . import safetensors_files, stats
+from . import stats
 from .render import (
     Tree,
     count,
@@ -63,8 +63,6 @@ class Report:
 
 
 def run(args: argparse.Namespace) -> int:
-    if safetensors_files.names_safetensors(args.path):
-        return safetensors_files.inspect(args)
     if args.skeleton or args.mapping:
         raise OrbaxEqxError(
             f"--skeleton and --mapping line safetensors up with a skeleton, and "

@@ -57,6 +57,10 @@ _EXTRAS = {"safetensors": "safetensors", "optax": "demo"}
 def _run(args: argparse.Namespace) -> int:
     try:
         name = _MODULES.get(args.command, args.command)
+        if name in ("inspect", "verify"):
+            from .safetensors_files import names_safetensors
+
+            name = "safetensors_files" if names_safetensors(args.path) else name
         module = importlib.import_module(f"{__package__}.{name}")
         with paused():  # objects per leaf, thousands of them: see `_gc`
             return module.run(args)

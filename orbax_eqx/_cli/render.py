@@ -65,6 +65,13 @@ def printable_lines(text: str) -> str:
     return _CONTROL_BUT_LINES.sub(_escape, text)
 
 
+def number(x: float | None, digits: int = 4) -> str:
+    """`x` in `digits` significant digits; `-` for None (no number to give)."""
+    if x is None:
+        return "-"
+    return "0" if x == 0 else f"{x:.{digits}g}" if math.isfinite(x) else str(x)
+
+
 def cut(text: str, limit: int = MAX_VALUE) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 

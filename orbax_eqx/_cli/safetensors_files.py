@@ -56,6 +56,10 @@ def _headers(text: str) -> list[Header]:
     return find([f"{directory}/{f}" for f in files])
 
 
+def run(args) -> int:
+    return verify(args) if args.command == "verify" else inspect(args)
+
+
 def inspect(args) -> int:
     headers = _headers(args.path)
     if args.skeleton:

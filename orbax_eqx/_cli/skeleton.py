@@ -1,15 +1,11 @@
 """Skeletons named on the command line as `module:function`.
 
-`diff`, `import`, `export` and `inspect` take a skeleton as `module:function` (or
-`path/to/file.py:function`): a function of no arguments that returns the
-skeleton, usually `eqx.filter_eval_shape(make_model, key)`. Unlike a
-checkpoint, this runs the user's code, which is the point.
-
+`module:function` (or `path/to/file.py:function`) names a function of no
+arguments that returns the skeleton, usually `eqx.filter_eval_shape(make,
+key)`: unlike a checkpoint, this runs the user's code, which is the point.
 A file is imported under the name the user's own code imports it by
-(`path/to/tmodel.py` as `tmodel`, from its directory; a file in a package as
-`package.tmodel`): the classes of a checkpoint saved from the skeleton are
-recorded as `tmodel.Net`, so it restores into `tmodel.skeleton()` imported
-normally. A file that no name imports is refused.
+(`path/to/tmodel.py` as `tmodel`; in a package, as `package.tmodel`), since a
+checkpoint records classes by that name; a file no name imports is refused.
 """
 
 import importlib
@@ -41,7 +37,10 @@ def load(spec: str) -> Any:
             f"{spec!r} is not a skeleton: expected `module:function`, such as "
             "`my_model:skeleton`, naming a function of no arguments."
         )
-    module = _import(spec, module_name)
+    if module_name.endswith(".py"):
+        module = _import_file(spec, module_name)
+    else:
+        module = _import(spec, module_name)
     target: Any = module
     for part in function_name.split("."):
         if not hasattr(target, part):
@@ -64,8 +63,6 @@ def load(spec: str) -> Any:
 
 
 def _import(spec: str, module_name: str):
-    if module_name.endswith(".py"):
-        return _import_file(spec, module_name)
     # As `python -m` does, so that `module:function` finds modules in the
     # current directory under the `orbax-eqx` script too.
     if os.getcwd() not in sys.path and "" not in sys.path:
@@ -85,41 +82,44 @@ def _import(spec: str, module_name: str):
         raise _failed(f"Importing `{module_name}`", e) from e
 
 
+# Skeleton files this process imported, by module name.
+_ours: dict[str, Any] = {}
+
+
 def _import_file(spec: str, file: str):
-    """Imports `path/to/name.py` as `import name` would (in a package, as
-    `import package.name`), so that its classes are recorded under the names
-    the user's own code imports them by, and a checkpoint saved from them
-    restores into `name.skeleton()`."""
+    """Imports `path/to/name.py` as `import name` (or `import package.name`)
+    would, so that a checkpoint saved from its classes restores into
+    `name.skeleton()` imported normally."""
     path = os.path.abspath(file)
     if not os.path.isfile(path):
         raise SkeletonError(f"{path}, named by the skeleton {spec!r}, does not exist.")
-    root, dotted = _import_name(path)
-    if dotted is None:
+    root, parts = os.path.split(path)[0], [os.path.basename(path)[:-3]]
+    while os.path.isfile(os.path.join(root, "__init__.py")):  # in a package
+        parent, name = os.path.split(root)
+        if not name.isidentifier() or parent == root:
+            break
+        parts.insert(0, name)
+        root = parent
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    if not parts or not all(p.isidentifier() for p in parts):
         stem = os.path.basename(path)[:-3]
+        name = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
         raise SkeletonError(
             f"{path}, named by the skeleton {spec!r}, cannot be imported by name: "
             f"{stem!r} is not a Python module name, and the classes in it would be "
             "recorded under a name that no `import` finds, so the checkpoint would "
             "not restore into the same skeleton imported normally. Rename the file "
-            f"to a valid module name (such as {_identifier(stem)}.py)."
+            f"to a valid module name (such as "
+            f"{name if name.isidentifier() else '_' + name}.py)."
         )
+    dotted = ".".join(parts)
     loaded = sys.modules.get(dotted)
-    if loaded is not None and _ours.get(dotted) is loaded:
-        # A skeleton file of the same name that this process loaded before
-        # (`diff dir1/model.py:f dir2/model.py:f`, or the command line called
-        # twice): the name now means this file.
-        if not _same_file(getattr(loaded, "__file__", None), path):
-            del sys.modules[dotted]
-            loaded = None
-    if loaded is not None and not _same_file(getattr(loaded, "__file__", None), path):
-        raise SkeletonError(
-            f"{path}, named by the skeleton {spec!r}, would be imported as "
-            f"`{dotted}`, but `{dotted}` is already imported from "
-            f"{getattr(loaded, '__file__', None) or 'a built-in module'}: its "
-            "classes would be recorded under another module's name. Rename the "
-            "file, or give the skeleton as `module:function` with its directory "
-            "on PYTHONPATH."
-        )
+    same = loaded is not None and _same_file(getattr(loaded, "__file__", None), path)
+    if loaded is not None and _ours.get(dotted) is loaded and not same:
+        # A skeleton file of this name that the command line loaded before
+        # (`diff dir1/model.py:f dir2/model.py:f`): the name now means this one.
+        del sys.modules[dotted]
+    was_imported = dotted in sys.modules
     if root in sys.path:  # first, so that this file is the one found
         sys.path.remove(root)
     sys.path.insert(0, root)
@@ -128,52 +128,23 @@ def _import_file(spec: str, file: str):
         module = importlib.import_module(dotted)
     except Exception as e:
         raise _failed(f"Importing {path}", e) from e
-    _ours[dotted] = module
     found = getattr(module, "__file__", None)
     if not _same_file(found, path):
+        imports = "is already imported from" if was_imported else "imports"
         raise SkeletonError(
-            f"{path}, named by the skeleton {spec!r}, was to be imported as "
-            f"`{dotted}`, but that name imports {found or 'a built-in module'} "
-            "(earlier on sys.path): its classes would be recorded under another "
-            "module's name. Rename the file, or give the skeleton as "
-            "`module:function` with its directory on PYTHONPATH."
+            f"{path}, named by the skeleton {spec!r}, would be imported as "
+            f"`{dotted}`, but `{dotted}` {imports} {found or 'a built-in module'}: "
+            "its classes would be recorded under another module's name. Rename the "
+            "file, or give the skeleton as `module:function` with its directory on "
+            "PYTHONPATH."
         )
+    _ours[dotted] = module
     return module
 
 
-# Skeleton files this process imported, by module name.
-_ours: dict[str, Any] = {}
-
-
-def _import_name(path: str) -> tuple[str, str | None]:
-    """The directory to put on `sys.path` and the dotted name that imports
-    `path` from there (None if no name can): a file in a package (a directory
-    with `__init__.py`) is imported through the package."""
-    directory, file = os.path.split(path)
-    parts = [file[:-3]]
-    while os.path.isfile(os.path.join(directory, "__init__.py")):
-        parent, name = os.path.split(directory)
-        if not name.isidentifier() or parent == directory:
-            break
-        parts.insert(0, name)
-        directory = parent
-    if parts[-1] == "__init__":
-        parts.pop()
-    if not parts or not all(p.isidentifier() for p in parts):
-        return directory, None
-    return directory, ".".join(parts)
-
-
-def _identifier(stem: str) -> str:
-    name = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
-    return name if name.isidentifier() else f"_{name}"
-
-
 def _same_file(a: str | None, b: str) -> bool:
-    if a is None:
-        return False
     try:
-        return os.path.samefile(a, b)
+        return a is not None and os.path.samefile(a, b)
     except OSError:
         return False
 

@@ -2,11 +2,10 @@
 
 `--params` reads metadata only: parameters (elements of stored arrays; a
 typed PRNG key counts once; tied weights once) per subtree, then per dtype.
-`--stats` reads every array in `verify`'s one pass (`_orbax.verify`: pieces
-of 64 MiB, checked as they are read) and gives per leaf its NaN, Inf and
-zero counts and, over its finite elements in float64, its minimum, maximum,
-mean, standard deviation and L2 norm (of complex numbers: the L2 norm of
-their moduli only).
+`--stats` reads every array in `verify`'s one pass (`_orbax.verify`, checked
+as it is read) and gives per leaf its NaN, Inf and zero counts and, over its
+finite elements in float64, its minimum, maximum, mean, standard deviation
+and L2 norm (of complex numbers: the L2 norm of their moduli only).
 """
 
 import dataclasses
@@ -18,11 +17,11 @@ import numpy as np
 from etils import epath
 
 from .._errors import some
-from .._format.sidecar import ALIAS, PACKED, SHARDS, STORED, LeafMetadata
+from .._format.sidecar import ALIAS, LeafMetadata
 from .._orbax.items import metadata_kind
 from .._orbax.verify import check
 from .._tree.walk import ARRAY, display_path, is_key_dtype, parse_dtype
-from .render import Progress, Tree, count, human_bytes, table
+from .render import Progress, Tree, count, human_bytes, number, table
 
 _STEP = 1 << 20  # elements widened to float64 at once
 _NUMBERS = ("min", "max", "mean", "std", "l2")
@@ -86,25 +85,28 @@ class LeafStats:
 
     def as_json(self) -> dict:
         doc = {k: v for k, v in vars(self).items() if not k.startswith("_")}
-        numbers = {
-            k: v if v is None or math.isfinite(v) else None
-            for k, v in doc.items()
-            if k in _NUMBERS
-        }
-        return doc | {"shape": list(self.shape)} | numbers
+        for k in _NUMBERS:  # strict JSON: no nan or inf
+            doc[k] = doc[k] if doc[k] is None or math.isfinite(doc[k]) else None
+        return doc | {"shape": list(self.shape)}
 
 
 def leaf_stats(item: epath.Path, saved, progress=None) -> list[LeafStats]:
     """The numbers of each array leaf of the item, in the metadata's order,
     from one `verify` pass: a damaged or unreadable leaf has its `error`."""
-    found = {}
-    for r in saved.leaves.values():
-        if r.kind == ARRAY:
-            shape = tuple(r.shape or ())
-            found[r.name] = LeafStats(
-                r.name, r.path, str(r.dtype), shape, math.prod(shape)
-            )
-            found[r.name].keys = is_key_dtype(parse_dtype(r.dtype))
+
+    def fresh(r: LeafMetadata, error: str | None = None) -> LeafStats:
+        shape, keys = tuple(r.shape or ()), is_key_dtype(parse_dtype(r.dtype))
+        return LeafStats(
+            r.name,
+            r.path,
+            str(r.dtype),
+            shape,
+            math.prod(shape),
+            keys=keys,
+            error=error,
+        )
+
+    found = {r.name: fresh(r) for r in saved.leaves.values() if r.kind == ARRAY}
 
     def piece(record: LeafMetadata, data: np.ndarray) -> None:
         if not found[record.name].keys:
@@ -112,10 +114,7 @@ def leaf_stats(item: epath.Path, saved, progress=None) -> list[LeafStats]:
             found[record.name].add(data if data.dtype == dtype else data.view(dtype))
 
     for damaged in check(item, saved, progress, piece).damaged:
-        s = found[damaged.name]
-        found[s.name] = LeafStats(
-            s.name, s.path, s.dtype, s.shape, s.size, keys=s.keys, error=damaged.problem
-        )
+        found[damaged.name] = fresh(saved.leaves[damaged.name], damaged.problem)
     for r in saved.leaves.values():
         if r.kind == ARRAY and r.data == ALIAS:  # the same array, read once
             found[r.name] = dataclasses.replace(
@@ -133,20 +132,10 @@ def counts(saved, depth: int | None) -> tuple[dict, Tree]:
     stack = [(tree.root, "", 0)]
     while stack:  # depth first without recursion: models nest deep
         node, name, level = stack.pop()
-        cls = (
-            saved.modules[node.module].cls.rsplit(".", 1)[-1]
-            if node.module is not None
-            else None
-        )
-        nodes.append(
-            {
-                "name": name,
-                "depth": level,
-                "class": cls,
-                "params": node.params,
-                "nbytes": node.nbytes,
-            }
-        )
+        module = saved.modules[node.module] if node.module is not None else None
+        cls = module.cls.rsplit(".", 1)[-1] if module else None
+        nodes.append(dict(name=name, depth=level, **{"class": cls}))
+        nodes[-1] |= {"params": node.params, "nbytes": node.nbytes}
         if depth is None or level < depth:
             inner = [
                 (c, f"{name}.{p}" if name else p, level + 1)
@@ -154,23 +143,22 @@ def counts(saved, depth: int | None) -> tuple[dict, Tree]:
                 if c.children
             ]
             stack.extend(reversed(inner))
-    stored = [r for r in saved.leaves.values() if r.kind == ARRAY and r.data != ALIAS]
     dtypes: dict[str, dict] = {}
-    for r in stored:
-        d = dtypes.setdefault(
-            str(r.dtype), {"dtype": str(r.dtype), "arrays": 0, "params": 0, "nbytes": 0}
-        )
-        d |= {
-            "arrays": d["arrays"] + 1,
-            "params": d["params"] + math.prod(r.shape or ()),
-        }
-        d["nbytes"] += r.nbytes
+    for r in saved.leaves.values():
+        if r.kind == ARRAY and r.data != ALIAS:
+            d = dtypes.setdefault(str(r.dtype), dict(arrays=0, params=0, nbytes=0))
+            d["arrays"] += 1
+            d["params"] += math.prod(r.shape or ())
+            d["nbytes"] += r.nbytes
     return {
         "total": sum(d["params"] for d in dtypes.values()),
-        "arrays": len(stored),
-        "nbytes": sum(r.nbytes for r in stored),
+        "arrays": sum(d["arrays"] for d in dtypes.values()),
+        "nbytes": sum(d["nbytes"] for d in dtypes.values()),
         "nodes": nodes,
-        "dtypes": sorted(dtypes.values(), key=lambda d: (-d["nbytes"], d["dtype"])),
+        "dtypes": sorted(
+            ({"dtype": k} | d for k, d in dtypes.items()),
+            key=lambda d: (-d["nbytes"], d["dtype"]),
+        ),
     }, tree
 
 
@@ -181,9 +169,7 @@ def run(args, report) -> int:
     for saved in report.items:
         stats = None
         if args.stats:
-            kinds = (PACKED, SHARDS, STORED)
-            total = sum(r.nbytes for r in saved.leaves.values() if r.data in kinds)
-            with Progress("inspect --stats", total) as bar:
+            with Progress("inspect --stats", saved.nbytes) as bar:
                 stats = leaf_stats(epath.Path(saved.directory), saved, bar.advance)
         found.append((saved, *counts(saved, args.depth), stats))
     if args.json:
@@ -195,24 +181,16 @@ def run(args, report) -> int:
         doc = {"path": os.fspath(report.path), "step": report.step, "items": items}
         print(json.dumps(doc, indent=2, ensure_ascii=False))
     else:
-        print("\n".join(_text(report, found)), end="")
+        parts = []
+        if report.step is not None:
+            where = f"CheckpointManager root {report.path}"
+            parts.append(f"{where}: showing the latest step, {report.step}.")
+        for saved, c, tree, stats in found:
+            lines = [f"Checkpoint {saved.directory} ({metadata_kind(saved)} item)", ""]
+            lines += [*_stats_lines(stats), ""] if stats is not None else []
+            parts.append("\n".join(lines + _count_lines(c, tree)))
+        print("\n\n".join(parts))
     return 1 if any(x.error for *_, s in found for x in s or []) else 0
-
-
-def _text(report, found) -> list[str]:
-    parts = []
-    if report.step is not None:
-        where = f"CheckpointManager root {report.path}"
-        parts.append(f"{where}: showing the latest step, {report.step}.\n")
-    for saved, c, tree, stats in found:
-        lines = [f"Checkpoint {saved.directory} ({metadata_kind(saved)} item)", ""]
-        lines += [*_stats_lines(stats), ""] if stats is not None else []
-        parts.append("\n".join(lines + _count_lines(c, tree)) + "\n")
-    return parts
-
-
-def _num(x: float | None) -> str:
-    return "-" if x is None else "0" if x == 0 else f"{x:.4g}"
 
 
 def _stats_lines(stats: list[LeafStats]) -> list[str]:
@@ -224,7 +202,7 @@ def _stats_lines(stats: list[LeafStats]) -> list[str]:
         )
         rows.append(
             [
-                *(_num(getattr(s, k)) for k in _NUMBERS),
+                *(number(getattr(s, k)) for k in _NUMBERS),
                 *tally,
                 s.dtype,
                 display_path(s.name),

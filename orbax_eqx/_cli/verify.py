@@ -1,30 +1,28 @@
-"""`verify`: `oeqx.verify` on what a path names, and what it found.
+"""`verify`: `oeqx.verify` on each item a path names, and what it found.
 
 A path names what it names for `inspect`: an item, a step (each item) or a
-CheckpointManager root (every finished step, or with `--latest` the latest),
-or safetensors (`safetensors_files`). A step whose metadata cannot be read
-counts as damaged there, and the other steps are still checked.
+CheckpointManager root (every finished step, or with `--latest` the latest).
+A step whose metadata cannot be read counts as damaged there, and the other
+steps are still checked.
 """
 
-import argparse
 import dataclasses
 import json
 
 from .._errors import EARLIER_STEP, CheckpointPermissionError, OrbaxEqxError
 from .._format.locate import as_path
-from .._format.sidecar import PACKED, SHARDS, STORED
 from .._orbax import items as _items
 from .._orbax.plain import PlainMetadata
-from .._orbax.verify import VerifyReport, check, verify
+from .._orbax.verify import verify
 from .._tree.names import label
-from . import safetensors_files
 from .render import Progress, count, handler_text, human_bytes, printable
 
 
-def run(args: argparse.Namespace) -> int:
-    if safetensors_files.names_safetensors(args.path):
-        return safetensors_files.verify(args)
-    items, steps = _named(args.path, args.latest)
+def run(args) -> int:
+    items = _items.items_under(args.path)
+    steps = sorted({step for step, _ in items if step is not None})
+    if args.latest and steps:
+        items = [(s, i) for s, i in items if s == steps[-1]]
     one = len(items) == 1 and not steps
     saved = {item: _read(item, one) for _, item in items}
     root = as_path(args.path)
@@ -34,84 +32,75 @@ def run(args: argparse.Namespace) -> int:
             f"CheckpointManager root {root}: {len(steps)} step(s); checking {which}.",
             flush=True,
         )
-    with Progress("verify", sum(map(_nbytes, saved.values()))) as bar:
-        results = [(s, i, _verify(i, saved[i], bar.advance)) for s, i in items]
-    bad = [(s, i) for s, i, found in results if not getattr(found, "ok", False)]
+    total = sum(s.nbytes for s in saved.values() if not isinstance(s, Exception))
+    with Progress("verify", total) as bar:
+        results = [
+            (s, i, saved[i] if _failed(saved[i]) else verify(i, progress=bar.advance))
+            for s, i in items
+        ]
+    bad = [(s, i) for s, i, found in results if _failed(found) or not found.ok]
     if args.json:
-        _print_json(root, steps, results, saved, bad, one)
+        entries = [_json(s, i, found, saved[i]) for s, i, found in results]
+        if one:  # one checkpoint's report, as `oeqx.verify` gives it
+            doc = {k: v for k, v in entries[0].items() if k != "step"}
+        else:
+            doc = dict(path=str(root), steps=steps, checkpoints=entries, ok=not bad)
+        print(json.dumps(doc, indent=2))
     else:
         for _, item, found in results:
-            print(_text(item, found, saved[item]), end="")
+            print(_text(item, found, saved[item]))
         if not one:
             print(_verdict(root, results, bad, bool(steps), saved))
     return 1 if bad else 0
 
 
-def _named(path: str, latest: bool):
-    """The items `path` names with their steps (a root's latest only, if
-    `latest`), and the steps."""
-    items = _items.items_under(path)
-    steps = sorted({step for step, _ in items if step is not None})
-    if latest and steps:
-        return [(s, i) for s, i in items if s == steps[-1]], steps
-    return items, steps
-
-
-def _print_json(root, steps, results, saved, bad, one: bool) -> None:
-    entries = [_json(s, i, found, saved[i]) for s, i, found in results]
-    if one:  # one checkpoint's report, as `oeqx.verify` gives it
-        doc = {k: v for k, v in entries[0].items() if k != "step"}
-    else:
-        doc = {"path": str(root), "steps": steps, "checkpoints": entries, "ok": not bad}
-    print(json.dumps(doc, indent=2))
+def _failed(found) -> bool:
+    return isinstance(found, Exception)
 
 
 def _read(item, alone: bool):
     """The item's metadata; if it cannot be read, the error (one of several
-    items counts as damaged; alone, it ends the command)."""
+    items counts as damaged; alone, or for want of permission, it ends the
+    command)."""
     try:
         return _items.read(item)
-    except CheckpointPermissionError:
-        raise  # no damage: it ends the command
     except OrbaxEqxError as e:
-        if alone:
+        if alone or isinstance(e, CheckpointPermissionError):
             raise
         return e
 
 
-def _verify(item, saved, progress) -> VerifyReport | Exception:
-    if isinstance(saved, Exception):
-        return saved
-    if isinstance(saved, PlainMetadata):  # its metadata is read already
-        return check(item, saved, progress)
-    return verify(item, progress=progress)
-
-
-def _nbytes(saved) -> int:
-    leaves = () if isinstance(saved, Exception) else saved.leaves.values()
-    return sum(r.nbytes for r in leaves if r.data in (PACKED, SHARDS, STORED))
-
-
 def _json(step, item, found, saved) -> dict:
-    if isinstance(found, Exception):
+    if _failed(found):
         return {"step": step, "directory": str(item), "ok": False, "error": str(found)}
-    doc = dataclasses.asdict(found) | {
-        "ok": found.ok,
-        "kind": _items.metadata_kind(saved),
-    }
-    return {"step": step} | doc
+    kind = _items.metadata_kind(saved)
+    return {"step": step} | dataclasses.asdict(found) | {"ok": found.ok, "kind": kind}
 
 
-def _text(item, report: VerifyReport | Exception, saved) -> str:
-    if isinstance(report, Exception):
-        return f"UNREADABLE {item}: {str(report).strip().splitlines()[0]}\n"
+def _text(item, report, saved) -> str:
+    if _failed(report):
+        return f"UNREADABLE {item}: {str(report).strip().splitlines()[0]}"
     lines = [
         f"DAMAGED {printable(label(leaf.name, leaf.path))}: {printable(leaf.problem)}"
         for leaf in report.damaged
     ]
     arrays = len(report.checked) + len(report.unchecked) + len(report.damaged)
-    if isinstance(saved, PlainMetadata):
-        return "\n".join([*lines, _plain_line(report, saved, arrays)]) + "\n"
+    where, size = report.directory, human_bytes(report.nbytes)
+    if isinstance(saved, PlainMetadata):  # no checksums: read back, no more
+        who = handler_text(saved.handler)
+        if not report.ok:
+            lines.append(
+                f"{len(report.damaged)} of {arrays} arrays in {where} cannot be "
+                f"read (a plain Orbax checkpoint, {who}). {EARLIER_STEP}"
+            )
+        else:
+            lines.append(
+                f"{arrays} of {arrays} arrays ({size}) in {where} read back whole. "
+                f"It is a plain Orbax checkpoint ({who}), which records no "
+                "checksums: every array is there and decodes, but whether its "
+                "values changed since the save cannot be told."
+            )
+        return "\n".join(lines)
     if report.unchecked:
         why = "saved with checksums=False"
         if saved.checksums:
@@ -120,36 +109,20 @@ def _text(item, report: VerifyReport | Exception, saved) -> str:
             f"{len(report.unchecked)} leaves record no checksum ({why}): read, not "
             "checked."
         )
-    where = report.directory
     if report.ok:
-        size = human_bytes(report.nbytes)
-        line = f"{len(report.checked)} of {arrays} arrays ({size}) in {where} match "
-        lines.append(line + "their checksums.")
-    else:
-        line = f"{len(report.damaged)} of {arrays} arrays in {where} are damaged. "
-        lines.append(line + EARLIER_STEP)
-    return "\n".join(lines) + "\n"
-
-
-def _plain_line(report: VerifyReport, saved: PlainMetadata, arrays: int) -> str:
-    """A plain Orbax item: every array read back, none checked (Orbax records
-    no checksums)."""
-    who, where = handler_text(saved.handler), report.directory
-    if not report.ok:
-        return (
-            f"{len(report.damaged)} of {arrays} arrays in {where} cannot be read (a "
-            f"plain Orbax checkpoint, {who}). {EARLIER_STEP}"
+        lines.append(
+            f"{len(report.checked)} of {arrays} arrays ({size}) in {where} match "
+            "their checksums."
         )
-    return (
-        f"{arrays} of {arrays} arrays ({human_bytes(report.nbytes)}) in {where} read "
-        f"back whole. It is a plain Orbax checkpoint ({who}), which records no "
-        "checksums: every array is there and decodes, but whether its values "
-        "changed since the save cannot be told."
-    )
+    else:
+        lines.append(
+            f"{len(report.damaged)} of {arrays} arrays in {where} are damaged. "
+            + EARLIER_STEP
+        )
+    return "\n".join(lines)
 
 
 def _verdict(root, results, bad, by_step: bool, saved: dict) -> str:
-    # Plain Orbax items have no checksums: their arrays read back, no more.
     plain = any(isinstance(s, PlainMetadata) for s in saved.values())
     sound = "every array matches" + (
         " (or, in plain Orbax items, reads back)." if plain else "."
