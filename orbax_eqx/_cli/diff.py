@@ -59,8 +59,7 @@ class Side:
     def where(self) -> str:
         if self.what != "root":
             return os.fspath(as_path(self.text))
-        step = next(iter(self.items.values())).parent
-        root = as_path(self.text)
+        step, root = next(iter(self.items.values())).parent, as_path(self.text)
         return f"{step} (the latest step of the CheckpointManager root {root})"
 
 
@@ -124,31 +123,31 @@ def side(text: str, item: str | None) -> Side:
 def _pairs(a: Side, b: Side):
     """`[(name, item of A, item of B)]` (None: a skeleton), and how the items
     the sides hold differ: `[(what, name, in A, in B)]`."""
-    if "item" in (a.what, b.what) or "skeleton" in (a.what, b.what):
-        for one, other in ((a, b), (b, a)):
-            if one.what in ("item", "skeleton") and len(other.items) > 1:
-                names = ", ".join(sorted(other.items))
-                raise ItemNotFoundError(
-                    f"{other.where()} holds several items ({names}), "
-                    f"and {one.text} is one item: pass --item NAME to compare that "
-                    "item of it, or give two steps to compare them item by item."
-                )
+    for one, other in ((a, b), (b, a)):
+        if one.what in ("item", "skeleton") and len(other.items) > 1:
+            raise ItemNotFoundError(
+                f"{other.where()} holds several items ({', '.join(sorted(other.items))}"
+                f"), and {one.text} is one item: pass --item NAME to compare that "
+                "item of it, or give two steps to compare them item by item."
+            )
+    if {"item", "skeleton"} & {a.what, b.what}:
         name = next((n for n in [*b.items, *a.items] if n), "")
         return [(name, *(next(iter(s.items.values())) for s in (a, b)))], []
+    held = [
+        (n in a.items, n, f"{_items.kind_of((a.items | b.items)[n])} item")
+        for n in sorted(a.items.keys() ^ b.items.keys())
+    ]
+    others = (a.others.keys() ^ b.others.keys()) - a.items.keys() - b.items.keys()
+    held += [
+        (n in a.others, n, handler_text((a.others | b.others)[n]))
+        for n in sorted(others)
+    ]
+    changes = [
+        ("item removed", n, text, "") if in_a else ("item added", n, "", text)
+        for in_a, n, text in held
+    ]
     both = sorted(a.items.keys() & b.items.keys())
-    changes = []
-    for name in sorted(a.items.keys() ^ b.items.keys()):
-        kind = f"{_items.kind_of((a.items | b.items)[name])} item"
-        changes.append(_change(name, name in a.items, kind))
-    for name in sorted(a.others.keys() ^ b.others.keys()):
-        if name not in a.items and name not in b.items:
-            kind = handler_text((a.others | b.others)[name])
-            changes.append(_change(name, name in a.others, kind))
     return [(n, a.items[n], b.items[n]) for n in both], changes
-
-
-def _change(name: str, in_a: bool, text: str) -> tuple[str, str, str, str]:
-    return ("item removed", name, text, "") if in_a else ("item added", name, "", text)
 
 
 def _compare(args, name: str, item_a, item_b) -> Compared:
@@ -185,8 +184,7 @@ def _open(text: str, item) -> tuple[Metadata, Any]:
             dtype_str(x),
             container(x),
             STORED if nbytes else EMPTY,
-            None,
-            nbytes,
+            nbytes=nbytes,
         )
     return Metadata(f"skeleton {text}", 0, {}, leaves, dict(walked.modules)), None
 
@@ -195,17 +193,18 @@ def structure(a: Metadata, b: Metadata, both_saved: bool) -> list[tuple]:
     """Every difference in structure, `(what, name, as A has it, as B has
     it)`: in A's leaf order, then B's other leaves, then the modules'."""
     plain = isinstance(a, PlainMetadata) or isinstance(b, PlainMetadata)
-    la, lb = _held(a.leaves, b.leaves) if plain else (a.leaves, b.leaves)
-    diffs = []
-    for name, ra in la.items():
-        rb = lb.get(name)
-        if rb is None:
-            diffs.append(("removed", name, ra.describe(), ""))
-        else:
-            diffs.append(_leaf(ra, rb, both_saved, plain))
+    la, lb = a.leaves, b.leaves
+    if plain:  # what a plain Orbax checkpoint could hold, or the other side holds
+        la = {n: r for n, r in la.items() if n in lb or _plain_holds(r)}
+        lb = {n: r for n, r in lb.items() if n in la or _plain_holds(r)}
+    diffs = [
+        _leaf(ra, lb[n], both_saved, plain)
+        if n in lb
+        else ("removed", n, ra.describe(), "")
+        for n, ra in la.items()
+    ]
     diffs += [("added", n, "", r.describe()) for n, r in lb.items() if n not in la]
-    diffs = [d for d in diffs if d]
-    return diffs + ([] if plain else _modules(a.modules, b.modules))
+    return [d for d in diffs if d] + ([] if plain else _modules(a.modules, b.modules))
 
 
 def _modules(ma: dict, mb: dict) -> list[tuple]:
@@ -218,25 +217,18 @@ def _modules(ma: dict, mb: dict) -> list[tuple]:
         if m.cls != other.cls:
             diffs.append(("class", name, m.cls, other.cls))
         for field in sorted(m.static.keys() | other.static.keys()):
-            da, db = (_field(s, field) for s in (m.static, other.static))
+            da, db = (
+                describe(s[field]) if field in s else "absent"
+                for s in (m.static, other.static)
+            )
             diffs += [("static", f"{name}:{field}", da, db)] if da != db else []
     return diffs + [
         ("module added", n, "", m.cls) for n, m in mb.items() if n not in ma
     ]
 
 
-def _field(static: dict, field: str) -> str:
-    return describe(static[field]) if field in static else "absent"
-
-
-def _held(la: dict, lb: dict) -> tuple[dict, dict]:
-    """The leaves of each side a plain Orbax checkpoint could hold (arrays,
-    and Python numbers as 0-d arrays), or the other side holds."""
-    la = {n: r for n, r in la.items() if n in lb or _plain_holds(r)}
-    return la, {n: r for n, r in lb.items() if n in la or _plain_holds(r)}
-
-
 def _plain_holds(record: LeafMetadata) -> bool:
+    """An array, or a Python number (which Orbax stores as a 0-d array)."""
     if record.kind == ARRAY:
         return record.data != EMPTY
     return record.kind == SCALAR and scalar_type(record.value) in (
@@ -262,28 +254,20 @@ def _leaf(ra: LeafMetadata, rb: LeafMetadata, both_saved: bool, plain: bool):
     if ra.kind != rb.kind:
         return ("kind", ra.name, ra.describe(), rb.describe())
     if ra.kind != ARRAY:
-        placeholder = not both_saved and ra.kind == SCALAR
-        if ra.value == rb.value or placeholder and _same_type(ra, rb):
+        same_type = scalar_type(ra.value) == scalar_type(rb.value)
+        if ra.value == rb.value or not both_saved and ra.kind == SCALAR and same_type:
             return None
         return ("value", ra.name, ra.describe(), rb.describe())
-    return _array(ra, rb, both_saved and not plain)
-
-
-def _array(ra: LeafMetadata, rb: LeafMetadata, tied: bool):
     if ra.shape != rb.shape:
         return ("shape", ra.name, str(ra.shape), str(rb.shape))
     if ra.dtype != rb.dtype and None not in (ra.dtype, rb.dtype):
         return ("dtype", ra.name, str(ra.dtype), str(rb.dtype))
-    ties = [_tie(r) for r in (ra, rb)]
-    return ("tied", ra.name, *ties) if tied and ties[0] != ties[1] else None
-
-
-def _tie(record: LeafMetadata) -> str:
-    return f"tied to {record.alias_of}" if record.data == ALIAS else "its own array"
-
-
-def _same_type(ra: LeafMetadata, rb: LeafMetadata) -> bool:
-    return scalar_type(ra.value) == scalar_type(rb.value)
+    ties = [
+        f"tied to {r.alias_of}" if r.data == ALIAS else "its own array"
+        for r in (ra, rb)
+    ]
+    tied = both_saved and not plain and ties[0] != ties[1]
+    return ("tied", ra.name, *ties) if tied else None
 
 
 # ---------------------------------------------------------------- values
@@ -292,7 +276,7 @@ def _same_type(ra: LeafMetadata, rb: LeafMetadata) -> bool:
 def _values(a, b, rtol: float, atol: float, buffer: int) -> list[dict]:
     """How the values of each array leaf both hold with one shape differ, read
     about `buffer` bytes at a time (half from each side)."""
-    for text, (saved, directory) in (("A", a), ("B", b)):
+    for saved, directory in (a, b):
         if directory is None:
             raise _skeleton.SkeletonError(
                 f"--values compares the data of two checkpoints, but "
@@ -300,9 +284,12 @@ def _values(a, b, rtol: float, atol: float, buffer: int) -> list[dict]:
                 "has none. Give two checkpoints, or leave out --values."
             )
     pairs = [
-        (ra, b[0].leaves[name])
+        (ra, rb)
         for name, ra in a[0].leaves.items()
-        if _comparable(ra, b[0].leaves.get(name))
+        if (rb := b[0].leaves.get(name)) is not None
+        and ra.kind == rb.kind == ARRAY
+        and ra.shape == rb.shape
+        and _keys(ra) == _keys(rb)
     ]
     total = sum(read_cost(ra) + read_cost(rb) for ra, rb in pairs)
     found = []
@@ -314,18 +301,12 @@ def _values(a, b, rtol: float, atol: float, buffer: int) -> list[dict]:
         stream_b = rb_.stream((rb for _, rb in pairs), buffer // 2)
         for ra, xa in ra_.stream((ra for ra, _ in pairs), buffer // 2):
             rb, xb = next(stream_b)  # both streams follow `pairs`
-            if ra.dtype.startswith("key<"):
+            if _keys(ra):
                 found.append(_compare_keys(ra.name, ra.dtype == rb.dtype, xa, xb))
             else:
                 found.append(compare(ra.name, xa, xb, rtol, atol))
             bar.advance(read_cost(ra) + read_cost(rb))
     return found
-
-
-def _comparable(ra: LeafMetadata, rb: LeafMetadata | None) -> bool:
-    if rb is None or ra.kind != ARRAY or rb.kind != ARRAY or ra.shape != rb.shape:
-        return False
-    return str(ra.dtype).startswith("key<") == str(rb.dtype).startswith("key<")
 
 
 def _reader(saved: Metadata, directory):
@@ -334,15 +315,16 @@ def _reader(saved: Metadata, directory):
     return LeafReader(directory, saved)
 
 
-def _result(name: str, max_abs, max_rel, mismatched: int, size: int, keys: bool):
-    return dict(
-        name=name,
-        max_abs=max_abs,
-        max_rel=max_rel,
-        mismatched=mismatched,
-        size=size,
-        keys=keys,
-    )
+def _keys(record: LeafMetadata) -> bool:
+    return str(record.dtype).startswith("key<")
+
+
+def _result(name, max_abs, max_rel, mismatched: int, size: int, keys: bool) -> dict:
+    return {"name": name, "max_abs": max_abs, "max_rel": max_rel} | {
+        "mismatched": mismatched,
+        "size": size,
+        "keys": keys,
+    }
 
 
 def _compare_keys(name: str, same_impl: bool, a: np.ndarray, b: np.ndarray) -> dict:
@@ -408,29 +390,28 @@ def _wide(x: np.ndarray) -> np.ndarray:
 # ---------------------------------------------------------------- output
 
 
-def _rows(changes) -> list[list[str]]:
-    return [
-        [w, _name(w, n), f"{x or '(absent)'} -> {y or '(absent)'}"]
-        for w, n, x, y in changes
-    ]
-
-
-def _name(what: str, name: str) -> str:
-    if what != "static":
-        return display_path(name)
-    module, _, field = name.rpartition(":")
-    return f"{display_path(module) if module else '<root>'}.{field}"
+def _differences(head: str, changes) -> str:
+    """A table of `(what, name, in A, in B)`, every row aligned however long
+    its name (optimizer state...)."""
+    rows = []
+    for what, name, x, y in changes:
+        if what == "static":
+            module, _, field = name.rpartition(":")
+            name = f"{display_path(module) if module else '<root>'}.{field}"
+        elif what not in ("item added", "item removed"):
+            name = display_path(name)
+        rows.append([what, name, f"{x or '(absent)'} -> {y or '(absent)'}"])
+    return table(["difference", head, "A -> B"], rows, max_pad=None)
 
 
 def _item_text(c: Compared, args) -> str:
-    (a, _), (b, _), diffs, got = c.a, c.b, c.diffs, c.got
+    (a, da), (b, db), diffs, got = c.a, c.b, c.diffs, c.got
     lines = [f"A: {a.directory}", f"B: {b.directory}", ""]
     if diffs:
-        lines.append(f"Structure: {count(len(diffs), 'difference')}")
-        # Every row aligned, however long its name (optimizer state...).
-        lines.append(
-            table(["difference", "name", "A -> B"], _rows(diffs), max_pad=None)
-        )
+        lines += [
+            f"Structure: {count(len(diffs), 'difference')}",
+            _differences("name", diffs),
+        ]
     elif isinstance(a, PlainMetadata) or isinstance(b, PlainMetadata):
         lines.append(
             f"Structure: the same ({len(a.leaves)} leaves; a plain Orbax checkpoint "
@@ -440,31 +421,39 @@ def _item_text(c: Compared, args) -> str:
         lines.append(
             f"Structure: the same ({len(a.leaves)} leaves, {len(a.modules)} modules)."
         )
+    bad = sum(bool(v["mismatched"]) for v in got or [])
     if got is not None:
-        lines += ["", _values_text(got, args)]
-    return "\n".join([*lines, "", _verdict(c)])
-
-
-def _values_text(got: list[dict], args) -> str:
-    bad = sum(bool(v["mismatched"]) for v in got)
-    head = f"Values (rtol={args.rtol:g}, atol={args.atol:g}): "
-    head += (
-        f"{bad} of {len(got)} arrays differ"
-        if bad
-        else f"all {len(got)} arrays compared are within tolerance"
-    )
-    rows = [
-        [
-            number(v["max_abs"], 3),
-            number(v["max_rel"], 3),
-            _status(v),
-            display_path(v["name"]),
+        head = f"Values (rtol={args.rtol:g}, atol={args.atol:g}): "
+        head += (
+            f"{bad} of {len(got)} arrays differ"
+            if bad
+            else (f"all {len(got)} arrays compared are within tolerance")
+        )
+        rows = [
+            [number(v["max_abs"], 3), number(v["max_rel"], 3), _status(v)]
+            + [display_path(v["name"])]
+            for v in got
         ]
-        for v in got
-    ]
-    # The name last: the numbers line up whatever its length.
-    shown = [table(["max abs", "max rel", "status", "name"], rows, right=(0, 1))]
-    return "\n".join([head, *(shown if got else [])])
+        # The name last: the numbers line up whatever its length.
+        header = ["max abs", "max rel", "status", "name"]
+        lines += ["", head, *[table(header, rows, right=(0, 1))] * bool(got)]
+    parts = [f"{len(diffs)} in structure"] * bool(diffs)
+    parts += [f"{bad} in values"] * bool(bad)
+    if parts:
+        verdict = f"A and B differ: {', '.join(parts)}."
+    else:
+        verdict = "A and B do not differ" + (
+            " (values within tolerance)." if got else " in structure."
+        )
+    # "Do not differ" must not read as "hold the same values".
+    skeletons = [n for n, d in (("A", da), ("B", db)) if d is None]
+    if got is None and not skeletons:
+        verdict += _NOT_COMPARED + "pass --values to compare them."
+    elif got is None and len(skeletons) == 2:
+        verdict += _NOT_COMPARED + "A and B are skeletons, which hold none."
+    elif got is None:
+        verdict += _NOT_COMPARED + f"{skeletons[0]} is a skeleton, which holds none."
+    return "\n".join([*lines, "", verdict])
 
 
 def _status(v: dict) -> str:
@@ -474,49 +463,22 @@ def _status(v: dict) -> str:
     return "equal keys" if v["keys"] else "equal" if v["max_abs"] == 0 else "close"
 
 
-def _verdict(c: Compared) -> str:
-    sa, sb, diffs, got = c.a, c.b, c.diffs, c.got
-    bad = sum(bool(v["mismatched"]) for v in got or [])
-    parts = [f"{len(diffs)} in structure"] * bool(diffs) + [f"{bad} in values"] * bool(
-        bad
-    )
-    if parts:
-        verdict = f"A and B differ: {', '.join(parts)}."
-    else:
-        verdict = "A and B do not differ" + (
-            " (values within tolerance)." if got else " in structure."
-        )
-    if got is not None:
-        return verdict
-    # "Do not differ" must not read as "hold the same values".
-    skeletons = [n for n, (_, d) in (("A", sa), ("B", sb)) if d is None]
-    if not skeletons:
-        return verdict + _NOT_COMPARED + "pass --values to compare them."
-    if len(skeletons) == 2:
-        return verdict + _NOT_COMPARED + "A and B are skeletons, which hold none."
-    return verdict + _NOT_COMPARED + f"{skeletons[0]} is a skeleton, which holds none."
-
-
 def _steps_text(a: Side, b: Side, items, changes, others, args) -> str:
     lines = [f"A: {a.where()}", f"B: {b.where()}", ""]
     if changes:
-        lines.append(f"Items: {count(len(changes), 'difference')}")
         lines += [
-            table(["difference", "item", "A -> B"], _rows(changes), max_pad=None),
+            f"Items: {count(len(changes), 'difference')}",
+            _differences("item", changes),
             "",
         ]
     for c in items:
         # Each item's own lines, but its verdict: the last line's, for all.
         body = _item_text(c, args).rsplit("\n", 1)[0].rstrip("\n")
-        lines += [
-            f"Item {c.name}:",
-            *("  " + x if x else "" for x in body.split("\n")),
-            "",
-        ]
+        lines += [f"Item {c.name}:", *("  " + x if x else "" for x in body.split("\n"))]
+        lines.append("")
     if others:
-        listed = ", ".join(others)
         neither = "neither orbax_eqx nor plain Orbax items"
-        lines.append(f"Not compared ({neither}, in both): {listed}.")
+        lines.append(f"Not compared ({neither}, in both): {', '.join(others)}.")
     differing = [c.name for c in items if c.differ]
     parts = [f"{len(changes)} in which items they hold"] * bool(changes)
     parts += [f"item(s) {', '.join(differing)}"] * bool(differing)
@@ -536,15 +498,14 @@ def _changes_json(changes) -> list[dict]:
     ]
 
 
-def _number(x: float | None) -> float | str | None:
-    return x if x is None or math.isfinite(x) else repr(x)  # (strict JSON)
-
-
 def _item_json(c: Compared, args) -> dict:
-    sa, sb, diffs, got = c.a, c.b, c.diffs, c.got
-    doc: dict[str, Any] = {"a": sa[0].directory, "b": sb[0].directory}
-    doc |= {"differences": _changes_json(diffs), "values": None}
-    if got is not None:
-        leaves = [v | {k: _number(v[k]) for k in ("max_abs", "max_rel")} for v in got]
+    doc: dict[str, Any] = {"a": c.a[0].directory, "b": c.b[0].directory}
+    doc |= {"differences": _changes_json(c.diffs), "values": None}
+    if c.got is not None:
+        leaves = [v | {k: _finite(v[k]) for k in ("max_abs", "max_rel")} for v in c.got]
         doc["values"] = {"rtol": args.rtol, "atol": args.atol, "leaves": leaves}
     return doc | {"differ": c.differ}
+
+
+def _finite(x: float | None) -> float | str | None:
+    return x if x is None or math.isfinite(x) else repr(x)  # (strict JSON)

@@ -1,7 +1,6 @@
 """`export`: a checkpoint's arrays as safetensors, through the bridge's
 `export` (the work, every check and its words), with a progress bar."""
 
-import argparse
 import os
 
 import safetensors  # noqa: F401  (each file written is checked with its reader)
@@ -12,7 +11,7 @@ from .render import Progress, human_bytes
 from .skeleton import load_mapping
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args) -> int:
     path = args.path
     if args.item is not None:
         from .diff import side

@@ -1,8 +1,6 @@
 """`import`: safetensors into a skeleton (`_bridge.load`: every check before
 any tensor is read), saved as a checkpoint atomically, as `oeqx.save` does."""
 
-import argparse
-
 from .._bridge.load import load
 from .._format.locate import as_path
 from .._mapping.names import load as load_renames
@@ -11,12 +9,10 @@ from .._orbax.api import save
 from .._save.leftovers import recover
 from .._save.replace import CheckpointExistsError, check_target
 from . import skeleton as _skeleton
-from .inspect import totals
 from .render import Progress, human_bytes
-from .skeleton import load_mapping
 
 
-def run(args: argparse.Namespace) -> int:
+def run(args) -> int:
     out = as_path(args.out)
     recover(out)  # an earlier save killed mid-swap: its checkpoint counts
     if out.exists() and not args.overwrite:
@@ -29,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     loaded = load(
         args.source,
         _skeleton.load(args.skeleton),
-        mapping=load_mapping(args.mapping, None),
+        mapping=_skeleton.load_mapping(args.mapping, None),
         renames=load_renames(args.rename),
         cast=args.cast,
         allow_unused=args.allow_unused,
@@ -37,12 +33,10 @@ def run(args: argparse.Namespace) -> int:
         progress=lambda total: Progress("import", total),
     )
     save(out, loaded.tree, overwrite=args.overwrite)
-    _, nbytes = totals(_items.read(out))
-    read = (
-        f"; {human_bytes(loaded.nbytes)} of tensors read"
-        if nbytes != loaded.nbytes
-        else ""
-    )
+    nbytes = _items.read(out).nbytes
+    read = ""
+    if nbytes != loaded.nbytes:
+        read = f"; {human_bytes(loaded.nbytes)} of tensors read"
     print(
         f"Imported {loaded.tensors} tensors ({human_bytes(nbytes)}{read}) from "
         f"{len(loaded.files)} file(s) into {out} ({loaded.leaves} leaves)."

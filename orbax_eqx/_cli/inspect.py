@@ -345,12 +345,12 @@ def _rebuild_line(saved: Metadata) -> str:
     """What `restore(path, allow=...)` needs to rebuild the item, if it can,
     and the callables a rebuild would install."""
     plan = rebuild_plan(saved)
+    if not plan["recorded"] and saved.nodes is None:
+        return (
+            "Without a skeleton: not rebuildable (this sidecar records no tree "
+            "structure; re-save to get one)."
+        )
     if not plan["recorded"]:
-        if saved.nodes is None:
-            return (
-                "Without a skeleton: not rebuildable (this sidecar records no tree "
-                "structure; re-save to get one)."
-            )
         return f"Without a skeleton: not rebuildable: {plan['why']}"
     if plan["cannot"]:
         first, more = plan["cannot"][0], len(plan["cannot"]) - 1
@@ -369,21 +369,13 @@ def _rebuild_line(saved: Metadata) -> str:
 
 def rebuild_plan(saved: Metadata) -> dict[str, Any]:
     """Whether `restore(path, allow=...)` can rebuild the item without a
-    skeleton, and what to allow, read from the sidecar, importing nothing:
-    `{"recorded", "allow", "callables", "cannot": [{"name", "path", "why"}]}`
-    (and `"why"` where nothing is recorded)."""
+    skeleton, and what to allow, read from the sidecar, importing nothing."""
+    plan: dict[str, Any] = {"recorded": True, "allow": [], "callables": []}
     try:
         found = _rebuild.needs(saved)
     except OrbaxEqxError as e:  # no structure recorded, or a damaged one
-        return {
-            "recorded": False,
-            "allow": [],
-            "callables": [],
-            "cannot": [],
-            "why": str(e),
-        }
-    return {
-        "recorded": True,
+        return plan | {"recorded": False, "cannot": [], "why": str(e)}
+    return plan | {
         "allow": _rebuild.modules_to_allow(found.names),
         "callables": found.callables,
         "cannot": [{"name": n, "path": p, "why": why} for n, p, why in found.cannot],

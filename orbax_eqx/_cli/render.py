@@ -9,9 +9,8 @@ import json
 import math
 import re
 import sys
+import time
 from typing import Any, TextIO
-
-from tqdm import tqdm
 
 from .._errors import first_line, inline_list, some
 from .._format.sidecar import ALIAS, EMPTY, PACKED, SHARDS, STORED, Metadata
@@ -192,54 +191,43 @@ def print_error(lines: list[str]) -> None:
 # ---------------------------------------------------------------- progress
 
 
-class _Bar(tqdm):
-    monitor_interval = 0  # no monitor thread: every redraw is in `update`
-
-    @property
-    def format_dict(self) -> dict[str, Any]:
-        d = super().format_dict
-        return d | {"done": human_bytes(d["n"]), "whole": human_bytes(d["total"])}
-
-
-class _Raw:
-    """Writes past the escaping of control characters: the bar's carriage
-    returns must reach the terminal."""
-
-    def __init__(self, stream):
-        self.write = getattr(stream, "write_raw", stream.write)
-        self.flush = stream.flush
-
-
 class Progress:
     """A bar of `total` bytes on `stream` (default stderr), drawn only when it
-    is a terminal and erased at the end; `advance(n)` counts `n` more done."""
+    is a terminal, at most every 0.1 s, and erased at the end; `advance(n)`
+    counts `n` more done."""
 
     def __init__(self, label: str, total: int, stream: TextIO | None = None):
         stream = sys.stderr if stream is None else stream
         isatty = getattr(stream, "isatty", None)
-        self.total = total
-        self._bar = _Bar(
-            total=total,
-            desc=label,
-            file=_Raw(stream),
-            disable=not (isatty and isatty()) or total <= 0,
-            leave=False,
-            ascii=".#",
-            bar_format="{desc} [{bar:30}] {percentage:3.0f}% {done} / {whole}",
-            mininterval=0.1,
-            dynamic_ncols=False,
+        self.label, self.total, self.done = label, total, 0
+        self._on = bool(isatty and isatty()) and total > 0
+        # Past the escaping of control characters: the carriage returns must
+        # reach the terminal.
+        self._write, self._flush = (
+            getattr(stream, "write_raw", stream.write),
+            stream.flush,
         )
+        self._drawn, self._width = -1.0, 0
 
     def advance(self, nbytes: int) -> None:
-        self._bar.update(nbytes)
-        if self._bar.n >= self.total:  # the end is drawn, however soon it came
-            self._bar.refresh()
+        self.done += nbytes
+        now = time.monotonic()
+        if self._on and (now - self._drawn >= 0.1 or self.done >= self.total):
+            share = min(self.done / self.total, 1.0)
+            bar = f"{'#' * int(30 * share):.<30}"
+            text = f"{self.label} [{bar}] {100 * share:3.0f}% {human_bytes(self.done)}"
+            text += f" / {human_bytes(self.total)}"
+            self._write("\r" + text.ljust(self._width))
+            self._flush()
+            self._drawn, self._width = now, max(self._width, len(text))
 
     def __enter__(self) -> "Progress":
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self._bar.close()
+        if self._width:
+            self._write("\r" + " " * self._width + "\r")
+            self._flush()
 
 
 # ---------------------------------------------------------------- trees

@@ -9,6 +9,7 @@ carry orbax_eqx's per-tensor checksums, and checks those.
 """
 
 import json
+import math
 import os
 from typing import Any
 
@@ -161,7 +162,7 @@ def folded(tensors) -> list[tuple[str, tuple, str, int, int]]:
     for (template, shape, dtype), members in groups.items():
         holes = [i for i, p in enumerate(template) if p is None]
         values = [sorted({int(m[0][i]) for m in members}) for i in holes]
-        if len(members) < FOLD or len(members) != _product(len(v) for v in values):
+        if len(members) < FOLD or len(members) != math.prod(len(v) for v in values):
             rows += [(".".join(p), shape, dtype, b, 1) for p, b in members]
             continue
         parts = list(template)
@@ -170,13 +171,6 @@ def folded(tensors) -> list[tuple[str, tuple, str, int, int]]:
         nbytes = sum(b for _, b in members)
         rows.append((".".join(parts), shape, dtype, nbytes, len(members)))
     return rows  # in the order of each row's first tensor
-
-
-def _product(sizes) -> int:
-    total = 1
-    for n in sizes:
-        total *= n
-    return total
 
 
 def _is_index(part: str) -> bool:
