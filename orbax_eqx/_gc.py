@@ -1,5 +1,6 @@
-"""Python's cyclic collector paused while a call in the caller's thread builds
-objects per leaf: a save's prepare and a restore (never a background thread).
+"""Python's cyclic collector paused while a call the caller waits for builds
+objects per leaf: an async save's prepare, a synchronous save, a restore;
+never while an async save goes on in the background.
 
 Each allocation counts towards the collector's thresholds, and each full
 collection walks every live object of the process (BENCHMARKS.md, "Many small

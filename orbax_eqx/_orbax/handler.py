@@ -261,7 +261,10 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                 _WAITED.reset(waited)
             _futures.wait_all(futures)
 
-        _run_sync(save_and_wait())
+        # The caller waits for all of it: its per-leaf work (naming leaves,
+        # the sidecar) is the caller's, as a restore's is (see `_gc`).
+        with paused():
+            _run_sync(save_and_wait())
 
     def restore(
         self,
