@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import pytest
 
 import orbax_eqx as oeqx
-from orbax_eqx._restore import mismatch
+from orbax_eqx._restore import check
 from orbax_eqx._restore.check import StaticMismatchWarning, compare
 from orbax_eqx._tree.walk import walk
 
@@ -67,9 +67,9 @@ def test_shape_and_static_field_are_two_typed_differences(tmp_path):
     assert kept == []
     kinds = [(d.kind, d.static, d.fixes) for d in differences]
     assert kinds == [
-        ("differs", False, (mismatch.FIX_INSPECT,)),
-        ("differs", False, (mismatch.FIX_INSPECT,)),
-        ("differs", True, (mismatch.FIX_INSPECT,)),
+        ("differs", False, (check.FIX_INSPECT,)),
+        ("differs", False, (check.FIX_INSPECT,)),
+        ("differs", True, (check.FIX_INSPECT,)),
     ]
     assert differences[0].text.startswith("Leaf `weight` has shape (5, 3)")
     assert differences[1].text.startswith("Leaf `bias` has shape (5,)")
@@ -90,8 +90,8 @@ def test_absent_and_unexpected_leaves_are_typed_and_keep_is_applied(tmp_path):
     skeleton = {"weight": jnp.ones(3), "head": jnp.zeros(4)}
     differences, kept = _compare(tmp_path, skeleton)
     assert [(d.kind, d.fixes) for d in differences] == [
-        ("absent", (mismatch.FIX_MISSING,)),
-        ("unexpected", (mismatch.FIX_STRICT,)),
+        ("absent", (check.FIX_MISSING,)),
+        ("unexpected", (check.FIX_STRICT,)),
     ]
     assert differences[0].text == (
         "Leaf `head` is in the skeleton but not in the checkpoint."
@@ -118,12 +118,12 @@ def test_absent_and_unexpected_leaves_are_typed_and_keep_is_applied(tmp_path):
     abstract = eqx.filter_eval_shape(lambda: skeleton)
     differences, kept = _compare(tmp_path, abstract, missing="keep", strict=False)
     assert [(d.kind, d.fixes) for d in differences] == [
-        ("differs", (mismatch.FIX_ABSTRACT,))
+        ("differs", (check.FIX_ABSTRACT,))
     ]
     assert kept == []
     message = _restore_message(tmp_path, abstract, missing="keep", strict=False)
     assert differences[0].text in message
-    assert mismatch.FIX_ABSTRACT in message
+    assert check.FIX_ABSTRACT in message
 
 
 def test_class_difference_is_static_and_warn_lets_it_pass(tmp_path):
@@ -137,11 +137,11 @@ def test_class_difference_is_static_and_warn_lets_it_pass(tmp_path):
 
     # Worded once, purely: the same differences give the same verdict.
     where = str(tmp_path / "ckpt")
-    refused = mismatch.judge(differences, where, "error")
-    assert refused == mismatch.judge(differences, where, "error")
+    refused = check.judge(differences, where, "error")
+    assert refused == check.judge(differences, where, "error")
     assert refused.warning is None
-    assert refused.error is not None and mismatch.FIX_STATIC in refused.error
-    allowed = mismatch.judge(differences, where, "warn")
+    assert refused.error is not None and check.FIX_STATIC in refused.error
+    allowed = check.judge(differences, where, "warn")
     assert allowed.error is None
     assert allowed.warning is not None and "restoring anyway" in allowed.warning
 
@@ -156,8 +156,8 @@ def test_python_value_of_another_type_and_a_dtype_are_typed(tmp_path):
     skeleton = Net(jnp.ones((4, 3), jnp.int32), jnp.zeros((4,)), 4, 7)
     differences, _ = _compare(tmp_path, skeleton)
     assert [(d.kind, d.static, d.fixes) for d in differences] == [
-        ("differs", False, (mismatch.FIX_CAST,)),
-        ("differs", False, (mismatch.FIX_KIND,)),
+        ("differs", False, (check.FIX_CAST,)),
+        ("differs", False, (check.FIX_KIND,)),
     ]
     assert differences[1].text == (
         "Leaf `name` is a Python int in the skeleton but a Python str in the "
@@ -165,14 +165,14 @@ def test_python_value_of_another_type_and_a_dtype_are_typed(tmp_path):
     )
     # With `cast=True` the dtype is no difference.
     differences, _ = _compare(tmp_path, skeleton, cast=True)
-    assert [d.fixes for d in differences] == [(mismatch.FIX_KIND,)]
+    assert [d.fixes for d in differences] == [(check.FIX_KIND,)]
 
 
 def test_no_difference_collects_nothing_and_restores(tmp_path):
     oeqx.save(tmp_path / "ckpt", _net())
     skeleton = eqx.filter_eval_shape(_net)
     assert _compare(tmp_path, skeleton) == ([], [])
-    assert mismatch.judge([], "x", "error") == mismatch.Verdict()
+    assert check.judge([], "x", "error") == check.Verdict()
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         restored = oeqx.restore(tmp_path / "ckpt", skeleton)

@@ -1,24 +1,10 @@
 """`export_safetensors`: a checkpoint or a tree as Hugging Face safetensors, streamed.
 
-Array leaves become tensors as the mapping says (by default, named by their
-leaf names). Everything else (static fields, Python leaves, class names)
-goes into each file's `__metadata__`, as JSON under `"orbax_eqx"`, beside
-`"format": "pt"`. Past `max_shard_size`, the tensors are split over
-`model-0000i-of-0000n.safetensors` files with a `model.safetensors.index.json`,
-as Hugging Face's `save_pretrained` does.
-
-Memory stays near `buffer`, whatever the model's size: the leaves are read a
-batch at a time, grouped so that every tensor's leaves are read together (a
-stacked leaf feeds its L per-layer tensors, a fused tensor needs several
-leaves: such a group is read at once), and each tensor is written at its
-offset as soon as it is made (`safetensors.write.FileWriter`), whichever file
-it is in. Files are written under fresh random names beside their final ones
-and renamed into place once the `safetensors` library reads them back.
-
-One process writes: an export of a checkpoint reads it alone, whatever
-number of processes saved it; a tree with arrays on devices of several
-processes is refused (save it, then export the checkpoint).
-"""
+Tensors are named as the mapping says; everything else goes into each file's
+`__metadata__` (JSON under `"orbax_eqx"`, beside `"format": "pt"`). Memory
+stays near `buffer`: leaves are read a batch at a time, every tensor's leaves
+together, and each tensor written at its offset as soon as it is made. One
+process writes."""
 
 import dataclasses
 import json
@@ -294,9 +280,8 @@ class _Group:
 
 
 def _groups(plan: Plan, source, buffer: int):
-    """Leaves and the tensors they make, in batches of about `buffer` bytes:
-    every tensor in the batch that reads all its leaves (a connected group of
-    leaves and tensors is never split)."""
+    """Leaves and the tensors they make, in batches of about `buffer` bytes (a
+    connected group of leaves and tensors is never split)."""
     parent: dict[Any, Any] = {}
 
     def find(x):

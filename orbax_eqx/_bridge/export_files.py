@@ -1,12 +1,6 @@
-"""Where an export's files go: their names, which tensors each holds, the index,
-and what is already at the output.
-
-Hugging Face's layout, as `save_pretrained` writes it: `model.safetensors`,
-or past the shard size `model-0000i-of-0000n.safetensors` files (tensors in
-order, each file up to the size; a larger tensor has a file of its own) and
-`model.safetensors.index.json` (`{"metadata": {"total_size"}, "weight_map":
-{tensor: file}}`).
-"""
+"""Where an export's files go, as `save_pretrained` writes them:
+`model.safetensors`, or `model-0000i-of-0000n.safetensors` files and
+`model.safetensors.index.json`; and what is already at the output."""
 
 import json
 import os

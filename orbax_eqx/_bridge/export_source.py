@@ -1,16 +1,6 @@
-"""What an export reads: the array leaves of a checkpoint, or of a tree in memory.
-
-Both give the leaves as the planner sees them (`plan.LeafSpec`, a typed PRNG
-key as its key data), read chosen leaves a batch at a time as host numpy
-arrays, and describe everything else (modules and their static fields,
-Python leaves) for the files' `__metadata__`.
-
-A checkpoint is read with `_restore.read.LeafReader`: only the leaves asked
-for, so an export's memory is a batch, whatever the checkpoint's size. A
-tree's arrays are copied to host a batch at a time. A tree of arrays that
-lies on devices of several processes is refused: an export writes from one
-process (see `export.py`).
-"""
+"""What an export reads: the array leaves of a checkpoint (through
+`_restore.read.LeafReader`, a batch at a time) or of a tree in memory (one
+process's), and everything else for the files' `__metadata__`."""
 
 import math
 import os

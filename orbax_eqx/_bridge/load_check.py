@@ -1,8 +1,6 @@
 """The checks of a load, before any tensor byte is read: leaves matched by name
-planned as a load through a mapping is (`_mapping.plan`, worded by
-`_mapping.wording`), and for files `export` wrote, module classes and static
-fields compared as a restore compares them (`_restore.check.compare_module`).
-"""
+planned as through a mapping (`_mapping.plan`), and for files `export` wrote,
+module classes and static fields compared as a restore compares them."""
 
 import json
 import types

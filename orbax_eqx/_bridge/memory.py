@@ -1,11 +1,6 @@
-"""`to_state_dict` and `from_state_dict`: the bridge in memory.
-
-Both plan first (`plan.py`), so every problem is reported before any value
-moves, then follow the plan's pieces: an export fills each tensor from the
-boxes of leaves it holds; a load fills each device's box of each leaf from
-the boxes of tensors that hold it (`jax.make_array_from_callback`), as the
-file readers do.
-"""
+"""`to_state_dict` and `from_state_dict`: the bridge in memory, planned first,
+then following the plan's pieces (a load fills each device's box of each
+leaf with `jax.make_array_from_callback`)."""
 
 from collections.abc import Mapping
 from typing import Any
@@ -17,7 +12,7 @@ import numpy as np
 from .._errors import bullet_list
 from .._mapping.errors import BridgeError
 from .._mapping.mapping import StateDictMapping
-from .._mapping.pieces import Box, shape, slices, to_leaf, to_tensor
+from .._mapping.pieces import IDENTITY, Box, shape, slices, to_leaf, to_tensor
 from .._mapping.plan import Plan, TensorSpec, leaf_specs, plan_export, plan_load
 from .._restore.shardings import resolve
 from .._tree.walk import (
@@ -75,10 +70,8 @@ def to_state_dict(
 
 
 def _tensors(plan: Plan, host: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Each tensor of `plan`, made from the leaves' values. A tensor that is one
-    box of one leaf, as it is (a layer of a stack, a part of a split) is a view
-    of a copy of that leaf made once: a stack of a million layers makes a
-    million tensors, and each costs a view, not an array and a copy."""
+    """Each tensor of `plan`, made from the leaves' values; one box of one leaf
+    as it is (a layer of a stack) is a view of one copy of that leaf."""
     result = {}
     dtypes: dict[str, np.dtype] = {}
     wholes: dict[tuple[int, ...], Box] = {}
@@ -101,7 +94,7 @@ def _tensors(plan: Plan, host: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
                 and box[1:] == whole
                 and copy.shape[1:] == spec.shape
                 and box[0][1] - box[0][0] == 1
-                and p.perm == _IDENTITY[len(p.perm)]
+                and p.perm == IDENTITY[len(p.perm)]
             ):
                 part = copy[box[0][0], ...]  # a layer of a stack, as it is
             else:
@@ -115,9 +108,6 @@ def _tensors(plan: Plan, host: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             out[slices(p.tensor_box)] = to_tensor(p, host[p.leaf][slices(p.leaf_box)])
         result[name] = out
     return result
-
-
-_IDENTITY = [tuple(range(n)) for n in range(65)]  # numpy has at most 64 axes
 
 
 def from_state_dict(
@@ -264,10 +254,8 @@ _FIX_SUBCLASS = (
 
 
 def _refused(x: Any) -> tuple[str, str] | None:
-    """`(what it is, the fix)` for a value that is an array of another kind
-    than a load takes: a PyTorch tensor (told by its type's module; orbax_eqx
-    never imports PyTorch), or a subclass of `np.ndarray` whose additions a load
-    would drop (a masked array's mask), as `oeqx.save` refuses them."""
+    """`(what it is, the fix)` for a PyTorch tensor (told by its type's module)
+    or a subclass of `np.ndarray` whose additions a load would drop."""
     kind = type(x)
     module = getattr(kind, "__module__", "") or ""
     if module == "torch" or module.startswith("torch."):
@@ -306,8 +294,7 @@ def _check_concrete(walked: Walked) -> None:
 
 
 def _to_host(leaves) -> list[np.ndarray]:
-    """The leaves' values in host memory, key data for typed keys, fetched from
-    devices in one call (one transfer per leaf costs a round each on GPUs)."""
+    """The leaves' values on host (key data for typed keys), in one transfer."""
     values = []
     for leaf in leaves:
         x = leaf.value

@@ -1,9 +1,5 @@
-"""Progress hooks: the bridge's long operations report bytes done to the caller.
-
-A caller (the command line) passes a function that, given the total bytes,
-makes a context manager with `advance(nbytes)` (its progress bar); without
-one, nothing is reported.
-"""
+"""Progress hooks: given the total bytes, the caller's function makes a context
+manager whose `advance(nbytes)` is called as they are done."""
 
 from collections.abc import Callable
 from typing import Any

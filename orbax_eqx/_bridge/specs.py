@@ -1,10 +1,5 @@
-"""Leaves as the readers and writers of files see them: a checkpoint's sidecar
-records as planner specs, and typed PRNG keys as their key data.
-
-(A walked tree's specs come from `_mapping.leaves.leaf_specs`.) A typed key
-is stored as its key data (`jax.random.key_data`: uint32, the key array's
-shape plus the key's own axes), which is what a tensor can hold.
-"""
+"""Leaves as the files see them: a sidecar's records as planner specs, typed PRNG
+keys as their key data (`jax.random.key_data`)."""
 
 from typing import Any
 

@@ -1,12 +1,6 @@
-"""`StateDictMapping`: how leaf names and shapes become another layout's tensors.
-
-A mapping is a list of rules (`rules/`), applied in order from the leaves
-towards the tensors; loading uses the same rules (the planner derives the
-inverse). It is data: its JSON is `{"format", "version", "rules"}`, each
-rule decoded by one msgspec tagged union (`rules.Rule`, tagged by `"op"`),
-which checks every key, type and bound; `to_json` and `from_json` round-trip
-exactly.
-"""
+"""`StateDictMapping`: a list of rules, its JSON `{"format", "version", "rules"}`
+decoded by one msgspec tagged union (`rules.Rule`), which checks every key,
+type and bound."""
 
 import dataclasses
 import os

@@ -1,24 +1,13 @@
-"""A piece: how a box of one leaf and a box of one tensor hold the same values.
+"""A piece: a box of one leaf and a box of one tensor that hold the same values,
+the one contract between the planner and everything that moves bytes.
 
-This is the one contract between the mapping's planner and everything that
-moves bytes (in memory, from safetensors files, into them). The planner turns
-a mapping into pieces; readers and writers only follow pieces, so every
-transformation (stack, permute, split/fuse, rename) works in both directions
-and for any box, whole or a device's shard.
-
-A box is a tuple of `(start, stop)` pairs, one per axis, with step 1.
-
-For a piece `p`, the values are related by
+A box is a tuple of `(start, stop)` pairs, one per axis. For a piece `p`:
 
     leaf[p.leaf_box] ==
         tensor[p.tensor_box].transpose(p.perm).reshape(shape(p.leaf_box))
 
-`perm` permutes the tensor box's axes into the leaf's order of the axes they
-share; the reshape only inserts or removes axes of length 1 (a stacked
-layer's index, which the tensor does not have). Dtype conversions are not
-part of a piece: the planner records each side's dtype, and the reader or
-writer casts once, after placing.
-"""
+where the reshape only inserts or removes axes of length 1. Dtypes are not
+part of a piece: readers and writers cast once, after placing."""
 
 import math
 from typing import NamedTuple
@@ -29,29 +18,14 @@ Box = tuple[tuple[int, int], ...]
 
 
 class Piece(NamedTuple):
-    """Values shared by a box of leaf `leaf` and a box of tensor `tensor`.
-
-    (A named tuple: a stack of a million layers makes a million pieces.
-    `check` says whether one keeps the contract above.)"""
+    """Values shared by a box of leaf `leaf` and a box of tensor `tensor` (a
+    named tuple: a stack of a million layers makes a million)."""
 
     leaf: str  # leaf name (`blocks.attn.query.weight`)
     leaf_box: Box
     tensor: str  # tensor name in the other layout (`h.3.attn.c_attn.weight`)
     tensor_box: Box
     perm: tuple[int, ...]  # axes of the tensor box, in the leaf's order
-
-
-def check(piece: Piece) -> None:
-    """Raises `ValueError` if `piece` breaks the contract of this module."""
-    if sorted(piece.perm) != list(range(len(piece.tensor_box))):
-        raise ValueError(f"{piece}: perm is not a permutation of the tensor axes")
-    if math.prod(shape(piece.leaf_box)) != math.prod(shape(piece.tensor_box)):
-        raise ValueError(f"{piece}: the boxes hold different numbers of values")
-    tensor_shape = shape(piece.tensor_box)
-    if size(piece.leaf_box) and [n for n in shape(piece.leaf_box) if n != 1] != [
-        tensor_shape[a] for a in piece.perm if tensor_shape[a] != 1
-    ]:
-        raise ValueError(f"{piece}: the boxes differ by more than axes of length 1")
 
 
 def shape(box: Box) -> tuple[int, ...]:
@@ -70,13 +44,13 @@ def to_leaf(piece: Piece, tensor_part: np.ndarray) -> np.ndarray:
 def to_tensor(piece: Piece, leaf_part: np.ndarray) -> np.ndarray:
     """`leaf_part` (the values of `piece.leaf_box`) as the tensor box's values."""
     perm = piece.perm
-    if perm == _IDENTITY[len(perm)]:  # the usual case: no permutation to undo
+    if perm == IDENTITY[len(perm)]:  # the usual case: no permutation to undo
         return leaf_part.reshape(shape(piece.tensor_box))
     permuted = tuple(shape(piece.tensor_box)[a] for a in perm)
     return leaf_part.reshape(permuted).transpose(np.argsort(perm))
 
 
-_IDENTITY = [tuple(range(n)) for n in range(65)]  # up to the 64 axes a rule allows
+IDENTITY = [tuple(range(n)) for n in range(65)]  # up to the 64 axes a rule allows
 
 
 def size(box: Box) -> int:
@@ -84,12 +58,8 @@ def size(box: Box) -> int:
 
 
 def _pairs(piece: Piece) -> list[tuple[int, int]]:
-    """`(leaf axis, tensor axis)` of the axes that hold more than one value.
-
-    The reshape of a piece only inserts or removes axes of length 1, so the
-    other axes of the leaf box and of the permuted tensor box pair up in order;
-    an axis of length 1 is clipped whole or not at all, whatever it pairs with.
-    """
+    """`(leaf axis, tensor axis)` of the axes longer than 1, which pair up in
+    order (an axis of length 1 is clipped whole or not at all)."""
     leaf_shape = shape(piece.leaf_box)
     tensor_shape = shape(piece.tensor_box)
     leaf_axes = [a for a, n in enumerate(leaf_shape) if n != 1]

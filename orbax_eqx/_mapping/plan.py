@@ -9,6 +9,7 @@ boxes per tensor, never anything per element.
 """
 
 import dataclasses
+import math
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
@@ -17,7 +18,7 @@ import numpy as np
 from .._tree.walk import ARRAY, Walked, is_key_dtype, key_data_struct, key_impl
 from .errors import BridgeError
 from .mapping import StateDictMapping
-from .pieces import Box, Piece, clip
+from .pieces import Box, Piece, clip, size
 from .rules.drop import Ignore
 from .rules.tie import Tie
 from .stage import Context, Virtual, examples, label, natural, whole
@@ -74,15 +75,10 @@ def leaf_specs(walked: Walked) -> list[LeafSpec]:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """Which boxes of which tensors hold each leaf's values, and back.
-
-    `leaves` are the array leaves the plan fills (load) or reads (export);
-    `tensors` the tensors it reads or writes. `leaf_pieces` covers each leaf
-    exactly once. `dropped` are leaves the mapping leaves out (a load keeps
-    the skeleton's values for them). `ties` maps a tensor that is a copy of
-    another to that other: on a load, tied tensors that are present (to be
-    checked equal, not read into a leaf); on an export, the copies written
-    (their `tensor_pieces` are their source's)."""
+    """Which boxes of which tensors hold each leaf's values, and back: `leaves`
+    filled or read, `tensors` read or written, `dropped` leaves the mapping
+    leaves out (a load keeps the skeleton's), `ties` each tied copy's source
+    (a load checks present copies equal; an export writes them)."""
 
     leaves: dict[str, LeafSpec]
     tensors: Mapping[str, TensorSpec]
@@ -244,8 +240,7 @@ def _named(tensors: Sequence[TensorSpec], ctx) -> dict[str, TensorSpec]:
 
 
 def _present_ties(mapping, expected, given, ctx, cast: bool) -> dict[str, str]:
-    """`{tensor: leaf's tensor}` of the tied copies the tensors hold; a copy
-    unlike its source is a problem."""
+    """`{tied copy: its source}` of the copies given; one unlike it is a problem."""
     present: dict[str, str] = {}
     for tie in _ties(mapping, expected, ctx):
         copy = given.get(tie.tensor)
@@ -265,9 +260,8 @@ def _present_ties(mapping, expected, given, ctx, cast: bool) -> dict[str, str]:
 
 
 def _compare(virtuals: list[Virtual], given, unexpected, ctx, cast: bool) -> set:
-    """Every expected tensor against the one given: dtypes (alike ones as
-    one), shapes and missing ones, each a problem. Returns the unexpected
-    tensors paired with a missing one."""
+    """Every expected tensor against the one given (dtypes, shapes, missing);
+    returns the unexpected tensors paired with a missing one."""
     missing: list[Virtual] = []
     shapes: list[tuple[Virtual, TensorSpec]] = []
     dtypes: list[tuple[Virtual, TensorSpec]] = []
@@ -289,9 +283,8 @@ def plan_export(
     mapping: StateDictMapping | None,
     leaves: Sequence[LeafSpec],
 ) -> Plan:
-    """Plans writing `leaves` as tensors; raises `BridgeError` listing every
-    problem at once. Tensors come in natural order of their names (`h.2`
-    before `h.10`)."""
+    """Plans writing `leaves` as tensors, in natural order of their names (`h.2`
+    before `h.10`); raises `BridgeError` listing every problem at once."""
     mapping = mapping or StateDictMapping()
     virtuals, ctx = _run(mapping, leaves, False)
     expected = {v.name: v for v in virtuals}
@@ -389,21 +382,15 @@ _FIX_TIE = (
 
 
 def _coverage(leaves, virtuals, ctx: Context, load: bool) -> dict[str, LeafSpec]:
-    """Leaves the mapping leaves out; on a load, a leaf left out in part is a
-    problem (nothing would fill the rest)."""
+    """Leaves the mapping leaves out; on a load, one left out in part is a
+    problem."""
     covered = {leaf.name: 0 for leaf in leaves}
     for v in virtuals:
-        held = v.held
-        for p in (held,) if isinstance(held, Piece) else held:
-            n = 1
-            for start, stop in p.leaf_box:
-                n *= stop - start
-            covered[p.leaf] += n
+        for p in v.pieces:
+            covered[p.leaf] += size(p.leaf_box)
     dropped = {}
     for leaf in leaves:
-        total = 1
-        for n in leaf.shape:
-            total *= n
+        total = math.prod(leaf.shape)
         if covered[leaf.name] == 0 and total:
             dropped[leaf.name] = leaf
         elif covered[leaf.name] != total and load:

@@ -1,17 +1,7 @@
-r"""Regular expressions users give (`rename_regex`, `renames=`, `--rename`),
-matched by RE2 in time linear in the name, whatever the pattern.
-
-Python's `re` backtracks: `(a+)+b` takes exponential time on a name of a few
-dozen characters, and patterns may come from files anyone wrote while names
-may come from files too. RE2 (`google-re2`) never backtracks. Its syntax is
-Python's but for what needs backtracking: no backreferences (`\1` in a
-pattern), lookarounds (`(?=`, `(?!`, `(?<=`, `(?<!`), conditionals, atomic
-groups or possessive repeats; and `\d`, `\w`, `\s` match ASCII only.
-
-Replacements are `re.Match.expand`'s, restricted to what names need:
-`\1` ... `\99` and `\g<name>` or `\g<1>` insert a group (an unmatched group
-inserts nothing), `\\` a backslash; any other escape is refused.
-"""
+r"""Users' regular expressions (`rename_regex`, `renames=`, `--rename`), matched by
+RE2 in time linear in the name: Python's syntax without backreferences,
+lookarounds or atomic groups; `\d`, `\w`, `\s` match ASCII. Replacements
+take `\1`...`\99`, `\g<name>` and `\\` (an unmatched group inserts nothing)."""
 
 import functools
 import re as _re

@@ -1,24 +1,11 @@
-"""Name templates: how a mapping's rules say which names they act on.
+"""Name templates: `{i}` (a lowercase name) for a layer index (`0`, `11`, never
+`07`), `*` for text within one part of a name and `**` for any text (only
+where a rule selects tensors), `{{`, `}}` and `{*}` for literal `{`, `}`, `*`.
 
-A template is a name with holes:
-
-- `{i}` (any lowercase name) stands for a layer index, a decimal integer
-  (`0`, `7`, `11`, never `07`). What it matched can be written into other
-  names of the same rule: `h.{i}.attn.c_attn.weight`.
-- `*` stands for any text within one part of a name (no `.`), `**` for any
-  text at all; only where a rule selects tensors (`transpose`, `split`,
-  `cast`, `drop`, `ignore`), since what they matched cannot be written back.
-- `{{`, `}}` and `{*}` are a literal `{`, `}` and `*`; every other character
-  is itself.
-
-Templates are data read from JSON files that anyone may have written, and
-names may come from files too: a template is matched as a regular expression
-that cannot backtrack far. A hole matches at most 18 digits and must sit
-between text that is not digits (so where it ends is never in doubt), holes
-and wildcards are separated by text, and a template has at most two
-wildcards: matching a name of `MAX_NAME` characters then takes milliseconds
-at worst.
-"""
+Templates and names may come from anyone's files: a hole matches at most 18
+digits between text that is not digits, holes and wildcards are separated by
+text, and at most two wildcards: matching a `MAX_NAME` name takes
+milliseconds at worst."""
 
 import dataclasses
 import functools

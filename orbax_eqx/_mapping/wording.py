@@ -200,22 +200,30 @@ def report_missing(missing, virtuals, unexpected, given, ctx: Context) -> set[st
 
 
 def _did_you_mean(v: Virtual, unexpected, given, paired: set[str]) -> str:
-    alike = [
-        n
-        for n in unexpected
-        if n not in paired and given[n].shape == v.shape and given[n].dtype == v.dtype
-    ]
-    if not alike:
-        alike = [n for n in unexpected if n not in paired and given[n].shape == v.shape]
-    if not alike:
+    name = closest(
+        v.name,
+        [n for n in unexpected if given[n].shape == v.shape],
+        paired,
+        lambda n: given[n].dtype == v.dtype,
+    )
+    if name is None:
         return ""
-    close = difflib.get_close_matches(v.name, alike, n=1, cutoff=0.0)
-    name = close[0] if close else alike[0]
-    paired.add(name)
     return (
         f"; did you mean `{name}`, of that shape, which no leaf maps to? (rename "
         f"`{v.name}` to it)"
     )
+
+
+def closest(name: str, alike: list[str], paired: set[str], best=None) -> str | None:
+    """The unpaired name of `alike` closest to `name` (among those `best`
+    accepts, if any), now paired: the "did you mean" of a missing leaf."""
+    alike = [n for n in alike if n not in paired]
+    if best is not None:
+        alike = [n for n in alike if best(n)] or alike
+    close = difflib.get_close_matches(name, alike, n=1, cutoff=0.0)
+    if close:
+        paired.add(close[0])
+    return close[0] if close else None
 
 
 def _leaves(group: list[Virtual], ctx: Context) -> str:

@@ -1,6 +1,6 @@
 """Restoring: a skeleton checked against the sidecar, then arrays read into it.
 
-Owns the skeleton checks (`check` collects differences, `mismatch` words them,
+Owns the skeleton checks (`check` collects differences, and words them,
 with `classes` saying why classes differ and
 `wide` keeping 64-bit arrays from being narrowed), which leaves to read
 (`select`, `renames`), target shardings (`shardings`, `rules`),

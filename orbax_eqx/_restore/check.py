@@ -1,17 +1,19 @@
-"""Compares a skeleton with a checkpoint's sidecar, before any array is read.
-
-Every difference is collected first (`compare`, as `mismatch.Difference`s),
-then worded at once by `mismatch.judge`, by leaf path.
+"""Compares a skeleton with a checkpoint's sidecar, before any array is read:
+every difference collected first (`compare`, as `Difference`s), then worded
+at once, by leaf path (`judge`: an error, a warning, or nothing; a fix is
+offered only when it works for every difference listed).
 """
 
-import difflib
-from collections.abc import Callable, Collection
+import dataclasses
+from collections.abc import Callable, Collection, Sequence
 from typing import Literal
 
 import jax
 
-from .._errors import CheckpointMismatchError, OrbaxEqxWarning, warn_user
+from .._errors import CheckpointMismatchError, OrbaxEqxWarning, bullet_list, warn_user
 from .._format.sidecar import Metadata
+from .._mapping.stage import Problem
+from .._mapping.wording import closest
 from .._tree.names import label
 from .._tree.values import SCALAR_TYPES, describe, encode, scalar_type
 from .._tree.walk import (
@@ -27,24 +29,137 @@ from .._tree.walk import (
 )
 from . import wide
 from .classes import explain
-from .mismatch import (
-    FIX_ABSTRACT,
-    FIX_CAST,
-    FIX_EVAL_SHAPE,
-    FIX_FILTERED,
-    FIX_INSPECT,
-    FIX_KEY,
-    FIX_KIND,
-    FIX_MISSING,
-    FIX_NONE,
-    FIX_STATIC,
-    FIX_STRICT,
-    FIX_WIDE,
-    Difference,
-    StaticPolicy,
-    judge,
-)
 from .select import suggest_prefix
+
+StaticPolicy = Literal["error", "warn"]
+
+FIX_INSPECT = (
+    "If you changed hyperparameters, rebuild the skeleton with the saved ones "
+    "(see `python -m orbax_eqx inspect {where}`)."
+)
+FIX_KIND = (
+    "Give each such skeleton leaf the kind the checkpoint holds there: a Python "
+    "value of the saved type for a Python value (any value: the saved one is "
+    "restored), an array of the saved shape and dtype for an array (see `python -m "
+    "orbax_eqx inspect {where}`)."
+)
+FIX_KEY = (
+    "PRNG keys are never cast: build those skeleton leaves with the saved key "
+    'type, e.g. `jax.random.key(0, impl="rbg")` for key<rbg> (key<fry> is the '
+    "default, threefry2x32)."
+)
+FIX_NONE = (
+    "The skeleton has None where the checkpoint has arrays: a skeleton needs each "
+    "array's shape and dtype. Pass the whole model, or "
+    "`eqx.filter_eval_shape(make_model, key)`, not the static half of "
+    "`eqx.partition(model, eqx.is_array)`."
+)
+FIX_FILTERED = (
+    "The checkpoint looks like `eqx.filter(model, eqx.is_array)` of this "
+    "skeleton: it holds None wherever the skeleton has a value that is no array "
+    "(a callable, a Python value). Restore its arrays into the skeleton's arrays, "
+    "then put the rest back: `arrays, rest = eqx.partition(skeleton, lambda x: "
+    "eqx.is_array(x) or isinstance(x, jax.ShapeDtypeStruct))`, then "
+    "`model = eqx.combine(oeqx.restore(path, arrays), rest)` (under a manager, "
+    "`args=oeqx.EqxRestore(arrays)`)."
+)
+FIX_CAST = "To cast arrays to the skeleton's dtypes, pass `EqxRestore(..., cast=True)`."
+FIX_STATIC = (
+    "To restore into the skeleton as it is (the same class under another module "
+    "name, a deliberate change of a static field or callable), pass "
+    '`EqxRestore(..., on_static_mismatch="warn")`: the skeleton\'s classes, static '
+    "fields and callables are kept."
+)
+FIX_STRICT = (
+    "To leave out checkpoint leaves that the skeleton lacks, pass "
+    "`EqxRestore(..., strict=False)`; to restore one part of the checkpoint, give "
+    "a skeleton of that part and its leaf name as `prefix=` (e.g. "
+    '`prefix="model.encoder"`).'
+)
+FIX_PREFIX = (
+    "The skeleton matches the checkpoint's leaves under a prefix: pass "
+    "`EqxRestore(..., prefix={prefix})`."
+)
+FIX_MISSING = (
+    "The skeleton has leaves that the checkpoint never saved: build the skeleton "
+    "of the model that was saved, map renamed leaves with `renames=`, or, to keep "
+    "the skeleton's own values for new leaves (a fresh head for fine-tuning), "
+    'pass `EqxRestore(..., missing="keep")`.'
+)
+FIX_ABSTRACT = (
+    "A leaf kept from the skeleton needs a value: build those parts of the "
+    "skeleton as concrete arrays (e.g. with a real key instead of "
+    "`eqx.filter_eval_shape`), or map a checkpoint leaf to them with `renames=`."
+)
+FIX_WIDE = wide.FIX
+FIX_EVAL_SHAPE = wide.FIX_EVAL_SHAPE
+# Fixes of differences that only a new skeleton mends: while one of those is
+# listed, no option makes the restore work, so `on_static_mismatch="warn"` is
+# not offered.
+_REBUILD = (FIX_INSPECT, FIX_KIND, FIX_KEY, FIX_NONE, FIX_FILTERED, FIX_ABSTRACT)
+
+
+Difference = Problem  # (text, fixes, static, kind), as the planner's
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What a check says: an error to raise, a warning to give, or neither."""
+
+    error: str | None = None
+    warning: str | None = None
+
+
+def judge(
+    differences: Sequence[Difference],
+    where: str,
+    policy: StaticPolicy,
+    prefix: str | None = None,
+) -> Verdict:
+    """The message for `differences` of the checkpoint at `where`; `prefix`, a
+    leaf name under which the skeleton matches, is offered first."""
+    errors = [d for d in differences if not d.static or policy == "error"]
+    statics = [d.text for d in differences if d.static]
+    if not errors:
+        if statics:  # under "warn" only: else they would be errors
+            return Verdict(warning=_message(statics, where, [], "restoring anyway"))
+        return Verdict()
+    fixes = _fixes(differences, errors, prefix)
+    texts = [d.text for d in errors if not d.static] + [
+        d.text for d in errors if d.static
+    ]
+    return Verdict(error=_message(texts, where, [f.format(where=where) for f in fixes]))
+
+
+def _fixes(differences, errors, prefix) -> list[str]:
+    """The fixes to offer, in the order their differences were found."""
+    fixes = [f for d in differences for f in d.fixes if f is not FIX_STATIC]
+    if prefix is not None:  # then the skeleton is fine as it is
+        literal = repr(prefix) if "\\" in prefix else f'"{prefix}"'
+        braced = literal.replace("{", "{{").replace("}", "}}")
+        fixes = [FIX_PREFIX.replace("{prefix}", braced)] + [
+            f for f in fixes if f is not FIX_MISSING
+        ]
+    rebuild = any(f in _REBUILD for d in errors if not d.static for f in d.fixes)
+    if any(d.static for d in errors) and not rebuild:
+        fixes.append(FIX_STATIC)
+    fixes = list(dict.fromkeys(fixes))
+    if FIX_FILTERED in fixes and len(fixes) > 1:  # then no filter explains it
+        fixes[fixes.index(FIX_FILTERED)] = FIX_KIND
+        fixes = list(dict.fromkeys(fixes))
+    return fixes
+
+
+def _message(problems, where, fixes, verdict=None) -> str:
+    n = len(problems)
+    head = (
+        f"The skeleton does not match the checkpoint at {where} "
+        f"({n} difference{'s' if n != 1 else ''}"
+        + (f"; {verdict}" if verdict else "")
+        + "):"
+    )
+    return "\n".join([head, bullet_list(problems), *fixes])
+
 
 MissingPolicy = Literal["error", "keep"]
 
@@ -64,17 +179,10 @@ def check(
     target: Callable[[str], str] | None = None,
     planned: Collection[str] = (),
 ) -> list[Leaf]:
-    """Raises `CheckpointMismatchError` listing every difference.
-
-    `saved.leaves` and `saved.modules` are keyed by the name `target(skeleton
-    name)` (`select.Selection`). Leaves whose target name is in `planned` are
-    left to the plan of a mapping that changes arrays, which checked them
-    (`Selection.planned`). Returns the skeleton leaves to keep as they are:
-    those that the checkpoint lacks, with `missing="keep"`.
-
-    Each fix offered is one that works: `on_static_mismatch="warn"` only when
-    no difference that needs a new skeleton (a shape, a kind) is listed.
-    """
+    """Raises `CheckpointMismatchError` listing every difference; returns the
+    skeleton leaves to keep as they are (`missing="keep"`). `saved` is keyed
+    by `target(skeleton name)`; leaves whose target is in `planned` were
+    checked by a mapping's plan."""
     differences, kept = compare(
         walked,
         saved,
@@ -153,25 +261,21 @@ def _same(name: str) -> str:
 
 def _absent_all(absent, unexpected, missing, differences) -> set[str]:
     """The skeleton leaves the checkpoint lacks, each paired with a checkpoint
-    leaf of its shape and dtype that the skeleton lacks, if there is one
-    ("did you mean"); returns the checkpoint leaves so paired."""
+    leaf of its shape and dtype that the skeleton lacks, if there is one;
+    returns the checkpoint leaves so paired."""
     paired: set[str] = set()
+    records = {r.name: r for r in unexpected if r.kind == ARRAY}
     for leaf, name in absent:
         x = leaf.value
-        alike = {
-            r.name: r
-            for r in unexpected
-            if r.kind == ARRAY
-            and r.name not in paired
-            and leaf.kind == ARRAY
+        alike = [
+            n
+            for n, r in records.items()
+            if leaf.kind == ARRAY
             and r.shape == tuple(x.shape)
             and r.dtype == str(x.dtype)
-        }
-        guess = difflib.get_close_matches(name, list(alike), n=1, cutoff=0.0)
-        shown = None
-        if guess:
-            paired.add(guess[0])
-            shown = label(guess[0], alike[guess[0]].path)
+        ]
+        guess = closest(name, alike, paired)
+        shown = None if guess is None else label(guess, records[guess].path)
         differences.append(_absent(leaf, name, missing, shown))
     return paired
 

@@ -1,11 +1,6 @@
-"""Target shardings from rules on leaf names: how people describe model parallelism.
-
-`shardings_from_rules(mesh, rules)` turns `[(regex, PartitionSpec), ...]` into
-the `(name, leaf) -> Sharding` function that `EqxRestore(shardings=...)` takes.
-Every rule is checked against the mesh when the function is built; every leaf
-against its rule when the function is called, so that a bad rule is reported
-by leaf name before any array is read.
-"""
+"""`shardings_from_rules`: target shardings from `(regex, PartitionSpec)` rules
+on leaf names, every rule checked against the mesh when built, every leaf
+against its rule before any array is read."""
 
 import math
 import re

@@ -1,10 +1,5 @@
-"""Per-tensor checksums in a safetensors file's `__metadata__`.
-
-`__metadata__[CHECKSUMS]` is a JSON object `{tensor name: its XXH3-64}`, each
-sum the 16 lowercase hexadecimal digits of the XXH3-64 of the tensor's bytes
-as stored. `export` writes it; `verify` checks it. What a file holds there is
-attacker input: `recorded` refuses anything else.
-"""
+"""Per-tensor checksums in `__metadata__[CHECKSUMS]`: `{tensor name: the 16
+lowercase hexadecimal digits of the XXH3-64 of its bytes}`."""
 
 import json
 import re

@@ -1,17 +1,8 @@
-"""Reading and checking the header of one safetensors file, wherever it is.
-
-The header is attacker input. It is read through the byte layer (a local
-regular file, never a FIFO; or an object, every response's length checked),
-in two bounded reads: the 8-byte length, then the JSON, whose length is
-checked against the file before anything of that size is allocated. Then,
-as allow lists: a JSON object of tensors and one `__metadata__` map of
-strings; no name twice; each name a string of at most `MAX_NAME` characters,
-valid Unicode, no control characters; each record as the schema `_Tensor`
-spells it: a dtype code of `dtypes.DTYPES`, a shape of at most `MAX_RANK`
-dimensions of at most 2**62, two offsets; and across records, each tensor's
-offsets spanning exactly its bytes, the tensors back to back from the end of
-the header; and the file exactly as long as its last tensor's end.
-"""
+"""Reading and checking one safetensors header (attacker input), wherever it is:
+the 8-byte length, then the JSON, checked against the file's size before
+anything that large is allocated; then allow lists (`_Tensor`: dtype codes,
+shapes, offsets), each tensor's bytes back to back, and the file exactly as
+long as its last tensor's end."""
 
 import concurrent.futures
 import dataclasses

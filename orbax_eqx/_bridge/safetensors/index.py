@@ -1,17 +1,8 @@
-"""The files of a safetensors source, found and checked before any tensor is read.
-
-A source is one `.safetensors` file; a directory holding a
-`model.safetensors.index.json` (Hugging Face's sharded layout), or without
-one every `.safetensors` file in it (local directories only: an object store
-is not listed, so there it must hold an index or one `model.safetensors`);
-or a list of files. Paths may be local, `gs://...` or `s3://...`.
-
-The index is attacker input: read bounded (`MAX_INDEX_BYTES`, never from a
-FIFO), a JSON object whose `weight_map` maps allowed tensor names to file
-names that are plain names of `.safetensors` files in the index's own
-directory (`FILE_NAME`: no `/`, no `..`, no URL, no absolute path), and every
-tensor it names must be in the file it says.
-"""
+"""The files of a safetensors source (a file; a directory, through its
+`model.safetensors.index.json` or, local only, every `.safetensors` in it; a
+list of files), found and checked before any tensor is read. The index is
+attacker input: read bounded, its `weight_map` naming allowed tensors and
+plain file names beside it (`FILE_NAME`), each tensor in the file it says."""
 
 import os
 import posixpath

@@ -1,18 +1,8 @@
-"""Writing safetensors files: a header, then each tensor at its offset, in any order.
-
-We write the format ourselves rather than through `safetensors.numpy.save_file`
-for two reasons: that function needs every tensor in memory at once, and its
-numpy reader cannot give back float8 tensors. A `FileWriter` writes the
-header first, then each tensor at its offset whenever it is ready
-(`os.pwrite`), so that an export can produce tensors in whatever order keeps
-its memory bounded (all the layers of a stacked leaf together) while the
-file keeps the reference writer's order: largest items first, so that every
-tensor starts at a multiple of its item size. Files are written under a new
-random name beside their final one (`O_EXCL | O_NOFOLLOW`: never through a
-planted link), checked, then renamed into place by the caller. Files we
-write are checked with the `safetensors` library's own reader
-(`check_with_library`).
-"""
+"""Writing safetensors files: the header, then each tensor at its offset in any
+order (`os.pwrite`), so an export keeps its memory bounded, while the file
+keeps the reference writer's order (largest items first). Files are written
+under a new random name (`O_EXCL | O_NOFOLLOW`), checked with the
+`safetensors` library's reader, then renamed into place by the caller."""
 
 import json
 import os
@@ -61,11 +51,6 @@ def as_bytes(array: np.ndarray) -> memoryview:
         array = array.byteswap()
     # Through uint8: the buffer protocol knows neither bfloat16 nor float8.
     return array.reshape(-1).view(np.uint8).data
-
-
-def write_array(f, array: np.ndarray) -> None:
-    """Writes the bytes of `array` (C order, little-endian) to the open file `f`."""
-    f.write(as_bytes(array))
 
 
 class FileWriter:

@@ -1,10 +1,5 @@
-"""The rules a mapping is made of, one transformation a file, each with its
-inverse beside it (see `base.Rule`), and `Rule`, their tagged union: JSON
-`{"op": "stack", ...}` decodes to the rule of that op, checked by msgspec.
-
-May import: `.._tree` (field keys read a tree), the mapping's `templates`,
-`regex`, `stage`, `pieces`, `errors`.
-"""
+"""The rules a mapping is made of, one transformation a file with its inverse
+beside it, and `Rule`, their msgspec tagged union (`{"op": "stack", ...}`)."""
 
 from .cast import Cast
 from .drop import Drop, Ignore

@@ -1,13 +1,7 @@
-"""What every rule of a mapping is: a msgspec struct (its JSON, checked by
-msgspec against the bounds below) and one step of the plan.
-
-A rule acts in the direction leaves -> tensors (the way `to_state_dict`
-goes): `apply` turns the virtual tensors made so far (`stage.Virtual`) into
-the next ones. Loading never runs a rule backwards: the planner makes the
-tensors a skeleton's leaves would become, compares them with the tensors it
-is given, and reads each piece the other way (`pieces.to_leaf`), so every
-rule's inverse is derived from the same pieces.
-"""
+"""What every rule is: a msgspec struct (its JSON checked against the bounds
+below) whose `apply` turns the tensors made so far (`stage.Virtual`) into the
+next ones, from the leaves towards the tensors. Loads never run a rule
+backwards: they read the same pieces the other way (`pieces.to_leaf`)."""
 
 import functools
 import re
@@ -33,6 +27,16 @@ Size = Annotated[int, msgspec.Meta(ge=0, le=MAX_SIZE)]
 
 class Rule(msgspec.Struct, frozen=True, forbid_unknown_fields=True, tag_field="op"):
     """One transformation of a mapping; each kind is tagged by its `"op"`."""
+
+    def __post_init__(self):
+        if isinstance(getattr(self, "match", None), str | list):
+            self.selected()  # a template that breaks the grammar: refused here
+
+    def selected(self) -> tuple[templates.Template, ...]:
+        """The templates of the rule's `"match"` (wildcards allowed)."""
+        match = getattr(self, "match")
+        where = f'The `{self.__struct_config__.tag}` rule: "match"'
+        return selector((match,) if isinstance(match, str) else tuple(match), where)
 
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
         raise NotImplementedError
@@ -71,18 +75,16 @@ def first_match(
 
 
 def each_matched(
-    match: str | list[str],
-    where: str,
+    rule: Rule,
     virtuals: list[Virtual],
     ctx: Context,
     change: Callable[[Virtual], list[Virtual]],
 ) -> list[Virtual]:
-    """The tensors after a rule that changes each one `match` selects:
-    `change(v)` says what stands in its place (nothing, itself, or a changed
-    one); the others stay as they are. A pattern that matches nothing is a
-    problem (`unmatched`)."""
-    chosen = patterns(match)
-    selected = selector(chosen, where)
+    """The tensors after `rule` puts `change(v)` (nothing, itself, or a changed
+    one) in place of each one its `"match"` selects; a pattern that matches
+    nothing is a problem (`unmatched`)."""
+    chosen = patterns(getattr(rule, "match"))
+    selected = rule.selected()
     used = [False] * len(chosen)
     out = []
     for v in virtuals:

@@ -1,18 +1,11 @@
-"""`cast`: the dtype a tensor is written in.
-
-`{"op": "cast", "match": "**", "dtype": "bfloat16"}`: the tensors matched are
-written in that dtype (`to_state_dict`, exports). Loading reads them into
-the leaves' own dtypes: a tensor in the dtype the mapping says is expected,
-not a mismatch (any other dtype needs `cast=True`).
-
-Inverse: the cast back to the leaf's dtype, which readers do once, after
-placing the values.
-"""
+"""`cast`: the dtype a tensor is written in (`{"op": "cast", "match": "**",
+"dtype": "bfloat16"}`); loads expect it, and cast back to the leaves' own
+dtypes once the values are placed (the inverse)."""
 
 from typing import Literal
 
 from ..stage import Context, Virtual
-from .base import Match, Rule, each_matched, patterns, selector
+from .base import Match, Rule, each_matched
 
 # Dtypes a tensor may be cast to: what safetensors and PyTorch hold, by their
 # numpy (ml_dtypes) names.
@@ -35,17 +28,11 @@ Dtype = Literal[
     "complex64",
     "complex128",
 ]
-_WHERE = 'A `cast` rule: "match"'
 
 
 class Cast(Rule, frozen=True, tag="cast"):
     match: Match
     dtype: Dtype
 
-    def __post_init__(self):
-        selector(patterns(self.match), _WHERE)
-
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
-        return each_matched(
-            self.match, _WHERE, virtuals, ctx, lambda v: [v.but(dtype=self.dtype)]
-        )
+        return each_matched(self, virtuals, ctx, lambda v: [v.but(dtype=self.dtype)])

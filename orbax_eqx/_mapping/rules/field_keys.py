@@ -1,17 +1,6 @@
-"""`field_keys`: names a model's own fields give themselves.
-
-A field declared `eqx.field(metadata={"state_dict_key": "c_attn"})` is
-called `c_attn` in the tensors' names, wherever its module is in the tree
-(`blocks.attn.qkv.weight` -> `blocks.attn.c_attn.weight`); a key of `""`
-leaves the field's part out of the names (a wrapper whose PyTorch
-counterpart has no such level). `{"op": "field_keys", "key":
-"state_dict_key"}` reads them from the tree a mapping is applied to; a
-mapping resolved against a tree (`StateDictMapping.resolve`) holds them as a
-plain `rename` instead, so it works without the model's classes (exporting
-a checkpoint by path).
-
-Inverse: the rename's.
-"""
+"""`field_keys`: a field declared `eqx.field(metadata={"state_dict_key": "c_attn"})`
+is called `c_attn` in the tensors' names (`""` leaves its part out). Read
+from the tree; `StateDictMapping.resolve` writes them out as a plain `rename`."""
 
 import dataclasses
 from typing import Any

@@ -1,13 +1,5 @@
-"""`fuse`: several tensors are one, concatenated along an axis (`split`'s
-inverse).
-
-`{"op": "fuse", "parts": ["h.{i}.attn.q.weight", "h.{i}.attn.k.weight",
-"h.{i}.attn.v.weight"], "axis": 1, "into": "h.{i}.attn.c_attn.weight"}`:
-the parts, concatenated along `axis` in the order given, are one tensor.
-Parts take no wildcards: each name is found from the first part's holes.
-
-Inverse: the tensor split into its parts (a load reads each part's rows).
-"""
+"""`fuse`: several tensors are one, concatenated along `"axis"` in the order of
+`"parts"` (GPT-2's `c_attn`). Inverse: the tensor split into its parts."""
 
 import functools
 from typing import Annotated

@@ -1,22 +1,10 @@
 """`reshape`, `squeeze` and `expand_dims`: the tensor holds the same values in
-another shape (C order), each the others' inverse.
+another shape (C order), each the others' inverse, carried by the pieces.
 
-`{"op": "reshape", "match": "cls_token", "shape": [1, 1, -1]}`: the tensor
-is `x.reshape(shape)` (one `-1` is inferred). `{"op": "squeeze", "match":
-"**.conv.bias", "axes": [1, 2]}` drops axes of length 1 (`null`: all of
-them; `eqx.nn.Conv2d` keeps its bias as (D, 1, 1) where PyTorch has (D,)),
-`{"op": "expand_dims", "match": "pos_embed", "axes": [0]}` inserts them
-(ViT's (1, N+1, D) position embeddings), as numpy's functions do.
-
-Inverse: the reshape back, carried by the pieces. Adding or removing axes of
-length 1 keeps each piece whole. Merging or splitting axes cuts the pieces
-into boxes that are boxes on both sides: per group of axes that merge or
-split, runs of the largest size both shapes hold as one box (a (H, hd, D)
-leaf as an (H * hd, D) tensor: one piece per head), so any box of a leaf,
-a device's shard of it included, still maps to exactly the tensor's rows
-that hold it. A reshape that would cut a tensor into more than
-`MAX_PIECES` pieces is refused before anything is read.
-"""
+Axes of length 1 keep each piece whole; merging or splitting axes cuts the
+pieces into boxes that are boxes on both sides (a (H, hd, D) leaf as an
+(H * hd, D) tensor: one piece per head), so any box of a leaf still maps to
+exactly the rows that hold it. More than `MAX_PIECES` pieces is refused."""
 
 import itertools
 import math
@@ -27,16 +15,7 @@ import msgspec
 from ..errors import MappingError
 from ..pieces import Box, Piece, clip, shape
 from ..stage import Context, Virtual
-from .base import (
-    MAX_RANK,
-    MAX_SIZE,
-    Axis,
-    Match,
-    Rule,
-    each_matched,
-    patterns,
-    selector,
-)
+from .base import MAX_RANK, MAX_SIZE, Axis, Match, Rule, each_matched
 
 MAX_PIECES = 1 << 16  # pieces one reshape may cut one tensor into
 Dim = Annotated[int, msgspec.Meta(ge=-1, le=MAX_SIZE)]
@@ -52,7 +31,7 @@ class Reshape(Rule, frozen=True, tag="reshape"):
     shape: Annotated[list[Dim], msgspec.Meta(max_length=MAX_RANK)]
 
     def __post_init__(self):
-        selector(patterns(self.match), 'A `reshape` rule: "match"')
+        super().__post_init__()
         if self.shape.count(-1) > 1:
             raise MappingError(
                 f'A `reshape` rule: "shape" {self.shape} has more than one -1.'
@@ -69,15 +48,12 @@ class Reshape(Rule, frozen=True, tag="reshape"):
                 out[out.index(-1)] = size // known
             return tuple(out) if math.prod(out) == size else None
 
-        return _each(self, 'A `reshape` rule: "match"', virtuals, ctx, new_shape)
+        return _each(self, virtuals, ctx, new_shape)
 
 
 class Squeeze(Rule, frozen=True, tag="squeeze"):
     match: Match
     axes: Axes | None = None
-
-    def __post_init__(self):
-        selector(patterns(self.match), 'A `squeeze` rule: "match"')
 
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
         def new_shape(v: Virtual) -> tuple[int, ...] | None:
@@ -91,15 +67,12 @@ class Squeeze(Rule, frozen=True, tag="squeeze"):
                 return None
             return tuple(n for a, n in enumerate(v.shape) if a not in gone)
 
-        return _each(self, 'A `squeeze` rule: "match"', virtuals, ctx, new_shape)
+        return _each(self, virtuals, ctx, new_shape)
 
 
 class ExpandDims(Rule, frozen=True, tag="expand_dims"):
     match: Match
     axes: Axes
-
-    def __post_init__(self):
-        selector(patterns(self.match), 'An `expand_dims` rule: "match"')
 
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
         def new_shape(v: Virtual) -> tuple[int, ...] | None:
@@ -112,10 +85,10 @@ class ExpandDims(Rule, frozen=True, tag="expand_dims"):
             dims = iter(v.shape)
             return tuple(1 if a in new else next(dims) for a in range(rank))
 
-        return _each(self, 'An `expand_dims` rule: "match"', virtuals, ctx, new_shape)
+        return _each(self, virtuals, ctx, new_shape)
 
 
-def _each(rule, where, virtuals, ctx: Context, new_shape) -> list[Virtual]:
+def _each(rule, virtuals, ctx: Context, new_shape) -> list[Virtual]:
     def change(v: Virtual) -> list[Virtual]:
         target = new_shape(v)
         if target is None:
@@ -135,7 +108,7 @@ def _each(rule, where, virtuals, ctx: Context, new_shape) -> list[Virtual]:
             return [v]
         return [v.but(shape=target, pieces=tuple(pieces))]
 
-    return each_matched(rule.match, where, virtuals, ctx, change)
+    return each_matched(rule, virtuals, ctx, change)
 
 
 def reshaped(pieces, old: tuple, new: tuple) -> list[Piece] | None:

@@ -1,13 +1,6 @@
-"""`split`: one tensor is several, its parts along an axis (`fuse`'s inverse).
-
-`{"op": "split", "match": "model.layers.{i}.self_attn.qkv_proj.weight",
-"axis": 0, "into": ["model.layers.{i}.self_attn.q_proj.weight", ...],
-"sizes": [64, 16, 16]}`: the parts, in order along `axis`, of the sizes
-given (unequal ones for grouped-query attention), or equal parts with
-`"sizes": null`. The names of `into` repeat the holes of `match`.
-
-Inverse: the parts fused again (a load reads each part into its rows).
-"""
+"""`split`: one tensor is several, its parts along `"axis"` (`"sizes"`, or equal
+parts with `null`); the names of `"into"` repeat the holes of `"match"`.
+Inverse: the parts fused again."""
 
 import functools
 from typing import Annotated

@@ -1,17 +1,7 @@
-"""`stack`: a leading layer axis of leaves ⇄ one tensor per layer.
-
-`{"op": "stack", "from": "blocks", "to": "h.{i}"}`: every leaf under
-`blocks` (a scanned stack, made with `eqx.filter_vmap`) has the layers on its
-first axis; `blocks.attn.w` of shape (L, ...) becomes the tensors
-`h.0.attn.w` ... `h.{L-1}.attn.w` of shape (...). Each hole of `to` that
-`from` lacks takes one leading axis, in the order the holes appear in `to`:
-`"to": "g.{i}.l.{j}"` unstacks two axes. Holes of `from` (left by an earlier
-stack) are carried over, so stacks nest: `stack("groups", "g.{i}")` then
-`stack("g.{i}.layers", "g.{i}.l.{j}")`.
-
-Inverse: the layers' tensors, stacked along the leading axis (a load reads
-each layer's tensor into its row of the leaf).
-"""
+"""`stack`: a leading layer axis of the leaves under `"from"` ⇄ one tensor per
+layer (`{"op": "stack", "from": "blocks", "to": "h.{i}"}`): each new hole of
+`"to"` takes one leading axis, holes of `"from"` are carried over, so stacks
+nest. Inverse: each layer's tensor read into its row of the leaf."""
 
 import functools
 import itertools

@@ -1,14 +1,6 @@
-"""`tie`: a tensor that is a copy of another (a tied output head).
-
-`{"op": "tie", "tensor": "lm_head.weight", "to": "wte.weight", "export":
-false}`: Hugging Face ties GPT-2's `lm_head.weight` to `wte.weight`, and its
-files hold it or not. A load accepts it when it is there, and checks that
-it holds the same values as `to` (an untied head of other values is an
-error, not silently dropped); with `"export": true`, exports write it too,
-as a copy of `to` (what `model.state_dict()` of a PyTorch model holds).
-
-Inverse: reading `to` (the copy adds no values).
-"""
+"""`tie`: a tensor that is a copy of another (`lm_head.weight` of `wte.weight`):
+a load checks it holds the same values; with `"export": true` exports write
+it. Inverse: reading `"to"`."""
 
 from .base import Rule, Text
 

@@ -1,13 +1,6 @@
-"""`transpose`: the tensor holds a leaf's axes in another order.
-
-`{"op": "transpose", "match": "h.{i}.attn.c_attn.weight", "perm": [1, 0]}`:
-the tensor is `x.transpose(perm)` of what the rules before made (GPT-2's
-`Conv1D` keeps its weight as (in, out), where `eqx.nn.Linear` has (out,
-in)). `"perm": null` reverses the axes. `"match"` is a template or a list of
-them, wildcards allowed.
-
-Inverse: the inverse permutation, which each piece carries (`Piece.perm`).
-"""
+"""`transpose`: the tensor is `x.transpose(perm)` of what the rules before made
+(`{"op": "transpose", "match": "h.{i}.mlp.c_fc.weight", "perm": [1, 0]}`;
+`null` reverses the axes). Inverse: the inverse permutation (`Piece.perm`)."""
 
 from typing import Annotated
 
@@ -15,10 +8,9 @@ import msgspec
 
 from ..errors import MappingError
 from ..stage import Context, Virtual, permute
-from .base import MAX_RANK, Match, Rule, each_matched, patterns, selector
+from .base import MAX_RANK, Match, Rule, each_matched
 
 AxisIndex = Annotated[int, msgspec.Meta(ge=0, le=MAX_RANK - 1)]
-_WHERE = 'A `transpose` rule: "match"'
 
 
 class Transpose(Rule, frozen=True, tag="transpose"):
@@ -26,7 +18,7 @@ class Transpose(Rule, frozen=True, tag="transpose"):
     perm: Annotated[list[AxisIndex], msgspec.Meta(max_length=MAX_RANK)] | None = None
 
     def __post_init__(self):
-        selector(patterns(self.match), _WHERE)
+        super().__post_init__()
         if self.perm is not None and sorted(self.perm) != list(range(len(self.perm))):
             raise MappingError(
                 f'A `transpose` rule: "perm" {list(self.perm)} is not a permutation '
@@ -51,4 +43,4 @@ class Transpose(Rule, frozen=True, tag="transpose"):
                 )
             ]
 
-        return each_matched(self.match, _WHERE, virtuals, ctx, permuted)
+        return each_matched(self, virtuals, ctx, permuted)
