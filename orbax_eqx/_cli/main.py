@@ -46,7 +46,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run(args)
     finally:
         sys.stdout, sys.stderr = streams
-        sys.unraisablehook = hook
+        # Run as the program (no `argv`), the quiet hook stays until exit:
+        # reads abandoned by a failed one may finish as the interpreter ends.
+        if argv is not None:
+            sys.unraisablehook = hook
 
 
 # The module of each command, and the packages some need, by their extras.
