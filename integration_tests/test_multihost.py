@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from orbax_eqx._format.compact import expand
+from tests.sidecars import expand
 
 from . import _procs
 

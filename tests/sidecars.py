@@ -7,18 +7,21 @@ edit breaks. An attacker recomputes it; so do these helpers (`edit`,
 
 From format 6 on a save also writes its common records short (rows, module
 and node types: `orbax_eqx/_format/compact.py`). `read` gives every record
-whole, and `write` writes short what a save would write short: a test edits
-records as format 5 spells them, and what it changed is written whole.
-`tests/test_compact.py` edits the short forms themselves.
+whole (`expand`, the inverse of what the save does), and `write` writes short
+what a save would write short: a test edits whole records, and what it
+changed is written whole. `tests/test_compact.py` edits the short forms
+themselves.
 """
 
 import json
 import re
+from typing import Any
 
 from orbax_eqx._format.checksum import digest
-from orbax_eqx._format.compact import expand
-from orbax_eqx._format.sidecar import FILE_NAME, checksum_line
+from orbax_eqx._format.compact import LENGTH, NODE, Paths, children_of
+from orbax_eqx._format.sidecar import FILE_NAME, checksum_line, itemsize
 from orbax_eqx._format.sidecar_write import to_bytes
+from orbax_eqx._tree.walk import parse_dtype
 
 _LAST = re.compile(rb'\n "checksum": "[^"]*"\n}\n\Z')
 
@@ -78,3 +81,70 @@ def write_json(path, content: dict) -> None:
     save seals it (the old checksum member dropped, a new one last)."""
     body = {k: v for k, v in content.items() if k != "checksum"}
     path.write_bytes(seal_text(json.dumps(body)))
+
+
+def expand_leaf(name: str, entry: Any, paths: Paths) -> Any:
+    """The whole record of a leaf's entry: a row (`[dtype, shape, offset,
+    xxh3]`) or a record without its path, as the save writes them short."""
+    if isinstance(entry, list) and len(entry) == 4:
+        dtype, shape, offset, sum_ = entry
+        nbytes = itemsize(parse_dtype(dtype))
+        for n in shape:
+            nbytes *= n
+        record = {
+            "path": paths.of(name),
+            "kind": "array",
+            "shape": shape,
+            "dtype": dtype,
+            "container": "jax",
+            "nbytes": nbytes,
+            "data": "packed",
+            "pack": 0,
+            "offset": offset,
+        }
+        if sum_ is not None:
+            record["xxh3"] = sum_
+        return record
+    if isinstance(entry, dict) and "path" not in entry:
+        return {"path": paths.of(name), **entry}
+    return entry
+
+
+def _expand_node(name, entry, types, paths, path=None) -> Any:
+    if type(entry) is not int:
+        return entry
+    kind = dict(types[entry])
+    children = children_of(name, kind)
+    kind.pop(LENGTH, None)
+    return {"path": path or paths.of(name), **kind, "children": children}
+
+
+def expand(content: dict[str, Any]) -> dict[str, Any]:
+    """The sidecar's content with every record whole (the tables dropped):
+    what the save makes short, back."""
+    out = dict(content)
+    module_types = out.pop("module_types", [])
+    node_types = out.pop("node_types", [])
+    paths = Paths(content["modules"])
+    out["leaves"] = {n: expand_leaf(n, e, paths) for n, e in content["leaves"].items()}
+    out["modules"] = {
+        n: e
+        if type(e) is not int
+        else {
+            "path": paths.of(n),
+            "class": module_types[e]["class"],
+            "static": module_types[e]["static"],
+        }
+        for n, e in content["modules"].items()
+    }
+    if isinstance(content.get("nodes"), dict):
+        out["nodes"] = {
+            n: _expand_node(n, e, node_types, paths)
+            for n, e in content["nodes"].items()
+        }
+        for n, e in content["modules"].items():  # nodes in their module's type
+            if type(e) is int and NODE in module_types[e]:
+                out["nodes"][n] = _expand_node(
+                    n, module_types[e][NODE], node_types, paths
+                )
+    return out

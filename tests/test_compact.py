@@ -210,10 +210,10 @@ def test_a_packed_jax_array_is_a_row():
         "0123456789abcdef",
     ]
     short = compact.compact_leaf("w", dict(WHOLE), paths)
-    assert compact.expand_leaf("w", short, paths) == WHOLE
+    assert sidecars.expand_leaf("w", short, paths) == WHOLE
     unsummed = {k: v for k, v in WHOLE.items() if k != "xxh3"}
     assert compact.compact_leaf("w", unsummed, paths) == ["float32", [8, 8], 64, None]
-    assert compact.expand_leaf("w", ["float32", [8, 8], 64, None], paths) == unsummed
+    assert sidecars.expand_leaf("w", ["float32", [8, 8], 64, None], paths) == unsummed
     # Under a dict, `w` reads as `['w']`.
     in_a_dict = dict(WHOLE, path="['w']")
     assert type(compact.compact_leaf("w", in_a_dict, compact.Paths({}))) is list
@@ -241,7 +241,7 @@ def test_any_other_array_record_stays_whole(change):
     record = dict(WHOLE, **change)
     short = compact.compact_leaf("w", record, UNDER_A_MODULE)
     assert isinstance(short, dict)
-    assert compact.expand_leaf("w", short, UNDER_A_MODULE) == record
+    assert sidecars.expand_leaf("w", short, UNDER_A_MODULE) == record
 
 
 def test_modules_and_nodes_stay_whole_unless_their_types_say_the_same():
@@ -273,7 +273,7 @@ def test_modules_and_nodes_stay_whole_unless_their_types_say_the_same():
     assert out["modules"] == {"": 0, "m": 1}
     assert out["module_types"][1] == {"class": "a.B", "static": {}}
     assert out["nodes"]["m"] == absent
-    assert compact.expand(out) == content
+    assert sidecars.expand(out) == content
 
 
 def test_what_a_name_reads_as_does_not_depend_on_what_was_read_before():
@@ -489,7 +489,7 @@ def test_a_save_writes_short_what_compact_would(tmp_path, make):
     path = tmp_path / "ckpt"
     oeqx.save(path, make(KEY))
     content = _read_raw(path)
-    assert compact.compact(compact.expand(content)) == content
+    assert compact.compact(sidecars.expand(content)) == content
 
 
 def test_a_deep_chain_reads_its_paths_and_a_hostile_one_costs_little(tmp_path):
@@ -525,7 +525,7 @@ def test_a_shape_of_more_dimensions_than_numpy_has_is_damage(saved):
 
     def whole_record(c):
         paths = compact.Paths(c["modules"])
-        c["leaves"]["w"] = compact.expand_leaf("w", c["leaves"]["w"], paths)
+        c["leaves"]["w"] = sidecars.expand_leaf("w", c["leaves"]["w"], paths)
         c["leaves"]["w"]["shape"] = [2**62] * 1000
 
     _edit_raw(saved, whole_record)

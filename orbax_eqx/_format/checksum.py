@@ -22,7 +22,7 @@ import ml_dtypes
 import numpy as np
 import xxhash
 
-from .._errors import CheckpointDamagedError, bullet_list
+from .._errors import FALL_BACK, CheckpointDamagedError, bullet_list
 
 DIGEST = "xxh3"
 NAME = "XXH3-64"
@@ -105,6 +105,6 @@ def damaged(directory: Any, problems: Sequence[str]) -> CheckpointDamagedError:
         f"The data of {len(problems)} leaf(s) of the checkpoint in {directory} "
         "changed after it was saved (a flipped bit on disk, or a damaged copy):\n"
         + bullet_list(problems)
-        + "\nRestore an earlier step (`oeqx.restore_latest` falls back past "
-        "damaged steps); `python -m orbax_eqx verify PATH` checks every leaf."
+        + "\n"
+        + FALL_BACK
     )

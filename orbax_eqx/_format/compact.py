@@ -22,12 +22,11 @@ short, where the short form says exactly the same:
   (a module's or namedtuple's fields, a list's or tuple's indices, a dict's
   string keys): a list or tuple's type records its `length` instead.
 
-Each record is written short only where expanding the short form
-(`expand_leaf`, `expand_module`, `expand_node`) gives back the full record,
-value for value and type for type; any other record is written whole, as
-it is. The reader reads both forms (`schema`, `sidecar_read`): what it makes
-of a short record is what it would make of
-the full one. A save makes packed jax arrays' rows itself as it builds the
+Each record is written short only where expanding the short form gives back
+the full record, value for value and type for type; any other record is
+written whole, as it is. The reader reads both forms (`schema`,
+`sidecar_read`): what it makes of a short record is what it would make of the
+full one. A save makes packed jax arrays' rows itself as it builds the
 sidecar (`sidecar.build`), and the rest short here.
 """
 
@@ -192,29 +191,6 @@ def _row(name: str, r: dict[str, Any], paths: Paths) -> list | None:
 _INT = frozenset([int])
 
 
-def expand_leaf(name: str, entry: Any, paths: Paths) -> Any:
-    """The full record of a leaf's entry."""
-    if isinstance(entry, list) and len(entry) == 4:
-        dtype, shape, offset, sum_ = entry
-        record = {
-            "path": paths.of(name),
-            "kind": ARRAY,
-            "shape": shape,
-            "dtype": dtype,
-            "container": JAX,
-            "nbytes": row_nbytes(shape, dtype),
-            "data": PACKED,
-            "pack": 0,
-            "offset": offset,
-        }
-        if sum_ is not None:
-            record["xxh3"] = sum_
-        return record
-    if isinstance(entry, dict) and "path" not in entry:
-        return {"path": paths.of(name), **entry}
-    return entry
-
-
 def _module_type(name: str, record: Any, paths: Paths) -> dict[str, Any] | None:
     if not (
         isinstance(record, dict)
@@ -225,14 +201,6 @@ def _module_type(name: str, record: Any, paths: Paths) -> dict[str, Any] | None:
     ):
         return None
     return {"class": record["class"], "static": record["static"]}
-
-
-def expand_module(name: str, entry: Any, types: list[Any], paths: Paths) -> Any:
-    """The full record of a module's entry (an index into `types`)."""
-    if type(entry) is not int:
-        return entry
-    kind = types[entry]
-    return {"path": paths.of(name), "class": kind["class"], "static": kind["static"]}
 
 
 def _node_type(
@@ -283,43 +251,6 @@ def children_of(name: str, kind: dict[str, Any]) -> list[str] | None:
     if node == _nodes.DICT:
         return [prefix + escape_part(p) for p in kind.get("keys", [])]
     return [prefix + p for p in kind.get("fields", [])]
-
-
-def expand_node(
-    name: str, entry: Any, types: list[Any], paths: Paths, path: str | None = None
-) -> Any:
-    """The full record of a node's entry (an index into `types`); `path`, if
-    known (its module's), else read off its name."""
-    if type(entry) is not int:
-        return entry
-    kind = dict(types[entry])
-    children = children_of(name, kind)
-    kind.pop(LENGTH, None)
-    return {"path": path or paths.of(name), **kind, "children": children}
-
-
-def expand(content: dict[str, Any]) -> dict[str, Any]:
-    """The sidecar's content with every record whole
-    (the tables dropped): what `compact` makes short, back."""
-    out = dict(content)
-    module_types = out.pop(MODULE_TYPES, [])
-    node_types = out.pop(NODE_TYPES, [])
-    paths = Paths(content["modules"])
-    out["leaves"] = {n: expand_leaf(n, e, paths) for n, e in content["leaves"].items()}
-    out["modules"] = {
-        n: expand_module(n, e, module_types, paths)
-        for n, e in content["modules"].items()
-    }
-    if isinstance(content.get("nodes"), dict):
-        out["nodes"] = {
-            n: expand_node(n, e, node_types, paths) for n, e in content["nodes"].items()
-        }
-        for n, e in content["modules"].items():  # nodes in their module's type
-            if type(e) is int and NODE in module_types[e]:
-                out["nodes"][n] = expand_node(
-                    n, module_types[e][NODE], node_types, paths
-                )
-    return out
 
 
 def _text(value: Any) -> Any:

@@ -1,7 +1,6 @@
 """Finds the item directory of a checkpoint from a path a user gives."""
 
 import os
-from typing import Any
 
 from etils import epath
 
@@ -47,28 +46,6 @@ def steps_in(path: epath.Path) -> list[tuple[int, epath.Path]]:
         if p.is_dir() and p.name.isdigit() and items_in(p):
             steps.append((int(p.name), p))
     return sorted(steps)
-
-
-def items_under(directory: str | os.PathLike) -> list[tuple[int | None, epath.Path]]:
-    """Every item directory that `directory` names, as `inspect` reads paths.
-
-    An item directory is itself; a step directory gives each orbax_eqx item in
-    it; a CheckpointManager root gives each item of each finished step, oldest
-    first. Each comes with its step (None when `directory` is no root). A path
-    that names none raises what `find_item` raises.
-    """
-    path = as_path(directory)
-    readable = is_remote(path) or os.access(path, os.R_OK | os.X_OK)
-    if path.is_dir() and readable and not is_item(path):
-        items = items_in(path)
-        if items:
-            return [(None, p) for p in items]
-        found: list[tuple[int | None, Any]] = [
-            (n, p) for n, step in steps_in(path) for p in items_in(step)
-        ]
-        if found:
-            return found
-    return [(None, find_item(path))]
 
 
 def find_item(directory: str | os.PathLike) -> epath.Path:

@@ -1,7 +1,9 @@
 """Standalone `save`, `restore` and `metadata`: one checkpoint, no manager."""
 
+import inspect
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import orbax.checkpoint as ocp
 
@@ -18,8 +20,11 @@ from .._save.replace import CheckpointExistsError as CheckpointExistsError
 from .._save.replace import NotACheckpointError as NotACheckpointError
 from .._storage.typed.write import GROUP_PREFIX
 from .handler import EqxHandler, EqxRestore, EqxSave
-from .object_commit import COMMIT_FILE
-from .options import Directory, typed_like
+from .refused import COMMIT_FILE
+
+P = ParamSpec("P")
+R = TypeVar("R")
+Directory = str | os.PathLike[str]
 
 
 class NotWritableError(OrbaxEqxError, PermissionError):
@@ -167,6 +172,25 @@ def _check_writable(path) -> None:
             f"Cannot save to {path}: {ancestor} is not writable (read-only file "
             "system or no permission). Choose a writable directory."
         )
+
+
+def typed_like(
+    options: Callable[P, Any],
+) -> Callable[[Callable[..., R]], Callable[Concatenate[Directory, P], R]]:
+    """Types the decorated `f(directory, **options)`, which passes its options
+    on to the class `options`, as taking `directory` and that class's
+    parameters: type checkers catch a misspelt option, and `help()` shows
+    every parameter. One spelling of each set of options."""
+
+    def wrap(f: Callable[..., R]) -> Callable[Concatenate[Directory, P], R]:
+        first = next(iter(inspect.signature(f).parameters.values()))
+        rest = inspect.signature(options).parameters.values()
+        f.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [first, *rest], return_annotation=inspect.signature(f).return_annotation
+        )
+        return f
+
+    return wrap
 
 
 @typed_like(EqxRestore)

@@ -28,11 +28,10 @@ from .._save.hosts import check_global
 from .._save.prepare import prepare
 from .._storage.orbax_store import files as _store_files
 from .._storage.transfer.pool import MAX_IDLE, HostPool
-from . import object_commit as _object_commit
 from . import plain as _plain
 from . import rebuilt as _rebuilt
+from . import refused as _refused
 from .args import EqxRestore, EqxSave
-from .refused import undo_directories
 
 TYPESTR = "orbax_eqx.EqxHandler"
 # Set while `EqxHandler.save` runs: the save returns only once written, so the
@@ -185,13 +184,13 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         """Refuses a save an object store cannot take, before anything is
         written (and undoes the directories Orbax is making meanwhile)."""
         try:
-            _object_commit.check(directory, self._pack)
-            _object_commit.reachable(directory)  # the first save into a bucket
+            _refused.check(directory, self._pack)
+            _refused.reachable(directory)  # the first save into a bucket
         except (ObjectStoreSaveError, ObjectStoreError):
             # Refused before anything was written, while Orbax makes this
             # save's directories in the background: let it finish, or its
             # threads would wait out their timeout at exit (see `_save.futures`).
-            await undo_directories(epath.Path(directory), primary)
+            await _refused.undo_directories(epath.Path(directory), primary)
             raise
 
     async def _prepare(self, directory, item, args, token: str, primary: bool):
@@ -220,7 +219,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             # is making this save's directories in the background meanwhile:
             # let it finish, so that a save of the step right after does not
             # run into it, and remove them if they hold nothing else.
-            await undo_directories(epath.Path(directory), primary)
+            await _refused.undo_directories(epath.Path(directory), primary)
             raise
 
     async def _start_writes(

@@ -26,12 +26,13 @@ from .._errors import (
     OrbaxEqxError,
     RebuildError,
     SidecarError,
+    bullet_list,
     problem,
 )
 from .._format.sidecar import LeafMetadata, Metadata
 from .._restore.wide import flat_container
 from .._tree import nodes as _nodes
-from .._tree.names import join
+from .._tree.names import join, label
 from .._tree.values import describe
 from .._tree.walk import (
     ARRAY,
@@ -40,11 +41,10 @@ from .._tree.walk import (
     SCALAR,
     SHARED,
     display_path,
+    fields_of,
 )
-from . import stand_in as _stand_in
 from .allow import Refused, Resolver, suggestion, unnameable
-from .decode import DRY, At, Decoder
-from .problems import Problem, error
+from .decode import DRY, At, Decoder, stand_in
 from .shared import selectors
 
 # Deeper than any tree JAX flattens (saves flatten with JAX): a rebuild makes
@@ -76,6 +76,44 @@ class _Refusing:
             if answer is DRY:
                 self.names.append(name)  # (once each)
         return answer
+
+
+@dataclasses.dataclass
+class Problem:
+    """One leaf or module that cannot be rebuilt, and why."""
+
+    name: str  # the leaf name, what the message shows
+    path: str  # the leaf path (`keystr`), what `RebuildError.problems` holds
+    text: str
+    allow: str | None = None
+
+
+def error(saved: Metadata, allow: tuple[str, ...], problems) -> RebuildError:
+    """The error of a rebuild under `allow` that met `problems`."""
+    needed = sorted({p.allow for p in problems if p.allow is not None})
+    lines = [f"{label(p.name, p.path)}: {p.text}" for p in problems]
+    fix = []
+    if needed:
+        wanted = sorted(set(allow) | set(needed))
+        fix.append(
+            f"If you trust them, pass `allow={wanted!r}` (a rebuild imports "
+            "exactly these modules, and finds names in them and in what they "
+            "import themselves)."
+        )
+    if any(p.allow is None for p in problems):
+        fix.append(
+            "What cannot be rebuilt needs a skeleton: restore into one "
+            "(`oeqx.restore(path, skeleton)`)."
+        )
+    fix.append(f"`python -m orbax_eqx inspect {saved.directory}` lists what to allow.")
+    return RebuildError(
+        f"Cannot rebuild the checkpoint at {saved.directory} without a skeleton "
+        f"under `allow={list(allow)!r}`: {len(problems)} "
+        f"{'leaf or module' if len(problems) == 1 else 'leaves or modules'} "
+        f"cannot be rebuilt:\n{bullet_list(lines)}\n" + " ".join(fix),
+        [(display_path(p.path), p.text) for p in problems],
+        needed,
+    )
 
 
 def skeleton(saved: Metadata, allow: tuple[str, ...], prefix: str | None = None):
@@ -327,7 +365,7 @@ class _Builder:
         if not (isinstance(cls, type) and issubclass(cls, eqx.Module)):
             self.refuse(at, f"`{info.cls}` is not an Equinox module class")
             return names, _none, ready
-        dynamic, static_names = _nodes.fields_of(cls)
+        dynamic, static_names = fields_of(cls)
         if tuple(fields) != dynamic or set(static_names) != set(info.static) | set(
             absent
         ):
@@ -405,7 +443,7 @@ class _Builder:
         and a refusal."""
         if self.dry and self._jax_array(leaf):
             return None  # refused never: only numpy stand-ins can be
-        value, refusal = _stand_in.array(self.saved, leaf)
+        value, refusal = stand_in(self.saved, leaf)
         if refusal is not None:
             self.refuse((leaf.name, leaf.path), refusal)
         return value

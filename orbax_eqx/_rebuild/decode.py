@@ -1,5 +1,5 @@
 """Recorded values made real for a rebuild: static fields, dict keys, `State`
-markers, callable leaves.
+markers, callable leaves, and stand-ins for saved arrays.
 
 Literals are decoded exactly (`_tree/values.py`); classes, callables and
 enums are looked up under `allow` (`allow.py`); numpy scalars and dtypes are
@@ -14,8 +14,11 @@ import enum
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
+from .._format.sidecar import ALIAS, EMPTY, PACKED, LeafMetadata, Metadata
+from .._restore.wide import flat_container
 from .._tree.names import label
 from .._tree.values import (
     Unrebuildable,
@@ -24,6 +27,7 @@ from .._tree.values import (
     describe,
     scalar_type,
 )
+from .._tree.walk import JAX, NUMPY_SCALAR, parse_dtype
 
 # `(leaf name, leaf path)` of a value, or of the dict a key is of.
 At = tuple[str, str]
@@ -178,3 +182,52 @@ def _literal_set(cls_name: Any, text: Any) -> Any:
     except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
         return None
     return kind(value) if isinstance(value, set) else None
+
+
+_SMALL = 64  # bytes an element of any numeric dtype fits in
+
+
+def stand_in(saved: Metadata, leaf: LeafMetadata) -> tuple[Any, str | None]:
+    """`(stand-in, None)`: a skeleton leaf for a saved array, with its shape
+    and dtype and no data, in the container a restore without a skeleton
+    gives back (`_restore/wide.py`); or `(None, why not)`. A numpy stand-in
+    holds one element, whatever the shape: nothing is allocated for what
+    only the record claims (`_orbax.rebuilt` checked that packed leaves'
+    bytes are in their files)."""
+    dtype = parse_dtype(leaf.dtype)
+    shape = tuple(leaf.shape or ())
+    kind = flat_container(leaf)
+    if kind == JAX:
+        return jax.ShapeDtypeStruct(shape, dtype), None
+    source = (
+        saved.source(leaf)
+        if leaf.data != ALIAS or (leaf.alias_of in saved.leaves)
+        else None
+    )
+    if (
+        leaf.data != EMPTY
+        and np.dtype(dtype).itemsize > _SMALL
+        and (source is None or source.data != PACKED)
+    ):
+        return None, (
+            f"an array of dtype {leaf.dtype} stored other than packed cannot "
+            "be rebuilt (a save packs such arrays)"
+        )
+    if leaf.data == EMPTY:
+        return np.empty(shape, dtype), None  # zero elements: nothing allocated
+    one = _one(np.dtype(dtype))
+    if kind == NUMPY_SCALAR:
+        return one, None
+    return np.broadcast_to(np.asarray(one), shape), None
+
+
+def _one(dtype: np.dtype) -> Any:
+    """A numpy scalar of `dtype`: strings and bytes of their full size (numpy
+    gives an empty string the dtype `<U0`)."""
+    if dtype.kind == "U":
+        return np.str_("\x01" * (dtype.itemsize // 4))
+    if dtype.kind == "S":
+        return np.bytes_(b"\x01" * dtype.itemsize)
+    if dtype.type is np.void:
+        return np.void(bytes(dtype.itemsize))
+    return np.zeros((), dtype)[()]

@@ -1,6 +1,6 @@
 """How a walk names leaves: key paths to leaf names (`Namer`, `eqx.nn.State`
 entries by the layer that owns them) and to the text `jtu.keystr` prints
-(`Shown`), each built on its parent's, in loops (deep trees must not recurse).
+(`Labels`), each built on its parent's, in loops (deep trees must not recurse).
 """
 
 import ast
@@ -14,71 +14,38 @@ import jax.tree_util as jtu
 from .names import SEPARATOR, join, key_part
 
 
-class Shown:
-    """Key paths as `jtu.keystr` prints them, each built on its parent's (for
-    one walk: see `Namer._plain`)."""
+class Labels:
+    """A key path's leaf name (in a tree that crosses no `eqx.nn.State`) and
+    its text as `jtu.keystr` prints it, at once, each built on its parent's:
+    the leaves of a module share all but their last part, and a walk asks
+    for tens of thousands. Inner nodes' are kept (for one walk: within one
+    tree, equal paths are one node); found from the nearest one known in a
+    loop, not a recursion, so that trees as deep as JAX flattens walk."""
 
     def __init__(self) -> None:
-        self._memo: dict[tuple, str] = {(): ""}
-
-    def __call__(self, path: tuple) -> str:
-        text = self._memo.get(path)
-        if text is None:
-            # Up from the path to the nearest known prefix, then down: a loop,
-            # not a recursion, so that trees as deep as JAX flattens walk.
-            at = len(path) - 1
-            while path[:at] not in self._memo:
-                at -= 1
-            text = self._memo[path[:at]]
-            for end in range(at + 1, len(path) + 1):
-                text += str(path[end - 1])
-                self._memo[path[:end]] = text
-        return text
-
-
-class Labels:
-    """A leaf's name and printed key path at once, for a tree that holds no
-    `eqx.nn.State`: each built on its parent's, looked up once for both (a
-    walk asks for tens of thousands). A leaf's own path is a prefix of no
-    other, so it is not kept; its parent's is, in `names` and `shown` too
-    (where later questions about inner nodes find it)."""
-
-    def __init__(self, names: "Namer", shown: Shown) -> None:
-        self._names = names
-        self._shown = shown
-        self._parents: dict[tuple, tuple[str, str]] = {(): ("", "")}
+        self._known: dict[tuple, tuple[str, str]] = {(): ("", "")}
 
     def __call__(self, path: tuple) -> tuple[str, str]:
         if not path:
             return "", ""
         parent = path[:-1]
-        known = self._parents.get(parent)
+        known = self._known.get(parent)
         if known is None:
-            known = self._parent(parent)
+            at = len(parent) - 1
+            while parent[:at] not in self._known:
+                at -= 1
+            name, shown = self._known[parent[:at]]
+            for end in range(at + 1, len(parent) + 1):
+                entry = parent[end - 1]
+                part = key_part(entry)
+                name = name + SEPARATOR + part if end > 1 else part
+                shown += str(entry)
+                self._known[parent[:end]] = (name, shown)
+            known = (name, shown)
         last = path[-1]
         if parent:
             return known[0] + SEPARATOR + key_part(last), known[1] + str(last)
         return key_part(last), str(last)
-
-    def _parent(self, parent: tuple) -> tuple[str, str]:
-        """Both texts of an inner node not seen yet, from its nearest known
-        ancestor's, in one loop (no recursion: deep trees walk); each node
-        on the way is remembered here and in `names` and `shown`."""
-        at = len(parent) - 1
-        while parent[:at] not in self._parents:
-            at -= 1
-        name, shown = self._parents[parent[:at]]
-        names, texts = self._names._memo, self._shown._memo
-        for end in range(at + 1, len(parent) + 1):
-            entry = parent[end - 1]
-            part = key_part(entry)
-            name = name + SEPARATOR + part if end > 1 else part
-            shown += str(entry)
-            node = parent[:end]
-            self._parents[node] = (name, shown)
-            names[node] = name
-            texts[node] = shown
-        return name, shown
 
 
 class Namer:
@@ -95,8 +62,9 @@ class Namer:
     else the marker as one escaped part, else the entry's position.
     """
 
-    def __init__(self, states: dict[tuple, tuple], modules: list):
+    def __init__(self, states: dict[tuple, tuple], modules: list, labels: Labels):
         self._states = states
+        self._labels = labels
         owners: dict[Any, tuple] = {}
         if states:
             for path, m in modules:
@@ -104,11 +72,10 @@ class Namer:
                     owners.setdefault(_hashable(m.marker), path)
         self._owners = owners
         self._relative = {path: _relative_parts(m) for path, m in states.items()}
-        self._memo: dict[tuple, str] = {}
 
     def __call__(self, path: tuple, old: bool = False) -> str:
         if not self._states:
-            return self._plain(path)
+            return self._labels(path)[0]
         parts = []
         for i, entry in enumerate(path):
             markers = self._states.get(path[:i])
@@ -121,29 +88,6 @@ class Namer:
             else:
                 parts.append(self._old_part(markers[entry.key], entry.key, old))
         return join(parts)
-
-    def _plain(self, path: tuple) -> str:
-        """The name of a path that crosses no State, built on its parent's:
-        the leaves of a module share all but their last part. (Within one
-        tree, equal paths are one node: a dict cannot hold both `1` and
-        `True`. So the memo lives for one walk only.)"""
-        name = self._memo.get(path)
-        if name is None:
-            if len(path) <= 1:
-                name = join([key_part(entry) for entry in path])
-                self._memo[path] = name
-                return name
-            # A loop, as in `Shown`: deep trees must not recurse.
-            at = len(path) - 1
-            while at > 1 and path[:at] not in self._memo:
-                at -= 1
-            name = self._memo.get(path[:at])
-            if name is None:
-                name = self._memo[path[:at]] = join([key_part(path[0])])
-            for end in range(at + 1, len(path) + 1):
-                name += SEPARATOR + key_part(path[end - 1])
-                self._memo[path[:end]] = name
-        return name
 
     def _old_part(self, marker: Any, index: int, old: bool) -> str:
         owner = self._owners.get(_hashable(marker))

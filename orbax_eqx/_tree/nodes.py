@@ -17,15 +17,13 @@ module that wraps a function (Equinox's wrapper fields are set) is `"module"`
 with `"wrapper": true`: neither can be rebuilt.
 """
 
-import dataclasses
-import functools
 from typing import Any
 
 import equinox as eqx
 import jax.tree_util as jtu
 
 from .values import encode, qualified_name
-from .walk import Walked, display_path
+from .walk import Walked, display_path, fields_of
 
 MODULE = "module"
 DICT = "dict"
@@ -129,15 +127,6 @@ def _describe(cls, aux, td, path) -> tuple[dict[str, Any], list | None]:
 def _with_children(rec: dict[str, Any]) -> dict[str, Any]:
     rec["children"] = []
     return rec
-
-
-@functools.cache
-def fields_of(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    dynamic: list[str] = []
-    static: list[str] = []
-    for f in dataclasses.fields(cls):
-        (static if f.metadata.get("static", False) else dynamic).append(f.name)
-    return tuple(dynamic), tuple(static)
 
 
 def _is_missing(cls: Any) -> bool:

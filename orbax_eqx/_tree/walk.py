@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from .namer import Labels, Namer, Shown
+from .namer import Labels, Namer
 from .names import label
 from .values import SCALAR_TYPES, encode, is_named_callable, qualified_name
 
@@ -177,25 +177,20 @@ def walk(tree: Any, pause: Callable[[], None] | None = None) -> Walked:
     modules: list[tuple[tuple, eqx.Module]] = []
     states: dict[tuple, tuple] = {}
     _collect_nodes(tree, (), modules, states)
-    name_of = Namer(states, modules)
-    shown = Shown()
+    labels = Labels()
+    name_of = Namer(states, modules, labels)
     leaves = []
-    if states:
-        for path, value in path_leaves:
-            pause()
+    for path, value in path_leaves:
+        pause()
+        name, text = labels(path)
+        if states:
             name = name_of(path)
-            leaves.append(Leaf(path, name, leaf_kind(value), value, shown(path)))
-    else:
-        labels = Labels(name_of, shown)
-        for path, value in path_leaves:
-            pause()
-            name, text = labels(path)
-            leaves.append(Leaf(path, name, leaf_kind(value), value, text))
+        leaves.append(Leaf(path, name, leaf_kind(value), value, text))
     infos = {}
     for path, m in modules:
         pause()
         infos[name_of(path)] = ModuleInfo(
-            display_path(shown(path)), _class_name(type(m)), _static_fields(m)
+            display_path(labels(path)[1]), _class_name(type(m)), _static_fields(m)
         )
     return Walked(leaves, treedef, infos, name_of)
 
@@ -247,7 +242,7 @@ def _collect_nodes(node, path, modules, states) -> None:
         # A module's children are its dynamic fields, in order, keyed by
         # name (as Equinox flattens it), read directly: asking JAX to
         # flatten every module costs more than the rest of a save.
-        dynamic, _ = _fields(cls)
+        dynamic, _ = fields_of(cls)
         values = object.__getattribute__(node, "__dict__")
         for name in dynamic:
             if name in values:
@@ -271,7 +266,7 @@ def _collect_nodes(node, path, modules, states) -> None:
 
 
 @functools.cache
-def _fields(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def fields_of(cls: type) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """The names of a module class's dynamic and static fields."""
     dynamic: list[str] = []
     static: list[str] = []
@@ -286,7 +281,7 @@ def _class_name(cls: type) -> str:
 
 
 def _static_fields(module: eqx.Module) -> dict[str, Any]:
-    _, static = _fields(type(module))
+    _, static = fields_of(type(module))
     if not static:
         return {}
     # Read from the instance's dict, as `_collect_nodes` reads dynamic fields:
