@@ -1,33 +1,15 @@
-"""Short records: a sidecar about the size of the data it
-describes, still JSON with one line per record.
+"""Short records (docs/guides/format.md, "The sidecar"): a sidecar about the
+size of the data it describes, still one line per record.
 
-Whole records make a tree of small arrays a sidecar several times its data:
-every record spells out its path, its kind, its container and its size, and
-every layer repeats its class and static fields. A save writes these records
-short, where the short form says exactly the same:
-
-- *A path that reads off the name* (`Paths`) is not written: the leaf,
-  module or node `blocks.3.lin1.weight` of a model has the path
-  `.blocks[3].lin1.weight`, and `opt.0.mu` of a dict `['opt'][0]['mu']`
-  (each part an index, `[3]`, an attribute of a module, `.part`, or a dict
-  key, `['part']`). A record whose path reads otherwise (escaped keys, a
-  namedtuple's fields, `eqx.nn.State`'s entries) writes it.
-- *A row*: a packed jax array in pack 0 is `[dtype, shape, offset, xxh3]`
-  (`xxh3` null when saved without checksums); its kind, container, place and
-  size (`nbytes`, that of its shape and dtype) are those of every row.
-- *A module* is the index of its class and static fields in the list
-  `module_types`, which holds each distinct pair once.
-- *An inner node* is the index of the rest of its record in the list
-  `node_types`, when its children are named by its own name and their keys
-  (a module's or namedtuple's fields, a list's or tuple's indices, a dict's
-  string keys): a list or tuple's type records its `length` instead.
-
-Each record is written short only where expanding the short form gives back
-the full record, value for value and type for type; any other record is
-written whole, as it is. The reader reads both forms (`schema`,
-`sidecar_read`): what it makes of a short record is what it would make of the
-full one. A save makes packed jax arrays' rows itself as it builds the
-sidecar (`sidecar.build`), and the rest short here.
+A path that reads off its record's name (`Paths`) is not written; a packed
+jax array in pack 0 is a row `[dtype, shape, offset, xxh3]`; a module is the
+index of its class and static fields in `module_types`; an inner node whose
+children its name and keys say is the index of the rest of its record in
+`node_types` (a list's or tuple's with its `length`), or, for a module, in
+its module type (`node`). Each record is written short only where the short
+form expands back to the full record, value for value and type for type;
+the reader reads both forms alike. A save makes packed jax arrays' rows
+itself (`sidecar.build`), and the rest short here.
 """
 
 import json

@@ -287,17 +287,7 @@ class _Leaves:
         if why is not None:
             raise self.bad(f"leaf {name!r} has {why}")
         size = _compact.row_nbytes(dims, dtype)
-        packs = self.packs
-        if not packs:
-            raise self.bad(f"leaf {name!r} is in pack 0, which is not listed")
-        if offset + size > packs[0].nbytes:
-            raise self.bad(
-                f"leaf {name!r} ends at byte {offset + size} of pack 0, which "
-                f"holds {packs[0].nbytes}"
-            )
-        if xxh3 is None and self.checksums:
-            raise self.bad(_no_checksum(name, path))
-        checksum = None if xxh3 is None else int(xxh3, 16)
+        checksum = self.packed(name, path, 0, offset, size, xxh3)
         return leaf_metadata(
             name,
             path,
@@ -322,10 +312,15 @@ class _Leaves:
         shape, data = tuple(rec.shape), rec.data
         checksum = None
         if data == PACKED:
-            self.check_packed(name, shape, dtype, rec)
-            if rec.xxh3 is None and self.checksums:
-                raise bad(_no_checksum(name, path))
-            checksum = None if rec.xxh3 is None else int(rec.xxh3, 16)
+            expected = math.prod(shape) * itemsize(parse_dtype(dtype))
+            checksum = self.packed(
+                name, path, rec.pack, rec.offset, rec.nbytes, rec.xxh3
+            )
+            if rec.nbytes != expected:
+                raise bad(
+                    f"leaf {name!r} has {rec.nbytes} bytes in its pack, but a "
+                    f"{dtype} array of shape {shape} has {expected}"
+                )
         elif data == STORED:
             if rec.key != storage_key(name):
                 # Keys are derived from names, never read from the file.
@@ -364,9 +359,9 @@ class _Leaves:
             key=rec.key if data == STORED else None,
         )
 
-    def check_packed(self, name, shape, dtype, rec) -> None:
-        """A packed leaf's bytes lie inside its pack and fit its shape exactly."""
-        pack, offset, size, packs = rec.pack, rec.offset, rec.nbytes, self.packs
+    def packed(self, name, path, pack, offset, size: int, xxh3) -> int | None:
+        """A packed leaf's bytes lie inside its pack; its checksum, if any."""
+        packs = self.packs
         if pack is None or pack >= len(packs):
             raise self.bad(f"leaf {name!r} is in pack {pack!r}, which is not listed")
         if offset is None:
@@ -376,12 +371,9 @@ class _Leaves:
                 f"leaf {name!r} ends at byte {offset + size} of pack {pack}, which "
                 f"holds {packs[pack].nbytes}"
             )
-        expected = math.prod(shape) * itemsize(parse_dtype(dtype))
-        if size != expected:
-            raise self.bad(
-                f"leaf {name!r} has {size} bytes in its pack, but a {dtype} array "
-                f"of shape {shape} has {expected}"
-            )
+        if xxh3 is None and self.checksums:
+            raise self.bad(_no_checksum(name, path))
+        return None if xxh3 is None else int(xxh3, 16)
 
 
 def _no_checksum(name: str, path: str, kind: str = "xxh3") -> str:

@@ -274,26 +274,22 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         """Restores into `args.skeleton`, or into a flat `{name: value}` dict."""
         if args is None:
             args = EqxRestore(item)
+
+        def current() -> Any:
+            try:
+                return self._restore(directory, args)
+            except CheckpointReplacedError:
+                # Another save swapped a new checkpoint in under this restore:
+                # the caller asked for what is at `directory`, the new one.
+                return self._restore(directory, args)
+
         # With several processes, all succeed or all raise one error (see
         # `together`): one failing alone would leave the rest in Orbax's
-        # barriers for good.
+        # barriers for good. Bytes from an object store that fail their
+        # checks are read again before they are called damage
+        # (`_bytes/damage.py`).
         with paused():  # one object per leaf, many times over: see `_gc`
-            return together(directory, lambda: self._restore_checked(directory, args))
-
-    def _restore_checked(self, directory: epath.Path, args: "EqxRestore") -> Any:
-        # Bytes from an object store that fail their checks are read again
-        # before they are called damage (see `_bytes/damage.py`).
-        return _damage.confirmed(
-            directory, lambda: self._restore_current(directory, args)
-        )
-
-    def _restore_current(self, directory: epath.Path, args: "EqxRestore") -> Any:
-        try:
-            return self._restore(directory, args)
-        except CheckpointReplacedError:
-            # Another save swapped a new checkpoint in under this restore:
-            # the caller asked for what is at `directory`, which is the new one.
-            return self._restore(directory, args)
+            return together(directory, lambda: _damage.confirmed(directory, current))
 
     def _restore(self, directory: epath.Path, args: "EqxRestore") -> Any:
         # Says so if the step is deleted or replaced meanwhile.

@@ -125,174 +125,169 @@ def check(
 ) -> VerifyReport:
     """Checks every array of the item at `path`, whose metadata is `saved`
     (as `items.read` gives it), once, without the object store's second read."""
-    lists: tuple[list, list, list] = ([], [], [])
-    note = progress or (lambda n: None)
-    piece = on_piece or (lambda record, data: None)
-    total = 0
+    found = _Found(progress or (lambda n: None), on_piece or (lambda r, d: None))
     if isinstance(saved, PlainMetadata):
-        total = _check_plain(path, saved, note, piece, lists)
+        found.plain(path, saved)
     elif isinstance(saved, _items.TypedMetadata):  # each group names its files
         for group in saved.groups:
-            total += _check(group.directory, group.saved, note, piece, lists)
+            found.item(group.directory, group.saved)
     else:
-        total = _check(path, saved, note, piece, lists)
-    checked, damaged, unchecked = lists
+        found.item(path, saved)
     return VerifyReport(
-        str(path), tuple(checked), tuple(damaged), tuple(unchecked), total
+        str(path),
+        tuple(found.checked),
+        tuple(found.damaged),
+        tuple(found.unchecked),
+        found.total,
     )
 
 
-def _check_plain(path, saved: PlainMetadata, note, piece, lists) -> int:
-    """Every array of a plain Orbax item read back, a block of whole chunks at
-    a time: one that cannot be read (a missing chunk or file, bytes that do not
-    decode, a shape that does not match Orbax's metadata) is damaged, the
-    others `unchecked`, as no checksum exists."""
-    total = 0
-    with StoreReader(path, saved.ocdbt, saved.zarr3) as reader:
-        for record in saved.leaves.values():
-            try:
-                for block in reader.blocks(record, _CHUNK):
-                    total += block.nbytes
-                    note(block.nbytes)
-                    piece(record, block)
-            except _NOT_DAMAGE:
-                raise
-            except UnreadableArray as e:
-                _sort(record, e.problem, lists)
-                continue
-            except (OrbaxEqxError, OSError) as e:
-                _sort(record, _first_line(e), lists)
-                continue
-            _sort(record, None, lists)
-            release_memory()
-    return total
+class _Found:
+    """What one `check` found so far, and the bytes it read."""
 
+    def __init__(self, note: Callable[[int], None], piece: OnPiece):
+        self.note, self.piece = note, piece
+        self.checked: list[str] = []
+        self.damaged: list[DamagedLeaf] = []
+        self.unchecked: list[str] = []
+        self.total = 0
 
-def _check(path: epath.Path, saved: Metadata, note, piece, lists) -> int:
-    """Checks every array of `saved` into `lists`; returns the bytes read."""
-    total = 0
-    sharded = [r for r in saved.leaves.values() if r.data == SHARDS]
-    if sharded:
-        for record, result, n in _check_sharded(path, saved, sharded, note, piece):
-            _sort(record, result, lists)
-            total += n
-    for record in saved.leaves.values():
-        if record.data == PACKED:
-            result, n = _check_packed(path, saved, record, note, piece)
-            _sort(record, result, lists)
-            total += n
-    stored = [r for r in saved.leaves.values() if r.data == STORED]
-    if stored:
-        with LeafReader(path, saved) as reader:
-            for record in stored:
-                _sort(record, _check_stored(reader, record, piece), lists)
-                total += record.nbytes
-                note(record.nbytes)
+    def read(self, nbytes: int) -> None:
+        self.total += nbytes
+        self.note(nbytes)
+
+    def sort(self, record: LeafMetadata, result) -> None:
+        """`result`: None if unchecked, True if it matched, else the problem."""
+        # A sidecar that lost a checksum is refused when read; a null `sum32` is
+        # an array no process held whole at save: unchecked.
+        if result is None:
+            self.unchecked.append(record.name)
+        elif result is True:
+            self.checked.append(record.name)
+        else:
+            self.damaged.append(DamagedLeaf(record.name, record.path, result))
+
+    def plain(self, path, saved: PlainMetadata) -> None:
+        """Every array of a plain Orbax item read back, a block of whole chunks
+        at a time: one that cannot be read (a missing chunk or file, bytes that
+        do not decode, a shape that does not match Orbax's metadata) is
+        damaged, the others `unchecked`, as no checksum exists."""
+        with StoreReader(path, saved.ocdbt, saved.zarr3) as reader:
+            for record in saved.leaves.values():
+                try:
+                    for block in reader.blocks(record, _CHUNK):
+                        self.read(block.nbytes)
+                        self.piece(record, block)
+                except _NOT_DAMAGE:
+                    raise
+                except UnreadableArray as e:
+                    self.sort(record, e.problem)
+                    continue
+                except (OrbaxEqxError, OSError) as e:
+                    self.sort(record, _first_line(e))
+                    continue
+                self.sort(record, None)
                 release_memory()
-    return total
 
+    def item(self, path: epath.Path, saved: Metadata) -> None:
+        sharded = [r for r in saved.leaves.values() if r.data == SHARDS]
+        if sharded:
+            self.sharded(path, saved, sharded)
+        for record in saved.leaves.values():
+            if record.data == PACKED:
+                self.sort(record, self.packed(path, saved, record))
+        stored = [r for r in saved.leaves.values() if r.data == STORED]
+        if stored:
+            with LeafReader(path, saved) as reader:
+                for record in stored:
+                    self.sort(record, self.stored(reader, record))
+                    self.read(record.nbytes)
+                    release_memory()
 
-def _sort(record: LeafMetadata, result, lists) -> None:
-    """`result`: None if unchecked, True if it matched, else the problem."""
-    checked, damaged, unchecked = lists
-    # A sidecar that lost a checksum is refused when read; a null `sum32` is
-    # an array no process held whole at save: unchecked.
-    if result is None:
-        unchecked.append(record.name)
-    elif result is True:
-        checked.append(record.name)
-    else:
-        damaged.append(DamagedLeaf(record.name, record.path, result))
+    def packed(self, path: epath.Path, saved: Metadata, record):
+        pack = saved.packs[record.pack]
+        start, stop = record.offset, record.offset + record.nbytes
+        running = Running()
+        try:
+            for at in range(start, stop, _CHUNK):
+                span = [(at, min(at + _CHUNK, stop))]
+                (data,) = _ranges.read(path / pack.file, span, nbytes=pack.nbytes)
+                running.update(data)
+                self.read(data.nbytes)
+                self.piece(record, data)
+        except _NOT_DAMAGE:
+            raise
+        except (OrbaxEqxError, OSError) as e:
+            return _first_line(e)
+        if record.checksum is None:
+            return None
+        found = running.value()
+        return (
+            True if found == record.checksum else _differs(NAME, record.checksum, found)
+        )
 
-
-def _check_packed(path: epath.Path, saved: Metadata, record, note, piece):
-    pack = saved.packs[record.pack]
-    start, stop = record.offset, record.offset + record.nbytes
-    running, done = Running(), 0
-    try:
-        for at in range(start, stop, _CHUNK):
-            span = [(at, min(at + _CHUNK, stop))]
-            (data,) = _ranges.read(path / pack.file, span, nbytes=pack.nbytes)
-            running.update(data)
-            done += data.nbytes
-            note(data.nbytes)
-            piece(record, data)
-    except _NOT_DAMAGE:
-        raise
-    except (OrbaxEqxError, OSError) as e:
-        return _first_line(e), done
-    if record.checksum is None:
-        return None, done
-    found = running.value()
-    if found != record.checksum:
-        return _differs(NAME, record.checksum, found), done
-    return True, done
-
-
-def _check_sharded(path: epath.Path, saved: Metadata, records, note, piece):
-    """Yields `(record, result, bytes read)` for each leaf in the shard packs."""
-    try:
-        chunks = read_all(path, saved)
-    except _NOT_DAMAGE:
-        raise
-    except (OrbaxEqxError, OSError) as e:
+    def sharded(self, path: epath.Path, saved: Metadata, records) -> None:
+        try:
+            chunks = read_all(path, saved)
+        except _NOT_DAMAGE:
+            raise
+        except (OrbaxEqxError, OSError) as e:
+            for record in records:
+                self.sort(record, _first_line(e))
+            return
         for record in records:
-            yield record, _first_line(e), 0
-        return
-    for record in records:
-        done, problem = 0, None
-        for chunk in chunks[record.name]:
-            # A leaf stops at its first bad block: a damaged (or hostile,
-            # sparse, terabytes long) shard pack costs no more than the data
-            # read up to there.
-            file = path / shard_file(saved.token, chunk.process)
-            step = max(_CHUNK // chunk.block, 1) * chunk.block
-            try:
-                for at in range(0, chunk.nbytes, step):
-                    stop = chunk.offset + min(at + step, chunk.nbytes)
-                    span = [(chunk.offset + at, stop)]
-                    (data,) = _ranges.read(file, span)
-                    done += data.nbytes
-                    note(data.nbytes)
-                    # The same check as a restore's (`sharded/read.py`).
-                    bad = check_blocks(chunk, at, data)
-                    if bad:
-                        i, recorded, found = bad[0]
-                        end = min((i + 1) * chunk.block, chunk.nbytes)
-                        problem = (
-                            f"chunk {chunk.box()} in {file.name}: "
-                            + _differs(NAME, recorded, found)
-                            + f" in bytes {i * chunk.block}-{end}"
-                        )
-                        break  # the leaf is damaged: no need to read on
-                    piece(record, data)
-            except _NOT_DAMAGE:
-                raise
-            except (OrbaxEqxError, OSError) as e:
-                problem = problem or _first_line(e)
-            if problem is not None:
-                break
-        yield record, problem or True, done
+            problem = None
+            for chunk in chunks[record.name]:
+                # A leaf stops at its first bad block: a damaged (or hostile,
+                # sparse, terabytes long) shard pack costs no more than the data
+                # read up to there.
+                try:
+                    problem = self.chunk(path, saved, record, chunk)
+                except _NOT_DAMAGE:
+                    raise
+                except (OrbaxEqxError, OSError) as e:
+                    problem = _first_line(e)
+                if problem is not None:
+                    break
+            self.sort(record, problem or True)
 
-
-def _check_stored(reader: LeafReader, record, piece):
-    try:
-        (data,) = reader.read([record.name], verify=False).values()
-    except _NOT_DAMAGE:
-        raise
-    except Exception as e:  # whatever Orbax or TensorStore raise on bad files
-        if isinstance(e, OrbaxEqxError) and e.__cause__ is None:
-            return f"cannot be read: {e}"  # ours, whole
-        # TensorStore's own words, from under ours where a read wrapped them.
-        told = storage_error(e.__cause__ or e) or tensorstore_text(e)
-        return f"cannot be read: {told}"
-    piece(record, data)
-    if record.sum32 is None:
+    def chunk(self, path: epath.Path, saved: Metadata, record, chunk) -> str | None:
+        """Reads one chunk of a shard pack; the problem of its first bad block."""
+        file = path / shard_file(saved.token, chunk.process)
+        step = max(_CHUNK // chunk.block, 1) * chunk.block
+        for at in range(0, chunk.nbytes, step):
+            stop = chunk.offset + min(at + step, chunk.nbytes)
+            (data,) = _ranges.read(file, [(chunk.offset + at, stop)])
+            self.read(data.nbytes)
+            # The same check as a restore's (`sharded/read.py`).
+            bad = check_blocks(chunk, at, data)
+            if bad:
+                i, recorded, found = bad[0]
+                end = min((i + 1) * chunk.block, chunk.nbytes)
+                return (
+                    f"chunk {chunk.box()} in {file.name}: "
+                    + _differs(NAME, recorded, found)
+                    + f" in bytes {i * chunk.block}-{end}"
+                )
+            self.piece(record, data)
         return None
-    found = host_sum32(data)
-    if found != record.sum32:
-        return _differs("sum32", record.sum32, found)
-    return True
+
+    def stored(self, reader: LeafReader, record):
+        try:
+            (data,) = reader.read([record.name], verify=False).values()
+        except _NOT_DAMAGE:
+            raise
+        except Exception as e:  # whatever Orbax or TensorStore raise on bad files
+            if isinstance(e, OrbaxEqxError) and e.__cause__ is None:
+                return f"cannot be read: {e}"  # ours, whole
+            # TensorStore's own words, from under ours where a read wrapped them.
+            told = storage_error(e.__cause__ or e) or tensorstore_text(e)
+            return f"cannot be read: {told}"
+        self.piece(record, data)
+        if record.sum32 is None:
+            return None
+        found = host_sum32(data)
+        return True if found == record.sum32 else _differs("sum32", record.sum32, found)
 
 
 def _first_line(error: BaseException) -> str:

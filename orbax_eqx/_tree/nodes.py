@@ -1,20 +1,10 @@
-"""The inner nodes of a walked tree, as plain data: what a rebuild needs.
+"""The inner nodes of a walked tree as plain data (the sidecar's `"nodes"`),
+what `restore(..., allow=[...])` needs to rebuild the tree without a skeleton.
 
-A walk records leaves and modules; this records every node that holds them
-(modules, dicts, lists, tuples, namedtuples, `eqx.nn.State`), with its
-children by name, in the order `jtu.tree_flatten` visits them, empty
-containers included. It is read from the walk's treedef, so nothing of the
-tree is touched again. Recorded in the sidecar (`"nodes"`), so that
-`restore(..., allow=[...])` can rebuild the tree without a skeleton.
-
-A record is `{"path": ".layers", "type": T, "children": [names]}` with, by
-type: `"module"`: `"fields"` (the dynamic fields, in order, one per child;
-an absent field's child is null), and `"absent"` (static fields not set);
-`"dict"`: `"keys"` (encoded, one per child); `"namedtuple"`: `"class"` and
-`"fields"`; `"state"`: `"markers"` (encoded); `"list"`, `"tuple"`: nothing
-more. Any other node is `{"path": ..., "type": "other", "class": ...}`, and a
-module that wraps a function (Equinox's wrapper fields are set) is `"module"`
-with `"wrapper": true`: neither can be rebuilt.
+Read from the walk's treedef, in the order `jtu.tree_flatten` visits them,
+empty containers included; each record as docs/guides/format.md specifies
+("Modules and nodes"). Other nodes (`"other"`) and modules that wrap a
+function (`"wrapper": true`) are recorded but cannot be rebuilt.
 """
 
 from typing import Any
