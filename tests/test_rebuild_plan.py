@@ -13,8 +13,6 @@ import numpy as np
 import pytest
 
 import orbax_eqx as oeqx
-from orbax_eqx._format.locate import as_path
-from orbax_eqx._format.sidecar_read import read
 from orbax_eqx._rebuild import build as _rebuild
 
 
@@ -58,7 +56,7 @@ def _tree(kind: str):
 )
 def test_the_plan_is_what_a_rebuild_under_its_allow_says(tmp_path, kind):
     oeqx.save(tmp_path / "ckpt", _tree(kind))
-    saved = read(as_path(tmp_path / "ckpt"))
+    saved = oeqx.metadata(tmp_path / "ckpt")
     found = _rebuild.needs(saved)
     allow = tuple(_rebuild.modules_to_allow(found.names))
     said = [(path, why) for _, path, why in found.cannot]

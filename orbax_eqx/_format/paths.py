@@ -31,30 +31,23 @@ class Paths:
             return None
         cut = name.rfind(SEPARATOR)
         parent = name[:cut] if cut >= 0 else ""
-        head = self._parents.get(parent, _UNKNOWN)
-        if head is _UNKNOWN:
-            head = self._parent(parent)
+        head = self._parent(parent)
         if head is None:
             return None
-        part = name[cut + 1 :]
-        if parent in self._modules and part.isidentifier():  # (most leaves)
+        part, under = name[cut + 1 :], parent in self._modules
+        if under and part.isidentifier():  # (most leaves)
             return f"{head}{SEPARATOR}{part}"
-        last = _segment(part, parent in self._modules)
+        last = _segment(part, under)
         return None if last is None else head + last
 
     def _parent(self, name: str) -> str | None:
         """The path of `name` as a parent (`""` for the root), made from its
         nearest ancestor's already made, each one kept: a loop, fewer than
         `CHAIN` deep."""
-        cut = name.rfind(SEPARATOR)
-        above = name[:cut] if cut >= 0 else ""
-        head = self._parents.get(above, _UNKNOWN)
-        if head is not _UNKNOWN:  # (most: its parent was made already)
-            last = _segment(name[cut + 1 :], above in self._modules)
-            made = None if head is None or last is None else head + last
-            self._parents[name] = made
-            return made
-        missing = [name]
+        known = self._parents.get(name, _UNKNOWN)
+        if known is not _UNKNOWN:  # (most: made for a sibling already)
+            return known
+        missing, cut = [name], name.rfind(SEPARATOR)
         while cut >= 0 and name[:cut] not in self._parents:
             missing.append(name[:cut])
             cut = name.rfind(SEPARATOR, 0, cut)
@@ -63,8 +56,9 @@ class Paths:
             above = parent[:cut] if cut >= 0 else ""
             head = self._parents[above]
             last = _segment(parent[cut + 1 :], above in self._modules)
-            made = None if head is None or last is None else head + last
-            self._parents[parent] = made
+            self._parents[parent] = (
+                None if head is None or last is None else head + last
+            )
         return self._parents[name]
 
     def of(self, name: str) -> str:

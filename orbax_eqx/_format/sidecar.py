@@ -32,11 +32,7 @@ from .._tree.names import storage_key
 from .._tree.values import describe, encode, scalar_type
 from .._tree.walk import (
     ARRAY,
-    CALLABLE,
     JAX,
-    NUMPY,
-    NUMPY_SCALAR,
-    OBJECT,
     SCALAR,
     SHARED,
     ModuleInfo,
@@ -77,8 +73,6 @@ SHARDS = "shards"  # chunks of the shard packs, one per process
 EMPTY = "none"  # a zero-size array: shape and dtype say everything
 ALIAS = "alias"  # the very same array object as another leaf (tied weights)
 
-KINDS = (ARRAY, SCALAR, CALLABLE, SHARED, OBJECT)
-CONTAINERS = (JAX, NUMPY, NUMPY_SCALAR)
 _PACKAGES = ("orbax_eqx", "jax", "jaxlib", "equinox", "orbax-checkpoint", "numpy")
 
 

@@ -40,7 +40,6 @@ from .sidecar import (
     FILE_NAME,
     FORMAT,
     FORMAT_VERSION,
-    KINDS,
     MAX_BYTES,
     PACKED,
     SHARDS,
@@ -267,7 +266,7 @@ class _Leaves:
         if path is _schema.UNSET:  # read off the name (`compact`)
             path = self.paths.of(name)
         if not isinstance(record, _schema.ArrayRecord):
-            kind = KINDS[KINDS.index(type(record).__struct_config__.tag)]
+            kind = type(record).__struct_config__.tag
             value = None if record.value is _schema.UNSET else record.value
             if too_deep(value):
                 raise bad(f"leaf {name!r} {TOO_DEEP}")

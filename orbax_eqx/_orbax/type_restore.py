@@ -8,7 +8,7 @@ with `mesh_axes`), else the saved sharding if this process can rebuild it;
 zero-padded along the same dimensions).
 """
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.tree_util as jtu
@@ -103,15 +103,14 @@ def array_metadata(directory, groups, infos) -> list[ocp.metadata.ArrayMetadata]
     return result
 
 
-class _Plan:
+class _Plan(NamedTuple):
     """How one leaf is read: a request of its group, and an optional resize."""
 
-    def __init__(self, name, group, request, resize_to=None, sharding=None):
-        self.name = name
-        self.group = group
-        self.request = request
-        self.resize_to = resize_to  # a new global shape (`strict=False`)
-        self.sharding = sharding  # where the resized array goes
+    name: str
+    group: Any
+    request: Any
+    resize_to: tuple[int, ...] | None = None  # a new global shape (`strict=False`)
+    sharding: Any = None  # where the resized array goes
 
 
 def plan(directory, groups, infos, args, *, numpy: bool = False) -> list[_Plan]:
