@@ -1,18 +1,8 @@
-"""Checksums: of array bytes, so that a flipped bit is found, never restored,
-and of the JSON files that describe them (the sidecar, shard indexes).
-
-- XXH3-64 (`xxhash`) of every packed leaf's bytes, and of every block of a
-  shard-pack chunk: computed on host from the bytes written or read, at
-  memory speed, releasing the GIL over large pieces.
-- `sum32` for arrays Orbax stores (`pack=False`): `sum((2 * i + 1) * word_i)
-  mod 2**32` over the array's 32-bit words in C order (each element as the
-  unsigned integer of its bits, zero-extended; 64-bit and complex elements
-  as two words, low first). It does not depend on the sharding, so a restore
-  onto another mesh checks it too; every single-bit flip changes it.
-- `digest` of a JSON file's bytes, written with its algorithm's name
-  (`"xxh3:9f2c41d07a3be865"`) on the file's last line (`_format/sealed.py`).
-
-Nothing here runs on a device: no computation over a sharded array.
+"""Checksums (docs/guides/format.md): XXH3-64 of packed leaves' bytes and of
+shard-pack blocks, `sum32` of arrays Orbax stores (`pack=False`: independent
+of the sharding, so a restore onto another mesh checks it too), and `digest`
+of a JSON file's bytes, its last line (`sealed`). All computed on host from
+the bytes written or read: nothing here runs on a device.
 """
 
 from collections.abc import Sequence

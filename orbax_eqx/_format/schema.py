@@ -1,18 +1,13 @@
 """The format as declarative schemas (msgspec Structs): the sidecar's records
-and the shard packs' indexes.
+and the shard packs' indexes, each said once as types, literals and bounds.
 
-What each record may hold is said here once, as types, literals and bounds;
-anything else fails to decode, and the reader words the failure as damage
-naming the record and the field. Fields the format does not name are read
-past. What depends on other records or on the file itself (the token and the
-names derived from it, aliases, packs, the tiling of shard chunks) is checked
-by the readers (`sidecar_read`, `_storage/sharded/index_read.py`).
-`json_schema()` publishes these structures as JSON Schema
-(docs/guides/format.md).
-
-Leaf records are a tagged union on `kind`, plus the short row of a packed jax
-array (`compact`). A record arrives as `msgspec.Raw` when its document failed
-to decode whole, so that each is decoded again on its own to name it.
+Anything else fails to decode, and the reader words the failure as damage
+naming the record and the field; fields the format does not name are read
+past. What depends on other records or on the file itself (tokens, aliases,
+packs, the tiling of shard chunks) is checked by the readers. A record
+arrives as `msgspec.Raw` when its document failed to decode whole, to be
+decoded again on its own. `json_schema()` publishes these structures
+(docs/format.schema.json).
 """
 
 from typing import Annotated, Any, Generic, Literal, TypeVar

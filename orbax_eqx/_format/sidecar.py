@@ -1,12 +1,6 @@
-"""The sidecar: a small, versioned JSON file beside the arrays of a checkpoint.
-
-It records every leaf (name, kind, shape, dtype, Python value, where its
-bytes are and their checksum), each module's class and static fields, every
-inner node of the tree, the pack files, and the package versions that wrote
-it; its last line is a checksum of every byte before it (`sealed`). Reading
-it is pure data: nothing named in it is imported or called. The format is
-specified in docs/guides/format.md; its records are the msgspec structures
-of `schema`, and common ones are written short (`compact`).
+"""The sidecar (docs/guides/format.md): file names and constants of the format,
+`Metadata` as `oeqx.metadata` returns it, and `build`, the sidecar's JSON for
+a walked item.
 
 The `token` is drawn at random for each save and names every file the save
 writes, so that two processes saving the same step into one directory (which

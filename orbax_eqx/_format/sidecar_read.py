@@ -3,16 +3,10 @@ then what holds across records, into `Metadata`.
 
 Pure data: nothing named in the file is imported or called, and every file
 name and storage key is derived (from tokens, from leaf names) and only
-compared with what the file says. The sidecar's checksum is checked before
-its JSON is read: any changed byte is damage. A sidecar of another format
-version is refused with one error naming both versions.
-
-Reading is bounded: the file must be a regular file of at most `MAX_BYTES`,
-of at most `MAX_RECORDS` records, whose values nest at most
-`values.MAX_DEPTH` levels deep; anything msgspec does not decode (NaN,
-numbers out of range, malformed text) is damage. A document that fails its
-schema is decoded again record by record, so that the error names the
-record and the field.
+compared with what the file says. The seal is checked before the JSON is
+read, and reading is bounded (docs/guides/format.md, "Bounds"). A document
+that fails its schema is decoded again record by record, so that the error
+names the record and the field.
 """
 
 import functools
@@ -286,7 +280,8 @@ class _Leaves:
         if why is not None:
             raise self.bad(f"leaf {name!r} has {why}")
         size = _compact.row_nbytes(dims, dtype)
-        checksum = self.packed(name, path, 0, offset, size, xxh3)
+        self.place(name, 0, offset, size)
+        checksum = self.checksum(name, path, xxh3)
         return leaf_metadata(
             name,
             path,
@@ -311,15 +306,14 @@ class _Leaves:
         shape, data = tuple(rec.shape), rec.data
         checksum = None
         if data == PACKED:
+            self.place(name, rec.pack, rec.offset, rec.nbytes)
             expected = math.prod(shape) * itemsize(parse_dtype(dtype))
-            checksum = self.packed(
-                name, path, rec.pack, rec.offset, rec.nbytes, rec.xxh3
-            )
             if rec.nbytes != expected:
                 raise bad(
                     f"leaf {name!r} has {rec.nbytes} bytes in its pack, but a "
                     f"{dtype} array of shape {shape} has {expected}"
                 )
+            checksum = self.checksum(name, path, rec.xxh3)
         elif data == STORED:
             if rec.key != storage_key(name):
                 # Keys are derived from names, never read from the file.
@@ -358,8 +352,8 @@ class _Leaves:
             key=rec.key if data == STORED else None,
         )
 
-    def packed(self, name, path, pack, offset, size: int, xxh3) -> int | None:
-        """A packed leaf's bytes lie inside its pack; its checksum, if any."""
+    def place(self, name: str, pack, offset, size: int) -> None:
+        """A packed leaf's bytes lie inside its pack."""
         packs = self.packs
         if pack is None or pack >= len(packs):
             raise self.bad(f"leaf {name!r} is in pack {pack!r}, which is not listed")
@@ -370,6 +364,9 @@ class _Leaves:
                 f"leaf {name!r} ends at byte {offset + size} of pack {pack}, which "
                 f"holds {packs[pack].nbytes}"
             )
+
+    def checksum(self, name: str, path: str, xxh3: str | None) -> int | None:
+        """A packed leaf's XXH3-64, which a save with checksums records."""
         if xxh3 is None and self.checksums:
             raise self.bad(_no_checksum(name, path))
         return None if xxh3 is None else int(xxh3, 16)

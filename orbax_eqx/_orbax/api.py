@@ -1,5 +1,6 @@
 """Standalone `save`, `restore` and `metadata`: one checkpoint, no manager."""
 
+import contextlib
 import inspect
 import os
 from collections.abc import Callable
@@ -219,11 +220,8 @@ def restore(directory: Directory, skeleton: Any = None, **options: Any) -> Any:
     """
     args = EqxRestore(skeleton, **options)  # checks them before any I/O
     path = _find(directory)
-    handler = EqxHandler()
-    try:
+    with contextlib.closing(EqxHandler()) as handler:
         return handler.restore(path, args=args)
-    finally:
-        handler.close()
 
 
 def metadata(directory: str | os.PathLike) -> Metadata:

@@ -6,6 +6,7 @@ checkpoint written through either is read by both.
 """
 
 import asyncio
+import contextlib
 from typing import Any
 
 import equinox as eqx
@@ -98,11 +99,8 @@ class EqxCheckpointableHandler:
 
     async def metadata(self, directory):
         """What the sidecar records (`oeqx.Metadata`): leaves, modules, statics."""
-        handler = EqxHandler()
-        try:
+        with contextlib.closing(EqxHandler()) as handler:
             return handler.metadata(directory)
-        finally:
-            handler.close()
 
     def is_handleable(self, checkpointable: Any) -> bool:
         """True for `EqxSave(...)` and for trees holding an `eqx.Module`."""
@@ -133,11 +131,8 @@ def _is_optax_state(x: Any) -> bool:
 
 
 def _restore(directory, args: EqxRestore) -> Any:
-    handler = EqxHandler()
-    try:
+    with contextlib.closing(EqxHandler()) as handler:
         return handler.restore(directory, args=args)
-    finally:
-        handler.close()
 
 
 async def _value(value: Any) -> Any:
