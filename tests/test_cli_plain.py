@@ -3,7 +3,7 @@ own handlers (PyTree, Standard; OCDBT or not; zarr v2 or v3; v0 and v1), read
 from Orbax's public metadata and TensorStore specs it builds, a block at a
 time.
 
-The internal module imported here (`_orbax.store_read`, the reader of Orbax's
+The internal module imported here (`_orbax.plain`, with the reader of Orbax's
 array store) is the only way to observe that it reads a block of whole chunks
 at a time; everything else goes through `orbax_eqx` and the `orbax-eqx`
 command.

@@ -527,10 +527,9 @@ def _nodes(recorded, kinds, paths, limit: int, bad, carried, modules) -> dict:
 
 
 class _Expand:
-    """`compact.expand_node` for the nodes of one sidecar, sooner: each node
-    type's record (less its `length`) and its children's name parts made
-    once; a node's children are named by its name and a separator before
-    each part."""
+    """The whole records of short nodes (`compact`): each node type's record
+    (less its `length`) and its children's name parts made once; a node's
+    children are named by its name and a separator before each part."""
 
     def __init__(self, types: list[dict[str, Any]], paths: Paths):
         self.types = types
