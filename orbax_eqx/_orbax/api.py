@@ -148,17 +148,13 @@ def _save_beside(path, args, owner, overwrite, host, options) -> None:
         except BaseException as e:
             _replace.discard(new)
             failed = e
-    if not _all_agree(failed is None, source):
+    # Process `source`'s verdict, in every process (through the coordinator's
+    # key-value store: no computation on a device).
+    if from_process("published", "1" if failed is None else "0", source) != "1":
         raise failed or ConcurrentSaveError(
             f"Process {source} could not put the new checkpoint in place at "
             f"{path} (its error says why); this save did not change it."
         )
-
-
-def _all_agree(ok: bool, source: int) -> bool:
-    """Process `source`'s `ok`, in every process (through the coordinator's
-    key-value store: no computation on a device)."""
-    return from_process("published", "1" if ok else "0", source) == "1"
 
 
 def _check_writable(path) -> None:

@@ -162,7 +162,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         started = _claim.Started(epath.Path(directory), token) if primary else None
         if started is not None:
             started.stored_keys = tuple(prepared.stored)
-        # The directory is noted when the writes start (`_write_files`), once
+        # The directory is noted when the writes start (`files`), once
         # Orbax has made it: one here already may be a leftover of a save that
         # was killed, which Orbax deletes and makes anew in the background
         # (a job resumed after a crash saves that step again).
@@ -238,14 +238,14 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             )
             explain = functools.partial(_claim.explain, started)
             futures.extend(_futures.NotedFuture(f, where, explain) for f in inner or [])
-        files = self._write_files(directory, prepared, started)
-        future = _futures.commit_future(files, name="orbax_eqx_files")
+        primary = ocp.multihost.is_primary_host(self._primary_host)
+
+        async def files() -> None:
+            _files.write(directory, prepared, started, primary, self._checksums)
+
+        future = _futures.commit_future(files(), name="orbax_eqx_files")
         futures.append(_futures.NotedFuture(future, where))
         return futures
-
-    async def _write_files(self, directory: epath.Path, prepared, started) -> None:
-        primary = ocp.multihost.is_primary_host(self._primary_host)
-        _files.write(directory, prepared, started, primary, self._checksums)
 
     def save(
         self, directory: epath.Path, item: Any = None, args: "EqxSave | None" = None

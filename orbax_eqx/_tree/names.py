@@ -125,17 +125,9 @@ _PATH_PART = re.compile(
 
 
 def label(name: str, path: str | None = None) -> str:
-    """How a message names a leaf: by its leaf name, as `inspect` shows it and
-    `prefix=`/`renames=` take it (`` `model.layers.0.weight` ``), with its
-    leaf path beside it only where the name cannot simply be read off the
-    path (escaped dict keys, `eqx.nn.State` entries):
-    `` `\\0` (path `['0']`) ``.
-
-    **Arguments:**
-
-    - `name`: the leaf name.
-    - `path`: the leaf path (`jax.tree_util.keystr`), if known.
-    """
+    """How a message names a leaf: by its leaf name (`` `model.layers.0.weight` ``,
+    as `inspect` shows it), with its leaf path (`keystr`, if known) beside it
+    only where the name cannot be read off the path: `` `\\0` (path `['0']`) ``."""
     # Text that is not valid Unicode (a lone surrogate) is shown escaped, as
     # `keystr` and `inspect` show it.
     name = name.encode("utf-8", "backslashreplace").decode("utf-8")

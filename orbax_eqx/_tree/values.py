@@ -168,15 +168,11 @@ _NUMPY_VALUES = {"b": "bool", "i": "int", "u": "int", "f": "float", "c": "comple
 
 def decode_numpy(body: Any) -> Any:
     """A numpy scalar from its record `[dtype, encoded value]`, checked before
-    anything is made: the dtype as a save spells it (`str(dtype)`), a value of
-    the type its kind holds, in range, and of at most its size; the scalar
-    made must encode back to the very record. So nothing is allocated past
-    what the record's own text holds (`["S1", 10**9]` and `["V8", 2e10]`
-    make no gigabyte), and nothing overflows.
-
-    Raises `ValueError` saying what is wrong (damage: no save writes it), or
-    `Unrebuildable` for what a save writes but a rebuild cannot make.
-    """
+    anything is made (its dtype as a save spells it, a value of its kind, in
+    range and of at most its size) and made only if it encodes back to the
+    very record: nothing is allocated past what the record's text holds.
+    Raises `ValueError` for damage, `Unrebuildable` for what a save writes
+    but a rebuild cannot make."""
     if not (type(body) is list and len(body) == 2 and type(body[0]) is str):
         raise ValueError("not a [dtype, value] pair")
     text, encoded = body
