@@ -59,7 +59,7 @@ same topology, peak / share, read / share. Targets: time <= 1.2x
 raw, peak RSS <= 1.3x share, bytes read <= 1.3x share.
 
 Linux only. A benchmark, not a test: it prints. The `raw` contender imports private
-modules (`orbax_eqx._bridge`, `_storage.ranges`, `_tree.walk`) to plan exactly the byte
+modules (`orbax_eqx._bridge`, `_storage.engine`, `_tree.walk`) to plan exactly the byte
 ranges orbax_eqx reads, which no public call returns.
 """
 
@@ -204,11 +204,10 @@ def load_ours(layout, directory, layers, dim, vocab, put):
 
 def _ranges(layout, directory, layers, dim, vocab, put):
     """The merged byte ranges, per file, that `orbax_eqx` reads here."""
-    import numpy as np
-
-    from orbax_eqx._bridge import fill as _fill
+    from orbax_eqx._bridge.load import leaves
     from orbax_eqx._bridge.safetensors import index as _index
     from orbax_eqx._mapping.plan import TensorSpec, leaf_specs, plan_load
+    from orbax_eqx._storage import engine
     from orbax_eqx._storage.ranges import plan as merge
     from orbax_eqx._tree.walk import walk
 
@@ -219,14 +218,13 @@ def _ranges(layout, directory, layers, dim, vocab, put):
     given = [TensorSpec(n, t.shape, t.dtype) for n, (_, t) in tensors.items()]
     plan = plan_load(layout.mapping(), specs, given, cast=False)
     spans: dict[str, dict] = {}
-    for spec in specs:
-        r = _fill.Request(spec.name, spec.shape, np.dtype(spec.dtype), put[spec.name])
-        for box in _fill._boxes(plan, r):
-            for p in box.pieces:
-                w = _fill._work(r, box, p, tensors)
-                mine = spans.setdefault(w.path, {})
-                mine[len(mine)] = (w.first, w.stop)
-    return {path: merge(s, max_gap=_fill.GAP)[0] for path, s in spans.items()}
+    targets = {spec.name: (spec, put[spec.name]) for spec in specs}
+    for leaf in leaves(plan, tensors, targets):
+        for _, _, unit in leaf.units:
+            for p in unit.pieces:
+                mine = spans.setdefault(p.source.file.path, {})
+                mine[len(mine)] = engine._span(p)  # the piece's bytes in its file
+    return {path: merge(s, max_gap=engine.PAD)[0] for path, s in spans.items()}
 
 
 def load_raw(layout, directory, layers, dim, vocab, put):

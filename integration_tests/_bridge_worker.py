@@ -160,24 +160,28 @@ def load(directory: str, target: str) -> None:
     import jax
     import numpy as np
 
-    from orbax_eqx._bridge import fill as _fill
+    from orbax_eqx._bridge.load import leaves
     from orbax_eqx._bridge.safetensors import index as _index
+    from orbax_eqx._storage import engine
 
     the_plan = plan()
     expected = reference()
     put = shardings(target, the_plan.leaves)
     headers = _index.find(directory)
     tensors = {n: (h, t) for h in headers for n, t in h.tensors.items()}
-    requests = [
-        _fill.Request(name, spec.shape, np.dtype(spec.dtype), put[name])
-        for name, spec in the_plan.leaves.items()
-    ]
+    targets = {name: (spec, put[name]) for name, spec in the_plan.leaves.items()}
     gc.collect()
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS
     rss, rchar = _status("VmRSS"), _rchar()
-    counts = _fill.Counts()
-    got = _fill.fill(the_plan, tensors, requests, counts=counts)
+    counts = engine.Counts()
+    made = leaves(the_plan, tensors, targets)
+    counts.held = sum(
+        int(np.prod(u.shape)) * u.dtype.itemsize
+        for leaf in made
+        for _, _, u in leaf.units
+    )
+    got = dict(zip(targets, engine.arrays(made, counts=counts), strict=True))
     jax.block_until_ready(got)
     rchar, peak = _rchar() - rchar, _status("VmHWM") - rss
     for name, array in got.items():

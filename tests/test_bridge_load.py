@@ -1,10 +1,6 @@
-"""`oeqx.load_safetensors` and the ranged reads behind it (`_bridge/fill.py`),
+"""`oeqx.load_safetensors` and the ranged reads behind it (`_storage/engine.py`),
 on files written by the `safetensors` library: values, bytes read, and every
 check before any tensor byte is read.
-
-Plans for stacked, transposed and fused layouts are made by hand
-(`integration_tests/_hand_plan.py`); the mapping's own planner is tested
-with them in `test_bridge_models.py`.
 
 Internal modules imported here (`_bridge`, `_bridge.load`, `_mapping.wording`,
 `_bridge.safetensors`) are the units these tests pin, or the only way to cause
@@ -12,7 +8,6 @@ or observe the condition under test; everything else goes through `orbax_eqx`
 and the `orbax-eqx` command.
 """
 
-import concurrent.futures
 import json
 import os
 import struct
@@ -27,8 +22,6 @@ import zoo
 from safetensors.numpy import save_file
 
 import orbax_eqx as oeqx
-from integration_tests import _hand_plan as hp
-from orbax_eqx._bridge import fill as _fill
 from orbax_eqx._bridge.load import load
 from orbax_eqx._bridge.safetensors import header as _header
 from orbax_eqx._bridge.safetensors import index as _index
@@ -191,122 +184,186 @@ def test_reads_only_the_tensors_it_fills(tmp_path):
     assert loaded.counts.held == 64 * 64 * 4
 
 
-# --------------------------------------------------------------- hand-made plans
-
-
-def _files(tmp_path, plan, seed=0, per_file=3):
-    """Writes the plan's tensors with the library (a few per file), returns
-    `{name: (header, info)}` and the values."""
-    values = {
-        t.name: _values(t.shape, seed + i) for i, t in enumerate(plan.tensors.values())
-    }
-    names = list(values)
-    for k in range(0, len(names), per_file):
-        save_file(
-            {n: values[n] for n in names[k : k + per_file]},
-            tmp_path / f"f{k}.safetensors",
-        )
-    headers = _index.find(tmp_path)
-    return {n: (h, t) for h in headers for n, t in h.tensors.items()}, values
-
-
-def _expected(plan, values):
-    out = {}
-    for name, spec in plan.leaves.items():
-        x = np.zeros(spec.shape, np.float32)
-        for p in plan.leaf_pieces(name):
-            part = values[p.tensor][tuple(slice(a, b) for a, b in p.tensor_box)]
-            x[tuple(slice(a, b) for a, b in p.leaf_box)] = part.transpose(
-                p.perm
-            ).reshape([b - a for a, b in p.leaf_box])
-        out[name] = x
-    return out
+# --------------------------------------------------------------- layouts
 
 
 LAYERS = 4
 
 
+def _stacked(tmp_path, transposed=False):
+    tensors = {
+        f"h.{i}.w": _values((5, 6) if transposed else (6, 5), i) for i in range(LAYERS)
+    }
+    mapping = oeqx.StateDictMapping().stack("blocks", "h.{i}")
+    if transposed:
+        mapping = mapping.transpose("h.{i}.w")
+    want = {"blocks.w": np.stack([t.T if transposed else t for t in tensors.values()])}
+    return tensors, mapping, want
+
+
+def _fused(tmp_path):
+    # GPT-2's c_attn: Conv1D (in, 3 x out), transposed and split into q, k, v.
+    tensors = {f"h.{i}.qkv": _values((6, 12), i) for i in range(LAYERS)}
+    mapping = (
+        oeqx.StateDictMapping()
+        .stack("blocks", "h.{i}")
+        .fuse([f"h.{{i}}.{x}" for x in "qkv"], "h.{i}.qkv", axis=0)
+        .transpose("h.{i}.qkv")
+    )
+    t = list(tensors.values())
+    want = {
+        f"blocks.{x}": np.stack([v[:, 4 * j : 4 * j + 4].T for v in t])
+        for j, x in enumerate("qkv")
+    }
+    return tensors, mapping, want
+
+
+def _skeleton_of(want):
+    tree: dict = {}
+    for name, x in want.items():
+        node = tree
+        *path, last = name.split(".")
+        for part in path:
+            node = node.setdefault(part, {})
+        node[last] = jax.ShapeDtypeStruct(x.shape, jnp.float32)
+    return tree
+
+
+def _saved(tmp_path, tensors, per_file=3):
+    names = list(tensors)
+    for k in range(0, len(names), per_file):
+        save_file(
+            {n: tensors[n] for n in names[k : k + per_file]},
+            tmp_path / f"f{k}.safetensors",
+        )
+
+
 @pytest.mark.parametrize(
     "make, direct",
     [
-        (lambda: hp.plan_of(hp.stacked("blocks.w", LAYERS, (6, 5), "h.{}.w")), True),
-        (
-            lambda: hp.plan_of(
-                hp.stacked("blocks.w", LAYERS, (6, 5), "h.{}.w", transpose=True)
-            ),
-            False,
-        ),
-        (
-            lambda: hp.plan_of(
-                hp.fused(["blocks.q", "blocks.k", "blocks.v"], LAYERS, 4, 6, "h.{}.qkv")
-            ),
-            False,
-        ),
+        (_stacked, True),
+        (lambda p: _stacked(p, transposed=True), False),
+        (_fused, False),
     ],
     ids=["stacked", "stacked-transposed", "fused-qkv"],
 )
-def test_fill_follows_hand_made_plans(tmp_path, make, direct):
-    plan = make()
-    tensors, values = _files(tmp_path, plan)
-    requests = [
-        _fill.Request(s.name, s.shape, np.dtype(s.dtype), sharding)
-        for s in plan.leaves.values()
-        for sharding in [jax.sharding.SingleDeviceSharding(jax.devices()[0])]
-    ]
-    counts = _fill.Counts()
-    got = _fill.fill(plan, tensors, requests, counts=counts, window=1000)
-    for name, want in _expected(plan, values).items():
-        np.testing.assert_array_equal(np.asarray(got[name]), want)
-    total = sum(v.nbytes for v in values.values())
-    assert counts.read == total == counts.held
-    assert counts.copied == (0 if direct else total)
+def test_layouts_read_each_tensor_once(tmp_path, make, direct):
+    # Read in batches of about 1,000 bytes: a fused tensor that three leaves
+    # need is still read once, and straight into place where no copy is needed.
+    tensors, mapping, want = make(tmp_path)
+    _saved(tmp_path, tensors)
+    loaded = load(tmp_path, _skeleton_of(want), mapping=mapping, window=1000)
+    got = {k: v for k, v in jax.tree_util.tree_leaves_with_path(loaded.tree)}
+    for path, x in got.items():
+        name = ".".join(k.key for k in path)
+        np.testing.assert_array_equal(np.asarray(x), want[name])
+    total = sum(v.nbytes for v in tensors.values())
+    assert loaded.counts.read == total == loaded.counts.held
+    assert loaded.counts.copied == (0 if direct else total)
 
 
-@pytest.mark.parametrize(
-    "box, nbytes, direct",
-    [
-        (((0, LAYERS), (0, 6), (0, 5)), LAYERS * 6 * 5 * 4, True),  # whole
-        (((1, 3), (0, 6), (0, 5)), 2 * 6 * 5 * 4, True),  # layers 1-2
-        (((0, LAYERS), (2, 5), (0, 5)), LAYERS * 3 * 5 * 4, True),  # rows 2-4
-        (((1, 2), (0, 6), (1, 3)), (5 * 5 + 2) * 4, False),  # columns: their rows
-        (((2, 3), (3, 4), (4, 5)), 4, True),  # one element
-    ],
-    ids=["whole", "layers", "rows", "columns", "element"],
-)
-def test_a_box_reads_the_rows_that_hold_it(tmp_path, box, nbytes, direct):
-    # What one device's box of a stacked leaf costs: the bytes read, and
-    # whether they go straight into the box's buffer.
-    plan = hp.plan_of(hp.stacked("blocks.w", LAYERS, (6, 5), "h.{}.w"))
-    tensors, values = _files(tmp_path, plan)
-    full = _expected(plan, values)["blocks.w"]
-    request = _fill.Request("blocks.w", full.shape, np.dtype("float32"), None)
-    start, stop = tuple(a for a, _ in box), tuple(b for _, b in box)
-    target = _fill._Box(start, stop, plan.leaf_pieces("blocks.w", box))
-    works = [_fill._work(request, target, p, tensors) for p in target.pieces]
-    assert sum(w.stop - w.first for w in works) == nbytes
-    assert all((w.direct is not None) == direct for w in works)
-    counts = _fill.Counts()
-    with concurrent.futures.ThreadPoolExecutor(2) as placers:
-        _fill._Batch(works, counts, placers).finish()
-    assert counts.read == nbytes and counts.copied == (0 if direct else nbytes)
-    np.testing.assert_array_equal(
-        target.buffer, full[tuple(slice(a, b) for a, b in box)]
+_BOXES = """
+import json, sys
+import jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import orbax_eqx as oeqx
+from orbax_eqx._bridge.load import load
+
+devices = np.array(jax.devices())
+rows = Mesh(devices, ("x",))
+two = Mesh(devices[:2], ("x",))
+four = Mesh(devices[:4], ("x",))
+cases = {
+    "replicated": NamedSharding(rows, P()),
+    "layers": NamedSharding(four, P("x")),
+    "rows": NamedSharding(rows, P(None, "x")),
+    "columns": NamedSharding(two, P(None, None, "x")),
+}
+mapping = oeqx.StateDictMapping().stack("blocks", "h.{i}")
+skeleton = {"blocks": {"w": jax.ShapeDtypeStruct((4, 8, 6), np.float32)}}
+want = np.stack([np.load(f"{sys.argv[1]}/h{i}.npy") for i in range(4)])
+out = {}
+for case, sharding in cases.items():
+    loaded = load(sys.argv[1], skeleton, mapping=mapping, shardings=sharding)
+    w = loaded.tree["blocks"]["w"]
+    np.testing.assert_array_equal(np.asarray(w), want)
+    for shard in w.addressable_shards:
+        np.testing.assert_array_equal(np.asarray(shard.data), want[shard.index])
+    out[case] = [loaded.counts.read, loaded.counts.copied, loaded.counts.held]
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_a_box_reads_the_rows_that_hold_it(tmp_path):
+    # What each device's box of a stacked leaf costs, on 8 devices: the bytes
+    # read, and whether they go straight into the boxes' buffers.
+    import subprocess
+    import sys
+
+    tensors = {f"h.{i}.w": _values((8, 6), i) for i in range(4)}
+    _saved(tmp_path, tensors)
+    for i, t in enumerate(tensors.values()):
+        np.save(tmp_path / f"h{i}.npy", t)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "PYTHONPATH": root,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", _BOXES, str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
+    assert result.returncode == 0, result.stderr[-3000:]
+    counts = json.loads(result.stdout.splitlines()[-1])
+    total = 4 * 8 * 6 * 4
+    assert counts["replicated"] == [total, 0, total]  # one box, read once
+    assert counts["layers"] == [total, 0, total]  # a layer a device
+    assert counts["rows"] == [total, 0, total]  # a row of every layer
+    # Half the columns of every row: the rows from the first to the last
+    # element of each box, copied in (7 rows and 3 columns a layer).
+    columns = 2 * 4 * (7 * 6 + 3) * 4
+    assert counts["columns"] == [columns, columns, total]
+
+
+class _Replacing:
+    """A progress bar that, once the headers are read, makes the file longer."""
+
+    path: str = ""
+
+    def __init__(self, nbytes):
+        with open(self.path, "ab") as f:
+            f.write(b"more")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def advance(self, nbytes):
+        pass
 
 
 def test_file_replaced_after_its_header_was_read(tmp_path):
-    plan = hp.plan_of(hp.stacked("w", 2, (4,), "h.{}.w"))
-    tensors, _ = _files(tmp_path, plan)
-    path = tensors["h.0.w"][0].path
-    with open(path, "ab") as f:
-        f.write(b"more")
+    tensors = {f"h.{i}.w": _values((4,), i) for i in range(2)}
+    save_file(tensors, tmp_path / "m.safetensors")
+    path = str(tmp_path / "m.safetensors")
+    _Replacing.path = path
+    skeleton = {"w": jax.ShapeDtypeStruct((2, 4), jnp.float32)}
+    mapping = oeqx.StateDictMapping().stack("w", "h.{i}.w")
     with pytest.raises(
         oeqx.BridgeError,
         match=rf"^{path} has \d+ bytes where \d+ were written \(its header was "
         r"read from a \d+-byte file\); it was replaced while being read\. Load it "
         r"again\.$",
     ):
-        _fill.fill(plan, tensors, [_fill.Request("w", (2, 4), np.dtype("f4"), None)])
+        load(path, skeleton, mapping=mapping, progress=_Replacing)
 
 
 # --------------------------------------------------------------- hostile files
@@ -519,20 +576,24 @@ def test_header_reads_are_bounded_by_the_file(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "make",
-    [
-        lambda x: x.transpose(0, 2, 1),  # tiled: partial tiles at both edges
-        lambda x: x,  # contiguous: one copy
-        lambda x: x[:, :3, :].transpose(0, 2, 1),  # narrow: one copy
-    ],
+    "shape, transposed",
+    [((3, 600, 700), True), ((3, 600, 700), False), ((3, 3, 700), True)],
     ids=["transposed", "contiguous", "narrow"],
 )
-def test_copy_in_tiles_equals_numpy(make):
-    x = _values((3, 600, 700), 0)
-    src = make(x)
-    dst = np.zeros(src.shape, ml_dtypes.bfloat16)  # and casts
-    _fill.copy(dst, src)
-    np.testing.assert_array_equal(dst, src.astype(ml_dtypes.bfloat16))
+def test_transposed_and_cast_copies_equal_numpy(tmp_path, shape, transposed):
+    # Tiled where the copy transposes (partial tiles at both edges), one copy
+    # else; cast to bfloat16 as it is copied.
+    x = _values(shape, 0)
+    save_file({"w": x}, tmp_path / "m.safetensors")
+    want = x.transpose(0, 2, 1) if transposed else x
+    skeleton = {"w": jax.ShapeDtypeStruct(want.shape, jnp.bfloat16)}
+    mapping = oeqx.StateDictMapping()
+    if transposed:
+        mapping = mapping.transpose("w", (0, 2, 1))
+    got = oeqx.load_safetensors(
+        tmp_path / "m.safetensors", skeleton, mapping=mapping, cast=True
+    )
+    np.testing.assert_array_equal(np.asarray(got["w"]), want.astype(ml_dtypes.bfloat16))
 
 
 _PEAK = """

@@ -4,108 +4,95 @@ Restoring onto the saving mesh hands each chunk's bytes to its device as they
 were read. Restoring onto fewer devices along the first dimension makes each
 box of several whole chunks; a shard pack holds a process's chunks of a leaf
 one after the other, so such a box is one run of the bytes read, and a view of
-them must be used too. Any other box is assembled in a buffer of its own.
-These cases are worked out here on numpy buffers, as `shard_read` sees them.
-
-Internal modules imported here (`_storage.boxes`, `_storage.sharded.index`,
-`_storage.sharded.read`) are the units these tests pin, or the only way to
-cause or observe the condition under test; everything else goes through
-`orbax_eqx` and the `orbax-eqx` command.
+them is used too. Any other box (a column strip, a box cut out of a chunk
+along a later axis) is assembled in a buffer of its own. On CPU a restored
+shard is the buffer it was read into, so boxes that are views of one read
+lie end to end in memory; copies do not. Saved and restored on 8 fake CPU
+devices, in a subprocess, through `oeqx.save` and `oeqx.restore`.
 """
 
-import numpy as np
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 
-from orbax_eqx._storage.boxes import target
-from orbax_eqx._storage.sharded.index import Chunk
-from orbax_eqx._storage.sharded.read import _joined
+_WORKER = textwrap.dedent(
+    """
+    import json, sys
+    import jax, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    import orbax_eqx as oeqx
 
-SIZE = 4  # float32
-
-
-def _chunks(shape, cuts0, cuts1=None, gap=0):
-    """Chunks of an array of `shape` cut at `cuts0` (and `cuts1`), stored one
-    after the other in that order with `gap` bytes between them."""
-    cuts1 = cuts1 or [0, shape[1]]
-    chunks, offset = [], 0
-    for a, b in zip(cuts0, cuts0[1:], strict=False):
-        for c, d in zip(cuts1, cuts1[1:], strict=False):
-            nbytes = (b - a) * (d - c) * SIZE
-            chunks.append(Chunk("w", 0, (a, c), (b, d), offset, nbytes, nbytes, ()))
-            offset += nbytes + gap
-    return chunks
-
-
-def _read(values, chunks):
-    """The file's bytes as read into one buffer, and where each chunk lies."""
-    end = chunks[-1].offset + chunks[-1].nbytes
-    buffer = np.zeros(end, np.uint8)
-    wanted, placed = {}, {}
-    for k, c in enumerate(chunks):
-        part = np.ascontiguousarray(
-            values[c.start[0] : c.stop[0], c.start[1] : c.stop[1]]
-        )
-        buffer[c.offset : c.offset + c.nbytes] = part.view(np.uint8).ravel()
-        wanted[("w", k)] = [c, 0, c.nbytes, True]
-        placed[("w", k)] = (buffer, c.offset)
-    return buffer, wanted, placed
-
-
-def _box(chunks, start, stop):
-    boxes = tuple((c.start, c.stop) for c in chunks)
-    return target(start, stop, boxes, SIZE)
-
-
-VALUES = np.arange(64 * 16, dtype=np.float32).reshape(64, 16)
-
-
-def test_a_box_of_consecutive_whole_chunks_is_a_view_of_the_bytes_read():
-    chunks = _chunks(VALUES.shape, [0, 8, 16, 24, 32, 40, 48, 56, 64])
-    buffer, wanted, placed = _read(VALUES, chunks)
-    for lo in range(0, 64, 16):  # onto 4 devices: 2 chunks a box
-        t = _box(chunks, (lo, 0), (lo + 16, 16))
-        got = _joined("w", t, wanted, placed)
-        assert got is not None and np.shares_memory(got, buffer)
-        np.testing.assert_array_equal(
-            got.view(np.float32).reshape(16, 16), VALUES[lo : lo + 16]
-        )
-    whole = _joined("w", _box(chunks, (0, 0), (64, 16)), wanted, placed)
-    np.testing.assert_array_equal(whole.view(np.float32).reshape(64, 16), VALUES)
-
-
-@pytest.mark.parametrize(
-    "case",
-    ["gap", "two-dimensional", "part-of-a-chunk", "trimmed-read", "two-buffers"],
+    path = sys.argv[1]
+    values = np.arange(64 * 16, dtype=np.float32).reshape(64, 16)
+    devices = np.array(jax.devices())
+    eight = NamedSharding(Mesh(devices, ("x",)), P("x"))
+    oeqx.save(path, {"w": jax.device_put(values, eight)})
+    skeleton = {"w": jax.ShapeDtypeStruct(values.shape, values.dtype)}
+    four = Mesh(devices[:4], ("x",))
+    two_d = Mesh(devices.reshape(4, 2), ("x", "y"))
+    targets = {
+        "saving-mesh": eight,
+        "stacked-chunks": NamedSharding(four, P("x")),
+        "one-device": NamedSharding(Mesh(devices[:1], ("x",)), P()),
+        "columns": NamedSharding(four, P(None, "x")),
+        "two-dimensional": NamedSharding(two_d, P("x", "y")),
+    }
+    out = {}
+    for case, sharding in targets.items():
+        w = oeqx.restore(path, skeleton, shardings=sharding)["w"]
+        np.testing.assert_array_equal(np.asarray(w), values)
+        shards = sorted(w.addressable_shards, key=lambda s: s.index[0].start or 0)
+        distinct = {}
+        for s in shards:  # one per box (none is replicated here)
+            distinct.setdefault(str(s.index), s)
+        shards = list(distinct.values())
+        pointers = [s.data.unsafe_buffer_pointer() for s in shards]
+        size = shards[0].data.nbytes
+        out[case] = all(
+            b - a == size for a, b in zip(pointers, pointers[1:])
+        ) and len(shards) > 1
+        for s in shards:
+            np.testing.assert_array_equal(np.asarray(s.data), values[s.index])
+    print(json.dumps(out))
+    """
 )
-def test_other_boxes_are_not_views(case):
-    cuts0 = [0, 8, 16, 24, 32]
-    chunks = _chunks((32, 16), cuts0, gap=64 if case == "gap" else 0)
-    if case == "two-dimensional":
-        chunks = _chunks((32, 16), cuts0, [0, 8, 16])
-    values = VALUES[:32]
-    buffer, wanted, placed = _read(values, chunks)
-    start, stop = (0, 0), (16, 16)
-    if case == "part-of-a-chunk":
-        start, stop = (4, 0), (16, 16)
-    if case == "trimmed-read":  # the read began after the chunk's start
-        wanted[("w", 1)][1] = 64
-    if case == "two-buffers":  # read by two reads, not one
-        copy = buffer.copy()
-        placed[("w", 1)] = (copy, placed[("w", 1)][1])
-    assert _joined("w", _box(chunks, start, stop), wanted, placed) is None
 
 
+@pytest.fixture(scope="module")
+def views(tmp_path_factory) -> dict[str, bool]:
+    path = tmp_path_factory.mktemp("geometry") / "ckpt"
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "JAX_PLATFORMS": "cpu",
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", _WORKER, str(path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize(
-    "start, stop, contiguous",
+    "case, viewed",
     [
-        ((0, 0), (8, 16), True),  # the chunk
-        ((2, 0), (5, 16), True),  # some of its rows
-        ((3, 4), (4, 12), True),  # part of one row
-        ((0, 0), (8, 8), False),  # a column strip
+        ("saving-mesh", True),  # each box is its chunk: views of one read
+        ("stacked-chunks", True),  # two whole chunks end to end: one run
+        ("columns", False),  # a column strip of every chunk: assembled
+        ("two-dimensional", False),  # half of each row of two chunks
     ],
-    ids=["whole", "rows", "part-of-a-row", "columns"],
+    ids=["saving-mesh", "stacked-chunks", "columns", "two-dimensional"],
 )
-def test_a_box_that_is_one_range_of_a_chunk_is_a_view(start, stop, contiguous):
-    chunks = _chunks((8, 16), [0, 8])
-    t = _box(chunks, start, stop)
-    assert t.contiguous is contiguous and t.viewed is contiguous
+def test_boxes_of_whole_chunks_in_order_are_views_of_the_bytes_read(
+    views, case, viewed
+):
+    assert views[case] is viewed

@@ -4,12 +4,14 @@ The way through: find the files and read every header (`safetensors.index`,
 bounded, checked); check the skeleton against the tensors and plan which
 tensor boxes fill which leaf boxes (`load_check`, `plan.plan_load`), every
 problem at once, before any tensor byte is read; then read, per process,
-only the byte ranges its own devices' boxes need (`fill`); then put the
-arrays, and the skeleton's (or the files' recorded) non-array leaves, back
-into the structure.
+only the byte ranges its own devices' boxes need, through the read engine
+(`_storage.engine`: each box of a leaf a unit, each of the plan's pieces a
+box of a tensor at its offset); then put the arrays, and the skeleton's (or
+the files' recorded) non-array leaves, back into the structure.
 """
 
 import dataclasses
+import math
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -19,21 +21,24 @@ import numpy as np
 
 from .._mapping.errors import BridgeError
 from .._mapping.names import RenameMap
+from .._mapping.pieces import shape as box_shape
 from .._mapping.plan import TensorSpec, leaf_specs, plan_load
 from .._restore.shardings import Shardings, resolve
+from .._storage import engine
+from .._storage.transfer import staging as _staging
 from .._tree.values import SCALAR_TYPES, decode_scalar, scalar_type
 from .._tree.walk import ARRAY, JAX, NUMPY_SCALAR, SCALAR, container, walk
-from . import fill as _fill
 from . import load_check as _check
 from .memory import _check_kept as keep_dropped
 from .memory import _kept as kept
 from .memory import _mapping as as_mapping
 from .progress import Progress, Quiet
 from .safetensors import index as _index
-from .safetensors.header import Header, TensorInfo
+from .safetensors.dtypes import numpy_dtype
+from .safetensors.header import Header, SafetensorsError, TensorInfo
 from .specs import is_key, wrap_key
 
-DEFAULT_WINDOW = _fill.DEFAULT_WINDOW
+DEFAULT_WINDOW = engine.DEFAULT_WINDOW
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +50,7 @@ class Loaded:
     leaves: int  # of the skeleton, all kinds
     tensors: int  # tensors read
     nbytes: int  # of the tensors read, whole
-    counts: _fill.Counts
+    counts: engine.Counts
 
 
 def load_safetensors(
@@ -151,30 +156,29 @@ def load(
         keep_dropped(walked, plan)
         named = tensors
     resolved = resolve(shardings, walked)
-    requests = [
-        _fill.Request(
-            leaf.name,
-            spec.shape,
-            np.dtype(spec.dtype),
+    targets = {
+        leaf.name: (
+            spec,
             resolved.get(leaf.name) if container(leaf.value) == JAX else None,
         )
         for leaf, spec in zip(arrays, specs, strict=True)
         if leaf.name in plan.leaves  # else dropped by the mapping: the skeleton's
-    ]
+    }
     # A tied copy (a head tied to the embedding) is checked by shape and
     # dtype, not read: the leaf it shares is read from its source.
     read = {t: named[t] for t in plan.tensors if t not in plan.ties}
-    counts = _fill.Counts()
+    made = leaves(plan, read, targets)
+    counts = engine.Counts()
+    counts.held = sum(
+        math.prod(u.shape) * u.dtype.itemsize for leaf in made for _, _, u in leaf.units
+    )
     nbytes = sum(info.nbytes for _, info in read.values())
+    staging = _staging.for_restore(None, [s for _, s in targets.values()])
     with (progress or Quiet)(nbytes) as bar:
-        filled = _fill.fill(
-            plan,
-            read,
-            requests,
-            window=window,
-            counts=counts,
-            advance=bar.advance,
+        found = engine.arrays(
+            made, staging, window=window, counts=counts, advance=bar.advance
         )
+    filled = dict(zip(targets, found, strict=True))
     recorded = saved.get("leaves")
     recorded = recorded if isinstance(recorded, dict) else {}
     values = [_value(leaf, filled, resolved, recorded) for leaf in walked.leaves]
@@ -187,6 +191,60 @@ def load(
         nbytes,
         counts,
     )
+
+
+def leaves(plan, tensors: dict, targets: dict) -> list[engine.Leaf]:
+    """The engine's leaves of `targets` (`{leaf: (spec, sharding or None)}`):
+    a unit per distinct box on this process's devices, a piece per box of a
+    tensor (`{name: (header, info)}`) that the plan says fills part of it."""
+    files: dict[str, engine.File] = {}
+    sources: dict[str, engine.Source] = {}
+    for name, (header, info) in tensors.items():
+        if header.path not in files:
+            files[header.path] = engine.File(
+                header.path, header.size, _replaced(header), engine.PAD, exact=True
+            )
+        dtype = numpy_dtype(info.dtype).newbyteorder("<")
+        sources[name] = engine.Source(files[header.path], info.start, info.shape, dtype)
+    out = []
+    for leaf, (spec, sharding) in targets.items():
+        shape, dtype = tuple(spec.shape), np.dtype(spec.dtype)
+        if sharding is None:
+            held: tuple = (((0,) * len(shape), shape, ()),)
+        else:
+            held = engine.held(sharding, shape)
+        units: list = []
+        for start, stop, devices in held:
+            box = tuple(zip(start, stop, strict=True))
+            empty = any(a >= z for a, z in box)
+            pieces = [] if empty else plan.leaf_pieces(leaf, box)
+            mine = [
+                engine.Piece(
+                    sources[p.tensor],
+                    p.tensor_box,
+                    tuple(
+                        (a - s, z - s)
+                        for (a, z), (s, _) in zip(p.leaf_box, box, strict=True)
+                    ),
+                    None if p.perm == tuple(range(len(p.perm))) else p.perm,
+                )
+                for p in pieces
+            ]
+            units.append(
+                (start, tuple(devices), engine.Unit(box_shape(box), dtype, mine))
+            )
+        out.append(engine.Leaf(shape, dtype, sharding, units, len(shape)))
+    return out
+
+
+def _replaced(header: Header):
+    def error(what: str) -> SafetensorsError:
+        return SafetensorsError(
+            f"{header.path} {what} (its header was read from a {header.size}-byte "
+            "file); it was replaced while being read. Load it again."
+        )
+
+    return error
 
 
 def _by_name(walked, specs, tensors, renames, checks, problems):

@@ -17,10 +17,8 @@ from .._format.sidecar import (
     LeafMetadata,
     Metadata,
 )
+from .._storage import read as _storage_read
 from .._storage.orbax_store import read as _stored_read
-from .._storage.packed import read as _packing
-from .._storage.sharded import read as _shard_read
-from .._storage.staged import read as _staged_read
 from .._storage.transfer import staging as _staging
 from .._tree.values import decode_scalar, describe
 from .._tree.walk import (
@@ -213,23 +211,13 @@ def read_arrays(
     targets = {id(r.sharding): r.sharding for r in packed.values()}
     targets.update((id(r.sharding), r.sharding) for r in sharded.values())
     staging = _staging.for_restore(max_staged_bytes, list(targets.values()))
-    path = epath.Path(directory)
-    if staging.copy and (packed or sharded):
+    if packed or sharded:
+        path = epath.Path(directory)
         loaded.update(
-            _staged_read.read(
+            _storage_read.read(
                 path, saved, packed | sharded, verify=verify, staging=staging
             )
         )
-    else:
-        # CPU devices take aligned host buffers as they are: nothing to stage.
-        if packed:
-            loaded.update(_packing.read(path, saved.packs, packed, verify=verify))
-        if sharded:
-            loaded.update(
-                _shard_read.read(
-                    path, saved, sharded, verify=verify, window=staging.max_bytes
-                )
-            )
     return _placed(saved, requests, to_read, loaded)
 
 

@@ -11,9 +11,9 @@ block a plain read forever, a directory reads as 4096 bytes of nothing) no
 longer than its sidecar records, and only the byte ranges asked for.
 
 Shared by every layout that keeps records in a file of its own (pack files,
-shard packs, typed groups, the staged restore): where records go
-(`layout`: 64-byte aligned offsets) and which ranges to read for a set of
-wanted spans (`plan`: neighbours merged when close).
+shard packs, typed groups) and the read engine: where records go (`layout`:
+64-byte aligned offsets) and which ranges to read for a set of wanted spans
+(`plan`: neighbours merged when close).
 """
 
 import functools
@@ -163,12 +163,18 @@ def check_size(path: epath.Path, end: int, nbytes: int | None = None) -> None:
 
 
 def _open(path, end: int, nbytes: int | None):
+    return open_file(path, end, nbytes, lambda what: damaged(path, what))
+
+
+def open_file(path, end: int, nbytes: int | None, error: Callable[[str], Exception]):
+    """`path` opened for ranged reads up to `end` (see `_bytes.store.Store.open`);
+    `error(what)` is the error for a file missing, short or too long."""
     try:
         return _route.for_path(path).open(path, end, nbytes)
     except _store.BadFile as e:
-        raise _damaged(path, e.what) from None
+        raise error(e.what) from None
     except FileNotFoundError:
-        raise _damaged(path, "is missing") from None
+        raise error("is missing") from None
     except PermissionError:
         raise permission_denied(path) from None
 
@@ -180,21 +186,16 @@ def _worded(path, wait):
         try:
             return wait(*args)
         except _store.BadFile as e:
-            raise _damaged(path, e.what) from None
+            raise damaged(path, e.what) from None
 
     return worded
 
 
-def _damaged(path, what: str) -> CheckpointDamagedError:
+def damaged(path, what: str) -> CheckpointDamagedError:
     return CheckpointDamagedError(
         f"The pack file {path} {what}: the checkpoint is damaged (a copy cut "
         "short, or a file deleted). Restore an earlier step, or re-save it."
     )
-
-
-# Two wanted ranges closer than this are read as one: a read call costs more
-# than reading the bytes between them.
-MAX_GAP = 1 << 20
 
 
 def layout(sizes: Iterable[tuple[K, int]]) -> tuple[dict[K, int], int]:
@@ -211,9 +212,9 @@ _span = operator.itemgetter(1)  # (of a `(name, span)` pair: no call per leaf)
 
 
 def plan(
-    spans: dict[K, tuple[int, int]], max_gap: int = MAX_GAP
+    spans: dict[K, tuple[int, int]], max_gap: int
 ) -> tuple[list[tuple[int, int]], dict[K, tuple[int, int]]]:
-    """Merges byte spans into few ranges to read.
+    """Merges byte spans at most `max_gap` apart into few ranges to read.
 
     **Returns:** `(ranges, where)`: the `[start, stop)` ranges, in file order,
     and for each name the index of its range and its offset inside it.

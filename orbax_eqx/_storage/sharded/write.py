@@ -23,7 +23,6 @@ from etils import epath
 from ..._bytes import route as _route
 from ..._format.sidecar import shard_file, shard_index
 from .. import ranges as _ranges
-from ..boxes import box
 from ..ranges import layout
 from ..transfer import staging as _staging
 from ..transfer import to_host as _to_host
@@ -110,7 +109,7 @@ def _owned(x: jax.Array) -> tuple:
     plan = _PLANS.get(key)
     if plan is None:
         plan = tuple(
-            (i, *box(shard.index, x.shape))
+            (i, *_box(shard.index, x.shape))
             for i, shard in enumerate(x.addressable_shards)
             if shard.replica_id == 0 and shard.data.size
         )
@@ -171,3 +170,9 @@ def describe(sharding: jax.sharding.Sharding) -> str:
         return f"P({spec}) over {mesh}"
     devices = len(sharding.device_set)
     return f"{type(sharding).__name__} over {devices} devices"
+
+
+def _box(index, shape) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """`(start, stop)` of a shard's index (a tuple of slices) in `shape`."""
+    pairs = [s.indices(n)[:2] for s, n in zip(index, shape, strict=False)]
+    return tuple(a for a, _ in pairs), tuple(z for _, z in pairs)

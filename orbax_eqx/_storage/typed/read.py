@@ -4,9 +4,8 @@ A group's sidecar is read as any sidecar is (`_format/sidecar_read.py`:
 sealed, every record checked before any array byte is read), then checked to
 be this group's (its token is the group, its leaves the ones the group was
 named for) and this checkpoint's (the seal beside the group's directory holds
-its SHA-256). Leaves then go to the pack reader (`packed.read`) or the
-shard-pack reader (`sharded.read`), which read just the byte ranges wanted and
-check their checksums.
+its SHA-256). Leaves are then read as a checkpoint's are (`_storage.read`):
+just the byte ranges wanted, checked.
 """
 
 import dataclasses
@@ -37,8 +36,7 @@ from ..._tree.walk import (
     key_impl,
     parse_dtype,
 )
-from ..packed import read as _packed
-from ..sharded import read as _shard_read
+from .. import read as _read
 from .write import GROUP_DIR, GROUP_PREFIX, SEAL_FILE, SEAL_PREFIX, group_of, seal
 
 
@@ -175,18 +173,9 @@ def read(group: Group, requests: dict[str, Request], *, verify: bool = True):
     Only the bytes of the requested leaves are read: packed leaves' byte
     ranges, and of sharded ones the ranges each target shard needs.
     """
-    packed = {n: r for n, r in requests.items() if r.record.data == PACKED}
-    sharded = {n: r for n, r in requests.items() if r.record.data == SHARDS}
-    out: dict[str, Any] = {}
+    stored = {n: r for n, r in requests.items() if r.record.data != EMPTY}
     try:
-        if packed:
-            out.update(
-                _packed.read(group.directory, group.saved.packs, packed, verify=verify)
-            )
-        if sharded:
-            out.update(
-                _shard_read.read(group.directory, group.saved, sharded, verify=verify)
-            )
+        out = _read.read(group.directory, group.saved, stored, verify=verify)
     except CheckpointDamagedError as e:
         # Their fixes name `verify`, which reads checkpoints with a sidecar only.
         raise CheckpointDamagedError(f"{e} {_NO_VERIFY}") from None

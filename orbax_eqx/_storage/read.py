@@ -1,0 +1,278 @@
+"""Packed and shard-packed leaves, read through the engine, checked.
+
+A packed leaf is one unit, the whole array, one piece of its pack file,
+checked against the XXH3-64 of all its bytes (a slab at a time where it is
+streamed). A shard-packed leaf has a unit per distinct box of its target
+sharding on this process's devices, made of the stored chunks it overlaps
+(worked out once per layout: the leaves of a deep model share a few), each
+read widened to whole checksum blocks of its chunk (see `sharded.index`).
+"""
+
+import bisect
+import functools
+import itertools
+from typing import Any
+
+import jax
+import numpy as np
+from etils import epath
+
+from .._errors import CheckpointDamagedError, bullet_list
+from .._format.checksum import NAME, Running, damaged, mismatch, xxh3
+from .._format.sidecar import PACKED, Metadata, shard_file
+from .._tree.walk import JAX, is_key_dtype, key_data_struct, key_impl, parse_dtype
+from . import engine
+from . import ranges as _ranges
+from .sharded.index import Chunk, check_blocks, widen
+from .sharded.index_read import read_all, token_of
+from .transfer.staging import Staging
+
+
+def read(
+    directory: epath.Path,
+    saved: Metadata,
+    requests: dict[str, Any],
+    *,
+    verify: bool = True,
+    staging: Staging | None = None,
+) -> dict[str, Any]:
+    """Reads packed and shard-packed leaves: `{name: request}` to `{name: array}`.
+
+    A request has the leaf's sidecar `record`, the target `dtype`, the
+    `container` (jax or numpy) and, for jax arrays, the target `sharding`.
+    Only the wanted bytes are read; with `verify`, each is checked against
+    the checksums its sidecar or index records. Where `staging.copy`, bytes go
+    to devices through its window.
+    """
+    directory = epath.Path(directory)
+    packs = [
+        engine.File(
+            directory / p.file,
+            p.nbytes,
+            functools.partial(_ranges.damaged, directory / p.file),
+        )
+        for p in saved.packs
+    ]
+    ends: dict[int, int] = {}
+    chunks: dict[str, list[Chunk]] | None = None
+    shard_files: dict[int, engine.File] = {}
+    problems: dict[str, list[str]] = {"pack": [], "shards": []}
+    leaves = []
+    for name, request in requests.items():
+        record = request.record
+        if record.data == PACKED:
+            end = record.offset + record.nbytes
+            ends[record.pack] = max(ends.get(record.pack, 0), end)
+            leaves.append(
+                _packed(packs[record.pack], request, verify, problems["pack"])
+            )
+            continue
+        if chunks is None:
+            chunks = read_all(directory, saved)  # checks every index first
+        ordered = sorted(chunks[name], key=lambda c: c.start)
+        files = []
+        for c in ordered:
+            if c.process not in shard_files:
+                path = directory / shard_file(token_of(saved), c.process)
+                damage = functools.partial(_ranges.damaged, path)
+                shard_files[c.process] = engine.File(path, None, damage, engine.PAD)
+            files.append(shard_files[c.process])
+        found = problems["shards"] if verify else None
+        leaves.append(_sharded(request, ordered, files, found))
+    for pack, end in ends.items():
+        # Now, before anything is planned for sizes only a damaged sidecar claims.
+        _ranges.check_size(packs[pack].path, end, saved.packs[pack].nbytes)
+    window = engine.DEFAULT_WINDOW if staging is None else staging.max_bytes
+    results = engine.arrays(leaves, staging, window=window)
+    if problems["pack"]:
+        raise damaged(directory, problems["pack"])
+    if problems["shards"]:
+        raise damaged_chunks(directory, list(dict.fromkeys(problems["shards"])))
+    return dict(zip(requests, results, strict=True))
+
+
+@functools.cache
+def stored_type(text: str):
+    """`(element dtype, key data's own axes, the saved dtype, is a key)` of
+    arrays stored with the dtype named `text`."""
+    saved = parse_dtype(text)
+    if is_key_dtype(saved):
+        data = key_data_struct(saved)
+        return np.dtype(data.dtype), tuple(data.shape), saved, True
+    return np.dtype(saved), (), saved, False
+
+
+def _leaf(request, units, elem, tail, saved, key) -> engine.Leaf:
+    shape = tuple(request.record.shape)
+    wrap = None
+    if key:
+        wrap = functools.partial(_wrap, impl=key_impl(saved))
+    return engine.Leaf(
+        shape + tail,
+        elem if key else np.dtype(request.dtype),
+        request.sharding if request.container == JAX else None,
+        units,
+        len(shape),
+        wrap,
+    )
+
+
+def _wrap(array, impl):
+    return jax.random.wrap_key_data(array, impl=impl)
+
+
+def _packed(file: engine.File, request, verify: bool, problems) -> engine.Leaf:
+    record = request.record
+    elem, tail, saved, key = stored_type(record.dtype)
+    shape = tuple(record.shape) + tail
+    check = None
+    if verify and record.checksum is not None:
+        check = RecordCheck(record, problems)
+    source = engine.Source(file, record.offset, shape, elem, check)
+    box = engine.whole(shape)
+    dtype = elem if key else np.dtype(request.dtype)
+    unit = engine.Unit(shape, dtype, [engine.Piece(source, box, box)])
+    devices = None
+    if request.container == JAX:
+        held = engine.held(request.sharding, tuple(record.shape))
+        if len(held) == 1 and held[0][1] == tuple(record.shape):
+            devices = held[0][2]  # every device holds it whole
+    start = (0,) * len(record.shape)
+    return _leaf(request, [(start, devices, unit)], elem, tail, saved, key)
+
+
+class RecordCheck:
+    """The XXH3-64 of a packed leaf's bytes, fed in order (slabs may overlap)."""
+
+    step = 16 << 20  # bytes summed at a time, while later ones are read
+    widens = False
+
+    def __init__(self, record, problems: list[str]):
+        self.record, self.problems = record, problems
+        self.running: Running | None = None
+        self.summed = 0
+
+    def widen(self, first: int, last: int) -> tuple[int, int]:
+        return first, last
+
+    def feed(self, at: int, data: np.ndarray) -> None:
+        record = self.record
+        if at == 0 and data.nbytes == record.nbytes:  # (most leaves: one call)
+            self._compare(xxh3(data))
+            return
+        if self.running is None:
+            self.running = Running()
+        self.running.update(data[self.summed - at :])
+        self.summed = at + data.nbytes
+        if self.summed >= record.nbytes:
+            self._compare(self.running.value())
+
+    def _compare(self, found: int) -> None:
+        if found != self.record.checksum:
+            line = mismatch(self.record, NAME, self.record.checksum, found)
+            self.problems.append(line)
+
+
+class BlockCheck:
+    """A chunk's bytes against the XXH3-64s of its blocks."""
+
+    widens = True
+
+    def __init__(self, chunk: Chunk, record, path, problems: list[str]):
+        self.chunk, self.record, self.path, self.problems = (
+            chunk,
+            record,
+            path,
+            problems,
+        )
+        self.step = chunk.block * max(1, (16 << 20) // chunk.block)
+
+    def widen(self, first: int, last: int) -> tuple[int, int]:
+        off = self.chunk.offset
+        a, z = widen(self.chunk, first - off, last - off)
+        return a + off, z + off
+
+    def feed(self, at: int, data: np.ndarray) -> None:
+        self.problems += check_chunk(self.chunk, at, data, self.record, self.path)
+
+
+def damaged_chunks(directory, problems: list[str]) -> CheckpointDamagedError:
+    """The error for chunks whose bytes differ from their checksums."""
+    return CheckpointDamagedError(
+        f"The data of {len(problems)} chunk(s) of the shard packs of the "
+        f"checkpoint in {directory} changed after it was saved (a flipped bit "
+        "on disk, or a damaged copy):\n" + bullet_list(problems) + "\nRestore "
+        "an earlier step (`oeqx.restore_latest` falls back past damaged "
+        "steps); `python -m orbax_eqx verify PATH` checks every leaf."
+    )
+
+
+def check_chunk(chunk: Chunk, a: int, data, record, path) -> list[str]:
+    """Checks bytes `[a, ...)` of `chunk` (whole blocks) against its checksums."""
+    return [
+        f"Leaf `{record.path}` ({record.name}), chunk {chunk.box()} in "
+        f"{path.name}, bytes {block * chunk.block}-"
+        f"{min((block + 1) * chunk.block, chunk.nbytes)}: {NAME} recorded at "
+        f"save {recorded:#018x}, computed from the data now {found:#018x}."
+        for block, recorded, found in check_blocks(chunk, a, data)
+    ]
+
+
+def _sharded(request, chunks: list[Chunk], files, problems) -> engine.Leaf:
+    record = request.record
+    elem, tail, saved, key = stored_type(record.dtype)
+    shape = tuple(record.shape)
+    dtype = elem if key else np.dtype(request.dtype)
+    sharding = request.sharding if request.container == JAX else None
+    boxes = tuple((c.start, c.stop) for c in chunks)
+    checks = [
+        None if problems is None else BlockCheck(c, record, f.path, problems)
+        for c, f in zip(chunks, files, strict=True)
+    ]
+    sources = [
+        engine.Source(f, c.offset, c.shape + tail, elem, check)
+        for c, f, check in zip(chunks, files, checks, strict=True)
+    ]
+    units = []
+    for start, stop, devices, parts in _geometry(shape, boxes, sharding):
+        pieces = [
+            engine.Piece(sources[k], box + engine.whole(tail), dst + engine.whole(tail))
+            for k, box, dst in parts
+        ]
+        box_shape = tuple(b - a for a, b in zip(start, stop, strict=True))
+        units.append((start, devices, engine.Unit(box_shape + tail, dtype, pieces)))
+    return _leaf(request, units, elem, tail, saved, key)
+
+
+@functools.lru_cache(maxsize=4096)
+def _geometry(shape, boxes, sharding) -> tuple:
+    """`(start, stop, devices, [(chunk, box in it, box in the target)])` of
+    each distinct target box here (one, the whole array, without sharding)."""
+    if sharding is None:
+        held: tuple = (((0,) * len(shape), shape, ()),)
+    else:
+        held = engine.held(sharding, shape)
+    ndim = len(shape)
+    cuts = [sorted({(a[d], b[d]) for a, b in boxes}) for d in range(ndim)]
+    at = {a: k for k, (a, _) in enumerate(boxes)}
+    out: list[tuple] = []
+    for start, stop, devices in held:
+        spans = []
+        for d, (lo, hi) in enumerate(zip(start, stop, strict=True)):
+            i = bisect.bisect_right([b for _, b in cuts[d]], lo)
+            spans.append([c for c in cuts[d][i:] if c[0] < hi])
+        parts = []
+        for cell in itertools.product(*spans):
+            k = at[tuple(a for a, _ in cell)]
+            c_start, c_stop = boxes[k]
+            first = [max(a, s) for a, s in zip(start, c_start, strict=True)]
+            end = [min(a, s) for a, s in zip(stop, c_stop, strict=True)]
+            box = tuple(
+                (x - s, y - s) for x, y, s in zip(first, end, c_start, strict=True)
+            )
+            dst = tuple(
+                (x - s, y - s) for x, y, s in zip(first, end, start, strict=True)
+            )
+            parts.append((k, box, dst))
+        out.append((start, stop, devices, parts))
+    return tuple(out)
