@@ -1,7 +1,7 @@
 """Restore: check the skeleton, read exactly the arrays it needs, rebuild the tree."""
 
 import dataclasses
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.tree_util as jtu
@@ -10,15 +10,12 @@ from etils import epath
 
 from .._format.sidecar import (
     ALIAS,
-    EMPTY,
-    PACKED,
-    SHARDS,
     STORED,
-    LeafMetadata,
     Metadata,
 )
 from .._storage import read as _storage_read
 from .._storage.orbax_store import read as _stored_read
+from .._storage.read import Request as _Request
 from .._storage.transfer import staging as _staging
 from .._tree.values import decode_scalar, describe
 from .._tree.walk import (
@@ -26,9 +23,6 @@ from .._tree.walk import (
     JAX,
     NUMPY_SCALAR,
     SCALAR,
-    is_key_dtype,
-    key_data_struct,
-    key_impl,
     parse_dtype,
     walk,
 )
@@ -49,17 +43,6 @@ class RecordedLeaf:
 
     kind: str
     description: str
-
-
-class _Request(NamedTuple):
-    """One array to read: where it is stored and what to turn it into."""
-
-    # A NamedTuple, not a frozen dataclass: a restore makes one per array
-    # leaf, and a frozen dataclass sets each field through `object.__setattr__`.
-    record: LeafMetadata
-    dtype: Any  # target dtype
-    container: str | None  # (never None here: `check` refused those leaves)
-    sharding: Any  # target sharding, for jax arrays
 
 
 def restore_tree(inner, directory, saved: Metadata, args) -> Any:
@@ -203,61 +186,48 @@ def read_arrays(
     recorded checksum. Packed and shard-packed bytes go to devices through a
     window of `max_staged_bytes` where transfers copy (see
     `_storage.transfer.staging`)."""
-    to_read, packed, stored, sharded = _sources(saved, requests)
+    to_read, ours, stored = _sources(saved, requests)
     loaded = {}
     if stored:
         loaded = _stored_read.read(inner, directory, saved, stored, verify=verify)
     # Each target sharding once (by identity: leaves share them), not per leaf.
-    targets = {id(r.sharding): r.sharding for r in packed.values()}
-    targets.update((id(r.sharding), r.sharding) for r in sharded.values())
+    targets = {id(r.sharding): r.sharding for r in ours.values()}
     staging = _staging.for_restore(max_staged_bytes, list(targets.values()))
-    if packed or sharded:
+    if ours:
         path = epath.Path(directory)
         loaded.update(
-            _storage_read.read(
-                path, saved, packed | sharded, verify=verify, staging=staging
-            )
+            _storage_read.read(path, saved, ours, verify=verify, staging=staging)
         )
     return _placed(saved, requests, to_read, loaded)
 
 
 def _sources(saved: Metadata, requests: dict[str, _Request]):
     """Each stored array to read once, by the name its data is saved under:
-    all of them, then those packed, those Orbax stores, those shard-packed."""
+    all of them, then those of packs and shard packs (and zero-size ones),
+    then those Orbax stores."""
     to_read: dict[str, _Request] = {}
-    packed: dict[str, _Request] = {}
+    ours: dict[str, _Request] = {}
     stored: dict[str, _Request] = {}
-    sharded: dict[str, _Request] = {}
-    by_data = {PACKED: packed, STORED: stored, SHARDS: sharded}
     for request in requests.values():
         source = request.record
         if source.data == ALIAS:
             source = saved.source(source)
             request = request._replace(record=source)
         name = source.name
-        if source.data != EMPTY and name not in to_read:
+        if name not in to_read:
             to_read[name] = request
-            group = by_data.get(source.data or "")
-            if group is not None:
-                group[name] = request
-    return to_read, packed, stored, sharded
+            (stored if source.data == STORED else ours)[name] = request
+    return to_read, ours, stored
 
 
 def _placed(saved: Metadata, requests, to_read, loaded) -> dict[str, Any]:
-    """Every requested array, from the arrays read (`loaded`, by saved name):
-    zero-size ones made, tied ones placed where each asks."""
+    """Every requested array, from the arrays read (`loaded`, by saved name),
+    tied ones placed where each asks."""
     result = {}
     for name, request in requests.items():
         record = request.record
-        data = record.data
-        if data == EMPTY:
-            result[name] = _empty(request)
-            continue
-        if data == ALIAS:
+        if record.data == ALIAS:
             record = saved.source(record)
-            if record.data == EMPTY:
-                result[name] = _empty(request._replace(record=record))
-                continue
         held_by = record.name
         value = loaded[held_by]
         if request.container != JAX:
@@ -279,17 +249,3 @@ def _finish(value: Any, request: _Request) -> Any:
         return value
     value = np.asarray(value)
     return value[()] if request.container == NUMPY_SCALAR else value
-
-
-def _empty(request: _Request) -> Any:
-    shape = request.record.shape or ()
-    if request.container != JAX:
-        return _finish(np.zeros(shape, request.dtype), request)
-    if is_key_dtype(request.dtype):
-        data = key_data_struct(request.dtype)
-        zeros = np.zeros(shape + data.shape, data.dtype)
-        return jax.random.wrap_key_data(
-            jax.device_put(zeros, request.sharding), impl=key_impl(request.dtype)
-        )
-    zeros = np.zeros(shape, request.dtype)
-    return jax.make_array_from_callback(shape, request.sharding, lambda i: zeros[i])

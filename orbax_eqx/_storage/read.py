@@ -11,7 +11,7 @@ read widened to whole checksum blocks of its chunk (see `sharded.index`).
 import bisect
 import functools
 import itertools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -19,13 +19,25 @@ from etils import epath
 
 from .._errors import CheckpointDamagedError, bullet_list
 from .._format.checksum import NAME, Running, damaged, mismatch, xxh3
-from .._format.sidecar import PACKED, Metadata, shard_file
+from .._format.sidecar import PACKED, SHARDS, LeafMetadata, Metadata, shard_file
 from .._tree.walk import JAX, is_key_dtype, key_data_struct, key_impl, parse_dtype
 from . import engine
 from . import ranges as _ranges
 from .sharded.index import Chunk, check_blocks, widen
 from .sharded.index_read import read_all, token_of
 from .transfer.staging import Staging
+
+
+class Request(NamedTuple):
+    """One array to read: its sidecar `record`, the target `dtype`, the
+    `container` (jax or numpy) and, for jax arrays, the target `sharding`."""
+
+    # A NamedTuple, not a frozen dataclass: a restore makes one per array
+    # leaf, and a frozen dataclass sets each field through `object.__setattr__`.
+    record: LeafMetadata
+    dtype: Any
+    container: str | None
+    sharding: Any
 
 
 def read(
@@ -36,13 +48,10 @@ def read(
     verify: bool = True,
     staging: Staging | None = None,
 ) -> dict[str, Any]:
-    """Reads packed and shard-packed leaves: `{name: request}` to `{name: array}`.
-
-    A request has the leaf's sidecar `record`, the target `dtype`, the
-    `container` (jax or numpy) and, for jax arrays, the target `sharding`.
-    Only the wanted bytes are read; with `verify`, each is checked against
-    the checksums its sidecar or index records. Where `staging.copy`, bytes go
-    to devices through its window.
+    """Reads packed, shard-packed and zero-size leaves: `{name: Request}` to
+    `{name: array}`. Only the wanted bytes are read; with `verify`, each is
+    checked against the checksums its sidecar or index records. Where
+    `staging.copy`, bytes go to devices through its window.
     """
     directory = epath.Path(directory)
     packs = [
@@ -67,9 +76,10 @@ def read(
                 _packed(packs[record.pack], request, verify, problems["pack"])
             )
             continue
-        if chunks is None:
+        if chunks is None and record.data == SHARDS:
             chunks = read_all(directory, saved)  # checks every index first
-        ordered = sorted(chunks[name], key=lambda c: c.start)
+        # (A zero-size leaf has no chunks: its units, no pieces.)
+        ordered = sorted(chunks[name], key=lambda c: c.start) if chunks else []
         files = []
         for c in ordered:
             if c.process not in shard_files:

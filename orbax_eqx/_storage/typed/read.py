@@ -12,8 +12,6 @@ import dataclasses
 import json
 from typing import Any
 
-import jax
-import numpy as np
 from etils import epath
 
 from ..._bytes import route as _route
@@ -30,11 +28,6 @@ from ..._format.sidecar import (
 from ..._format.sidecar_read import read as read_sidecar
 from ..._tree.walk import (
     ARRAY,
-    JAX,
-    is_key_dtype,
-    key_data_struct,
-    key_impl,
-    parse_dtype,
 )
 from .. import read as _read
 from .write import GROUP_DIR, GROUP_PREFIX, SEAL_FILE, SEAL_PREFIX, group_of, seal
@@ -157,14 +150,7 @@ def _damaged(path: epath.Path, what: str) -> CheckpointDamagedError:
     )
 
 
-@dataclasses.dataclass(frozen=True)
-class Request:
-    """One array to read: its record, the dtype and where it goes."""
-
-    record: LeafMetadata
-    dtype: Any  # target dtype (a cast when it differs from the saved one)
-    container: str  # JAX, or NUMPY for a whole host array
-    sharding: Any  # target sharding, for JAX
+Request = _read.Request  # one array to read
 
 
 def read(group: Group, requests: dict[str, Request], *, verify: bool = True):
@@ -173,33 +159,14 @@ def read(group: Group, requests: dict[str, Request], *, verify: bool = True):
     Only the bytes of the requested leaves are read: packed leaves' byte
     ranges, and of sharded ones the ranges each target shard needs.
     """
-    stored = {n: r for n, r in requests.items() if r.record.data != EMPTY}
     try:
-        out = _read.read(group.directory, group.saved, stored, verify=verify)
+        return _read.read(group.directory, group.saved, requests, verify=verify)
     except CheckpointDamagedError as e:
         # Their fixes name `verify`, which reads checkpoints with a sidecar only.
         raise CheckpointDamagedError(f"{e} {_NO_VERIFY}") from None
-    for name, request in requests.items():
-        if request.record.data == EMPTY:
-            out[name] = _empty(request)
-    return out
 
 
 _NO_VERIFY = (
     "(Saved through `oeqx.type_handler_registry()`, this checkpoint has no "
     "sidecar, so `verify` cannot read it; a restore checks every byte it reads.)"
 )
-
-
-def _empty(request: Request) -> Any:
-    shape = tuple(request.record.shape or ())
-    saved = parse_dtype(request.record.dtype)
-    if is_key_dtype(saved):
-        data = key_data_struct(saved)
-        zeros = np.zeros(shape + data.shape, data.dtype)
-        placed = jax.device_put(zeros, request.sharding)
-        return jax.random.wrap_key_data(placed, impl=key_impl(saved))
-    zeros = np.zeros(shape, request.dtype)
-    if request.container != JAX:
-        return zeros
-    return jax.make_array_from_callback(shape, request.sharding, lambda i: zeros[i])
