@@ -259,7 +259,7 @@ class _Found:
             stop = chunk.offset + min(at + step, chunk.nbytes)
             (data,) = _ranges.read(file, [(chunk.offset + at, stop)])
             self.read(data.nbytes)
-            # The same check as a restore's (`sharded/read.py`).
+            # The same check as a restore's (`_storage/read.py`).
             bad = check_blocks(chunk, at, data)
             if bad:
                 i, recorded, found = bad[0]

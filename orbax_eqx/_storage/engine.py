@@ -648,11 +648,9 @@ def _jobs(leaves: Sequence[Leaf], budget: int, staging: Staging):
                 p.source.check is not None and p.source.check.widens for p in u.pieces
             )
             limit = max(budget, SLAB_FLOOR) if widened else budget
-            if (
-                c <= limit
-                or devices is None
-                or _clip(u, (0,) * len(u.shape), u.shape) is None
-            ):
+            # Slabs go to devices that hold the whole unit, or into a numpy leaf.
+            whole_here = devices is not None or leaf.sharding is None
+            if c <= limit or not whole_here or not _cuttable(u):
                 yield [_Step(leaf, start, devices, u)]  # a job of its own
                 continue
             cut = streaming.slabs(
