@@ -1,4 +1,4 @@
-"""The pack is written while the leaves are named (`_save/pack_write.py`): a
+"""The pack is written while the leaves are named (`_save/files.py`): a
 save whose pack write or naming fails still fails whole, keeps the earlier
 checkpoint, and leaves no write going on once it has raised; one that
 succeeds writes what a save always wrote.
@@ -120,12 +120,12 @@ def test_the_pack_is_written_whoever_took_the_pieces_first(tmp_path):
     write starts: the pack is still written, whole, with every checksum."""
     from etils import epath
 
-    from orbax_eqx._save import pack_write as _pack_write
+    from orbax_eqx._save.files import start_pack
 
     item = _item(3.0)
     prepared = _prepare.prepare(item, token="0123456789abcdef")
     prepared.finish()  # takes the pieces first
-    pack = _pack_write.start(epath.Path(tmp_path), "0123456789abcdef", prepared, True)
+    pack = start_pack(epath.Path(tmp_path), "0123456789abcdef", prepared, True)
     assert pack is not None
     sums = pack.result()
     assert len(sums) == len(prepared.packed_names) == 21

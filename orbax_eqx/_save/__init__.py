@@ -3,8 +3,8 @@
 Owns preparing a save (`prepare`: sidecar content, packed pieces, arrays for
 Orbax), refusing what would not restore (`storable`, `recordable`, `hosts`),
 claiming the item directory against a concurrent save of the same step
-(`claim`), writing the save's own files in its background thread (`files`,
-`pack_write`), the futures handed to Orbax (`futures`), finishing saves still
+(`claim`), writing the save's own files in its background thread (`files`),
+the futures handed to Orbax (`futures`), finishing saves still
 under way when a script ends (`at_exit`), and a standalone save's atomic
 replace (`replace`, `leftovers`).
 May import: `_storage`, `_format`, `_tree`, `_bytes`, `_errors`; never

@@ -1,15 +1,18 @@
 """A save's own files, written in its background thread: the shard packs, the
-pack (while the leaves are named, `pack_write`), and the sidecar last.
+pack (in a thread of its own while the leaves are named), and the sidecar last.
 
 Every host writes its shard pack; only the primary took host copies of packed
-arrays, and writes them and the sidecar. This runs in a thread of its own
-(Orbax's commit future), so the blocking writes hold up nothing else. The
-sidecar goes last: it records the checksums, and a step without it is no
-checkpoint. Once the pack's write is over (durable, or failed), the host
-copies are let go and their pooled buffers given back (`Prepared.give_back`):
-never before.
+arrays, and writes them and the sidecar. This runs in Orbax's commit future,
+so the blocking writes hold up nothing else. The pack's layout depends on the
+packed sizes alone (`Prepared.take_pieces`), and its write is mostly time the
+GIL is free (`pwritev`, the fsync, checksums), so it overlaps the naming of
+the leaves (`Prepared.finish`, Python all the way). The sidecar goes last: it
+records the checksums, and a step without it is no checkpoint. Once the pack's
+write is over (durable, or failed), the host copies are let go and their
+pooled buffers given back (`Prepared.give_back`): never before.
 """
 
+import threading
 from typing import Any
 
 import jax
@@ -19,10 +22,53 @@ from etils import epath
 from .._format import sidecar as _sidecar
 from .._format import sidecar_write as _sidecar_write
 from .._format.checksum import host_sum32
+from .._storage.packed import write as _packed
 from .._storage.sharded import write as _shards
 from . import claim as _claim
-from . import pack_write as _pack_write
 from .prepare import Prepared
+
+
+class PackWrite:
+    """The write of pack 0 of a save, under way in a thread of its own; whoever
+    starts one calls `result()` or `wait()` before the save ends."""
+
+    def __init__(self, path: epath.Path, prepared: Prepared, checksums: bool):
+        self.path = path
+        self._sums: list[int] = []
+        self._error: BaseException | None = None
+        nbytes = prepared.pack_nbytes
+
+        def run() -> None:
+            try:
+                pieces = prepared.take_pieces()
+                self._sums = _packed.write(path, pieces, nbytes, checksums)
+            except BaseException as e:  # raised by `result()`, in the save's thread
+                self._error = e
+
+        self._thread = threading.Thread(target=run, name="orbax_eqx_pack", daemon=True)
+        self._thread.start()
+
+    def result(self) -> list[int]:
+        """Each piece's checksum (none without checksums), or what the write raised."""
+        self._thread.join()
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        return self._sums
+
+    def wait(self) -> None:
+        """Waits for the write, whatever its outcome (a save failing anyway)."""
+        self._thread.join()
+
+
+def start_pack(
+    directory: epath.Path, token: str, prepared: Prepared, checksums: bool
+) -> PackWrite | None:
+    """A `PackWrite` of `prepared`'s pack, or None if this process writes none
+    (no packed arrays, or not the primary host)."""
+    if not (prepared.writes_pack and prepared.pack_nbytes):
+        return None
+    return PackWrite(directory / _sidecar.pack_file(token, 0), prepared, checksums)
 
 
 def write(
@@ -38,8 +84,8 @@ def write(
         _claim.begin(started)
     pack = None
     try:
-        if primary:  # written meanwhile: `pack_write`
-            pack = _pack_write.start(directory, started.token, prepared, checksums)
+        if primary:  # written meanwhile
+            pack = start_pack(directory, started.token, prepared, checksums)
         prepared.finish()  # names, the sidecar's content, the rest of the copies
         assert prepared.content is not None  # (made by `finish`)
         if prepared.local is not None:

@@ -93,7 +93,7 @@ class Prepared:
     def take_pieces(self) -> list[tuple[int, np.ndarray]]:
         """The packed pieces (`pieces_of`), taken once, from any thread: known
         before the leaves are named, so that the pack can be written while
-        `finish` names them (`pack_write`)."""
+        `finish` names them (`files.PackWrite`)."""
         with self._lock:
             if self._taken is None and self.pieces_of is not None:
                 self._taken, self.pieces_of = self.pieces_of(), None
