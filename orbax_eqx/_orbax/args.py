@@ -14,7 +14,7 @@ import orbax.checkpoint as ocp
 from .._rebuild.allow import check_allow
 from .._restore.renames import Renames
 from .._restore.select import check_options
-from .._save.hosts import check_global
+from .._save.checks import check_global
 from .._save.prepare import check_has_data, flatten
 from .._storage.transfer import staging as _staging
 

@@ -24,7 +24,7 @@ from .._save import at_exit as _at_exit
 from .._save import claim as _claim
 from .._save import files as _files
 from .._save import futures as _futures
-from .._save.hosts import check_global
+from .._save.checks import check_global
 from .._save.prepare import prepare
 from .._storage.orbax_store import files as _store_files
 from .._storage.transfer.pool import MAX_IDLE, HostPool

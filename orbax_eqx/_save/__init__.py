@@ -1,7 +1,7 @@
 """Saving: an item split into what each storage gets, and a save's safety.
 
 Owns preparing a save (`prepare`: sidecar content, packed pieces, arrays for
-Orbax), refusing what would not restore (`storable`, `recordable`, `hosts`),
+Orbax), refusing what would not restore (`checks`),
 claiming the item directory against a concurrent save of the same step
 (`claim`), writing the save's own files in its background thread (`files`),
 the futures handed to Orbax (`futures`), finishing saves still

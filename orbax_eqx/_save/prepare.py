@@ -39,7 +39,7 @@ from .._storage.transfer.to_host import gather, start_host_copies
 from .._tree.names import storage_key
 from .._tree.values import is_text
 from .._tree.walk import JAX, Walked, container, is_array_leaf, walk
-from . import recordable, storable
+from . import checks
 
 # Tree structures whose save was checked before returning; a save of an equal
 # one need not be (see the module's docstring). Few: a training job saves one
@@ -282,8 +282,8 @@ def _same_leaves(walked: Walked, leaves: list[Any]) -> None:
 
 def _check(walked: Walked, pack: bool = True, taken: bool = False) -> None:
     _check_savable(walked)
-    storable.check(walked, pack, taken)
-    recordable.check(walked)
+    checks.check_arrays(walked, pack, taken)
+    checks.check_recordable(walked)
 
 
 def _bad_values(leaves: list[Any]) -> bool:
@@ -293,7 +293,7 @@ def _bad_values(leaves: list[Any]) -> bool:
         kind = type(x)
         if kind is jax.ShapeDtypeStruct or (kind is str and not is_text(x)):
             return True
-        if storable.bad_value(x):
+        if checks.bad_value(x):
             return True
     return False
 
@@ -335,13 +335,13 @@ def _held_whole(x: Any) -> bool:
 
 def check_has_data(item: Any, leaves: list[Any] | None = None) -> None:
     """Refuses skeletons, and arrays that would not restore as they are
-    (`storable`), early and cheaply, before Orbax starts a save."""
+    (`checks.check_arrays`), early and cheaply, before Orbax starts a save."""
     if leaves is None:
         leaves = jax.tree_util.tree_leaves(item)
     if any(type(x) is jax.ShapeDtypeStruct for x in leaves):
         _check_savable(walk(item))
-    if any(storable.bad_value(x) for x in leaves):
-        storable.check(walk(item))
+    if any(checks.bad_value(x) for x in leaves):
+        checks.check_arrays(walk(item))
 
 
 def _check_savable(walked: Walked) -> None:
