@@ -6,7 +6,7 @@ are in `integration_tests/test_replace_*.py`; here, single-process: failed
 saves, the states a crash leaves (made on disk as a crash leaves them), and
 what a later save or restore does with them.
 
-Internal modules imported here (`_save.leftovers`, `_save.replace`) are the
+Internal modules imported here (`_save.replace`) are the
 units these tests pin, or the only way to cause or
 observe the condition under test; everything else goes through `orbax_eqx` and
 the `orbax-eqx` command.
@@ -28,7 +28,7 @@ from safetensors.numpy import save_file
 
 import orbax_eqx as oeqx
 from orbax_eqx._save import replace as _replace
-from orbax_eqx._save.leftovers import (
+from orbax_eqx._save.replace import (
     HOST,
     NEW,
     OLD,
@@ -37,9 +37,9 @@ from orbax_eqx._save.leftovers import (
     Owner,
     beside,
     new_owner,
+    publish,
     saving,
 )
-from orbax_eqx._save.replace import publish
 
 
 def _item(seed: int) -> dict:

@@ -6,8 +6,7 @@ from .._format.locate import as_path
 from .._mapping.names import load as load_renames
 from .._orbax import items as _items
 from .._orbax.api import save
-from .._save.leftovers import recover
-from .._save.replace import CheckpointExistsError, check_target
+from .._save.replace import CheckpointExistsError, check_target, recover
 from . import skeleton as _skeleton
 from .render import Progress, human_bytes
 

@@ -14,7 +14,6 @@ from .._errors import CheckpointNotFoundError, OrbaxEqxError
 from .._format.locate import as_path, find_item
 from .._format.sidecar import Metadata
 from .._format.sidecar_read import read
-from .._save import leftovers as _leftovers
 from .._save import replace as _replace
 from .._save.claim import ConcurrentSaveError, from_process
 from .._save.replace import CheckpointExistsError as CheckpointExistsError
@@ -117,11 +116,11 @@ def save(
     source = 0 if mp.primary_host is None else mp.primary_host
     primary = ocp.multihost.is_primary_host(source)
     if primary:
-        _leftovers.tidy(path)
-    owner = _leftovers.new_owner()  # with several processes: after the tidy
+        _replace.tidy(path)
+    owner = _replace.new_owner()  # with several processes: after the tidy
     _replace.check_target(path, overwrite)
     _check_writable(path)
-    with _leftovers.saving(owner):
+    with _replace.saving(owner):
         _save_beside(path, args, owner, overwrite, (primary, source), options)
 
 
@@ -129,7 +128,7 @@ def _save_beside(path, args, owner, overwrite, host, options) -> None:
     """Saves beside `path` and swaps the new checkpoint in; `host`: whether
     this process is the primary host, and which process that is."""
     primary, source = host
-    new = _leftovers.beside(path, owner, _leftovers.NEW)
+    new = _replace.beside(path, owner, _replace.NEW)
     try:
         with ocp.Checkpointer(EqxHandler(**options)) as checkpointer:
             checkpointer.save(new, args=args)
@@ -231,7 +230,7 @@ def _find(directory: str | os.PathLike[str]) -> Any:
     through the type handler is no error of the path, and is told apart."""
     path = as_path(directory)
     _route.for_path(path).check_reachable(path)  # says what to set, if not
-    path = _leftovers.recover(path)
+    path = _replace.recover(path)
     if not (_typed(path) or any(_typed(p) for p in _dirs(path))):
         return find_item(path)
     raise CheckpointNotFoundError(

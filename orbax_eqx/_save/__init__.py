@@ -6,7 +6,7 @@ claiming the item directory against a concurrent save of the same step
 (`claim`), writing the save's own files in its background thread (`files`),
 the futures handed to Orbax (`futures`), finishing saves still
 under way when a script ends (`at_exit`), and a standalone save's atomic
-replace (`replace`, `leftovers`).
+replace (`replace`).
 May import: `_storage`, `_format`, `_tree`, `_bytes`, `_errors`; never
 `_restore` (a save checks nothing a restore owns).
 """
