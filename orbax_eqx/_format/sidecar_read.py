@@ -447,18 +447,13 @@ def _module(name: str, rec: Any, bad, types: list, paths: Paths) -> ModuleInfo:
                 f"module {name!r} is of module type {rec}, but the sidecar lists "
                 f"{listed} module type{'' if listed == 1 else 's'}"
             )
-        kind = types[rec]
-        _check_static(f"of type {rec}", kind.static, bad)
-        return ModuleInfo(paths.of(name), kind.cls, kind.static)
-    _check_static(name, rec.static, bad)
-    path = paths.of(name) if rec.path is _schema.UNSET else rec.path
-    return ModuleInfo(path, rec.cls, rec.static)
-
-
-def _check_static(name: str, static: dict[str, Any], bad) -> None:
-    for field, value in static.items():
+        shown, path, rec = f"of type {rec}", paths.of(name), types[rec]
+    else:
+        shown, path = name, paths.of(name) if rec.path is _schema.UNSET else rec.path
+    for field, value in rec.static.items():
         if too_deep(value):
-            raise bad(f"static field {field!r} of module {name!r} {TOO_DEEP}")
+            raise bad(f"static field {field!r} of module {shown!r} {TOO_DEEP}")
+    return ModuleInfo(path, rec.cls, rec.static)
 
 
 def _carried(modules: dict[str, Any], types: list, kinds: list, bad) -> dict:

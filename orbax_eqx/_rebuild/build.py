@@ -413,12 +413,10 @@ class _Builder:
         at = (leaf.name, leaf.path)
         if leaf.kind == ARRAY:
             return self.array(leaf)
-        if leaf.kind == SCALAR:
+        if leaf.kind == SCALAR or leaf.kind == CALLABLE:
             return self.decoder.value(at, leaf.value)
         if leaf.kind == SHARED:
             return _shared_node()
-        if leaf.kind == CALLABLE:
-            return self.decoder.value(at, leaf.value)
         self.refuse(
             at,
             f"an object recorded only as its text `{describe(leaf.value)}` "

@@ -149,13 +149,10 @@ def _key_dtype(impl: str) -> Any:
     return jax.eval_shape(lambda: jax.random.key(0, impl=impl)).dtype
 
 
+@functools.cache
 def key_data_struct(dtype: Any) -> jax.ShapeDtypeStruct:
     """Shape and dtype of the data of a single key of PRNG key dtype `dtype`."""
-    return _key_data_struct(key_impl(dtype))
-
-
-@functools.cache
-def _key_data_struct(impl: str) -> jax.ShapeDtypeStruct:
+    impl = key_impl(dtype)
     return jax.eval_shape(lambda: jax.random.key_data(jax.random.key(0, impl=impl)))
 
 
