@@ -6,7 +6,7 @@ go, and owns nothing of their meaning:
 
 - `store`: the interface (`Store`, `Reader`, `Reads`, `BadFile`);
   `route.for_path` picks the implementation from a path once, and
-  `paths.is_remote` says which side a path is on;
+  `route.is_remote` says which side a path is on;
 - `local`: local files (`pwritev`/`preadv`, fsync, rename), opened through
   `files` (regular files only, never blocking, never through a planted link);
 - `objects`: `gs://` and `s3://` through TensorStore's kvstore, its retries

@@ -26,8 +26,7 @@ from .._errors import (
     SidecarError,
     bullet_list,
 )
-from .paths import is_remote
-from .route import for_path
+from .route import for_path, is_remote
 
 _T = TypeVar("_T")
 

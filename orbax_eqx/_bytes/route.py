@@ -1,16 +1,22 @@
 """Which store holds a path, and whole-file calls wherever the path is.
 
-`for_path` is the one place that turns a path into a `store.Store`: local
-files (`local`) or a bucket's objects (`objects`, loaded only for object
-stores, with TensorStore).
+`is_remote` is the one place that asks which side a path is on; `for_path`
+turns a path into a `store.Store` with it: local files (`local`) or a
+bucket's objects (`objects`, loaded only for object stores, with
+TensorStore). The few steps that exist only on a local disk (a rename, a
+link, a directory's permissions) ask `is_remote` rather than the path.
 """
 
 import os
 from typing import Any
 
 from . import files as _files
-from .paths import is_remote
 from .store import ErrorFor, Store
+
+
+def is_remote(path: Any) -> bool:
+    """Whether `path` names an object (`gs://...`, `s3://...`), not a local file."""
+    return "://" in os.fspath(path)
 
 
 def for_path(path: Any) -> Store:

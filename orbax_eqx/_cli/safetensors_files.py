@@ -19,7 +19,7 @@ from .._bridge.load import check_load
 from .._bridge.safetensors.checksums import CHECKSUMS, recorded
 from .._bridge.safetensors.header import Header, where
 from .._bridge.safetensors.index import INDEX_FILE, SUFFIX, find, read_index
-from .._bytes.paths import is_remote
+from .._bytes.route import is_remote
 from .._errors import OrbaxEqxError, some
 from .._format.checksum import NAME, Running
 from .._format.locate import as_path

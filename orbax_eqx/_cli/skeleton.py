@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from .._bytes.paths import is_remote
+from .._bytes.route import is_remote
 from .._errors import OrbaxEqxError, first_line
 
 

@@ -4,7 +4,7 @@ import os
 
 from etils import epath
 
-from .._bytes.paths import is_remote
+from .._bytes.route import is_remote
 from .._errors import CheckpointNotFoundError, permission_denied
 from .sidecar import FILE_NAME
 

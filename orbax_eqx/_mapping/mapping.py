@@ -13,7 +13,7 @@ import numpy as np
 from etils import epath
 
 from .._bytes import files as _files
-from .._bytes.paths import is_remote
+from .._bytes.route import is_remote
 from .._tree.walk import walk
 from .errors import MappingError
 from .rules import NAMES_ONLY, Rule

@@ -9,7 +9,7 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 import orbax.checkpoint as ocp
 
 from .._bytes import route as _route
-from .._bytes.paths import is_remote
+from .._bytes.route import is_remote
 from .._errors import CheckpointNotFoundError, OrbaxEqxError
 from .._format.locate import as_path, find_item
 from .._format.sidecar import Metadata

@@ -15,7 +15,7 @@ from typing import Any
 
 from etils import epath
 
-from .._bytes.paths import is_remote
+from .._bytes.route import is_remote
 from .._errors import CheckpointNotFoundError
 from .._format import locate as _locate
 from .._format.sidecar import FILE_NAME, Metadata

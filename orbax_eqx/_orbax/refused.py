@@ -28,7 +28,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from .._bytes import route as _route
-from .._bytes.paths import is_remote
+from .._bytes.route import is_remote
 from .._errors import ObjectStoreSaveError
 from .._save import futures as _futures
 

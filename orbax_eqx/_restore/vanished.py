@@ -26,7 +26,6 @@ from typing import Any
 
 from etils import epath
 
-from .._bytes import paths as _paths
 from .._bytes import route as _route
 from .._errors import (
     CheckpointDamagedError,
@@ -58,7 +57,7 @@ def noticed(directory: epath.Path | str) -> Iterator[None]:
     and into `CheckpointReplacedError` if its sidecar is another file now."""
     directory = epath.Path(directory)
     before = _identity(directory)  # None: the failure says what is missing
-    remote = _paths.is_remote(directory)
+    remote = _route.is_remote(directory)
     entries = _entries(directory) if before not in (None, _UNKNOWN) else set()
     try:
         yield
@@ -119,7 +118,7 @@ def _ours_to_explain(e: Exception) -> bool:
 def _entries(directory: epath.Path) -> set[str]:
     """The names in `directory` and in its subdirectories (one level down:
     Orbax's array store, typed groups), to tell files deleted meanwhile."""
-    if _paths.is_remote(directory):
+    if _route.is_remote(directory):
         return set()
     found = set()
     try:

@@ -36,7 +36,7 @@ from etils import epath
 
 from .._bytes import files as _files
 from .._bytes import route as _route
-from .._bytes.paths import is_remote
+from .._bytes.route import is_remote
 from .._errors import OrbaxEqxError, some
 from .._format.sidecar import (
     ARRAYS_DIR,

@@ -47,7 +47,7 @@ from collections.abc import Iterator
 import jax
 from etils import epath
 
-from .._bytes.paths import is_remote
+from .._bytes.route import is_remote
 from .._errors import OrbaxEqxError, some
 from .._format.locate import is_item, steps_in
 from .._format.sidecar import FILE_NAME

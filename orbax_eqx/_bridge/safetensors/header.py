@@ -19,7 +19,7 @@ import numpy as np
 
 from ..._bytes import route as _route
 from ..._bytes import store as _store
-from ..._bytes.paths import is_remote
+from ..._bytes.route import is_remote
 from ..._errors import BridgeError
 from ..._tree.values import is_text
 from .dtypes import DTYPES, nbytes_of

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from ..._bytes import route as _route
-from ..._bytes.paths import is_remote
+from ..._bytes.route import is_remote
 from ..._errors import inline_list, some
 from .header import Header, SafetensorsError, name_problem, read_headers, where
 

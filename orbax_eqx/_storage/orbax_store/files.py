@@ -22,7 +22,7 @@ from collections.abc import Collection
 from etils import epath
 
 from ..._bytes import files as _files
-from ..._bytes.paths import is_remote
+from ..._bytes.route import is_remote
 from ..._errors import CheckpointDamagedError, permission_denied
 
 # Far more than Orbax writes: a store without OCDBT has a directory, a

@@ -12,7 +12,7 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 from etils import epath
 
-from ..._bytes.paths import is_remote
+from ..._bytes.route import is_remote
 from ..._errors import (
     CheckpointDamagedError,
     CheckpointPermissionError,

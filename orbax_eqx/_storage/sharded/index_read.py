@@ -14,8 +14,7 @@ import stat
 import msgspec
 from etils import epath
 
-from ..._bytes.paths import is_remote
-from ..._bytes.route import read_bounded
+from ..._bytes.route import is_remote, read_bounded
 from ..._errors import CheckpointDamagedError, SidecarError, permission_denied
 from ..._format import schema as _schema
 from ..._format import sealed as _sealed
