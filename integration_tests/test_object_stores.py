@@ -98,10 +98,10 @@ def test_the_cli_reads_object_stores(bucket):
 
 
 def test_large_packs_go_in_parts_and_read_back(bucket, monkeypatch):
-    from orbax_eqx._bytes import parts
+    from orbax_eqx._bytes import store
 
     # Internal: the part size is no option (real parts: tens of MiB).
-    monkeypatch.setattr(parts, "PART_BYTES", 4096)  # the block's pack: ~5 parts
+    monkeypatch.setattr(store, "PART_BYTES", 4096)  # the block's pack: ~5 parts
     model = _model(0)
     path = f"{bucket}/parts/model"
     oeqx.save(path, model)
@@ -441,11 +441,11 @@ def test_a_save_that_lost_its_step_removes_its_objects(bucket, monkeypatch):
 
     from etils import epath
 
-    from orbax_eqx._bytes import parts
+    from orbax_eqx._bytes import store
     from orbax_eqx._save import claim as _claim
 
     # Internal: the part size is no option (real parts: tens of MiB).
-    monkeypatch.setattr(parts, "PART_BYTES", 4096)  # the pack in several parts
+    monkeypatch.setattr(store, "PART_BYTES", 4096)  # the pack in several parts
     reached, release = threading.Event(), threading.Event()
     before_commit = _claim.before_commit
 

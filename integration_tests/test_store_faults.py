@@ -187,10 +187,10 @@ def test_an_endpoint_that_ignores_range_never_gives_other_bytes(
     """Answered 200 with the whole object, `restore(prefix="b", verify=False)`
     returned leaf `a`'s bytes as `b` on s3://, and with checks on a healthy
     checkpoint was called damaged. Packs in parts, too."""
-    from orbax_eqx._bytes import parts
+    from orbax_eqx._bytes import store
 
     # Internal: the part size is no option (real parts: tens of MiB).
-    monkeypatch.setattr(parts, "PART_BYTES", 4096)  # the pack in parts
+    monkeypatch.setattr(store, "PART_BYTES", 4096)  # the pack in parts
     root = _saved(bucket, steps=(10,))
     ignore = Fault("ignore_range", method="GET", ranged=True)
     with _proxied(bucket, ignore):

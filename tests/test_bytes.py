@@ -17,7 +17,7 @@ import pytest
 from etils import epath
 
 import orbax_eqx as oeqx
-from orbax_eqx._bytes import parts, route, store
+from orbax_eqx._bytes import route, store
 from orbax_eqx._storage import ranges as _ranges
 
 DATA = np.random.default_rng(0).integers(0, 256, 10_000, np.uint8)
@@ -35,7 +35,7 @@ def root(request, tmp_path):
 def small_parts(monkeypatch):
     # Internal: the part size is no option; parts of its real size would take
     # tens of MiB per test to reach several of them.
-    monkeypatch.setattr(parts, "PART_BYTES", 1024)
+    monkeypatch.setattr(store, "PART_BYTES", 1024)
 
 
 def _views(data: np.ndarray, size: int):
@@ -74,7 +74,7 @@ def test_streamed_files_read_back_in_any_ranges(root, small_parts, nbytes):
     data = DATA[:nbytes]
     path = f"{root}/pack.bin"
     route.for_path(path).write_stream(path, _views(data, 300), nbytes)
-    stored_in_parts = nbytes > parts.PART_BYTES
+    stored_in_parts = nbytes > store.PART_BYTES
     assert route.for_path(path).exists(path)
     if root.startswith(("s3://", "gs://")):
         # One object, or parts of PART_BYTES and a shorter last one.
@@ -179,8 +179,8 @@ def test_parts_copied_to_a_disk_read_as_the_file(where, request, small_parts, tm
     root = request.getfixturevalue(f"{where}_bucket")
     path = f"{root}/pack.bin"
     route.for_path(path).write_stream(path, _views(DATA, 4096), DATA.nbytes)
-    for k in range(parts.count(DATA.nbytes)):  # as `gsutil cp -r` brings them
-        name = parts.part_name("pack.bin", k)
+    for k in range(store.count(DATA.nbytes)):  # as `gsutil cp -r` brings them
+        name = store.part_name("pack.bin", k)
         (tmp_path / name).write_bytes(epath.Path(f"{root}/{name}").read_bytes())
     (got,) = _ranges.read(
         epath.Path(tmp_path / "pack.bin"), [(500, 9500)], nbytes=DATA.nbytes

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import files as _files
-from . import parts as _parts
+from . import store as _parts  # (how a large file is cut into objects)
 from .store import BadFile, ErrorFor, Reader, Reads, Store, check_length
 
 _PIECE = 16 << 20  # bytes per read call; a few are in flight at once

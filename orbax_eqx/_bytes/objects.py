@@ -26,7 +26,7 @@ import numpy as np
 import tensorstore as ts
 
 from .._errors import ObjectStoreError, OrbaxEqxError
-from . import parts as _parts
+from . import store as _parts  # (how a large file is cut into objects)
 from .store import BadFile, ErrorFor, Reader, Reads, Store
 
 STALL_ENV = "ORBAX_EQX_STALL_SECONDS"

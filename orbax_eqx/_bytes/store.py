@@ -4,6 +4,13 @@ A `Store` reads and writes files named by full paths (`/ckpt/7/default/x`,
 `gs://bucket/run/7/default/x`). It knows nothing of what the bytes mean; the
 caller words every error about a file's contents. `route.for_path` picks
 the implementation (`local`, `objects`), which imports this module.
+
+Both store a file longer than `PART_BYTES` as objects `{name}.part-00000`,
+`{name}.part-00001`, ... of `PART_BYTES` each (an object store writes one
+object per request: parts upload concurrently, not held whole in memory), and
+a shorter one whole; both readers look for the whole file first, then its
+parts, so a checkpoint copied between a disk and a bucket reads either way.
+The part size is part of the format: a reader knows it without asking.
 """
 
 import abc
@@ -14,6 +21,31 @@ from typing import Any
 import numpy as np
 
 ErrorFor = Callable[[str], Exception]
+
+PART_BYTES = 32 << 20
+_PART = "{name}.part-{index:05d}"
+
+
+def part_name(name: str, index: int) -> str:
+    """The object holding bytes `[index * PART_BYTES, ...)` of file `name`."""
+    return _PART.format(name=name, index=index)
+
+
+def count(nbytes: int) -> int:
+    """How many parts a file of `nbytes` bytes is stored in (0: one object)."""
+    return 0 if nbytes <= PART_BYTES else -(-nbytes // PART_BYTES)
+
+
+def pieces(start: int, stop: int) -> list[tuple[int, int, int]]:
+    """Byte range `[start, stop)` of a file stored in parts, as
+    `(part index, start in part, stop in part)`, in order."""
+    out = []
+    while start < stop:
+        index, at = divmod(start, PART_BYTES)
+        end = min(stop - start, PART_BYTES - at) + at
+        out.append((index, at, end))
+        start += end - at
+    return out
 
 
 class BadFile(Exception):
