@@ -223,7 +223,7 @@ def _ranges(layout, directory, layers, dim, vocab, put):
         for _, _, unit in leaf.units:
             for p in unit.pieces:
                 mine = spans.setdefault(p.source.file.path, {})
-                mine[len(mine)] = engine._span(p)  # the piece's bytes in its file
+                mine[len(mine)] = engine.span(p)  # the piece's bytes in its file
     return {path: merge(s, max_gap=engine.PAD)[0] for path, s in spans.items()}
 
 

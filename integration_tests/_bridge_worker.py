@@ -163,6 +163,7 @@ def load(directory: str, target: str) -> None:
     from orbax_eqx._bridge.load import leaves
     from orbax_eqx._bridge.safetensors import index as _index
     from orbax_eqx._storage import engine
+    from orbax_eqx._storage import put as _put
 
     the_plan = plan()
     expected = reference()
@@ -181,7 +182,7 @@ def load(directory: str, target: str) -> None:
         for leaf in made
         for _, _, u in leaf.units
     )
-    got = dict(zip(targets, engine.arrays(made, counts=counts), strict=True))
+    got = dict(zip(targets, _put.arrays(made, counts=counts), strict=True))
     jax.block_until_ready(got)
     rchar, peak = _rchar() - rchar, _status("VmHWM") - rss
     for name, array in got.items():

@@ -24,7 +24,7 @@ from .._mapping.names import RenameMap
 from .._mapping.pieces import shape as box_shape
 from .._mapping.plan import TensorSpec, leaf_specs, plan_load
 from .._restore.shardings import Shardings, resolve
-from .._storage import engine
+from .._storage import engine, put
 from .._storage.transfer import staging as _staging
 from .._tree.values import SCALAR_TYPES, decode_scalar, scalar_type
 from .._tree.walk import ARRAY, JAX, NUMPY_SCALAR, SCALAR, container, walk
@@ -38,7 +38,7 @@ from .safetensors.dtypes import numpy_dtype
 from .safetensors.header import Header, SafetensorsError, TensorInfo
 from .specs import is_key, wrap_key
 
-DEFAULT_WINDOW = engine.DEFAULT_WINDOW
+DEFAULT_WINDOW = put.DEFAULT_WINDOW
 
 
 @dataclasses.dataclass(frozen=True)
@@ -175,7 +175,7 @@ def load(
     nbytes = sum(info.nbytes for _, info in read.values())
     staging = _staging.for_restore(None, [s for _, s in targets.values()])
     with (progress or Quiet)(nbytes) as bar:
-        found = engine.arrays(
+        found = put.arrays(
             made, staging, window=window, counts=counts, advance=bar.advance
         )
     filled = dict(zip(targets, found, strict=True))
@@ -193,7 +193,7 @@ def load(
     )
 
 
-def leaves(plan, tensors: dict, targets: dict) -> list[engine.Leaf]:
+def leaves(plan, tensors: dict, targets: dict) -> list[put.Leaf]:
     """The engine's leaves of `targets` (`{leaf: (spec, sharding or None)}`):
     a unit per distinct box on this process's devices, a piece per box of a
     tensor (`{name: (header, info)}`) that the plan says fills part of it."""
@@ -233,7 +233,7 @@ def leaves(plan, tensors: dict, targets: dict) -> list[engine.Leaf]:
             units.append(
                 (start, tuple(devices), engine.Unit(box_shape(box), dtype, mine))
             )
-        out.append(engine.Leaf(shape, dtype, sharding, units, len(shape)))
+        out.append(put.Leaf(shape, dtype, sharding, units, len(shape)))
     return out
 
 

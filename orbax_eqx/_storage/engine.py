@@ -20,12 +20,7 @@ straight into its place (a layer of a stacked leaf), any other (a column
 strip, a transpose, a cast) into a buffer of its own and copied in, by
 `PLACERS` threads, as its bytes arrive.
 
-`arrays` makes the arrays. On CPU, the buffers as they are, in batches of
-a bounded size; where transfers copy (accelerators, `ORBAX_EQX_STAGING=copy`)
-through the staging window, in jobs of a bounded cost (`transfer.staging`),
-a unit larger than a job streamed into its device buffer in slabs
-(`transfer.streaming`). No computation runs over a sharded array, and no
-process waits for another.
+`put.arrays` makes arrays of the units read.
 """
 
 import concurrent.futures
@@ -36,14 +31,11 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
-import jax
 import numpy as np
 
 from .._bytes import store as _store
 from .._format.sidecar import PACK_ALIGNMENT
 from . import ranges as _ranges
-from .transfer import streaming
-from .transfer.staging import Job, Staging
 
 Box = tuple[tuple[int, int], ...]  # (start, stop) per axis
 
@@ -53,18 +45,10 @@ GAP = 1 << 20
 # Files read in parts (shard packs, safetensors) merge across padding only:
 # a process reads what its devices hold, never a neighbour's chunk.
 PAD = PACK_ALIGNMENT
-DEFAULT_WINDOW = 1 << 30  # bytes read per batch at most, on CPU
-# Bytes read only to be copied in, per batch (transient): at most an eighth
-# of what the units hold, between these. Measured on 16 cores (GPT-2's 1.32
-# GiB, 1.21 GB of it transposed): with 64 MiB reads waited on the copies.
-COPY_WINDOW = 256 << 20
-MIN_COPY_WINDOW = 1 << 20
-PIECES = 4096  # pieces per batch at most (a few hundred bytes of bookkeeping each)
 # Threads copying pieces into place (numpy lets go of the GIL while it
 # copies): a transpose costs several times a read of the same bytes.
 PLACERS = min(8, os.cpu_count() or 1)
 _INLINE = 1 << 20  # smaller copies are made in this thread
-_PUT_BATCH = 4096  # arrays per `jax.device_put` call
 TILE = 256
 
 
@@ -115,24 +99,6 @@ class Unit:
     dtype: np.dtype
     pieces: list[Piece]
     host: Any = None  # (uint8 while being read)
-
-
-@dataclasses.dataclass(eq=False)
-class Leaf:
-    """An array to make from units: `units` are `(box start, devices, unit)`
-    (the start on the first `ndim` axes; a typed PRNG key's own axes are
-    whole); `sharding` None for a numpy array (one unit, the whole array);
-    `wrap` makes the result from the array (typed PRNG keys)."""
-
-    shape: tuple[int, ...]
-    dtype: np.dtype
-    sharding: Any
-    units: list[tuple[tuple[int, ...], tuple, Unit]]
-    ndim: int
-    wrap: Callable[[Any], Any] | None = None
-    result: Any = None
-    parts: dict = dataclasses.field(default_factory=dict)  # staged: on devices
-    left: int = 0  # staged: units still to arrive
 
 
 @dataclasses.dataclass
@@ -190,7 +156,7 @@ def _at(box: Box, shape, size: int) -> int:
     return sum(a * s for (a, _), s in zip(box, strides_of(shape, size), strict=True))
 
 
-def _span(p: Piece) -> tuple[int, int]:
+def span(p: Piece) -> tuple[int, int]:
     """The bytes of the file from the piece's first element to past its last."""
     s = p.source
     size = s.dtype.itemsize
@@ -201,7 +167,7 @@ def _span(p: Piece) -> tuple[int, int]:
     return first, s.offset + _at(ends, s.shape, size) + size
 
 
-def _runs(unit: Unit, p: Piece) -> bool:
+def runs(unit: Unit, p: Piece) -> bool:
     """Whether the piece is one run of bytes in its file and in the unit."""
     s = p.source
     return (
@@ -212,9 +178,9 @@ def _runs(unit: Unit, p: Piece) -> bool:
     )
 
 
-def _view(unit: Unit, spans) -> int | None:
+def view_start(unit: Unit, spans) -> int | None:
     """If the unit is one run of one file's bytes, where that run starts."""
-    if not unit.pieces or not all(_runs(unit, p) for p in unit.pieces):
+    if not unit.pieces or not all(runs(unit, p) for p in unit.pieces):
         return None
     size = unit.dtype.itemsize
     order = sorted(
@@ -258,8 +224,8 @@ def read(
     by_file: dict[File, list[_Span]] = {}
     viewed = set()
     for u in units:
-        found = [_span(p) for p in u.pieces]
-        start = _view(u, found)
+        found = [span(p) for p in u.pieces]
+        start = view_start(u, found)
         if start is not None:
             viewed.add(id(u))
         for p, (first, last) in zip(u.pieces, found, strict=True):
@@ -269,12 +235,12 @@ def read(
             a, z = (first, last) if check is None else check.widen(first, last)
             if start is not None:
                 kind = _VIEW
-            elif (a, z) == (first, last) and _runs(u, p):
+            elif (a, z) == (first, last) and runs(u, p):
                 kind = _DIRECT
             else:
                 kind = _COPY
-            span = _Span(a, z, first, u, p, kind, first == start)
-            by_file.setdefault(p.source.file, []).append(span)
+            item = _Span(a, z, first, u, p, kind, first == start)
+            by_file.setdefault(p.source.file, []).append(item)
     readers = []
     try:
         for f, spans in by_file.items():
@@ -411,12 +377,12 @@ def _place(unit: Unit, piece: Piece, raw: np.ndarray, offset: int) -> None:
     src = np.ndarray(shape_of(piece.box), s.dtype, raw, offset, strides)
     if piece.perm is not None:
         src = src.transpose(piece.perm)
-    index = (*_slices(piece.dst), ...)  # (a view, even of a 0-d array)
+    index = (*slices(piece.dst), ...)  # (a view, even of a 0-d array)
     dst = unit.host.view(unit.dtype).reshape(unit.shape)[index]
     _copy(dst, src.reshape(dst.shape))
 
 
-def _slices(box: Box) -> tuple[slice, ...]:
+def slices(box: Box) -> tuple[slice, ...]:
     return tuple(slice(a, z) for a, z in box)
 
 
@@ -436,326 +402,3 @@ def _copy(dst: np.ndarray, src: np.ndarray) -> None:
     for i in range(0, rows, TILE):
         for j in range(0, cols, TILE):
             dst[..., i : i + TILE, j : j + TILE] = src[..., i : i + TILE, j : j + TILE]
-
-
-def arrays(
-    leaves: Sequence[Leaf],
-    staging: Staging | None = None,
-    *,
-    window: int = DEFAULT_WINDOW,
-    counts: Counts | None = None,
-    advance: Callable[[int], None] | None = None,
-) -> list[Any]:
-    """Reads the leaves' units and makes each leaf's array (see the module's
-    docstring); returns them in order. `advance(nbytes)` is told the bytes of
-    each batch once it is read."""
-    if staging is not None and staging.copy:
-        _staged(leaves, staging)
-        return [leaf.result for leaf in leaves]
-    units = [u for leaf in leaves for _, _, u in leaf.units]
-    held = sum(math.prod(u.shape) * u.dtype.itemsize for u in units)
-    copy_window = min(COPY_WINDOW, max(MIN_COPY_WINDOW, held // 8))
-    batch: list[Unit] = []
-    staged = copied = pieces = 0
-    for u in sorted(units, key=_file_order):
-        full = staged >= window or copied >= copy_window or pieces >= PIECES
-        # Never between units of one tensor (a fused qkv): its bytes once.
-        if full and not _shared(batch[-1], u):
-            _read_batch(batch, staged, counts, advance)
-            batch, staged, copied, pieces = [], 0, 0, 0
-        batch.append(u)
-        found = [_span(p) for p in u.pieces]
-        nbytes = sum(last - first for first, last in found)
-        staged += nbytes
-        copied += 0 if _view(u, found) is not None else nbytes
-        pieces += len(u.pieces)
-    if batch:
-        _read_batch(batch, staged, counts, advance)
-    _made(leaves)
-    return [leaf.result for leaf in leaves]
-
-
-def _file_order(u: Unit):
-    """Units in the order of their first bytes: a disk reads forward, and a
-    tensor that several units need (a fused qkv) is read once in a batch."""
-    if not u.pieces:
-        return ("", 0)
-    p = u.pieces[0]
-    return (str(p.source.file.path), p.source.offset)
-
-
-def _shared(a: Unit, b: Unit) -> bool:
-    """Whether units `a` and `b` read the same stored array."""
-    mine = {id(p.source) for p in a.pieces}
-    return any(id(p.source) in mine for p in b.pieces)
-
-
-def _read_batch(batch, nbytes: int, counts, advance) -> None:
-    read(batch, counts=counts)
-    if advance is not None:
-        advance(nbytes)
-
-
-def _whole(leaf: Leaf) -> Unit | None:
-    """The leaf's one unit, if it is the whole array put with the leaf's
-    sharding (devices None: a packed leaf onto a sharded target)."""
-    if len(leaf.units) != 1:
-        return None
-    _, devices, u = leaf.units[0]
-    return u if devices is None or u.shape == leaf.shape else None
-
-
-def _made(leaves: Sequence[Leaf]) -> None:
-    """Each leaf's array from its units' hosts, as they are (CPU)."""
-    # One `device_put` per sharding costs far less per array than one per
-    # array; each sharding object is looked at once (by `id`: hashing one
-    # costs more, per leaf, than the rest of this loop).
-    batches: dict[int, tuple[Any, list[Leaf]]] = {}
-    for leaf in leaves:
-        u = _whole(leaf)
-        if leaf.sharding is None:
-            leaf.result = leaf.units[0][2].host
-        elif u is not None and _addressable(leaf.sharding):
-            batches.setdefault(id(leaf.sharding), (leaf.sharding, []))[1].append(leaf)
-        else:
-            leaf.result = _from_callback(leaf)
-    for sharding, group in batches.values():
-        for at in range(0, len(group), _PUT_BATCH):
-            part = group[at : at + _PUT_BATCH]
-            hosts = [leaf.units[0][2].host for leaf in part]
-            for leaf, array in zip(part, jax.device_put(hosts, sharding), strict=True):
-                leaf.result = array
-    for leaf in leaves:
-        if leaf.wrap is not None:
-            leaf.result = leaf.wrap(leaf.result)
-
-
-_ADDRESSABLE: dict[Any, bool] = {}
-
-
-def _addressable(sharding) -> bool:
-    found = _ADDRESSABLE.get(sharding)
-    if found is None:  # (JAX computes it each time)
-        found = _ADDRESSABLE[sharding] = sharding.is_fully_addressable
-        if len(_ADDRESSABLE) > 4096:
-            _ADDRESSABLE.clear()
-    return found
-
-
-def _from_callback(leaf: Leaf, handoff=None) -> jax.Array:
-    """The array made with one batched transfer of every device's box. With
-    no box here JAX needs the dtype (it has no data to take it from)."""
-    u = _whole(leaf)
-    hosts = {start: unit.host for start, _, unit in leaf.units}
-    nothing = np.broadcast_to(np.zeros((), leaf.dtype), leaf.shape)
-
-    def part(index):
-        if u is not None:
-            found = u.host[index]
-        else:
-            found = hosts.get(start_of(index, leaf.shape[: leaf.ndim]), nothing)
-        return found if handoff is None else handoff(found)
-
-    return jax.make_array_from_callback(
-        leaf.shape, leaf.sharding, part, dtype=leaf.dtype
-    )
-
-
-def start_of(index, shape) -> tuple[int, ...]:
-    """The first element of a device's box, from the index JAX gives (key
-    data's own axes left out)."""
-    start = tuple(s.start or 0 for s in index[: len(shape)])
-    if min(start, default=0) < 0:
-        start = tuple(s.indices(n)[0] for s, n in zip(index, shape, strict=False))
-    return start
-
-
-# The least a streamed slab may stage where reads are widened to whole
-# checksum blocks (up to 1 MiB each, two more than a slab needs).
-SLAB_FLOOR = 4 << 20
-
-
-class _Step(NamedTuple):
-    """Part of a staged job: a unit of a leaf, or a slab of it (`at` its
-    start in the unit; `last` whether the unit is complete after it)."""
-
-    leaf: Leaf
-    start: tuple[int, ...]
-    devices: tuple | None
-    unit: Unit
-    at: tuple[int, ...] | None = None
-    last: bool = True
-    full: tuple[int, ...] = ()  # the unit's shape, for a slab
-
-
-def _cost(u: Unit) -> int:
-    """The most bytes reading `u` stages: its reads and its own buffer."""
-    found = [_span(p) for p in u.pieces]
-    spans = [
-        (first, last) if p.source.check is None else p.source.check.widen(first, last)
-        for p, (first, last) in zip(u.pieces, found, strict=True)
-    ]
-    if _view(u, found) is not None:
-        return sum(z - a + PAD for a, z in spans)
-    own = math.prod(u.shape) * u.dtype.itemsize + PAD
-    return own + sum(
-        z - a + PAD
-        for p, (a, z), f in zip(u.pieces, spans, found, strict=True)
-        if (a, z) != f or not _runs(u, p)
-    )
-
-
-def _cuttable(u: Unit) -> bool:
-    """Whether every piece of `u` can be cut along the unit's axes."""
-    return all(p.perm is None and len(p.box) == len(p.dst) for p in u.pieces)
-
-
-def _clip(u: Unit, start, shape) -> Unit:
-    """The part of `u` (`_cuttable`) in its box `(start, shape)`."""
-    pieces = []
-    for p in u.pieces:
-        box, dst = [], []
-        for (a, _), (c, d), s, n in zip(p.box, p.dst, start, shape, strict=True):
-            lo, hi = max(c, s), min(d, s + n)
-            if lo >= hi:
-                break
-            box.append((a + lo - c, a + hi - c))
-            dst.append((lo - s, hi - s))
-        else:
-            pieces.append(p._replace(box=tuple(box), dst=tuple(dst)))
-    return Unit(tuple(shape), u.dtype, pieces)
-
-
-def _jobs(leaves: Sequence[Leaf], budget: int, staging: Staging):
-    """The steps of each staged job, in order; counts slabs in `staging.parts`."""
-    steps: list[_Step] = []
-    cost = 0
-    for leaf in leaves:
-        leaf.left = len(leaf.units)
-        for start, devices, u in leaf.units:
-            c = _cost(u)
-            if c <= budget:
-                if steps and cost + c > budget:
-                    yield steps
-                    steps, cost = [], 0
-                steps.append(_Step(leaf, start, devices, u))
-                cost += c
-                continue
-            if steps:
-                yield steps
-                steps, cost = [], 0
-            widened = any(
-                p.source.check is not None and p.source.check.widens for p in u.pieces
-            )
-            limit = max(budget, SLAB_FLOOR) if widened else budget
-            # Slabs go to devices that hold the whole unit, or into a numpy leaf.
-            whole_here = devices is not None or leaf.sharding is None
-            if c <= limit or not whole_here or not _cuttable(u):
-                yield [_Step(leaf, start, devices, u)]  # a job of its own
-                continue
-            cut = streaming.slabs(
-                (0,) * len(u.shape), u.shape, limit, lambda b: _cost(_clip(u, *b))
-            )
-            for i, (at, shape) in enumerate(cut):
-                staging.parts += 1
-                part = _clip(u, at, shape)
-                yield [
-                    _Step(leaf, start, devices, part, at, i == len(cut) - 1, u.shape)
-                ]
-    if steps:
-        yield steps
-
-
-def _staged(leaves: Sequence[Leaf], staging: Staging) -> None:
-    total = sum(
-        math.prod(u.shape) * u.dtype.itemsize
-        for leaf in leaves
-        for _, _, u in leaf.units
-    )
-    budget = staging.job_bytes(total)
-
-    def job(steps: list[_Step]) -> Job:
-        def fill():
-            read([s.unit for s in steps], empty=staging.empty, gap=PAD)
-            return steps
-
-        return Job(fill, lambda done: _put(done, staging))
-
-    for leaf in leaves:
-        leaf.left = len(leaf.units)
-    staging.run(job(steps) for steps in _jobs(leaves, budget, staging))
-    for leaf in leaves:
-        if leaf.result is None:  # no box of it is on this process's devices
-            _finish(leaf)
-
-
-def _put(steps: list[_Step], staging: Staging) -> list[jax.Array]:
-    """Starts the transfers of a job's hosts; returns what to wait for."""
-    xs, shardings, sinks = [], [], []
-    for s in steps:
-        leaf, host = s.leaf, s.unit.host
-        if leaf.sharding is None:  # numpy: copied out of the staging buffers
-            if s.at is None:
-                leaf.result = np.array(host, copy=True)
-                continue
-            if leaf.result is None:
-                leaf.result = np.empty(leaf.shape, leaf.dtype)
-            at = tuple(zip(s.at, s.unit.shape, strict=True))
-            leaf.result[tuple(slice(a, a + n) for a, n in at)] = host
-        elif s.at is None and _whole(leaf) is not None:
-            if _addressable(leaf.sharding):
-                xs.append(staging.handoff(host))
-                shardings.append(leaf.sharding)
-                sinks.append((s, None))
-            else:
-                leaf.result = _from_callback(leaf, staging.handoff)
-        else:
-            for device in s.devices or ():
-                xs.append(staging.handoff(host))
-                shardings.append(_single(device))
-                sinks.append((s, device))
-    placed = jax.device_put(xs, shardings) if xs else []
-    del xs
-    for s in steps:  # the staging buffers go once their transfers are done
-        s.unit.host = None
-    started = []
-    for (s, device), array in zip(sinks, placed, strict=True):
-        parts = s.leaf.parts
-        key = None if device is None else (s.start, device)
-        if s.at is not None:
-            buffer = parts.get(key)
-            if buffer is None:
-                buffer = streaming.zeros(s.full, array.dtype, device)
-            array = streaming.update(buffer, array, s.at)
-        parts[key] = array
-        started.append(array)
-    for s in steps:
-        if s.last:
-            s.leaf.left -= 1
-            if s.leaf.left == 0 and s.leaf.result is None:
-                _finish(s.leaf)
-    return started
-
-
-def _finish(leaf: Leaf) -> None:
-    parts, leaf.parts = leaf.parts, {}
-    if leaf.sharding is not None:
-        if None in parts:
-            leaf.result = parts[None]
-        else:
-            # With no part here, JAX needs the dtype (it has no data to take it from).
-            leaf.result = jax.make_array_from_single_device_arrays(
-                leaf.shape, leaf.sharding, list(parts.values()), dtype=leaf.dtype
-            )
-    if leaf.wrap is not None:
-        leaf.result = leaf.wrap(leaf.result)
-
-
-_SINGLE: dict = {}
-
-
-def _single(device) -> jax.sharding.SingleDeviceSharding:
-    found = _SINGLE.get(device)
-    if found is None:
-        found = _SINGLE[device] = jax.sharding.SingleDeviceSharding(device)
-    return found

@@ -21,7 +21,7 @@ from .._errors import CheckpointDamagedError, bullet_list
 from .._format.checksum import NAME, Running, damaged, mismatch, xxh3
 from .._format.sidecar import PACKED, SHARDS, LeafMetadata, Metadata, shard_file
 from .._tree.walk import JAX, is_key_dtype, key_data_struct, key_impl, parse_dtype
-from . import engine
+from . import engine, put
 from . import ranges as _ranges
 from .sharded.index import Chunk, check_blocks, widen
 from .sharded.index_read import read_all, token_of
@@ -92,8 +92,8 @@ def read(
     for pack, end in ends.items():
         # Now, before anything is planned for sizes only a damaged sidecar claims.
         _ranges.check_size(packs[pack].path, end, saved.packs[pack].nbytes)
-    window = engine.DEFAULT_WINDOW if staging is None else staging.max_bytes
-    results = engine.arrays(leaves, staging, window=window)
+    window = put.DEFAULT_WINDOW if staging is None else staging.max_bytes
+    results = put.arrays(leaves, staging, window=window)
     if problems["pack"]:
         raise damaged(directory, problems["pack"])
     if problems["shards"]:
@@ -112,12 +112,12 @@ def stored_type(text: str):
     return np.dtype(saved), (), saved, False
 
 
-def _leaf(request, units, elem, tail, saved, key) -> engine.Leaf:
+def _leaf(request, units, elem, tail, saved, key) -> put.Leaf:
     shape = tuple(request.record.shape)
     wrap = None
     if key:
         wrap = functools.partial(_wrap, impl=key_impl(saved))
-    return engine.Leaf(
+    return put.Leaf(
         shape + tail,
         elem if key else np.dtype(request.dtype),
         request.sharding if request.container == JAX else None,
@@ -131,7 +131,7 @@ def _wrap(array, impl):
     return jax.random.wrap_key_data(array, impl=impl)
 
 
-def _packed(file: engine.File, request, verify: bool, problems) -> engine.Leaf:
+def _packed(file: engine.File, request, verify: bool, problems) -> put.Leaf:
     record = request.record
     elem, tail, saved, key = stored_type(record.dtype)
     shape = tuple(record.shape) + tail
@@ -228,7 +228,7 @@ def check_chunk(chunk: Chunk, a: int, data, record, path) -> list[str]:
     ]
 
 
-def _sharded(request, chunks: list[Chunk], files, problems) -> engine.Leaf:
+def _sharded(request, chunks: list[Chunk], files, problems) -> put.Leaf:
     record = request.record
     elem, tail, saved, key = stored_type(record.dtype)
     shape = tuple(record.shape)
