@@ -69,3 +69,10 @@ __all__ = [
     "StaticMismatchWarning",
     "__version__",
 ]
+
+# Tracebacks name the public errors and warnings where users import them.
+for _name in __all__:
+    _value = globals()[_name]
+    if isinstance(_value, type) and issubclass(_value, (OrbaxEqxError, Warning)):
+        _value.__module__ = __name__
+del _name, _value

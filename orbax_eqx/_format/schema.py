@@ -190,6 +190,7 @@ class Skimmed(msgspec.Struct, Generic[L, M]):
     checksums: bool = True
     module_types: list[ModuleType] = []
     saved_as: SavedAs | None = None
+    save: Token | None = None  # a type handler group's: its save's own token
     checksum: Digest | msgspec.UnsetType = UNSET  # checked before decoding
 
 
