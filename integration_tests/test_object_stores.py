@@ -249,7 +249,7 @@ def test_missing_credentials_name_the_variables(s3_server, tmp_path):
     )
     assert result.returncode != 0
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("orbax_eqx._errors.ObjectStoreError: Saving to"), last
+    assert last.startswith("orbax_eqx.ObjectStoreError: Saving to"), last
     assert "NoCredentialsError" in last
     assert "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or AWS_PROFILE" in last
 
