@@ -97,7 +97,7 @@ class Unit:
 
     shape: tuple[int, ...]
     dtype: np.dtype
-    pieces: list[Piece]
+    pieces: Sequence[Piece]
     host: Any = None  # (uint8 while being read)
 
 
@@ -125,7 +125,10 @@ def held(sharding, shape: tuple[int, ...]) -> tuple:
     )
 
 
+@functools.lru_cache(maxsize=4096)
 def whole(shape) -> Box:
+    """The box of all of an array of `shape` (one object per shape: a restore
+    makes one per leaf)."""
     return tuple((0, n) for n in shape)
 
 

@@ -31,7 +31,7 @@ PIECES = 4096  # pieces per batch at most (a few hundred bytes of bookkeeping ea
 _PUT_BATCH = 4096  # arrays per `jax.device_put` call
 
 
-@dataclasses.dataclass(eq=False)
+@dataclasses.dataclass(eq=False, slots=True)
 class Leaf:
     """An array to make from units: `units` are `(box start, devices, unit)`
     (the start on the first `ndim` axes; a typed PRNG key's own axes are
@@ -41,11 +41,11 @@ class Leaf:
     shape: tuple[int, ...]
     dtype: np.dtype
     sharding: Any
-    units: list[tuple[tuple[int, ...], tuple, engine.Unit]]
+    units: Sequence[tuple[tuple[int, ...], tuple, engine.Unit]]
     ndim: int
     wrap: Callable[[Any], Any] | None = None
     result: Any = None
-    parts: dict = dataclasses.field(default_factory=dict)  # staged: on devices
+    parts: dict | None = None  # staged: what is on devices
     left: int = 0  # staged: units still to arrive
 
 
@@ -305,14 +305,8 @@ def _put(steps: list[_Step], staging: Staging) -> list[jax.Array]:
     xs, shardings, sinks = [], [], []
     for s in steps:
         leaf, host = s.leaf, s.unit.host
-        if leaf.sharding is None:  # numpy: copied out of the staging buffers
-            if s.at is None:
-                leaf.result = np.array(host, copy=True)
-                continue
-            if leaf.result is None:
-                leaf.result = np.empty(leaf.shape, leaf.dtype)
-            at = tuple(zip(s.at, s.unit.shape, strict=True))
-            leaf.result[tuple(slice(a, a + n) for a, n in at)] = host
+        if leaf.sharding is None:
+            _into_host(s)
         elif s.at is None and _whole(leaf) is not None:
             if _addressable(leaf.sharding):
                 xs.append(staging.handoff(host))
@@ -331,6 +325,8 @@ def _put(steps: list[_Step], staging: Staging) -> list[jax.Array]:
         s.unit.host = None
     started = []
     for (s, device), array in zip(sinks, placed, strict=True):
+        if s.leaf.parts is None:
+            s.leaf.parts = {}
         parts = s.leaf.parts
         key = None if device is None else (s.start, device)
         if s.at is not None:
@@ -348,8 +344,20 @@ def _put(steps: list[_Step], staging: Staging) -> list[jax.Array]:
     return started
 
 
+def _into_host(s: _Step) -> None:
+    """A numpy leaf's bytes, copied out of the staging buffers."""
+    leaf, host = s.leaf, s.unit.host
+    if s.at is None:
+        leaf.result = np.array(host, copy=True)
+        return
+    if leaf.result is None:
+        leaf.result = np.empty(leaf.shape, leaf.dtype)
+    at = tuple(zip(s.at, s.unit.shape, strict=True))
+    leaf.result[tuple(slice(a, a + n) for a, n in at)] = host
+
+
 def _finish(leaf: Leaf) -> None:
-    parts, leaf.parts = leaf.parts, {}
+    parts, leaf.parts = leaf.parts or {}, None
     if leaf.sharding is not None:
         if None in parts:
             leaf.result = parts[None]

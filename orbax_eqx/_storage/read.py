@@ -141,19 +141,20 @@ def _packed(file: engine.File, request, verify: bool, problems) -> put.Leaf:
     source = engine.Source(file, record.offset, shape, elem, check)
     box = engine.whole(shape)
     dtype = elem if key else np.dtype(request.dtype)
-    unit = engine.Unit(shape, dtype, [engine.Piece(source, box, box)])
+    unit = engine.Unit(shape, dtype, (engine.Piece(source, box, box),))
     devices = None
     if request.container == JAX:
         held = engine.held(request.sharding, tuple(record.shape))
         if len(held) == 1 and held[0][1] == tuple(record.shape):
             devices = held[0][2]  # every device holds it whole
-    start = (0,) * len(record.shape)
-    return _leaf(request, [(start, devices, unit)], elem, tail, saved, key)
+    start = tuple(a for a, _ in box[: len(record.shape)])
+    return _leaf(request, ((start, devices, unit),), elem, tail, saved, key)
 
 
 class RecordCheck:
     """The XXH3-64 of a packed leaf's bytes, fed in order (slabs may overlap)."""
 
+    __slots__ = ("record", "problems", "running", "summed")
     step = 16 << 20  # bytes summed at a time, while later ones are read
     widens = False
 
