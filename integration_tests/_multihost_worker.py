@@ -33,7 +33,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import orbax_eqx as oeqx  # noqa: E402
 from orbax_eqx._format import sidecar_write as _sidecar_write  # noqa: E402
-from orbax_eqx._orbax import handler as _handler  # noqa: E402
+from orbax_eqx._save import files as _files  # noqa: E402
 
 ROOT = Path(args.root)
 HOSTS = ROOT.parent / "hosts"
@@ -46,23 +46,23 @@ def record_sidecars():
     """Records what every host's handler computes for the sidecar, and which
     hosts write it. (Private hooks: this is the one place to see both.)"""
     HOSTS.mkdir(exist_ok=True)
-    compute = _handler.EqxHandler._write_files
+    compute = _files.write
     write = _sidecar_write.write
 
-    async def computed(self, directory, prepared, *rest):
+    def computed(directory, prepared, *rest):
         # Before the primary adds the checksums, which only it computes.
         step = Path(directory).parent.name.split(".")[0]
         path = HOSTS / f"computed-{step}-p{PROCESS}.json"
         prepared.finish()  # names the leaves and builds the content
         path.write_text(json.dumps(prepared.content, sort_keys=True))
-        await compute(self, directory, prepared, *rest)
+        compute(directory, prepared, *rest)
 
     def written(directory, content, *rest):
         write(directory, content, *rest)
         with open(HOSTS / f"writes-p{PROCESS}.txt", "a") as f:
             f.write(f"{Path(directory).parent.name.split('.')[0]}\n")
 
-    _handler.EqxHandler._write_files = computed
+    _files.write = computed
     _sidecar_write.write = written
 
 
