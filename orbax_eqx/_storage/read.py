@@ -79,7 +79,9 @@ def read(
         if chunks is None and record.data == SHARDS:
             chunks = read_all(directory, saved)  # checks every index first
         # (A zero-size leaf has no chunks: its units, no pieces.)
-        ordered = sorted(chunks[name], key=lambda c: c.start) if chunks else []
+        ordered = []
+        if chunks is not None and 0 not in record.shape:
+            ordered = sorted(chunks[name], key=lambda c: c.start)
         files = []
         for c in ordered:
             if c.process not in shard_files:
