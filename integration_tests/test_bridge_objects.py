@@ -112,6 +112,43 @@ def test_refusals(bucket):
         oeqx.load_safetensors(f"{bucket}/cut.safetensors", {})
 
 
+class _Replacing:
+    """A progress bar that, once the headers are read, puts another object of
+    the same size in place (its tensors swapped)."""
+
+    def __init__(self, url):
+        self.url = url
+
+    def __call__(self, nbytes):
+        _put(
+            self.url, save({"a": np.zeros(4, np.float32), "b": np.ones(4, np.float32)})
+        )
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        pass
+
+    def advance(self, nbytes):
+        pass
+
+
+def test_an_object_replaced_after_its_header_was_read(bucket):
+    url = f"{bucket}/swap/model.safetensors"
+    _put(url, save({"a": np.ones(4, np.float32), "b": np.zeros(4, np.float32)}))
+    skeleton = {"a": jax.ShapeDtypeStruct((4,), np.float32)}
+    skeleton["b"] = skeleton["a"]
+    with pytest.raises(
+        oeqx.BridgeError,
+        match=rf"^{url} is not the version of the file its reads were planned "
+        r"from \(its header was read from a \d+-byte file\); it was replaced "
+        r"while being read\. Load it again\.$",
+    ):
+        load(url, skeleton, progress=_Replacing(url))
+
+
 def test_export_of_a_checkpoint_on_the_bucket(bucket, tmp_path):
     model = eqx.nn.MLP(3, 2, 8, 1, key=KEY)
     oeqx.save(f"{bucket}/ckpt", model)

@@ -332,13 +332,17 @@ def test_a_box_reads_the_rows_that_hold_it(tmp_path):
 
 
 class _Replacing:
-    """A progress bar that, once the headers are read, makes the file longer."""
+    """A progress bar that changes the file once the headers are read: at its
+    start (`when` 0) or after the first bytes arrive (`when` 1), it runs
+    `change(path)`."""
 
-    path: str = ""
+    def __init__(self, path, change, when=0):
+        self.path, self.change, self.when = path, change, when
 
-    def __init__(self, nbytes):
-        with open(self.path, "ab") as f:
-            f.write(b"more")
+    def __call__(self, nbytes):
+        if self.when == 0:
+            self.change(self.path)
+        return self
 
     def __enter__(self):
         return self
@@ -347,23 +351,61 @@ class _Replacing:
         pass
 
     def advance(self, nbytes):
-        pass
+        self.when -= 1
+        if self.when == 0:
+            self.change(self.path)
 
 
-def test_file_replaced_after_its_header_was_read(tmp_path):
+def _longer(path):
+    with open(path, "ab") as f:
+        f.write(b"more")
+
+
+def _swapped(path):
+    """Puts a file of the same size in place, its two tensors swapped (as a
+    re-download or re-export renamed into place would)."""
+    tensors = {f"h.{i}.w": _values((4,), 1 - i) for i in range(2)}
+    save_file(tensors, path + ".new")
+    assert os.path.getsize(path + ".new") == os.path.getsize(path)
+    os.replace(path + ".new", path)
+
+
+_REPLACED = (
+    r" \(its header was read from a \d+-byte file\); it was replaced while "
+    r"being read\. Load it again\.$"
+)
+
+
+@pytest.mark.parametrize(
+    "change, found",
+    [
+        (_longer, r"has \d+ bytes where \d+ were written"),
+        (_swapped, "is not the version of the file its reads were planned from"),
+    ],
+    ids=["longer", "same-size"],
+)
+def test_file_replaced_after_its_header_was_read(tmp_path, change, found):
     tensors = {f"h.{i}.w": _values((4,), i) for i in range(2)}
     save_file(tensors, tmp_path / "m.safetensors")
     path = str(tmp_path / "m.safetensors")
-    _Replacing.path = path
     skeleton = {"w": jax.ShapeDtypeStruct((2, 4), jnp.float32)}
     mapping = oeqx.StateDictMapping().stack("w", "h.{i}.w")
-    with pytest.raises(
-        oeqx.BridgeError,
-        match=rf"^{path} has \d+ bytes where \d+ were written \(its header was "
-        r"read from a \d+-byte file\); it was replaced while being read\. Load it "
-        r"again\.$",
-    ):
-        load(path, skeleton, mapping=mapping, progress=_Replacing)
+    with pytest.raises(oeqx.BridgeError, match=rf"^{path} {found}{_REPLACED}"):
+        load(path, skeleton, mapping=mapping, progress=_Replacing(path, change))
+
+
+def test_a_file_replaced_between_batches_mixes_nothing(tmp_path):
+    # Batches of one tensor each: the second one opens the file again, and
+    # finds another file there than the one whose header planned the load.
+    tensors = {f"h.{i}.w": _values((4,), i) for i in range(2)}
+    save_file(tensors, tmp_path / "m.safetensors")
+    path = str(tmp_path / "m.safetensors")
+    skeleton = {"a": jax.ShapeDtypeStruct((4,), jnp.float32)}
+    skeleton["b"] = skeleton["a"]
+    renames = {"a": "h.0.w", "b": "h.1.w"}
+    progress = _Replacing(path, _swapped, when=1)
+    with pytest.raises(oeqx.BridgeError, match=rf"^{path} is not the version"):
+        load(path, skeleton, mapping=renames, window=16, progress=progress)
 
 
 # --------------------------------------------------------------- hostile files

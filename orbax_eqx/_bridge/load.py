@@ -202,7 +202,12 @@ def leaves(plan, tensors: dict, targets: dict) -> list[put.Leaf]:
     for name, (header, info) in tensors.items():
         if header.path not in files:  # tensors end to end: merged where they touch
             files[header.path] = engine.File(
-                header.path, header.size, _replaced(header), 0, exact=True
+                header.path,
+                header.size,
+                _replaced(header),
+                0,
+                exact=True,
+                identity=header.identity,
             )
         dtype = numpy_dtype(info.dtype).newbyteorder("<")
         sources[name] = engine.Source(files[header.path], info.start, info.shape, dtype)

@@ -162,6 +162,9 @@ class _FileReader(Reader):
                     f"size, mtime {identity} when opened, {now} now)"
                 )
 
+    def identity(self) -> Any:
+        return tuple(identity for _, _, identity in self._opened)
+
     def start(
         self, ranges: Sequence[tuple[int, int]], buffers: Sequence[np.ndarray]
     ) -> Reads:

@@ -421,6 +421,9 @@ class ObjectReader(Reader):
         self._store, self._path, self._keys = store, path, list(pins)
         self._pins = pins
 
+    def identity(self) -> Any:
+        return tuple(self._pins.values())
+
     def start(
         self, ranges: Sequence[tuple[int, int]], buffers: Sequence[np.ndarray]
     ) -> Reads:

@@ -121,6 +121,12 @@ class Reader(abc.ABC):
         """Raises `BadFile("was replaced ...")` if the path names another file
         than the one opened (after the reads, for callers that must know)."""
 
+    def identity(self) -> Any:
+        """Which file was opened (on a disk its device, inode, size and
+        modification time; on an object store its generations): equal for
+        two readers of one version of a file."""
+        return None
+
     def close(self) -> None:
         """Lets go of what the reader holds."""
 

@@ -58,13 +58,15 @@ class File:
     error for damage found reading it (given a `BadFile`'s `what`, "is
     missing", ...), the gap across which its ranges are merged, and whether
     it must have exactly `nbytes` (else it may be shorter, if long enough for
-    the ranges read)."""
+    the ranges read), and the version it must be (`Reader.identity`; None:
+    whichever is there when it is opened)."""
 
     path: Any
     nbytes: int | None
     damaged: Callable[[str], Exception]
     gap: int = GAP
     exact: bool = False
+    identity: Any = None
 
 
 @dataclasses.dataclass(frozen=True, eq=False, slots=True)
@@ -247,10 +249,7 @@ def read(
     readers = []
     try:
         for f, spans in by_file.items():
-            end = max(s.z for s in spans)
-            if f.exact and f.nbytes is not None:
-                end = max(end, f.nbytes)
-            readers.append(_ranges.open_file(f.path, end, f.nbytes, f.damaged))
+            readers.append(_open(f, max(s.z for s in spans)))
         for u in units:  # (after opening: sizes only damage claims allocate nothing)
             if id(u) not in viewed:
                 u.host = empty(math.prod(u.shape) * u.dtype.itemsize)
@@ -265,6 +264,18 @@ def read(
         if u.host is None:  # nothing to read: zero-size
             u.host = empty(0)
         u.host = u.host.view(u.dtype).reshape(u.shape)
+
+
+def _open(f: File, end: int):
+    """`f` opened for reads up to byte `end`: checked to be as long as
+    recorded and, where `f` says which, the version reads were planned from."""
+    if f.exact and f.nbytes is not None:
+        end = max(end, f.nbytes)
+    reader = _ranges.open_file(f.path, end, f.nbytes, f.damaged)
+    if f.identity is not None and reader.identity() != f.identity:
+        reader.close()
+        raise f.damaged("is not the version of the file its reads were planned from")
+    return reader
 
 
 def _read_file(f: File, reader, spans, gap: int, empty, placers, counts) -> None:

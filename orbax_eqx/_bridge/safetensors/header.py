@@ -56,6 +56,7 @@ class Header:
     tensors: dict[str, TensorInfo]
     metadata: dict[str, str]
     size: int = 0
+    identity: Any = None  # the version of the file read (`Reader.identity`)
 
 
 def where(path: str | os.PathLike) -> str:
@@ -85,7 +86,9 @@ def read_header(path: str | os.PathLike) -> Header:
         )
 
     store = _route.for_path(path)
+    seen: list = []  # the identity of each reader opened: one file throughout
     head = _read(
+        seen,
         store,
         path,
         0,
@@ -100,6 +103,7 @@ def read_header(path: str | os.PathLike) -> Header:
             "header may have"
         )
     raw = _read(
+        seen,
         store,
         path,
         8,
@@ -115,13 +119,19 @@ def read_header(path: str | os.PathLike) -> Header:
     )
     for nbytes in (None, end):
         try:
-            store.open(path, end, nbytes).close()
+            with store.open(path, end, nbytes) as reader:
+                seen.append(reader.identity())
         except _store.BadFile as e:
             raise described(_plain(e.what)) from None
-    return Header(path, {t.name: t for t in tensors}, metadata, end)
+    if any(i != seen[0] for i in seen):
+        raise SafetensorsError(
+            f"{path} was replaced while its header was read. Load it again."
+        )
+    return Header(path, {t.name: t for t in tensors}, metadata, end, seen[0])
 
 
 def _read(
+    seen: list,
     store: _store.Store,
     path: str,
     start: int,
@@ -138,6 +148,7 @@ def _read(
         raise error(_plain(e.what)) from None
     except FileNotFoundError:
         raise error("is missing") from None
+    seen.append(reader.identity())
     buffer = np.empty(stop - start, np.uint8)
     with reader:
         try:
