@@ -728,3 +728,74 @@ def test_recorded_metadata_nested_too_deep_is_ignored(tmp_path):
     skeleton = {"w": jax.ShapeDtypeStruct((2,), jnp.float32)}
     loaded = oeqx.load_safetensors(tmp_path / "m.safetensors", skeleton)
     np.testing.assert_array_equal(loaded["w"], np.ones(2))
+
+
+_MANY = """
+import json, sys
+import jax, numpy as np
+import orbax_eqx as oeqx
+
+def status(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024
+skeleton = {"x": jax.ShapeDtypeStruct((0,), np.float32)}
+oeqx.load_safetensors(sys.argv[1], skeleton, allow_unused=True)  # (imports warm)
+open("/proc/self/clear_refs", "w").write("5")
+base = status("VmRSS")
+try:
+    oeqx.load_safetensors(sys.argv[2], skeleton)
+except oeqx.BridgeError as e:
+    message = str(e)
+print(json.dumps({"peak": status("VmHWM") - base, "message": message}))
+"""
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="Linux only")
+@pytest.mark.slow
+def test_a_header_of_many_tensors_costs_a_few_times_its_size(tmp_path):
+    """A 13 MB header of 200,000 zero-size tensors, none of them wanted: the
+    load's peak RSS growth stays within 10x the header, and the problems list
+    the first thousand tensors and count the rest."""
+    import subprocess
+    import sys
+
+    n = 200_000
+    entry = {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}
+    _raw(tmp_path / "one.safetensors", {"x": entry})
+    path = _raw(tmp_path / "many.safetensors", {f"t{i}": entry for i in range(n)})
+    root = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
+    result = subprocess.run(
+        [sys.executable, "-c", _MANY, str(tmp_path / "one.safetensors"), str(path)],
+        env={**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": root},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    r = json.loads(result.stdout.splitlines()[-1])
+    assert r["peak"] <= 10 * os.path.getsize(path), r["peak"]
+    # `x` missing (paired with one `t`), a thousand unexpected each, the rest
+    # as one problem.
+    assert "(1002 problems)" in r["message"], r["message"][:300]
+
+
+def test_names_that_hold_what_records_hold_load(tmp_path):
+    # The header's fast reading counts records by their "data_offsets" key:
+    # a name that holds that text is read the slower way, and loads.
+    name = 'w"data_offsets'
+    path = _raw(tmp_path / "m.safetensors", {name: _entry()}, b"\0\0\x80?")
+    got = oeqx.load_safetensors(
+        path, {"w": jax.ShapeDtypeStruct((1,), jnp.float32)}, mapping={"w": name}
+    )
+    assert float(got["w"][0]) == 1.0
+
+
+def test_a_zero_size_tensor_named_twice_is_refused(tmp_path):
+    path = _text(
+        tmp_path / "m.safetensors",
+        b'{"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]},'
+        b'"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}',
+    )
+    with pytest.raises(oeqx.BridgeError, match="the header names 'a' twice"):
+        oeqx.load_safetensors(path, {})

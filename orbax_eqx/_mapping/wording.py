@@ -4,7 +4,9 @@ missing tensor paired with a stored one of its shape ("did you mean"), then
 the fixes, naming the options of a load or of `EqxRestore`."""
 
 import difflib
+import heapq
 import math
+import os
 from collections.abc import Sequence
 
 from .._errors import bullet_list, some
@@ -220,10 +222,23 @@ def closest(name: str, alike: list[str], paired: set[str], best=None) -> str | N
     alike = [n for n in alike if n not in paired]
     if best is not None:
         alike = [n for n in alike if best(n)] or alike
+    if len(alike) > _COMPARED:  # (difflib is quadratic in a name's length)
+        alike = heapq.nlargest(_COMPARED, alike, key=lambda n: _ends_shared(name, n))
     close = difflib.get_close_matches(name, alike, n=1, cutoff=0.0)
     if close:
         paired.add(close[0])
     return close[0] if close else None
+
+
+_COMPARED = 256  # the names most alike at their ends, compared in full
+_LISTED = 1000  # unexpected tensors each a problem of its own; then one for the rest
+
+
+def _ends_shared(a: str, b: str) -> int:
+    """How many characters `a` and `b` share at their start and at their end."""
+    return len(os.path.commonprefix([a, b])) + len(
+        os.path.commonprefix([a[::-1], b[::-1]])
+    )
 
 
 def _leaves(group: list[Virtual], ctx: Context) -> str:
@@ -246,13 +261,20 @@ def report_unexpected(names, paired, mapping, virtuals, ctx: Context) -> None:
         )
     listed = {n for group in beyond.values() for n in group}
     fix = FIX_UNEXPECTED.format(allow_unused=_say(ctx, "allow_unused"))
-    for name in names:
-        if name not in listed and name not in paired:
-            ctx.problem(
-                f"Tensor `{name}` is in {_say(ctx, 'stored')}, but no leaf maps to it.",
-                fix,
-                kind="unexpected",
-            )
+    left = [n for n in names if n not in listed and n not in paired]
+    for name in left[:_LISTED]:
+        ctx.problem(
+            f"Tensor `{name}` is in {_say(ctx, 'stored')}, but no leaf maps to it.",
+            fix,
+            kind="unexpected",
+        )
+    if len(left) > _LISTED:
+        ctx.problem(
+            f"{_count(len(left) - _LISTED)} more are in {_say(ctx, 'stored')} that "
+            f"no leaf maps to ({examples(left[_LISTED:])}).",
+            fix,
+            kind="unexpected",
+        )
 
 
 def _beyond_stacks(names, mapping, virtuals) -> dict[tuple, list[str]]:
