@@ -489,3 +489,22 @@ def test_diff_checkpoint_against_its_own_skeleton(tmp_path, capsys, name):
         "\nA and B do not differ in structure. Array values were not compared: B "
         "is a skeleton, which holds none.\n"
     )
+
+
+def test_rename_maps_match_in_bounded_time(tmp_path, capsys):
+    # Patterns that backtrack for ever in a backtracking engine, on names of
+    # the longest length a name may have: RE2 matches them in linear time.
+    import time
+
+    names = {
+        "a" * 2048: np.ones(1, np.float32),
+        "a" * 2047 + "d": np.ones(1, np.float32),
+    }
+    oeqx.save(tmp_path / "ck", names)
+    rules = [["(a+)+b", "x"], ["(.*)(.*)(.*)(.*)b", "y"], ["(a|aa)+c", "z"]]
+    (tmp_path / "r.json").write_text(json.dumps(rules))
+    started = time.perf_counter()
+    args = ["export", str(tmp_path / "ck"), str(tmp_path / "out")]
+    assert main([*args, "--rename", str(tmp_path / "r.json")]) == 2
+    assert time.perf_counter() - started < 10
+    assert "The pattern '(a+)+b' of rule 0" in capsys.readouterr().err
