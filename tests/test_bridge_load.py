@@ -799,3 +799,23 @@ def test_a_zero_size_tensor_named_twice_is_refused(tmp_path):
     )
     with pytest.raises(oeqx.BridgeError, match="the header names 'a' twice"):
         oeqx.load_safetensors(path, {})
+
+
+def test_a_zero_size_tensor_may_share_an_offset(tmp_path):
+    # As the reference reader allows: an empty tensor at the offset where a
+    # non-empty one starts (or ends) holds no byte of it.
+    data = np.arange(2, dtype=np.float32).tobytes()
+    header = {
+        "e0": _entry(shape=(0,), offsets=(0, 0)),
+        "w": _entry(shape=(2,), offsets=(0, 8)),
+        "e8": _entry(shape=(0, 3), offsets=(8, 8)),
+    }
+    path = _raw(tmp_path / "m.safetensors", header, data)
+    skeleton = {
+        "e0": jax.ShapeDtypeStruct((0,), jnp.float32),
+        "w": jax.ShapeDtypeStruct((2,), jnp.float32),
+        "e8": jax.ShapeDtypeStruct((0, 3), jnp.float32),
+    }
+    got = oeqx.load_safetensors(path, skeleton)
+    np.testing.assert_array_equal(got["w"], [0.0, 1.0])
+    assert got["e0"].shape == (0,) and got["e8"].shape == (0, 3)
