@@ -10,6 +10,7 @@ and the `orbax-eqx` command.
 
 import json
 import os
+import re
 import struct
 
 import equinox as eqx
@@ -19,12 +20,14 @@ import ml_dtypes
 import numpy as np
 import pytest
 import zoo
+from safetensors import safe_open
 from safetensors.numpy import save_file
 
 import orbax_eqx as oeqx
 from orbax_eqx._bridge.load import load
 from orbax_eqx._bridge.safetensors import header as _header
 from orbax_eqx._bridge.safetensors import index as _index
+from orbax_eqx._bridge.safetensors.checksums import CHECKSUMS
 from orbax_eqx._mapping import wording
 
 KEY = jax.random.key(0)
@@ -819,3 +822,70 @@ def test_a_zero_size_tensor_may_share_an_offset(tmp_path):
     got = oeqx.load_safetensors(path, skeleton)
     np.testing.assert_array_equal(got["w"], [0.0, 1.0])
     assert got["e0"].shape == (0,) and got["e8"].shape == (0, 3)
+
+
+def _qkv_export(tmp_path):
+    # q, k and v fused into one tensor: each leaf reads a third of it.
+    tree = {x: _values((64, 256), i) for i, x in enumerate("qkv")}
+    mapping = oeqx.StateDictMapping().fuse(["q", "k", "v"], "qkv", axis=0)
+    oeqx.export_safetensors(tree, tmp_path / "hf", mapping=mapping)
+    skeleton = {x: jax.ShapeDtypeStruct((64, 256), jnp.float32) for x in "qkv"}
+    return tree, mapping, skeleton, tmp_path / "hf" / "model.safetensors"
+
+
+def _flip(path, at):
+    """Flips a bit of byte `at` of a file's tensor data."""
+    data = bytearray(path.read_bytes())
+    data[8 + struct.unpack("<Q", data[:8])[0] + at] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def test_export_records_block_sums_and_every_byte_read_is_checked(tmp_path):
+    tree, mapping, skeleton, path = _qkv_export(tmp_path)
+    with safe_open(path, framework="numpy") as f:
+        sums = json.loads(f.metadata()[CHECKSUMS])
+    block, found = sums["qkv"]
+    assert block == 4096 and len(found) == 3 * 64 * 256 * 4 // block
+    loaded = load(tmp_path / "hf", skeleton, mapping=mapping)
+    for x in "qkv":
+        np.testing.assert_array_equal(np.asarray(loaded.tree[x]), tree[x])
+    assert loaded.counts.read == 3 * 64 * 256 * 4  # whole blocks: no more
+    _flip(path, 2 * 64 * 256 * 4 + 5000)  # in v's third, its block 33
+    with pytest.raises(
+        _header.SafetensorsError,
+        match=re.escape(
+            f"1 safetensors file(s) are damaged: their data changed after export "
+            f"(a flipped bit on disk, or a damaged copy):\n  - {path}: tensor "
+            "`qkv`, bytes 135168-139264: XXH3-64 recorded at export 0x"
+        )
+        + r"[0-9a-f]{16}, computed from the data now 0x[0-9a-f]{16}\n"
+        + re.escape("Re-export them, or download them again; `python -m orbax_eqx"),
+    ):
+        oeqx.load_safetensors(tmp_path / "hf", skeleton, mapping=mapping)
+
+
+def test_a_malformed_checksum_entry_names_the_file(tmp_path):
+    save_file(
+        {"w": np.ones(4, np.float32)}, tmp_path / "m.safetensors", {CHECKSUMS: "{"}
+    )
+    skeleton = {"w": jax.ShapeDtypeStruct((4,), jnp.float32)}
+    with pytest.raises(
+        _header.SafetensorsError,
+        match=re.escape(
+            f"{tmp_path / 'm.safetensors'} is damaged: the `orbax_eqx.xxh3` entry "
+            "of its __metadata__ is not JSON ("
+        ),
+    ):
+        oeqx.load_safetensors(tmp_path / "m.safetensors", skeleton)
+    sums = json.dumps({"w": [4096, []]})
+    save_file(
+        {"w": np.ones(4, np.float32)}, tmp_path / "m.safetensors", {CHECKSUMS: sums}
+    )
+    with pytest.raises(
+        _header.SafetensorsError,
+        match=re.escape(
+            "__metadata__ records 0 sums of 4096 bytes for tensor `w` of 16 bytes. "
+            "Re-export it, or download it again."
+        ),
+    ):
+        oeqx.load_safetensors(tmp_path / "m.safetensors", skeleton)

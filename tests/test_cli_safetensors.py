@@ -204,10 +204,10 @@ def test_dry_run_usage_errors(work, capsys, argv, message):
 
 
 def _with_sums(path, tensors, change=lambda sums: None):
-    sums = {
-        n: xxhash.xxh3_64_hexdigest(np.ascontiguousarray(x).tobytes())
+    sums = {  # each tensor one block
+        n: [max(x.nbytes, 1), [xxhash.xxh3_64_hexdigest(x.tobytes())]]
         for n, x in tensors.items()
-    }  # noqa: E501
+    }
     change(sums)
     save_file(tensors, str(path), metadata={CHECKSUMS: json.dumps(sums)})
 
@@ -240,7 +240,7 @@ def test_verify_without_any_checksums(work, capsys):
 
 def test_verify_finds_a_damaged_tensor(work, capsys):
     tensors = _layers()
-    _with_sums(work / "m.safetensors", tensors, lambda sums: sums.update(gone="0" * 16))
+    _with_sums(work / "m.safetensors", tensors, lambda sums: sums.update(gone=[1, []]))
     data = bytearray((work / "m.safetensors").read_bytes())
     data[-1] ^= 1  # the last tensor's last byte
     (work / "m.safetensors").write_bytes(bytes(data))
@@ -252,7 +252,8 @@ def test_verify_finds_a_damaged_tensor(work, capsys):
     )
     assert re.fullmatch(
         r"DAMAGED m\.safetensors `layers\.2\.weight`: data does not match its "
-        r"XXH3-64: 0x[0-9a-f]{16} recorded, 0x[0-9a-f]{16} computed now",
+        r"sums: tensor `layers\.2\.weight`, bytes 0-64: XXH3-64 recorded at export "
+        r"0x[0-9a-f]{16}, computed from the data now 0x[0-9a-f]{16}",
         out[1],
     )
     assert out[2] == (
@@ -268,5 +269,29 @@ def test_verify_refuses_a_malformed_checksum_entry(work, capsys):
     assert main(["verify", "m.safetensors"]) == 1
     assert capsys.readouterr().out.splitlines()[0] == (
         "DAMAGED m.safetensors `orbax_eqx.xxh3`: the __metadata__ entry is no JSON "
-        "object of 16-digit hexadecimal sums"
+        "object of `[block, [16-digit hexadecimal sums]]` per tensor"
+    )
+
+
+def test_verify_checks_the_block_sums_an_export_records(work, capsys):
+    import orbax_eqx as oeqx
+
+    tree = {"w": np.arange(64 * 256, dtype=np.float32).reshape(64, 256)}
+    oeqx.export_safetensors(tree, work / "hf")
+    assert main(["verify", "hf"]) == 0
+    assert capsys.readouterr().out.splitlines()[0] == (
+        "model.safetensors: 1 of 1 tensors (64.0 KiB) match their checksums."
+    )
+    path = work / "hf" / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-10000] ^= 1
+    path.write_bytes(bytes(data))
+    assert main(["verify", "hf"]) == 1
+    assert (
+        capsys.readouterr()
+        .out.splitlines()[0]
+        .startswith(
+            "DAMAGED model.safetensors `w`: data does not match its sums: tensor `w`, "
+            "bytes 53248-57344: XXH3-64 recorded at export 0x"
+        )
     )

@@ -256,7 +256,7 @@ def _write_all(
         for writer in writers:
             writer.close()
         for writer in writers:
-            _write.check_with_library(writer.tmp, writer.names, metadata)
+            _write.check_with_library(writer.tmp, writer.names, writer.metadata)
         for writer in writers:
             os.replace(writer.tmp, writer.final)
     finally:

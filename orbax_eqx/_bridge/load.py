@@ -19,6 +19,7 @@ from typing import Any
 import jax.tree_util as jtu
 import numpy as np
 
+from .._errors import bullet_list
 from .._mapping.errors import BridgeError
 from .._mapping.names import RenameMap
 from .._mapping.pieces import shape as box_shape
@@ -33,6 +34,7 @@ from .memory import _check_kept as keep_dropped
 from .memory import _kept as kept
 from .memory import _mapping as as_mapping
 from .progress import Progress, Quiet
+from .safetensors import checksums as _sums
 from .safetensors import index as _index
 from .safetensors.dtypes import numpy_dtype
 from .safetensors.header import Header, SafetensorsError, TensorInfo
@@ -167,7 +169,8 @@ def load(
     # A tied copy (a head tied to the embedding) is checked by shape and
     # dtype, not read: the leaf it shares is read from its source.
     read = {t: named[t] for t in plan.tensors if t not in plan.ties}
-    made = leaves(plan, read, targets)
+    damage: dict[str, list[str]] = {}  # by file: tensors unlike their sums
+    made = leaves(plan, read, targets, damage)
     counts = engine.Counts()
     counts.held = sum(
         math.prod(u.shape) * u.dtype.itemsize for leaf in made for _, _, u in leaf.units
@@ -178,6 +181,8 @@ def load(
         found = put.arrays(
             made, staging, window=window, counts=counts, advance=bar.advance
         )
+    if any(damage.values()):
+        raise _damaged(damage)
     filled = dict(zip(targets, found, strict=True))
     recorded = saved.get("leaves")
     recorded = recorded if isinstance(recorded, dict) else {}
@@ -193,14 +198,18 @@ def load(
     )
 
 
-def leaves(plan, tensors: dict, targets: dict) -> list[put.Leaf]:
+def leaves(plan, tensors: dict, targets: dict, damage: dict) -> list[put.Leaf]:
     """The engine's leaves of `targets` (`{leaf: (spec, sharding or None)}`):
     a unit per distinct box on this process's devices, a piece per box of a
-    tensor (`{name: (header, info)}`) that the plan says fills part of it."""
+    tensor (`{name: (header, info)}`) that the plan says fills part of it,
+    checked against the tensor's block sums where its file records them
+    (what differs goes into `damage[path]`)."""
     files: dict[str, engine.File] = {}
+    sums: dict[str, dict | None] = {}
     sources: dict[str, engine.Source] = {}
     for name, (header, info) in tensors.items():
         if header.path not in files:  # tensors end to end: merged where they touch
+            sums[header.path] = _recorded(header)
             files[header.path] = engine.File(
                 header.path,
                 header.size,
@@ -210,7 +219,17 @@ def leaves(plan, tensors: dict, targets: dict) -> list[put.Leaf]:
                 identity=header.identity,
             )
         dtype = numpy_dtype(info.dtype).newbyteorder("<")
-        sources[name] = engine.Source(files[header.path], info.start, info.shape, dtype)
+        check = None
+        entry = (sums[header.path] or {}).get(info.name)
+        if entry is not None:
+            try:
+                c = _sums.chunk(info.name, info.start, info.nbytes, entry)
+            except ValueError as e:
+                raise _malformed(header, str(e)) from None
+            check = _sums.TensorCheck(c, damage.setdefault(header.path, []))
+        sources[name] = engine.Source(
+            files[header.path], info.start, info.shape, dtype, check
+        )
     out = []
     for leaf, (spec, sharding) in targets.items():
         shape, dtype = tuple(spec.shape), np.dtype(spec.dtype)
@@ -240,6 +259,37 @@ def leaves(plan, tensors: dict, targets: dict) -> list[put.Leaf]:
             )
         out.append(put.Leaf(shape, dtype, sharding, units, len(shape)))
     return out
+
+
+def _recorded(header: Header) -> dict | None:
+    try:
+        return _sums.recorded(header.metadata)
+    except ValueError as e:
+        raise _malformed(header, f"is {e}") from None
+
+
+def _malformed(header: Header, what: str) -> SafetensorsError:
+    return SafetensorsError(
+        f"{header.path} is damaged: the `{_sums.CHECKSUMS}` entry of its "
+        f"__metadata__ {what}. Re-export it, or download it again."
+    )
+
+
+def _damaged(damage: dict[str, list[str]]) -> SafetensorsError:
+    """The error for tensors whose bytes differ from their block sums."""
+    lines = [
+        f"{path}: {line}"
+        for path, found in damage.items()
+        for line in dict.fromkeys(found)  # (a block read for two units: once)
+    ]
+    files = [path for path, found in damage.items() if found]
+    return SafetensorsError(
+        f"{len(files)} safetensors file(s) are damaged: their data changed after "
+        "export (a flipped bit on disk, or a damaged copy):\n"
+        + bullet_list(lines)
+        + "\nRe-export them, or download them again; `python -m orbax_eqx verify "
+        "PATH` checks every tensor."
+    )
 
 
 def _replaced(header: Header):

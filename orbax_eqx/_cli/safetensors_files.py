@@ -16,12 +16,11 @@ from typing import Any
 from etils import epath
 
 from .._bridge.load import check_load
-from .._bridge.safetensors.checksums import CHECKSUMS, recorded
+from .._bridge.safetensors.checksums import CHECKSUMS, chunk, mismatches, recorded
 from .._bridge.safetensors.header import Header, where
 from .._bridge.safetensors.index import INDEX_FILE, SUFFIX, find, read_index
 from .._bytes.route import is_remote
 from .._errors import OrbaxEqxError, some
-from .._format.checksum import NAME, Running
 from .._format.locate import as_path
 from .._mapping.errors import BridgeError
 from .._orbax import items as _items
@@ -309,18 +308,23 @@ def _check(h: Header, advance) -> dict:
         if sums is None or t.name not in sums:
             unchecked.append(t.name)
             continue
-        found = Running()
-        for at in range(t.start, t.start + t.nbytes, _PIECE):
-            span = [(at, min(at + _PIECE, t.start + t.nbytes))]
+        try:
+            c = chunk(t.name, t.start, t.nbytes, sums[t.name])
+        except ValueError as e:
+            damaged.append({"name": t.name, "problem": f"its checksum entry {e}"})
+            continue
+        found = []
+        step = c.block * max(1, _PIECE // c.block)
+        for at in range(0, t.nbytes, step):
+            span = [(t.start + at, t.start + min(at + step, t.nbytes))]
             (data,) = _ranges.read(epath.Path(h.path), span, nbytes=h.size)
-            found.update(data)
+            found += mismatches(c, at, data)
             advance(data.nbytes)
             doc["nbytes"] += data.nbytes
-        if found.value() == sums[t.name]:
+        if not found:
             checked.append(t.name)
-            continue
-        text = f"{sums[t.name]:#018x} recorded, {found.value():#018x} computed now"
-        damaged.append(
-            {"name": t.name, "problem": f"data does not match its {NAME}: {text}"}
-        )
+        damaged += [
+            {"name": t.name, "problem": f"data does not match its sums: {line}"}
+            for line in found
+        ]
     return doc

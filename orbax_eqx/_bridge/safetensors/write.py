@@ -1,6 +1,7 @@
 """Writing safetensors files: the header, then each tensor at its offset in any
 order (`os.pwrite`), so an export keeps its memory bounded, while the file
-keeps the reference writer's order (largest items first). Files are written
+keeps the reference writer's order (largest items first), and records each
+tensor's block checksums (`checksums`) in `__metadata__`. Files are written
 under a new random name (`O_EXCL | O_NOFOLLOW`), checked with the
 `safetensors` library's reader, then renamed into place by the caller."""
 
@@ -13,6 +14,8 @@ from typing import Any
 import numpy as np
 
 from ..._bytes import files as _files
+from ..._storage.sharded.index import block_size, block_sums
+from . import checksums as _sums
 from .dtypes import CODES, itemsize, nbytes_of
 from .header import METADATA_KEY, SafetensorsError
 
@@ -61,7 +64,8 @@ class FileWriter:
     - `final`: the file's name once done (the caller renames `tmp` onto it).
     - `entries`: `(name, numpy dtype name, shape)` of each tensor, any order;
         the file holds them largest items first (stable).
-    - `metadata`: the `__metadata__` map of strings.
+    - `metadata`: the `__metadata__` map of strings; the tensors' checksums
+        are added (`self.metadata`, once closed).
     """
 
     def __init__(
@@ -73,8 +77,17 @@ class FileWriter:
         order = sorted(entries, key=lambda e: -itemsize(e[1]))
         self.final = final
         self.names = [name for name, _, _ in order]
-        self.metadata = metadata
-        header = encode_header(order, metadata)
+        self._order = order
+        # Zeros until each tensor is put: the header is rewritten on close,
+        # of the same length.
+        self._sums = {
+            name: (block_size(n), [0] * -(-n // block_size(n)))
+            for name, dtype, shape in order
+            for n in [nbytes_of(dtype, shape)]
+        }
+        self.metadata = metadata | {_sums.CHECKSUMS: _sums.encode(self._sums)}
+        header = encode_header(order, self.metadata)
+        self._header = len(header)
         self._at: dict[str, tuple[int, int]] = {}
         offset = len(header)
         for name, dtype, shape in order:
@@ -101,6 +114,8 @@ class FileWriter:
                 "orbax_eqx."
             )
         _pwrite_all(self._fd, data, offset)
+        block = self._sums[name][0]
+        self._sums[name] = (block, block_sums(data, block))
         self._left.discard(name)
 
     def close(self) -> None:
@@ -112,6 +127,14 @@ class FileWriter:
                     f"({len(self._left)} tensors missing), expected {self.size}. "
                     "Please report this as a bug in orbax_eqx."
                 )
+            self.metadata |= {_sums.CHECKSUMS: _sums.encode(self._sums)}
+            header = encode_header(self._order, self.metadata)
+            if len(header) != self._header:
+                raise SafetensorsError(
+                    f"The header of {self.tmp} changed length with its checksums. "
+                    "Please report this as a bug in orbax_eqx."
+                )
+            _pwrite_all(self._fd, memoryview(header), 0)
             os.fsync(self._fd)
         finally:
             os.close(self._fd)
