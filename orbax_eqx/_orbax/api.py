@@ -85,6 +85,7 @@ def save(
     """
     path = as_path(directory)
     args = EqxSave(item)  # checks the item before anything is touched
+    args._standalone = True  # it may be moved anywhere: no step and item recorded
     options: dict[str, Any] = dict(
         pack=pack,
         use_ocdbt=use_ocdbt,
@@ -196,7 +197,7 @@ def restore(directory: Directory, skeleton: Any = None, **options: Any) -> Any:
     Takes the parameters of `EqxRestore` after `directory`, with the same
     defaults: `restore(directory, skeleton=None, *, allow, shardings, cast,
     strict, prefix, renames, renames_must_match, missing, report,
-    on_static_mismatch, verify, max_staged_bytes)`.
+    on_static_mismatch, on_moved, verify, max_staged_bytes)`.
 
     **Arguments:**
 
@@ -209,7 +210,7 @@ def restore(directory: Directory, skeleton: Any = None, **options: Any) -> Any:
         `EqxRestore`); nothing outside them is imported.
     - `shardings`, `cast`, `strict`, `prefix`, `renames`,
         `renames_must_match`, `missing`, `report`, `on_static_mismatch`,
-        `verify`, `max_staged_bytes`: as for `EqxRestore`.
+        `on_moved`, `verify`, `max_staged_bytes`: as for `EqxRestore`.
 
     **Returns:** the restored PyTree; with `report=True`, `(tree, RestoreReport)`.
     """

@@ -43,6 +43,10 @@ class EqxSave(_CheckpointArgs):
     item: Any
     # `item` flattened once, for the checks here and the handler's save.
     _flat: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
+    # Set by `oeqx.save`: no step directory and item to record (see `saved_as`).
+    _standalone: bool = dataclasses.field(
+        default=False, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self):
         # Here, not in the handler: the manager makes directories before the
@@ -126,6 +130,10 @@ class EqxRestore(_CheckpointArgs):
     - `on_static_mismatch`: `"error"` (the default) or `"warn"`. What to do
         when static fields, callables or module classes differ between the
         skeleton and the checkpoint; with `"warn"` the skeleton's are kept.
+    - `on_moved`: `"warn"` (the default), `"error"` or `"ignore"`. What to do
+        when a checkpoint that a `CheckpointManager` saved as one step and
+        item is restored from another (a step directory copied over another,
+        items swapped): a warning, or a `CheckpointMismatchError`.
     - `verify`: if True (the default), every array read is checked against
         the checksum recorded when it was saved, and a mismatch is a
         `CheckpointDamagedError` naming the leaf: a flipped bit is never
@@ -177,6 +185,9 @@ class EqxRestore(_CheckpointArgs):
     on_static_mismatch: Literal["error", "warn"] = dataclasses.field(
         default="error", kw_only=True
     )
+    on_moved: Literal["warn", "error", "ignore"] = dataclasses.field(
+        default="warn", kw_only=True
+    )
     verify: bool = dataclasses.field(default=True, kw_only=True)
     max_staged_bytes: int | None = dataclasses.field(default=None, kw_only=True)
 
@@ -186,6 +197,11 @@ class EqxRestore(_CheckpointArgs):
             raise ValueError(
                 f"EqxRestore(on_static_mismatch={self.on_static_mismatch!r}): expected "
                 '"error" or "warn".'
+            )
+        if self.on_moved not in ("warn", "error", "ignore"):
+            raise ValueError(
+                f"EqxRestore(on_moved={self.on_moved!r}): expected "
+                '"warn", "error" or "ignore".'
             )
         if self.missing not in ("error", "keep"):
             raise ValueError(

@@ -17,6 +17,7 @@ from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
 from .._format.locate import is_plain_item
 from .._gc import paused
+from .._restore.check import check_place
 from .._restore.restore import restore_flat, restore_tree
 from .._restore.together import together
 from .._restore.vanished import CheckpointReplacedError, noticed
@@ -212,6 +213,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                     flat=flat,
                     waited=_WAITED.get(),
                     lease=self._pool.lease(),
+                    saved_as=_saved_as(directory, args),
                 )
         except UnsupportedLeafError:
             # Refused before anything was written (with `pack=False`, a dtype
@@ -299,6 +301,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             rebuild = args.skeleton is None and args.allow is not None
             # Only a rebuild reads the records of inner nodes.
             saved = _sidecar_read.read(epath.Path(directory), nodes=rebuild)
+            check_place(epath.Path(directory), saved, args.on_moved)
             if rebuild:
                 return _rebuilt.restore(self._inner, directory, saved, args)
             if args.skeleton is None:
@@ -345,6 +348,15 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
     def close(self) -> None:
         self._pool.close()
         self._inner.close()
+
+
+def _saved_as(directory, args: "EqxSave | None") -> tuple[str, str] | None:
+    """The step directory and item recorded in the sidecar, so that a restore
+    can tell a step copied over another or items swapped; none for `oeqx.save`,
+    whose checkpoint may be moved anywhere."""
+    if args is not None and args._standalone:
+        return None
+    return _futures.step_and_item(directory)
 
 
 def _saved_here(directory: epath.Path) -> tuple[str | None, None, bool, int]:

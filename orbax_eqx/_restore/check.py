@@ -162,6 +162,35 @@ def _message(problems, where, fixes, verdict=None) -> str:
 
 
 MissingPolicy = Literal["error", "keep"]
+MovedPolicy = Literal["warn", "error", "ignore"]
+
+
+def check_place(directory, saved: Metadata, on_moved: MovedPolicy) -> None:
+    """Warns (or raises `CheckpointMismatchError`) if `directory` is another
+    step directory or item than the one the sidecar says a manager saved it
+    as: a step copied over another, or items swapped, would restore the wrong
+    values silently."""
+    if saved.saved_as is None or on_moved == "ignore":
+        return
+    here = (directory.parent.name, directory.name)
+    if here == saved.saved_as:
+        return
+    (step, item), (step_here, item_here) = saved.saved_as, here
+    text = (
+        f"The checkpoint at {directory} was saved as step {step}, item "
+        f"'{item}', but is restored from step {step_here}, item '{item_here}': "
+        "the step directory was copied or renamed, or items swapped."
+    )
+    if on_moved == "error":
+        raise CheckpointMismatchError(
+            f"{text} Restore the step and item it was saved as, or pass "
+            '`on_moved="warn"` to restore it from here anyway.'
+        )
+    warn_user(
+        f'{text} If it was moved on purpose, pass `on_moved="ignore"`; '
+        '`on_moved="error"` makes this an error.',
+        OrbaxEqxWarning,
+    )
 
 
 class StaticMismatchWarning(OrbaxEqxWarning):

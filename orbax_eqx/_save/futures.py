@@ -28,8 +28,9 @@ from etils import epath
 from . import at_exit as _at_exit
 
 _T = TypeVar("_T")
-# Orbax writes into `<name>.orbax-checkpoint-tmp[-<n>]` and renames on commit.
-_TMP_MARK = ".orbax-checkpoint-tmp"
+# Orbax writes into `<name>.orbax-checkpoint-tmp[-<n>]` and renames on commit
+# (on `gs://` it writes in place and commits by a file instead).
+_TMP_MARK = ocp.path.atomicity.TMP_DIR_SUFFIX
 
 
 def target(directory: epath.Path) -> str:
@@ -49,6 +50,16 @@ def final_directory(directory: epath.Path) -> epath.Path | None:
     if _TMP_MARK in directory.name:  # a standalone save (`oeqx.save`)
         return epath.Path(_final(directory))
     return None
+
+
+def step_and_item(directory: epath.Path) -> tuple[str, str] | None:
+    """The names of the step directory and item that `directory`, an item of a
+    step being saved, has once Orbax commits it; None for a directory that is
+    itself the checkpoint being renamed into place (`ocp.Checkpointer`)."""
+    directory = epath.Path(directory)
+    if _TMP_MARK in directory.name and _TMP_MARK not in directory.parent.name:
+        return None
+    return _final_name(directory.parent.name), _final_name(directory.name)
 
 
 def _final_name(name: str) -> str:

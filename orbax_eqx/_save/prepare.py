@@ -122,6 +122,7 @@ def prepare(
     flat: tuple[list[Any], Any] | None = None,
     waited: bool = False,
     lease: Lease | None = None,
+    saved_as: tuple[str, str] | None = None,
 ) -> Prepared:
     """Decides where every leaf of `item` goes and takes packed arrays' bytes.
 
@@ -139,7 +140,8 @@ def prepare(
     meanwhile nor run anything): numpy arrays are packed without copying them
     first. Otherwise numpy arrays are copied into buffers of `lease`, if
     given; the caller gives them back once the pack is written
-    (`Prepared.give_back`).
+    (`Prepared.give_back`). `saved_as`: the step directory and item, recorded
+    in the sidecar (see `sidecar.build`).
     """
     leaves, treedef, walked = _checked_leaves(item, flat, pack)
     aliases = _aliases(leaves)
@@ -175,6 +177,7 @@ def prepare(
             token,
             sharded={names[i]: _shards.describe(leaves[i].sharding) for i in to_shard},
             shard_files=shard_files,
+            saved_as=saved_as,
         )
         if not checksums:
             content["checksums"] = False  # so that `verify` tells it from damage
