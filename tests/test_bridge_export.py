@@ -9,6 +9,12 @@ test; everything else goes through `orbax_eqx` and the `orbax-eqx` command.
 """
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 
 import equinox as eqx
 import jax
@@ -153,3 +159,128 @@ def test_export_then_load_on_the_public_api(tmp_path):
         loaded["model"].layers[0].weight, model.layers[0].weight
     )
     assert float(loaded["scale"]) == 2.0
+
+
+_OVERWRITE = """
+import sys
+import numpy as np
+import orbax_eqx as oeqx
+
+out, value, shard = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
+tree = {f"t{i}": np.full((256, 1024), value, np.float32) for i in range(16)}
+print("ready", flush=True)
+oeqx.export_safetensors(tree, out, max_shard_size=shard, overwrite=True)
+"""
+_MIB = 1 << 20
+
+
+def _entries(out) -> dict[str, int]:
+    """The names in `out` and their inodes."""
+    return {e.name: e.inode() for e in os.scandir(out)}
+
+
+def _killed_at(out, new_shard: int, when) -> None:
+    """Runs an overwriting export of `out` in a child, SIGKILLed as soon as
+    `when(entries before, entries now)` holds (or never, if it does not)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
+    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": root}
+    before = _entries(out)
+    with subprocess.Popen(
+        [sys.executable, "-c", _OVERWRITE, str(out), "2", str(new_shard)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    ) as child:
+        try:
+            assert child.stdout.readline() == "ready\n", child.stderr.read()[-3000:]
+            deadline = time.monotonic() + 120
+            while child.poll() is None and time.monotonic() < deadline:
+                if when(before, _entries(out)):
+                    child.kill()
+                    break
+            child.wait(timeout=120)
+            assert child.returncode in (0, -signal.SIGKILL), child.stderr.read()
+        finally:
+            if child.poll() is None:
+                child.kill()
+
+
+def _what_loads(out) -> str:
+    skeleton = {
+        f"t{i}": jax.ShapeDtypeStruct((256, 1024), jnp.float32) for i in range(16)
+    }
+    try:
+        tree = oeqx.load_safetensors(out, skeleton)
+    except oeqx.BridgeError as e:
+        assert "names files that are not there" in str(e), str(e)
+        return "error"
+    found = {float(v) for x in tree.values() for v in np.unique(np.asarray(x))}
+    assert found in ({1.0}, {2.0}), f"a mix of old and new tensors: {found}"
+    return "old" if found == {1.0} else "new"
+
+
+def _new_file(before, now) -> bool:
+    return any(
+        n.endswith(".safetensors") and before.get(n) != i for n, i in now.items()
+    )
+
+
+def _index_changed(before, now) -> bool:
+    name = "model.safetensors.index.json"
+    return before.get(name) != now.get(name)
+
+
+def _temporary(before, now) -> bool:
+    return any(".tmp-" in n for n in now)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "old_shard, new_shard",
+    [(2 * _MIB, 2 * _MIB), (64 * _MIB, 3 * _MIB), (3 * _MIB, 64 * _MIB)],
+    ids=["shards-over-shards", "shards-over-one-file", "one-file-over-shards"],
+)
+def test_an_overwrite_killed_anywhere_leaves_the_old_set_or_the_new(
+    tmp_path, old_shard, new_shard
+):
+    seen = set()
+    for when in (_temporary, _new_file, _index_changed, lambda b, n: False):
+        out = tmp_path / when.__name__.strip("<>")
+        old = {f"t{i}": np.ones((256, 1024), np.float32) for i in range(16)}
+        oeqx.export_safetensors(old, out, max_shard_size=old_shard)
+        _killed_at(out, new_shard, when)
+        seen.add(_what_loads(out))
+    assert "new" in seen  # (the run not killed)
+
+
+def test_an_overwrite_writes_its_shards_beside_the_old_ones_then_removes_those(
+    tmp_path,
+):
+    tree = {f"t{i}": np.full((256, 1024), 1.0, np.float32) for i in range(4)}
+    first = oeqx.export_safetensors(tree, tmp_path, max_shard_size=_MIB)
+    assert [os.path.basename(f) for f in first.files][0] == (
+        "model-00001-of-00004.safetensors"
+    )
+    tree = {k: v + 1 for k, v in tree.items()}
+    second = oeqx.export_safetensors(
+        tree, tmp_path, max_shard_size=_MIB, overwrite=True
+    )
+    names = [os.path.basename(f) for f in second.files]
+    assert re.fullmatch(r"model-00001-of-00004\.[0-9a-f]{8}\.safetensors", names[0])
+    assert sorted(os.listdir(tmp_path)) == sorted(names)
+    assert _what_loads_4(tmp_path) == {2.0}
+    third = oeqx.export_safetensors(tree, tmp_path, overwrite=True)  # one file
+    assert (
+        sorted(os.listdir(tmp_path))
+        == ["model.safetensors"]
+        == [os.path.basename(f) for f in third.files]
+    )
+
+
+def _what_loads_4(out) -> set[float]:
+    skeleton = {
+        f"t{i}": jax.ShapeDtypeStruct((256, 1024), jnp.float32) for i in range(4)
+    }
+    tree = oeqx.load_safetensors(out, skeleton)
+    return {float(v) for x in tree.values() for v in np.unique(np.asarray(x))}

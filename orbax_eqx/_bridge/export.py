@@ -226,11 +226,13 @@ def _write_all(
         t: nbytes_of(plan.tensors[t].dtype, plan.tensors[t].shape) for t in tensors
     }
     shards = [tensors] if single else _files.shard(tensors, sizes, max_size)
-    names = [os.path.basename(out)] if single else _files.file_names(len(shards))
+    os.makedirs(out_dir, exist_ok=True)
+    names = (
+        [os.path.basename(out)] if single else _files.file_names(len(shards), out_dir)
+    )
     content = source.metadata()
     content["tensors"] = _renamed(plan, file_names)
     metadata = _metadata(content)
-    os.makedirs(out_dir, exist_ok=True)
     finals = [os.path.join(out_dir, name) for name in names]
     writers: list[_write.FileWriter] = []
     total = sum(sizes.values())
@@ -257,17 +259,16 @@ def _write_all(
             writer.close()
         for writer in writers:
             _write.check_with_library(writer.tmp, writer.names, writer.metadata)
-        for writer in writers:
-            os.replace(writer.tmp, writer.final)
+        index = None
+        if len(shards) > 1:
+            index = _files.index_bytes(shards, names, file_names, total)
+        moves = [(w.tmp, w.final) for w in writers]
+        _files.put_in_place(out_dir, moves, index, stale)
     finally:
         for writer in writers:
             writer.abandon()
-    for name in stale:
-        old = os.path.join(out_dir, name)
-        if old not in finals:
-            os.remove(old)
-    if not single and len(shards) > 1:
-        finals.append(_files.write_index(out_dir, shards, names, file_names, total))
+    if len(shards) > 1:
+        finals.append(os.path.join(out_dir, _index.INDEX_FILE))
     return Exported(
         finals, len(tensors), total, source.modules, source.in_metadata, left_out
     )

@@ -5,12 +5,15 @@
 import json
 import os
 import re
+import secrets
 
 from .._bytes import files as _bytes_files
 from .export_source import ExportError
 from .safetensors import index as _index
 
-_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+# Hugging Face's shard names, or with an export's token (`.1f0c9a3e`): files
+# of a new set beside those of the set it replaces.
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}(\.[0-9a-f]{8})?\.safetensors")
 
 
 def existing(out, out_dir: str, single: bool, overwrite: bool, fix: str) -> list[str]:
@@ -60,13 +63,57 @@ def shard(tensors: list[str], sizes: dict[str, int], max_size: int) -> list[list
     return shards
 
 
-def file_names(n: int) -> list[str]:
+def file_names(n: int, out_dir: str) -> list[str]:
+    """The files of `n` shards: Hugging Face's names, or where one of those
+    is taken (a set being replaced), with a token of this export in them."""
     if n == 1:
         return [_index.SINGLE_FILE]
-    return [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)]
+    token = ""
+    while True:
+        names = [
+            f"model-{i:05d}-of-{n:05d}{token}.safetensors" for i in range(1, n + 1)
+        ]
+        if not any(os.path.lexists(os.path.join(out_dir, m)) for m in names):
+            return names
+        token = f".{secrets.token_hex(4)}"
 
 
-def write_index(out_dir, shards, names, file_names, total) -> str:
+def put_in_place(out_dir, moves, index: bytes | None, stale: list[str]) -> None:
+    """Renames the new files (`(tmp, final)`) into place, writes the `index`
+    (if any), removes the `stale` files the new set does not name, in an
+    order after which, if killed at any point, the directory loads as the
+    old set, as the new one, or fails naming files its index lacks; never
+    as a mix.
+
+    - An index over an index: the new files first (under names the old
+      index does not use: nothing loads them yet), then the index (one
+      rename: the commit), then the old files.
+    - An index where there was none (a lone `model.safetensors`, or
+      nothing): the index first (loads fail: it names files not there yet;
+      `transformers`, which prefers a `model.safetensors`, still reads the
+      old one), then the new files, then the old one.
+    - One file over an index: the file (the index still names the old set),
+      then the old shards (the index names missing files), then the index
+      (the directory then holds the new file alone).
+    """
+    path = os.path.join(out_dir, _index.INDEX_FILE)
+    had_index = _index.INDEX_FILE in stale
+    new = {os.path.basename(final) for _, final in moves}
+    old = [n for n in stale if n not in new and n != _index.INDEX_FILE]
+    old.sort(key=lambda n: n != _index.SINGLE_FILE)  # which `transformers` prefers
+    if index is not None and not had_index:
+        _bytes_files.replace_whole(path, index)
+    for tmp, final in moves:
+        os.replace(tmp, final)
+    if index is not None and had_index:
+        _bytes_files.replace_whole(path, index)
+    for name in old:
+        os.remove(os.path.join(out_dir, name))
+    if index is None and had_index:
+        os.remove(path)
+
+
+def index_bytes(shards, names, file_names, total) -> bytes:
     index = {
         "metadata": {"total_size": total},
         "weight_map": {
@@ -75,7 +122,4 @@ def write_index(out_dir, shards, names, file_names, total) -> str:
             for t in shard
         },
     }
-    final = os.path.join(out_dir, _index.INDEX_FILE)
-    text = json.dumps(index, indent=2, ensure_ascii=False) + "\n"
-    _bytes_files.replace_whole(final, text.encode("utf-8"))
-    return final
+    return (json.dumps(index, indent=2, ensure_ascii=False) + "\n").encode("utf-8")
