@@ -11,6 +11,7 @@ test; everything else goes through `orbax_eqx` and the `orbax-eqx` command.
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -284,3 +285,65 @@ def _what_loads_4(out) -> set[float]:
     }
     tree = oeqx.load_safetensors(out, skeleton)
     return {float(v) for x in tree.values() for v in np.unique(np.asarray(x))}
+
+
+@pytest.mark.parametrize(
+    "name, shard",
+    [("model.safetensors", None), ("model.safetensors.index.json", _MIB)],
+)
+def test_a_directory_where_a_file_goes_is_refused_before_writing(tmp_path, name, shard):
+    (tmp_path / name).mkdir()
+    tree = {f"t{i}": np.ones((256, 1024), np.float32) for i in range(4)}
+    size = {} if shard is None else {"max_shard_size": shard}
+    with pytest.raises(
+        oeqx.BridgeError,
+        match=re.escape(
+            f"{tmp_path / name} is a directory, where the export writes or replaces "
+            "the file of that name. Remove the directory, or choose another output."
+        ),
+    ):
+        oeqx.export_safetensors(tree, tmp_path, overwrite=True, **size)
+    assert os.listdir(tmp_path) == [name]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 4 MiB tmpfs, where one can be mounted (as root, with mount(8))."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount(8) here: a full disk needs a small tmpfs")
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(
+            f"no tmpfs can be mounted here ({mounted.stderr.strip()}): a full "
+            "disk needs one"
+        )
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+def test_a_full_disk_names_the_file_and_leaves_the_old_one(small_disk):
+    old = {"w": np.ones((256, 1024), np.float32)}  # 1 MiB
+    oeqx.export_safetensors(old, small_disk)
+    new = {"w": np.full((2048, 1024), 2.0, np.float32)}  # 8 MiB
+    with pytest.raises(
+        oeqx.BridgeError,
+        match=re.escape(
+            f"No space left on the device to write {small_disk / 'model.safetensors'}"
+            ": the file needs 8,3"
+        )
+        + r"\d\d,\d{3} bytes \(No space left on device\)\. Free space there, or choose "
+        "another output; the files already at the output are as they were.",
+    ):
+        oeqx.export_safetensors(new, small_disk, overwrite=True)
+    assert os.listdir(small_disk) == ["model.safetensors"]  # no temporaries
+    skeleton = {"w": jax.ShapeDtypeStruct((256, 1024), jnp.float32)}
+    back = oeqx.load_safetensors(small_disk, skeleton)
+    np.testing.assert_array_equal(np.asarray(back["w"]), old["w"])

@@ -230,6 +230,8 @@ def _write_all(
     names = (
         [os.path.basename(out)] if single else _files.file_names(len(shards), out_dir)
     )
+    listed = [_index.INDEX_FILE] if len(shards) > 1 else []
+    _files.check_targets(out_dir, [*names, *listed, *stale])
     content = source.metadata()
     content["tensors"] = _renamed(plan, file_names)
     metadata = _metadata(content)

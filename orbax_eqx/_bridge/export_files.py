@@ -78,6 +78,18 @@ def file_names(n: int, out_dir: str) -> list[str]:
         token = f".{secrets.token_hex(4)}"
 
 
+def check_targets(out_dir: str, names: list[str]) -> None:
+    """Refuses a directory where a file of the export goes, or one it removes,
+    before anything is written."""
+    for name in names:
+        path = os.path.join(out_dir, name)
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise ExportError(
+                f"{path} is a directory, where the export writes or replaces the "
+                "file of that name. Remove the directory, or choose another output."
+            )
+
+
 def put_in_place(out_dir, moves, index: bytes | None, stale: list[str]) -> None:
     """Renames the new files (`(tmp, final)`) into place, writes the `index`
     (if any), removes the `stale` files the new set does not name, in an

@@ -5,6 +5,7 @@ tensor's block checksums (`checksums`) in `__metadata__`. Files are written
 under a new random name (`O_EXCL | O_NOFOLLOW`), checked with the
 `safetensors` library's reader, then renamed into place by the caller."""
 
+import errno
 import json
 import os
 import sys
@@ -98,10 +99,25 @@ class FileWriter:
         self._left = set(self._at)
         self._fd, self.tmp = _files.create_new(final)
         try:
-            _pwrite_all(self._fd, memoryview(header), 0)
+            self._write(memoryview(header), 0)
         except BaseException:
             self.abandon()
             raise
+
+    def _write(self, data: memoryview, offset: int, sync: bool = False) -> None:
+        try:
+            _pwrite_all(self._fd, data, offset)
+            if sync:
+                os.fsync(self._fd)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise SafetensorsError(
+                f"No space left on the device to write {self.final}: the file "
+                f"needs {self.size:,} bytes ({os.strerror(e.errno)}). Free space "
+                "there, or choose another output; the files already at the "
+                "output are as they were."
+            ) from None
 
     def put(self, name: str, array: np.ndarray) -> None:
         """Writes tensor `name`'s values (of its dtype and shape) in place."""
@@ -113,7 +129,7 @@ class FileWriter:
                 f"where {size} belong, or twice. Please report this as a bug in "
                 "orbax_eqx."
             )
-        _pwrite_all(self._fd, data, offset)
+        self._write(data, offset)
         block = self._sums[name][0]
         self._sums[name] = (block, block_sums(data, block))
         self._left.discard(name)
@@ -134,8 +150,7 @@ class FileWriter:
                     f"The header of {self.tmp} changed length with its checksums. "
                     "Please report this as a bug in orbax_eqx."
                 )
-            _pwrite_all(self._fd, memoryview(header), 0)
-            os.fsync(self._fd)
+            self._write(memoryview(header), 0, sync=True)
         finally:
             os.close(self._fd)
             self._fd = -1
