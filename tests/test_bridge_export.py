@@ -347,3 +347,15 @@ def test_a_full_disk_names_the_file_and_leaves_the_old_one(small_disk):
     skeleton = {"w": jax.ShapeDtypeStruct((256, 1024), jnp.float32)}
     back = oeqx.load_safetensors(small_disk, skeleton)
     np.testing.assert_array_equal(np.asarray(back["w"]), old["w"])
+
+
+def test_without_the_safetensors_package_the_extra_is_named(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # `import safetensors` fails
+    with pytest.raises(
+        ModuleNotFoundError,
+        match=r"^export_safetensors needs the safetensors package, which is not "
+        r"installed: pip install 'orbax_eqx\[safetensors\]' \(or pip install "
+        r"safetensors\)\.$",
+    ):
+        oeqx.export_safetensors({"w": np.ones(2, np.float32)}, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

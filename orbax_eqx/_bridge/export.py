@@ -119,6 +119,15 @@ def export(
 ) -> Exported:
     """`export_safetensors`, with the command line's `renames` (a rename map
     from leaf names to tensor names) and `progress` (see `progress.Progress`)."""
+    try:
+        import safetensors  # noqa: F401  (its reader checks every file written)
+    except ModuleNotFoundError:
+        raise ModuleNotFoundError(
+            "export_safetensors needs the safetensors package, which is not "
+            "installed: pip install 'orbax_eqx[safetensors]' (or pip install "
+            "safetensors).",
+            name="safetensors",
+        ) from None
     source = _source.open_source(checkpoint_or_tree)
     try:
         plan, file_names, left_out = _plan(source, mapping, renames)
