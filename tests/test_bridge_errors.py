@@ -7,13 +7,16 @@ condition under test; everything else goes through `orbax_eqx` and the `orbax-
 eqx` command.
 """
 
+import json
 import re
+import struct
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from safetensors import numpy as safetensors_numpy
 
 import orbax_eqx as oeqx
 from orbax_eqx._mapping.plan import TensorSpec, leaf_specs, plan_load
@@ -316,3 +319,101 @@ def test_field_key_problems():
             [TensorSpec("w", (1,), "float64")],
             cast=False,
         )
+
+
+# ------------------------------------------- values a load must not place
+
+
+FIX_CAST_VALUES = (
+    r"A cast of such values has no defined result: clean them first "
+    r"\(`np\.nan_to_num`, `np\.clip` to the range\), or give those leaves a float "
+    r"dtype in the skeleton \(or a wider integer one\)\.$"
+)
+NOT_KEPT = (
+    r"  - Tensor `{}` \(leaf `{}`\) holds 2 NaN or infinite values, which a cast "
+    r"to int32 cannot keep\.\n  - Tensor `{}` \(leaf `{}`\) holds 1 value outside "
+    r"int32's range \[-2147483648, 2147483647\], which a cast to int32 cannot keep\.\n"
+)
+
+
+def _unkeepable():
+    """Tensors a cast to int32 cannot keep (NaN, infinities, 1e10; the rest
+    in range), a large one placed by the copying threads, and one that fits."""
+    big = np.zeros(1 << 19, np.float32)
+    big[7] = np.nan
+    tensors = {
+        "a": np.array([np.nan, 1.0, np.inf], np.float32),
+        "b": np.array([[1e10, -2147483648.9], [2147483647.9, -3.7]]),
+        "big": big,
+        "ok": np.array([-3.7, 2.9, 1e9], np.float32),
+    }
+    skeleton = {n: jax.ShapeDtypeStruct(x.shape, jnp.int32) for n, x in tensors.items()}
+    return tensors, skeleton
+
+
+@pytest.mark.parametrize("through", ["memory", "file", "transposed"])
+def test_a_cast_refuses_values_it_cannot_keep(tmp_path, through):
+    tensors, skeleton = _unkeepable()
+    path = tmp_path / "m.safetensors"
+    safetensors_numpy.save_file(tensors, path)
+    head, error = r"^Some tensors hold", oeqx.BridgeError
+    if through == "memory":
+        load = lambda sk, **kw: oeqx.from_state_dict(sk, tensors, cast=True, **kw)  # noqa: E731
+    else:
+        head = rf"^Some tensors of the safetensors at {re.escape(str(path))} hold"
+        load = lambda sk, **kw: oeqx.load_safetensors(path, sk, cast=True, **kw)  # noqa: E731
+    kw = {}
+    if through == "transposed":  # a cast of a transposed copy
+        kw["mapping"] = M().transpose("b")
+    with pytest.raises(
+        error,
+        match=head
+        + r" values a cast to the skeleton's dtypes cannot keep:\n"
+        + NOT_KEPT.format("a", "a", "b", "b")
+        + r"  - Tensor `big` \(leaf `big`\) holds 1 NaN or infinite value, which a "
+        r"cast to int32 cannot keep\.\n" + FIX_CAST_VALUES,
+    ):
+        load(skeleton, **kw)
+    # What fits is cast as numpy casts it (the fraction dropped).
+    fits = {"ok": skeleton["ok"]}
+    loaded = load(fits, allow_unused=True)
+    np.testing.assert_array_equal(loaded["ok"], [-3, 2, 1_000_000_000])
+
+
+def _bool_file(path, data: bytes):
+    header = json.dumps(
+        {"m": {"dtype": "BOOL", "shape": [len(data)], "data_offsets": [0, len(data)]}}
+    ).encode()
+    path.write_bytes(struct.pack("<Q", len(header)) + header + data)
+
+
+FIX_BOOLS = (
+    r"A bool is one byte, 0 or 1; any other reads as True on some devices and "
+    r"False on others\. Such a tensor is damaged, or was not written as bool \(a "
+    r"view of another dtype's bytes\): write it again from its source, or make it "
+    r"bools with `x\.view\(np\.uint8\) != 0`\.$"
+)
+
+
+@pytest.mark.parametrize("cast", [False, True], ids=["bool", "cast to int8"])
+def test_bool_bytes_other_than_0_and_1_are_refused(tmp_path, cast):
+    data = b"\x01\x02\x00\xff"
+    path = tmp_path / "m.safetensors"
+    _bool_file(path, data)
+    dtype = jnp.int8 if cast else jnp.bool_
+    skeleton = {"m": jax.ShapeDtypeStruct((4,), dtype)}
+    line = r"  - Tensor `m` \(leaf `m`\) holds 2 bytes other than 0 and 1\.\n"
+    with pytest.raises(
+        oeqx.BridgeError,
+        match=rf"^Some bool tensors of the safetensors at {re.escape(str(path))} "
+        r"hold bytes other than 0 and 1:\n" + line + FIX_BOOLS,
+    ):
+        oeqx.load_safetensors(path, skeleton, cast=cast)
+    with pytest.raises(
+        oeqx.BridgeError,
+        match=r"^Some bool tensors hold bytes other than 0 and 1:\n" + line + FIX_BOOLS,
+    ):
+        oeqx.from_state_dict(skeleton, {"m": np.frombuffer(data, np.bool_)}, cast=cast)
+    _bool_file(path, b"\x01\x00\x00\x01")
+    loaded = oeqx.load_safetensors(path, skeleton, cast=cast)
+    np.testing.assert_array_equal(loaded["m"], [1, 0, 0, 1])

@@ -219,6 +219,24 @@ def test_verify_false_restores_unchecked(tmp_path):
     assert int(restored["ids"][0]) == int(saved["ids"][0]) ^ 1
 
 
+def test_a_bool_byte_other_than_0_and_1_is_damage_even_unchecked(tmp_path):
+    path = tmp_path / "c"
+    oeqx.save(path, _item())
+    start, _ = _packed_spans(path)["mask"]
+    _flip(_pack(path), start + 3, 2)  # 0 or 1 becomes 4 or 5
+    with pytest.raises(
+        oeqx.CheckpointDamagedError, match=r"`\['mask'\]` \(mask\): XXH3"
+    ):
+        oeqx.restore(path, _skeleton())
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=r"^Some bool leaves of the checkpoint in \S+ hold bytes other than 0 "
+        r"and 1, which no save writes \(a damaged copy\):\n  - Leaf `\['mask'\]` "
+        r"\(mask\) holds 1 byte other than 0 and 1\.\nRestore an earlier step",
+    ):
+        oeqx.restore(path, _skeleton(), verify=False)
+
+
 def test_checkpoints_without_checksums_are_read_and_reported_unchecked(tmp_path):
     # Saved so on purpose, and said so: no damage, nothing bound to the data.
     path = tmp_path / "c"

@@ -232,6 +232,51 @@ def test_abstract_leaves_to_keep_advice_works(tmp_path):
     zoo.assert_same(restored["body"], saved)
 
 
+def test_a_cast_refuses_values_it_cannot_keep_and_a_float_skeleton_restores(tmp_path):
+    big = np.zeros(1 << 19, np.float32)  # (placed by the copying threads)
+    big[[3, 9]] = [np.inf, -np.inf]
+    saved = {
+        "w": jnp.array([np.nan, 1.0, np.inf]),
+        "big": jnp.asarray(big),
+        "n": np.array([2**40, 5, -(2**31)], np.int64),
+        "ok": jnp.array([-3.7, 2.9]),
+    }
+    oeqx.save(tmp_path / "ckpt", saved)
+    ints = {
+        "w": jax.ShapeDtypeStruct((3,), jnp.int32),
+        "big": jax.ShapeDtypeStruct(big.shape, jnp.int32),
+        "n": np.zeros(3, np.int32),
+        "ok": jax.ShapeDtypeStruct((2,), jnp.int32),
+    }
+    with pytest.raises(
+        oeqx.CheckpointMismatchError,
+        match=r"^Some leaves of the checkpoint in \S+ckpt hold values a cast to the "
+        r"skeleton's dtypes \(`cast=True`\) cannot keep:\n"
+        r"  - Leaf `\['big'\]` \(big\) holds 2 NaN or infinite values, which a cast "
+        r"to int32 cannot keep\.\n"
+        r"  - Leaf `\['n'\]` \(n\) holds 1 value outside int32's range "
+        r"\[-2147483648, 2147483647\], which a cast to int32 cannot keep\.\n"
+        r"  - Leaf `\['w'\]` \(w\) holds 2 NaN or infinite values, which a cast "
+        r"to int32 cannot keep\.\n"
+        r"A cast of such values has no defined result: give those leaves of the "
+        r"skeleton a float dtype \(or a wider integer one\), or restore them as "
+        r"saved and clean the values \(`jnp\.nan_to_num`, `jnp\.clip`\) before "
+        r"casting them\.$",
+    ):
+        oeqx.restore(tmp_path / "ckpt", ints, cast=True)
+    # The fix: float (or wider integer) leaves where the values need them.
+    fixed = dict(
+        ints,
+        w=jax.ShapeDtypeStruct((3,), jnp.float16),
+        big=jax.ShapeDtypeStruct(big.shape, jnp.bfloat16),
+        n=np.zeros(3, np.int64),
+    )
+    restored = oeqx.restore(tmp_path / "ckpt", fixed, cast=True)
+    np.testing.assert_array_equal(restored["n"], saved["n"])
+    np.testing.assert_array_equal(restored["ok"], [-3, 2])
+    assert np.isnan(restored["w"][0]) and restored["big"][3] == np.inf
+
+
 # ------------------------------------------- a class from a script, or a module
 
 _MODEL_SOURCE = textwrap.dedent(

@@ -155,6 +155,19 @@ def test_casts_are_staged_too(saved, copying):
     np.testing.assert_array_equal(restored["big"], item["big"].astype(jnp.bfloat16))
 
 
+def test_a_cast_of_nan_in_a_streamed_leaf_is_refused(copying, tmp_path):
+    big = np.zeros((3000, 1000), np.float32)  # 11.4 MiB: streamed in parts
+    big[2999, [5, 7]] = np.nan  # in its last part
+    oeqx.save(tmp_path / "ckpt", {"big": jnp.asarray(big)})
+    skeleton = {"big": jax.ShapeDtypeStruct(big.shape, jnp.int32)}
+    with pytest.raises(
+        oeqx.CheckpointMismatchError,
+        match=r"Leaf `\['big'\]` \(big\) holds 2 NaN or infinite values, which a "
+        r"cast to int32 cannot keep\.",
+    ):
+        oeqx.restore(tmp_path / "ckpt", skeleton, cast=True, max_staged_bytes=WINDOW)
+
+
 def test_a_flipped_bit_in_a_streamed_leaf_is_found(saved, copying, tmp_path):
     path, item = saved
     copy = tmp_path / "ckpt"

@@ -70,8 +70,17 @@ def test_eval_shape_skeleton_points_to_the_64_bit_arrays(tmp_path):
     empty["scalar"] = np.float64(0)
     _assert_exact(oeqx.restore(tmp_path / "ckpt", empty), WIDE)
     _assert_exact(oeqx.restore(tmp_path / "ckpt", _structs(WIDE)), WIDE)
-    # And so does the cast, which narrows because it is asked to.
-    narrowed = oeqx.restore(tmp_path / "ckpt", skeleton, cast=True)
+    # And so does the cast, which narrows because it is asked to; integers the
+    # narrower dtype cannot hold are refused, not wrapped.
+    with pytest.raises(
+        oeqx.CheckpointMismatchError,
+        match=r"Leaf `\['i64'\]` \(i64\) holds 2 values outside int32's range "
+        r"\[-2147483648, 2147483647\].*\n  - Leaf `\['u64'\]` \(u64\) holds 2 "
+        r"values outside uint32's range \[0, 4294967295\]",
+    ):
+        oeqx.restore(tmp_path / "ckpt", skeleton, cast=True)
+    floats = {k: v for k, v in skeleton.items() if k not in ("i64", "u64")}
+    narrowed = oeqx.restore(tmp_path / "ckpt", floats, cast=True, strict=False)
     assert narrowed["f64"].dtype == jnp.float32
 
 

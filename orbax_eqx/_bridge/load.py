@@ -33,6 +33,7 @@ from . import load_check as _check
 from .memory import _check_kept as keep_dropped
 from .memory import _kept as kept
 from .memory import _mapping as as_mapping
+from .memory import check_values
 from .progress import Progress, Quiet
 from .safetensors import checksums as _sums
 from .safetensors import index as _index
@@ -183,6 +184,7 @@ def load(
         )
     if any(damage.values()):
         raise _damaged(damage)
+    _check_values(made, targets, read, where)
     filled = dict(zip(targets, found, strict=True))
     recorded = saved.get("leaves")
     recorded = recorded if isinstance(recorded, dict) else {}
@@ -290,6 +292,20 @@ def _damaged(damage: dict[str, list[str]]) -> SafetensorsError:
         + "\nRe-export them, or download them again; `python -m orbax_eqx verify "
         "PATH` checks every tensor."
     )
+
+
+def _check_values(made: list[put.Leaf], targets: dict, read: dict, where) -> None:
+    """Raises for values the read did not place (`engine.Refused`), naming
+    each tensor and leaf."""
+    tensor_of = {(h.path, info.start): name for name, (h, info) in read.items()}
+    found: dict[tuple[str, str, Any], list[engine.Refused]] = {}
+    for (spec, _), leaf in zip(targets.values(), made, strict=True):
+        for _, _, u in leaf.units:
+            for piece, what in u.refused or ():
+                tensor = tensor_of[piece.source.file.path, piece.source.offset]
+                found.setdefault((tensor, spec.label, leaf.dtype), []).append(what)
+    stored = f" of the safetensors at {where}"
+    check_values(found, stored, (SafetensorsError, _check.MismatchError))
 
 
 def _replaced(header: Header):

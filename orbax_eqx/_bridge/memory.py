@@ -15,6 +15,7 @@ from .._mapping.mapping import StateDictMapping
 from .._mapping.pieces import IDENTITY, Box, shape, slices, to_leaf, to_tensor
 from .._mapping.plan import Plan, TensorSpec, leaf_specs, plan_export, plan_load
 from .._restore.shardings import resolve
+from .._storage.engine import Refused, values_refused
 from .._tree.walk import (
     ARRAY,
     JAX,
@@ -171,6 +172,7 @@ def from_state_dict(
     _check_ties(plan, tensors)
     targets = resolve(shardings, walked)
     host: dict[str, np.ndarray] = {}
+    refused: dict[tuple[str, str, np.dtype], list[Refused]] = {}
 
     def tensor(name: str) -> np.ndarray:
         if name not in host:
@@ -184,8 +186,52 @@ def from_state_dict(
         elif leaf.name in plan.dropped:
             values.append(_kept(leaf.value, targets.get(leaf.name)))
         else:
-            values.append(_build(plan, leaf, tensor, targets.get(leaf.name)))
+            sharding = targets.get(leaf.name)
+            values.append(_build(plan, leaf, tensor, sharding, refused))
+    check_values(refused)
     return jtu.tree_unflatten(walked.treedef, values)
+
+
+FIX_CAST_VALUES = (
+    "A cast of such values has no defined result: clean them first "
+    "(`np.nan_to_num`, `np.clip` to the range), or give those leaves a float "
+    "dtype in the skeleton (or a wider integer one)."
+)
+FIX_BOOLS = (
+    "A bool is one byte, 0 or 1; any other reads as True on some devices and "
+    "False on others. Such a tensor is damaged, or was not written as bool (a "
+    "view of another dtype's bytes): write it again from its source, or make it "
+    "bools with `x.view(np.uint8) != 0`."
+)
+
+
+def check_values(
+    found: dict[tuple[str, str, Any], list[Refused]],
+    stored: str = "",
+    errors: tuple[type[BridgeError], type[BridgeError]] = (BridgeError, BridgeError),
+) -> None:
+    """Raises for values a load did not place (`{(tensor, leaf label, dtype
+    cast to): what}`; `stored`: where the tensors are, after "tensors"):
+    bytes that are no bools first (`errors[0]`), then values a cast cannot
+    keep (`errors[1]`)."""
+    said = {key: Refused.total(what) for key, what in found.items()}
+    bools = [key for key, what in said.items() if what.bools]
+    keys, error = (bools, errors[0]) if bools else (list(said), errors[1])
+    if not keys:
+        return
+    lines = [
+        f"Tensor `{key[0]}` (leaf {key[1]}) holds {said[key].said(key[2])}."
+        for key in keys
+    ]
+    head, fix = (
+        (f"bool tensors{stored} hold bytes other than 0 and 1", FIX_BOOLS)
+        if bools
+        else (
+            f"tensors{stored} hold values a cast to the skeleton's dtypes cannot keep",
+            FIX_CAST_VALUES,
+        )
+    )
+    raise error(f"Some {head}:\n" + bullet_list(lines) + "\n" + fix)
 
 
 def _mapping(mapping: Any) -> StateDictMapping:
@@ -340,7 +386,9 @@ def _check_ties(plan: Plan, tensors: Mapping[str, Any]) -> None:
         )
 
 
-def _build(plan: Plan, leaf, tensor, sharding) -> Any:
+def _build(plan: Plan, leaf, tensor, sharding, refused: dict) -> Any:
+    """The leaf's array; what of its tensors cannot be placed goes to `refused`
+    (see `check_values`)."""
     spec = plan.leaves[leaf.name]
     x = leaf.value
     kind = container(x)
@@ -355,6 +403,10 @@ def _build(plan: Plan, leaf, tensor, sharding) -> Any:
                 slice(a - start, b - start)
                 for (a, b), (start, _) in zip(p.leaf_box, box, strict=True)
             )
+            found = values_refused(src, dtype)
+            if found is not None:
+                refused.setdefault((p.tensor, leaf.label, dtype), []).append(found)
+                continue
             out[at] = to_leaf(p, src)
         return out
 

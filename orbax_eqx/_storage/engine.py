@@ -20,6 +20,12 @@ straight into its place (a layer of a stacked leaf), any other (a column
 strip, a transpose, a cast) into a buffer of its own and copied in, by
 `PLACERS` threads, as its bytes arrive.
 
+Values a unit cannot hold are not placed but recorded on it (`refused`):
+a cast's NaN, infinities or values out of an integer dtype's range (a cast
+of them has no defined result), and bytes of a bool array other than 0 and
+1 (numpy reads 2 as True, XLA as False). Each check runs on a piece as its
+bytes arrive, only where it applies.
+
 `put.arrays` makes arrays of the units read.
 """
 
@@ -31,6 +37,7 @@ import os
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+import ml_dtypes
 import numpy as np
 
 from .._bytes import store as _store
@@ -95,12 +102,111 @@ class Piece(NamedTuple):
 
 @dataclasses.dataclass(eq=False, slots=True)
 class Unit:
-    """A destination and its pieces; `host` once read."""
+    """A destination and its pieces; `host` once read; `refused`, the
+    `(piece, Refused)` of values not placed (a list once there are any, or
+    shared by the parts a large unit is read in)."""
 
     shape: tuple[int, ...]
     dtype: np.dtype
     pieces: Sequence[Piece]
     host: Any = None  # (uint8 while being read)
+    refused: list | None = None
+
+
+class Refused(NamedTuple):
+    """Values that cannot be placed: `nonfinite` NaN or infinite ones and
+    `outside` ones out of the range of the integer dtype cast to, or `bools`
+    bytes of a bool array other than 0 and 1."""
+
+    nonfinite: int = 0
+    outside: int = 0
+    bools: int = 0
+
+    @staticmethod
+    def total(found: Sequence["Refused"]) -> "Refused":
+        return Refused(*(sum(counts) for counts in zip(*found, strict=True)))
+
+    def said(self, dtype: Any) -> str:
+        """What they are, for a message (`dtype`: the one cast to)."""
+        if self.bools:
+            return f"{_count(self.bools, 'byte')} other than 0 and 1"
+        parts = []
+        if self.nonfinite:
+            parts.append(f"{_count(self.nonfinite, 'NaN or infinite value')}")
+        if self.outside:
+            parts.append(
+                f"{_count(self.outside, 'value')} outside {np.dtype(dtype)}'s "
+                "range [{}, {}]".format(*_range(np.dtype(dtype)) or ("?", "?"))
+            )
+        return " and ".join(parts) + f", which a cast to {np.dtype(dtype)} cannot keep"
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" if n == 1 else f"{n} {what}s"
+
+
+@functools.lru_cache(maxsize=256)
+def _range(dtype: np.dtype) -> tuple[int, int] | None:
+    """The least and greatest value of an integer dtype (None for others)."""
+    try:
+        info = ml_dtypes.iinfo(dtype)
+    except (TypeError, ValueError):
+        return None
+    return int(info.min), int(info.max)
+
+
+@functools.lru_cache(maxsize=256)
+def _checked(src: np.dtype, dst: np.dtype) -> tuple[int, int] | None:
+    """The integer range a cast from `src` to `dst` must stay in (None: any
+    value casts to a defined one): to an integer dtype from a float or
+    complex one, or from an integer one that holds values it does not."""
+    bounds, own = _range(dst), _range(src)
+    if bounds is None or src == dst or src == np.bool_:
+        return None
+    if own is not None and bounds[0] <= own[0] and own[1] <= bounds[1]:
+        return None  # every value of `src` fits
+    return bounds
+
+
+def cast_refused(src: np.ndarray, dtype: np.dtype) -> Refused | None:
+    """What of `src` a cast to `dtype` cannot keep, or None. Costs a min and a
+    max of `src` where the cast needs a check, nothing elsewhere."""
+    bounds = _checked(src.dtype, dtype)
+    if bounds is None or src.size == 0:
+        return None
+    x = src.real if src.dtype.kind == "c" else src  # (a cast drops the rest)
+    lo, hi = bounds
+    exact = int if _range(x.dtype) is not None else float
+    # A float casts to an integer by dropping its fraction: defined where it
+    # lies between lo - 1 and hi + 1, exclusive (NaN compares false).
+    if lo - 1 < exact(x.min()) and exact(x.max()) < hi + 1:
+        return None
+    v = x.astype(np.float64)  # (only for the count of a refusal)
+    finite = np.isfinite(v)
+    t = np.trunc(v, where=finite, out=np.zeros_like(v))
+    outside = np.count_nonzero((t < lo) | (t >= float(hi + 1)))
+    return Refused(int(v.size - np.count_nonzero(finite)), int(outside))
+
+
+def bools_refused(data: np.ndarray) -> Refused | None:
+    """Bytes of a bool array's `data` other than 0 and 1, or None."""
+    raw = data.view(np.uint8)
+    if raw.size == 0 or raw.max() <= 1:
+        return None
+    return Refused(bools=int(np.count_nonzero(raw > 1)))
+
+
+def values_refused(src: np.ndarray, dtype: np.dtype) -> Refused | None:
+    """What of `src` cannot be placed into an array of `dtype`, or None."""
+    if src.dtype == np.bool_:
+        return bools_refused(src)
+    return cast_refused(src, dtype)
+
+
+def _refuse(unit: Unit, piece: Piece, found: Refused) -> None:
+    if unit.refused is None:
+        unit.refused = []
+    unit.refused.append((piece, found))
 
 
 @dataclasses.dataclass
@@ -324,7 +430,12 @@ def _arrived(s: _Span, buffer, at: int, reads, i: int, known, placers) -> None:
     if s.head:
         size = math.prod(s.unit.shape) * s.unit.dtype.itemsize
         s.unit.host = buffer[at + s.first - s.a : at + s.first - s.a + size]
-    check = s.piece.source.check
+    source = s.piece.source
+    if source.dtype == np.bool_:
+        found = bools_refused(data)  # (all of it the bool array's bytes)
+        if found is not None:
+            _refuse(s.unit, s.piece, found)
+    check = source.check
     if check is None and s.kind != _COPY:
         return
     step = n if check is None else check.step
@@ -362,30 +473,36 @@ class _Placers:
 
     def __init__(self):
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
-        self._placed: list[concurrent.futures.Future] = []
+        self._placed: list[tuple[Unit, Piece, concurrent.futures.Future]] = []
 
     def place(self, unit: Unit, piece: Piece, raw: np.ndarray, offset: int) -> None:
         if raw.nbytes < _INLINE:
-            _place(unit, piece, raw, offset)
+            found = _place(unit, piece, raw, offset)
+            if found is not None:
+                _refuse(unit, piece, found)
             return
         if self._pool is None:
             self._pool = concurrent.futures.ThreadPoolExecutor(PLACERS)
-        self._placed.append(self._pool.submit(_place, unit, piece, raw, offset))
+        placed = self._pool.submit(_place, unit, piece, raw, offset)
+        self._placed.append((unit, piece, placed))
 
     def __enter__(self) -> "_Placers":
         return self
 
     def __exit__(self, *exc) -> None:
         try:
-            for done in self._placed:  # every copy finished before going on
-                done.result()
+            for unit, piece, done in self._placed:  # every copy finished first
+                found = done.result()
+                if found is not None:
+                    _refuse(unit, piece, found)
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _place(unit: Unit, piece: Piece, raw: np.ndarray, offset: int) -> None:
-    """Copies a piece read into `raw` (from `offset`) into its box of the unit."""
+def _place(unit: Unit, piece: Piece, raw: np.ndarray, offset: int) -> Refused | None:
+    """Copies a piece read into `raw` (from `offset`) into its box of the
+    unit, unless a cast cannot keep its values: then says what they are."""
     s = piece.source
     strides = strides_of(s.shape, s.dtype.itemsize)
     src = np.ndarray(shape_of(piece.box), s.dtype, raw, offset, strides)
@@ -393,7 +510,10 @@ def _place(unit: Unit, piece: Piece, raw: np.ndarray, offset: int) -> None:
         src = src.transpose(piece.perm)
     index = (*slices(piece.dst), ...)  # (a view, even of a 0-d array)
     dst = unit.host.view(unit.dtype).reshape(unit.shape)[index]
-    _copy(dst, src.reshape(dst.shape))
+    found = cast_refused(src, unit.dtype)
+    if found is None:
+        _copy(dst, src.reshape(dst.shape))
+    return found
 
 
 def slices(box: Box) -> tuple[slice, ...]:

@@ -234,7 +234,9 @@ def _clip(u: engine.Unit, start, shape) -> engine.Unit:
             dst.append((lo - s, hi - s))
         else:
             pieces.append(p._replace(box=tuple(box), dst=tuple(dst)))
-    return engine.Unit(tuple(shape), u.dtype, pieces)
+    if u.refused is None:
+        u.refused = []  # (the parts' refusals are the unit's)
+    return engine.Unit(tuple(shape), u.dtype, pieces, refused=u.refused)
 
 
 def _jobs(leaves: Sequence[Leaf], budget: int, staging: Staging):

@@ -17,7 +17,12 @@ import jax
 import numpy as np
 from etils import epath
 
-from .._errors import CheckpointDamagedError, bullet_list
+from .._errors import (
+    FALL_BACK,
+    CheckpointDamagedError,
+    CheckpointMismatchError,
+    bullet_list,
+)
 from .._format.checksum import NAME, Running, damaged, mismatch, xxh3
 from .._format.sidecar import PACKED, SHARDS, LeafMetadata, Metadata, shard_file
 from .._tree.walk import JAX, is_key_dtype, key_data_struct, key_impl, parse_dtype
@@ -100,7 +105,48 @@ def read(
         raise damaged(directory, problems["pack"])
     if problems["shards"]:
         raise damaged_chunks(directory, list(dict.fromkeys(problems["shards"])))
+    _check_values(directory, requests, leaves)
     return dict(zip(requests, results, strict=True))
+
+
+FIX_CAST_VALUES = (
+    "A cast of such values has no defined result: give those leaves of the "
+    "skeleton a float dtype (or a wider integer one), or restore them as saved "
+    "and clean the values (`jnp.nan_to_num`, `jnp.clip`) before casting them."
+)
+
+
+def _check_values(directory, requests: dict, leaves: list[put.Leaf]) -> None:
+    """Raises for values the reads did not place (`engine.Refused`): bytes of
+    bool leaves other than 0 and 1 (damage, where no checksum was checked),
+    then values a cast cannot keep."""
+    bools: list[str] = []
+    casts: list[str] = []
+    for request, leaf in zip(requests.values(), leaves, strict=True):
+        found = [what for _, _, u in leaf.units for _, what in u.refused or ()]
+        if found:
+            total = engine.Refused.total(found)
+            record = request.record
+            line = (
+                f"Leaf `{record.path}` ({record.name}) holds {total.said(leaf.dtype)}."
+            )
+            (bools if total.bools else casts).append(line)
+    if bools:
+        raise CheckpointDamagedError(
+            f"Some bool leaves of the checkpoint in {directory} hold bytes other "
+            "than 0 and 1, which no save writes (a damaged copy):\n"
+            + bullet_list(bools)
+            + "\n"
+            + FALL_BACK
+        )
+    if casts:
+        raise CheckpointMismatchError(
+            f"Some leaves of the checkpoint in {directory} hold values a cast to "
+            "the skeleton's dtypes (`cast=True`) cannot keep:\n"
+            + bullet_list(casts)
+            + "\n"
+            + FIX_CAST_VALUES
+        )
 
 
 @functools.cache
