@@ -417,3 +417,15 @@ def test_bool_bytes_other_than_0_and_1_are_refused(tmp_path, cast):
     _bool_file(path, b"\x01\x00\x00\x01")
     loaded = oeqx.load_safetensors(path, skeleton, cast=cast)
     np.testing.assert_array_equal(loaded["m"], [1, 0, 0, 1])
+
+
+def test_a_shape_dtype_struct_is_no_tensor():
+    with pytest.raises(
+        oeqx.BridgeError,
+        match=r"^Some tensors are not named arrays:\n  - Tensor `w` is a "
+        r"ShapeDtypeStruct, not a numpy or jax array\.\nPass a dict",
+    ):
+        oeqx.from_state_dict(
+            {"w": np.ones(2, np.float32)},
+            {"w": jax.ShapeDtypeStruct((2,), jnp.float32)},
+        )

@@ -265,7 +265,8 @@ def _tensor_specs(tensors: Any) -> list[TensorSpec]:
             dtype = np.dtype(dtype) if dtype is not None else None
         except TypeError:
             dtype = None
-        if dtype is None or not hasattr(x, "shape"):
+        # (`__array__`: a `jax.ShapeDtypeStruct` has a shape and a dtype, no values)
+        if dtype is None or not hasattr(x, "shape") or not hasattr(x, "__array__"):
             problems.append(
                 f"Tensor `{name}` is a {type(x).__name__}, not a numpy or jax array."
             )
