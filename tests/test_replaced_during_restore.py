@@ -176,3 +176,72 @@ def test_restore_latest_reads_a_step_replaced_under_it_again(tmp_path):
                 m, oeqx.EqxRestore(_skeleton(), shardings=shardings)
             )
     assert step == 1 and np.array_equal(got["w"], _item(22)["w"])
+
+
+def _step_item(step):
+    """Several leaves, each holding `step` (and its place), so that a restore
+    mixing two steps' files is told."""
+    return {
+        f"layer{i}": {
+            "w": jax.numpy.full((4, 3), step + i / 10),
+            "b": np.full(3, step, np.int32),
+        }
+        for i in range(4)
+    }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "orbax"])
+def test_restore_latest_beside_a_manager_deleting_old_steps(tmp_path, pack):
+    # No staging: a thread saves step after step through a manager with
+    # `max_to_keep=2`, deleting old steps, while another manager (as a reader
+    # in another process would) calls `restore_latest` for a few seconds.
+    # Every call gives one whole saved step, or says the steps were deleted
+    # (`CheckpointNotFoundError`); none raises a raw OSError or calls a
+    # deleted step damaged (a `FallbackWarning`, an error under pytest here).
+    import time
+
+    import orbax.checkpoint as ocp
+
+    root = tmp_path / "run"
+    options = ocp.CheckpointManagerOptions(max_to_keep=2)
+    handler = oeqx.EqxHandler(pack=pack)
+    skeleton = jax.eval_shape(lambda: _step_item(0))
+    stop = threading.Event()
+    failures = []
+    with ocp.CheckpointManager(root, item_handlers=handler, options=options) as m:
+        m.save(0, args=oeqx.EqxSave(_step_item(0)))
+        m.wait_until_finished()
+
+        def save_steps():
+            step = 0
+            try:
+                while not stop.is_set():
+                    step += 1
+                    m.save(step, args=oeqx.EqxSave(_step_item(step)))
+                    m.wait_until_finished()
+            except Exception as e:  # the test's own failure, not the restore's
+                failures.append(e)
+
+        writer = threading.Thread(target=save_steps)
+        writer.start()
+        restored, said = set(), 0
+        try:
+            reader = ocp.CheckpointManager(root, item_handlers=oeqx.EqxHandler())
+            deadline = time.monotonic() + 4
+            while time.monotonic() < deadline:
+                try:
+                    step, got = oeqx.restore_latest(reader, oeqx.EqxRestore(skeleton))
+                except oeqx.CheckpointNotFoundError:
+                    said += 1
+                    continue
+                want = _step_item(step)
+                for name in want:
+                    for leaf in ("w", "b"):
+                        assert np.array_equal(got[name][leaf], want[name][leaf]), step
+                restored.add(step)
+        finally:
+            stop.set()
+            writer.join()
+    assert not failures, failures
+    assert len(restored) > 1, (restored, said)

@@ -10,9 +10,11 @@ another job swaps a new checkpoint in under a restore of `path`. If, once the
 restore has failed, the checkpoint is gone, that deletion is what happened;
 if its sidecar is another file than the one there when the restore began, it
 was replaced (the handler then restores the new one, once). A deletion in
-progress may have removed data files and not yet the sidecar: the check
-looks again for a moment before it lets the error stand (on an object
-store, whose objects are not listed here, always). Which sidecar is there is
+progress may have removed data files and not yet the sidecar, or the sidecar
+and not yet the rest, before the restore began: when the read found a file
+missing, or files went missing meanwhile, the check looks again for a moment
+before it lets the error stand (on an object store, whose objects are not
+listed here, always). Which sidecar is there is
 asked of the byte layer, so that a disk and an object store tell the same:
 its inode and change time, or its object's generation. A store that fails
 to answer is said so (`ObjectStoreError`), not taken for a deletion.
@@ -56,17 +58,22 @@ def noticed(directory: epath.Path | str) -> Iterator[None]:
     if `directory` and its sidecar were there before and are not afterwards,
     and into `CheckpointReplacedError` if its sidecar is another file now."""
     directory = epath.Path(directory)
-    before = _identity(directory)  # None: the failure says what is missing
+    before = _identity(directory)  # None: no sidecar, perhaps deleted already
     remote = _route.is_remote(directory)
-    entries = _entries(directory) if before not in (None, _UNKNOWN) else set()
+    entries = _entries(directory) if before is not _UNKNOWN else set()
     try:
         yield
     except Exception as e:
-        if before in (None, _UNKNOWN) or not _ours_to_explain(e):
+        if before is _UNKNOWN or not _ours_to_explain(e):
             raise
-        # Only if files went missing meanwhile: a deletion may be under way.
-        # (Damage found in files that are all there is said at once.)
-        settling = remote or not entries <= _entries(directory)
+        if before is None:
+            if entries and _emptying(directory, entries):
+                raise deleted(directory) from e
+            raise  # the failure says what is missing
+        # Only if files went missing meanwhile, or the read found one missing:
+        # a deletion may be under way. (Damage found in files that are all
+        # there is said at once.)
+        settling = remote or _missing(e) or not entries <= _entries(directory)
         deadline = time.monotonic() + (SETTLE_S if settling else 0.0)
         while True:
             now = _identity(directory)
@@ -79,6 +86,20 @@ def noticed(directory: epath.Path | str) -> Iterator[None]:
             if time.monotonic() >= deadline:
                 raise
             time.sleep(_SETTLE_STEP_S)
+
+
+def _emptying(directory: epath.Path, entries: set[str]) -> bool:
+    """Whether `directory`, which held `entries` but no sidecar when the
+    restore began, loses files or goes within `SETTLE_S`: a deletion that
+    took the sidecar first (a manager's `max_to_keep` deletes files in any
+    order), not a checkpoint that never had one."""
+    deadline = time.monotonic() + SETTLE_S
+    while True:
+        if not entries <= _entries(directory):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_SETTLE_STEP_S)
 
 
 def replaced(directory) -> CheckpointReplacedError:
@@ -113,6 +134,22 @@ def _ours_to_explain(e: Exception) -> bool:
     if isinstance(e, (OSError, SidecarError, CheckpointDamagedError)):
         return True
     return not isinstance(e, OrbaxEqxError)  # Orbax's and TensorStore's own
+
+
+def _missing(e: BaseException) -> bool:
+    """Whether the read failed at a file that is not there: an `OSError` of
+    one, or TensorStore's NOT_FOUND, anywhere in `e`'s chain (our errors
+    that say a file is missing keep the read's as their context)."""
+    seen: set[int] = set()
+    x: BaseException | None = e
+    while x is not None and id(x) not in seen:
+        seen.add(id(x))
+        if isinstance(x, (FileNotFoundError, NotADirectoryError)):
+            return True
+        if "NOT_FOUND" in str(x):
+            return True
+        x = x.__cause__ or x.__context__
+    return False
 
 
 def _entries(directory: epath.Path) -> set[str]:
