@@ -232,7 +232,10 @@ def test_abstract_leaves_to_keep_advice_works(tmp_path):
     zoo.assert_same(restored["body"], saved)
 
 
-def test_a_cast_refuses_values_it_cannot_keep_and_a_float_skeleton_restores(tmp_path):
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "orbax"])
+def test_a_cast_refuses_values_it_cannot_keep_and_a_float_skeleton_restores(
+    tmp_path, pack
+):
     big = np.zeros(1 << 19, np.float32)  # (placed by the copying threads)
     big[[3, 9]] = [np.inf, -np.inf]
     saved = {
@@ -241,7 +244,7 @@ def test_a_cast_refuses_values_it_cannot_keep_and_a_float_skeleton_restores(tmp_
         "n": np.array([2**40, 5, -(2**31)], np.int64),
         "ok": jnp.array([-3.7, 2.9]),
     }
-    oeqx.save(tmp_path / "ckpt", saved)
+    oeqx.save(tmp_path / "ckpt", saved, pack=pack)
     ints = {
         "w": jax.ShapeDtypeStruct((3,), jnp.int32),
         "big": jax.ShapeDtypeStruct(big.shape, jnp.int32),

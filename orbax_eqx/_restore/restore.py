@@ -189,7 +189,10 @@ def read_arrays(
     to_read, ours, stored = _sources(saved, requests)
     loaded = {}
     if stored:
-        loaded = _stored_read.read(inner, directory, saved, stored, verify=verify)
+        checked = _storage_read.cast_checked(stored)
+        asked = {**stored, **checked}
+        loaded = _stored_read.read(inner, directory, saved, asked, verify=verify)
+        _storage_read.cast_after(directory, {n: stored[n] for n in checked}, loaded)
     # Each target sharding once (by identity: leaves share them), not per leaf.
     targets = {id(r.sharding): r.sharding for r in ours.values()}
     staging = _staging.for_restore(max_staged_bytes, list(targets.values()))

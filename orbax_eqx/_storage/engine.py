@@ -156,7 +156,7 @@ def _range(dtype: np.dtype) -> tuple[int, int] | None:
 
 
 @functools.lru_cache(maxsize=256)
-def _checked(src: np.dtype, dst: np.dtype) -> tuple[int, int] | None:
+def checked_cast(src: np.dtype, dst: np.dtype) -> tuple[int, int] | None:
     """The integer range a cast from `src` to `dst` must stay in (None: any
     value casts to a defined one): to an integer dtype from a float or
     complex one, or from an integer one that holds values it does not."""
@@ -171,7 +171,7 @@ def _checked(src: np.dtype, dst: np.dtype) -> tuple[int, int] | None:
 def cast_refused(src: np.ndarray, dtype: np.dtype) -> Refused | None:
     """What of `src` a cast to `dtype` cannot keep, or None. Costs a min and a
     max of `src` where the cast needs a check, nothing elsewhere."""
-    bounds = _checked(src.dtype, dtype)
+    bounds = checked_cast(src.dtype, dtype)
     if bounds is None or src.size == 0:
         return None
     x = src.real if src.dtype.kind == "c" else src  # (a cast drops the rest)

@@ -120,17 +120,21 @@ def _check_values(directory, requests: dict, leaves: list[put.Leaf]) -> None:
     """Raises for values the reads did not place (`engine.Refused`): bytes of
     bool leaves other than 0 and 1 (damage, where no checksum was checked),
     then values a cast cannot keep."""
-    bools: list[str] = []
-    casts: list[str] = []
+    found = {}
     for request, leaf in zip(requests.values(), leaves, strict=True):
-        found = [what for _, _, u in leaf.units for _, what in u.refused or ()]
-        if found:
-            total = engine.Refused.total(found)
-            record = request.record
-            line = (
-                f"Leaf `{record.path}` ({record.name}) holds {total.said(leaf.dtype)}."
-            )
-            (bools if total.bools else casts).append(line)
+        refused = [what for _, _, u in leaf.units for _, what in u.refused or ()]
+        if refused:
+            found[request.record] = (engine.Refused.total(refused), leaf.dtype)
+    _refuse(directory, found)
+
+
+def _refuse(directory, found: dict) -> None:
+    """Raises for `{record: (engine.Refused, dtype cast to)}`, if any."""
+    lines = {
+        r: f"Leaf `{r.path}` ({r.name}) holds {what.said(dtype)}."
+        for r, (what, dtype) in found.items()
+    }
+    bools = [line for r, line in lines.items() if found[r][0].bools]
     if bools:
         raise CheckpointDamagedError(
             f"Some bool leaves of the checkpoint in {directory} hold bytes other "
@@ -139,14 +143,63 @@ def _check_values(directory, requests: dict, leaves: list[put.Leaf]) -> None:
             + "\n"
             + FALL_BACK
         )
-    if casts:
+    if lines:
         raise CheckpointMismatchError(
             f"Some leaves of the checkpoint in {directory} hold values a cast to "
             "the skeleton's dtypes (`cast=True`) cannot keep:\n"
-            + bullet_list(casts)
+            + bullet_list(list(lines.values()))
             + "\n"
             + FIX_CAST_VALUES
         )
+
+
+def cast_checked(requests: dict) -> dict:
+    """The requests of arrays Orbax would cast as it reads with no check (its
+    array store) that are to be read as saved, then cast by `cast_after`
+    instead: those a cast may not keep (to an integer dtype), where the saved
+    dtype can be read (a jax array of more than 32 bits needs x64)."""
+    out = {}
+    for name, request in requests.items():
+        _, _, saved, key = stored_type(request.record.dtype)
+        if key or is_key_dtype(request.dtype):  # (keys are never cast)
+            continue
+        saved = np.dtype(saved)
+        fits = request.container != JAX or saved.itemsize <= 4
+        if engine.checked_cast(saved, np.dtype(request.dtype)) and (
+            fits or jax.config.read("jax_enable_x64")
+        ):
+            out[name] = request._replace(dtype=saved)
+    return out
+
+
+def cast_after(directory, requests: dict, loaded: dict) -> None:
+    """Casts the arrays of `requests` (as `cast_checked` chose them) in
+    `loaded` to their dtypes, on host, each device's part in turn; raises
+    for values a cast cannot keep, naming every such leaf."""
+    found = {}
+    for name, request in requests.items():
+        dtype = np.dtype(request.dtype)
+        x = loaded[name]
+        parts = (
+            [x] if request.container != JAX else [s.data for s in x.addressable_shards]
+        )
+        hosts = [np.asarray(p) for p in parts]
+        refused = [r for h in hosts if (r := engine.cast_refused(h, dtype))]
+        if refused:
+            found[request.record] = (engine.Refused.total(refused), dtype)
+            continue
+        cast = [h.astype(dtype) for h in hosts]
+        if request.container != JAX:
+            loaded[name] = cast[0]
+            continue
+        placed = [
+            jax.device_put(h, s.device)
+            for h, s in zip(cast, x.addressable_shards, strict=True)
+        ]
+        loaded[name] = jax.make_array_from_single_device_arrays(
+            x.shape, x.sharding, placed, dtype=dtype
+        )
+    _refuse(directory, found)
 
 
 @functools.cache
