@@ -219,7 +219,7 @@ def _ranges(layout, directory, layers, dim, vocab, put):
     plan = plan_load(layout.mapping(), specs, given, cast=False)
     spans: dict[str, dict] = {}
     targets = {spec.name: (spec, put[spec.name]) for spec in specs}
-    for leaf in leaves(plan, tensors, targets):
+    for leaf in leaves(plan, tensors, targets, {}):
         for _, _, unit in leaf.units:
             for p in unit.pieces:
                 mine = spans.setdefault(p.source.file.path, {})

@@ -176,7 +176,7 @@ def load(directory: str, target: str) -> None:
         f.write("5")  # VmHWM := VmRSS
     rss, rchar = _status("VmRSS"), _rchar()
     counts = engine.Counts()
-    made = leaves(the_plan, tensors, targets)
+    made = leaves(the_plan, tensors, targets, {})
     counts.held = sum(
         int(np.prod(u.shape)) * u.dtype.itemsize
         for leaf in made
