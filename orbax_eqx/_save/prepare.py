@@ -157,7 +157,8 @@ def prepare(
         local = _shards.start_take([(i, leaves[i]) for i in to_shard])
     hosts = None
     if copy_packed and to_pack:
-        hosts = start_host_copies([leaves[i] for i in to_pack], not waited, lease)
+        packed = [_plain_bools(leaves[i]) for i in to_pack]  # (0 and 1 bytes)
+        hosts = start_host_copies(packed, not waited, lease)
     shard_files = jax.process_count() if to_shard else 0
     at, pack_nbytes = layout((i, sizes[i]) for i in to_pack)  # (names aside)
 
@@ -393,12 +394,13 @@ def _is_none(x: Any) -> bool:
 
 
 def _plain_bools(x: Any) -> Any:
-    """A bool array whose bytes are all 0 or 1: TensorStore reads any other
-    byte back as damage ("Invalid bool value"), but numpy and JAX hold any
-    (a view of uint8 data), each meaning True. Such an array is stored as
-    the 0/1 array of its values (a host copy; the sidecar still records the
-    leaf as the jax or numpy array it was). A jax array that other processes
-    hold part of is stored as it is: nothing here computes over it."""
+    """A bool array whose bytes are all 0 or 1: numpy and JAX hold any byte
+    (a view of uint8 data), each meaning True to numpy, but a restore refuses
+    any other byte (XLA reads some as False), as TensorStore does ("Invalid
+    bool value"). Such an array is stored as the 0/1 array of its values (a
+    host copy; the sidecar still records the leaf as the jax or numpy array
+    it was). A jax array that other processes hold part of is stored as it
+    is: nothing here computes over it."""
     if x.dtype != np.bool_ or not _held_whole(x):
         return x
     host = gather(x) if container(x) == JAX else x
