@@ -255,3 +255,48 @@ def test_a_deleted_jax_array_under_a_manager_makes_no_step(tmp_path):
     mngr.wait_until_finished()
     assert os.listdir(tmp_path / "run") == []
     mngr.close()
+
+
+_SHARDED_BOOLS = """
+import sys
+import jax, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+import orbax_eqx as oeqx
+
+raw = np.array([0, 1, 2, 255, 0, 128, 7, 1], np.uint8)
+mesh = jax.make_mesh((8,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+sharding = NamedSharding(mesh, P("x"))
+mask = jax.make_array_from_callback((8,), sharding, lambda i: raw.view(bool)[i])
+oeqx.save(sys.argv[1], {"mask": mask})
+skeleton = {"mask": jax.ShapeDtypeStruct((8,), bool, sharding=sharding)}
+restored = oeqx.restore(sys.argv[1], skeleton)
+got = np.concatenate([np.asarray(s.data) for s in restored["mask"].addressable_shards])
+assert got.view(np.uint8).tolist() == (raw != 0).tolist(), got.view(np.uint8)
+assert oeqx.verify(sys.argv[1]).ok
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_sharded_bool_arrays_with_bytes_other_than_0_and_1_restore(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(oeqx.__file__)))
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cpu",
+        "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+        "PYTHONPATH": root,
+    }
+    result = subprocess.run(
+        [sys.executable, "-c", _SHARDED_BOOLS, str(tmp_path / "ckpt")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr[
+        -3000:
+    ]

@@ -93,7 +93,15 @@ class _Pending:
     def result(self) -> list[np.ndarray]:
         for (at, _), host in zip(self._copied, self._pending.result(), strict=True):
             self._hosts[at] = host
-        return self._hosts
+        return [_plain_bools(host) for host in self._hosts]
+
+
+def _plain_bools(host: np.ndarray) -> np.ndarray:
+    """A bool shard as 0 and 1 bytes (a restore refuses others, as XLA and
+    numpy read them differently); any other shard as it is."""
+    if host.dtype != np.bool_ or host.size == 0 or host.view(np.uint8).max() <= 1:
+        return host
+    return host.view(np.uint8) != 0
 
 
 _PLANS: dict = {}  # (sharding, shape) -> what `_owned` returns
