@@ -4,6 +4,7 @@ even one nothing foresaw, with no traceback from any library; `--debug` shows
 it instead. (Errors from damaged sidecars: tests/test_hostile_records.py.)"""
 
 import re
+import subprocess
 import sys
 
 import equinox as eqx
@@ -176,11 +177,21 @@ def test_a_damaged_plain_orbax_checkpoint_prints_no_traceback(tmp_path):
     assert "tensorstore_spec" not in result.stderr
 
 
-def test_missing_package_of_the_demo(tmp_path, capsys, monkeypatch):
-    monkeypatch.setitem(sys.modules, "optax", None)  # `import optax` fails
-    monkeypatch.delitem(sys.modules, "orbax_eqx._cli.demo", raising=False)
-    assert main(["demo", "--dir", str(tmp_path / "d")]) == 2
-    assert capsys.readouterr().err == (
+def test_missing_package_of_the_demo(tmp_path):
+    # A process where `import optax` fails, as where it is not installed.
+    run = (
+        "import runpy, sys; sys.modules['optax'] = None; "
+        "sys.argv = ['orbax_eqx', 'demo', '--dir', sys.argv[1]]; "
+        "runpy.run_module('orbax_eqx', run_name='__main__')"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", run, str(tmp_path / "d")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
         "orbax_eqx: error: demo needs the optax package, which is not installed: "
         "pip install 'orbax_eqx[demo]' (or pip install optax).\n"
     )

@@ -64,18 +64,18 @@ def test_examples_run(page, tmp_path, monkeypatch):
 
 
 def test_api_reference_lists_every_public_name():
-    import orbax_eqx
+    import orbax_eqx as oeqx
 
     listed = set()
     for page in (ROOT / "docs" / "api").glob("*.md"):
         listed |= set(re.findall(r"^::: orbax_eqx\.(\w+)$", page.read_text(), re.M))
     public = {
         name
-        for name in vars(orbax_eqx)
-        if not name.startswith("_") and not isinstance(vars(orbax_eqx)[name], type(re))
+        for name in vars(oeqx)
+        if not name.startswith("_") and not isinstance(vars(oeqx)[name], type(re))
     }
     assert public - listed == set(), "not in docs/api/*.md"
     assert listed - public == set(), "in docs/api/*.md but not public"
     # The namespace is `__all__`, of at most 30 names.
-    assert public == set(orbax_eqx.__all__) - {"__version__"}
-    assert len(orbax_eqx.__all__) <= 30
+    assert public == set(oeqx.__all__) - {"__version__"}
+    assert len(oeqx.__all__) <= 30

@@ -7,9 +7,9 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
+from entry import main
 
 import orbax_eqx as oeqx
-from orbax_eqx.__main__ import main
 
 
 class Block(eqx.Module):
