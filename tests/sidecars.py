@@ -13,6 +13,7 @@ changed is written whole. `tests/test_compact.py` edits the short forms
 themselves.
 """
 
+import hashlib
 import json
 import re
 from typing import Any
@@ -148,3 +149,29 @@ def expand(content: dict[str, Any]) -> dict[str, Any]:
                     n, module_types[e][NODE], node_types, paths
                 )
     return out
+
+
+# Names Orbax and TensorStore give their own files beside stored arrays, and
+# the sidecar's: a leaf of such a name is stored under a stand-in key.
+_ORBAX_FILES = {"_metadata", "_sharding", "array_metadatas", "checkpoint"}
+_ORBAX_FILES |= {"manifest.ocdbt", "d", "descriptor", "_checkpoint_metadata"}
+_ORBAX_FILES |= {"_root_metadata", "metadata", "commit_success.txt", "zarr.json"}
+_ORBAX_FILES |= {"orbax_eqx.json"}
+_ORBAX_PATTERN = re.compile(
+    r"ocdbt\.process_.*|.*\.__lock|.*\.orbax-checkpoint-tmp", re.IGNORECASE
+)
+
+
+def storage_key(name: str) -> str:
+    """The key Orbax's store holds the leaf `name` under, as
+    docs/guides/format.md derives it (what a save of an attacker's name
+    would use)."""
+    if (
+        len(name) <= 120
+        and re.fullmatch(r"[A-Za-z0-9_-][A-Za-z0-9_.-]*", name)
+        and name.casefold() not in _ORBAX_FILES
+        and not _ORBAX_PATTERN.fullmatch(name)
+    ):
+        return name
+    digest16 = hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+    return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:103] + "~" + digest16

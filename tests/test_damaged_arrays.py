@@ -1,11 +1,7 @@
 """Damaged array bytes: every flipped bit is found by the checksums, by
 `verify` and by a restore, for packed arrays and for arrays in Orbax's array
 store alike; a pack file of the wrong size, and an Orbax array store with
-files deleted or cut short, are damage, said in one error that touches nothing.
-
-`test_host_sums_are_those_recorded_before` is a unit test of the internal
-`host_sum32`: the sums orbax_eqx 0.1 recorded are the unit, pinned by value.
-"""
+files deleted or cut short, are damage, said in one error that touches nothing."""
 
 import gc
 import json
@@ -24,8 +20,6 @@ import zoo
 from untouched import fails_touching_nothing
 
 import orbax_eqx as oeqx
-from orbax_eqx._format.checksum import host_sum32
-from orbax_eqx._format.sidecar import arrays_dir
 from orbax_eqx._storage.transfer import staging
 
 
@@ -267,9 +261,11 @@ SUM32 = {
 
 
 @pytest.mark.parametrize("dtype", list(SUM32))
-def test_host_sums_are_those_recorded_before(dtype):
+def test_host_sums_are_those_recorded_before(tmp_path, dtype):
     x = (jnp.arange(-20, 15).reshape(5, 7) * 3).astype(dtype)
-    assert host_sum32(np.asarray(x)) == SUM32[dtype]
+    oeqx.save(tmp_path / "ckpt", {"x": x}, pack=False)
+    assert oeqx.metadata(tmp_path / "ckpt").leaves["x"].sum32 == SUM32[dtype]
+    oeqx.verify(tmp_path / "ckpt")
 
 
 # --- a pack file of the wrong size ------------------------------------------------
@@ -358,7 +354,7 @@ def _unpacked(tmp_path, **options):
 
 def _store(path):
     """The directory of the checkpoint's Orbax array store."""
-    return arrays_dir(path, oeqx.metadata(path).token)
+    return path / f"orbax_eqx~arrays.{oeqx.metadata(path).token}"
 
 
 def _delete_data_files(path):

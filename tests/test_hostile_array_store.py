@@ -27,7 +27,6 @@ from unblock import raised_by
 from untouched import snapshot
 
 import orbax_eqx as oeqx
-from orbax_eqx._format.sidecar import arrays_dir
 from orbax_eqx._storage.orbax_store import files as store_files
 
 SIDECAR = "orbax_eqx.json"
@@ -45,7 +44,7 @@ def _unpacked(tmp_path, **options):
 
 
 def _store(path):
-    return arrays_dir(path, oeqx.metadata(path).token)
+    return path / f"orbax_eqx~arrays.{oeqx.metadata(path).token}"
 
 
 def _damaged_store(path, planted, what):

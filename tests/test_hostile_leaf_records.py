@@ -7,10 +7,8 @@ names, alias targets, module names): each fails with a clear error, or is only
 a dict key, and touches nothing; nothing is allocated before the sizes are
 checked against the files.
 
-Sidecars are edited with their checksum recomputed (`tests/sidecars.py`).
-Two internals are used as the units they are: `storage_key`, the encoding of
-a leaf name into an Orbax key (what a save would derive from an attacker's
-name), and `arrays_dir`, where the format puts Orbax's array store.
+Sidecars are edited with their checksum recomputed (`tests/sidecars.py`),
+an attacker's leaf name stored under the key the format derives from it.
 """
 
 import asyncio
@@ -30,8 +28,6 @@ from children import restore_in_child
 from untouched import fails_touching_nothing, snapshot
 
 import orbax_eqx as oeqx
-from orbax_eqx._format.sidecar import arrays_dir
-from orbax_eqx._tree.names import storage_key
 
 KEY_SAVE = jax.random.key(1)
 KEY_SKELETON = jax.random.key(2)
@@ -54,7 +50,7 @@ def _unpacked(tmp_path, **options):
 
 def _store(path):
     """The directory of the checkpoint's Orbax array store."""
-    return arrays_dir(path, oeqx.metadata(path).token)
+    return path / f"orbax_eqx~arrays.{oeqx.metadata(path).token}"
 
 
 def _ocdbt_write(path, key: str, edit) -> None:
@@ -284,7 +280,7 @@ def test_escaping_leaf_names_stay_inside(tmp_path, layout, escape):
         layout, {"pack": False, "use_ocdbt": False}
     )
     oeqx.save(path, item, **options)
-    key = storage_key(name)
+    key = sidecars.storage_key(name)
     sidecars.edit(path, _rename_leaf("a", name, key))
     sentinel = _sentinel(tmp_path)
     before = snapshot(tmp_path)
