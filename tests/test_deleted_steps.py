@@ -19,7 +19,6 @@ import pytest
 import zoo
 
 import orbax_eqx as oeqx
-from orbax_eqx._restore import fallback
 
 DEVICE = jax.sharding.SingleDeviceSharding(jax.devices()[0])
 
@@ -141,22 +140,20 @@ def test_restore_latest_skips_a_step_caught_half_deleted(run, recwarn):
     assert not recwarn.list  # deleted, not damaged: no FallbackWarning
 
 
-def test_restore_latest_gives_up_on_a_manager_deleting_faster_than_it_reads(
-    run, monkeypatch
-):
-    # Internal: the cap is no option; lowered, fewer saves take the same path.
-    monkeypatch.setattr(fallback, "MAX_DELETED", 2)
+def test_restore_latest_gives_up_on_a_manager_deleting_faster_than_it_reads(run):
     writer, reader = run()
     # Every restore sees the writer save two more steps, deleting the one read.
     shardings = _saving_meanwhile(writer, range(3, 100), times=100)
     skeleton = zoo.skeleton(zoo.mlp, jax.random.key(9))
     with pytest.raises(
         oeqx.CheckpointNotFoundError,
-        match=r"No step of .*run could be restored:\n  - step 6: "
-        r"CheckpointDeletedError: The checkpoint at .*run/6/default was deleted "
-        r"while it was being restored, .*\n  - step 5: FileNotFoundError: "
-        r"Checkpoint at .*run/5 not found\.\nSteps were deleted as fast as they "
-        r"were read \(steps 2, 4 first\): restore while the manager that saves is "
+        # Ten steps deleted under it, the most it moves on from.
+        match=r"No step of .*run could be restored:\n  - step 22: "
+        r"CheckpointDeletedError: The checkpoint at .*run/22/default was deleted "
+        r"while it was being restored, .*\n  - step 21: FileNotFoundError: "
+        r"Checkpoint at .*run/21 not found\.\nSteps were deleted as fast as they "
+        r"were read \(steps 2, 4, 6, 8, 10, 12, 14, 16, 18, 20 first\): restore "
+        r"while the manager that saves is "
         r"idle, or have it keep more steps \(`max_to_keep`\)\.$",
     ):
         oeqx.restore_latest(reader, oeqx.EqxRestore(skeleton, shardings=shardings))

@@ -1,19 +1,20 @@
-"""`inspect`'s rebuild plan (`_rebuild.needs`, a dry run that imports
+"""`inspect`'s rebuild plan (`--json`'s `rebuild`, a dry run that imports
 nothing) says what a rebuild under the `allow` it suggests then refuses: the
 same leaves and modules, in the same order, for the same reasons. Many
 modules alike (the layers of a model) are looked up once for what they
 need, and each one that cannot be rebuilt is still said."""
 
 import enum
+import json
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from entry import main
 
 import orbax_eqx as oeqx
-from orbax_eqx._rebuild import build as _rebuild
 
 
 class Mode(enum.Enum):  # as a leaf: recorded as its text, not rebuilt
@@ -54,17 +55,19 @@ def _tree(kind: str):
     ["local-classes", "local-callables", "numpy"],
     ids=["local-classes", "local-callables", "numpy"],
 )
-def test_the_plan_is_what_a_rebuild_under_its_allow_says(tmp_path, kind):
-    oeqx.save(tmp_path / "ckpt", _tree(kind))
-    saved = oeqx.metadata(tmp_path / "ckpt")
-    found = _rebuild.needs(saved)
-    allow = tuple(_rebuild.modules_to_allow(found.names))
-    said = [(path, why) for _, path, why in found.cannot]
+def test_the_plan_is_what_a_rebuild_under_its_allow_says(tmp_path, capsys, kind):
+    ckpt = tmp_path / "ckpt"
+    oeqx.save(ckpt, _tree(kind))
+    assert main(["inspect", "--json", str(ckpt)]) == 0
+    (item,) = json.loads(capsys.readouterr().out)["items"]
+    plan = item["rebuild"]
+    allow = tuple(plan["allow"])
+    said = [(c["path"], c["why"]) for c in plan["cannot"]]
     if not said:
-        _rebuild.skeleton(saved, allow)  # rebuilds
+        oeqx.restore(ckpt, allow=allow)  # rebuilds
         return
     with pytest.raises(oeqx.RebuildError) as caught:
-        _rebuild.skeleton(saved, allow)
+        oeqx.restore(ckpt, allow=allow)
     assert caught.value.problems == said
     if kind == "local-classes":  # each of the 5 modules, once
         assert [p for p, _ in said] == [f"[{i}]" for i in range(5)]

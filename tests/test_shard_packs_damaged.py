@@ -4,8 +4,8 @@ restored; `verify` reads no further than the first bad block of a leaf.
 The checkpoints are saved once per module by a subprocess with 8 CPU devices
 (`tests/sharded_saves.py`), with arrays sharded in chunks over them; each
 test damages a copy, then restores it here, onto one device, and runs
-`verify`. `block_size` (the checksum block of a chunk of each size) is the
-index format's rule, tested as the unit it is beside what a save writes.
+`verify`. The checksum block of a chunk is docs/guides/format.md's rule,
+checked on every chunk a save writes.
 """
 
 import json
@@ -24,7 +24,6 @@ from sharded_saves import (
 )
 
 import orbax_eqx as oeqx
-from orbax_eqx._storage.sharded.index import block_size
 
 # Its module-scoped checkpoints take seconds to make: the whole module is slow.
 pytestmark = pytest.mark.slow
@@ -172,6 +171,15 @@ def test_a_missing_index_names_the_leaves_it_holds(ckpt):
         oeqx.restore(ckpt, damage_skeleton())
 
 
+def block_size(nbytes: int) -> int:
+    """The checksum block of a chunk of `nbytes` (docs/guides/format.md): the
+    whole chunk up to 4 KiB, else a 64th of it rounded up to a multiple of
+    4 KiB, at most 1 MiB."""
+    if nbytes <= 4096:
+        return max(nbytes, 1)
+    return min(1 << 20, -(-(-(-nbytes // 64)) // 4096) * 4096)
+
+
 def test_a_new_index_has_blocks_sized_per_chunk(seeded):
     _, content = index_of(seeded)
     assert content["format_version"] == 7
@@ -180,6 +188,8 @@ def test_a_new_index_has_blocks_sized_per_chunk(seeded):
     start, stop, offset, nbytes, block, sums = content["chunks"]["big"][0]
     assert (nbytes, block, len(sums)) == (262144, 4096, 64)
     assert all(re.fullmatch("[0-9a-f]{16}", x) for x in sums)  # XXH3-64s
+    for chunks in content["chunks"].values():
+        assert all(chunk[4] == block_size(chunk[3]) for chunk in chunks)
     assert [block_size(n) for n in (1, 4096, 4097, 1 << 20, 1 << 30)] == [
         1,
         4096,
