@@ -192,7 +192,7 @@ def _open(text: str, item) -> tuple[Metadata, Any]:
 def structure(a: Metadata, b: Metadata, both_saved: bool) -> list[tuple]:
     """Every difference in structure, `(what, name, as A has it, as B has
     it)`: in A's leaf order, then B's other leaves, then the modules'."""
-    plain = isinstance(a, PlainMetadata) or isinstance(b, PlainMetadata)
+    plain = _plain(a, b)
     la, lb = a.leaves, b.leaves
     if plain:  # what a plain Orbax checkpoint could hold, or the other side holds
         la = {n: r for n, r in la.items() if n in lb or _plain_holds(r)}
@@ -205,6 +205,10 @@ def structure(a: Metadata, b: Metadata, both_saved: bool) -> list[tuple]:
     ]
     diffs += [("added", n, "", r.describe()) for n, r in lb.items() if n not in la]
     return [d for d in diffs if d] + ([] if plain else _modules(a.modules, b.modules))
+
+
+def _plain(a: Metadata, b: Metadata) -> bool:
+    return isinstance(a, PlainMetadata) or isinstance(b, PlainMetadata)
 
 
 def _modules(ma: dict, mb: dict) -> list[tuple]:
@@ -254,10 +258,18 @@ def _leaf(ra: LeafMetadata, rb: LeafMetadata, both_saved: bool, plain: bool):
     if ra.kind != rb.kind:
         return ("kind", ra.name, ra.describe(), rb.describe())
     if ra.kind != ARRAY:
-        same_type = scalar_type(ra.value) == scalar_type(rb.value)
-        if ra.value == rb.value or not both_saved and ra.kind == SCALAR and same_type:
-            return None
-        return ("value", ra.name, ra.describe(), rb.describe())
+        return _value_diff(ra, rb, both_saved)
+    return _array_diff(ra, rb, both_saved and not plain)
+
+
+def _value_diff(ra: LeafMetadata, rb: LeafMetadata, both_saved: bool):
+    same_type = scalar_type(ra.value) == scalar_type(rb.value)
+    if ra.value == rb.value or not both_saved and ra.kind == SCALAR and same_type:
+        return None
+    return ("value", ra.name, ra.describe(), rb.describe())
+
+
+def _array_diff(ra: LeafMetadata, rb: LeafMetadata, ties_count: bool):
     if ra.shape != rb.shape:
         return ("shape", ra.name, str(ra.shape), str(rb.shape))
     if ra.dtype != rb.dtype and None not in (ra.dtype, rb.dtype):
@@ -266,7 +278,7 @@ def _leaf(ra: LeafMetadata, rb: LeafMetadata, both_saved: bool, plain: bool):
         f"tied to {r.alias_of}" if r.data == ALIAS else "its own array"
         for r in (ra, rb)
     ]
-    tied = both_saved and not plain and ties[0] != ties[1]
+    tied = ties_count and ties[0] != ties[1]
     return ("tied", ra.name, *ties) if tied else None
 
 
@@ -405,39 +417,48 @@ def _differences(head: str, changes) -> str:
 
 
 def _item_text(c: Compared, args) -> str:
-    (a, da), (b, db), diffs, got = c.a, c.b, c.diffs, c.got
-    lines = [f"A: {a.directory}", f"B: {b.directory}", ""]
+    a, b = c.a[0], c.b[0]
+    lines = [f"A: {a.directory}", f"B: {b.directory}", "", _structure_text(c)]
+    if c.got is not None:
+        lines += ["", *_values_lines(c.got, args)]
+    return "\n".join([*lines, "", _item_verdict(c)])
+
+
+def _structure_text(c: Compared) -> str:
+    (a, _), (b, _), diffs = c.a, c.b, c.diffs
     if diffs:
-        lines += [
-            f"Structure: {count(len(diffs), 'difference')}",
-            _differences("name", diffs),
-        ]
-    elif isinstance(a, PlainMetadata) or isinstance(b, PlainMetadata):
-        lines.append(
+        heading = f"Structure: {count(len(diffs), 'difference')}"
+        return f"{heading}\n{_differences('name', diffs)}"
+    if _plain(a, b):
+        return (
             f"Structure: the same ({len(a.leaves)} leaves; a plain Orbax checkpoint "
             "records arrays only, so modules were not compared)."
         )
-    else:
-        lines.append(
-            f"Structure: the same ({len(a.leaves)} leaves, {len(a.modules)} modules)."
-        )
+    return f"Structure: the same ({len(a.leaves)} leaves, {len(a.modules)} modules)."
+
+
+def _values_lines(got: list[dict], args) -> list[str]:
+    bad = sum(bool(v["mismatched"]) for v in got)
+    head = f"Values (rtol={args.rtol:g}, atol={args.atol:g}): "
+    head += (
+        f"{bad} of {len(got)} arrays differ"
+        if bad
+        else (f"all {len(got)} arrays compared are within tolerance")
+    )
+    rows = [
+        [number(v["max_abs"], 3), number(v["max_rel"], 3), _status(v)]
+        + [display_path(v["name"])]
+        for v in got
+    ]
+    # The name last: the numbers line up whatever its length.
+    header = ["max abs", "max rel", "status", "name"]
+    return [head, *[table(header, rows, right=(0, 1))] * bool(got)]
+
+
+def _item_verdict(c: Compared) -> str:
+    got = c.got
     bad = sum(bool(v["mismatched"]) for v in got or [])
-    if got is not None:
-        head = f"Values (rtol={args.rtol:g}, atol={args.atol:g}): "
-        head += (
-            f"{bad} of {len(got)} arrays differ"
-            if bad
-            else (f"all {len(got)} arrays compared are within tolerance")
-        )
-        rows = [
-            [number(v["max_abs"], 3), number(v["max_rel"], 3), _status(v)]
-            + [display_path(v["name"])]
-            for v in got
-        ]
-        # The name last: the numbers line up whatever its length.
-        header = ["max abs", "max rel", "status", "name"]
-        lines += ["", head, *[table(header, rows, right=(0, 1))] * bool(got)]
-    parts = [f"{len(diffs)} in structure"] * bool(diffs)
+    parts = [f"{len(c.diffs)} in structure"] * bool(c.diffs)
     parts += [f"{bad} in values"] * bool(bad)
     if parts:
         verdict = f"A and B differ: {', '.join(parts)}."
@@ -445,15 +466,18 @@ def _item_text(c: Compared, args) -> str:
         verdict = "A and B do not differ" + (
             " (values within tolerance)." if got else " in structure."
         )
-    # "Do not differ" must not read as "hold the same values".
-    skeletons = [n for n, d in (("A", da), ("B", db)) if d is None]
-    if got is None and not skeletons:
-        verdict += _NOT_COMPARED + "pass --values to compare them."
-    elif got is None and len(skeletons) == 2:
-        verdict += _NOT_COMPARED + "A and B are skeletons, which hold none."
-    elif got is None:
-        verdict += _NOT_COMPARED + f"{skeletons[0]} is a skeleton, which holds none."
-    return "\n".join([*lines, "", verdict])
+    return verdict + ("" if got is not None else _NOT_COMPARED + _why_not(c))
+
+
+def _why_not(c: Compared) -> str:
+    """Why values were not compared: "do not differ" must not read as "hold
+    the same values"."""
+    skeletons = [n for n, (_, d) in (("A", c.a), ("B", c.b)) if d is None]
+    if not skeletons:
+        return "pass --values to compare them."
+    if len(skeletons) == 2:
+        return "A and B are skeletons, which hold none."
+    return f"{skeletons[0]} is a skeleton, which holds none."
 
 
 def _status(v: dict) -> str:

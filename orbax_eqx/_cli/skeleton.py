@@ -93,26 +93,7 @@ def _import_file(spec: str, file: str):
     path = os.path.abspath(file)
     if not os.path.isfile(path):
         raise SkeletonError(f"{path}, named by the skeleton {spec!r}, does not exist.")
-    root, parts = os.path.split(path)[0], [os.path.basename(path)[:-3]]
-    while os.path.isfile(os.path.join(root, "__init__.py")):  # in a package
-        parent, name = os.path.split(root)
-        if not name.isidentifier() or parent == root:
-            break
-        parts.insert(0, name)
-        root = parent
-    parts = parts[:-1] if parts[-1] == "__init__" else parts
-    if not parts or not all(p.isidentifier() for p in parts):
-        stem = os.path.basename(path)[:-3]
-        name = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
-        raise SkeletonError(
-            f"{path}, named by the skeleton {spec!r}, cannot be imported by name: "
-            f"{stem!r} is not a Python module name, and the classes in it would be "
-            "recorded under a name that no `import` finds, so the checkpoint would "
-            "not restore into the same skeleton imported normally. Rename the file "
-            f"to a valid module name (such as "
-            f"{name if name.isidentifier() else '_' + name}.py)."
-        )
-    dotted = ".".join(parts)
+    root, dotted = _module_name(spec, path)
     loaded = sys.modules.get(dotted)
     same = loaded is not None and _same_file(getattr(loaded, "__file__", None), path)
     if loaded is not None and _ours.get(dotted) is loaded and not same:
@@ -140,6 +121,31 @@ def _import_file(spec: str, file: str):
         )
     _ours[dotted] = module
     return module
+
+
+def _module_name(spec: str, path: str) -> tuple[str, str]:
+    """The directory to import the file from, and its dotted module name
+    there (with the packages it is in)."""
+    root, parts = os.path.split(path)[0], [os.path.basename(path)[:-3]]
+    while os.path.isfile(os.path.join(root, "__init__.py")):  # in a package
+        parent, name = os.path.split(root)
+        if not name.isidentifier() or parent == root:
+            break
+        parts.insert(0, name)
+        root = parent
+    parts = parts[:-1] if parts[-1] == "__init__" else parts
+    if not parts or not all(p.isidentifier() for p in parts):
+        stem = os.path.basename(path)[:-3]
+        name = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
+        raise SkeletonError(
+            f"{path}, named by the skeleton {spec!r}, cannot be imported by name: "
+            f"{stem!r} is not a Python module name, and the classes in it would be "
+            "recorded under a name that no `import` finds, so the checkpoint would "
+            "not restore into the same skeleton imported normally. Rename the file "
+            f"to a valid module name (such as "
+            f"{name if name.isidentifier() else '_' + name}.py)."
+        )
+    return root, ".".join(parts)
 
 
 def _same_file(a: str | None, b: str) -> bool:

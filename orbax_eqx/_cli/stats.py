@@ -128,6 +128,17 @@ def counts(saved, depth: int | None) -> tuple[dict, Tree]:
     "params", "nbytes"}], "dtypes": [{"dtype", "arrays", "params", "nbytes"}]}`
     of the item (inner nodes down to `depth` below the root), and the tree."""
     tree = Tree(saved)
+    dtypes = _dtype_counts(saved)
+    return {
+        "total": sum(d["params"] for d in dtypes),
+        "arrays": sum(d["arrays"] for d in dtypes),
+        "nbytes": sum(d["nbytes"] for d in dtypes),
+        "nodes": _node_counts(saved, tree, depth),
+        "dtypes": dtypes,
+    }, tree
+
+
+def _node_counts(saved, tree: Tree, depth: int | None) -> list[dict]:
     nodes = []
     stack = [(tree.root, "", 0)]
     while stack:  # depth first without recursion: models nest deep
@@ -143,6 +154,10 @@ def counts(saved, depth: int | None) -> tuple[dict, Tree]:
                 if c.children
             ]
             stack.extend(reversed(inner))
+    return nodes
+
+
+def _dtype_counts(saved) -> list[dict]:
     dtypes: dict[str, dict] = {}
     for r in saved.leaves.values():
         if r.kind == ARRAY and r.data != ALIAS:
@@ -150,16 +165,10 @@ def counts(saved, depth: int | None) -> tuple[dict, Tree]:
             d["arrays"] += 1
             d["params"] += math.prod(r.shape or ())
             d["nbytes"] += r.nbytes
-    return {
-        "total": sum(d["params"] for d in dtypes.values()),
-        "arrays": sum(d["arrays"] for d in dtypes.values()),
-        "nbytes": sum(d["nbytes"] for d in dtypes.values()),
-        "nodes": nodes,
-        "dtypes": sorted(
-            ({"dtype": k} | d for k, d in dtypes.items()),
-            key=lambda d: (-d["nbytes"], d["dtype"]),
-        ),
-    }, tree
+    return sorted(
+        ({"dtype": k} | d for k, d in dtypes.items()),
+        key=lambda d: (-d["nbytes"], d["dtype"]),
+    )
 
 
 def run(args, report) -> int:

@@ -19,10 +19,7 @@ from .render import Progress, count, handler_text, human_bytes, printable
 
 
 def run(args) -> int:
-    items = _items.items_under(args.path)
-    steps = sorted({step for step, _ in items if step is not None})
-    if args.latest and steps:
-        items = [(s, i) for s, i in items if s == steps[-1]]
+    items, steps = _selected(args.path, args.latest)
     one = len(items) == 1 and not steps
     saved = {item: _read(item, one) for _, item in items}
     root = as_path(args.path)
@@ -32,26 +29,42 @@ def run(args) -> int:
             f"CheckpointManager root {root}: {len(steps)} step(s); checking {which}.",
             flush=True,
         )
-    total = sum(s.nbytes for s in saved.values() if not isinstance(s, Exception))
-    with Progress("verify", total) as bar:
-        results = [
-            (s, i, saved[i] if _failed(saved[i]) else verify(i, progress=bar.advance))
-            for s, i in items
-        ]
+    results = _check(items, saved)
     bad = [(s, i) for s, i, found in results if _failed(found) or not found.ok]
     if args.json:
-        entries = [_json(s, i, found, saved[i]) for s, i, found in results]
-        if one:  # one checkpoint's report, as `oeqx.verify` gives it
-            doc = {k: v for k, v in entries[0].items() if k != "step"}
-        else:
-            doc = dict(path=str(root), steps=steps, checkpoints=entries, ok=not bad)
-        print(json.dumps(doc, indent=2))
+        print(json.dumps(_doc(root, steps, results, saved, one, bad), indent=2))
     else:
         for _, item, found in results:
             print(_text(item, found, saved[item]))
         if not one:
             print(_verdict(root, results, bad, bool(steps), saved))
     return 1 if bad else 0
+
+
+def _selected(path, latest: bool) -> tuple[list, list[int]]:
+    """The `(step, item)` pairs to check, and the steps among them."""
+    items = _items.items_under(path)
+    steps = sorted({step for step, _ in items if step is not None})
+    if latest and steps:
+        items = [(s, i) for s, i in items if s == steps[-1]]
+    return items, steps
+
+
+def _check(items, saved: dict) -> list:
+    """`(step, item, report or the error reading its metadata)` of each item."""
+    total = sum(s.nbytes for s in saved.values() if not _failed(s))
+    with Progress("verify", total) as bar:
+        return [
+            (s, i, saved[i] if _failed(saved[i]) else verify(i, progress=bar.advance))
+            for s, i in items
+        ]
+
+
+def _doc(root, steps, results, saved, one: bool, bad) -> dict:
+    entries = [_json(s, i, found, saved[i]) for s, i, found in results]
+    if one:  # one checkpoint's report, as `oeqx.verify` gives it
+        return {k: v for k, v in entries[0].items() if k != "step"}
+    return dict(path=str(root), steps=steps, checkpoints=entries, ok=not bad)
 
 
 def _failed(found) -> bool:
