@@ -228,19 +228,10 @@ def _write_all(
     # By a mapping, in the plan's order (natural order of the names); by
     # name, in the order of the leaves, as the checkpoint holds them.
     tensors = list(file_names)
-    single = os.fspath(out).endswith(_index.SUFFIX)
-    out_dir = os.path.dirname(os.path.abspath(out)) if single else os.path.abspath(out)
-    stale = _files.existing(out, out_dir, single, overwrite, "Pass `overwrite=True`")
     sizes = {
         t: nbytes_of(plan.tensors[t].dtype, plan.tensors[t].shape) for t in tensors
     }
-    shards = [tensors] if single else _files.shard(tensors, sizes, max_size)
-    os.makedirs(out_dir, exist_ok=True)
-    names = (
-        [os.path.basename(out)] if single else _files.file_names(len(shards), out_dir)
-    )
-    listed = [_index.INDEX_FILE] if len(shards) > 1 else []
-    _files.check_targets(out_dir, [*names, *listed, *stale])
+    out_dir, shards, names, stale = _layout(out, tensors, sizes, max_size, overwrite)
     content = source.metadata()
     content["tensors"] = _renamed(plan, file_names)
     metadata = _metadata(content)
@@ -258,14 +249,7 @@ def _write_all(
             file_of.update({t: writers[-1] for t in shard})
         with (progress or Quiet)(total) as bar:
             for group in _groups(plan, source, buffer):
-                arrays = source.read(group.leaves)
-                for leaf, array in arrays.items():
-                    _check_read(plan.leaves[leaf], array)
-                for t in group.tensors:
-                    file_of[t].put(file_names[t], _tensor(plan, t, arrays))
-                    bar.advance(sizes[t])
-                del arrays
-                release_memory()
+                _write_group(plan, source, group, file_names, file_of, bar, sizes)
         for writer in writers:
             writer.close()
         for writer in writers:
@@ -273,16 +257,43 @@ def _write_all(
         index = None
         if len(shards) > 1:
             index = _files.index_bytes(shards, names, file_names, total)
+            finals.append(os.path.join(out_dir, _index.INDEX_FILE))
         moves = [(w.tmp, w.final) for w in writers]
         _files.put_in_place(out_dir, moves, index, stale)
     finally:
         for writer in writers:
             writer.abandon()
-    if len(shards) > 1:
-        finals.append(os.path.join(out_dir, _index.INDEX_FILE))
     return Exported(
         finals, len(tensors), total, source.modules, source.in_metadata, left_out
     )
+
+
+def _layout(out, tensors, sizes, max_size, overwrite):
+    """The directory written to, the tensors of each file and its name, and
+    the safetensors files there that the export replaces (checked first)."""
+    single = os.fspath(out).endswith(_index.SUFFIX)
+    out_dir = os.path.dirname(os.path.abspath(out)) if single else os.path.abspath(out)
+    stale = _files.existing(out, out_dir, single, overwrite, "Pass `overwrite=True`")
+    shards = [tensors] if single else _files.shard(tensors, sizes, max_size)
+    os.makedirs(out_dir, exist_ok=True)
+    names = (
+        [os.path.basename(out)] if single else _files.file_names(len(shards), out_dir)
+    )
+    listed = [_index.INDEX_FILE] if len(shards) > 1 else []
+    _files.check_targets(out_dir, [*names, *listed, *stale])
+    return out_dir, shards, names, stale
+
+
+def _write_group(plan, source, group, file_names, file_of, bar, sizes) -> None:
+    """Reads one batch of leaves and writes the tensors they make."""
+    arrays = source.read(group.leaves)
+    for leaf, array in arrays.items():
+        _check_read(plan.leaves[leaf], array)
+    for t in group.tensors:
+        file_of[t].put(file_names[t], _tensor(plan, t, arrays))
+        bar.advance(sizes[t])
+    del arrays
+    release_memory()
 
 
 @dataclasses.dataclass

@@ -143,7 +143,6 @@ def load(
     where = _index.describe(source)
     tensors = {name: (h, t) for h in headers for name, t in h.tensors.items()}
     walked = walk(skeleton)
-    arrays = [leaf for leaf in walked.leaves if leaf.kind == ARRAY]
     specs = leaf_specs(walked)  # one per array leaf, in order
     saved = _check.ours(headers)
     problems = _check.Problems()
@@ -159,24 +158,45 @@ def load(
         keep_dropped(walked, plan)
         named = tensors
     resolved = resolve(shardings, walked)
-    targets = {
+    targets = _targets(walked, specs, plan, resolved)
+    # A tied copy (a head tied to the embedding) is checked by shape and
+    # dtype, not read: the leaf it shares is read from its source.
+    read = {t: named[t] for t in plan.tensors if t not in plan.ties}
+    nbytes = sum(info.nbytes for _, info in read.values())
+    made, found, counts = _read(plan, read, targets, window, progress, nbytes)
+    _check_values(made, targets, read, where)
+    filled = dict(zip(targets, found, strict=True))
+    recorded = saved.get("leaves")
+    recorded = recorded if isinstance(recorded, dict) else {}
+    values = [_value(leaf, filled, resolved, recorded) for leaf in walked.leaves]
+    tree = jtu.tree_unflatten(walked.treedef, values)
+    headers_read = [h.path for h in headers]
+    return Loaded(tree, headers_read, len(walked.leaves), len(read), nbytes, counts)
+
+
+def _targets(walked, specs, plan, resolved) -> dict:
+    """`{leaf: (spec, sharding or None)}` of the array leaves the plan fills
+    (one the mapping drops keeps the skeleton's value)."""
+    arrays = [leaf for leaf in walked.leaves if leaf.kind == ARRAY]
+    return {
         leaf.name: (
             spec,
             resolved.get(leaf.name) if container(leaf.value) == JAX else None,
         )
         for leaf, spec in zip(arrays, specs, strict=True)
-        if leaf.name in plan.leaves  # else dropped by the mapping: the skeleton's
+        if leaf.name in plan.leaves
     }
-    # A tied copy (a head tied to the embedding) is checked by shape and
-    # dtype, not read: the leaf it shares is read from its source.
-    read = {t: named[t] for t in plan.tensors if t not in plan.ties}
+
+
+def _read(plan, read: dict, targets: dict, window: int, progress, nbytes: int):
+    """The engine's leaves, the arrays they make and the engine's counts;
+    raises for tensors unlike their recorded sums."""
     damage: dict[str, list[str]] = {}  # by file: tensors unlike their sums
     made = leaves(plan, read, targets, damage)
     counts = engine.Counts()
     counts.held = sum(
         math.prod(u.shape) * u.dtype.itemsize for leaf in made for _, _, u in leaf.units
     )
-    nbytes = sum(info.nbytes for _, info in read.values())
     staging = _staging.for_restore(None, [s for _, s in targets.values()])
     with (progress or Quiet)(nbytes) as bar:
         found = put.arrays(
@@ -184,20 +204,7 @@ def load(
         )
     if any(damage.values()):
         raise _damaged(damage)
-    _check_values(made, targets, read, where)
-    filled = dict(zip(targets, found, strict=True))
-    recorded = saved.get("leaves")
-    recorded = recorded if isinstance(recorded, dict) else {}
-    values = [_value(leaf, filled, resolved, recorded) for leaf in walked.leaves]
-    tree = jtu.tree_unflatten(walked.treedef, values)
-    return Loaded(
-        tree,
-        [h.path for h in headers],
-        len(walked.leaves),
-        len(read),
-        nbytes,
-        counts,
-    )
+    return made, found, counts
 
 
 def leaves(plan, tensors: dict, targets: dict, damage: dict) -> list[put.Leaf]:

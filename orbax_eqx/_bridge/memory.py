@@ -86,20 +86,7 @@ def _tensors(plan: Plan, host: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             whole = wholes[spec.shape] = tuple((0, n) for n in spec.shape)
         p = plan.piece(name)
         if p is not None and p.tensor_box == whole:
-            copy = copies.get((p.leaf, dtype))
-            if copy is None:
-                copy = copies[p.leaf, dtype] = np.array(host[p.leaf], dtype)
-            box = p.leaf_box
-            if (
-                len(box) == len(whole) + 1
-                and box[1:] == whole
-                and copy.shape[1:] == spec.shape
-                and box[0][1] - box[0][0] == 1
-                and p.perm == IDENTITY[len(p.perm)]
-            ):
-                part = copy[box[0][0], ...]  # a layer of a stack, as it is
-            else:
-                part = to_tensor(p, copy[slices(box)])
+            part = _from_one_leaf(p, spec.shape, dtype, host, copies)
             if name in plan.ties or not part.flags.c_contiguous:
                 part = np.array(part, order="C")  # (a tied copy: its own)
             result[name] = part
@@ -109,6 +96,24 @@ def _tensors(plan: Plan, host: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
             out[slices(p.tensor_box)] = to_tensor(p, host[p.leaf][slices(p.leaf_box)])
         result[name] = out
     return result
+
+
+def _from_one_leaf(p, shape, dtype, host, copies) -> np.ndarray:
+    """A tensor that is one box of one leaf: a view of the leaf's copy in
+    `dtype` where it can be."""
+    copy = copies.get((p.leaf, dtype))
+    if copy is None:
+        copy = copies[p.leaf, dtype] = np.array(host[p.leaf], dtype)
+    box = p.leaf_box
+    if (
+        len(box) == len(shape) + 1
+        and box[1:] == tuple((0, n) for n in shape)
+        and copy.shape[1:] == shape
+        and box[0][1] - box[0][0] == 1
+        and p.perm == IDENTITY[len(p.perm)]
+    ):
+        return copy[box[0][0], ...]  # a layer of a stack, as it is
+    return to_tensor(p, copy[slices(box)])
 
 
 def from_state_dict(
