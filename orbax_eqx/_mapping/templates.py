@@ -36,10 +36,6 @@ class Template:
         return tuple(v for kind, v in self.tokens if kind == "hole")
 
     @property
-    def has_wildcards(self) -> bool:
-        return any(kind == "glob" for kind, _ in self.tokens)
-
-    @property
     def literal(self) -> str | None:
         """The one name this template matches, if it has no holes or wildcards."""
         if any(kind != "text" for kind, _ in self.tokens):
@@ -103,59 +99,50 @@ def _parse(text: str, wildcards: bool, what: str) -> Template:
     return Template(text, tuple(tokens))
 
 
+# Escapes, holes (to the first `}`, checked below), wildcards, and literal text.
+_TOKEN = re.compile(r"\{\{|\}\}|\{\*\}|\{[^}]*\}?|\}|\*\*?|[^{}*]+")
+_ESCAPED = {"{{": "{", "}}": "}", "{*}": "*"}
+
+
 def _tokens(text: str, wildcards: bool, what: str) -> list[tuple[str, str]]:
     """`text` cut into `("text", ...)`, `("hole", name)` and `("glob", "*" or
     "**")` tokens."""
     tokens: list[tuple[str, str]] = []
-    literal: list[str] = []
-
-    def flush():
-        if literal:
-            tokens.append(("text", "".join(literal)))
-            literal.clear()
-
-    i = 0
-    while i < len(text):
-        c = text[i]
-        if text.startswith("{{", i) or text.startswith("}}", i):
-            literal.append(c)
-            i += 2
-        elif text.startswith("{*}", i):
-            literal.append("*")
-            i += 3
-        elif c == "{":
-            end = text.find("}", i)
-            name = text[i + 1 : end] if end >= 0 else ""
-            if end < 0 or not _HOLE.fullmatch(name):
-                raise TemplateError(
-                    f"{what} {text!r} has a `{{` at {i} that opens no hole like "
-                    "`{i}` (a lowercase name); write `{{` for a literal brace"
-                )
-            if name in (v for kind, v in tokens if kind == "hole"):
-                raise TemplateError(f"{what} {text!r} has the hole `{{{name}}}` twice")
-            flush()
-            tokens.append(("hole", name))
-            i = end + 1
-        elif c == "}":
+    for match in _TOKEN.finditer(text):
+        found, at = match[0], match.start()
+        if found in _ESCAPED or found[0] not in "{}*":
+            token = ("text", _ESCAPED.get(found, found))
+            if tokens and tokens[-1][0] == "text":
+                token = ("text", tokens.pop()[1] + token[1])
+        elif found[0] == "{":
+            token = ("hole", _hole(text, found, at, what, tokens))
+        elif found == "}":
             raise TemplateError(
-                f"{what} {text!r} has a `}}` at {i} that closes no hole; write "
+                f"{what} {text!r} has a `}}` at {at} that closes no hole; write "
                 "`}}` for a literal brace"
             )
-        elif c == "*":
-            if not wildcards:
-                raise TemplateError(
-                    f"{what} {text!r} has a wildcard `*`, which this rule does not "
-                    "take: name the parts, with holes like `{i}` for indices"
-                )
-            flush()
-            double = text.startswith("**", i)
-            tokens.append(("glob", "**" if double else "*"))
-            i += 2 if double else 1
+        elif not wildcards:
+            raise TemplateError(
+                f"{what} {text!r} has a wildcard `*`, which this rule does not "
+                "take: name the parts, with holes like `{i}` for indices"
+            )
         else:
-            literal.append(c)
-            i += 1
-    flush()
+            token = ("glob", found)
+        tokens.append(token)
     return tokens
+
+
+def _hole(text: str, found: str, at: int, what: str, tokens) -> str:
+    """The name of the hole `found` (`{name}`) at `at`, checked."""
+    name = found[1:-1] if found.endswith("}") else ""
+    if not _HOLE.fullmatch(name):
+        raise TemplateError(
+            f"{what} {text!r} has a `{{` at {at} that opens no hole like "
+            "`{i}` (a lowercase name); write `{{` for a literal brace"
+        )
+    if name in (v for kind, v in tokens if kind == "hole"):
+        raise TemplateError(f"{what} {text!r} has the hole `{{{name}}}` twice")
+    return name
 
 
 def _check_tokens(text: str, what: str, tokens: list[tuple[str, str]]) -> None:

@@ -23,47 +23,11 @@ class Fuse(Rule, frozen=True, tag="fuse"):
 
     def apply(self, virtuals: list[Virtual], ctx: Context) -> list[Virtual]:
         parts, into = _parsed(tuple(self.parts), self.into)
-        holes = parts[0].holes
-        by_name = {v.name: i for i, v in enumerate(virtuals)}
-        taken: dict[int, int] = {}  # position of a part -> position of its first
-        groups: dict[int, list[int]] = {}
-        for i, v in enumerate(virtuals):
-            m = parts[0].whole.fullmatch(v.name)
-            if m is None:
-                continue
-            binding = templates.binding(m, holes)
-            names = [t.render(binding) for t in parts]
-            missing = [n for n in names[1:] if n not in by_name]
-            if missing:
-                ctx.problem(
-                    f"`{v.name}` ({ctx.origin(v)}) is the first part of "
-                    f"{ctx.at_rule()}, but there is no {_names(missing)} to fuse it "
-                    "with.",
-                    'Fuse only tensors that all exist: check the names of "parts" '
-                    "against what the rules before make.",
-                )
-                continue
-            members = [by_name[n] for n in names]
-            groups[i] = members
-            for j in members:
-                taken[j] = i
-        # Parts left without their first: named, not silently kept.
-        for i, v in enumerate(virtuals):
-            if i in taken:
-                continue
-            for k, t in enumerate(parts[1:], 1):
-                m = t.whole.fullmatch(v.name)
-                if m is not None:
-                    first = parts[0].render(templates.binding(m, holes))
-                    ctx.problem(
-                        f"`{v.name}` ({ctx.origin(v)}) is part {k} of "
-                        f"{ctx.at_rule()}, but there is no `{first}` to fuse it "
-                        "with.",
-                        "Fuse only tensors that all exist: check the names of "
-                        '"parts" against what the rules before make.',
-                    )
+        groups, taken = _groups(virtuals, parts, ctx)
+        _orphans(virtuals, parts, taken, ctx)
         if not groups:
-            unmatched(ctx, f'"parts"[0] {self.parts[0]!r}', list(by_name))
+            names = list(dict.fromkeys(v.name for v in virtuals))
+            unmatched(ctx, f'"parts"[0] {self.parts[0]!r}', names)
         out = []
         for i, v in enumerate(virtuals):
             if i in groups:
@@ -117,6 +81,56 @@ class Fuse(Rule, frozen=True, tag="fuse"):
         return Virtual(
             name, tuple(shape), first.dtype, tuple(pieces), tuple(leaves), tuple(layers)
         )
+
+
+_FIX = (
+    'Fuse only tensors that all exist: check the names of "parts" against what '
+    "the rules before make."
+)
+
+
+def _groups(virtuals: list[Virtual], parts, ctx: Context):
+    """`{position of a first part: positions of its parts}`, and `{position of
+    a part: position of its first}`; a first part without the others is a
+    problem."""
+    holes = parts[0].holes
+    by_name = {v.name: i for i, v in enumerate(virtuals)}
+    taken: dict[int, int] = {}
+    groups: dict[int, list[int]] = {}
+    for i, v in enumerate(virtuals):
+        m = parts[0].whole.fullmatch(v.name)
+        if m is None:
+            continue
+        binding = templates.binding(m, holes)
+        names = [t.render(binding) for t in parts]
+        missing = [n for n in names[1:] if n not in by_name]
+        if missing:
+            ctx.problem(
+                f"`{v.name}` ({ctx.origin(v)}) is the first part of "
+                f"{ctx.at_rule()}, but there is no {_names(missing)} to fuse it "
+                "with.",
+                _FIX,
+            )
+            continue
+        groups[i] = [by_name[n] for n in names]
+        taken.update((j, i) for j in groups[i])
+    return groups, taken
+
+
+def _orphans(virtuals: list[Virtual], parts, taken: dict, ctx: Context) -> None:
+    """Parts left without their first: named, not silently kept."""
+    for i, v in enumerate(virtuals):
+        if i in taken:
+            continue
+        for k, t in enumerate(parts[1:], 1):
+            m = t.whole.fullmatch(v.name)
+            if m is not None:
+                first = parts[0].render(templates.binding(m, parts[0].holes))
+                ctx.problem(
+                    f"`{v.name}` ({ctx.origin(v)}) is part {k} of "
+                    f"{ctx.at_rule()}, but there is no `{first}` to fuse it with.",
+                    _FIX,
+                )
 
 
 def _names(names: list[str]) -> str:
