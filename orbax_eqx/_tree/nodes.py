@@ -87,31 +87,34 @@ def _describe(cls, aux, td, path) -> tuple[dict[str, Any], list | None]:
         rec = {"path": shown, "type": STATE, "markers": markers}
         return _with_children(rec), [jtu.FlattenedIndexKey(i) for i in range(n)]
     if isinstance(cls, type) and issubclass(cls, eqx.Module):
-        dynamic, static = fields_of(cls)
-        rec = {"path": shown, "type": MODULE, "fields": list(dynamic)}
-        wrapper, *static_values = aux
-        absent = [
-            f
-            # (as before: pairs what both have, whatever Equinox adds to `aux`)
-            for f, v in zip(static, static_values, strict=False)
-            if _is_missing(type(v))
-        ]
-        if absent:
-            rec["absent"] = absent
-        if not _is_missing(type(wrapper)):
-            rec["wrapper"] = True
-            return rec, None
-        return _with_children(rec), [jtu.GetAttrKey(f) for f in dynamic]
+        return _describe_module(cls, aux, shown)
     if _is_namedtuple(cls):
         fields = list(cls._fields)
-        rec = {
-            "path": shown,
-            "type": NAMEDTUPLE,
-            "class": qualified_name(cls),
-            "fields": fields,
-        }
-        return _with_children(rec), [jtu.GetAttrKey(f) for f in fields]
+        rec = {"path": shown, "type": NAMEDTUPLE, "class": qualified_name(cls)}
+        return _with_children(rec | {"fields": fields}), _attr_keys(fields)
     return {"path": shown, "type": OTHER, "class": qualified_name(cls)}, None
+
+
+def _describe_module(cls, aux, shown: str) -> tuple[dict[str, Any], list | None]:
+    dynamic, static = fields_of(cls)
+    rec: dict[str, Any] = {"path": shown, "type": MODULE, "fields": list(dynamic)}
+    wrapper, *static_values = aux
+    absent = [
+        f
+        # (as before: pairs what both have, whatever Equinox adds to `aux`)
+        for f, v in zip(static, static_values, strict=False)
+        if _is_missing(type(v))
+    ]
+    if absent:
+        rec["absent"] = absent
+    if not _is_missing(type(wrapper)):
+        rec["wrapper"] = True
+        return rec, None
+    return _with_children(rec), _attr_keys(dynamic)
+
+
+def _attr_keys(fields) -> list:
+    return [jtu.GetAttrKey(f) for f in fields]
 
 
 def _with_children(rec: dict[str, Any]) -> dict[str, Any]:

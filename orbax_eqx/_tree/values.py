@@ -84,18 +84,9 @@ def encode(value: Any) -> Any:
         return {"int": hex(value)}
     if value is None or kind in (bool, int, str):
         return value
-    if kind is float:
-        return {"float": repr(value)}
-    if kind is complex:
-        return {"complex": [repr(value.real), repr(value.imag)]}
-    if kind is bytes:
-        return {"bytes": base64.b64encode(value).decode("ascii")}
-    if kind is tuple:
-        return {"tuple": [encode(v) for v in value]}
-    if kind is list:
-        return {"list": [encode(v) for v in value]}
-    if kind is dict:
-        return {"dict": [[encode(k), encode(v)] for k, v in value.items()]}
+    exact = _ENCODE.get(kind)
+    if exact is not None:
+        return exact(value)
     if isinstance(value, np.dtype):
         return {"dtype": str(value)}
     if isinstance(value, np.generic):
@@ -107,6 +98,17 @@ def encode(value: Any) -> Any:
     if isinstance(value, type) or is_named_callable(value):
         return {"callable": describe_callable(value)}
     return {"object": qualified_name(kind), "repr": clean_repr(value)}
+
+
+# Values of these exact types, encoded exactly.
+_ENCODE: dict[type, Any] = {
+    float: lambda v: {"float": repr(v)},
+    complex: lambda v: {"complex": [repr(v.real), repr(v.imag)]},
+    bytes: lambda v: {"bytes": base64.b64encode(v).decode("ascii")},
+    tuple: lambda v: {"tuple": [encode(x) for x in v]},
+    list: lambda v: {"list": [encode(x) for x in v]},
+    dict: lambda v: {"dict": [[encode(k), encode(x)] for k, x in v.items()]},
+}
 
 
 def describe_callable(fn: Any) -> str:
@@ -344,24 +346,28 @@ def _describe(encoded: Any) -> str:
         return repr(value)
     if isinstance(encoded, dict) and len(encoded) >= 1:
         tag = next(iter(encoded))
-        body = encoded[tag]
-        if tag == "tuple":
-            items = [_describe(v) for v in body]
-            return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
-        if tag == "list":
-            return "[" + ", ".join(_describe(v) for v in body) + "]"
-        if tag == "dict":
-            return (
-                "{"
-                + ", ".join(f"{_describe(k)}: {_describe(v)}" for k, v in body)
-                + "}"
-            )
-        if tag == "dtype":
-            return f"dtype({body!r})"
-        if tag == "numpy":
-            return f"{body[0]}({_describe(body[1])})"
-        if tag in ("enum", "callable"):
-            return str(body)
         if tag == "object":
             return str(encoded.get("repr"))
+        shown = _DESCRIBE.get(tag)
+        if shown is not None:
+            return shown(encoded[tag])
     return repr(encoded)
+
+
+def _tuple_text(body) -> str:
+    items = [_describe(v) for v in body]
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+# How each tag of an encoded value reads, from its body.
+_DESCRIBE: dict[str, Any] = {
+    "tuple": _tuple_text,
+    "list": lambda body: "[" + ", ".join(_describe(v) for v in body) + "]",
+    "dict": lambda body: (
+        "{" + ", ".join(f"{_describe(k)}: {_describe(v)}" for k, v in body) + "}"
+    ),
+    "dtype": lambda body: f"dtype({body!r})",
+    "numpy": lambda body: f"{body[0]}({_describe(body[1])})",
+    "enum": str,
+    "callable": str,
+}
