@@ -293,39 +293,38 @@ class _Builder:
             return [], _none, {}
         if kind == _nodes.MODULE:
             return self.module(name, rec)
-        if kind == _nodes.LIST:
-            return children, list, {}
-        if kind == _nodes.TUPLE:
-            return children, tuple, {}
-        if kind == _nodes.DICT:
-            keys = rec.get("keys", [])
-            if len(keys) != len(children):
-                raise self.damaged(f"dict node {name!r} has {len(keys)} keys")
-            decoded = [self.decoder.key(at, k) for k in keys]
-            if len(set(map(_hashed, decoded))) != len(decoded):
-                raise self.damaged(f"dict node {name!r} has a key twice")
-            return children, lambda values: dict(zip(decoded, values, strict=True)), {}
-        if kind == _nodes.STATE:
-            markers = [self.decoder.key(at, m) for m in rec.get("markers", [])]
-            if len(markers) != len(children):
-                raise self.damaged(f"State node {name!r} has {len(markers)} markers")
-            if not all(type(m) in (str, int) for m in markers):
-                self.refuse(at, "an `eqx.nn.State` not made by `make_with_state`")
-                return children, _none, {}
-            return (
-                children,
-                lambda values: eqx.nn.State.tree_unflatten(
-                    tuple(markers), tuple(values)
-                ),
-                {},
-            )
+        if kind in (_nodes.LIST, _nodes.TUPLE):
+            return children, list if kind == _nodes.LIST else tuple, {}
+        make = {_nodes.DICT: self._dict, _nodes.STATE: self._state}.get(
+            kind, self._namedtuple
+        )
+        return children, make(name, rec, at, children), {}
+
+    def _dict(self, name: str, rec: dict[str, Any], at: At, children: list):
+        keys = rec.get("keys", [])
+        if len(keys) != len(children):
+            raise self.damaged(f"dict node {name!r} has {len(keys)} keys")
+        decoded = [self.decoder.key(at, k) for k in keys]
+        if len(set(map(_hashed, decoded))) != len(decoded):
+            raise self.damaged(f"dict node {name!r} has a key twice")
+        return lambda values: dict(zip(decoded, values, strict=True))
+
+    def _state(self, name: str, rec: dict[str, Any], at: At, children: list):
+        markers = [self.decoder.key(at, m) for m in rec.get("markers", [])]
+        if len(markers) != len(children):
+            raise self.damaged(f"State node {name!r} has {len(markers)} markers")
+        if not all(type(m) in (str, int) for m in markers):
+            self.refuse(at, "an `eqx.nn.State` not made by `make_with_state`")
+            return _none
+        return lambda values: eqx.nn.State.tree_unflatten(tuple(markers), tuple(values))
+
+    def _namedtuple(self, name: str, rec: dict[str, Any], at: At, children: list):
         fields = rec.get("fields", [])
         if len(fields) != len(children):
             raise self.damaged(f"node {name!r} has {len(fields)} fields")
-        # A namedtuple.
         cls = self.find(at, "class", rec.get("class", ""))
         if cls is None or cls is DRY:
-            return children, _none, {}
+            return _none
         if not (isinstance(cls, type) and issubclass(cls, tuple)) or tuple(
             getattr(cls, "_fields", ())
         ) != tuple(fields):
@@ -334,8 +333,8 @@ class _Builder:
                 f"`{rec.get('class')}` is no longer a namedtuple of fields "
                 f"{tuple(fields)}",
             )
-            return children, _none, {}
-        return children, lambda values: tuple.__new__(cls, values), {}
+            return _none
+        return lambda values: tuple.__new__(cls, values)
 
     def module(self, name: str, rec: dict[str, Any]):
         at = (name, rec["path"])

@@ -62,20 +62,17 @@ class Decoder:
         tag, body = next(iter(encoded.items()))
         if tag in ("tuple", "list", "dict") and not isinstance(body, list):
             raise self.damaged(f"the value at {label(*at)} is malformed")
-        if tag == "tuple":
-            return tuple(self.value(at, v) for v in body)
-        if tag == "list":
-            return [self.value(at, v) for v in body]
-        if tag == "dict":
-            return self._dict(at, body)
-        if tag == "numpy":
-            return self._numpy(at, body)
-        if tag == "dtype":
-            return self._dtype(at, body)
-        if tag == "enum":
-            return self._enum(at, body)
-        if tag == "callable":
-            return self._callable(at, str(body))
+        decode = {
+            "tuple": self._tuple,
+            "list": self._list,
+            "dict": self._dict,
+            "numpy": self._numpy,
+            "dtype": self._dtype,
+            "enum": self._enum,
+            "callable": self._callable,
+        }.get(tag)
+        if decode is not None:
+            return decode(at, body)
         if tag == "object" and encoded.get("repr") is not None:
             found = _literal_set(body, encoded["repr"])
             if found is not None:
@@ -98,7 +95,14 @@ class Decoder:
                 f"the numpy scalar at {label(*at)} is none a save writes: {e}"
             ) from None
 
-    def _callable(self, at: At, text: str) -> Any:
+    def _tuple(self, at: At, body: list) -> tuple:
+        return tuple(self.value(at, v) for v in body)
+
+    def _list(self, at: At, body: list) -> list:
+        return [self.value(at, v) for v in body]
+
+    def _callable(self, at: At, body: Any) -> Any:
+        text = str(body)
         if text.startswith("functools.partial("):
             self.refuse(
                 at,

@@ -119,26 +119,30 @@ def route(nodes: dict[str, dict[str, Any]], start: str, path) -> str | None:
     step goes to a node or leaf of the saved tree."""
     name: str | None = start
     for step in path:
-        kind, key = step
         rec = nodes.get(name) if name is not None else None
         if rec is None:
             return f"{_show(step)} (a leaf has nothing to step into)"
         children = rec.get("children", [])
-        at = None
-        if kind == "attr" and rec["type"] in (_nodes.MODULE, _nodes.NAMEDTUPLE):
-            fields = rec.get("fields", [])
-            at = fields.index(key) if key in fields else None
-        elif kind == "index" and rec["type"] in (_nodes.LIST, _nodes.TUPLE):
-            at = key if 0 <= key < len(children) else None
-        elif kind == "key" and rec["type"] == _nodes.DICT:
-            # Recorded keys are encoded; a str or a small int is itself. The
-            # type too: `True == 1`, but a key `True` is no key `1`.
-            keys = rec.get("keys", [])
-            found = [i for i, k in enumerate(keys) if type(k) is type(key) and k == key]
-            at = found[0] if found else None
+        at = _position(rec, *step)
         if at is None or at >= len(children) or children[at] is None:
             return f"{_show(step)} (no such field, index or key of a {rec['type']})"
         name = children[at]
+    return None
+
+
+def _position(rec: dict[str, Any], kind: str, key: Any) -> int | None:
+    """Where step `(kind, key)` goes among the recorded node's children."""
+    if kind == "attr" and rec["type"] in (_nodes.MODULE, _nodes.NAMEDTUPLE):
+        fields = rec.get("fields", [])
+        return fields.index(key) if key in fields else None
+    if kind == "index" and rec["type"] in (_nodes.LIST, _nodes.TUPLE):
+        return key if 0 <= key < len(rec.get("children", [])) else None
+    if kind == "key" and rec["type"] == _nodes.DICT:
+        # Recorded keys are encoded; a str or a small int is itself. The
+        # type too: `True == 1`, but a key `True` is no key `1`.
+        keys = rec.get("keys", [])
+        found = [i for i, k in enumerate(keys) if type(k) is type(key) and k == key]
+        return found[0] if found else None
     return None
 
 
