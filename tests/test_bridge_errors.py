@@ -1,10 +1,5 @@
 """The bridge's errors: every problem at once, each naming the tensor and the
 leaf, then fixes that work.
-
-Internal modules imported here (`_bridge.leaves`, `_bridge.plan`, `_tree.walk`)
-are the units these tests pin, or the only way to cause or observe the
-condition under test; everything else goes through `orbax_eqx` and the `orbax-
-eqx` command.
 """
 
 import json
@@ -19,8 +14,6 @@ import pytest
 from safetensors import numpy as safetensors_numpy
 
 import orbax_eqx as oeqx
-from orbax_eqx._mapping.plan import TensorSpec, leaf_specs, plan_load
-from orbax_eqx._tree.walk import walk
 
 M = oeqx.StateDictMapping
 GPT = M().stack("blocks", "h.{i}").transpose("h.{i}.attn.w")
@@ -296,7 +289,7 @@ class _Plain(eqx.Module):
     w: jax.Array
 
 
-def test_field_key_problems():
+def test_field_key_problems(tmp_path):
     with pytest.raises(
         oeqx.BridgeError,
         match=r"Some field keys are not names:\n  - Field `w` of `_Keyed` has "
@@ -309,16 +302,19 @@ def test_field_key_problems():
         r'`eqx\.field\(metadata=\{"sd": \.\.\.\}\)`',
     ):
         oeqx.to_state_dict(_Plain(jnp.zeros(1)), M().field_keys("sd"))
-    # Planned on names alone, without the tree to read keys from.
+    # Planned on names alone, without the tree to read keys from: the export
+    # of a checkpoint.
+    oeqx.save(tmp_path / "ckpt", {"w": np.zeros(1)})
     with pytest.raises(
-        oeqx.BridgeError, match=r"`mapping\.resolve\(model_or_skeleton\)`"
+        oeqx.BridgeError,
+        match=r"reads field metadata from a tree, but the mapping was applied to "
+        r"names only\.\nResolve the mapping against the model first: "
+        r"`mapping\.resolve\(model_or_skeleton\)`",
     ):
-        plan_load(
-            M().field_keys(),
-            leaf_specs(walk({"w": np.zeros(1)})),
-            [TensorSpec("w", (1,), "float64")],
-            cast=False,
+        oeqx.export_safetensors(
+            tmp_path / "ckpt", tmp_path / "out", mapping=M().field_keys()
         )
+    assert not (tmp_path / "out").exists()
 
 
 # ------------------------------------------- values a load must not place

@@ -1,27 +1,25 @@
-"""Python values in the sidecar: exact for scalars, descriptive for the rest.
-
-Internal modules imported here (`_tree.values`) are the units these tests pin,
-or the only way to cause or observe the condition under test; everything else
-goes through `orbax_eqx` and the `orbax-eqx` command.
-"""
+"""Python values in the sidecar: exact for scalars, descriptive for the rest,
+as a save records them and a restore, `metadata` or a warning reads them."""
 
 import enum
 import functools
-import json
 import math
+import re
+import warnings
 
+import equinox as eqx
 import jax
 import numpy as np
 import pytest
+import sidecars
 
-from orbax_eqx._tree.values import (
-    clean_repr,
-    decode_scalar,
-    describe,
-    describe_callable,
-    encode,
-    scalar_type,
-)
+import orbax_eqx as oeqx
+
+
+def _round_trip(tmp_path, value):
+    """`value` saved as a leaf, restored without a skeleton: from disk alone."""
+    oeqx.save(tmp_path / "ckpt", {"v": value})
+    return oeqx.restore(tmp_path / "ckpt")["v"]
 
 
 @pytest.mark.parametrize(
@@ -46,24 +44,31 @@ from orbax_eqx._tree.values import (
         b"\x00\xff",
     ],
 )
-def test_scalars_roundtrip_exactly_through_json(value):
-    decoded = decode_scalar(json.loads(json.dumps(encode(value))))
+def test_scalars_roundtrip_exactly_through_json(tmp_path, value):
+    decoded = _round_trip(tmp_path, value)
     assert type(decoded) is type(value)
     assert repr(decoded) == repr(value)
 
 
-def test_nan_roundtrips():
-    assert math.isnan(decode_scalar(json.loads(json.dumps(encode(math.nan)))))
+def test_nan_roundtrips(tmp_path):
+    assert math.isnan(_round_trip(tmp_path, math.nan))
 
 
-def test_bool_is_not_int_and_int_is_not_float():
-    assert scalar_type(encode(True)) == "bool"
-    assert scalar_type(encode(1)) == "int"
-    assert scalar_type(encode(1.0)) == "float"
+def test_bool_is_not_int_and_int_is_not_float(tmp_path):
+    oeqx.save(tmp_path / "ckpt", {"b": True, "i": 1, "f": 1.0})
+    restored = oeqx.restore(tmp_path / "ckpt")
+    assert [type(restored[k]) for k in "bif"] == [bool, int, float]
+    leaves = oeqx.metadata(tmp_path / "ckpt").leaves
+    assert [leaves[k].describe() for k in "bif"] == ["bool True", "int 1", "float 1.0"]
 
 
 class Color(enum.Enum):
     RED = 1
+
+
+class Static(eqx.Module):
+    w: np.ndarray
+    value: object = eqx.field(static=True)
 
 
 @pytest.mark.parametrize(
@@ -91,34 +96,63 @@ class Color(enum.Enum):
         "class",
     ],
 )
-def test_descriptions(value, text):
-    assert describe(encode(value)) == text
+def test_descriptions(tmp_path, value, text):
+    # A static field's value, as a restore into another one describes it.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # equinox on a static array-like
+        oeqx.save(tmp_path / "ckpt", Static(np.zeros(1), value))
+    with pytest.warns(
+        oeqx.StaticMismatchWarning,
+        match=rf"Static field `value` of module `<root>` is 5 in the skeleton but "
+        rf"{re.escape(text)} in the checkpoint\.$",
+    ):
+        oeqx.restore(
+            tmp_path / "ckpt", Static(np.zeros(1), 5), on_static_mismatch="warn"
+        )
 
 
-def test_custom_jvp_functions_are_named_by_where_jax_defines_them():
+def test_custom_jvp_functions_are_named_by_where_jax_defines_them(tmp_path):
     # `jax.nn.relu` is a `custom_jvp` object, not a function; its name comes
     # from the wrapped function. Where JAX defines it is JAX's own business
     # (`jax._src.nn.functions` today), so the expected text is derived.
-    text = describe(json.loads(json.dumps(encode(jax.nn.relu))))
+    oeqx.save(tmp_path / "ckpt", {"relu": jax.nn.relu, "gelu": jax.nn.gelu})
+    restored = oeqx.restore(tmp_path / "ckpt")
+    text = restored["relu"].description
+    assert restored["relu"] == oeqx.RecordedLeaf("callable", text)
     assert text == f"{jax.nn.relu.__module__}.{jax.nn.relu.__qualname__}"
     assert text.startswith("jax.") and text.endswith(".relu")
-    assert text != describe(encode(jax.nn.gelu))
+    assert text != restored["gelu"].description
 
 
-def test_object_descriptions_drop_addresses():
+def test_object_descriptions_drop_addresses(tmp_path):
     class Thing:
         pass
 
     thing = Thing()
     assert " at 0x" in repr(object.__repr__(thing))
-    assert " at 0x" not in clean_repr(thing)
-    assert encode(thing) == encode(Thing())
+    oeqx.save(tmp_path / "a", {"x": thing})
+    oeqx.save(tmp_path / "b", {"x": Thing()})
+    (a,), (b,) = (oeqx.metadata(tmp_path / d).leaves.values() for d in "ab")
+    assert a.kind == "object" and " at 0x" not in a.describe()
+    assert a.value == b.value
 
 
-def test_lambdas_are_named_by_where_they_are_defined():
-    assert describe_callable(lambda x: x).endswith("<locals>.<lambda>")
+def test_lambdas_are_named_by_where_they_are_defined(tmp_path):
+    oeqx.save(tmp_path / "ckpt", {"f": lambda x: x})
+    (leaf,) = oeqx.metadata(tmp_path / "ckpt").leaves.values()
+    assert leaf.describe().endswith("<locals>.<lambda>")
 
 
-def test_decode_refuses_non_scalars():
-    with pytest.raises(ValueError, match="not an encoded Python scalar"):
-        decode_scalar({"callable": "os.system"})
+def test_decode_refuses_non_scalars(tmp_path):
+    # A scalar record whose value is a description: damage, never imported.
+    oeqx.save(tmp_path / "ckpt", {"v": 1})
+    sidecars.edit(
+        tmp_path / "ckpt",
+        lambda c: c["leaves"]["v"].update(value={"callable": "os.system"}),
+    )
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=r"is damaged: leaf 'v' has no valid Python value\. Restore an earlier "
+        r"step, or re-save the checkpoint\.$",
+    ):
+        oeqx.restore(tmp_path / "ckpt")
