@@ -18,6 +18,11 @@ same with zstd, 0.1's default).
 `arrays` is no contender but a floor for the peak-RSS probes: the arrays of
 the skeleton made from filled host buffers, nothing read (`ArraysAlone`).
 
+With `BENCHMARK_STAGING=copy` (`run.py --staging copy`), orbax_eqx's restores
+pass the default window as `max_staged_bytes` (it imports the private
+`orbax_eqx._storage.transfer.staging.default_max_bytes`), which CPU devices
+then copy through as an accelerator's do.
+
 Async contenders (`manager`) go through `ocp.CheckpointManager` with async
 checkpointing on, as training loops do.
 """
@@ -30,6 +35,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 import orbax_eqx as oeqx
+from orbax_eqx._storage.transfer.staging import default_max_bytes
+
+STAGED = os.environ.get("BENCHMARK_STAGING", "") == "copy"
+WINDOW = default_max_bytes() if STAGED else None  # `max_staged_bytes`
 
 _PIECE = 64 << 20
 _IOV_MAX = 512
@@ -81,7 +90,7 @@ class OrbaxEqx:
         oeqx.save(path, item, **self.options)
 
     def restore(self, path, skeleton):
-        return oeqx.restore(path, skeleton)
+        return oeqx.restore(path, skeleton, max_staged_bytes=WINDOW)
 
     def manager(self, root):
         mngr = ocp.CheckpointManager(
@@ -106,7 +115,7 @@ class OrbaxEqxNoChecksums(OrbaxEqx):
         super().__init__(checksums=False)
 
     def restore(self, path, skeleton):
-        return oeqx.restore(path, skeleton, verify=False)
+        return oeqx.restore(path, skeleton, verify=False, max_staged_bytes=WINDOW)
 
 
 class OrbaxEqxZstd(OrbaxEqx):
@@ -228,7 +237,7 @@ class ArraysAlone:
     """Not a restore: the least host memory any restore ends up holding. Every
     array of the skeleton is made, on its target sharding, from host buffers
     of its shards' sizes, filled, nothing read from disk: on CPU, aligned
-    buffers that the devices keep as they are (with `ORBAX_EQX_STAGING=copy`,
+    buffers that the devices keep as they are (with `BENCHMARK_STAGING=copy`,
     buffers off alignment, which the devices copy, each let go once put). For
     the peak-RSS probes only (`arrays`)."""
 
@@ -238,7 +247,7 @@ class ArraysAlone:
         raise NotImplementedError("`arrays` only restores (a floor for the probes)")
 
     def restore(self, path, skeleton):
-        copy = os.environ.get("ORBAX_EQX_STAGING", "") == "copy"
+        copy = STAGED
 
         def buffer(shape, dtype):
             dtype = np.dtype(dtype)

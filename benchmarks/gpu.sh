@@ -7,7 +7,7 @@
 # 2. runs the recorded GPU benchmark (BENCHMARKS.md, "GPU"):
 #    `python benchmarks/run.py --only a,b --repeats 3 --json OUT_DIR/bench-gpu.json`;
 # 3. runs the staging and round-trip tests on the accelerator (CI never has
-#    one: there they run on CPU devices with ORBAX_EQX_STAGING=copy).
+#    one: there CPU devices copy through a `max_staged_bytes` window).
 #
 # Each process gets at most 35% of the GPU's memory: the benchmark's
 # fresh-process probes run while the benchmark itself still holds its share

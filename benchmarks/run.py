@@ -15,10 +15,10 @@ backend has it: not on CPU). Contenders take turns (A B C D, then B C D A,
 and only same-run ratios are stable. Prints the issue's targets with
 PASS/FAIL. See `_contenders.py` for exactly what each contender runs.
 
-`--staging copy` sets `ORBAX_EQX_STAGING=copy` for the run and its probes:
-CPU devices then copy host buffers as an accelerator does, so orbax_eqx
-restores through its staging window and saves gather small arrays on device
-before copying them (see `orbax_eqx/_storage/transfer/staging.py`).
+`--staging copy` sets `BENCHMARK_STAGING=copy` for the run and its probes:
+orbax_eqx's restores then pass the default window as `max_staged_bytes`, so
+CPU devices copy host buffers through it as an accelerator does (see
+`orbax_eqx/_storage/transfer/staging.py`); saves on CPU take views either way.
 
 It imports `orbax_eqx._storage.transfer.to_host.host_copies` (private) to time the
 save's host copies alone, which no public call isolates.
@@ -458,7 +458,7 @@ def _machine():
         cpu = platform.processor()
     mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GiB
     device = jax.local_devices()[0]
-    staging = os.environ.get("ORBAX_EQX_STAGING") or "auto"
+    staging = os.environ.get("BENCHMARK_STAGING") or "auto"
     return (
         f"{os.cpu_count()} CPUs ({cpu}), {mem:.0f} GiB RAM, {platform.system()} "
         f"{platform.release()}; backend {jax.default_backend()}, "
@@ -466,7 +466,7 @@ def _machine():
         f"Python {platform.python_version()}, jax "
         f"{jax.__version__}, orbax-checkpoint {getattr(ocp, '__version__', '?')}, "
         f"equinox {eqx.__version__}, orbax_eqx {orbax_eqx.__version__}; "
-        f"ORBAX_EQX_STAGING={staging}"
+        f"staging {staging}"
     )
 
 
@@ -485,11 +485,11 @@ def main(argv=None):
         "--staging",
         choices=("auto", "copy"),
         default=None,
-        help="ORBAX_EQX_STAGING for the run: copy makes CPU devices copy",
+        help="copy: orbax_eqx restores pass max_staged_bytes, CPU devices copy",
     )
     args = parser.parse_args(argv)
     if args.staging is not None:
-        os.environ["ORBAX_EQX_STAGING"] = args.staging  # probes inherit it
+        os.environ["BENCHMARK_STAGING"] = args.staging  # probes inherit it
     models = args.only.split(",") if args.only else ["a", "b"] + ["c"] * args.big
     names = args.contenders.split(",")
     for needed in ("orbax_eqx", "orbax", "raw"):

@@ -2,6 +2,7 @@
 
     python _share_worker.py save DIR                 # 2 processes x 4 devices
     python _share_worker.py restore DIR TARGET       # any processes
+    python _share_worker.py staged DIR TARGET        # restore, through a window
     python _share_worker.py fail DIR TARGET          # expects an error
     python _share_worker.py save DIR manager         # step 0 of a manager
     python _share_worker.py fail-manager DIR TARGET  # through the manager
@@ -16,7 +17,9 @@ shape over ("fsdp", "tp") (`8x1`, `4x2`, `2x4`, the specs as saved), `one`
 `jax.devices()[:4]`). `restore` prints one `RESULT {json}` line: bytes read
 (`/proc/self/io` rchar), peak RSS growth (`VmHWM` after resetting it through
 `/proc/self/clear_refs`), and the distinct bytes this process's devices hold;
-every shard is checked bitwise. `fail` prints `ERROR {json}` with the error
+every shard is checked bitwise. `staged` restores as `restore` does, with a
+1 GiB `max_staged_bytes`, which CPU devices copy through as an accelerator's
+do. `fail` prints `ERROR {json}` with the error
 (DIR may differ per process: `DIR.p<process>` if it exists). `vanish`:
 process 1 exits without restoring; process 0 prints its `ERROR`.
 """
@@ -204,7 +207,10 @@ def main() -> None:
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS
     rss, rchar = _status("VmRSS"), _rchar()
-    restored = oeqx.restore(directory, skeleton, shardings=target)
+    window = 1 << 30 if args.mode == "staged" else None
+    restored = oeqx.restore(
+        directory, skeleton, shardings=target, max_staged_bytes=window
+    )
     jax.block_until_ready(restored)
     read, peak = _rchar() - rchar, _status("VmHWM") - rss
     held = 0

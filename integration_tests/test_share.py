@@ -83,15 +83,12 @@ def test_each_process_reads_and_holds_its_share(saved, tmp_path, processes, targ
         assert sum(r["read"] for r in results) <= 1.5 * model + processes * 2 * MIB
 
 
-@pytest.mark.parametrize("staging", ["auto", "copy"])
+@pytest.mark.parametrize("mode", ["restore", "staged"])  # staged: as on accelerators
 @pytest.mark.parametrize("target", ["one", "first4"])
-def test_every_array_on_process_0s_devices_restores(
-    saved, tmp_path, monkeypatch, target, staging
-):
-    monkeypatch.setenv("ORBAX_EQX_STAGING", staging)  # copy: as on accelerators
+def test_every_array_on_process_0s_devices_restores(saved, tmp_path, target, mode):
     logs = _procs.run(
         WORKER,
-        "restore",
+        mode,
         saved,
         target,
         devices=4,

@@ -20,7 +20,6 @@ import zoo
 from untouched import fails_touching_nothing
 
 import orbax_eqx as oeqx
-from orbax_eqx._storage.transfer import staging
 
 
 def _pack(path):
@@ -309,22 +308,20 @@ def test_pack_longer_than_written_is_damaged(tmp_path):
     assert all(re.fullmatch(message, d.problem) for d in oeqx.verify(path).damaged)
 
 
-def _staged_pack(tmp_path, monkeypatch):
-    """A checkpoint whose restores go through a staging window (as on an
-    accelerator), and its pack file. The window is checked to be used."""
-    monkeypatch.setenv("ORBAX_EQX_STAGING", "copy")
+WINDOW = 8 << 20  # `max_staged_bytes`: CPU devices copy through it
+
+
+def _staged_pack(tmp_path):
+    """A checkpoint, restored whole through a staging window (`WINDOW`: as on
+    an accelerator), and its pack file."""
     path = _checkpoint(tmp_path)
-    with staging.watch() as stats:
-        oeqx.restore(path)
-    assert stats.copy and stats.peak > 0
+    oeqx.restore(path, max_staged_bytes=WINDOW)
     return path, _pack(path)
 
 
 @pytest.mark.parametrize("change", [100, -100], ids=["longer", "shorter"])
-def test_staged_restore_of_a_pack_not_as_written_is_damaged(
-    tmp_path, monkeypatch, change
-):
-    path, pack = _staged_pack(tmp_path, monkeypatch)
+def test_staged_restore_of_a_pack_not_as_written_is_damaged(tmp_path, change):
+    path, pack = _staged_pack(tmp_path)
     saved = oeqx.metadata(path)
     written = saved.packs[0].nbytes
     with open(pack, "r+b") as f:
@@ -338,7 +335,7 @@ def test_staged_restore_of_a_pack_not_as_written_is_damaged(
         f"has {written + change} bytes where {expected} were written"
     )
     with pytest.raises(oeqx.CheckpointDamagedError, match=message):
-        oeqx.restore(path)
+        oeqx.restore(path, max_staged_bytes=WINDOW)
 
 
 # --- Orbax's array store damaged --------------------------------------------------

@@ -30,7 +30,6 @@ import orbax_eqx as oeqx
 from orbax_eqx._format.sidecar import MAX_BYTES
 from orbax_eqx._mapping.names import RenameError, load
 from orbax_eqx._save.claim import _is_sidecar_of
-from orbax_eqx._storage.transfer import staging
 
 SIDECAR = "orbax_eqx.json"
 
@@ -169,22 +168,22 @@ def test_sidecar_larger_than_any_sidecar_is_refused_unread(tmp_path):
         oeqx.restore(path)
 
 
-def _staged_pack(tmp_path, monkeypatch):
-    """A checkpoint whose restores go through a staging window (as on an
-    accelerator), and its pack file. The window is checked to be used."""
-    monkeypatch.setenv("ORBAX_EQX_STAGING", "copy")
+WINDOW = 8 << 20  # `max_staged_bytes`: CPU devices copy through it
+
+
+def _staged_pack(tmp_path):
+    """A checkpoint, restored whole through a staging window (`WINDOW`: as on
+    an accelerator), and its pack file."""
     path = _checkpoint(tmp_path)
-    with staging.watch() as stats:
-        oeqx.restore(path)
-    assert stats.copy and stats.peak > 0
+    oeqx.restore(path, max_staged_bytes=WINDOW)
     return path, _pack(path)
 
 
-def test_staged_restore_of_a_fifo_pack_fails_fast(tmp_path, monkeypatch):
-    path, pack = _staged_pack(tmp_path, monkeypatch)
+def test_staged_restore_of_a_fifo_pack_fails_fast(tmp_path):
+    path, pack = _staged_pack(tmp_path)
     pack.unlink()
     os.mkfifo(pack)
-    raised = raised_by(lambda: oeqx.restore(path), pack)
+    raised = raised_by(lambda: oeqx.restore(path, max_staged_bytes=WINDOW), pack)
     assert isinstance(raised, oeqx.CheckpointDamagedError), raised
     message = _damaged_pack(r"is a FIFO \(named pipe\), not a regular file")
     assert re.fullmatch(message, str(raised)), raised

@@ -50,11 +50,11 @@ def seeded(saves, tmp_path):
     return path
 
 
-@pytest.fixture(params=["auto", "copy"])
-def staging(request, monkeypatch):
-    """Both read paths: buffers handed to CPU devices as they are, and the
-    staging window of accelerators (`ORBAX_EQX_STAGING=copy`)."""
-    monkeypatch.setenv("ORBAX_EQX_STAGING", request.param)
+@pytest.fixture(params=[None, 8 << 20], ids=["auto", "copy"])
+def staging(request):
+    """Both read paths, as `max_staged_bytes`: buffers handed to CPU devices as
+    they are, and a window, which CPU devices copy through as an
+    accelerator's do."""
     return request.param
 
 
@@ -179,7 +179,7 @@ def test_an_index_that_moves_chunks_is_found_by_restore_and_verify(
         match=rf"The shard index {re.escape(path.name)} .* is damaged: it does not "
         r"match its checksum",
     ):
-        oeqx.restore(seeded, seeded_skeleton())
+        oeqx.restore(seeded, seeded_skeleton(), max_staged_bytes=staging)
     report = oeqx.verify(seeded)
     assert sorted(d.name for d in report.damaged) == ["a", "b", "big"]
 

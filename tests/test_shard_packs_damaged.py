@@ -52,14 +52,6 @@ def seeded(saves, tmp_path):
     return path
 
 
-@pytest.fixture(params=["auto", "copy"])
-def staging(request, monkeypatch):
-    """Both read paths: buffers handed to CPU devices as they are, and the
-    staging window of accelerators (`ORBAX_EQX_STAGING=copy`)."""
-    monkeypatch.setenv("ORBAX_EQX_STAGING", request.param)
-    return request.param
-
-
 def test_an_undamaged_copy_restores_and_verifies(ckpt):
     meta = oeqx.metadata(ckpt)
     assert meta.leaves["big"].data == "shards" and meta.shard_files == 1

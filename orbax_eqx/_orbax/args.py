@@ -148,8 +148,9 @@ class EqxRestore(_CheckpointArgs):
         once it is on its devices; a leaf larger than a job is streamed into
         place in parts. Default (None): the smaller of 1 GiB and a tenth of
         the RAM; at least 8 MiB. On CPU devices aligned host buffers become
-        the arrays without a copy, so nothing is staged (the environment
-        variable `ORBAX_EQX_STAGING=copy` makes CPUs copy too, for tests).
+        the arrays without a copy, so by default nothing is staged; a window
+        given here makes CPU devices copy through it as an accelerator's do
+        (the path and bound of a GPU restore, run without one).
 
     **Returns** (from `restore`): the skeleton's structure filled with the
     checkpoint's values; with `report=True`, `(tree, RestoreReport)`.

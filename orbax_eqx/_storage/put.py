@@ -3,7 +3,7 @@
 On CPU the hosts the units were read into are the arrays' buffers (batched
 `jax.device_put` of whole leaves by sharding, `make_array_from_callback`
 for the others), read in batches of a bounded size. Where transfers copy
-(accelerators, `ORBAX_EQX_STAGING=copy`) units go through the staging
+(accelerators, or an explicit `max_staged_bytes`) units go through the staging
 window in jobs of a bounded cost (`transfer.staging`), a unit larger than a
 job streamed into its device buffer in slabs (`transfer.streaming`). No
 computation runs over a sharded array, and no process waits for another.
@@ -239,8 +239,8 @@ def _clip(u: engine.Unit, start, shape) -> engine.Unit:
     return engine.Unit(tuple(shape), u.dtype, pieces, refused=u.refused)
 
 
-def _jobs(leaves: Sequence[Leaf], budget: int, staging: Staging):
-    """The steps of each staged job, in order; counts slabs in `staging.parts`."""
+def _jobs(leaves: Sequence[Leaf], budget: int):
+    """The steps of each staged job, in order."""
     steps: list[_Step] = []
     cost = 0
     for leaf in leaves:
@@ -270,7 +270,6 @@ def _jobs(leaves: Sequence[Leaf], budget: int, staging: Staging):
                 (0,) * len(u.shape), u.shape, limit, lambda b: _cost(_clip(u, *b))
             )
             for i, (at, shape) in enumerate(cut):
-                staging.parts += 1
                 part = _clip(u, at, shape)
                 yield [
                     _Step(leaf, start, devices, part, at, i == len(cut) - 1, u.shape)
@@ -296,7 +295,7 @@ def _staged(leaves: Sequence[Leaf], staging: Staging) -> None:
 
     for leaf in leaves:
         leaf.left = len(leaf.units)
-    staging.run(job(steps) for steps in _jobs(leaves, budget, staging))
+    staging.run(job(steps) for steps in _jobs(leaves, budget))
     for leaf in leaves:
         if leaf.result is None:  # no box of it is on this process's devices
             _finish(leaf)

@@ -24,7 +24,6 @@ from ..._bytes import route as _route
 from ..._format.sidecar import shard_file, shard_index
 from .. import ranges as _ranges
 from ..ranges import layout
-from ..transfer import staging as _staging
 from ..transfer import to_host as _to_host
 from .index import Chunk, block_size, block_sums, to_bytes
 
@@ -66,11 +65,10 @@ def start_take(items: Sequence[tuple[Any, jax.Array]]) -> Local:
     names, starts, stops = [], [], []
     hosts: list[Any] = []
     copied: list[tuple[int, jax.Array]] = []  # (place in `hosts`, shard)
-    force = _staging.forced()
     for name, x in items:
         # Decided per array, not per shard: 8 devices make 8 shards of each
         # array, and `save` waits for whatever is done per shard here.
-        view = _to_host.viewable(x, force)
+        view = _to_host.viewable(x)
         for i, start, stop in _owned(x):
             names.append(name)
             starts.append(start)

@@ -15,26 +15,20 @@ stays a small part of them on small models too); while the devices take one
 job's bytes, the next
 job is read in a thread; once a job's transfers are done, its buffers are let
 go. A leaf (or a target box) larger than a job is streamed into place in
-parts. Every staging buffer comes from `Staging.empty` and is counted until
-it is freed (a weakref finalizer on its memory, not a promise), so
-`Staging.peak` is the true high-water mark of staged bytes; `watch()`
-gathers these figures for tests and benchmarks.
+parts. Every staging buffer comes from `Staging.empty`, a numpy allocation
+(which `tracemalloc` traces: the tests hold its peak to the window).
 
-`ORBAX_EQX_STAGING=copy` makes CPU devices behave like an accelerator: restores
-stage through the window into buffers 16 bytes off 64-byte alignment, which
-XLA's CPU client copies into memory of its own instead of aliasing, and saves
-gather small arrays on their device before copying them to host (see
-`to_host`). The host-memory bound can then be measured on a machine without
-an accelerator. `auto` (or unset) is the default.
+An explicit `max_staged_bytes` stages on CPU devices too: restores go through
+the window into buffers 16 bytes off 64-byte alignment, which XLA's CPU
+client copies into memory of its own instead of aliasing, so the path an
+accelerator takes, and its host-memory bound, can be run and measured on a
+machine without one. Without it (None), CPU devices alias.
 """
 
 import concurrent.futures
-import contextlib
 import dataclasses
 import os
-import threading
-import weakref
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -43,8 +37,6 @@ import numpy as np
 from ..._errors import OrbaxEqxError
 from ..._format.sidecar import PACK_ALIGNMENT
 
-ENV = "ORBAX_EQX_STAGING"
-_MODES = ("auto", "copy")
 # Jobs are at most this part of the bytes a restore reads (two are held at
 # once: one being read, one being transferred)...
 _SPLIT = 32
@@ -54,29 +46,11 @@ MIN_JOB = 1 << 20
 # to two more than it needs: with less than 4 MiB a slab, most of what is read would be
 # read again for the next one. Two such slabs (one read, one transferred).
 MIN_WINDOW = 8 << 20
-_OFF_ALIGNMENT = 16  # bytes off 64-byte alignment, in forced-copy mode
+_OFF_ALIGNMENT = 16  # bytes off 64-byte alignment, staging on CPU devices
 
 
 class StagingError(OrbaxEqxError, ValueError):
-    """A staging option (`max_staged_bytes`, `ORBAX_EQX_STAGING`) is invalid."""
-
-
-def mode() -> str:
-    """The staging mode `ORBAX_EQX_STAGING` asks for: `auto` or `copy`."""
-    value = os.environ.get(ENV, "").strip().lower() or "auto"
-    if value not in _MODES:
-        raise StagingError(
-            f"{ENV}={os.environ[ENV]!r} is not a staging mode: expected 'auto' "
-            "(the default: copy through the window only where devices are not "
-            "CPUs) or 'copy' (CPU devices too, for tests and benchmarks). "
-            f"Unset {ENV} or set it to one of these."
-        )
-    return value
-
-
-def forced() -> bool:
-    """Whether `ORBAX_EQX_STAGING=copy` makes CPU devices copy too."""
-    return mode() == "copy"
+    """A staging option (`max_staged_bytes`) is invalid."""
 
 
 def default_max_bytes() -> int:
@@ -107,68 +81,16 @@ def check_max_bytes(value: Any) -> None:
         )
 
 
-@dataclasses.dataclass
-class Stats:
-    """What restores (staged) and saves (to host) did inside a `watch()`.
-
-    - `peak`: the most host bytes staged at once, over the watched restores;
-    - `window`: the smallest window among them;
-    - `jobs`: jobs run (each: one read, one batched `device_put`);
-    - `parts`: parts of leaves streamed into place (larger than a job);
-    - `copy`: whether any watched restore went through the window;
-    - `transfers`: device-to-host copies of saves;
-    - `gathered`: arrays a save copied to host in a gathered batch;
-    - `compiles`: gather functions a save had to compile;
-    - `device_copies`: large arrays a save copied on their device, to be
-        transferred to host in its background thread.
-    """
-
-    peak: int = 0
-    window: int | None = None
-    jobs: int = 0
-    parts: int = 0
-    copy: bool = False
-    transfers: int = 0
-    gathered: int = 0
-    compiles: int = 0
-    device_copies: int = 0
-
-
-_WATCHERS: list[Stats] = []
-_WATCH_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def watch() -> Iterator[Stats]:
-    """Collects `Stats` of every restore and save that ends inside the block."""
-    stats = Stats()
-    with _WATCH_LOCK:
-        _WATCHERS.append(stats)
-    try:
-        yield stats
-    finally:
-        with _WATCH_LOCK:
-            _WATCHERS.remove(stats)
-
-
-def report(**figures: int) -> None:
-    """Adds a save's figures (`transfers=`, ...) to every watcher."""
-    with _WATCH_LOCK:
-        for stats in _WATCHERS:
-            for name, value in figures.items():
-                setattr(stats, name, getattr(stats, name) + value)
-
-
 class Staging:
-    """One restore's window: staging buffers, counted until they are freed.
+    """One restore's window and where its buffers go.
 
     **Arguments:**
 
     - `max_bytes`: the window; None for `default_max_bytes()`.
     - `copy`: whether transfers copy the host bytes (any device that is not a
-        CPU, or `ORBAX_EQX_STAGING=copy`), so that buffers are let go after.
+        CPU, or an explicit window), so that buffers are let go after.
     - `off_alignment`: make buffers 16 bytes off 64-byte alignment, so that
-        CPU devices copy them (`ORBAX_EQX_STAGING=copy`).
+        CPU devices copy them.
     """
 
     def __init__(
@@ -177,38 +99,25 @@ class Staging:
         self.max_bytes = default_max_bytes() if max_bytes is None else max_bytes
         self.copy = copy
         self._skew = _OFF_ALIGNMENT if off_alignment else 0
-        self.staged = 0
-        self.peak = 0
-        self.jobs = 0
-        self.parts = 0
-        self._lock = threading.Lock()
 
     def job_bytes(self, total: int) -> int:
         """The most bytes one job stages, for a restore that reads `total`."""
         return max(1, min(self.max_bytes // 2, max(MIN_JOB, total // _SPLIT)))
 
     def empty(self, nbytes: int) -> np.ndarray:
-        """A new uint8 staging buffer, counted until its memory is freed."""
+        """A new uint8 staging buffer (off alignment where CPUs must copy it)."""
         raw = np.empty(nbytes + 2 * PACK_ALIGNMENT, np.uint8)
         start = (-raw.ctypes.data) % PACK_ALIGNMENT + self._skew
-        with self._lock:
-            self.staged += nbytes
-            self.peak = max(self.peak, self.staged)
-        weakref.finalize(raw, self._freed, nbytes)
         return raw[start : start + nbytes]
 
     def handoff(self, host: np.ndarray) -> np.ndarray:
         """`host`, or a copy of it where a CPU device would alias it (a view
-        that happens to be 64-byte aligned, in forced-copy mode)."""
+        that happens to be 64-byte aligned, staging on CPU devices)."""
         if not self._skew or host.ctypes.data % PACK_ALIGNMENT:
             return host
         out = self.empty(host.nbytes).view(host.dtype).reshape(host.shape)
         out[...] = host
         return out
-
-    def _freed(self, nbytes: int) -> None:
-        with self._lock:
-            self.staged -= nbytes
 
     def run(self, jobs: Iterable["Job"]) -> None:
         """Runs `jobs` in order: reads one in a thread while the caller starts
@@ -223,7 +132,6 @@ class Staging:
             pending = reader.submit(job.read)
             while job is not None:
                 host = pending.result()
-                self.jobs += 1
                 # Starting these transfers also lets JAX drop what it still
                 # held of the job before last, before the next read allocates.
                 started = job.put(host)
@@ -233,17 +141,6 @@ class Staging:
                     pending = reader.submit(job.read)
                 jax.block_until_ready(started)
                 del started
-        self._done()
-
-    def _done(self) -> None:
-        with _WATCH_LOCK:
-            for stats in _WATCHERS:
-                stats.peak = max(stats.peak, self.peak)
-                if stats.window is None or self.max_bytes < stats.window:
-                    stats.window = self.max_bytes
-                stats.jobs += self.jobs
-                stats.parts += self.parts
-                stats.copy = stats.copy or self.copy
 
 
 @dataclasses.dataclass
@@ -259,19 +156,17 @@ class Job:
     put: Callable[[Any], Any]
 
 
-def for_restore(
-    max_bytes: int | None, shardings: Sequence[Any], *, force: bool | None = None
-) -> Staging:
+def for_restore(max_bytes: int | None, shardings: Sequence[Any]) -> Staging:
     """The staging of a restore onto `shardings` (None for numpy leaves).
 
-    It copies (`Staging.copy`) if any target device is not a CPU, or if
-    `ORBAX_EQX_STAGING=copy` (`force`, when given, overrides the variable).
+    It copies (`Staging.copy`) if any target device is not a CPU, or if the
+    caller asked for a window (`max_bytes` not None): then CPU devices copy
+    as an accelerator's do, within it.
     """
     check_max_bytes(max_bytes)
-    force = forced() if force is None else force
     devices = {d for s in shardings if s is not None for d in _devices(s)}
     accelerated = any(d.platform != "cpu" for d in devices)
-    copy = bool(devices) and (accelerated or force)
+    copy = bool(devices) and (accelerated or max_bytes is not None)
     return Staging(max_bytes, copy=copy, off_alignment=copy and not accelerated)
 
 

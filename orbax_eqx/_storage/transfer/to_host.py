@@ -7,7 +7,7 @@ round trip whatever its size: on one H100, copying 6,313 small leaves one by
 one blocked a save 3.8x as long as one `jax.device_get` of them.
 
 So where host copies are real copies (a device that is not a CPU, or
-`ORBAX_EQX_STAGING=copy`), arrays under `SMALL` bytes are grouped by device,
+`start(..., force=True)`), arrays under `SMALL` bytes are grouped by device,
 dtype and shape, stacked on their device (one jitted `jnp.stack` per group
 and batch length: a computation on one device's own data, no collective),
 copied to host once per batch, and split on host into views of that copy.
@@ -31,12 +31,13 @@ large array is first copied on its own device instead (`jax.device_put` with
 and `save` returns; the save's background thread starts its transfer to host
 and waits for it. Device copies take at most `DEVICE_SHARE` of
 the memory a device has free (`memory_stats()`; where a backend has no such
-figure, as CPU devices in forced-copy mode, `IN_FLIGHT` bytes); arrays past
+figure, as CPU devices copying with `force`, `IN_FLIGHT` bytes); arrays past
 that are copied to host before `save` returns, as before.
 
-On CPU (by default) an array's host copy is numpy's view of its buffer, no
-copy at all: JAX does not reuse a buffer that numpy holds, so a later
-donation of the array copies instead (tested in `tests/test_packing.py`).
+On CPU an array's host copy is numpy's view of its buffer, no copy at all:
+JAX does not reuse a buffer that numpy holds, so a later donation of the
+array copies instead (tested in `tests/test_packing.py`). `force=True` makes
+CPU devices take the accelerators' path, so that its tests run on CPU.
 
 `host_copies` and `start_host_copies` take a save's unsharded leaves (numpy
 or jax) to host this way; `gather` assembles, shard by shard, a host copy of
@@ -54,7 +55,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..._tree.walk import JAX, container, is_key_dtype
-from . import staging as _staging
 from .pool import Lease
 
 SMALL = 1 << 20  # arrays under this many bytes are gathered
@@ -115,12 +115,12 @@ class Pending:
         return self._out
 
 
-def start(xs: Sequence[jax.Array]) -> Pending:
+def start(xs: Sequence[jax.Array], force: bool = False) -> Pending:
     """Starts host copies of single-device jax arrays, as `copies` makes them,
     and returns once the caller may donate or change the arrays: views and
     one-by-one copies are done, stacks of small arrays are dispatched on their
-    devices (at most `IN_FLIGHT` bytes of them not yet copied to host)."""
-    force = _staging.forced()
+    devices (at most `IN_FLIGHT` bytes of them not yet copied to host).
+    `force`: CPU arrays are copied as an accelerator's are, not viewed."""
     out: list[Any] = [None] * len(xs)
     xs = list(xs)
     groups: dict[tuple, list[int]] = {}
@@ -138,7 +138,7 @@ def start(xs: Sequence[jax.Array]) -> Pending:
             groups.setdefault((how[0], dtype, shape), []).append(i)
         else:
             one_by_one.append(i)
-    batches, compiles = _batches(groups, one_by_one)
+    batches = _batches(groups, one_by_one)
     copied = _device_copies(xs, one_by_one, force)
     for i in one_by_one:
         xs[i].copy_to_host_async()
@@ -154,12 +154,6 @@ def start(xs: Sequence[jax.Array]) -> Pending:
             in_flight -= _split(done, done_stack, out)
     for i in one_by_one:
         out[i] = np.asarray(xs[i])
-    _staging.report(
-        transfers=len(batches) + len(one_by_one) + len(copied),
-        gathered=sum(len(set(b)) for b in batches),
-        compiles=compiles,
-        device_copies=len(copied),
-    )
     return Pending(out, waiting, copied)
 
 
@@ -206,7 +200,7 @@ def _free(device) -> int:
     except Exception:  # a backend without the figure may raise instead
         stats = None
     if not stats or "bytes_limit" not in stats:
-        return IN_FLIGHT  # CPU devices in forced-copy mode, say
+        return IN_FLIGHT  # CPU devices copying with `force`, say
     free = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
     return max(0, int(free * DEVICE_SHARE))
 
@@ -214,12 +208,11 @@ def _free(device) -> int:
 _VIEW, _ONE = object(), object()
 
 
-def viewable(x: jax.Array, force: bool) -> bool:
+def viewable(x: jax.Array) -> bool:
     """Whether every host copy of `x`'s shards is numpy's view of its buffer
-    (CPU devices, not forced to copy (`force`: `staging.forced()`); typed
-    keys are copied as key data)."""
+    (CPU devices; typed keys are copied as key data)."""
     dtype = x.dtype
-    return not _is_key(dtype) and _how(x.sharding, dtype, force) is _VIEW
+    return not _is_key(dtype) and _how(x.sharding, dtype, False) is _VIEW
 
 
 @functools.cache
@@ -243,7 +236,7 @@ def _how(sharding: jax.sharding.Sharding, dtype, force: bool):
     return device, np.dtype(dtype).itemsize
 
 
-def _batches(groups, one_by_one: list[int]) -> tuple[list[tuple[int, ...]], int]:
+def _batches(groups, one_by_one: list[int]) -> list[tuple[int, ...]]:
     """Batches of array indices to stack, each of its group's one length (the
     last padded with its last array); groups too small, or past the compile
     budget, join `one_by_one`."""
@@ -268,7 +261,7 @@ def _batches(groups, one_by_one: list[int]) -> tuple[list[tuple[int, ...]], int]
             batch = members[at : at + length]
             batches.append(tuple(batch) + (batch[-1],) * (length - len(batch)))
     one_by_one.sort()
-    return batches, compiles
+    return batches
 
 
 def _split(batch: tuple[int, ...], stacked: jax.Array, out: list) -> int:
