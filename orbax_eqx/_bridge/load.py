@@ -139,26 +139,10 @@ def load(
     """`load_safetensors`, telling what it read; for the command line,
     `renames` (a rename map from tensor names to leaf names, `--rename`)
     and `progress` (see `progress.Progress`)."""
-    headers = _index.find(source)
-    where = _index.describe(source)
-    tensors = {name: (h, t) for h in headers for name, t in h.tensors.items()}
-    walked = walk(skeleton)
-    specs = leaf_specs(walked)  # one per array leaf, in order
-    saved = _check.ours(headers)
-    problems = _check.Problems()
-    if not ignore_static:
-        _check.statics(walked, saved.get("modules"), problems)
-    if mapping is None:
-        # Matched by name (through renames): checked here as a restore checks.
-        checks = (cast, allow_unused, where)
-        plan, named = _by_name(walked, specs, tensors, renames, checks, problems)
-    else:
-        mapping = as_mapping(mapping).resolve(skeleton)
-        plan = _by_mapping(mapping, specs, tensors, cast, allow_unused, problems, where)
-        keep_dropped(walked, plan)
-        named = tensors
+    checks = (mapping, renames, cast, allow_unused, ignore_static)
+    headers, where, saved, walked, plan, named = _checked(source, skeleton, *checks)
     resolved = resolve(shardings, walked)
-    targets = _targets(walked, specs, plan, resolved)
+    targets = _targets(walked, plan, resolved)
     # A tied copy (a head tied to the embedding) is checked by shape and
     # dtype, not read: the leaf it shares is read from its source.
     read = {t: named[t] for t in plan.tensors if t not in plan.ties}
@@ -174,17 +158,16 @@ def load(
     return Loaded(tree, headers_read, len(walked.leaves), len(read), nbytes, counts)
 
 
-def _targets(walked, specs, plan, resolved) -> dict:
+def _targets(walked, plan, resolved) -> dict:
     """`{leaf: (spec, sharding or None)}` of the array leaves the plan fills
     (one the mapping drops keeps the skeleton's value)."""
-    arrays = [leaf for leaf in walked.leaves if leaf.kind == ARRAY]
     return {
         leaf.name: (
-            spec,
+            plan.leaves[leaf.name],
             resolved.get(leaf.name) if container(leaf.value) == JAX else None,
         )
-        for leaf, spec in zip(arrays, specs, strict=True)
-        if leaf.name in plan.leaves
+        for leaf in walked.leaves
+        if leaf.kind == ARRAY and leaf.name in plan.leaves
     }
 
 
@@ -410,20 +393,31 @@ def check_load(
     """The checks and the plan of `load`, with no tensor read: the files'
     headers and the plan (which tensors fill which leaf), or the error `load`
     would raise. For the command line's dry run (`inspect --skeleton`)."""
+    checks = (mapping, renames, cast, allow_unused, ignore_static)
+    headers, _, _, _, plan, _ = _checked(source, skeleton, *checks)
+    return headers, plan
+
+
+def _checked(source, skeleton, mapping, renames, cast, allow_unused, ignore_static):
+    """Every check of a load, before any tensor is read: the headers, where
+    they are (for messages), what `export` recorded, the walked skeleton, the
+    plan and the tensors it reads by name."""
     headers = _index.find(source)
     where = _index.describe(source)
     tensors = {name: (h, t) for h in headers for name, t in h.tensors.items()}
     walked = walk(skeleton)
-    specs = leaf_specs(walked)
+    specs = leaf_specs(walked)  # one per array leaf, in order
+    saved = _check.ours(headers)
     problems = _check.Problems()
     if not ignore_static:
-        modules = _check.ours(headers).get("modules")
-        _check.statics(walked, modules, problems)
+        _check.statics(walked, saved.get("modules"), problems)
     if mapping is None:
+        # Matched by name (through renames): checked here as a restore checks.
         checks = (cast, allow_unused, where)
-        plan, _ = _by_name(walked, specs, tensors, renames, checks, problems)
+        plan, named = _by_name(walked, specs, tensors, renames, checks, problems)
     else:
         mapping = as_mapping(mapping).resolve(skeleton)
         plan = _by_mapping(mapping, specs, tensors, cast, allow_unused, problems, where)
         keep_dropped(walked, plan)
-    return headers, plan
+        named = tensors
+    return headers, where, saved, walked, plan, named

@@ -236,7 +236,13 @@ def check_values(
             FIX_CAST_VALUES,
         )
     )
-    raise error(f"Some {head}:\n" + bullet_list(lines) + "\n" + fix)
+    _refuse(f"Some {head}", lines, fix, error)
+
+
+def _refuse(head: str, problems: list[str], fix: str, error=BridgeError) -> None:
+    """Raises `error` listing `problems` under `head`, then the fix, if any."""
+    if problems:
+        raise error(f"{head}:\n{bullet_list(problems)}\n{fix}")
 
 
 def _mapping(mapping: Any) -> StateDictMapping:
@@ -278,13 +284,8 @@ def _tensor_specs(tensors: Any) -> list[TensorSpec]:
             fixes.append(_FIX_NOT_ARRAYS)
             continue
         specs.append(TensorSpec(name, tuple(int(n) for n in x.shape), str(dtype)))
-    if problems:
-        raise BridgeError(
-            "Some tensors are not named arrays:\n"
-            + bullet_list(problems)
-            + "\n"
-            + "\n".join(dict.fromkeys(fixes))
-        )
+    fix = "\n".join(dict.fromkeys(fixes))
+    _refuse("Some tensors are not named arrays", problems, fix)
     return specs
 
 
@@ -336,13 +337,13 @@ def _check_concrete(walked: Walked) -> None:
                 f"Leaf {leaf.label} is sharded across processes: this process holds "
                 "only part of it."
             )
-    if problems:
-        raise BridgeError(
-            "`to_state_dict` needs every array's values on this process:\n"
-            + bullet_list(problems)
-            + "\nPass the model itself, not a skeleton; for a model sharded across "
-            "hosts, export it with `oeqx.export_safetensors`."
-        )
+    head = "`to_state_dict` needs every array's values on this process"
+    _refuse(
+        head,
+        problems,
+        "Pass the model itself, not a skeleton; for a model sharded across "
+        "hosts, export it with `oeqx.export_safetensors`.",
+    )
 
 
 def _to_host(leaves) -> list[np.ndarray]:
@@ -363,14 +364,13 @@ def _check_kept(walked: Walked, plan: Plan) -> None:
         for leaf in walked.leaves
         if leaf.name in plan.dropped and isinstance(leaf.value, jax.ShapeDtypeStruct)
     ]
-    if problems:
-        raise BridgeError(
-            "Some leaves get no values:\n"
-            + bullet_list(problems)
-            + "\nA leaf the mapping drops keeps the skeleton's value: build those "
-            "parts of the skeleton as arrays (with a real key, not "
-            "`eqx.filter_eval_shape`), or map a tensor to them."
-        )
+    _refuse(
+        "Some leaves get no values",
+        problems,
+        "A leaf the mapping drops keeps the skeleton's value: build those "
+        "parts of the skeleton as arrays (with a real key, not "
+        "`eqx.filter_eval_shape`), or map a tensor to them.",
+    )
 
 
 def _check_ties(plan: Plan, tensors: Mapping[str, Any]) -> None:
@@ -382,14 +382,13 @@ def _check_ties(plan: Plan, tensors: Mapping[str, Any]) -> None:
                 f"Tensor `{copy}` is tied to `{source}` by the mapping, but holds "
                 "other values."
             )
-    if problems:
-        raise BridgeError(
-            "Tied tensors differ:\n"
-            + bullet_list(problems)
-            + "\nThese tensors come from a model whose output head is its own: "
-            "load them into a model with an untied head (a leaf mapped to the "
-            "tensor), or remove the `tie` rule and `ignore` the tensor to drop it."
-        )
+    _refuse(
+        "Tied tensors differ",
+        problems,
+        "These tensors come from a model whose output head is its own: "
+        "load them into a model with an untied head (a leaf mapped to the "
+        "tensor), or remove the `tie` rule and `ignore` the tensor to drop it.",
+    )
 
 
 def _build(plan: Plan, leaf, tensor, sharding, refused: dict) -> Any:
