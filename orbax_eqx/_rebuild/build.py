@@ -183,7 +183,7 @@ class _Builder:
 
     def close(self) -> None:
         """Breaks the cycle through the decoder (it holds our methods), which
-        kept the sidecar alive until a collection (0.15-0.2 s at 50k leaves)."""
+        would keep the sidecar alive until a collection."""
         del self.decoder
 
     def damaged(self, what: str) -> SidecarError:

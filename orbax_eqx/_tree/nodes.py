@@ -99,12 +99,9 @@ def _describe_module(cls, aux, shown: str) -> tuple[dict[str, Any], list | None]
     dynamic, static = fields_of(cls)
     rec: dict[str, Any] = {"path": shown, "type": MODULE, "fields": list(dynamic)}
     wrapper, *static_values = aux
-    absent = [
-        f
-        # (as before: pairs what both have, whatever Equinox adds to `aux`)
-        for f, v in zip(static, static_values, strict=False)
-        if _is_missing(type(v))
-    ]
+    # Pairs what both have, whatever Equinox adds to `aux`.
+    pairs = zip(static, static_values, strict=False)
+    absent = [f for f, v in pairs if _is_missing(type(v))]
     if absent:
         rec["absent"] = absent
     if not _is_missing(type(wrapper)):
