@@ -1,11 +1,7 @@
 """`oeqx.export_safetensors`: trees and checkpoints written as safetensors,
 read back with the `safetensors` library; stacked, transposed and fused
-layouts; work grouped so that memory stays near the buffer (hand-made plans,
-`integration_tests/_hand_plan.py`).
-
-The internal module imported here (`_bridge.export`) is the
-unit these tests pin, or the only way to cause or observe the condition under
-test; everything else goes through `orbax_eqx` and the `orbax-eqx` command.
+layouts; an overwrite killed anywhere (the groups an export writes
+together: `tests/test_read_plans.py`).
 """
 
 import json
@@ -25,8 +21,6 @@ import pytest
 from safetensors import safe_open
 
 import orbax_eqx as oeqx
-from integration_tests import _hand_plan as hp
-from orbax_eqx._bridge import export as _export
 
 KEY = jax.random.key(0)
 
@@ -123,28 +117,6 @@ def test_stacked_and_fused_layouts_write_what_they_say(
     assert sorted(tensors) == [f"h.{i}.w" for i in range(3)]
     for i in range(3):
         np.testing.assert_array_equal(tensors[f"h.{i}.w"], reference(blocks, i))
-
-
-class _Costs:
-    def __init__(self, plan):
-        self.plan = plan
-
-    def cost(self, leaf):
-        return int(np.prod(self.plan.leaves[leaf].shape)) * 4
-
-
-def test_groups_keep_a_tensors_leaves_together_within_the_buffer():
-    plan = hp.plan_of(
-        hp.fused(["q", "k", "v"], 4, 8, 8, "h.{}.qkv"),  # 3 x 1 KiB, one group
-        hp.stacked("mlp", 4, (8, 8), "h.{}.mlp"),  # 1 KiB
-        hp.stacked("norm", 4, (8,), "h.{}.norm"),  # 128 bytes
-    )
-    groups = list(_export._groups(plan, _Costs(plan), buffer=2 * 1200))
-    assert [g.leaves for g in groups] == [["q", "k", "v"], ["mlp", "norm"]]
-    assert groups[0].tensors == [f"h.{i}.qkv" for i in range(4)]
-    assert groups[1].tensors == [f"h.{i}.mlp" for i in range(4)] + [
-        f"h.{i}.norm" for i in range(4)
-    ]
 
 
 def test_export_then_load_on_the_public_api(tmp_path):

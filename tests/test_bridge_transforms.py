@@ -1,14 +1,9 @@
 """Each rule of a state_dict mapping, both ways, on explicit cases.
 
 `to_state_dict` must give what numpy computes by hand; `from_state_dict`
-must give the leaves back bitwise, into a differently initialised model; and
-the plan's box queries (a device's shard of a leaf or of a tensor) must hold
-exactly the values of that box.
-
-Internal modules imported here (`_bridge.leaves`, `_bridge.pieces`,
-`_bridge.plan`, `_tree.walk`) are the units these tests pin, or the only way to
-cause or observe the condition under test; everything else goes through
-`orbax_eqx` and the `orbax-eqx` command.
+must give the leaves back bitwise, into a differently initialised model (the
+plan's box queries, a device's shard of a leaf or of a tensor:
+`tests/test_read_plans.py`).
 """
 
 import itertools
@@ -20,9 +15,6 @@ import numpy as np
 import pytest
 
 import orbax_eqx as oeqx
-from orbax_eqx._mapping.pieces import shape, slices, to_leaf, to_tensor
-from orbax_eqx._mapping.plan import leaf_specs, plan_export
-from orbax_eqx._tree.walk import walk
 
 M = oeqx.StateDictMapping
 
@@ -296,106 +288,6 @@ def test_shardings_given_as_for_restore():
 
 
 # Box queries: any box of a leaf or tensor, from the pieces alone.
-
-BOXES_3D = [
-    ((0, 4), (0, 6), (0, 2)),  # whole
-    ((1, 2), (0, 6), (0, 2)),  # one layer
-    ((1, 3), (2, 5), (0, 1)),  # across layers, inside the fused axis
-    ((0, 4), (3, 4), (1, 2)),  # one column of every layer
-    ((2, 4), (0, 3), (0, 2)),
-]
-
-
-@pytest.mark.parametrize("box", BOXES_3D, ids=[str(b) for b in BOXES_3D])
-def test_any_box_of_a_leaf_and_of_a_tensor(box):
-    w = _arange(4, 6, 2)
-    tree = {"blocks": {"qkv": w}}
-    mapping = (
-        M()
-        .stack("blocks", "h.{i}")
-        .transpose("h.{i}.qkv")
-        .split("h.{i}.qkv", ["h.{i}.q", "h.{i}.kv"], axis=1, sizes=[2, 4])
-        .split("h.{i}.kv", ["h.{i}.k", "h.{i}.v"], axis=1)
-    )
-    tensors = oeqx.to_state_dict(tree, mapping)
-    plan = plan_export(mapping, leaf_specs(walk(tree)))
-    # A leaf box from the tensors' boxes.
-    out = np.full(shape(box), np.nan, np.float32)
-    for p in plan.leaf_pieces("blocks.qkv", box):
-        at = tuple(
-            slice(a - s, b - s) for (a, b), (s, _) in zip(p.leaf_box, box, strict=True)
-        )
-        assert np.isnan(out[at]).all()  # covered once
-        out[at] = to_leaf(p, tensors[p.tensor][slices(p.tensor_box)])
-    np.testing.assert_array_equal(out, w[slices(box)])
-    # Every box of every tensor from the leaf's boxes.
-    for name, t in tensors.items():
-        for tbox in [((0, t.shape[0]), (0, t.shape[1])), ((1, 2), (0, 1))]:
-            got = np.full(shape(tbox), np.nan, np.float32)
-            for p in plan.tensor_pieces(name, tbox):
-                at = tuple(
-                    slice(a - s, b - s)
-                    for (a, b), (s, _) in zip(p.tensor_box, tbox, strict=True)
-                )
-                got[at] = to_tensor(p, w[slices(p.leaf_box)])
-            np.testing.assert_array_equal(got, t[slices(tbox)])
-
-
-def test_planning_is_per_tensor_not_per_element():
-    """A 256-layer stack of large leaves plans in pieces: one per tensor."""
-    specs = leaf_specs(
-        walk({"blocks": {"w": jax.ShapeDtypeStruct((256, 4096, 4096), jnp.bfloat16)}})
-    )
-    plan = plan_export(M().stack("blocks", "h.{i}").transpose("h.{i}.w"), specs)
-    assert len(plan.tensors) == 256
-    assert len(plan.leaf_pieces("blocks.w")) == 256
-    (piece,) = plan.tensor_pieces("h.7.w")
-    assert piece.leaf_box == ((7, 8), (0, 4096), (0, 4096))
-
-
-FUSE_BOXES = [
-    ((0, 3), (0, 2), (0, 3)),
-    ((1, 3), (1, 2), (0, 2)),
-    ((2, 3), (0, 1), (2, 3)),
-]
-
-
-@pytest.mark.parametrize("box", FUSE_BOXES, ids=[str(b) for b in FUSE_BOXES])
-def test_any_box_through_a_fuse(box):
-    """Stacked q (L, 2, 3) and k (L, 1, 3), fused per layer and transposed:
-    a box of q reads a strip of each layer's fused tensor; a box of a fused
-    tensor reads boxes of both leaves."""
-    q, k = _arange(3, 2, 3), _arange(3, 1, 3) + 100
-    tree = {"blocks": {"q": q, "k": k}}
-    mapping = (
-        M()
-        .stack("blocks", "h.{i}")
-        .fuse(["h.{i}.q", "h.{i}.k"], "h.{i}.qk", axis=0)
-        .transpose("h.{i}.qk")
-    )
-    tensors = oeqx.to_state_dict(tree, mapping)
-    for i in range(3):
-        np.testing.assert_array_equal(
-            tensors[f"h.{i}.qk"], np.concatenate([q[i], k[i]]).T
-        )
-    plan = plan_export(mapping, leaf_specs(walk(tree)))
-    out = np.full(shape(box), np.nan, np.float32)
-    for p in plan.leaf_pieces("blocks.q", box):
-        at = tuple(
-            slice(a - s, b - s) for (a, b), (s, _) in zip(p.leaf_box, box, strict=True)
-        )
-        out[at] = to_leaf(p, tensors[p.tensor][slices(p.tensor_box)])
-    np.testing.assert_array_equal(out, q[slices(box)])
-    tbox = ((box[2][0], box[2][1]), (1, 3))  # rows of the fused tensor: q's 2nd, k
-    got = np.full(shape(tbox), np.nan, np.float32)
-    leaves = {"blocks.q": q, "blocks.k": k}
-    for p in plan.tensor_pieces("h.1.qk", tbox):
-        at = tuple(
-            slice(a - s, b - s)
-            for (a, b), (s, _) in zip(p.tensor_box, tbox, strict=True)
-        )
-        got[at] = to_tensor(p, leaves[p.leaf][slices(p.leaf_box)])
-    np.testing.assert_array_equal(got, tensors["h.1.qk"][slices(tbox)])
 
 
 @pytest.mark.slow

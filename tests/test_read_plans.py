@@ -1,9 +1,13 @@
-"""What a safetensors load reads, copies and holds, and a file replaced while
-it is read (`_bridge.load.load`'s byte counts and progress hook).
+"""What a read plans and what it reads: the boxes of a mapping's plan, the
+bytes a safetensors load reads, copies and holds, the groups an export
+writes together, a restore's plan through `renames=`, and the blocks of a
+plain Orbax array; and a file replaced while a load reads it.
 
-Reaches inside because no public seam reports these: `load_safetensors`
-returns the tree only, and nothing public can act between a load's header
-reads and its tensor reads.
+Reaches inside (`_mapping.plan`, `_mapping.pieces`, `_bridge.load.load`,
+`_bridge.export`, `_restore.select`, `_orbax.plain`) because no public call
+reports these: `load_safetensors` returns the tree only, a plan and its
+pieces show publicly only as whole arrays, and nothing public can act
+between a load's header reads and its tensor reads.
 """
 
 import json
@@ -13,12 +17,29 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 import test_bridge_files as files
+import test_cli_plain as plain
+import test_partial as partial
 from safetensors.numpy import save_file
 
 import orbax_eqx as oeqx
+from integration_tests import _hand_plan as hp
+from orbax_eqx._bridge import export as _export
 from orbax_eqx._bridge.load import load
+from orbax_eqx._format.sidecar import LeafMetadata
+from orbax_eqx._mapping.pieces import shape, slices, to_leaf, to_tensor
+from orbax_eqx._mapping.plan import leaf_specs, plan_export
+from orbax_eqx._orbax.plain import StoreReader
+from orbax_eqx._restore.select import select
+from orbax_eqx._tree.walk import ARRAY, walk
+
+M = oeqx.StateDictMapping
+
+
+def _arange(*shape, dtype=np.float32):
+    return np.arange(int(np.prod(shape)), dtype=dtype).reshape(shape)
 
 
 def _values(shape, seed, dtype=np.float32):
@@ -348,3 +369,213 @@ def test_gpt2_and_llama_read_each_tensor_once(tmp_path, family):
     skipped += ["lm_head.weight"] if family == "gpt2" else []
     wanted = sum(v.nbytes for n, v in sd.items() if n not in skipped)
     assert loaded.counts.read == wanted == loaded.nbytes
+
+
+# --- a mapping's plan: any box, from the pieces alone
+
+
+BOXES_3D = [
+    ((0, 4), (0, 6), (0, 2)),  # whole
+    ((1, 2), (0, 6), (0, 2)),  # one layer
+    ((1, 3), (2, 5), (0, 1)),  # across layers, inside the fused axis
+    ((0, 4), (3, 4), (1, 2)),  # one column of every layer
+    ((2, 4), (0, 3), (0, 2)),
+]
+
+
+@pytest.mark.parametrize("box", BOXES_3D, ids=[str(b) for b in BOXES_3D])
+def test_any_box_of_a_leaf_and_of_a_tensor(box):
+    w = _arange(4, 6, 2)
+    tree = {"blocks": {"qkv": w}}
+    mapping = (
+        M()
+        .stack("blocks", "h.{i}")
+        .transpose("h.{i}.qkv")
+        .split("h.{i}.qkv", ["h.{i}.q", "h.{i}.kv"], axis=1, sizes=[2, 4])
+        .split("h.{i}.kv", ["h.{i}.k", "h.{i}.v"], axis=1)
+    )
+    tensors = oeqx.to_state_dict(tree, mapping)
+    plan = plan_export(mapping, leaf_specs(walk(tree)))
+    # A leaf box from the tensors' boxes.
+    out = np.full(shape(box), np.nan, np.float32)
+    for p in plan.leaf_pieces("blocks.qkv", box):
+        at = tuple(
+            slice(a - s, b - s) for (a, b), (s, _) in zip(p.leaf_box, box, strict=True)
+        )
+        assert np.isnan(out[at]).all()  # covered once
+        out[at] = to_leaf(p, tensors[p.tensor][slices(p.tensor_box)])
+    np.testing.assert_array_equal(out, w[slices(box)])
+    # Every box of every tensor from the leaf's boxes.
+    for name, t in tensors.items():
+        for tbox in [((0, t.shape[0]), (0, t.shape[1])), ((1, 2), (0, 1))]:
+            got = np.full(shape(tbox), np.nan, np.float32)
+            for p in plan.tensor_pieces(name, tbox):
+                at = tuple(
+                    slice(a - s, b - s)
+                    for (a, b), (s, _) in zip(p.tensor_box, tbox, strict=True)
+                )
+                got[at] = to_tensor(p, w[slices(p.leaf_box)])
+            np.testing.assert_array_equal(got, t[slices(tbox)])
+
+
+def test_planning_is_per_tensor_not_per_element():
+    """A 256-layer stack of large leaves plans in pieces: one per tensor."""
+    specs = leaf_specs(
+        walk({"blocks": {"w": jax.ShapeDtypeStruct((256, 4096, 4096), jnp.bfloat16)}})
+    )
+    plan = plan_export(M().stack("blocks", "h.{i}").transpose("h.{i}.w"), specs)
+    assert len(plan.tensors) == 256
+    assert len(plan.leaf_pieces("blocks.w")) == 256
+    (piece,) = plan.tensor_pieces("h.7.w")
+    assert piece.leaf_box == ((7, 8), (0, 4096), (0, 4096))
+
+
+FUSE_BOXES = [
+    ((0, 3), (0, 2), (0, 3)),
+    ((1, 3), (1, 2), (0, 2)),
+    ((2, 3), (0, 1), (2, 3)),
+]
+
+
+@pytest.mark.parametrize("box", FUSE_BOXES, ids=[str(b) for b in FUSE_BOXES])
+def test_any_box_through_a_fuse(box):
+    """Stacked q (L, 2, 3) and k (L, 1, 3), fused per layer and transposed:
+    a box of q reads a strip of each layer's fused tensor; a box of a fused
+    tensor reads boxes of both leaves."""
+    q, k = _arange(3, 2, 3), _arange(3, 1, 3) + 100
+    tree = {"blocks": {"q": q, "k": k}}
+    mapping = (
+        M()
+        .stack("blocks", "h.{i}")
+        .fuse(["h.{i}.q", "h.{i}.k"], "h.{i}.qk", axis=0)
+        .transpose("h.{i}.qk")
+    )
+    tensors = oeqx.to_state_dict(tree, mapping)
+    for i in range(3):
+        np.testing.assert_array_equal(
+            tensors[f"h.{i}.qk"], np.concatenate([q[i], k[i]]).T
+        )
+    plan = plan_export(mapping, leaf_specs(walk(tree)))
+    out = np.full(shape(box), np.nan, np.float32)
+    for p in plan.leaf_pieces("blocks.q", box):
+        at = tuple(
+            slice(a - s, b - s) for (a, b), (s, _) in zip(p.leaf_box, box, strict=True)
+        )
+        out[at] = to_leaf(p, tensors[p.tensor][slices(p.tensor_box)])
+    np.testing.assert_array_equal(out, q[slices(box)])
+    tbox = ((box[2][0], box[2][1]), (1, 3))  # rows of the fused tensor: q's 2nd, k
+    got = np.full(shape(tbox), np.nan, np.float32)
+    leaves = {"blocks.q": q, "blocks.k": k}
+    for p in plan.tensor_pieces("h.1.qk", tbox):
+        at = tuple(
+            slice(a - s, b - s)
+            for (a, b), (s, _) in zip(p.tensor_box, tbox, strict=True)
+        )
+        got[at] = to_tensor(p, leaves[p.leaf][slices(p.leaf_box)])
+    np.testing.assert_array_equal(got, tensors["h.1.qk"][slices(tbox)])
+
+
+class _Costs:
+    def __init__(self, plan):
+        self.plan = plan
+
+    def cost(self, leaf):
+        return int(np.prod(self.plan.leaves[leaf].shape)) * 4
+
+
+def test_groups_keep_a_tensors_leaves_together_within_the_buffer():
+    plan = hp.plan_of(
+        hp.fused(["q", "k", "v"], 4, 8, 8, "h.{}.qkv"),  # 3 x 1 KiB, one group
+        hp.stacked("mlp", 4, (8, 8), "h.{}.mlp"),  # 1 KiB
+        hp.stacked("norm", 4, (8,), "h.{}.norm"),  # 128 bytes
+    )
+    groups = list(_export._groups(plan, _Costs(plan), buffer=2 * 1200))
+    assert [g.leaves for g in groups] == [["q", "k", "v"], ["mlp", "norm"]]
+    assert groups[0].tensors == [f"h.{i}.qkv" for i in range(4)]
+    assert groups[1].tensors == [f"h.{i}.mlp" for i in range(4)] + [
+        f"h.{i}.norm" for i in range(4)
+    ]
+
+
+# --- a restore's plan through `renames=`
+
+
+def test_a_fused_leaf_is_planned_into_the_skeletons_parts(tmp_path):
+    """The restore's entry point: for each skeleton leaf, its pieces over the
+    checkpoint's leaves, planned from the sidecar alone."""
+
+    old = partial.OldNet(partial.KEY_SAVE)
+    oeqx.save(tmp_path / "ckpt", old)
+    saved = oeqx.metadata(tmp_path / "ckpt")
+    skeleton = eqx.filter_eval_shape(partial.NewNet, partial.KEY_SKELETON)
+    walked = walk(skeleton)
+    selection = select(
+        saved,
+        walked,
+        prefix=None,
+        renames=partial.FUSED,
+        renames_must_match=True,
+        pieces=True,
+    )
+    assert selection.plan is not None
+    arrays = {leaf.name for leaf in walked.leaves if leaf.kind == ARRAY}
+    assert selection.planned == arrays
+    stored = oeqx.restore(tmp_path / "ckpt")  # every leaf, flat, by its name
+    for i in range(2):
+        for k, p in enumerate("qkv"):
+            (piece,) = selection.plan.leaf_pieces(f"layers.{i}.attn.{p}.weight")
+            assert piece.tensor == f"blocks.{i}.attn.qkv.weight"
+            assert piece.tensor_box == ((4 * k, 4 * k + 4), (0, 4))
+            part = np.asarray(stored[piece.tensor])[slices(piece.tensor_box)]
+            np.testing.assert_array_equal(
+                to_leaf(piece, part),
+                old.blocks[i]["attn"].qkv.weight[4 * k : 4 * k + 4],
+            )
+        (piece,) = selection.plan.leaf_pieces(f"layers.{i}.out.weight")
+        assert piece.tensor == f"blocks.{i}.out.weight"
+    assert selection.renamed["blocks.0.out.bias"] == "layers.0.out.bias"
+
+
+def test_a_split_restore_is_checked_before_any_read(tmp_path):
+    oeqx.save(tmp_path / "ckpt", partial.OldNet(partial.KEY_SAVE))
+    skeleton = eqx.filter_eval_shape(partial.NewNet, partial.KEY_SKELETON)
+    wrong = (
+        oeqx.StateDictMapping()
+        .rename("layers", "blocks")
+        .fuse(
+            [f"blocks.{{i}}.attn.{p}.weight" for p in "qk"],
+            "blocks.{i}.attn.qkv.weight",
+            axis=0,
+        )
+    )
+
+    with pytest.raises(
+        oeqx.CheckpointMismatchError,
+        match=r"(?s)The skeleton does not match the checkpoint at .* through "
+        r"`renames=` \(\d+ problems\):\n  - Tensor `blocks\.0\.attn\.qkv\.weight` "
+        r"\(leaves `layers\.0\.attn\.q\.weight`, `layers\.0\.attn\.k\.weight`\) has "
+        r"shape \(12, 4\) in the checkpoint, but the mapping makes \(8, 4\)",
+    ):
+        select(
+            oeqx.metadata(tmp_path / "ckpt"),
+            walk(skeleton),
+            prefix=None,
+            renames=wrong,
+            renames_must_match=True,
+            pieces=True,
+        )
+
+
+# --- plain Orbax arrays
+
+
+def test_a_plain_orbax_array_is_read_a_block_of_whole_chunks_at_a_time(tmp_path):
+    # 64 chunks of 8 x 16 float32 (512 bytes each): blocks of whole chunks.
+    x = jax.random.normal(jax.random.key(3), (64, 128))
+    tree = {"x": x, "i": jnp.arange(1000, dtype=jnp.int32)}
+    save_args = {"x": ocp.SaveArgs(chunk_byte_size=4096), "i": ocp.SaveArgs()}
+    item = plain.write("pytree", tmp_path / "ckpt", tree, save_args=save_args)
+    record = LeafMetadata("x", "['x']", "array", (64, 128), "float32", key="x")
+    blocks = list(StoreReader(item).blocks(record, 8192))
+    assert len(blocks) > 1 and max(b.nbytes for b in blocks) <= 8192
+    assert sum(b.size for b in blocks) == x.size
