@@ -8,11 +8,8 @@ fresh interpreter with a time and a memory limit (`tests/children.py`), or
 in a thread with a time limit (`tests/unblock.py`), so that a regression
 fails the test instead of hanging it or filling the machine's memory.
 
-Two internals are called directly, as units no public call reaches with the
-same condition: the rename map's loader (`names.load`: the command
-line's `--rename` file, read before any checkpoint is opened) and the check a
-save makes of a sidecar after a failure (`claim._is_sidecar_of`). The
-sidecar's size limit (`MAX_BYTES`) is read from the format, not restated.
+The check a save makes of a sidecar after a failure, which no public call
+reaches with a FIFO there: `tests/test_save_faults.py`.
 """
 
 import os
@@ -27,11 +24,9 @@ from entry import main
 from unblock import raised_by
 
 import orbax_eqx as oeqx
-from orbax_eqx._format.sidecar import MAX_BYTES
-from orbax_eqx._mapping.names import RenameError, load
-from orbax_eqx._save.claim import _is_sidecar_of
 
 SIDECAR = "orbax_eqx.json"
+MAX_BYTES = 256 << 20  # the most a sidecar may have (docs/guides/format.md)
 
 
 def _checkpoint(tmp_path):
@@ -247,52 +242,40 @@ def test_import_from_a_fifo_fails_fast(tmp_path):
         assert not (tmp_path / out).exists()
 
 
-def test_rename_map_that_would_never_end_is_refused_unread(tmp_path):
+def test_rename_map_that_would_never_end_is_refused_unread(tmp_path, capsys):
+    # The command line's `--rename` file, read before the checkpoint.
+    def export(renames):
+        codes = []
+        argv = ["export", str(tmp_path / "none"), str(tmp_path / "out")]
+        run = lambda: codes.append(main([*argv, "--rename", str(renames)]))  # noqa: E731
+        assert raised_by(run, renames) is None
+        assert codes == [2] and not (tmp_path / "out").exists()
+        return capsys.readouterr().err
+
     fifo = tmp_path / "renames.json"
     os.mkfifo(fifo)
-    raised = raised_by(lambda: load(fifo), fifo)
-    assert isinstance(raised, RenameError), raised
-    assert str(raised) == (
-        f"The mapping {fifo} is a FIFO (named pipe), not a regular file. Pass the "
-        "path of a JSON file."
+    assert export(fifo) == (
+        f"orbax_eqx: error: The mapping {fifo} is a FIFO (named pipe), not a "
+        "regular file. Pass the path of a JSON file.\n"
     )
     endless = tmp_path / "zero.json"
     os.symlink("/dev/zero", endless)
-    with pytest.raises(
-        RenameError,
-        match=rf"^The mapping {endless} is a character device, not a regular file\.",
-    ):
-        load(endless)
+    assert re.match(
+        rf"orbax_eqx: error: The mapping {endless} is a character device, not a "
+        r"regular file\.",
+        export(endless),
+    )
     huge = tmp_path / "huge.json"
     with open(huge, "wb") as f:
         f.truncate((16 << 20) + 1)  # sparse: no disk, and never read
-    with pytest.raises(
-        RenameError,
-        match=rf"^The mapping {huge} has {(16 << 20) + 1} bytes, more than the "
-        rf"{16 << 20} allowed\. Pass the path of a JSON file\.$",
-    ):
-        load(huge)
-    with pytest.raises(
-        RenameError,
-        match=rf"^The mapping {tmp_path}/nope\.json does not exist\. Pass the path "
-        r"of a JSON file\.$",
-    ):
-        load(tmp_path / "nope.json")
-
-
-def test_claim_reads_no_sidecar_that_is_a_fifo(tmp_path):
-    # Whether a sidecar is this save's, asked after a failure: a FIFO there is
-    # no save's (and a link is not followed), never waited on.
-    fifo = tmp_path / "orbax_eqx.json"
-    os.mkfifo(fifo)
-    got = []
-    assert raised_by(lambda: got.append(_is_sidecar_of(fifo, "0" * 16)), fifo) is None
-    assert got == [False]
-    real = tmp_path / "real.json"
-    real.write_text('{"token": "0123456789abcdef"}')
-    os.symlink(real, tmp_path / "link.json")
-    assert _is_sidecar_of(real, "0123456789abcdef")
-    assert not _is_sidecar_of(tmp_path / "link.json", "0123456789abcdef")
+    assert export(huge) == (
+        f"orbax_eqx: error: The mapping {huge} has {(16 << 20) + 1} bytes, more "
+        f"than the {16 << 20} allowed. Pass the path of a JSON file.\n"
+    )
+    assert export(tmp_path / "nope.json") == (
+        f"orbax_eqx: error: The mapping {tmp_path}/nope.json does not exist. Pass "
+        "the path of a JSON file.\n"
+    )
 
 
 # --- export through a planted symlink ---------------------------------------------
