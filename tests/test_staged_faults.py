@@ -1,32 +1,38 @@
 """Faults staged inside the package at a known point: a save overtaken by
 another save of its step, a pack write slowed or failing, the host buffers
 such writes hold, the sidecar a save asks about after a failure, and the
-errors of a background write or of another process of a restore.
+errors of a background write or of another process of a restore; and an
+async save held in flight at its sidecar (Orbax's v1 API).
 
 Reaches inside (`_save.claim`, `_save.prepare`, `_save.files`,
-`_save.futures`, `_storage.packed.write`, `_storage.transfer.pool`,
-`_restore.together`, ...) because no public call can hold, slow or fail a
+`_save.futures`, `_format.sidecar_write`, `_storage.packed.write`,
+`_storage.transfer.pool`, `_restore.together`) because no public call can hold, slow or fail a
 save's write at a chosen point, nor be another process: the real races,
 crashes and processes are in `integration_tests/` (`test_two_writers.py`,
 `test_share.py`); here each is staged, deterministically.
 """
 
+import gc
 import os
 import re
 import shutil
 import threading
 import time
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+import test_v1 as v1
 import zoo
 from etils import epath
+from orbax.checkpoint import v1 as ocp_v1
 from unblock import raised_by
 
 import orbax_eqx as oeqx
+from orbax_eqx._format import sidecar_write as _sidecar_write
 from orbax_eqx._format.sidecar import arrays_dir
 from orbax_eqx._restore.together import RestoreFailedElsewhereError, _error, together
 from orbax_eqx._save import claim as _claim
@@ -768,3 +774,58 @@ def test_what_every_process_raises(outcome, kind, match):
     assert type(error) is kind and isinstance(error, oeqx.OrbaxEqxError)
     with pytest.raises(kind, match=match):
         raise error
+
+
+# --- an async save held in flight --------------------------------------------
+
+
+GATE_TIMEOUT_S = 60
+
+
+@pytest.fixture
+def sidecar_gate(monkeypatch):
+    """Holds every sidecar write until the test sets the returned event.
+
+    The sidecar is the last file a save writes before Orbax commits the
+    checkpoint, so while the gate is shut the save is provably in flight.
+    """
+    gate = threading.Event()
+    write = _sidecar_write.write
+
+    def gated_write(directory, content, *rest):
+        if not gate.wait(GATE_TIMEOUT_S):
+            raise TimeoutError("the test never opened the sidecar gate")
+        write(directory, content, *rest)
+
+    # Internal: no public hook holds a save in flight at a known point.
+    monkeypatch.setattr(_sidecar_write, "write", gated_write)
+    yield gate
+    gate.set()  # never leave a background save hanging
+
+
+def test_save_async_returns_before_writing_with_host_copies(tmp_path, sidecar_gate):
+    path = tmp_path / "ckpt"
+    item = {"model": zoo.transformer_block(v1.KEY_SAVE), "table": np.arange(6.0)}
+    expected = {"model": zoo.transformer_block(v1.KEY_SAVE), "table": np.arange(6.0)}
+
+    response = ocp_v1.save_checkpointables_async(path, {"train": item})
+    with pytest.raises(TimeoutError):
+        response.result(timeout=0.2)  # held at the sidecar: still in flight
+    assert not path.exists()  # Orbax commits by renaming a temporary directory
+
+    # Everything the caller may do once it returns: change numpy leaves in
+    # place, donate the saved jax arrays (deleting their buffers), drop them.
+    item["table"][...] = -1.0
+    params, static = eqx.partition(item["model"], eqx.is_array)
+    saved_arrays = jax.tree.leaves(params)
+    update = jax.jit(lambda p: jax.tree.map(lambda w: w * 0 - 7, p), donate_argnums=0)
+    params = update(update(params))
+    assert all(x.is_deleted() for x in saved_arrays)
+    item["model"] = eqx.combine(params, static)
+    del item, params, static, saved_arrays
+    gc.collect()
+
+    sidecar_gate.set()
+    response.result(timeout=GATE_TIMEOUT_S)
+    skeleton = {"model": v1._block_skeleton(), "table": np.zeros(6)}
+    zoo.assert_same(v1._load_state(path, skeleton), expected)

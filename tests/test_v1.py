@@ -3,17 +3,13 @@
 Importing orbax_eqx registers `EqxCheckpointableHandler` in Orbax's global v1
 registry: checkpointables holding a module go through orbax_eqx (the same
 files, sidecar, checks and errors as `EqxHandler`), everything else stays with
-Orbax's own handlers. Checkpoints written through either API read through both.
-
-Internal modules imported here (`_format`) are the units these tests pin, or
-the only way to cause or observe the condition under test; everything else goes
-through `orbax_eqx` and the `orbax-eqx` command.
+Orbax's own handlers. Checkpoints written through either API read through both
+(an async save held in flight: `tests/test_staged_faults.py`).
 """
 
 import gc
 import json
 import re
-import threading
 
 import equinox as eqx
 import jax
@@ -27,12 +23,9 @@ from entry import main as cli_main
 from orbax.checkpoint import v1 as ocp
 
 import orbax_eqx as oeqx
-from orbax_eqx._format import sidecar as _sidecar
-from orbax_eqx._format import sidecar_write as _sidecar_write
 
 KEY_SAVE = jax.random.key(0)
 KEY_SKELETON = jax.random.key(1)
-GATE_TIMEOUT_S = 60
 
 
 def _train_state(key):
@@ -121,7 +114,7 @@ def test_wrappers_are_claimed_whatever_they_hold(tmp_path):
     assert handler.is_abstract_handleable(oeqx.EqxRestore(None))
 
     ocp.save_checkpointables(tmp_path / "ckpt", {"plain": oeqx.EqxSave(plain)})
-    assert (tmp_path / "ckpt" / "plain" / _sidecar.FILE_NAME).exists()
+    assert (tmp_path / "ckpt" / "plain" / "orbax_eqx.json").exists()
     loaded = ocp.load_checkpointables(
         tmp_path / "ckpt", {"plain": oeqx.EqxRestore(skeleton)}
     )
@@ -133,8 +126,8 @@ def test_wrappers_are_claimed_whatever_they_hold(tmp_path):
 
 def test_model_through_orbax_eqx_optax_state_through_orbax(saved):
     path, _ = saved
-    assert (path / "model" / _sidecar.FILE_NAME).exists()
-    assert not (path / "opt_state" / _sidecar.FILE_NAME).exists()
+    assert (path / "model" / "orbax_eqx.json").exists()
+    assert not (path / "opt_state" / "orbax_eqx.json").exists()
     found = ocp.checkpointables_metadata(path).metadata
     assert isinstance(found["model"], oeqx.Metadata)
     assert "attn.query_proj.weight" in found["model"].leaves
@@ -391,55 +384,3 @@ def test_v1_root_loads_through_checkpoint_manager(tmp_path):
     )
     zoo.assert_same(restored["model"], models[4])
     mngr.close()
-
-
-# ------------------------------------------------------------------ async
-
-
-@pytest.fixture
-def sidecar_gate(monkeypatch):
-    """Holds every sidecar write until the test sets the returned event.
-
-    The sidecar is the last file a save writes before Orbax commits the
-    checkpoint, so while the gate is shut the save is provably in flight.
-    """
-    gate = threading.Event()
-    write = _sidecar_write.write
-
-    def gated_write(directory, content, *rest):
-        if not gate.wait(GATE_TIMEOUT_S):
-            raise TimeoutError("the test never opened the sidecar gate")
-        write(directory, content, *rest)
-
-    # Internal: no public hook holds a save in flight at a known point.
-    monkeypatch.setattr(_sidecar_write, "write", gated_write)
-    yield gate
-    gate.set()  # never leave a background save hanging
-
-
-def test_save_async_returns_before_writing_with_host_copies(tmp_path, sidecar_gate):
-    path = tmp_path / "ckpt"
-    item = {"model": zoo.transformer_block(KEY_SAVE), "table": np.arange(6.0)}
-    expected = {"model": zoo.transformer_block(KEY_SAVE), "table": np.arange(6.0)}
-
-    response = ocp.save_checkpointables_async(path, {"train": item})
-    with pytest.raises(TimeoutError):
-        response.result(timeout=0.2)  # held at the sidecar: still in flight
-    assert not path.exists()  # Orbax commits by renaming a temporary directory
-
-    # Everything the caller may do once it returns: change numpy leaves in
-    # place, donate the saved jax arrays (deleting their buffers), drop them.
-    item["table"][...] = -1.0
-    params, static = eqx.partition(item["model"], eqx.is_array)
-    saved_arrays = jax.tree.leaves(params)
-    update = jax.jit(lambda p: jax.tree.map(lambda w: w * 0 - 7, p), donate_argnums=0)
-    params = update(update(params))
-    assert all(x.is_deleted() for x in saved_arrays)
-    item["model"] = eqx.combine(params, static)
-    del item, params, static, saved_arrays
-    gc.collect()
-
-    sidecar_gate.set()
-    response.result(timeout=GATE_TIMEOUT_S)
-    skeleton = {"model": _block_skeleton(), "table": np.zeros(6)}
-    zoo.assert_same(_load_state(path, skeleton), expected)
