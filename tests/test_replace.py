@@ -4,19 +4,14 @@ whole, or not at all, and replace nothing that is not a checkpoint.
 Crashes at every point of an overwrite, a full disk and two processes at once
 are in `integration_tests/test_replace_*.py`; here, single-process: failed
 saves, the states a crash leaves (made on disk as a crash leaves them), and
-what a later save or restore does with them.
-
-Internal modules imported here (`_save.replace`) are the
-units these tests pin, or the only way to cause or
-observe the condition under test; everything else goes through `orbax_eqx` and
-the `orbax-eqx` command.
+what a later save or restore does with them (the states made with the
+save's own names beside the target: `tests/test_staged_faults.py`).
 """
 
 import os
 import re
 import subprocess
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
@@ -27,19 +22,6 @@ from entry import main
 from safetensors.numpy import save_file
 
 import orbax_eqx as oeqx
-from orbax_eqx._save import replace as _replace
-from orbax_eqx._save.replace import (
-    HOST,
-    NEW,
-    OLD,
-    ORBAX_TMP,
-    SWAP_WAIT_S,
-    Owner,
-    beside,
-    new_owner,
-    publish,
-    saving,
-)
 
 
 def _item(seed: int) -> dict:
@@ -106,56 +88,6 @@ def test_a_failed_save_leaves_nothing_behind(tmp_path):
     with pytest.raises(oeqx.UnsupportedLeafError, match=BAD_MESSAGE):
         oeqx.save(tmp_path / "ckpt", {**_item(1), **BAD}, pack=False)
     assert os.listdir(tmp_path) == []
-
-
-@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "two-renames"])
-def test_overwrite_swaps_in_the_new_checkpoint(tmp_path, exchange, monkeypatch):
-    if not exchange:  # a system that cannot exchange two names at once
-        monkeypatch.setattr(_replace, "_exchange", lambda a, b: False)
-    path = tmp_path / "ckpt"
-    oeqx.save(path, _item(0))
-    owner = new_owner()
-    new = beside(path, owner, NEW)
-    oeqx.save(new, _item(1))  # as the save commits it, beside the old one
-    publish(new, path, owner, overwrite=True)
-    _assert_holds(path, 1)
-    assert os.listdir(tmp_path) == ["ckpt"]
-
-
-def test_a_checkpoint_another_save_put_there_meanwhile_is_kept(tmp_path):
-    path = tmp_path / "ckpt"
-    owner = new_owner()
-    new = beside(path, owner, NEW)
-    oeqx.save(new, _item(1))
-    with saving(owner):  # while this save runs, the other one saves
-        oeqx.save(path, _item(2))
-    with pytest.raises(
-        RuntimeError,
-        match=rf"Another save to {path} saved a checkpoint there while this one "
-        r"ran, so this save was not put in its place and its files were removed; "
-        r"the other save's checkpoint is kept whole\. Two processes are saving to "
-        r"one path: give each its own, or save one after the other\.",
-    ):
-        publish(new, path, owner, overwrite=False)
-    _assert_holds(path, 2)
-
-
-def test_user_files_put_at_the_path_while_a_save_ran_are_kept(tmp_path):
-    path = tmp_path / "ckpt"
-    owner = new_owner()
-    new = beside(path, owner, NEW)
-    oeqx.save(new, _item(1))
-    path.mkdir()  # after the save checked the path, before it swaps
-    (path / "notes.txt").write_text("mine")
-    with pytest.raises(
-        FileExistsError,
-        match=rf"Cannot replace {path}: while this save ran it became a directory "
-        r"of other files \(notes\.txt; no orbax_eqx\.json in it or its "
-        r"subdirectories\); nothing was changed\. Choose another directory, or "
-        r"move or delete it yourself if it is not needed\.",
-    ):
-        publish(new, path, owner, overwrite=True)
-    assert os.listdir(path) == ["notes.txt"]
 
 
 def _user_files(tmp_path, path):
@@ -225,48 +157,6 @@ def test_overwrite_refuses_what_is_not_a_checkpoint(tmp_path, make):
     assert isinstance(FileExistsError("x"), (FileExistsError, FileExistsError))
 
 
-def test_overwrite_never_replaces_a_directory_that_merely_holds_a_checkpoint(
-    tmp_path,
-):
-    # A project directory with a checkpoint in it: overwriting the project
-    # once deleted the user's notes and data with it.
-    project = tmp_path / "project"
-    project.mkdir()
-    (project / "notes.txt").write_text("mine")
-    (project / "data").mkdir()
-    (project / "data" / "table.csv").write_text("1,2\n")
-    oeqx.save(project / "model", _item(0))
-    before = _listing(tmp_path)
-    found = (
-        r"a directory holding the checkpoint model beside other entries \(data, "
-        r"notes\.txt\)"
-    )
-    fix = (
-        rf"To replace a checkpoint in it, save to its path \({project}/model\) "
-        r"instead; else choose another directory\."
-    )
-    refusal = (
-        rf"Cannot replace {project}: it is {found}, not an orbax_eqx checkpoint, "
-        rf"and overwriting replaces only checkpoints; nothing was changed\. {fix}"
-    )
-    with pytest.raises(FileExistsError, match=f"^{refusal}$"):
-        oeqx.save(project, _item(1), overwrite=True)
-    assert _listing(tmp_path) == before
-    _assert_holds(project / "model", 0)
-    # Found only at the swap (put there while the save ran): refused the same.
-    owner = new_owner()
-    new = beside(project, owner, NEW)
-    oeqx.save(new, _item(1))
-    with pytest.raises(
-        FileExistsError,
-        match=rf"^Cannot replace {project}: while this save ran it became {found}; "
-        rf"nothing was changed\. {fix}$",
-    ):
-        publish(new, project, owner, overwrite=True)
-    assert (project / "notes.txt").read_text() == "mine"
-    assert os.listdir(project / "data") == ["table.csv"]
-
-
 def test_overwrite_names_every_checkpoint_and_entry_of_a_mixed_directory(tmp_path):
     path = tmp_path / "mixed"
     for name in ("a", "b", "c", "d"):
@@ -334,73 +224,6 @@ def test_overwrite_refuses_a_step_with_an_item_of_another_handler(tmp_path):
     assert _listing(tmp_path) == before
 
 
-def test_a_save_deletes_what_dead_saves_left_beside_it_and_nothing_else(tmp_path):
-    path = tmp_path / "ckpt"
-    oeqx.save(path, _item(0))
-    dead = Owner("0badc0de", _dead_pid(), HOST)
-    ended = Owner("0badf00d", os.getpid(), HOST)  # an earlier save of this process
-    live = Owner("0000beef", os.getpid(), HOST)  # a save under way (below)
-    elsewhere = Owner("12345678", 1, "another-host")  # cannot tell: kept
-    for owner in (dead, ended, live, elsewhere):
-        for made in (
-            beside(path, owner, NEW),
-            beside(path, owner, OLD),
-            path.parent / (beside(path, owner, NEW).name + ORBAX_TMP),
-        ):
-            made.mkdir()
-            (made / "orbax_eqx.json").write_text("{}")
-    (tmp_path / ".ckpt.notes").write_text("the user's")
-    kept = sorted(
-        n for n in os.listdir(tmp_path) if dead.token not in n and ended.token not in n
-    )
-    assert len(kept) == 2 * 3 + 2
-    with saving(live):
-        oeqx.save(path, _item(1), overwrite=True)
-    assert sorted(os.listdir(tmp_path)) == kept
-    _assert_holds(path, 1)
-
-
-def _cut_swap(tmp_path, path, owner):
-    """The state a save killed between `path -> OLD` and `NEW -> path` leaves."""
-    oeqx.save(tmp_path / "a", _item(0))
-    os.rename(tmp_path / "a", beside(path, owner, OLD))
-    oeqx.save(tmp_path / "b", _item(1))
-    os.rename(tmp_path / "b", beside(path, owner, NEW))
-
-
-@pytest.mark.parametrize("by", ["restore", "metadata", "save", "overwrite"])
-def test_a_swap_cut_between_its_renames_is_undone(tmp_path, by):
-    path = tmp_path / "ckpt"
-    _cut_swap(tmp_path, path, Owner("0badc0de", _dead_pid(), HOST))
-    if by == "restore":
-        _assert_holds(path, 0)
-    elif by == "metadata":
-        assert oeqx.metadata(path).leaves["tag"].value == "seed-0"
-        _assert_holds(path, 0)
-    elif by == "save":
-        with pytest.raises(FileExistsError, match="already exists"):
-            oeqx.save(path, _item(2))
-        _assert_holds(path, 0)
-        assert os.listdir(tmp_path) == ["ckpt"]  # the dead save's NEW: deleted
-    else:
-        oeqx.save(path, _item(2), overwrite=True)
-        _assert_holds(path, 2)
-        assert os.listdir(tmp_path) == ["ckpt"]
-
-
-@pytest.mark.slow
-def test_a_restore_gives_a_live_save_a_moment_to_finish_its_swap(tmp_path):
-    # Its owner runs (this process), yet the swap never finishes: after the
-    # moment, the replaced checkpoint is put back all the same.
-    path = tmp_path / "ckpt"
-    live = Owner("0000beef", os.getpid(), HOST)
-    _cut_swap(tmp_path, path, live)
-    start = time.monotonic()
-    with saving(live):
-        _assert_holds(path, 0)
-    assert time.monotonic() - start >= SWAP_WAIT_S
-
-
 def _safetensors(tmp_path):
     save_file({"w": np.arange(4, dtype=np.float32)}, tmp_path / "t.safetensors")
     (tmp_path / "models.py").write_text(
@@ -409,21 +232,6 @@ def _safetensors(tmp_path):
         "    return {'w': jax.ShapeDtypeStruct((4,), jnp.float32)}\n"
     )
     return str(tmp_path / "t.safetensors"), f"{tmp_path / 'models.py'}:skeleton"
-
-
-def test_import_overwrite_first_undoes_what_a_killed_one_left(tmp_path, capsys):
-    source, skeleton = _safetensors(tmp_path)
-    out = tmp_path / "out"
-    _cut_swap(tmp_path, out, Owner("0badc0de", _dead_pid(), HOST))
-    argv = ["import", source, str(out), "--skeleton", skeleton]
-    assert main(argv) == 2  # the killed one's old checkpoint is back
-    assert capsys.readouterr().err == (
-        f"orbax_eqx: error: {out} already exists. Pass --overwrite to replace it, "
-        "or choose another output.\n"
-    )
-    assert main([*argv, "--overwrite"]) == 0
-    np.testing.assert_array_equal(oeqx.restore(out)["w"], np.arange(4.0))
-    assert sorted(os.listdir(tmp_path)) == ["models.py", "out", "t.safetensors"]
 
 
 @pytest.mark.parametrize("make", [_user_files, _a_file], ids=["user-files", "file"])

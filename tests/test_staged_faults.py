@@ -2,14 +2,15 @@
 another save of its step, a pack write slowed or failing, the host buffers
 such writes hold, the sidecar a save asks about after a failure, and the
 errors of a background write or of another process of a restore; and an
-async save held in flight at its sidecar (Orbax's v1 API).
+async save held in flight at its sidecar (Orbax's v1 API); and the states a
+crash or another save leaves beside a checkpoint being overwritten, made on
+disk with the save's own names, and what a later save or restore does.
 
-Reaches inside (`_save.claim`, `_save.prepare`, `_save.files`,
-`_save.futures`, `_format.sidecar_write`, `_storage.packed.write`,
-`_storage.transfer.pool`, `_restore.together`) because no public call can hold, slow or fail a
-save's write at a chosen point, nor be another process: the real races,
-crashes and processes are in `integration_tests/` (`test_two_writers.py`,
-`test_share.py`); here each is staged, deterministically.
+Reaches inside: no public call can hold, slow or fail a save at a chosen point.
+
+The real races, crashes and processes are in `integration_tests/`
+(`test_two_writers.py`, `test_replace_*.py`, `test_share.py`); here each is
+staged, deterministically, through `_save`, `_storage` and `_restore`.
 """
 
 import gc
@@ -25,8 +26,10 @@ import jax.numpy as jnp
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
+import test_replace as replaced
 import test_v1 as v1
 import zoo
+from entry import main
 from etils import epath
 from orbax.checkpoint import v1 as ocp_v1
 from unblock import raised_by
@@ -37,8 +40,21 @@ from orbax_eqx._format.sidecar import arrays_dir
 from orbax_eqx._restore.together import RestoreFailedElsewhereError, _error, together
 from orbax_eqx._save import claim as _claim
 from orbax_eqx._save import prepare as _prepare
+from orbax_eqx._save import replace as _replace_module
 from orbax_eqx._save.claim import _is_sidecar_of
 from orbax_eqx._save.futures import target
+from orbax_eqx._save.replace import (
+    HOST,
+    NEW,
+    OLD,
+    ORBAX_TMP,
+    SWAP_WAIT_S,
+    Owner,
+    beside,
+    new_owner,
+    publish,
+    saving,
+)
 from orbax_eqx._storage.orbax_store.keys import missing_in_store
 from orbax_eqx._storage.packed import write as _packed_write
 from orbax_eqx._storage.transfer import pool as _pool
@@ -829,3 +845,180 @@ def test_save_async_returns_before_writing_with_host_copies(tmp_path, sidecar_ga
     response.result(timeout=GATE_TIMEOUT_S)
     skeleton = {"model": v1._block_skeleton(), "table": np.zeros(6)}
     zoo.assert_same(v1._load_state(path, skeleton), expected)
+
+
+# --- an overwrite cut short, or raced ----------------------------------------
+
+
+@pytest.mark.parametrize("exchange", [True, False], ids=["exchange", "two-renames"])
+def test_overwrite_swaps_in_the_new_checkpoint(tmp_path, exchange, monkeypatch):
+    if not exchange:  # a system that cannot exchange two names at once
+        monkeypatch.setattr(_replace_module, "_exchange", lambda a, b: False)
+    path = tmp_path / "ckpt"
+    oeqx.save(path, replaced._item(0))
+    owner = new_owner()
+    new = beside(path, owner, NEW)
+    oeqx.save(new, replaced._item(1))  # as the save commits it, beside the old one
+    publish(new, path, owner, overwrite=True)
+    replaced._assert_holds(path, 1)
+    assert os.listdir(tmp_path) == ["ckpt"]
+
+
+def test_a_checkpoint_another_save_put_there_meanwhile_is_kept(tmp_path):
+    path = tmp_path / "ckpt"
+    owner = new_owner()
+    new = beside(path, owner, NEW)
+    oeqx.save(new, replaced._item(1))
+    with saving(owner):  # while this save runs, the other one saves
+        oeqx.save(path, replaced._item(2))
+    with pytest.raises(
+        RuntimeError,
+        match=rf"Another save to {path} saved a checkpoint there while this one "
+        r"ran, so this save was not put in its place and its files were removed; "
+        r"the other save's checkpoint is kept whole\. Two processes are saving to "
+        r"one path: give each its own, or save one after the other\.",
+    ):
+        publish(new, path, owner, overwrite=False)
+    replaced._assert_holds(path, 2)
+
+
+def test_user_files_put_at_the_path_while_a_save_ran_are_kept(tmp_path):
+    path = tmp_path / "ckpt"
+    owner = new_owner()
+    new = beside(path, owner, NEW)
+    oeqx.save(new, replaced._item(1))
+    path.mkdir()  # after the save checked the path, before it swaps
+    (path / "notes.txt").write_text("mine")
+    with pytest.raises(
+        FileExistsError,
+        match=rf"Cannot replace {path}: while this save ran it became a directory "
+        r"of other files \(notes\.txt; no orbax_eqx\.json in it or its "
+        r"subdirectories\); nothing was changed\. Choose another directory, or "
+        r"move or delete it yourself if it is not needed\.",
+    ):
+        publish(new, path, owner, overwrite=True)
+    assert os.listdir(path) == ["notes.txt"]
+
+
+def test_overwrite_never_replaces_a_directory_that_merely_holds_a_checkpoint(
+    tmp_path,
+):
+    # A project directory with a checkpoint in it: overwriting the project
+    # once deleted the user's notes and data with it.
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "notes.txt").write_text("mine")
+    (project / "data").mkdir()
+    (project / "data" / "table.csv").write_text("1,2\n")
+    oeqx.save(project / "model", replaced._item(0))
+    before = replaced._listing(tmp_path)
+    found = (
+        r"a directory holding the checkpoint model beside other entries \(data, "
+        r"notes\.txt\)"
+    )
+    fix = (
+        rf"To replace a checkpoint in it, save to its path \({project}/model\) "
+        r"instead; else choose another directory\."
+    )
+    refusal = (
+        rf"Cannot replace {project}: it is {found}, not an orbax_eqx checkpoint, "
+        rf"and overwriting replaces only checkpoints; nothing was changed\. {fix}"
+    )
+    with pytest.raises(FileExistsError, match=f"^{refusal}$"):
+        oeqx.save(project, replaced._item(1), overwrite=True)
+    assert replaced._listing(tmp_path) == before
+    replaced._assert_holds(project / "model", 0)
+    # Found only at the swap (put there while the save ran): refused the same.
+    owner = new_owner()
+    new = beside(project, owner, NEW)
+    oeqx.save(new, replaced._item(1))
+    with pytest.raises(
+        FileExistsError,
+        match=rf"^Cannot replace {project}: while this save ran it became {found}; "
+        rf"nothing was changed\. {fix}$",
+    ):
+        publish(new, project, owner, overwrite=True)
+    assert (project / "notes.txt").read_text() == "mine"
+    assert os.listdir(project / "data") == ["table.csv"]
+
+
+def test_a_save_deletes_what_dead_saves_left_beside_it_and_nothing_else(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, replaced._item(0))
+    dead = Owner("0badc0de", replaced._dead_pid(), HOST)
+    ended = Owner("0badf00d", os.getpid(), HOST)  # an earlier save of this process
+    live = Owner("0000beef", os.getpid(), HOST)  # a save under way (below)
+    elsewhere = Owner("12345678", 1, "another-host")  # cannot tell: kept
+    for owner in (dead, ended, live, elsewhere):
+        for made in (
+            beside(path, owner, NEW),
+            beside(path, owner, OLD),
+            path.parent / (beside(path, owner, NEW).name + ORBAX_TMP),
+        ):
+            made.mkdir()
+            (made / "orbax_eqx.json").write_text("{}")
+    (tmp_path / ".ckpt.notes").write_text("the user's")
+    kept = sorted(
+        n for n in os.listdir(tmp_path) if dead.token not in n and ended.token not in n
+    )
+    assert len(kept) == 2 * 3 + 2
+    with saving(live):
+        oeqx.save(path, replaced._item(1), overwrite=True)
+    assert sorted(os.listdir(tmp_path)) == kept
+    replaced._assert_holds(path, 1)
+
+
+def _cut_swap(tmp_path, path, owner):
+    """The state a save killed between `path -> OLD` and `NEW -> path` leaves."""
+    oeqx.save(tmp_path / "a", replaced._item(0))
+    os.rename(tmp_path / "a", beside(path, owner, OLD))
+    oeqx.save(tmp_path / "b", replaced._item(1))
+    os.rename(tmp_path / "b", beside(path, owner, NEW))
+
+
+@pytest.mark.parametrize("by", ["restore", "metadata", "save", "overwrite"])
+def test_a_swap_cut_between_its_renames_is_undone(tmp_path, by):
+    path = tmp_path / "ckpt"
+    _cut_swap(tmp_path, path, Owner("0badc0de", replaced._dead_pid(), HOST))
+    if by == "restore":
+        replaced._assert_holds(path, 0)
+    elif by == "metadata":
+        assert oeqx.metadata(path).leaves["tag"].value == "seed-0"
+        replaced._assert_holds(path, 0)
+    elif by == "save":
+        with pytest.raises(FileExistsError, match="already exists"):
+            oeqx.save(path, replaced._item(2))
+        replaced._assert_holds(path, 0)
+        assert os.listdir(tmp_path) == ["ckpt"]  # the dead save's NEW: deleted
+    else:
+        oeqx.save(path, replaced._item(2), overwrite=True)
+        replaced._assert_holds(path, 2)
+        assert os.listdir(tmp_path) == ["ckpt"]
+
+
+@pytest.mark.slow
+def test_a_restore_gives_a_live_save_a_moment_to_finish_its_swap(tmp_path):
+    # Its owner runs (this process), yet the swap never finishes: after the
+    # moment, the replaced checkpoint is put back all the same.
+    path = tmp_path / "ckpt"
+    live = Owner("0000beef", os.getpid(), HOST)
+    _cut_swap(tmp_path, path, live)
+    start = time.monotonic()
+    with saving(live):
+        replaced._assert_holds(path, 0)
+    assert time.monotonic() - start >= SWAP_WAIT_S
+
+
+def test_import_overwrite_first_undoes_what_a_killed_one_left(tmp_path, capsys):
+    source, skeleton = replaced._safetensors(tmp_path)
+    out = tmp_path / "out"
+    _cut_swap(tmp_path, out, Owner("0badc0de", replaced._dead_pid(), HOST))
+    argv = ["import", source, str(out), "--skeleton", skeleton]
+    assert main(argv) == 2  # the killed one's old checkpoint is back
+    assert capsys.readouterr().err == (
+        f"orbax_eqx: error: {out} already exists. Pass --overwrite to replace it, "
+        "or choose another output.\n"
+    )
+    assert main([*argv, "--overwrite"]) == 0
+    np.testing.assert_array_equal(oeqx.restore(out)["w"], np.arange(4.0))
+    assert sorted(os.listdir(tmp_path)) == ["models.py", "out", "t.safetensors"]
