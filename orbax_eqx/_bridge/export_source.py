@@ -52,10 +52,7 @@ class CheckpointSource:
             "format_version": saved.format_version,
             "source": saved.directory,
             "versions": saved.versions,
-            "modules": {
-                name: {"path": m.path, "class": m.cls, "static": m.static}
-                for name, m in saved.modules.items()
-            },
+            "modules": _modules(saved.modules),
             "leaves": {
                 name: {"path": r.path, "kind": r.kind, "value": r.value}
                 for name, r in saved.leaves.items()
@@ -125,10 +122,7 @@ class TreeSource:
             "format_version": FORMAT_VERSION,
             "source": "(a tree in memory)",
             "versions": package_versions(),
-            "modules": {
-                name: {"path": m.path, "class": m.cls, "static": m.static}
-                for name, m in self.walked.modules.items()
-            },
+            "modules": _modules(self.walked.modules),
             "leaves": {
                 leaf.name: {
                     "path": leaf.path_str,
@@ -142,6 +136,14 @@ class TreeSource:
 
     def close(self) -> None:
         pass
+
+
+def _modules(modules: dict) -> dict[str, Any]:
+    """Each module's path, class and static fields, for `__metadata__`."""
+    return {
+        name: {"path": m.path, "class": m.cls, "static": m.static}
+        for name, m in modules.items()
+    }
 
 
 def open_source(checkpoint_or_tree: Any) -> CheckpointSource | TreeSource:
