@@ -96,15 +96,8 @@ def leaf_stats(item: epath.Path, saved, progress=None) -> list[LeafStats]:
 
     def fresh(r: LeafMetadata, error: str | None = None) -> LeafStats:
         shape, keys = tuple(r.shape or ()), is_key_dtype(parse_dtype(r.dtype))
-        return LeafStats(
-            r.name,
-            r.path,
-            str(r.dtype),
-            shape,
-            math.prod(shape),
-            keys=keys,
-            error=error,
-        )
+        about = (r.name, r.path, str(r.dtype), shape, math.prod(shape))
+        return LeafStats(*about, keys=keys, error=error)
 
     found = {r.name: fresh(r) for r in saved.leaves.values() if r.kind == ARRAY}
 
