@@ -30,6 +30,7 @@ from ._restore.check import StaticMismatchWarning
 from ._restore.fallback import restore_latest
 from ._restore.restore import RecordedLeaf
 from ._restore.rules import shardings_from_rules
+from ._storage.packed.shared import copy_step
 from ._version import __version__
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "metadata",
     "verify",
     "shardings_from_rules",
+    "copy_step",
     # Through Orbax.
     "EqxHandler",
     "EqxSave",

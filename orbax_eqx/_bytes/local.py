@@ -131,6 +131,26 @@ class LocalStore(Store):
             except FileNotFoundError:
                 pass
 
+    def listing(self, directory: Any, depth: int) -> list[str]:
+        top = os.fspath(directory)
+        found: set[str] = set()
+
+        def walk(at: str, left: int) -> None:
+            try:
+                entries = list(os.scandir(os.path.join(top, at) if at else top))
+            except (NotADirectoryError, FileNotFoundError):
+                return
+            for entry in entries:
+                name = f"{at}/{entry.name}" if at else entry.name
+                if entry.is_dir(follow_symlinks=False):
+                    if left > 1:
+                        walk(name, left - 1)
+                elif entry.is_file(follow_symlinks=False):
+                    found.add(_parts.whole_name(name))
+
+        walk("", depth)
+        return sorted(found)
+
 
 def _identity(found: os.stat_result) -> tuple[int, int, int, int]:
     return (found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns)

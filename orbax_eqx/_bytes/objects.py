@@ -389,6 +389,14 @@ class ObjectStore(Store):
             request = self._kv.delete_range(ts.KvStore.KeyRange(lo, hi))
             self.result(request, "Deleting", path)
 
+    def listing(self, directory: Any, depth: int) -> list[str]:
+        prefix = self._key(directory).rstrip("/") + "/"
+        end = prefix[:-1] + chr(ord("/") + 1)
+        listed = self._kv.list(ts.KvStore.KeyRange(prefix, end), len(prefix))
+        keys = self.result(listed, "Listing", directory)
+        names = {_parts.whole_name(k.decode()) for k in keys}
+        return sorted(n for n in names if n.count("/") < depth)
+
 
 def _says_missing(error: BaseException) -> bool:
     """Whether a library's error says an object (not its bucket) is not there."""

@@ -191,6 +191,18 @@ class Store(abc.ABC):
     def delete(self, path: Any) -> None:
         """Removes file `path` and its parts, if there; no error if not."""
 
+    @abc.abstractmethod
+    def listing(self, directory: Any, depth: int) -> list[str]:
+        """The files under `directory` at most `depth` levels down, as paths
+        relative to it (`a/b`), each file stored in parts named once; none
+        if there is no such directory."""
+
+
+def whole_name(name: str) -> str:
+    """The file a listed object is (part) of: `x.bin` for `x.bin.part-00003`."""
+    head, mark, index = name.rpartition(".part-")
+    return head if mark and len(index) == 5 and index.isdigit() else name
+
 
 def check_length(size: int, end: int, nbytes: int | None, part: str = "") -> None:
     """A file (or `part`, "a part 3 of ") of `size` bytes holding ranges up

@@ -47,6 +47,7 @@ Dim = Annotated[int, msgspec.Meta(ge=0, le=2**62)]  # past it, no numpy array
 Shape = Annotated[list[Dim], msgspec.Meta(max_length=MAX_DIMS)]
 Sum32 = Annotated[int, msgspec.Meta(ge=0, lt=2**32)]
 Hex64 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{16}$")]
+Hex128 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32}$")]
 Token = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{16}$")]
 Digest = Annotated[str, msgspec.Meta(pattern="^xxh3:[0-9a-f]{16}$")]
 Container = Literal[JAX, NUMPY, NUMPY_SCALAR]  # type: ignore[valid-type]
@@ -68,6 +69,7 @@ class PackRecord(msgspec.Struct):
     nbytes: Size
     byteorder: Literal["little", "big"]
     alignment: Literal[64] = 64
+    shared: bool = False  # in the shared directory beside the steps
 
 
 class SavedAs(msgspec.Struct):
@@ -94,6 +96,7 @@ class ArrayRecord(msgspec.Struct, tag_field="kind", tag=ARRAY):
     pack: Size | None = None  # packed: which pack ...
     offset: Size | None = None  # ... and where in it
     xxh3: Hex64 | None = None  # packed: XXH3-64 of its bytes
+    xxh3_128: Hex128 | None = None  # packed, with dedup: XXH3-128 of its bytes
     key: str | None = None  # in Orbax's store: its storage key
     sum32: Sum32 | None | msgspec.UnsetType = UNSET  # in Orbax's store
     alias_of: str | None = None  # an alias: the leaf whose array it is

@@ -49,6 +49,9 @@ FORMAT_VERSION = 7
 # names cannot collide with a directory Orbax makes for a leaf.
 PACK_FILE = "orbax_eqx~packed.{token}.{index}.bin"
 ARRAYS_DIR = "orbax_eqx~arrays.{token}"  # Orbax's array store
+# Beside the steps of a manager (`<root>/orbax_eqx~shared/`): the packs of
+# saves with `dedup=True`, which later steps refer to instead of rewriting.
+SHARED_DIR = "orbax_eqx~shared"
 # One shard pack per process of a save: its chunks, and their index.
 SHARD_FILE = "orbax_eqx~shards.{token}.{process}.bin"
 SHARD_INDEX = "orbax_eqx~shards.{token}.{process}.json"
@@ -88,6 +91,7 @@ class LeafMetadata:
     pack: int | None = None  # for packed leaves: which pack file...
     offset: int | None = None  # ...and where in it
     checksum: int | None = None  # packed leaves: XXH3-64 of their bytes
+    identity: str | None = None  # packed leaves of a dedup save: their XXH3-128
     sum32: int | None = None  # Orbax-stored leaves' checksum
     sharding: str | None = None  # shard-pack leaves: the saved sharding, as text
     key: str | None = None  # Orbax-stored leaves' storage key (`_tree.names`)
@@ -132,6 +136,7 @@ class PackMetadata:
 
     file: str
     nbytes: int
+    shared: bool = False  # in the manager's shared directory, not the item's
 
 
 @dataclasses.dataclass(frozen=True)
@@ -185,6 +190,19 @@ def shard_file(token: str, process: int) -> str:
 def shard_index(token: str, process: int) -> str:
     """The name of the index of that shard pack."""
     return SHARD_INDEX.format(token=token, process=process)
+
+
+def shared_dir(directory: epath.Path) -> epath.Path:
+    """The shared directory of the steps beside the item directory `directory`
+    (`<root>/<step>/<item>`): `<root>/orbax_eqx~shared`."""
+    return epath.Path(directory).parent.parent / SHARED_DIR
+
+
+def pack_path(directory: epath.Path, pack: PackMetadata) -> epath.Path:
+    """Where the pack file `pack` of the item in `directory` is."""
+    if pack.shared:
+        return shared_dir(directory) / pack.file
+    return epath.Path(directory) / pack.file
 
 
 def arrays_dir(directory: epath.Path, token: str) -> epath.Path:

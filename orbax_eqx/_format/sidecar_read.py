@@ -221,7 +221,7 @@ def _packs(records, where: str, bad) -> tuple[PackMetadata, ...]:
                 f"{rec.byteorder}-endian machine; this one is {sys.byteorder}-"
                 "endian, which orbax_eqx does not convert."
             )
-        packs.append(PackMetadata(rec.file, rec.nbytes))
+        packs.append(PackMetadata(rec.file, rec.nbytes, rec.shared))
     return tuple(packs)
 
 
@@ -347,6 +347,7 @@ class _Leaves:
             pack=rec.pack if data == PACKED else None,
             offset=rec.offset if data == PACKED else None,
             checksum=checksum,
+            identity=rec.xxh3_128 if data == PACKED else None,
             sum32=sum32,
             sharding=None if sharding is _schema.UNSET else sharding,
             key=rec.key if data == STORED else None,

@@ -5,6 +5,7 @@ import concurrent.futures
 import contextvars
 import functools
 import os
+import warnings
 from typing import Any
 
 import orbax.checkpoint as ocp
@@ -12,7 +13,12 @@ from etils import epath
 
 from .._bytes import damage as _damage
 from .._bytes import route as _route
-from .._errors import ObjectStoreError, ObjectStoreSaveError, UnsupportedLeafError
+from .._errors import (
+    ObjectStoreError,
+    ObjectStoreSaveError,
+    OrbaxEqxWarning,
+    UnsupportedLeafError,
+)
 from .._format import sidecar as _sidecar
 from .._format import sidecar_read as _sidecar_read
 from .._format.locate import is_plain_item
@@ -28,6 +34,7 @@ from .._save import futures as _futures
 from .._save.checks import check_global
 from .._save.prepare import prepare
 from .._storage.orbax_store import files as _store_files
+from .._storage.packed import shared as _shared
 from .._storage.transfer.pool import MAX_IDLE, HostPool
 from . import plain as _plain
 from . import rebuilt as _rebuilt
@@ -92,6 +99,12 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         async save copies them before it returns; reusing the buffers halves
         its time for large ones). Each is kept only until a save of other
         shapes or `close()`; `0` keeps none.
+    - `dedup`: under a `CheckpointManager`, write only the packed arrays
+        whose bytes changed since the newest step: the rest are recorded as
+        references to the bytes already stored, in `orbax_eqx~shared/`
+        beside the steps (docs/guides/frozen-weights.md). Deleting any step
+        never breaks another; each save deletes the shared bytes no step
+        refers to any more. Needs `pack=True`.
 
     !!! example
 
@@ -114,10 +127,18 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         multiprocessing_options: ocp.options.MultiprocessingOptions | None = None,
         checksums: bool = True,
         kept_copy_bytes: int = MAX_IDLE,
+        dedup: bool = False,
     ):
+        if dedup and not pack:
+            raise ValueError(
+                "EqxHandler(dedup=True, pack=False): only packed arrays are "
+                "stored once across steps. Leave `pack=True` (the default), or "
+                "drop `dedup=True`."
+            )
         mp = multiprocessing_options or ocp.options.MultiprocessingOptions()
         self._primary_host = mp.primary_host
         self._pack = pack
+        self._dedup = dedup
         self._checksums = checksums
         # Item directories this handler is saving: (token, `_save.claim.Started` on
         # the primary host, whether Orbax stores arrays, how many shard packs).
@@ -157,6 +178,13 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         once written (`_storage/transfer/pool.py`), until `close()`.
         """
         primary = ocp.multihost.is_primary_host(self._primary_host)
+        if self._dedup and _saved_as(directory, args) is None:
+            raise ValueError(
+                f"EqxHandler(dedup=True) saves the steps of a CheckpointManager, "
+                f"whose later steps refer to earlier ones' bytes; {directory} is a "
+                "checkpoint of its own. Save it through `ocp.CheckpointManager`, "
+                "or with a handler without `dedup=True`."
+            )
         await self._check_store(directory, primary)
         token = _claim.new_token()
         prepared = await self._prepare(directory, item, args, token, primary)
@@ -243,7 +271,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         primary = ocp.multihost.is_primary_host(self._primary_host)
 
         async def files() -> None:
-            _files.write(directory, prepared, started, primary, self._checksums)
+            _files.write(
+                directory, prepared, started, primary, self._checksums, self._dedup
+            )
 
         future = _futures.commit_future(files(), name="orbax_eqx_files")
         futures.append(_futures.NotedFuture(future, where))
@@ -344,6 +374,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             _check_shard_files(epath.Path(directory), token, shard_files, started)
             if started is not None:
                 _claim.before_commit(started)
+            if self._dedup and ocp.multihost.is_primary_host(self._primary_host):
+                _collect(epath.Path(directory))
 
     def close(self) -> None:
         self._pool.close()
@@ -357,6 +389,22 @@ def _saved_as(directory, args: "EqxSave | None") -> tuple[str, str] | None:
     if args is not None and args._standalone:
         return None
     return _futures.step_and_item(directory)
+
+
+def _collect(directory: epath.Path) -> None:
+    """Deletes the shared packs no step refers to (those of steps Orbax or a
+    user deleted, and of saves that failed). A failure here deletes nothing
+    in use and fails no save: the next save tries again."""
+    try:
+        _shared.collect(directory.parent.parent, saving=directory.parent)
+    except Exception as e:
+        warnings.warn(
+            f"orbax_eqx could not delete the shared bytes no step refers to "
+            f"any more, beside {directory.parent}: {e}. Nothing in use was "
+            "deleted; the next save tries again.",
+            OrbaxEqxWarning,
+            stacklevel=2,
+        )
 
 
 def _saved_here(directory: epath.Path) -> tuple[str | None, None, bool, int]:

@@ -13,7 +13,7 @@ from typing import Any
 from etils import epath
 
 from .._errors import CheckpointMismatchError, RebuildError, SidecarError
-from .._format.sidecar import PACKED, Metadata
+from .._format.sidecar import PACKED, Metadata, pack_path
 from .._mapping.errors import RenameError
 from .._rebuild import build as _rebuild
 from .._restore.restore import restore_tree
@@ -54,7 +54,7 @@ def _check_packs(directory: epath.Path, saved: Metadata) -> None:
             ends[leaf.pack] = max(ends.get(leaf.pack, 0), end)
     for pack, end in ends.items():
         record = saved.packs[pack]
-        _ranges.check_size(directory / record.file, end, record.nbytes)
+        _ranges.check_size(pack_path(directory, record), end, record.nbytes)
 
 
 def _of_the_tree(text: str) -> str:

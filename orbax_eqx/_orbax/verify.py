@@ -21,6 +21,7 @@ from .._format.sidecar import (
     STORED,
     LeafMetadata,
     Metadata,
+    pack_path,
     shard_file,
 )
 from .._restore.read import LeafReader, release_memory
@@ -211,7 +212,7 @@ class _Found:
         try:
             for at in range(start, stop, _CHUNK):
                 span = [(at, min(at + _CHUNK, stop))]
-                (data,) = _ranges.read(path / pack.file, span, nbytes=pack.nbytes)
+                (data,) = _ranges.read(pack_path(path, pack), span, nbytes=pack.nbytes)
                 running.update(data)
                 self.read(data.nbytes)
                 self.piece(record, data)

@@ -22,6 +22,7 @@ from etils import epath
 from .._format import sidecar as _sidecar
 from .._format import sidecar_write as _sidecar_write
 from .._format.checksum import host_sum32
+from .._storage.packed import shared as _shared
 from .._storage.packed import write as _packed
 from .._storage.sharded import write as _shards
 from . import claim as _claim
@@ -77,14 +78,17 @@ def write(
     started: Any,
     primary: bool,
     checksums: bool,
+    dedup: bool = False,
 ) -> None:
     """Writes this process's files of the save `prepared` into `directory`
-    (`started`: the primary host's `claim.Started`, else None)."""
+    (`started`: the primary host's `claim.Started`, else None). With `dedup`,
+    the pack goes to the shared directory beside the steps, without the
+    leaves the newest step holds already (`_storage/packed/shared.py`)."""
     if primary and started.identity is None:
         _claim.begin(started)
     pack = None
     try:
-        if primary:  # written meanwhile
+        if primary and not dedup:  # written meanwhile
             pack = start_pack(directory, started.token, prepared, checksums)
         prepared.finish()  # names, the sidecar's content, the rest of the copies
         assert prepared.content is not None  # (made by `finish`)
@@ -94,7 +98,9 @@ def write(
             for path in _shards.write(directory, token, process, prepared.local):
                 if primary:
                     _claim.wrote(started, path)
-        if primary:
+        if primary and dedup:
+            _shared_pack_and_sidecar(directory, prepared, started, checksums)
+        elif primary:
             _pack_and_sidecar(directory, prepared, started, pack)
     except OSError as e:  # perhaps because another save took the directory
         _claim.explain(started, e)
@@ -106,6 +112,25 @@ def write(
         prepared.give_back()
 
 
+def _shared_pack_and_sidecar(directory, prepared: Any, started, checksums) -> None:
+    """The pack of a dedup save: only the leaves the base step does not hold,
+    into the shared directory; the sidecar refers to the rest where they are."""
+    content = prepared.content
+    step, item = content["saved_as"]["step"], content["saved_as"]["item"]
+    base = _shared.base(directory, step, item)
+    planned = _shared.plan(
+        content["token"], content, prepared.packed_names, prepared.pieces, base
+    )
+    _shared.apply(content, planned)
+    crcs: dict[str, int] = {}
+    if planned.pieces:
+        path = _shared.ensure_dir(directory) / planned.file
+        found = _packed.write(path, planned.pieces, planned.nbytes, checksums)
+        crcs = dict(zip(planned.written, found, strict=False))
+    prepared.drop_pieces()
+    _sidecar_and_sums(directory, prepared, started, crcs)
+
+
 def _pack_and_sidecar(directory, prepared: Any, started, pack) -> None:
     crcs = {}
     if pack is not None:
@@ -114,6 +139,10 @@ def _pack_and_sidecar(directory, prepared: Any, started, pack) -> None:
         # (`found` is empty without checksums)
         crcs = dict(zip(prepared.packed_names, found, strict=False))
         prepared.drop_pieces()  # now, not after the sidecar
+    _sidecar_and_sums(directory, prepared, started, crcs)
+
+
+def _sidecar_and_sums(directory, prepared: Any, started, crcs: dict) -> None:
     sums = {name: host_sum32(np.asarray(x)) for name, x in prepared.sums.items()}
     _sidecar.record_checksums(prepared.content, crcs, sums)
     _claim.before_sidecar(started)

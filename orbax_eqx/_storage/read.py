@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from etils import epath
 
+from .._bytes import route as _route
 from .._errors import (
     FALL_BACK,
     CheckpointDamagedError,
@@ -24,7 +25,14 @@ from .._errors import (
     bullet_list,
 )
 from .._format.checksum import NAME, Running, damaged, mismatch, xxh3
-from .._format.sidecar import PACKED, SHARDS, LeafMetadata, Metadata, shard_file
+from .._format.sidecar import (
+    PACKED,
+    SHARDS,
+    LeafMetadata,
+    Metadata,
+    pack_path,
+    shard_file,
+)
 from .._tree.walk import JAX, is_key_dtype, key_data_struct, key_impl, parse_dtype
 from . import engine, put
 from . import ranges as _ranges
@@ -59,11 +67,12 @@ def read(
     `staging.copy`, bytes go to devices through its window.
     """
     directory = epath.Path(directory)
+    check_shared(directory, saved, requests)
     packs = [
         engine.File(
-            directory / p.file,
+            pack_path(directory, p),
             p.nbytes,
-            functools.partial(_ranges.damaged, directory / p.file),
+            functools.partial(_ranges.damaged, pack_path(directory, p)),
         )
         for p in saved.packs
     ]
@@ -107,6 +116,33 @@ def read(
         raise damaged_chunks(directory, list(dict.fromkeys(problems["shards"])))
     _check_values(directory, requests, leaves)
     return dict(zip(requests, results, strict=True))
+
+
+def check_shared(directory: epath.Path, saved: Metadata, names) -> None:
+    """Raises, before anything is read, if a shared pack that leaves `names`
+    are in is gone (deleted by hand: a save deletes only those no step refers
+    to), naming those leaves and the file that held them."""
+    missing: dict[int, list[str]] = {}
+    for name in names:
+        record, pack = saved.leaves[name], saved.leaves[name].pack
+        if record.data == PACKED and pack is not None and saved.packs[pack].shared:
+            missing.setdefault(pack, []).append(record.path)
+    problems = []
+    for pack, paths in missing.items():
+        path = pack_path(directory, saved.packs[pack])
+        if not _route.for_path(path).exists(path):
+            shown = ", ".join(f"`{p}`" for p in paths[:5])
+            more = f" and {len(paths) - 5} more" if len(paths) > 5 else ""
+            problems.append(f"{path}, which held leaves {shown}{more}")
+    if problems:
+        raise CheckpointDamagedError(
+            f"The checkpoint in {directory} keeps bytes it shares with other "
+            "steps (saved with `dedup=True`) in files that are gone:\n"
+            + bullet_list(problems)
+            + "\nThey were deleted by hand: orbax_eqx deletes only shared bytes "
+            "that no step refers to. Restore another step, and copy a step out "
+            "with `python -m orbax_eqx copy` before deleting what it shares."
+        )
 
 
 FIX_CAST_VALUES = (

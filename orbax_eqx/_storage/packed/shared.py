@@ -1,0 +1,389 @@
+"""Packs shared between the steps of a manager (`EqxHandler(dedup=True)`).
+
+A save with `dedup` writes its pack into `<root>/orbax_eqx~shared/`, beside
+the step directories, and records each packed leaf's XXH3-128. The next save
+reads the sidecar of the newest committed step of its item (the *base*): a
+leaf of the same name, dtype, shape and XXH3-128 is recorded as a reference to
+the base's bytes, wherever they lie, instead of being written again. So every
+reference points at a shared pack directly, never through another step, and
+deleting any step (Orbax's retention, `rm -r`) breaks no other.
+
+A shared pack is deleted only by `collect`, which a save runs once its own
+files are written: it keeps every pack that a committed step or the step being
+saved refers to, and deletes the others (those of steps deleted since, and
+of saves killed before their commit). Whatever it cannot read, it keeps.
+Pack names are checked against the format's pattern; nothing else in the
+directory is touched.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import numpy as np
+import orbax.checkpoint as ocp
+import xxhash
+from etils import epath
+
+from ..._bytes import route as _route
+from ..._errors import SidecarError
+from ..._format import sealed as _sealed
+from ..._format import sidecar_read as _sidecar_read
+from ..._format.compact import row_nbytes
+from ..._format.schema import PackRecord
+from ..._format.sidecar import (
+    FILE_NAME,
+    MAX_BYTES,
+    PACKED,
+    SHARED_DIR,
+    Metadata,
+    pack_file,
+    pack_path,
+    shared_dir,
+)
+from .. import ranges as _ranges
+
+_TMP_MARK = ocp.path.atomicity.TMP_DIR_SUFFIX
+_COMMITTED = "commit_success.txt"  # how Orbax commits a step on gs://
+_NUMBER = re.compile(r"(\d+)$")
+# A shared pack, or what a write killed midway left of one (`files.create_new`).
+_OURS = re.compile(_sidecar_read.PACK_NAME.pattern + r"(\.tmp-[0-9a-f]{16})?")
+
+
+def identity(data: np.ndarray | memoryview) -> str:
+    """A packed leaf's identity: the XXH3-128 of its bytes, as 32 hex digits."""
+    if isinstance(data, np.ndarray):
+        data = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
+    return f"{xxhash.xxh3_128_intdigest(data):032x}"
+
+
+def _step_dirs(root: epath.Path) -> dict[str, list[str]]:
+    """`{step directory name: [item names]}` of the committed steps under
+    `root` that hold orbax_eqx items (and of none being saved)."""
+    listed = _route.for_path(root).listing(root, 3)
+    steps: dict[str, list[str]] = {}
+    committed = {n.split("/")[0] for n in listed if n.endswith("/" + _COMMITTED)}
+    remote = _route.is_remote(root)
+    for name in listed:
+        parts = name.split("/")
+        if len(parts) != 3 or parts[2] != FILE_NAME:
+            continue
+        step, item = parts[0], parts[1]
+        if _TMP_MARK in step or step == SHARED_DIR:
+            continue
+        if remote and root.as_posix().startswith("gs://") and step not in committed:
+            continue  # on gs:// Orbax commits a step by a file, not a rename
+        steps.setdefault(step, []).append(item)
+    return steps
+
+
+def _number(step: str) -> int:
+    found = _NUMBER.search(step)
+    return int(found[1]) if found else -1
+
+
+def base(directory: epath.Path, step: str, item: str) -> Metadata | None:
+    """The sidecar of the newest committed step other than `step` whose item
+    `item` has shared packs, for the save into `directory`; None if there is
+    none, or it cannot be read (the save then writes every leaf)."""
+    root = epath.Path(directory).parent.parent
+    try:
+        steps = _step_dirs(root)
+    except Exception:
+        return None
+    ordered = sorted(
+        (s for s, items in steps.items() if item in items and s != step),
+        key=_number,
+        reverse=True,
+    )
+    for name in ordered[:1]:
+        try:
+            saved = _sidecar_read.read(root / name / item, nodes=False)
+        except Exception:
+            return None
+        if any(p.shared for p in saved.packs):
+            return saved
+    return None
+
+
+@dataclasses.dataclass
+class Plan:
+    """Where each packed leaf of a dedup save goes: `records` replace their
+    sidecar records and `packs` its list of packs; `pieces` (offset, bytes)
+    make the new shared pack `file` of `nbytes` (none if empty), whose leaves
+    are `written`, in the pieces' order."""
+
+    records: dict[str, dict[str, Any]]
+    packs: list[dict[str, Any]]
+    file: str
+    pieces: list[tuple[int, np.ndarray]]
+    nbytes: int
+    written: list[str]
+
+
+def _pack(file: str, nbytes: int) -> dict[str, Any]:
+    return {
+        "file": file,
+        "nbytes": nbytes,
+        "byteorder": sys.byteorder,
+        "alignment": 64,
+        "shared": True,
+    }
+
+
+def plan(
+    token: str,
+    content: dict[str, Any],
+    names: Sequence[str],
+    pieces: Sequence[tuple[int, np.ndarray]],
+    saved: Metadata | None,
+) -> Plan:
+    """The references and the new pack of a dedup save of `content` (its
+    packed leaves `names`, with their host copies `pieces`), against the base
+    step `saved`: a leaf the base holds, byte for byte, is a reference."""
+    records: dict[str, dict[str, Any]] = {}
+    new: list[tuple[str, np.ndarray]] = []
+    kept: list[tuple[str, Any]] = []  # (name, the base's record)
+    leaves = content["leaves"]
+    for name, (_, host) in zip(names, pieces, strict=True):
+        record = records[name] = _whole(leaves[name])
+        record["xxh3_128"] = identity(host)
+        old = _same(saved, name, record)
+        if old is None:
+            new.append((name, host))
+        else:
+            kept.append((name, old))
+    at, nbytes = _ranges.layout((name, host.nbytes) for name, host in new)
+    file = pack_file(token, 0)
+    packs = [_pack(file, nbytes)] if new else []
+    for name, _ in new:
+        records[name].update(pack=0, offset=at[name])
+    index: dict[str, int] = {}  # a referenced pack's file: its place in `packs`
+    for name, old in kept:
+        pack = saved.packs[old.pack]  # type: ignore[union-attr]
+        if pack.file not in index:
+            index[pack.file] = len(packs)
+            packs.append(_pack(pack.file, pack.nbytes))
+        record = records[name]
+        record.update(pack=index[pack.file], offset=old.offset)
+        record["xxh3"] = None if old.checksum is None else f"{old.checksum:016x}"
+    return Plan(
+        records,
+        packs,
+        file,
+        [(at[name], host) for name, host in new],
+        nbytes,
+        [name for name, _ in new],
+    )
+
+
+def _whole(record: Any) -> dict[str, Any]:
+    """A packed leaf's record as a whole record (a row is a jax array's)."""
+    if isinstance(record, dict):
+        return dict(record)
+    dtype, shape, offset, xxh3 = record
+    return {
+        "kind": "array",
+        "shape": shape,
+        "dtype": dtype,
+        "container": "jax",
+        "nbytes": row_nbytes(shape, dtype),
+        "data": PACKED,
+        "pack": 0,
+        "offset": offset,
+        "xxh3": xxh3,
+    }
+
+
+def _same(saved: Metadata | None, name: str, record: dict) -> Any:
+    """The base's record of leaf `name` if it holds the same bytes in a shared
+    pack: the same dtype, shape and XXH3-128."""
+    if saved is None:
+        return None
+    old = saved.leaves.get(name)
+    if (
+        old is None
+        or old.data != PACKED
+        or old.identity != record["xxh3_128"]
+        or old.dtype != record["dtype"]
+        or list(old.shape or ()) != list(record["shape"])
+        or old.pack is None
+        or not saved.packs[old.pack].shared
+    ):
+        return None
+    return old
+
+
+def apply(content: dict[str, Any], planned: Plan) -> None:
+    """Puts the planned records and packs into the sidecar's `content`."""
+    content["leaves"].update(planned.records)
+    content["packs"] = planned.packs
+
+
+def ensure_dir(directory: epath.Path) -> epath.Path:
+    """The shared directory beside the item `directory`, made if need be."""
+    where = shared_dir(directory)
+    if not _route.is_remote(where):
+        where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
+class _Packs(msgspec.Struct):
+    packs: list[PackRecord] = []
+
+
+def _shared_packs(item: epath.Path) -> set[str] | None:
+    """The shared packs the sidecar in `item` refers to; an empty set if it is
+    gone (deleted meanwhile), None if it cannot be read."""
+    path = item / FILE_NAME
+    try:
+        raw = _route.read_bounded(path, MAX_BYTES)
+        if not _sealed.check(raw, ValueError):
+            return None
+        found = msgspec.json.decode(raw, type=_Packs)
+    except FileNotFoundError:
+        return set()
+    except Exception:
+        return None
+    return {p.file for p in found.packs if p.shared}
+
+
+def referenced(root: epath.Path, saving: epath.Path | None = None) -> set[str] | None:
+    """Every shared pack that a committed step under `root`, or the step
+    directory `saving`, refers to; None if a sidecar could not be read."""
+    steps = _step_dirs(root)
+    items = [root / step / item for step, names in steps.items() for item in names]
+    if saving is not None:
+        listed = _route.for_path(saving).listing(saving, 2)
+        items += [
+            saving / n.split("/")[0] for n in listed if n.endswith("/" + FILE_NAME)
+        ]
+    live: set[str] = set()
+    for item in items:
+        found = _shared_packs(item)
+        if found is None:
+            return None
+        live |= found
+    return live
+
+
+def collect(root: epath.Path, saving: epath.Path | None = None) -> list[str]:
+    """Deletes the shared packs under `root` that no committed step (nor the
+    step directory `saving`) refers to, and what killed writes left of packs;
+    returns their names. Deletes nothing if any step's sidecar cannot be read.
+    Runs while no other save of the manager writes (Orbax saves one at a time)."""
+    where = epath.Path(root) / SHARED_DIR
+    store = _route.for_path(where)
+    present = [n for n in store.listing(where, 1) if _OURS.fullmatch(n)]
+    if not present:
+        return []
+    live = referenced(epath.Path(root), saving)
+    if live is None:
+        return []
+    gone = []
+    for name in present:
+        if name not in live:
+            store.delete(where / name)
+            gone.append(name)
+    return gone
+
+
+def copy_step(step: epath.Path, destination: epath.Path) -> list[str]:
+    """Copies a step of a manager saved with `EqxHandler(dedup=True)` into a
+    directory of its own that holds every byte it needs, for sharing it or
+    keeping it after the shared bytes are gone.
+
+    **Arguments:**
+
+    - `step`: the step directory (`<root>/<step>`), or one item of it.
+    - `destination`: a new directory. Name it as the step (`.../1000`) to
+        restore it without the warning of a moved step (`on_moved=`).
+
+    **Returns:** the names of the shared packs copied into it.
+
+    The copy is written beside `destination` under another name and renamed
+    into place: an interrupted copy leaves no `destination`. Steps saved
+    without `dedup` are copied as they are. Local directories only.
+
+    !!! example
+
+        ```python
+        oeqx.copy_step("ckpts/1000", "release/1000")
+        model = oeqx.restore("release/1000/default", skeleton)
+        ```
+    """
+    step, destination = epath.Path(step), epath.Path(destination)
+    for path, what in ((step, "step"), (destination, "destination")):
+        if _route.is_remote(path):
+            raise ValueError(
+                f"Copying a step works on local directories; the {what} {path} is "
+                "in an object store. Copy the step to a local disk first "
+                "(`gcloud storage cp -r`, `aws s3 cp --recursive`), with the "
+                f"`{SHARED_DIR}` directory beside it."
+            )
+    if not step.is_dir():
+        raise FileNotFoundError(f"{step} is not a directory: pass a step directory.")
+    if destination.exists():
+        raise FileExistsError(
+            f"{destination} exists already; pass the path of a new directory."
+        )
+    items = [p.parent for p in step.glob(f"*/{FILE_NAME}")]
+    if (step / FILE_NAME).exists():
+        items.append(step)  # an item directory given as the step
+    temporary = destination.parent / f".{destination.name}.orbax_eqx-copy-{os.getpid()}"
+    shutil.rmtree(temporary, ignore_errors=True)
+    copied: list[str] = []
+    try:
+        shutil.copytree(step, temporary, symlinks=True)
+        for item in items:
+            where = temporary / item.relative_to(step)
+            copied += _hold_own_bytes(item, where)
+        os.rename(temporary, destination)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+    return copied
+
+
+def _hold_own_bytes(item: epath.Path, copy: epath.Path) -> list[str]:
+    """Copies the shared packs of the item `item` into its copy `copy`, and
+    rewrites the copy's sidecar to find them there."""
+    path = copy / FILE_NAME
+    raw = path.read_bytes()
+
+    def damaged(what: str) -> Exception:
+        return SidecarError(
+            f"The sidecar {item / FILE_NAME} {what}: the step is damaged and "
+            "was not copied. Copy another step."
+        )
+
+    if not _sealed.check(raw, damaged):
+        raise damaged("records no checksum")
+    saved = _sidecar_read.read(item, nodes=False)  # every record checked
+    shared = [p for p in saved.packs if p.shared]
+    if not shared:
+        return []
+    for pack in shared:
+        source = pack_path(item, pack)
+        if not source.exists() or os.path.getsize(source) != pack.nbytes:
+            raise SidecarError(
+                f"The shared pack {source}, which the step {item} refers to, is "
+                f"{'missing' if not source.exists() else 'not of its recorded size'}"
+                ": the step cannot be copied whole. Copy another step."
+            )
+        shutil.copyfile(source, copy / pack.file)
+    lines = raw.split(b"\n")
+    at = next(i for i, line in enumerate(lines) if line.startswith(b' "packs": '))
+    packs = json.loads(lines[at][len(b' "packs": ') :].rstrip(b","))
+    for record in packs:
+        record.pop("shared", None)
+    lines[at] = b' "packs": ' + json.dumps(packs).encode() + b","
+    body = b"\n".join(lines[:-3]) + b"\n"  # up to the checksum line
+    path.write_bytes(_sealed.seal(body))
+    return [p.file for p in shared]
