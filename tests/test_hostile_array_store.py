@@ -3,13 +3,8 @@ Orbax's array store (`pack=False`): a FIFO, a link to `/dev/zero`, more
 entries than any store holds, and files or directories this user cannot read.
 Each is refused before anything blocks or reads without end, in one clear
 error, and `verify` says "cannot be read" rather than call a good checkpoint
-damaged.
-
-Two checks are reached through internals, with the reason beside each: the
-check a save makes of the store just before its commit (no public call can
-put a FIFO there between the save's writes and its commit without a hook),
-and the cap on the store's entries (lowered: a store of millions of files
-stands for one of a few).
+damaged. (The check a save makes of the store just before its commit, and
+the cap on its entries, lowered: `tests/test_storage_units.py`.)
 """
 
 import os
@@ -27,7 +22,6 @@ from unblock import raised_by
 from untouched import snapshot
 
 import orbax_eqx as oeqx
-from orbax_eqx._storage.orbax_store import files as store_files
 
 SIDECAR = "orbax_eqx.json"
 
@@ -137,46 +131,6 @@ def test_array_store_fifo_of_an_array_not_read_is_not_walked(tmp_path):
     assert re.fullmatch(
         _damaged_store(path, fifo, r"a FIFO \(named pipe\)"), str(raised)
     )
-
-
-def test_array_store_checked_before_a_commit_names_the_save(tmp_path):
-    # The check a save makes before its commit, on a store something else
-    # wrote into: the message is about the save, not a damaged checkpoint.
-    path = _unpacked(tmp_path)
-    store = _store(path)
-    fifo = store / "ocdbt.process_0" / "intruder"
-    os.mkfifo(fifo)
-    with pytest.raises(
-        oeqx.CheckpointDamagedError,
-        match=(
-            f"Orbax's array store of the save under way in {re.escape(str(path))} "
-            f"holds {re.escape(str(fifo))}, which is a FIFO \\(named pipe\\) where "
-            r"Orbax writes only regular files and directories: something other than "
-            r"this save wrote into its directory while it ran\. Reading it could "
-            r"block forever or without end, so the save stopped before its commit "
-            r"and no checkpoint was changed\. Find what writes into the checkpoint "
-            r"directory, then save again\.$"
-        ),
-    ):
-        # Internal: a public save reaches this check only with a FIFO planted
-        # between its writes and its commit, which needs a hook into the save.
-        store_files.check(store, saving=True)
-
-
-def test_array_store_with_more_entries_than_any_store_is_refused(tmp_path, monkeypatch):
-    path = _unpacked(tmp_path)
-    # A store of a few files stands for one of millions: the cap, lowered. No
-    # public way: making millions of files would take minutes and the disk.
-    monkeypatch.setattr(store_files, "MAX_ENTRIES", 3)
-    with pytest.raises(
-        oeqx.CheckpointDamagedError,
-        match=(
-            f"Orbax's array store of the checkpoint at {re.escape(str(path))} holds "
-            r"more than 3 files and directories, far more than Orbax writes\. "
-            r"Reading it could block forever or without end, so nothing was read"
-        ),
-    ):
-        oeqx.restore(path)
 
 
 # --- permissions ---------------------------------------------------------------

@@ -1,9 +1,5 @@
-"""The packed layout: unsharded arrays as byte ranges of one pack file.
-
-Internal modules imported here (`_bytes`, `_save.prepare`, `_storage`,
-`_storage.transfer`) are the units these tests pin, or the only way to cause or
-observe the condition under test; everything else goes through `orbax_eqx` and
-the `orbax-eqx` command.
+"""The packed layout: unsharded arrays as byte ranges of one pack file. (Its ranged reads and
+host copies as units: `tests/test_storage_units.py`.)
 """
 
 import os
@@ -19,12 +15,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 import zoo
-from etils import epath
 
 import orbax_eqx as oeqx
-from orbax_eqx._bytes import local as _local
-from orbax_eqx._storage import ranges as _ranges
-from orbax_eqx._storage.transfer import to_host as _to_host
 
 KEY_SAVE = jax.random.key(1)
 KEY_SKELETON = jax.random.key(2)
@@ -112,16 +104,6 @@ def test_mixed_containers_and_dtypes_restore_exactly(tmp_path):
     zoo.assert_same(restored, item)
     assert isinstance(restored["np_np_scalar"], np.float32)
     np.testing.assert_array_equal(restored["fortran"], item["fortran"])
-
-
-def test_plan_merges_close_spans_and_keeps_far_ones_apart():
-    spans = {"a": (0, 100), "b": (128, 200), "far": (10_000, 10_064)}
-    ranges, where = _ranges.plan(spans, max_gap=64)
-    assert ranges == [(0, 200), (10_000, 10_064)]
-    assert where == {"a": (0, 0), "b": (0, 128), "far": (1, 0)}
-    ranges, where = _ranges.plan({"b": (128, 200), "a": (0, 100)}, max_gap=0)
-    assert ranges == [(0, 100), (128, 200)]
-    assert where == {"a": (0, 0), "b": (1, 0)}
 
 
 def _big_small_big():
@@ -227,32 +209,6 @@ def test_a_large_numpy_array_changed_after_an_async_save_keeps_its_bytes(tmp_pat
         np.testing.assert_array_equal(restored[name], value)
 
 
-@pytest.mark.parametrize("copy_numpy", [True, False], ids=["async", "waited"])
-def test_a_save_that_waits_packs_numpy_arrays_without_copying(copy_numpy):
-    """`oeqx.save` returns once written, so it packs numpy arrays where they
-    are (a copy only where one is not C-contiguous); an async save copies."""
-    from orbax_eqx._save.prepare import prepare
-
-    base = np.arange(2 * (5 << 20), dtype=np.float32)  # 40 MiB
-    item = {
-        "big": base[: 5 << 20],
-        "small": np.arange(10.0),
-        "strided": base[::2],
-        "scalar": np.float32(2.5),
-    }
-    prepared = prepare(item, token="0" * 16, waited=not copy_numpy)
-    prepared.finish()
-    hosts = dict(
-        zip(prepared.packed_names, (h for _, h in prepared.pieces), strict=True)
-    )
-    for name, x in item.items():
-        np.testing.assert_array_equal(hosts[name], x)
-        assert hosts[name].flags.c_contiguous
-    assert np.shares_memory(hosts["big"], base) is not copy_numpy
-    assert np.shares_memory(hosts["small"], item["small"]) is not copy_numpy
-    assert not np.shares_memory(hosts["strided"], base)
-
-
 def test_standalone_save_of_numpy_leaves_of_every_layout(tmp_path):
     base = np.arange(4 * (1 << 20), dtype=np.float64)
     item = {
@@ -269,21 +225,6 @@ def test_standalone_save_of_numpy_leaves_of_every_layout(tmp_path):
     for name, value in item.items():
         assert restored[name].dtype == value.dtype, name
         np.testing.assert_array_equal(restored[name], value)
-
-
-def test_host_arrays_keep_their_bytes_when_the_array_is_donated():
-    """What a save holds stays intact: on CPU it is numpy's view of the device
-    buffer, and JAX must not reuse a buffer that numpy holds."""
-    weight = jnp.arange(1 << 16, dtype=jnp.float32)
-    table = np.arange(10)
-    (held, held_table) = _to_host.host_copies([weight, table])
-    clobber = jax.jit(lambda x: x * 0 - 5, donate_argnums=0)
-    out = jax.block_until_ready(clobber(weight))
-    if held.ctypes.data == np.asarray(out).ctypes.data:
-        pytest.fail("JAX reused a donated buffer that a save still holds")
-    np.testing.assert_array_equal(held, np.arange(1 << 16, dtype=np.float32))
-    table[:] = 0
-    np.testing.assert_array_equal(held_table, np.arange(10))
 
 
 def test_restored_arrays_are_ordinary_jax_arrays(tmp_path):
@@ -399,71 +340,3 @@ def test_sharded_arrays_go_to_shard_packs_on_8_devices(tmp_path):
     assert oeqx.metadata(path).leaves["sharded"].sharding == "P('x') over x=8"
     report = oeqx.verify(path)
     assert report.ok and "sharded" in report.checked
-
-
-def test_read_lets_bytes_be_checked_as_they_arrive(tmp_path, monkeypatch):
-    # Internal: the piece size is no option; lowered, 300 kB make many pieces
-    # over several threads.
-    monkeypatch.setattr(_local, "_PIECE", 4096)
-    data = np.random.default_rng(0).integers(0, 256, 300_000, np.uint8)
-    path = tmp_path / "pack.bin"
-    path.write_bytes(data.tobytes())
-    ranges = [(0, 100_000), (150_000, 300_000)]
-    seen = []
-
-    def meanwhile(buffers, ready):
-        for i, (start, stop) in enumerate(ranges):
-            for upto in (1, 5000, stop - start):
-                ready(i, upto)  # then the first `upto` bytes are there
-                seen.append(
-                    bytes(buffers[i][:upto]) == data[start : start + upto].tobytes()
-                )
-
-    buffers = _ranges.read(epath.Path(path), ranges, meanwhile=meanwhile)
-    assert seen == [True] * 6
-    for (start, stop), buffer in zip(ranges, buffers, strict=True):
-        np.testing.assert_array_equal(buffer, data[start:stop])
-    # A file shorter than the bytes asked for is refused before any is read.
-    short = tmp_path / "short.bin"
-    short.write_bytes(data[:200_000].tobytes())
-    reached = []
-
-    def checking(buffers, ready):
-        ready(0, 100_000)
-        reached.append(100_000)
-        ready(0, 300_000)
-        reached.append(300_000)
-
-    with pytest.raises(Exception, match="has 200000 bytes where 300000 were"):
-        _ranges.read(epath.Path(short), [(0, 300_000)], meanwhile=checking)
-    assert reached == []
-
-
-def test_large_restore_buffers_are_private_mappings_that_live_with_their_arrays(
-    tmp_path,
-):
-    """Leaves of 4 MiB and more are read into anonymous private mappings (no
-    huge-page compaction on the way; see `packfile.aligned_empty`): still
-    aligned and taken by CPU devices without a copy, writable, independent of
-    each other, and kept alive by the jax array alone."""
-    import gc
-    import mmap
-
-    big = np.arange(2 << 20, dtype=np.float32)  # 8 MiB
-    buf = _ranges.aligned_empty(big.nbytes)
-    assert isinstance(buf.base.obj, mmap.mmap) and buf.flags.writeable
-    assert buf.ctypes.data % mmap.PAGESIZE == 0
-    small = _ranges.aligned_empty(1024)
-    assert not isinstance(small.base, memoryview) and small.ctypes.data % 64 == 0
-
-    item = {"big": jnp.asarray(big), "also": jnp.asarray(big[::-1].copy())}
-    oeqx.save(tmp_path / "ckpt", item)
-    skeleton = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), item)
-    restored = oeqx.restore(tmp_path / "ckpt", skeleton)
-    del item
-    gc.collect()
-    if jax.default_backend() == "cpu":
-        assert restored["big"].unsafe_buffer_pointer() % mmap.PAGESIZE == 0
-    doubled = jax.jit(lambda x: 2 * x, donate_argnums=0)(restored["big"])
-    np.testing.assert_array_equal(doubled, 2 * big)
-    np.testing.assert_array_equal(restored["also"], big[::-1])
