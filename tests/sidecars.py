@@ -9,7 +9,7 @@ From format 6 on a save also writes its common records short (rows, module
 and node types: `orbax_eqx/_format/compact.py`). `read` gives every record
 whole (`expand`, the inverse of what the save does), and `write` writes short
 what a save would write short: a test edits whole records, and what it
-changed is written whole. `tests/test_compact.py` edits the short forms
+changed is written whole. `tests/test_sidecar_encoding.py` edits the short forms
 themselves.
 """
 

@@ -7,7 +7,7 @@ with `oeqx.load_safetensors` into small scanned Equinox models
 pass of the published architecture fed the same tensors. `export_safetensors`
 writes back exactly the published names, shapes and values, from the model
 in memory or from its checkpoint, and the files load again (the bytes such
-a load reads: `tests/test_bridge_reads.py`).
+a load reads: `tests/test_read_plans.py`).
 """
 
 import json

@@ -1,6 +1,6 @@
 """`oeqx.load_safetensors` on files written by the `safetensors` library:
 values, and every check before any tensor byte is read (what a load reads,
-copies and holds: `tests/test_bridge_reads.py`)."""
+copies and holds: `tests/test_read_plans.py`)."""
 
 import json
 import os

@@ -9,7 +9,7 @@ in a thread with a time limit (`tests/unblock.py`), so that a regression
 fails the test instead of hanging it or filling the machine's memory.
 
 The check a save makes of a sidecar after a failure, which no public call
-reaches with a FIFO there: `tests/test_save_faults.py`.
+reaches with a FIFO there: `tests/test_staged_faults.py`.
 """
 
 import os

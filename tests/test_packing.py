@@ -1,6 +1,5 @@
-"""The packed layout: unsharded arrays as byte ranges of one pack file. (Its ranged reads and
-host copies as units: `tests/test_storage_units.py`.)
-"""
+"""The packed layout: unsharded arrays as byte ranges of one pack file (its
+ranged reads and host copies as units: `tests/test_storage_units.py`)."""
 
 import os
 import re

@@ -1,45 +1,49 @@
-"""Format 6's short records (`orbax_eqx/_format/compact.py`): rows for packed
-jax arrays, paths read off names, module and node types listed once.
+"""How a save encodes its sidecar and what bounds it: format 6's short
+records (rows for packed jax arrays, paths read off names, module and node
+types listed once), the JSON writer's fast path, and the sidecar's size and
+record limits.
+
+Reaches inside: the short forms, the writer and the limits are the format's own units.
 
 What a reader makes of a sidecar written short is what it makes of the same
 sidecar written whole (as format 5 spells records), for every tree of the
 zoo; a record is written short only where its short form says exactly the
 same; and short forms written by someone else are input like any other:
 each wrong one is damage naming the record, and a number in the file (a
-list's length) makes nothing before it is checked.
-
-The attacker here writes the short forms directly (`_write_raw`: the JSON
-as it is, resealed), where `tests/sidecars.py` writes what a save would.
+list's length) makes nothing before it is checked. The attacker here writes
+the short forms directly (`_write_raw`: the JSON as it is, resealed), where
+`tests/sidecars.py` writes what a save would.
 """
 
 import json
+import re
 from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import orbax.checkpoint as ocp
 import pytest
 import sidecars
 import zoo
 
 import orbax_eqx as oeqx
-from orbax_eqx._format import compact
+from orbax_eqx._format import compact, sealed
 from orbax_eqx._format.paths import CHAIN
-from orbax_eqx._format.sealed import dumps
-from orbax_eqx._format.sidecar import FILE_NAME
+from orbax_eqx._format.sealed import _ENCODER, _dump, _encoded, dumps
 
 KEY = jax.random.key(0)
 
 
 def _read_raw(path) -> dict:
-    content = json.loads((path / FILE_NAME).read_text())
+    content = json.loads((path / "orbax_eqx.json").read_text())
     content.pop("checksum")
     return content
 
 
 def _write_raw(path, content) -> None:
-    (path / FILE_NAME).write_bytes(dumps(content))  # as it is, resealed
+    (path / "orbax_eqx.json").write_bytes(dumps(content))  # as it is, resealed
 
 
 def _edit_raw(path, change) -> None:
@@ -105,8 +109,8 @@ def test_a_stack_of_layers_is_written_short(tmp_path):
     assert all(type(m) is int for m in content["modules"].values())
     # A module's node is in its module type: only the list has a line.
     assert content["module_types"] == [
-        {"class": "test_compact.Stack", "static": {}, "node": 0},
-        {"class": "test_compact.Residual", "static": {}, "node": 1},
+        {"class": "test_sidecar_encoding.Stack", "static": {}, "node": 0},
+        {"class": "test_sidecar_encoding.Residual", "static": {}, "node": 1},
         {
             "class": "equinox.nn._linear.Linear",
             "static": {"in_features": 8, "out_features": 8, "use_bias": True},
@@ -131,7 +135,7 @@ def test_a_stack_of_layers_is_written_short(tmp_path):
     ]
     assert content["nodes"] == {"blocks": 3}
     # One line per record, a row as compact JSON.
-    text = (path / FILE_NAME).read_text()
+    text = (path / "orbax_eqx.json").read_text()
     w = content["leaves"]["blocks.3.lin1.weight"]
     assert f'  "blocks.3.lin1.weight": ["float32",[8,8],{w[2]},"{w[3]}"],\n' in text
     assert '  "blocks.3.lin1": 2,\n' in text
@@ -309,7 +313,7 @@ def test_a_model_deeper_than_a_path_is_read_off_keeps_its_paths(tmp_path):
     assert [r.path for r in meta.leaves.values()] == [
         jax.tree_util.keystr(p) for p, _ in walked
     ]
-    restored = oeqx.restore(path, allow=["equinox", "test_compact"])
+    restored = oeqx.restore(path, allow=["equinox", "test_sidecar_encoding"])
     for _ in range(40):
         restored, model = restored.inner, model.inner
     assert jnp.array_equal(restored.weight, model.weight)
@@ -534,3 +538,190 @@ def test_a_shape_of_more_dimensions_than_numpy_has_is_damage(saved):
         match=_damaged(r"leaf 'w' is malformed \(Expected `array` of length <= 64.*\)"),
     ):
         oeqx.metadata(saved)
+
+
+# --- the writer's fast path ------------------------------------------------
+
+
+# Private on purpose: records are written by msgspec where it writes what the
+# standard library's encoder writes, byte for byte, and by that encoder
+# elsewhere; the sidecar's text (and so its checksum line) is one either way.
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"path": ".a[0]", "shape": [8, 8], "nbytes": 256, "xxh3": "c0c1548425ae43f7"},
+        {"static": {"shape": {"tuple": [8]}, "eps": {"float": "1e-05"}}},
+        ['é"\\ \x01\x1f\x7f\u2028😀', [], {}, [[], {"x": [1, [2, True, False]]}]],
+        {"sum32": None, "nullable": "null"},
+        "lone \udc80 surrogate",
+        10**30,
+        -(2**63),
+    ],
+)
+def test_records_are_written_as_the_json_encoder_writes_them(value):
+
+    assert _encoded(value) == _ENCODER.encode(value)
+
+
+@pytest.mark.parametrize("number", [float("nan"), float("inf"), -float("inf")])
+def test_a_number_json_has_not_is_refused_as_before(number):
+
+    with pytest.raises(ValueError, match="Out of range float values"):
+        _encoded({"value": [1, number]})
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "blocks.0.w",
+        'a"b',
+        "back\\slash",
+        "tab\there",
+        "\x00",
+        "\x7f\u2028é😀",
+        "",
+        "\udc80",
+    ],
+)
+def test_names_are_written_as_the_json_encoder_writes_them(name):
+    # Plain names are written between quotes without the encoder: the same bytes.
+
+    record = {"kind": "array"}
+    (written,) = _dump({"leaves": {name: record}})
+    expected = f"  {_ENCODER.encode(name)}: {_ENCODER.encode(record)}"
+    assert written == f' "leaves": {{\n{expected}\n }}'
+
+
+# --- the size and record limits, lowered -----------------------------------
+# A save whose sidecar would be larger than readers read back is refused,
+# saying why and giving the fix that fits: many leaves (save fewer, larger
+# arrays, or split the item) or one large record (a big Python value). Each fix
+# is then shown to work under the same limit.
+#
+# The limit is 256 MiB; these tests lower it (`sealed.MAX_BYTES`, the one the
+# save checks against) so that a few hundred leaves reach it. So for the most
+# records a sidecar may hold (`sealed.MAX_RECORDS`, 2**21), which bounds what
+# reading one costs where short records would let 256 MiB name ten million.
+
+
+LIMIT = 60_000
+
+
+@pytest.fixture
+def small_limit(monkeypatch):
+    monkeypatch.setattr(sealed, "MAX_BYTES", LIMIT)
+
+
+# The fix both "too many" messages end with.
+FEWER = (
+    r"Save fewer, larger arrays \(stack repeated layers into one array per "
+    r"parameter, as `eqx\.filter_vmap` builds them and `jax\.lax\.scan` runs "
+    r"them\), or split the item into several items of one checkpoint "
+    r"\(`ocp\.args\.Composite`\), each with a sidecar of its own\.$"
+)
+
+
+def _layers(n: int) -> dict[str, np.ndarray]:
+    return {f"layer{i:03d}": np.full((2,), i, np.float32) for i in range(n)}
+
+
+def test_too_many_leaves_says_so_and_the_fixes_work(tmp_path, small_limit):
+    item = _layers(400)
+    with pytest.raises(oeqx.UnsupportedLeafError) as caught:
+        oeqx.save(tmp_path / "ckpt", item)
+    message = str(caught.value)
+    assert re.match(
+        r"^Cannot save this item: its sidecar would be \d+ bytes, more than the "
+        rf"{LIMIT} orbax_eqx reads back\. It records 400 leaves and 0 modules; "
+        r"the largest record, that of node `<root>`, is \d+ bytes\. That "
+        r"is about \d+ bytes a leaf\. " + FEWER,
+        message,
+    ), message
+    assert not (tmp_path / "ckpt").exists()
+
+    # Fix 1: one stacked array instead of 400 small ones.
+    stacked = {"layers": np.stack(list(item.values()))}
+    oeqx.save(tmp_path / "stacked", stacked)
+    back = oeqx.restore(tmp_path / "stacked", stacked)
+    np.testing.assert_array_equal(back["layers"], stacked["layers"])
+
+    # Fix 2: the same leaves as two items of one step, a sidecar each.
+    halves = {
+        "first": dict(list(item.items())[:200]),
+        "second": dict(list(item.items())[200:]),
+    }
+    handlers = {name: oeqx.EqxHandler() for name in halves}
+    with ocp.CheckpointManager(
+        tmp_path / "root", item_names=tuple(halves), item_handlers=handlers
+    ) as mngr:
+        saved = {name: oeqx.EqxSave(part) for name, part in halves.items()}
+        mngr.save(0, args=ocp.args.Composite(**saved))
+        mngr.wait_until_finished()
+        wanted = {name: oeqx.EqxRestore(part) for name, part in halves.items()}
+        back = mngr.restore(0, args=ocp.args.Composite(**wanted))
+    for name, part in halves.items():
+        assert eqx.tree_equal(dict(back[name]), part)
+
+
+class Tagged(eqx.Module):
+    weight: np.ndarray
+    note: str = eqx.field(static=True)
+
+
+def test_one_large_value_says_so_and_the_fix_works(tmp_path, small_limit):
+    text = "x" * LIMIT
+    with pytest.raises(oeqx.UnsupportedLeafError) as caught:
+        oeqx.save(tmp_path / "ckpt", Tagged(jnp.ones(2), text))
+    message = str(caught.value)
+    assert re.match(
+        r"^Cannot save this item: its sidecar would be \d+ bytes, more than the "
+        rf"{LIMIT} orbax_eqx reads back\. It records 1 leaf and 1 module; the "
+        r"largest record, that of module `<root>`, is \d+ bytes\. Keep large "
+        r"Python values \(str, bytes, static fields\) out of the item, or store "
+        r"them as arrays \(`np\.frombuffer\(data, np\.uint8\)`\)\.$",
+        message,
+    ), message
+    assert not (tmp_path / "ckpt").exists()
+    # The fix: the text as an array of its bytes.
+    fixed = {"weight": jnp.ones(2), "note": np.frombuffer(text.encode(), np.uint8)}
+    oeqx.save(tmp_path / "ckpt", fixed)
+    back = oeqx.restore(tmp_path / "ckpt", fixed)
+    assert back["note"].tobytes().decode() == text
+
+
+@pytest.fixture
+def few_records(monkeypatch):
+    monkeypatch.setattr(sealed, "MAX_RECORDS", 150)
+
+
+def test_too_many_records_says_so_and_the_fix_works(tmp_path, few_records):
+    item = _layers(200)  # 200 leaves and the root dict's node
+    with pytest.raises(oeqx.UnsupportedLeafError) as caught:
+        oeqx.save(tmp_path / "ckpt", item)
+    message = str(caught.value)
+    assert re.match(
+        r"^Cannot save this item: its sidecar would hold 201 records \(of 200 "
+        r"leaves, their modules and the tree's inner nodes\), more than the 150 "
+        r"orbax_eqx reads back\. " + FEWER,
+        message,
+    ), message
+    assert not (tmp_path / "ckpt").exists()
+    stacked = {"layers": np.stack(list(item.values()))}  # the fix
+    oeqx.save(tmp_path / "stacked", stacked)
+    back = oeqx.restore(tmp_path / "stacked", stacked)
+    np.testing.assert_array_equal(back["layers"], stacked["layers"])
+
+
+def test_a_sidecar_of_more_records_is_not_read(tmp_path, monkeypatch):
+    oeqx.save(tmp_path / "ckpt", _layers(200))  # as another writer might
+    monkeypatch.setattr(sealed, "MAX_RECORDS", 150)
+    damaged = (
+        r"The sidecar in \S+ is damaged: it holds 201 records \(leaves, modules "
+        r"and nodes\), more than any save writes \(150\)\."
+    )
+    with pytest.raises(oeqx.CheckpointDamagedError, match=damaged):
+        oeqx.metadata(tmp_path / "ckpt")
+    with pytest.raises(
+        oeqx.CheckpointDamagedError, match=damaged.replace("201", "200")
+    ):
+        oeqx.restore(tmp_path / "ckpt", _layers(200))  # (its nodes read past)
