@@ -1,17 +1,19 @@
-"""Hostile shard indexes: an index edited (and resealed) to disagree with its
-array or its shard pack, an index edited without its seal, or one that is no
-JSON file at all. Each is damage, named by the index file, to a restore and
-to `verify`.
+"""Shard packs and their indexes, damaged or edited: every fault is found,
+named by leaf and file, never restored, by a restore and by `verify`, which
+reads no further than the first bad block of a leaf.
 
 The checkpoints are saved once per module by a subprocess with 8 CPU devices
-(`tests/sharded_saves.py`); each test edits a copy.
+(`tests/sharded_saves.py`), with arrays sharded in chunks over them; each
+test damages a copy, then restores it here, onto one device.
 """
 
 import json
 import os
 import re
 import shutil
+from pathlib import Path
 
+import numpy as np
 import pytest
 import sidecars
 from sharded_saves import (
@@ -27,6 +29,13 @@ import orbax_eqx as oeqx
 
 # Its module-scoped checkpoints take seconds to make: the whole module is slow.
 pytestmark = pytest.mark.slow
+
+
+# --- damaged shard packs -------------------------------------------------------
+# The checksum block of a chunk is docs/guides/format.md's rule, checked on
+# every chunk a save writes.
+
+DATA = Path(__file__).parent / "data"
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +57,162 @@ def seeded(saves, tmp_path):
     path = tmp_path / "seeded"
     shutil.copytree(saves["one"], path)
     return path
+
+
+def test_an_undamaged_copy_restores_and_verifies(ckpt):
+    meta = oeqx.metadata(ckpt)
+    assert meta.leaves["big"].data == "shards" and meta.shard_files == 1
+    assert meta.leaves["big"].sharding == "P('a', 'b') over a=4, b=2"
+    restored = oeqx.restore(ckpt, damage_skeleton())
+    rng = np.random.default_rng(0)
+    np.testing.assert_array_equal(
+        restored["big"], rng.standard_normal((2048, 1200)).astype(np.float32)
+    )
+    np.testing.assert_array_equal(restored["rows"], np.arange(512).reshape(64, 8))
+    report = oeqx.verify(ckpt)
+    assert report.ok and set(report.checked) == {"big", "rows", "small"}
+
+
+def test_a_flipped_bit_in_a_chunk(ckpt):
+    data, _ = shard_files(ckpt)[0]
+    _, index = index_of(ckpt)
+    start, stop, offset, nbytes, block, crcs = index["chunks"]["big"][3]
+    assert len(crcs) == -(-nbytes // block) > 1
+    raw = bytearray(data.read_bytes())
+    raw[offset + nbytes - 5] ^= 0x10  # in the chunk's last checksum block
+    data.write_bytes(bytes(raw))
+    box = ", ".join(f"{a}:{b}" for a, b in zip(start, stop, strict=True))
+    last = (len(crcs) - 1) * block
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=rf"(?s)changed after it was saved.*Leaf `\['big'\]` \(big\), chunk "
+        rf"\[{box}\] in {data.name}, bytes {last}-{nbytes}: XXH3-64 recorded at save "
+        rf"0x[0-9a-f]{{16}}, computed from the data now 0x[0-9a-f]{{16}}\..*"
+        r"restore_latest",
+    ):
+        oeqx.restore(ckpt, damage_skeleton())
+    # The other leaf is not in that chunk, and restores.
+    part = oeqx.restore(ckpt, {"rows": damage_skeleton()["rows"]}, strict=False)
+    np.testing.assert_array_equal(part["rows"], np.arange(512).reshape(64, 8))
+    report = oeqx.verify(ckpt)
+    assert [d.name for d in report.damaged] == ["big"]
+    assert report.damaged[0].problem.startswith(f"chunk [{box}] in {data.name}: data")
+
+
+def test_verify_stops_a_leaf_at_its_first_bad_block(ckpt):
+    # A damaged (or hostile: sparse, terabytes long) shard pack costs verify
+    # the bytes up to the first bad block of each leaf, not the whole leaf.
+    data, _ = shard_files(ckpt)[0]
+    _, index = index_of(ckpt)
+    raw = bytearray(data.read_bytes())
+    for chunk in index["chunks"]["big"]:
+        raw[chunk[2]] ^= 0x01  # the first byte of every chunk of `big`
+    data.write_bytes(bytes(raw))
+    report = oeqx.verify(ckpt)
+    assert [d.name for d in report.damaged] == ["big"]
+    assert report.damaged[0].problem.count("XXH3-64") == 1
+    big = 2048 * 1200 * 4
+    chunk = big // len(index["chunks"]["big"])
+    rest = 64 * 8 * 4 + 3 * 8  # `rows` and `small`, read whole
+    assert report.nbytes <= chunk + rest < big
+
+
+def test_verify_stops_a_leaf_at_its_first_bad_chunk(seeded):
+    whole = oeqx.verify(seeded).nbytes
+    path, content = index_of(seeded)
+    pack = path.with_suffix(".bin")
+    offset = content["chunks"]["big"][0][2]
+    raw = bytearray(pack.read_bytes())
+    raw[offset] ^= 1  # the first block of `big`'s first chunk
+    pack.write_bytes(bytes(raw))
+    report = oeqx.verify(seeded)
+    assert [d.name for d in report.damaged] == ["big"]
+    # `big`'s other three chunks (256 KiB each) are not read.
+    assert report.nbytes == whole - 3 * 262144
+
+
+@pytest.mark.parametrize("how", ["truncated", "missing", "longer"])
+def test_a_shard_pack_cut_short_missing_or_longer(ckpt, how):
+    data, _ = shard_files(ckpt)[0]
+    size = data.stat().st_size
+    if how == "truncated":
+        with open(data, "r+b") as f:
+            f.truncate(size - 100)
+        found = f"it has {size - 100} bytes where its index records {size}"
+    elif how == "missing":
+        data.unlink()
+        found = "it is missing"
+    else:
+        with open(data, "ab") as f:
+            f.write(b"\0" * 64)
+        found = f"it has {size + 64} bytes where its index records {size}"
+    match = (
+        rf"The shard pack {data.name} of the checkpoint in .* is damaged: {found} "
+        r"\(a copy cut short, or a file deleted\)\. It holds chunks of the sharded "
+        r"leaves `\['big'\]`, `\['rows'\]`\. Restore an earlier step"
+    )
+    with pytest.raises(oeqx.CheckpointDamagedError, match=match):
+        oeqx.restore(ckpt, damage_skeleton())
+    report = oeqx.verify(ckpt)
+    assert sorted(d.name for d in report.damaged) == ["big", "rows"]
+    assert "small" in report.checked
+
+
+def test_a_missing_index_names_the_leaves_it_holds(ckpt):
+    _, index = shard_files(ckpt)[0]
+    index.unlink()
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=rf"The shard index {index.name} of the checkpoint in .* is damaged: "
+        r"it is missing\. .* Without it, the sharded leaves `\['big'\]`, "
+        r"`\['rows'\]` cannot be restored\.",
+    ):
+        oeqx.restore(ckpt, damage_skeleton())
+
+
+def block_size(nbytes: int) -> int:
+    """The checksum block of a chunk of `nbytes` (docs/guides/format.md): the
+    whole chunk up to 4 KiB, else a 64th of it rounded up to a multiple of
+    4 KiB, at most 1 MiB."""
+    if nbytes <= 4096:
+        return max(nbytes, 1)
+    return min(1 << 20, -(-(-(-nbytes // 64)) // 4096) * 4096)
+
+
+def test_a_new_index_has_blocks_sized_per_chunk(seeded):
+    _, content = index_of(seeded)
+    assert content["format_version"] == 7
+    (row,) = {json.dumps(r[4:5]) for r in content["chunks"]["a"]}
+    assert json.loads(row) == [1024]  # a chunk of 1 KiB: one block, all of it
+    start, stop, offset, nbytes, block, sums = content["chunks"]["big"][0]
+    assert (nbytes, block, len(sums)) == (262144, 4096, 64)
+    assert all(re.fullmatch("[0-9a-f]{16}", x) for x in sums)  # XXH3-64s
+    for chunks in content["chunks"].values():
+        assert all(chunk[4] == block_size(chunk[3]) for chunk in chunks)
+    assert [block_size(n) for n in (1, 4096, 4097, 1 << 20, 1 << 30)] == [
+        1,
+        4096,
+        4096,
+        16384,
+        1 << 20,
+    ]
+    restored = oeqx.restore(seeded, seeded_skeleton())
+    rng = np.random.default_rng(0)
+    for name in ("a", "b"):
+        np.testing.assert_array_equal(
+            restored[name], rng.standard_normal((64, 32)).astype(np.float32)
+        )
+    assert oeqx.verify(seeded).ok
+
+
+# --- hostile shard indexes -----------------------------------------------------
+# Hostile shard indexes: an index edited (and resealed) to disagree with its
+# array or its shard pack, an index edited without its seal, or one that is no
+# JSON file at all. Each is damage, named by the index file, to a restore and
+# to `verify`.
+#
+# The checkpoints are saved once per module by a subprocess with 8 CPU devices
+# (`tests/sharded_saves.py`); each test edits a copy.
 
 
 @pytest.fixture(params=[None, 8 << 20], ids=["auto", "copy"])
