@@ -1,18 +1,13 @@
-"""The sidecar is sealed: its last line is the XXH3-64 of every byte before
-it, and each packed leaf records the XXH3-64 of its data.
-
-A one-bit edit of any record (a Python value, an alias, a `Shared` wiring, a
-static field, the pack table) is damage to every reader: a restore (flat,
-into a skeleton, rebuilt), `metadata`, `verify` and `orbax-eqx verify`, and
-`restore_latest` falls back past it. A data checksum in any other spelling
-is damage.
-
-The sidecar is edited here without resealing (damage); `tests/sidecars.py`
-reseals, for the tests of the reader's rules.
+"""The sidecar is sealed, and so is every packed leaf's data: a one-bit edit
+anywhere in the sidecar, and a data checksum that is another save's, in
+another spelling or stripped, is damage to every reader, under Orbax's v1
+API too.
 """
 
 import json
+import logging
 import re
+import shutil
 
 import equinox as eqx
 import jax
@@ -24,8 +19,23 @@ import sidecars
 import xxhash
 import zoo
 from entry import main
+from orbax.checkpoint import v1 as ocp_v1
 
 import orbax_eqx as oeqx
+
+# --- the seal ------------------------------------------------------------------
+# The sidecar is sealed: its last line is the XXH3-64 of every byte before
+# it, and each packed leaf records the XXH3-64 of its data.
+#
+# A one-bit edit of any record (a Python value, an alias, a `Shared` wiring, a
+# static field, the pack table) is damage to every reader: a restore (flat,
+# into a skeleton, rebuilt), `metadata`, `verify` and `orbax-eqx verify`, and
+# `restore_latest` falls back past it. A data checksum in any other spelling
+# is damage.
+#
+# The sidecar is edited here without resealing (damage); `tests/sidecars.py`
+# reseals, for the tests of the reader's rules.
+
 
 KEY = jax.random.key(0)
 FILE_NAME = "orbax_eqx.json"
@@ -75,29 +85,29 @@ _EDITS = {
 
 
 @pytest.fixture
-def saved(tmp_path):
+def seal_saved(tmp_path):
     path = tmp_path / "ckpt"
     oeqx.save(path, _item())
     return path
 
 
 @pytest.mark.parametrize("old, new", _EDITS.values(), ids=_EDITS.keys())
-def test_a_one_bit_edit_is_damage_to_every_reader(saved, capsys, old, new):
-    _flip(saved, old, new)
+def test_a_one_bit_edit_is_damage_to_every_reader(seal_saved, capsys, old, new):
+    _flip(seal_saved, old, new)
     skeleton = jax.tree.map(np.zeros_like, _item())
     readers = [
-        lambda: oeqx.restore(saved),
-        lambda: oeqx.restore(saved, skeleton),
-        lambda: oeqx.restore(saved, allow=["equinox", "test_sidecar_seal"]),
-        lambda: oeqx.metadata(saved),
-        lambda: oeqx.verify(saved),
+        lambda: oeqx.restore(seal_saved),
+        lambda: oeqx.restore(seal_saved, skeleton),
+        lambda: oeqx.restore(seal_saved, allow=["equinox", "test_sidecar_seal"]),
+        lambda: oeqx.metadata(seal_saved),
+        lambda: oeqx.verify(seal_saved),
     ]
     for read in readers:
         with pytest.raises(oeqx.CheckpointDamagedError, match=_DAMAGED):
             read()
-    assert main(["verify", str(saved)]) == 2
+    assert main(["verify", str(seal_saved)]) == 2
     assert re.fullmatch(f"orbax_eqx: error: {_DAMAGED}\n", capsys.readouterr().err)
-    assert main(["inspect", str(saved)]) == 2
+    assert main(["inspect", str(seal_saved)]) == 2
 
 
 def test_a_shared_wiring_edit_is_damage(tmp_path):
@@ -113,23 +123,23 @@ def test_a_shared_wiring_edit_is_damage(tmp_path):
 
 
 @pytest.mark.slow
-def test_every_single_bit_flip_is_damage(saved):
+def test_every_single_bit_flip_is_damage(seal_saved):
     # Bit 0 and bit 5 of every byte, one at a time: the JSON, the records,
     # the checksum line itself. Whatever breaks, it is a `SidecarError`.
-    data = (saved / FILE_NAME).read_bytes()
+    data = (seal_saved / FILE_NAME).read_bytes()
     for at in range(len(data)):
         for bit in (0x01, 0x20):
             flipped = bytearray(data)
             flipped[at] ^= bit
-            (saved / FILE_NAME).write_bytes(bytes(flipped))
+            (seal_saved / FILE_NAME).write_bytes(bytes(flipped))
             with pytest.raises(oeqx.CheckpointDamagedError):
-                oeqx.metadata(saved)
-    (saved / FILE_NAME).write_bytes(data)
-    assert oeqx.metadata(saved).format_version == 7
+                oeqx.metadata(seal_saved)
+    (seal_saved / FILE_NAME).write_bytes(data)
+    assert oeqx.metadata(seal_saved).format_version == 7
 
 
-def test_the_checksum_is_the_last_line_and_covers_every_byte_before_it(saved):
-    data = (saved / FILE_NAME).read_bytes()
+def test_the_checksum_is_the_last_line_and_covers_every_byte_before_it(seal_saved):
+    data = (seal_saved / FILE_NAME).read_bytes()
     *lines, last, end, nothing = data.split(b"\n")
     assert (end, nothing) == (b"}", b"")
     body = b"\n".join(lines) + b"\n"
@@ -160,11 +170,11 @@ def test_the_checksum_is_the_last_line_and_covers_every_byte_before_it(saved):
     ],
     ids=["reformatted", "checksum-removed", "unknown-algorithm"],
 )
-def test_a_sidecar_without_a_checksum_it_can_check_is_damage(saved, rewrite, what):
-    text = (saved / FILE_NAME).read_text()
-    (saved / FILE_NAME).write_text(rewrite(text))
+def test_a_sidecar_without_a_checksum_it_can_check_is_damage(seal_saved, rewrite, what):
+    text = (seal_saved / FILE_NAME).read_text()
+    (seal_saved / FILE_NAME).write_text(rewrite(text))
     with pytest.raises(oeqx.CheckpointDamagedError, match=rf"orbax_eqx\.json {what}"):
-        oeqx.metadata(saved)
+        oeqx.metadata(seal_saved)
 
 
 def test_restore_latest_falls_back_past_an_edited_sidecar(tmp_path):
@@ -181,7 +191,7 @@ def test_restore_latest_falls_back_past_an_edited_sidecar(tmp_path):
 # --- data checksums ----------------------------------------------------------------
 
 
-def _damaged(what: str) -> str:
+def _seal_damaged(what: str) -> str:
     return (
         rf"The sidecar in \S+ is damaged: {what}\. Restore an earlier step, or "
         r"re-save the checkpoint\."
@@ -226,8 +236,143 @@ def test_a_data_checksum_not_in_16_hex_digits_is_damage(tmp_path, change, what):
     oeqx.save(path, {"a": jnp.arange(10.0)})
     # Resealed: what is probed is the reader's rule for the field.
     sidecars.edit(path, lambda c: change(c["leaves"]["a"]))
-    match = _damaged(f"leaf 'a' {what}")
+    match = _seal_damaged(f"leaf 'a' {what}")
     with pytest.raises(oeqx.CheckpointDamagedError, match=match):
         oeqx.restore(path, {"a": jnp.zeros(10)})
     with pytest.raises(oeqx.CheckpointDamagedError, match=match):
         oeqx.verify(path)
+
+
+# --- data checksums, edited and resealed ---------------------------------------
+# The data checksums of a sidecar's records, edited (resealed, as an
+# attacker would: `tests/sidecars.py`): bytes of another save under this one's
+# names are damage; checksums stripped from a sidecar that says it has them are
+# damage. (An edit that is not resealed is damage before any record is read:
+# the seal, above.)
+
+
+ITEM = {
+    "a": np.arange(6, dtype=np.float32),
+    "b": np.arange(6, dtype=np.float32) + 10,
+    "c": np.arange(3.0),
+}
+
+
+@pytest.fixture
+def sums_saved(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, ITEM)
+    return path
+
+
+def _edit(path, change):
+    sidecars.edit(path, change)  # resealed
+
+
+def _sums_damaged(what: str) -> str:
+    return (
+        rf"The sidecar in \S+ is damaged: {what}\. Restore an earlier step, or "
+        r"re-save the checkpoint\."
+    )
+
+
+def test_a_pack_of_another_save_under_this_token_is_damage(tmp_path, sums_saved):
+    other = tmp_path / "other"
+    oeqx.save(other, {n: x + 1 for n, x in ITEM.items()})
+    (mine,) = sums_saved.glob("orbax_eqx~packed.*.bin")
+    (theirs,) = other.glob("orbax_eqx~packed.*.bin")
+    shutil.copyfile(theirs, mine)
+    with pytest.raises(oeqx.CheckpointDamagedError, match=r"XXH3-64 recorded"):
+        oeqx.restore(sums_saved, ITEM)
+    assert sorted(d.name for d in oeqx.verify(sums_saved).damaged) == ["a", "b", "c"]
+
+
+# --- checksums stripped -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["packed", "orbax"])
+def test_stripped_checksums_are_damage(tmp_path, capsys, pack):
+    # Restore and verify agree: the sidecar is damaged (format 5).
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"a": jnp.arange(10.0), "b": jnp.ones(3)}, pack=pack)
+
+    def strip(content):
+        for record in content["leaves"].values():
+            record.pop("xxh3" if pack else "sum32")
+
+    _edit(path, strip)
+    where, kind = (
+        ("is packed", "xxh3")
+        if pack
+        else (
+            "is in Orbax's array store",
+            "sum32",
+        )
+    )
+    match = _sums_damaged(
+        rf"leaf `\['a'\]` \(leaf name 'a'\) {where} but records no {kind}, though "
+        r"a save with checksums records one for every such leaf: it was edited"
+    )
+    with pytest.raises(oeqx.CheckpointDamagedError, match=match):
+        oeqx.verify(path)
+    with pytest.raises(oeqx.CheckpointDamagedError, match=match):
+        oeqx.restore(path, {"a": jnp.zeros(10), "b": jnp.zeros(3)})
+    assert main(["verify", str(path)]) != 0
+    assert "records no" in capsys.readouterr().err
+
+
+def test_checksums_flag_that_is_no_bool_is_damage(tmp_path):
+    path = tmp_path / "ckpt"
+    oeqx.save(path, {"a": jnp.arange(10.0)}, checksums=False)
+    _edit(path, lambda c: c.update(checksums="no"))
+    with pytest.raises(
+        oeqx.CheckpointDamagedError,
+        match=_sums_damaged(
+            r'its "checksums" is malformed \(Expected `bool`, got `str`.*\)'
+        ),
+    ):
+        oeqx.verify(path)
+
+
+# --- under Orbax's v1 API ------------------------------------------------------
+# A damaged sidecar under Orbax's v1 API: what each entry point gives.
+#
+# Orbax 0.12.8's `checkpointables_metadata` logs a handler's error and gives
+# None for that checkpointable (its choice, not ours); `oeqx.metadata` and a
+# load raise our error. Pinned so that a change on either side is seen.
+
+
+DAMAGED = (
+    r"orbax_eqx\.json is not JSON as orbax_eqx writes it .*the checkpoint is damaged"
+)
+
+
+@pytest.fixture
+def cut_short(tmp_path):
+    model = eqx.nn.Linear(3, 4, key=jax.random.key(0))
+    ocp_v1.save_checkpointables(tmp_path / "ckpt", {"model": model})
+    sidecar = tmp_path / "ckpt" / "model" / "orbax_eqx.json"
+    raw = sidecar.read_bytes()
+    sidecar.write_bytes(raw[: len(raw) // 2])
+    return tmp_path / "ckpt", model
+
+
+def test_checkpointables_metadata_logs_our_error_and_gives_none(cut_short, caplog):
+    path, _ = cut_short
+    with caplog.at_level(logging.WARNING):
+        found = ocp_v1.checkpointables_metadata(path).metadata
+    assert found == {"model": None}
+    logged = "\n".join(r.getMessage() for r in caplog.records)
+    assert "Failed to get metadata for checkpointable: model" in logged
+    assert (
+        "is not JSON as orbax_eqx writes it" in logged
+        and "Restore an earlier step" in logged
+    )
+
+
+def test_metadata_and_load_raise_it(cut_short):
+    path, model = cut_short
+    with pytest.raises(oeqx.CheckpointDamagedError, match=DAMAGED):
+        oeqx.metadata(path / "model")
+    with pytest.raises(oeqx.CheckpointDamagedError, match=DAMAGED):
+        ocp_v1.load_checkpointables(path, {"model": model})
