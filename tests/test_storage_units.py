@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import test_hostile_array_store as array_store
+import test_unreadable_files as array_store
 from etils import epath
 
 import orbax_eqx as oeqx
@@ -353,7 +353,7 @@ def test_a_reader_never_mixes_two_versions_of_an_object(where, stored, request):
 # new files never through a planted link. Real files, FIFOs, sockets, devices.
 #
 # Whatever end-to-end test a FIFO would hang (restore, verify, export) runs in a
-# subprocess with a time limit: tests/test_hostile_files.py. Here a FIFO is only
+# subprocess with a time limit: tests/test_unreadable_files.py. Here a FIFO is only
 # opened by code that must not block on it; a regression would hang this test,
 # so these run under a time limit too (`_within`).
 
