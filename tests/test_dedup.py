@@ -304,3 +304,41 @@ def test_kill_9_anywhere_leaves_every_committed_step_restorable(tmp_path, seed):
     # Left: only what the steps Orbax deleted after that save refer to.
     deleted = set().union(*(p for s, p in before.items() if s not in steps))
     assert set(_shared(tmp_path)) - live <= deleted
+
+
+def test_the_command_line_inspects_copies_and_prunes(tmp_path, capsys):
+    from entry import main
+
+    root = tmp_path / "run"
+    with _manager(root, max_to_keep=2) as mngr:
+        for step in range(4):
+            mngr.save(step, args=oeqx.EqxSave(_item(step)))
+        mngr.wait_until_finished()
+    capsys.readouterr()
+    assert main(["inspect", str(root / "3" / "default")]) == 0
+    assert (
+        "Stored once across steps (dedup): 60 B written by this save, 259.9 KiB by "
+        "earlier ones, in 2 shared packs, shared with step(s) 2."
+    ) in capsys.readouterr().out
+    assert main(["copy", str(root / "3"), str(tmp_path / "out" / "3")]) == 0
+    assert "with 2 shared packs copied in" in capsys.readouterr().out
+    assert main(["copy", str(root / "3"), str(tmp_path / "out" / "3")]) == 2
+    assert "exists already; pass the path of a new directory" in capsys.readouterr().err
+    # Step 1's own pack: Orbax deleted step 1 after the last save.
+    assert main(["prune", str(root)]) == 0
+    assert capsys.readouterr().out == "Deleted 1 shared pack that no step refers to.\n"
+    assert main(["prune", str(root)]) == 0
+    assert "Nothing to delete" in capsys.readouterr().out
+    shutil.rmtree(root / "2")  # now step 0's and 2's packs are no step's but the base
+    (root / "4.orbax-checkpoint-tmp-1").mkdir()  # a save under way
+    assert main(["prune", str(root)]) == 2
+    err = capsys.readouterr().err
+    assert "a save is writing, or a killed save left: 4.orbax-checkpoint-tmp-1" in err
+    assert "Nothing was deleted" in err and "Traceback" not in err
+    (root / "4.orbax-checkpoint-tmp-1").rmdir()
+    (root / "3" / "default" / "orbax_eqx.json").write_text("{")
+    assert main(["prune", str(root)]) == 2
+    assert "cannot be read, so which shared packs" in capsys.readouterr().err
+    assert main(["prune", str(tmp_path / "nothing")]) == 2
+    assert "is not a directory: pass the root directory" in capsys.readouterr().err
+    _assert_step(oeqx.restore(tmp_path / "out" / "3" / "default", SKELETON), 3)

@@ -26,6 +26,7 @@ from .._orbax.plain import PlainMetadata, sharding_text
 from .._orbax.type_restore import sharding_metadata
 from .._rebuild import build as _rebuild
 from .._storage.orbax_store.files import check as check_store_files
+from .._storage.packed import shared as _shared
 from .._tree.names import label
 from .._tree.values import describe
 from .._tree.walk import ARRAY, JAX, display_path
@@ -336,8 +337,27 @@ def _trailer(saved: Metadata) -> list[str]:
         f"Total: {len(saved.leaves)} leaves, {arrays} arrays"
         + (f" (plus {tied} tied to another leaf)" if tied else "")
         + f", {human_bytes(nbytes)}.",
+        *_shared_lines(saved),
         written,
         _rebuild_line(saved),
+    ]
+
+
+def _shared_lines(saved: Metadata) -> list[str]:
+    """For an item saved with `dedup=True`: its own bytes, those it shares,
+    and with which steps."""
+    if not any(p.shared for p in saved.packs):
+        return []
+    found = _shared.sharing(epath.Path(saved.directory), saved)
+    others = sorted({s for steps in found["steps"].values() for s in steps}, key=str)
+    shown = ", ".join(others[:8]) + (
+        f" and {len(others) - 8} more" if len(others) > 8 else ""
+    )
+    return [
+        f"Stored once across steps (dedup): {human_bytes(found['own'])} written by "
+        f"this save, {human_bytes(found['shared'])} by earlier ones, in "
+        f"{count(len(found['packs']), 'shared pack')}"
+        + (f", shared with step(s) {shown}." if others else ".")
     ]
 
 
@@ -441,8 +461,13 @@ def _item_json(saved: Metadata, shardings: dict[str, str]) -> dict[str, Any]:
             rebuild=rebuild_plan(saved),
             format_version=saved.format_version,
             versions=saved.versions,
-            packs=[{"file": p.file, "nbytes": p.nbytes} for p in saved.packs],
+            packs=[
+                {"file": p.file, "nbytes": p.nbytes, "shared": p.shared}
+                for p in saved.packs
+            ],
         )
+        if any(p.shared for p in saved.packs):
+            doc["shared"] = _shared.sharing(epath.Path(saved.directory), saved)
     doc["leaves"] = leaves
     if not isinstance(saved, PlainMetadata):
         doc["modules"] = {

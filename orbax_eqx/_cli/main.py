@@ -53,7 +53,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 # The module of each command, and the packages some need, by their extras.
-_MODULES = {"stats": "inspect", "import": "import_"}
+_MODULES = {"stats": "inspect", "import": "import_", "copy": "copy_step"}
 _EXTRAS = {"safetensors": "safetensors", "optax": "demo"}
 
 
@@ -164,6 +164,8 @@ _HELP = {
     "verify": "check every array of a checkpoint against its checksum",
     "export": "write a checkpoint's arrays as safetensors",
     "import": "save a checkpoint from safetensors, given a skeleton",
+    "copy": "copy a step saved with dedup=True with every byte it needs",
+    "prune": "delete the shared bytes beside a manager's steps that no step needs",
     "demo": "train, checkpoint and restore a small model (needs optax)",
 }
 _GUIDE = "What each command shows, its --json and its exit status: docs/guides/cli.md"
@@ -264,4 +266,9 @@ _ARGUMENTS = {
     "export": _export,
     "import": _import,
     "demo": _demo,
+    "copy": lambda p: (
+        p.add_argument("step", metavar="STEP", help="step directory"),
+        p.add_argument("out", metavar="OUT", help="a new directory"),
+    ),
+    "prune": lambda p: p.add_argument("root", metavar="ROOT", help="manager root"),
 }

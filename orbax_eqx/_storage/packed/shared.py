@@ -254,9 +254,12 @@ def _shared_packs(item: epath.Path) -> set[str] | None:
     return {p.file for p in found.packs if p.shared}
 
 
-def referenced(root: epath.Path, saving: epath.Path | None = None) -> set[str] | None:
+def referenced(
+    root: epath.Path, saving: epath.Path | None = None, strict: bool = False
+) -> set[str] | None:
     """Every shared pack that a committed step under `root`, or the step
-    directory `saving`, refers to; None if a sidecar could not be read."""
+    directory `saving`, refers to; None if a sidecar could not be read (with
+    `strict`, raises `Unreadable` naming it)."""
     steps = _step_dirs(root)
     items = [root / step / item for step, names in steps.items() for item in names]
     if saving is not None:
@@ -268,23 +271,62 @@ def referenced(root: epath.Path, saving: epath.Path | None = None) -> set[str] |
     for item in items:
         found = _shared_packs(item)
         if found is None:
+            if strict:
+                raise Unreadable(str(item / FILE_NAME))
             return None
         live |= found
     return live
 
 
-def collect(root: epath.Path, saving: epath.Path | None = None) -> list[str]:
+class Unreadable(Exception):
+    """A step's sidecar that a clean-up could not read: it deletes nothing."""
+
+
+def saves_under_way(root: epath.Path) -> list[str]:
+    """The step directories under `root` that a save is writing, or that a
+    killed save left: Orbax's temporary ones, and on gs:// those without
+    their commit file."""
+    listed = _route.for_path(root).listing(root, 3)
+    tops = {n.split("/")[0] for n in listed if "/" in n}
+    if not _route.is_remote(root):
+        try:
+            tops |= {e.name for e in os.scandir(root) if e.is_dir()}
+        except FileNotFoundError:
+            pass
+    found = sorted(t for t in tops if _TMP_MARK in t)
+    if root.as_posix().startswith("gs://"):
+        committed = {n.split("/")[0] for n in listed if n.endswith("/" + _COMMITTED)}
+        saving = {n.split("/")[0] for n in listed if n.endswith("/" + FILE_NAME)}
+        found += sorted(saving - committed - {SHARED_DIR})
+    return found
+
+
+class Busy(Exception):
+    """A save is under way beside the steps a clean-up by hand would touch."""
+
+
+def collect(
+    root: epath.Path, saving: epath.Path | None = None, strict: bool = False
+) -> list[str]:
     """Deletes the shared packs under `root` that no committed step (nor the
     step directory `saving`) refers to, and what killed writes left of packs;
-    returns their names. Deletes nothing if any step's sidecar cannot be read.
-    Runs while no other save of the manager writes (Orbax saves one at a time)."""
+    returns their names. Deletes nothing if any step's sidecar cannot be read
+    (with `strict`, raises `Unreadable` naming it). A save runs it while no
+    other save of its manager writes (Orbax saves one at a time); run by hand
+    (no `saving`), it raises `Busy` if a save is under way once the packs are
+    listed (a save that starts later writes packs not listed)."""
     where = epath.Path(root) / SHARED_DIR
     store = _route.for_path(where)
     present = [n for n in store.listing(where, 1) if _OURS.fullmatch(n)]
     if not present:
         return []
-    live = referenced(epath.Path(root), saving)
-    if live is None:
+    if saving is None and (busy := saves_under_way(epath.Path(root))):
+        raise Busy(", ".join(busy[:4]))
+    try:
+        live = referenced(epath.Path(root), saving, strict=True)
+    except Unreadable:
+        if strict:
+            raise
         return []
     gone = []
     for name in present:
@@ -292,6 +334,36 @@ def collect(root: epath.Path, saving: epath.Path | None = None) -> list[str]:
             store.delete(where / name)
             gone.append(name)
     return gone
+
+
+def sharing(item: epath.Path, saved: Metadata) -> dict[str, Any]:
+    """For an item saved with `dedup`: the bytes of its arrays in its own
+    save's pack (`own`) and in earlier saves' (`shared`), and for each shared
+    pack it refers to, the other steps under the root that refer to it."""
+    item = epath.Path(item)
+    own = shared = 0
+    used: dict[str, int] = {}
+    for leaf in saved.leaves.values():
+        if leaf.data != PACKED or leaf.pack is None:
+            continue
+        pack = saved.packs[leaf.pack]
+        if not pack.shared:
+            continue
+        used[pack.file] = used.get(pack.file, 0) + leaf.nbytes
+        if pack.file == pack_file(saved.token, 0):
+            own += leaf.nbytes
+        else:
+            shared += leaf.nbytes
+    root, here = item.parent.parent, item.parent.name
+    steps: dict[str, list[str]] = {name: [] for name in used}
+    for step, names in sorted(_step_dirs(root).items(), key=lambda s: _number(s[0])):
+        if step == here:
+            continue
+        refers = set().union(*(_shared_packs(root / step / n) or set() for n in names))
+        for name in used:
+            if name in refers:
+                steps[name].append(step)
+    return {"own": own, "shared": shared, "packs": used, "steps": steps}
 
 
 def copy_step(step: epath.Path, destination: epath.Path) -> list[str]:
