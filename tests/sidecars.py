@@ -1,5 +1,7 @@
 """Editing a checkpoint's sidecar in tests, as an attacker would.
 
+Reaches inside: it writes short records and seals exactly as a save's writer does.
+
 From format 6 on a sidecar carries a checksum of its own bytes, which any
 edit breaks. An attacker recomputes it; so do these helpers (`edit`,
 `replace`), so that a test probes the reader's rules, not the checksum.

@@ -2,11 +2,12 @@
 generated from the structures that decode the files, it validates what saves
 write, and the format page names every field it has.
 
-Imports `orbax_eqx._format.schema`: the schema is generated from it, and the
-committed file must be what it generates (regenerate with
+Reaches inside: the committed schema must be what `_format.schema` generates.
+
+Regenerate it with
 `python -c "import json; from orbax_eqx._format.schema import json_schema;
 print(json.dumps(json_schema(), indent=1, sort_keys=True))" >
-docs/format.schema.json`).
+docs/format.schema.json`.
 """
 
 import json

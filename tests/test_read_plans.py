@@ -3,11 +3,12 @@ bytes a safetensors load reads, copies and holds, the groups an export
 writes together, a restore's plan through `renames=`, and the blocks of a
 plain Orbax array; and a file replaced while a load reads it.
 
-Reaches inside (`_mapping.plan`, `_mapping.pieces`, `_bridge.load.load`,
-`_bridge.export`, `_restore.select`, `_orbax.plain`) because no public call
-reports these: `load_safetensors` returns the tree only, a plan and its
-pieces show publicly only as whole arrays, and nothing public can act
-between a load's header reads and its tensor reads.
+Reaches inside: no public call reports a read's plan, its bytes, or acts mid-read.
+
+`load_safetensors` returns the tree only, a plan and its pieces show
+publicly only as whole arrays, and nothing public can act between a load's
+header reads and its tensor reads (`_mapping.plan`, `_mapping.pieces`,
+`_bridge.load.load`, `_bridge.export`, `_restore.select`, `_orbax.plain`).
 """
 
 import json
