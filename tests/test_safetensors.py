@@ -387,7 +387,7 @@ def test_damaged_files_are_refused(tmp_path, make, message):
         oeqx.load_safetensors(path, {})
 
 
-def test_reader_agrees_with_library_writer(tmp_path):
+def test_reader_agrees_with_library_writer(tmp_path, capsys):
     tensors = {
         "a": np.arange(6, dtype=np.float32).reshape(2, 3),
         "b": np.array([True, False]),
@@ -395,6 +395,15 @@ def test_reader_agrees_with_library_writer(tmp_path):
         "d": np.arange(3).astype(ml_dtypes.float8_e5m2),
     }
     save_file(tensors, tmp_path / "x.safetensors", metadata={"k": "v"})
+    assert main(["inspect", "--json", str(tmp_path / "x.safetensors")]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [f["metadata"] for f in doc["files"]] == [["k"]]
+    for name, expected in tensors.items():
+        found = doc["tensors"][name]
+        assert (found["shape"], found["dtype"]) == (
+            list(expected.shape),
+            str(expected.dtype),
+        )
     skeleton = {n: np.empty(x.shape, x.dtype) for n, x in tensors.items()}
     loaded = oeqx.load_safetensors(tmp_path / "x.safetensors", skeleton)
     for name, expected in tensors.items():
