@@ -342,3 +342,21 @@ def test_the_command_line_inspects_copies_and_prunes(tmp_path, capsys):
     assert main(["prune", str(tmp_path / "nothing")]) == 2
     assert "is not a directory: pass the root directory" in capsys.readouterr().err
     _assert_step(oeqx.restore(tmp_path / "out" / "3" / "default", SKELETON), 3)
+
+
+def test_orbax_v1_checkpointer_saves_with_dedup(tmp_path):
+    from orbax.checkpoint import v1 as ocp1
+
+    policy = ocp1.training.preservation_policies.LatestN(2)
+    with ocp1.training.Checkpointer(tmp_path, preservation_policy=policy) as ckptr:
+        for step in range(5):
+            before = set(_shared(tmp_path)) if (tmp_path / SHARED).exists() else set()
+            item = oeqx.EqxSave(_item(step), dedup=True)
+            assert ckptr.save_checkpointables(step, {"model": item})
+            new = [s for n, s in _shared(tmp_path).items() if n not in before]
+            assert new == ([64 + 12] if step else new)  # after the first, the head
+        assert [c.step for c in ckptr.checkpoints] == [3, 4]
+        for step in (3, 4):
+            loaded = ckptr.load_checkpointables(step, {"model": SKELETON})
+            _assert_step(loaded["model"], step)
+    assert len(_shared(tmp_path)) <= 4  # the base, the kept heads, one to collect

@@ -38,9 +38,13 @@ class EqxSave(_CheckpointArgs):
         `{"model": m, "opt_state": s, "step": 3}`, an optax state... In a
         multi-host run every jax array in it must be global (span the
         processes' devices); a host-local one is an error, raised here.
+    - `dedup`: store the packed arrays whose bytes the newest step holds
+        as references to them, as `EqxHandler(dedup=True)` does for every
+        save (under a manager, and through Orbax's v1 `Checkpointer`).
     """
 
     item: Any
+    dedup: bool = False
     # `item` flattened once, for the checks here and the handler's save.
     _flat: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
     # Set by `oeqx.save`: no step directory and item to record (see `saved_as`).

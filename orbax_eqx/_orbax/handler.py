@@ -145,6 +145,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         # `finalize` needs them; re-reading the sidecar costs ~0.1 s on a
         # 6,000-leaf model.
         self._saving: dict[str, tuple[str | None, Any, bool, int]] = {}
+        self._deduped: set[str] = set()  # of those, saved with `dedup`
         # Buffers of async saves' numpy copies, reused by the next save (see
         # `_storage/transfer/pool.py`).
         self._pool = HostPool(kept_copy_bytes)
@@ -178,9 +179,16 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         once written (`_storage/transfer/pool.py`), until `close()`.
         """
         primary = ocp.multihost.is_primary_host(self._primary_host)
-        if self._dedup and _saved_as(directory, args) is None:
+        dedup = self._dedup or (args is not None and args.dedup)
+        if dedup and not self._pack:
             raise ValueError(
-                f"EqxHandler(dedup=True) saves the steps of a CheckpointManager, "
+                "EqxSave(dedup=True) with EqxHandler(pack=False): only packed "
+                "arrays are stored once across steps. Save with `pack=True` (the "
+                "default), or drop `dedup=True`."
+            )
+        if dedup and _saved_as(directory, args) is None:
+            raise ValueError(
+                f"`dedup=True` saves the steps of a CheckpointManager, "
                 f"whose later steps refer to earlier ones' bytes; {directory} is a "
                 "checkpoint of its own. Save it through `ocp.CheckpointManager`, "
                 "or with a handler without `dedup=True`."
@@ -201,10 +209,14 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             bool(prepared.stored),
             prepared.shard_files,
         )
+        if dedup:
+            self._deduped.add(os.fspath(directory))
         where = _futures.target(directory)  # named by errors of the writes
         _at_exit.started(where, _futures.final_directory(directory))
         try:
-            return await self._start_writes(directory, token, prepared, started, where)
+            return await self._start_writes(
+                directory, token, prepared, started, where, dedup
+            )
         except BaseException:
             _at_exit.ended(where)  # raised here, to the caller: nothing to finish
             raise
@@ -253,7 +265,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             raise
 
     async def _start_writes(
-        self, directory, token: str, prepared, started, where
+        self, directory, token: str, prepared, started, where, dedup: bool
     ) -> list[Any]:
         """Orbax's write of the arrays it stores, if any, and ours of the
         packs and the sidecar, as futures of the save."""
@@ -271,9 +283,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         primary = ocp.multihost.is_primary_host(self._primary_host)
 
         async def files() -> None:
-            _files.write(
-                directory, prepared, started, primary, self._checksums, self._dedup
-            )
+            _files.write(directory, prepared, started, primary, self._checksums, dedup)
 
         future = _futures.commit_future(files(), name="orbax_eqx_files")
         futures.append(_futures.NotedFuture(future, where))
@@ -374,7 +384,9 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             _check_shard_files(epath.Path(directory), token, shard_files, started)
             if started is not None:
                 _claim.before_commit(started)
-            if self._dedup and ocp.multihost.is_primary_host(self._primary_host):
+            deduped = os.fspath(directory) in self._deduped
+            self._deduped.discard(os.fspath(directory))
+            if deduped and ocp.multihost.is_primary_host(self._primary_host):
                 _collect(epath.Path(directory))
 
     def close(self) -> None:

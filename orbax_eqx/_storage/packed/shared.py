@@ -328,6 +328,8 @@ def collect(
         if strict:
             raise
         return []
+    if live is None:  # (not with `strict`)
+        return []
     gone = []
     for name in present:
         if name not in live:
