@@ -146,6 +146,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         # 6,000-leaf model.
         self._saving: dict[str, tuple[str | None, Any, bool, int]] = {}
         self._deduped: set[str] = set()  # of those, saved with `dedup`
+        self._known = _shared.Known()  # identities of jax arrays saved with it
         # Buffers of async saves' numpy copies, reused by the next save (see
         # `_storage/transfer/pool.py`).
         self._pool = HostPool(kept_copy_bytes)
@@ -283,7 +284,15 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         primary = ocp.multihost.is_primary_host(self._primary_host)
 
         async def files() -> None:
-            _files.write(directory, prepared, started, primary, self._checksums, dedup)
+            _files.write(
+                directory,
+                prepared,
+                started,
+                primary,
+                self._checksums,
+                dedup,
+                self._known,
+            )
 
         future = _futures.commit_future(files(), name="orbax_eqx_files")
         futures.append(_futures.NotedFuture(future, where))

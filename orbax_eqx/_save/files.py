@@ -79,11 +79,13 @@ def write(
     primary: bool,
     checksums: bool,
     dedup: bool = False,
+    known: Any = None,
 ) -> None:
     """Writes this process's files of the save `prepared` into `directory`
     (`started`: the primary host's `claim.Started`, else None). With `dedup`,
     the pack goes to the shared directory beside the steps, without the
-    leaves the newest step holds already (`_storage/packed/shared.py`)."""
+    leaves the newest step holds already (`_storage/packed/shared.py`);
+    `known`: the identities of the jax arrays this handler saved before."""
     if primary and started.identity is None:
         _claim.begin(started)
     pack = None
@@ -99,7 +101,7 @@ def write(
                 if primary:
                     _claim.wrote(started, path)
         if primary and dedup:
-            _shared_pack_and_sidecar(directory, prepared, started, checksums)
+            _shared_pack_and_sidecar(directory, prepared, started, checksums, known)
         elif primary:
             _pack_and_sidecar(directory, prepared, started, pack)
     except OSError as e:  # perhaps because another save took the directory
@@ -112,14 +114,22 @@ def write(
         prepared.give_back()
 
 
-def _shared_pack_and_sidecar(directory, prepared: Any, started, checksums) -> None:
+def _shared_pack_and_sidecar(
+    directory, prepared: Any, started, checksums, known=None
+) -> None:
     """The pack of a dedup save: only the leaves the base step does not hold,
     into the shared directory; the sidecar refers to the rest where they are."""
     content = prepared.content
     step, item = content["saved_as"]["step"], content["saved_as"]["item"]
     base = _shared.base(directory, step, item)
     planned = _shared.plan(
-        content["token"], content, prepared.packed_names, prepared.pieces, base
+        content["token"],
+        content,
+        prepared.packed_names,
+        prepared.pieces,
+        base,
+        prepared.packed_leaves,
+        known,
     )
     _shared.apply(content, planned)
     crcs: dict[str, int] = {}
@@ -129,6 +139,9 @@ def _shared_pack_and_sidecar(directory, prepared: Any, started, checksums) -> No
         crcs = dict(zip(planned.written, found, strict=False))
     prepared.drop_pieces()
     _sidecar_and_sums(directory, prepared, started, crcs)
+    if known is not None:  # written: their identities hold for the next save
+        for name, x in zip(prepared.packed_names, prepared.packed_leaves, strict=True):
+            known.put(x, content["leaves"][name]["xxh3_128"])
 
 
 def _pack_and_sidecar(directory, prepared: Any, started, pack) -> None:

@@ -72,6 +72,9 @@ class Prepared:
     pieces: list[tuple[int, np.ndarray]] = dataclasses.field(default_factory=list)
     pack_nbytes: int = 0
     packed_names: list[str] = dataclasses.field(default_factory=list)
+    # The packed leaves as the caller gave them, in the pieces' order (for
+    # `dedup`: a jax array seen before needs no new checksum).
+    packed_leaves: list[Any] = dataclasses.field(default_factory=list)
     # Whether this process writes the pack (it took the host copies), and
     # its packed pieces, `(offset, host copy)` in file order, once the copies
     # are done (waits for them; None once taken, see `take_pieces`).
@@ -86,7 +89,9 @@ class Prepared:
         """Names the leaves and builds the sidecar's content; waits for the
         host copies. Once; in the save's background thread."""
         if self._finish is not None:
-            self.content, self.pack_nbytes, self.packed_names = self._finish()
+            found = self._finish()
+            self.content, self.pack_nbytes, self.packed_names = found[:3]
+            self.packed_leaves = found[3]
             self.pieces = self.take_pieces()
             self._finish = None
 
@@ -185,7 +190,8 @@ def prepare(
         if local is not None:
             local.names = [names[i] for i in local.names]
         packed_names = [names[i] for i in to_pack] if hosts is not None else []
-        return content, pack_nbytes, packed_names
+        packed_leaves = [leaves[i] for i in to_pack] if hosts is not None else []
+        return content, pack_nbytes, packed_names, packed_leaves
 
     return Prepared(
         stored,

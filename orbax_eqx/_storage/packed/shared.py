@@ -22,9 +22,12 @@ import os
 import re
 import shutil
 import sys
+import threading
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import msgspec
 import numpy as np
 import orbax.checkpoint as ocp
@@ -61,6 +64,46 @@ def identity(data: np.ndarray | memoryview) -> str:
     if isinstance(data, np.ndarray):
         data = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
     return f"{xxhash.xxh3_128_intdigest(data):032x}"
+
+
+class Known:
+    """The identities of jax arrays a handler saved: an array is immutable,
+    so the very same object has the same bytes, and its checksum need not be
+    computed again while it lives. Numpy arrays, which change in place, are
+    never kept."""
+
+    MAX = 1 << 16
+
+    def __init__(self) -> None:
+        self._by_id: dict[int, tuple[weakref.ref, str]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, x: Any) -> str | None:
+        """The XXH3-128 of the bytes of jax array `x`, if saved before."""
+        with self._lock:
+            found = self._by_id.get(id(x))
+        if found is None or found[0]() is not x:
+            return None
+        return found[1]
+
+    def put(self, x: Any, identity: str) -> None:
+        if not isinstance(x, jax.Array):
+            return
+        key = id(x)
+
+        def forget(_: Any, key: int = key) -> None:
+            with self._lock:
+                held = self._by_id.get(key)
+                if held is not None and held[0]() is None:
+                    del self._by_id[key]
+
+        try:
+            ref = weakref.ref(x, forget)
+        except TypeError:
+            return
+        with self._lock:
+            if len(self._by_id) < self.MAX:
+                self._by_id[key] = (ref, identity)
 
 
 def _step_dirs(root: epath.Path) -> dict[str, list[str]]:
@@ -143,17 +186,22 @@ def plan(
     names: Sequence[str],
     pieces: Sequence[tuple[int, np.ndarray]],
     saved: Metadata | None,
+    originals: Sequence[Any] = (),
+    known: Known | None = None,
 ) -> Plan:
     """The references and the new pack of a dedup save of `content` (its
-    packed leaves `names`, with their host copies `pieces`), against the base
-    step `saved`: a leaf the base holds, byte for byte, is a reference."""
+    packed leaves `names`, with their host copies `pieces`, of the arrays
+    `originals`), against the base step `saved`: a leaf the base holds, byte
+    for byte, is a reference. `known`: identities of arrays saved before."""
     records: dict[str, dict[str, Any]] = {}
     new: list[tuple[str, np.ndarray]] = []
     kept: list[tuple[str, Any]] = []  # (name, the base's record)
     leaves = content["leaves"]
-    for name, (_, host) in zip(names, pieces, strict=True):
+    originals = originals or [None] * len(names)
+    for name, (_, host), x in zip(names, pieces, originals, strict=True):
         record = records[name] = _whole(leaves[name])
-        record["xxh3_128"] = identity(host)
+        seen = known.get(x) if known is not None and x is not None else None
+        record["xxh3_128"] = seen if seen is not None else identity(host)
         old = _same(saved, name, record)
         if old is None:
             new.append((name, host))
