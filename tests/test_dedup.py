@@ -360,3 +360,25 @@ def test_orbax_v1_checkpointer_saves_with_dedup(tmp_path):
             loaded = ckptr.load_checkpointables(step, {"model": SKELETON})
             _assert_step(loaded["model"], step)
     assert len(_shared(tmp_path)) <= 4  # the base, the kept heads, one to collect
+
+
+def test_verify_checks_the_shared_bytes_a_step_refers_to(tmp_path):
+    with _manager(tmp_path) as mngr:
+        for step in range(3):
+            mngr.save(step, args=oeqx.EqxSave(_item(step)))
+        mngr.wait_until_finished()
+    assert oeqx.verify(tmp_path / "2" / "default").ok
+    (base,) = _packs(tmp_path, 0)  # written by step 0: the base, and its head
+    with open(tmp_path / SHARED / base, "r+b") as f:
+        f.seek(100)
+        f.write(b"\xff")  # in `['base']['table']`
+    for step in (1, 2):
+        report = oeqx.verify(tmp_path / str(step) / "default")
+        assert not report.ok
+        assert "['base']['table']" in str(report.damaged)
+    # A fallback goes past every step that refers to it: here, all of them.
+    with _manager(tmp_path) as mngr:
+        with pytest.raises(oeqx.CheckpointNotFoundError) as e:
+            oeqx.restore_latest(mngr, oeqx.EqxRestore(SKELETON))
+    for step in (0, 1, 2):
+        assert f"step {step}: CheckpointDamagedError" in str(e.value)
