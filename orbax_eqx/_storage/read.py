@@ -122,6 +122,8 @@ def check_shared(directory: epath.Path, saved: Metadata, names) -> None:
     """Raises, before anything is read, if a shared pack that leaves `names`
     are in is gone (deleted by hand: a save deletes only those no step refers
     to), naming those leaves and the file that held them."""
+    if not any(p.shared for p in saved.packs):
+        return
     missing: dict[int, list[str]] = {}
     for name in names:
         record, pack = saved.leaves[name], saved.leaves[name].pack
