@@ -88,19 +88,9 @@ def _finish_at_exit() -> None:
         saves = {w: s for w, s in _saves.items() if _live(s, me)}
     unsaved = [w for w, s in saves.items() if not (s.final and s.final.exists())]
     if unsaved:
-        names = " and ".join(unsaved)
-        was, it = ("was", "it") if len(unsaved) == 1 else ("were", "them")
-        _say(
-            f"the script ended while {names} {was} still being saved; finishing "
-            f"{it} now. Call `mngr.wait_until_finished()` (or `mngr.close()`, or "
-            "use the manager in a `with` block) before a script ends."
-        )
+        _say_finishing(unsaved)
     for where, save in saves.items():
-        with _lock:  # until it is finalized, fails, or is committed elsewhere
-            while not _known(where, save, time.monotonic() - start):
-                _lock.wait(0.05)
-        if save.committer is not None and save.committer is not me:
-            save.committer.join()
+        _wait_for(where, save, me, start)
     for where in unsaved:
         final = saves[where].final
         if final is not None and not final.exists():
@@ -108,6 +98,26 @@ def _finish_at_exit() -> None:
                 f"{where} was not saved (see the error above); the steps saved "
                 "before it are intact."
             )
+
+
+def _say_finishing(unsaved: list[str]) -> None:
+    names = " and ".join(unsaved)
+    was, it = ("was", "it") if len(unsaved) == 1 else ("were", "them")
+    _say(
+        f"the script ended while {names} {was} still being saved; finishing "
+        f"{it} now. Call `mngr.wait_until_finished()` (or `mngr.close()`, or "
+        "use the manager in a `with` block) before a script ends."
+    )
+
+
+def _wait_for(where: str, save: _Save, me: threading.Thread, start: float) -> None:
+    """Until the save is finalized, fails, or is committed elsewhere; then
+    joins the thread that commits it."""
+    with _lock:
+        while not _known(where, save, time.monotonic() - start):
+            _lock.wait(0.05)
+    if save.committer is not None and save.committer is not me:
+        save.committer.join()
 
 
 def _live(save: _Save, me: threading.Thread) -> bool:

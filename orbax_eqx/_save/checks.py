@@ -153,6 +153,16 @@ def check_arrays(walked: Walked, pack: bool = True, taken: bool = False) -> None
 
 
 def _problem(x: Any, pack: bool, taken: bool = False) -> tuple[str, str] | None:
+    found = _object_problem(x, taken)
+    if found is not None:
+        return found
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or is_key_dtype(dtype):
+        return None
+    return _dtype_problem(dtype, pack)
+
+
+def _object_problem(x: Any, taken: bool) -> tuple[str, str] | None:
     kind = type(x)
     if not taken and isinstance(x, jax.Array) and x.is_deleted():
         return (
@@ -167,9 +177,10 @@ def _problem(x: Any, pack: bool, taken: bool = False) -> tuple[str, str] | None:
             "numpy.ndarray: a restore would give a plain numpy.ndarray and drop "
             "what the subclass adds",
         )
-    dtype = getattr(x, "dtype", None)
-    if dtype is None or is_key_dtype(dtype):
-        return None
+    return None
+
+
+def _dtype_problem(dtype: Any, pack: bool) -> tuple[str, str] | None:
     if isinstance(dtype, np.dtype) and dtype.fields is not None:
         return (
             "structured",
@@ -227,36 +238,14 @@ _DEPTH_FIX = (
 def check_recordable(walked: Walked) -> None:
     """Raises `UnsupportedLeafError` listing every leaf or field that cannot be
     recorded so that it reads back."""
-    text, deep = [], []
-    for leaf in walked.leaves:
-        if not is_text(leaf.name):
-            text.append(f"Leaf {leaf.label} {_key(leaf)}.")
-        # Other leaves are recorded as descriptions, which escape such text.
-        if type(leaf.value) is str and not is_text(leaf.value):
-            text.append(
-                f"Leaf {leaf.label} is a str that is not valid Unicode: "
-                f"{leaf.value!r} {_SURROGATE}."
-            )
+    text = _leaf_text(walked)
+    deep: list[str] = []
     for name, module in walked.modules.items():
         if not is_text(name):
             text.append(
                 f"Module `{module.path}` is under a dict key that is not valid Unicode."
             )
-        for field, value in module.static.items():
-            found, nested = bad_text(value), too_deep(value)
-            if found is None and not nested:
-                continue  # (the usual case: no message to word)
-            where = (
-                f"Static field `{field}` of module {label(name, module.path)} "
-                f"({module.cls})"
-            )
-            if found is not None:
-                text.append(
-                    f"{where} holds text that is not valid Unicode: "
-                    f"{found!r} {_SURROGATE}."
-                )
-            if nested:
-                deep.append(f"{where} nests more than {MAX_DEPTH} levels deep.")
+        _check_static(name, module, text, deep)
     if text or deep:
         fixes = ([_TEXT_FIX] if text else []) + ([_DEPTH_FIX] if deep else [])
         raise UnsupportedLeafError(
@@ -265,6 +254,41 @@ def check_recordable(walked: Walked) -> None:
             + "\n"
             + " ".join(fixes)
         )
+
+
+def _leaf_text(walked: Walked) -> list[str]:
+    """What `check_recordable` says of leaves whose name or str is not valid
+    Unicode; other leaves are recorded as descriptions, which escape such
+    text."""
+    text = []
+    for leaf in walked.leaves:
+        if not is_text(leaf.name):
+            text.append(f"Leaf {leaf.label} {_key(leaf)}.")
+        if type(leaf.value) is str and not is_text(leaf.value):
+            text.append(
+                f"Leaf {leaf.label} is a str that is not valid Unicode: "
+                f"{leaf.value!r} {_SURROGATE}."
+            )
+    return text
+
+
+def _check_static(name: str, module: Any, text: list[str], deep: list[str]) -> None:
+    """Adds to `text` and `deep` what `check_recordable` says of the static
+    fields of `module` (under `name`)."""
+    for field, value in module.static.items():
+        found, nested = bad_text(value), too_deep(value)
+        if found is None and not nested:
+            continue  # (the usual case: no message to word)
+        where = (
+            f"Static field `{field}` of module {label(name, module.path)} "
+            f"({module.cls})"
+        )
+        if found is not None:
+            text.append(
+                f"{where} holds text that is not valid Unicode: {found!r} {_SURROGATE}."
+            )
+        if nested:
+            deep.append(f"{where} nests more than {MAX_DEPTH} levels deep.")
 
 
 def _key(leaf) -> str:

@@ -175,29 +175,42 @@ def _what_else(path: epath.Path) -> tuple[str, dict[str, object]] | None:
         odd = foreign(path)
         return ("item with others", {"odd": some(odd)}) if odd else None
     entries = list(path.iterdir())
-    if not entries:
-        return None
+    return _what_holds(path, entries) if entries else None
+
+
+def _what_holds(
+    path: epath.Path, entries: list[epath.Path]
+) -> tuple[str, dict[str, object]] | None:
+    """`_what_else` of a directory of `entries`, that is no item directory."""
     items = sorted(p for p in entries if p.is_dir() and is_item(p))
-    others = sorted(
-        p.name
-        for p in entries
-        if p not in items and not (p.name in _ORBAX_TOP_FILES and p.is_file())
-    )
-    if items and not others:
-        return _what_step(items)
     if items:
-        return "items among others", {
-            "plural": "s" if len(items) > 1 else "",
-            "held": some([p.name for p in items]),
-            "others": some(others),
-            "such": "" if len(items) == 1 else "such as ",
-            "first": items[0],
-        }
+        return _what_items(items, entries)
     steps = steps_in(path)
     if steps:
         return "manager root", {"steps": ", ".join(str(s) for s, _ in steps[-10:])}
     names = sorted(p.name for p in entries)
     return "other files", {"names": some(names), "sidecar": FILE_NAME}
+
+
+def _what_items(
+    items: list[epath.Path], entries: list[epath.Path]
+) -> tuple[str, dict[str, object]] | None:
+    """`_what_else` of a directory of `entries` that holds item directories
+    `items`."""
+    others = sorted(
+        p.name
+        for p in entries
+        if p not in items and not (p.name in _ORBAX_TOP_FILES and p.is_file())
+    )
+    if not others:
+        return _what_step(items)
+    return "items among others", {
+        "plural": "s" if len(items) > 1 else "",
+        "held": some([p.name for p in items]),
+        "others": some(others),
+        "such": "" if len(items) == 1 else "such as ",
+        "first": items[0],
+    }
 
 
 def _what_step(items: list[epath.Path]) -> tuple[str, dict[str, object]] | None:
