@@ -382,3 +382,21 @@ def test_verify_checks_the_shared_bytes_a_step_refers_to(tmp_path):
             oeqx.restore_latest(mngr, oeqx.EqxRestore(SKELETON))
     for step in (0, 1, 2):
         assert f"step {step}: CheckpointDamagedError" in str(e.value)
+
+
+def test_a_step_saved_again_by_another_manager_is_read_as_it_is(tmp_path):
+    other = {**_item(1), "base": {"w": jnp.asarray(BASE + 1), "table": BASE[:1000] + 1}}
+    with _manager(tmp_path) as mngr:
+        for step in range(2):
+            mngr.save(step, args=oeqx.EqxSave(_item(step)))
+            mngr.wait_until_finished()
+        shutil.rmtree(tmp_path / "1")
+        with _manager(tmp_path) as again:  # step 1 anew, with another base
+            again.save(1, args=oeqx.EqxSave(other))
+            again.wait_until_finished()
+        mngr.reload()
+        mngr.save(2, args=oeqx.EqxSave(_item(2)))  # its base: the new step 1
+        mngr.wait_until_finished()
+        _assert_step(mngr.restore(2, args=oeqx.EqxRestore(SKELETON)), 2)
+        got = mngr.restore(1, args=oeqx.EqxRestore(SKELETON))
+        np.testing.assert_array_equal(got["base"]["w"], BASE + 1)

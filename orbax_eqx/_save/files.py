@@ -121,7 +121,7 @@ def _shared_pack_and_sidecar(
     into the shared directory; the sidecar refers to the rest where they are."""
     content = prepared.content
     step, item = content["saved_as"]["step"], content["saved_as"]["item"]
-    base = _shared.base(directory, step, item)
+    base = _shared.base(directory, step, item, known)
     planned = _shared.plan(
         content["token"],
         content,
@@ -142,6 +142,7 @@ def _shared_pack_and_sidecar(
     if known is not None:  # written: their identities hold for the next save
         for name, x in zip(prepared.packed_names, prepared.packed_leaves, strict=True):
             known.put(x, content["leaves"][name]["xxh3_128"])
+        known.wrote(directory, content)
 
 
 def _pack_and_sidecar(directory, prepared: Any, started, pack) -> None:

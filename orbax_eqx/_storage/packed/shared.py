@@ -42,14 +42,18 @@ from ..._format.compact import row_nbytes
 from ..._format.schema import PackRecord
 from ..._format.sidecar import (
     FILE_NAME,
+    FORMAT_VERSION,
     MAX_BYTES,
     PACKED,
     SHARED_DIR,
     Metadata,
+    PackMetadata,
+    leaf_metadata,
     pack_file,
     pack_path,
     shared_dir,
 )
+from ..._tree.walk import ARRAY
 from .. import ranges as _ranges
 
 _TMP_MARK = ocp.path.atomicity.TMP_DIR_SUFFIX
@@ -77,6 +81,49 @@ class Known:
     def __init__(self) -> None:
         self._by_id: dict[int, tuple[weakref.ref, str]] = {}
         self._lock = threading.Lock()
+        # Per item name: the version of the sidecar last written, and what
+        # a base needs of it (see `base`).
+        self._last: dict[str, tuple[Any, Metadata]] = {}
+
+    def wrote(self, directory: epath.Path, content: dict[str, Any]) -> None:
+        """Notes the sidecar just written in the item `directory`: its packed
+        leaves' records, as the next save's base reads them."""
+        packs = tuple(
+            PackMetadata(p["file"], p["nbytes"], p.get("shared", False))
+            for p in content["packs"]
+        )
+        leaves = {}
+        for name, r in content["leaves"].items():
+            if isinstance(r, dict) and r.get("data") == PACKED and "xxh3_128" in r:
+                xxh3 = r.get("xxh3")
+                leaves[name] = leaf_metadata(
+                    name,
+                    "",
+                    ARRAY,
+                    tuple(r["shape"]),
+                    r["dtype"],
+                    r["container"],
+                    PACKED,
+                    nbytes=r["nbytes"],
+                    pack=r["pack"],
+                    offset=r["offset"],
+                    checksum=None if xxh3 is None else int(xxh3, 16),
+                    identity=r["xxh3_128"],
+                )
+        path = epath.Path(directory) / FILE_NAME
+        version = _route.for_path(path).version(path)
+        saved = Metadata(str(directory), FORMAT_VERSION, {}, leaves, {}, packs)
+        with self._lock:
+            self._last[_final_name(directory)] = (version, saved)
+
+    def last_save(self, item: epath.Path) -> Metadata | None:
+        """What `wrote` noted, if the sidecar in `item` is that very file."""
+        with self._lock:
+            found = self._last.get(_final_name(item))
+        if found is None or found[0] is None:
+            return None
+        path = epath.Path(item) / FILE_NAME
+        return found[1] if _route.for_path(path).version(path) == found[0] else None
 
     def get(self, x: Any) -> str | None:
         """The XXH3-128 of the bytes of jax array `x`, if saved before."""
@@ -106,6 +153,11 @@ class Known:
                 self._by_id[key] = (ref, identity)
 
 
+def _final_name(directory: Any) -> str:
+    """An item directory's name once Orbax commits it."""
+    return epath.Path(directory).name.split(_TMP_MARK)[0]
+
+
 def _step_dirs(root: epath.Path) -> dict[str, list[str]]:
     """`{step directory name: [item names]}` of the committed steps under
     `root` that hold orbax_eqx items (and of none being saved)."""
@@ -131,10 +183,13 @@ def _number(step: str) -> int:
     return int(found[1]) if found else -1
 
 
-def base(directory: epath.Path, step: str, item: str) -> Metadata | None:
+def base(
+    directory: epath.Path, step: str, item: str, known: "Known | None" = None
+) -> Metadata | None:
     """The sidecar of the newest committed step other than `step` whose item
     `item` has shared packs, for the save into `directory`; None if there is
-    none, or it cannot be read (the save then writes every leaf)."""
+    none, or it cannot be read (the save then writes every leaf). Where that
+    is the sidecar `known` saw written last, unchanged, it is not read again."""
     root = epath.Path(directory).parent.parent
     try:
         steps = _step_dirs(root)
@@ -146,8 +201,11 @@ def base(directory: epath.Path, step: str, item: str) -> Metadata | None:
         reverse=True,
     )
     for name in ordered[:1]:
+        path = root / name / item
+        if known is not None and (saved := known.last_save(path)) is not None:
+            return saved
         try:
-            saved = _sidecar_read.read(root / name / item, nodes=False)
+            saved = _sidecar_read.read(path, nodes=False)
         except Exception:
             return None
         if any(p.shared for p in saved.packs):
