@@ -214,6 +214,19 @@ def _edit_packs(path, edit) -> None:
     _reseal(path)
 
 
+def test_shared_packs_are_read_only_beside_the_steps_of_a_manager(tmp_path):
+    root = tmp_path / "run"
+    with _manager(root) as mngr:
+        mngr.save(0, args=oeqx.EqxSave(_item(0)))
+        mngr.wait_until_finished()
+    path = root / "0" / "default" / "orbax_eqx.json"
+    lines = path.read_bytes().split(b"\n")
+    path.write_bytes(b"\n".join(x for x in lines if not x.startswith(b' "saved_as"')))
+    _reseal(path)
+    with pytest.raises(oeqx.CheckpointDamagedError, match="lists shared packs but was"):
+        oeqx.restore(root / "0" / "default", SKELETON)
+
+
 @pytest.mark.parametrize(
     "edit, match",
     [

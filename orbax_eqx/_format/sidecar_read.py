@@ -171,6 +171,9 @@ def _from_document(document: Any, where: str, nodes: bool) -> Metadata:
             f"any save writes ({_sealed.MAX_RECORDS})"
         )
     packs = _packs(document.packs, where, bad)
+    if document.saved_as is None and any(p.shared for p in packs):
+        # Read beside the steps of a manager: a checkpoint of its own has none.
+        raise bad("it lists shared packs but was not saved as a step of a manager")
     paths = Paths(document.modules)
     leaves = _Leaves(packs, document.checksums, bad, paths).read(document.leaves)
     _check_references(leaves, document.shard_files != 0, bad)
