@@ -45,6 +45,12 @@ class Running:
         return self._hasher.intdigest()
 
 
+def identity(data: np.ndarray | memoryview) -> str:
+    """What a dedup save compares (a packed leaf, a chunk of a shard pack):
+    the XXH3-128 of the bytes, as 32 hex digits."""
+    return f"{xxhash.xxh3_128_intdigest(_flat(data)):032x}"
+
+
 def digest(data: bytes | memoryview) -> str:
     """The checksum of a JSON file's bytes as written: `xxh3:<16 hex digits>`."""
     return f"{DIGEST}:{xxhash.xxh3_64_intdigest(data):016x}"

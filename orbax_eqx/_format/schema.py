@@ -225,7 +225,8 @@ def raw_records(nodes: bool = True) -> Any:
 
 class ChunkRow(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     """One chunk: its box, its byte range in the shard pack, and the XXH3-64
-    of every `block` bytes of that range."""
+    of every `block` bytes of that range; with dedup, which of the index's
+    `files` holds it, and the XXH3-128 of its bytes (its identity)."""
 
     start: list[Size]
     stop: list[Size]
@@ -233,6 +234,16 @@ class ChunkRow(msgspec.Struct, array_like=True, forbid_unknown_fields=True):
     nbytes: Size
     block: Annotated[int, msgspec.Meta(gt=0)]
     xxh3s: list[Hex64]
+    file: Size | msgspec.UnsetType = UNSET  # an index into `files`
+    xxh3_128: Hex128 | msgspec.UnsetType = UNSET
+
+
+class ShardFile(msgspec.Struct):
+    """A shard pack a dedup index's chunks are in: `file` must be a shard
+    pack's name (`sidecar.SHARD_FILE`)."""
+
+    file: str
+    nbytes: Size
 
 
 class ShardIndex(msgspec.Struct):
@@ -245,6 +256,8 @@ class ShardIndex(msgspec.Struct):
     file: str
     nbytes: Size
     chunks: dict[str, list[ChunkRow]]
+    shared: bool = False  # `files` are in the shared directory beside the steps
+    files: list[ShardFile] | msgspec.UnsetType = UNSET  # with dedup
     checksum: Digest | msgspec.UnsetType = UNSET  # checked before decoding
 
 

@@ -49,6 +49,7 @@ TOO_DEEP = "nests values deeper than orbax_eqx writes them"
 _NODE: Any = _schema.TypeIndex | _schema.NodeRecord
 _MODULE: Any = _schema.TypeIndex | _schema.ModuleRecord
 PACK_NAME = re.compile(r"orbax_eqx~packed\.[0-9a-f]{16}\.(0|[1-9][0-9]{0,5})\.bin")
+SHARD_NAME = re.compile(r"orbax_eqx~shards\.[0-9a-f]{16}\.(0|[1-9][0-9]{0,5})\.bin")
 _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
 
 

@@ -99,12 +99,13 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         async save copies them before it returns; reusing the buffers halves
         its time for large ones). Each is kept only until a save of other
         shapes or `close()`; `0` keeps none.
-    - `dedup`: under a `CheckpointManager`, write only the packed arrays
-        whose bytes changed since the newest step: the rest are recorded as
-        references to the bytes already stored, in `orbax_eqx~shared/`
-        beside the steps (docs/guides/frozen-weights.md). Deleting any step
-        never breaks another; each save deletes the shared bytes no step
-        refers to any more. Needs `pack=True`.
+    - `dedup`: under a `CheckpointManager`, write only the packed arrays,
+        and the chunks of sharded ones, whose bytes changed since the newest
+        step: the rest are recorded as references to the bytes already
+        stored, in `orbax_eqx~shared/` beside the steps
+        (docs/guides/frozen-weights.md). Deleting any step never breaks
+        another; each save deletes the shared bytes no step refers to any
+        more. Needs `pack=True`.
 
     !!! example
 
@@ -389,12 +390,14 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                 except Exception as e:
                     _claim.explain(started, e)
                     raise
-            # Orbax's barrier has passed: every process's writes are done.
-            _check_shard_files(epath.Path(directory), token, shard_files, started)
-            if started is not None:
-                _claim.before_commit(started)
             deduped = os.fspath(directory) in self._deduped
             self._deduped.discard(os.fspath(directory))
+            # Orbax's barrier has passed: every process's writes are done.
+            _check_shard_files(
+                epath.Path(directory), token, shard_files, started, deduped
+            )
+            if started is not None:
+                _claim.before_commit(started)
             if deduped and ocp.multihost.is_primary_host(self._primary_host):
                 _collect(epath.Path(directory))
 
@@ -438,15 +441,16 @@ def _saved_here(directory: epath.Path) -> tuple[str | None, None, bool, int]:
     return saved.token, None, stored, saved.shard_files
 
 
-def _check_shard_files(directory: epath.Path, token, shard_files: int, started):
-    """Every process's shard pack and index must be there before the commit."""
+def _check_shard_files(directory, token, shard_files: int, started, dedup: bool):
+    """Every process's shard pack and index must be there before the commit
+    (with `dedup`, the index: its shard pack is in the shared directory)."""
     if token is None or not shard_files:
         return
     missing = [
         name
         for process in range(shard_files)
         for name in (
-            _sidecar.shard_file(token, process),
+            *(() if dedup else (_sidecar.shard_file(token, process),)),
             _sidecar.shard_index(token, process),
         )
         if not _route.for_path(directory / name).exists(directory / name)

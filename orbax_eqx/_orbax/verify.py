@@ -22,13 +22,12 @@ from .._format.sidecar import (
     LeafMetadata,
     Metadata,
     pack_path,
-    shard_file,
 )
 from .._restore.read import LeafReader, release_memory
 from .._storage import ranges as _ranges
 from .._storage.orbax_store.read import storage_error
 from .._storage.sharded.index import check_blocks
-from .._storage.sharded.index_read import read_all
+from .._storage.sharded.index_read import chunk_path, read_all
 from . import items as _items
 from .plain import PlainMetadata, StoreReader, UnreadableArray, tensorstore_text
 
@@ -254,7 +253,7 @@ class _Found:
 
     def chunk(self, path: epath.Path, saved: Metadata, record, chunk) -> str | None:
         """Reads one chunk of a shard pack; the problem of its first bad block."""
-        file = path / shard_file(saved.token, chunk.process)
+        file = chunk_path(path, chunk)
         step = max(_CHUNK // chunk.block, 1) * chunk.block
         for at in range(0, chunk.nbytes, step):
             stop = chunk.offset + min(at + step, chunk.nbytes)

@@ -84,7 +84,8 @@ def write(
     """Writes this process's files of the save `prepared` into `directory`
     (`started`: the primary host's `claim.Started`, else None). With `dedup`,
     the pack goes to the shared directory beside the steps, without the
-    leaves the newest step holds already (`_storage/packed/shared.py`);
+    leaves the newest step holds already (`_storage/packed/shared.py`), and
+    so do the shard packs, without the chunks it holds (`sharded.write`);
     `known`: the identities of the jax arrays this handler saved before."""
     if primary and started.identity is None:
         _claim.begin(started)
@@ -94,14 +95,29 @@ def write(
             pack = start_pack(directory, started.token, prepared, checksums)
         prepared.finish()  # names, the sidecar's content, the rest of the copies
         assert prepared.content is not None  # (made by `finish`)
+        content = prepared.content
+        base = None
+        if dedup:
+            saved_as = content["saved_as"]
+            base = _shared.base(directory, saved_as["step"], saved_as["item"], known)
         if prepared.local is not None:
-            token = prepared.content["token"]
-            process = jax.process_index()
-            for path in _shards.write(directory, token, process, prepared.local):
+            token, process = content["token"], jax.process_index()
+            shared = _shared.ensure_dir(directory) if dedup else None
+            for path in _shards.write(
+                directory,
+                token,
+                process,
+                prepared.local,
+                shared,
+                base,
+                content["leaves"],
+            ):
                 if primary:
                     _claim.wrote(started, path)
         if primary and dedup:
-            _shared_pack_and_sidecar(directory, prepared, started, checksums, known)
+            _shared_pack_and_sidecar(
+                directory, prepared, started, checksums, base, known
+            )
         elif primary:
             _pack_and_sidecar(directory, prepared, started, pack)
     except OSError as e:  # perhaps because another save took the directory
@@ -115,13 +131,12 @@ def write(
 
 
 def _shared_pack_and_sidecar(
-    directory, prepared: Any, started, checksums, known=None
+    directory, prepared: Any, started, checksums, base, known=None
 ) -> None:
-    """The pack of a dedup save: only the leaves the base step does not hold,
-    into the shared directory; the sidecar refers to the rest where they are."""
+    """The pack of a dedup save: only the leaves the base step (its sidecar
+    `base`) does not hold, into the shared directory; the sidecar refers to
+    the rest where they are."""
     content = prepared.content
-    step, item = content["saved_as"]["step"], content["saved_as"]["item"]
-    base = _shared.base(directory, step, item, known)
     planned = _shared.plan(
         content["token"],
         content,

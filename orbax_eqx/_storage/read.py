@@ -31,13 +31,12 @@ from .._format.sidecar import (
     LeafMetadata,
     Metadata,
     pack_path,
-    shard_file,
 )
 from .._tree.walk import JAX, is_key_dtype, key_data_struct, key_impl, parse_dtype
 from . import engine, put
 from . import ranges as _ranges
 from .sharded.index import Chunk, check_blocks, widen
-from .sharded.index_read import read_all, token_of
+from .sharded.index_read import chunk_path, read_all
 from .transfer.staging import Staging
 
 
@@ -67,7 +66,10 @@ def read(
     `staging.copy`, bytes go to devices through its window.
     """
     directory = epath.Path(directory)
-    check_shared(directory, saved, requests)
+    chunks: dict[str, list[Chunk]] | None = None
+    if any(r.record.data == SHARDS for r in requests.values()):
+        chunks = read_all(directory, saved)  # checks every index first
+    check_shared(directory, saved, requests, chunks)
     packs = [
         engine.File(
             pack_path(directory, p),
@@ -77,8 +79,7 @@ def read(
         for p in saved.packs
     ]
     ends: dict[int, int] = {}
-    chunks: dict[str, list[Chunk]] | None = None
-    shard_files: dict[int, engine.File] = {}
+    shard_files: dict[tuple[str, bool], engine.File] = {}
     problems: dict[str, list[str]] = {"pack": [], "shards": []}
     leaves = []
     for name, request in requests.items():
@@ -90,19 +91,18 @@ def read(
                 _packed(packs[record.pack], request, verify, problems["pack"])
             )
             continue
-        if chunks is None and record.data == SHARDS:
-            chunks = read_all(directory, saved)  # checks every index first
         # (A zero-size leaf has no chunks: its units, no pieces.)
         ordered = []
         if chunks is not None and 0 not in record.shape:
             ordered = sorted(chunks[name], key=lambda c: c.start)
         files = []
         for c in ordered:
-            if c.process not in shard_files:
-                path = directory / shard_file(token_of(saved), c.process)
+            if (c.file, c.shared) not in shard_files:
+                path = chunk_path(directory, c)
                 damage = functools.partial(_ranges.damaged, path)
-                shard_files[c.process] = engine.File(path, None, damage, engine.PAD)
-            files.append(shard_files[c.process])
+                file = engine.File(path, None, damage, engine.PAD)
+                shard_files[c.file, c.shared] = file
+            files.append(shard_files[c.file, c.shared])
         found = problems["shards"] if verify else None
         leaves.append(_sharded(request, ordered, files, found))
     for pack, end in ends.items():
@@ -118,20 +118,29 @@ def read(
     return dict(zip(requests, results, strict=True))
 
 
-def check_shared(directory: epath.Path, saved: Metadata, names) -> None:
-    """Raises, before anything is read, if a shared pack that leaves `names`
-    are in is gone (deleted by hand: a save deletes only those no step refers
-    to), naming those leaves and the file that held them."""
-    if not any(p.shared for p in saved.packs):
+def check_shared(directory: epath.Path, saved: Metadata, names, chunks=None) -> None:
+    """Raises, before anything is read, if a shared pack or shard pack that
+    leaves `names` are in is gone (deleted by hand: a save deletes only those
+    no step refers to), naming those leaves and the file that held them.
+    `chunks`: the sharded leaves' chunks (`read_all`), if any is wanted."""
+    chunks = chunks or {}
+    if not any(p.shared for p in saved.packs) and not any(
+        c.shared for leaf in chunks.values() for c in leaf[:1]
+    ):
         return
-    missing: dict[int, list[str]] = {}
+    held: dict[epath.Path, list[str]] = {}
     for name in names:
         record, pack = saved.leaves[name], saved.leaves[name].pack
         if record.data == PACKED and pack is not None and saved.packs[pack].shared:
-            missing.setdefault(pack, []).append(record.path)
+            path = pack_path(directory, saved.packs[pack])
+            held.setdefault(path, []).append(record.path)
+        for c in chunks.get(name, ()) if record.data == SHARDS else ():
+            if c.shared:
+                paths = held.setdefault(chunk_path(directory, c), [])
+                if record.path not in paths[-1:]:
+                    paths.append(record.path)
     problems = []
-    for pack, paths in missing.items():
-        path = pack_path(directory, saved.packs[pack])
+    for path, paths in held.items():
         if not _route.for_path(path).exists(path):
             shown = ", ".join(f"`{p}`" for p in paths[:5])
             more = f" and {len(paths) - 5} more" if len(paths) > 5 else ""

@@ -31,26 +31,29 @@ import jax
 import msgspec
 import numpy as np
 import orbax.checkpoint as ocp
-import xxhash
 from etils import epath
 
 from ..._bytes import route as _route
 from ..._errors import SidecarError
 from ..._format import sealed as _sealed
 from ..._format import sidecar_read as _sidecar_read
+from ..._format.checksum import identity as identity
 from ..._format.compact import row_nbytes
-from ..._format.schema import PackRecord
+from ..._format.schema import PackRecord, ShardFile
 from ..._format.sidecar import (
     FILE_NAME,
     FORMAT_VERSION,
     MAX_BYTES,
     PACKED,
+    SHARDS,
     SHARED_DIR,
+    TOKEN,
     Metadata,
     PackMetadata,
     leaf_metadata,
     pack_file,
     pack_path,
+    shard_index,
     shared_dir,
 )
 from ..._tree.walk import ARRAY
@@ -59,15 +62,12 @@ from .. import ranges as _ranges
 _TMP_MARK = ocp.path.atomicity.TMP_DIR_SUFFIX
 _COMMITTED = "commit_success.txt"  # how Orbax commits a step on gs://
 _NUMBER = re.compile(r"(\d+)$")
-# A shared pack, or what a write killed midway left of one (`files.create_new`).
-_OURS = re.compile(_sidecar_read.PACK_NAME.pattern + r"(\.tmp-[0-9a-f]{16})?")
-
-
-def identity(data: np.ndarray | memoryview) -> str:
-    """A packed leaf's identity: the XXH3-128 of its bytes, as 32 hex digits."""
-    if isinstance(data, np.ndarray):
-        data = np.ascontiguousarray(data).reshape(-1).view(np.uint8).data
-    return f"{xxhash.xxh3_128_intdigest(data):032x}"
+# A shared pack or shard pack, or what a write killed midway left of one
+# (`files.create_new`).
+_OURS = re.compile(
+    f"({_sidecar_read.PACK_NAME.pattern}|{_sidecar_read.SHARD_NAME.pattern})"
+    r"(\.tmp-[0-9a-f]{16})?"
+)
 
 
 class Known:
@@ -87,14 +87,18 @@ class Known:
 
     def wrote(self, directory: epath.Path, content: dict[str, Any]) -> None:
         """Notes the sidecar just written in the item `directory`: its packed
-        leaves' records, as the next save's base reads them."""
+        leaves' records, and its sharded leaves' dtypes and shapes, as the
+        next save's base reads them."""
         packs = tuple(
             PackMetadata(p["file"], p["nbytes"], p.get("shared", False))
             for p in content["packs"]
         )
         leaves = {}
         for name, r in content["leaves"].items():
-            if isinstance(r, dict) and r.get("data") == PACKED and "xxh3_128" in r:
+            if isinstance(r, dict) and r.get("data") == SHARDS:
+                shape, dtype = tuple(r["shape"]), r["dtype"]
+                leaves[name] = leaf_metadata(name, "", ARRAY, shape, dtype, data=SHARDS)
+            elif isinstance(r, dict) and r.get("data") == PACKED and "xxh3_128" in r:
                 xxh3 = r.get("xxh3")
                 leaves[name] = leaf_metadata(
                     name,
@@ -112,7 +116,16 @@ class Known:
                 )
         path = epath.Path(directory) / FILE_NAME
         version = _route.for_path(path).version(path)
-        saved = Metadata(str(directory), FORMAT_VERSION, {}, leaves, {}, packs)
+        saved = Metadata(
+            str(directory),
+            FORMAT_VERSION,
+            {},
+            leaves,
+            {},
+            packs,
+            content["token"],
+            content["shard_files"],
+        )
         with self._lock:
             self._last[_final_name(directory)] = (version, saved)
 
@@ -123,7 +136,9 @@ class Known:
         if found is None or found[0] is None:
             return None
         path = epath.Path(item) / FILE_NAME
-        return found[1] if _route.for_path(path).version(path) == found[0] else None
+        if _route.for_path(path).version(path) != found[0]:
+            return None
+        return dataclasses.replace(found[1], directory=str(item))  # (committed)
 
     def get(self, x: Any) -> str | None:
         """The XXH3-128 of the bytes of jax array `x`, if saved before."""
@@ -187,9 +202,10 @@ def base(
     directory: epath.Path, step: str, item: str, known: "Known | None" = None
 ) -> Metadata | None:
     """The sidecar of the newest committed step other than `step` whose item
-    `item` has shared packs, for the save into `directory`; None if there is
-    none, or it cannot be read (the save then writes every leaf). Where that
-    is the sidecar `known` saw written last, unchanged, it is not read again."""
+    `item` has shared packs or shard packs, for the save into `directory`;
+    None if there is none, or it cannot be read (the save then writes every
+    leaf). Where that is the sidecar `known` saw written last, unchanged, it
+    is not read again."""
     root = epath.Path(directory).parent.parent
     try:
         steps = _step_dirs(root)
@@ -208,7 +224,7 @@ def base(
             saved = _sidecar_read.read(path, nodes=False)
         except Exception:
             return None
-        if any(p.shared for p in saved.packs):
+        if saved.shard_files or any(p.shared for p in saved.packs):
             return saved
     return None
 
@@ -342,30 +358,50 @@ def ensure_dir(directory: epath.Path) -> epath.Path:
 
 class _Packs(msgspec.Struct):
     packs: list[PackRecord] = []
+    token: str = ""
+    shard_files: int = 0
+
+
+class _ShardFiles(msgspec.Struct):
+    shared: bool = False
+    files: list[ShardFile] = []
 
 
 def _shared_packs(item: epath.Path) -> set[str] | None:
-    """The shared packs the sidecar in `item` refers to; an empty set if it is
-    gone (deleted meanwhile), None if it cannot be read."""
-    path = item / FILE_NAME
+    """The shared packs and shard packs the sidecar in `item` and its shard
+    indexes refer to; an empty set if it is gone (deleted meanwhile), None if
+    it, or an index, cannot be read."""
     try:
-        raw = _route.read_bounded(path, MAX_BYTES)
-        if not _sealed.check(raw, ValueError):
-            return None
-        found = msgspec.json.decode(raw, type=_Packs)
+        found = _sealed_json(item / FILE_NAME, _Packs)
     except FileNotFoundError:
         return set()
     except Exception:
         return None
-    return {p.file for p in found.packs if p.shared}
+    live = {p.file for p in found.packs if p.shared}
+    if found.shard_files and not TOKEN.fullmatch(found.token):
+        return None
+    try:
+        for process in range(found.shard_files):
+            index = _sealed_json(item / shard_index(found.token, process), _ShardFiles)
+            live |= {f.file for f in index.files if index.shared}
+    except Exception:  # (a missing index too: a step half deleted, or damaged)
+        return None
+    return live
+
+
+def _sealed_json(path: epath.Path, kind: type) -> Any:
+    raw = _route.read_bounded(path, MAX_BYTES)
+    if not _sealed.check(raw, ValueError):
+        raise ValueError(f"{path} records no checksum")
+    return msgspec.json.decode(raw, type=kind)
 
 
 def referenced(
     root: epath.Path, saving: epath.Path | None = None, strict: bool = False
 ) -> set[str] | None:
-    """Every shared pack that a committed step under `root`, or the step
-    directory `saving`, refers to; None if a sidecar could not be read (with
-    `strict`, raises `Unreadable` naming it)."""
+    """Every shared pack and shard pack that a committed step under `root`, or
+    the step directory `saving`, refers to; None if a sidecar or a shard index
+    could not be read (with `strict`, raises `Unreadable` naming the sidecar)."""
     steps = _step_dirs(root)
     items = [root / step / item for step, names in steps.items() for item in names]
     if saving is not None:
@@ -414,13 +450,14 @@ class Busy(Exception):
 def collect(
     root: epath.Path, saving: epath.Path | None = None, strict: bool = False
 ) -> list[str]:
-    """Deletes the shared packs under `root` that no committed step (nor the
-    step directory `saving`) refers to, and what killed writes left of packs;
-    returns their names. Deletes nothing if any step's sidecar cannot be read
-    (with `strict`, raises `Unreadable` naming it). A save runs it while no
-    other save of its manager writes (Orbax saves one at a time); run by hand
-    (no `saving`), it raises `Busy` if a save is under way once the packs are
-    listed (a save that starts later writes packs not listed)."""
+    """Deletes the shared packs and shard packs under `root` that no committed
+    step (nor the step directory `saving`) refers to, and what killed writes
+    left of them; returns their names. Deletes nothing if any step's sidecar
+    or shard index cannot be read (with `strict`, raises `Unreadable` naming
+    the sidecar). A save runs it while no other save of its manager writes
+    (Orbax saves one at a time); run by hand (no `saving`), it raises `Busy`
+    if a save is under way once the packs are listed (a save that starts
+    later writes packs not listed)."""
     where = epath.Path(root) / SHARED_DIR
     store = _route.for_path(where)
     present = [n for n in store.listing(where, 1) if _OURS.fullmatch(n)]
@@ -532,8 +569,9 @@ def copy_step(step: epath.Path, destination: epath.Path) -> list[str]:
 
 
 def _hold_own_bytes(item: epath.Path, copy: epath.Path) -> list[str]:
-    """Copies the shared packs of the item `item` into its copy `copy`, and
-    rewrites the copy's sidecar to find them there."""
+    """Copies the shared packs and shard packs of the item `item` into its
+    copy `copy`, and rewrites the copy's sidecar and shard indexes to find
+    them there."""
     path = copy / FILE_NAME
     raw = path.read_bytes()
 
@@ -546,18 +584,12 @@ def _hold_own_bytes(item: epath.Path, copy: epath.Path) -> list[str]:
     if not _sealed.check(raw, damaged):
         raise damaged("records no checksum")
     saved = _sidecar_read.read(item, nodes=False)  # every record checked
+    copied = _hold_own_shards(item, copy, saved)
     shared = [p for p in saved.packs if p.shared]
     if not shared:
-        return []
+        return copied
     for pack in shared:
-        source = pack_path(item, pack)
-        if not source.exists() or os.path.getsize(source) != pack.nbytes:
-            raise SidecarError(
-                f"The shared pack {source}, which the step {item} refers to, is "
-                f"{'missing' if not source.exists() else 'not of its recorded size'}"
-                ": the step cannot be copied whole. Copy another step."
-            )
-        shutil.copyfile(source, copy / pack.file)
+        _copy_in(item, pack_path(item, pack), copy, pack.nbytes, "pack")
     lines = raw.split(b"\n")
     at = next(i for i, line in enumerate(lines) if line.startswith(b' "packs": '))
     packs = json.loads(lines[at][len(b' "packs": ') :].rstrip(b","))
@@ -566,4 +598,51 @@ def _hold_own_bytes(item: epath.Path, copy: epath.Path) -> list[str]:
     lines[at] = b' "packs": ' + json.dumps(packs).encode() + b","
     body = b"\n".join(lines[:-3]) + b"\n"  # up to the checksum line
     path.write_bytes(_sealed.seal(body))
-    return [p.file for p in shared]
+    return [p.file for p in shared] + copied
+
+
+def _copy_in(item, source: epath.Path, copy: epath.Path, nbytes: int, what: str):
+    if not source.exists() or os.path.getsize(source) != nbytes:
+        raise SidecarError(
+            f"The shared {what} {source}, which the step {item} refers to, is "
+            f"{'missing' if not source.exists() else 'not of its recorded size'}"
+            ": the step cannot be copied whole. Copy another step."
+        )
+    shutil.copyfile(source, copy / source.name)
+
+
+_SHARED_FILES = b', "shared": true, "files": '
+
+
+def _hold_own_shards(item: epath.Path, copy: epath.Path, saved: Metadata) -> list:
+    """Copies the shared shard packs the item's shard indexes list into the
+    copy, and rewrites the copy's indexes (re-sealed) to find them there."""
+    copied: list[str] = []
+    for process in range(saved.shard_files):
+        path = copy / shard_index(saved.token, process)
+        raw = path.read_bytes()
+
+        def damaged(what: str, path=path) -> Exception:
+            return SidecarError(
+                f"The shard index {item / path.name} {what}: the step is damaged "
+                "and was not copied. Copy another step."
+            )
+
+        if not _sealed.check(raw, damaged):
+            raise damaged("records no checksum")
+        head, rest = raw.split(b"\n", 1)
+        index = msgspec.json.decode(raw, type=_ShardFiles)
+        if not index.shared:
+            continue
+        for record in index.files:
+            if not _sidecar_read.SHARD_NAME.fullmatch(record.file):
+                raise damaged(f"lists {record.file[:80]!r}, not a shard pack")
+            source = shared_dir(item) / record.file
+            _copy_in(item, source, copy, record.nbytes, "shard pack")
+            copied.append(record.file)
+        if head.count(_SHARED_FILES) != 1:
+            raise damaged("is not a shard index as orbax_eqx writes it")
+        body = head.replace(_SHARED_FILES, b', "files": ') + b"\n" + rest
+        body = b"\n".join(body.split(b"\n")[:-3]) + b"\n"  # up to the checksum
+        path.write_bytes(_sealed.seal(body))
+    return copied

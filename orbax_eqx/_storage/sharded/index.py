@@ -24,6 +24,12 @@ checked too, widened to whole blocks of its own chunk only. The block is
 chosen per chunk (`block_size`): the whole chunk up to 4 KiB, else about a
 64th of it in multiples of 4 KiB, at most 1 MiB.
 
+With dedup (`EqxHandler(dedup=True)`), shard packs are in the shared
+directory beside the steps and hold only chunks the newest step did not: the
+index adds `"shared": true` and `files` (`[{"file", "nbytes"}]`, the shard
+packs its chunks are in, other saves' too), and each chunk two trailing
+members, the index of its file in `files` and the XXH3-128 of its bytes.
+
 Reading (`index_read`) checks the seal, then everything against the
 sidecar, before any array byte is read.
 """
@@ -42,6 +48,8 @@ INDEX_FORMAT = "orbax_eqx.shards"
 MIN_BLOCK = 4096  # a chunk up to this size is one block
 MAX_BLOCK = 1 << 20
 BLOCKS = 64  # blocks per chunk, about, between those sizes
+# An index holds a few numbers per chunk: a million chunks fit many times.
+MAX_INDEX_BYTES = 256 << 20
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -56,6 +64,9 @@ class Chunk:
     nbytes: int
     block: int  # bytes per checksum
     sums: tuple[int, ...]  # the XXH3-64 of each `block` bytes
+    file: str = ""  # the shard pack holding it (its process's, if not named)
+    shared: bool = False  # that pack is in the shared directory beside the steps
+    identity: str | None = None  # with dedup: the XXH3-128 of its bytes
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -71,12 +82,15 @@ class Chunk:
 
 @dataclasses.dataclass(frozen=True)
 class ShardPack:
-    """One process's shard pack: its file, size and chunks."""
+    """One process's shard pack: its file, size and chunks, and `files`, the
+    size of each shard pack its chunks are in (with dedup, other saves' too)."""
 
     process: int
     file: str
     nbytes: int
     chunks: tuple[Chunk, ...]
+    files: dict[str, int] = dataclasses.field(default_factory=dict)
+    shared: bool = False  # `files` are in the shared directory
 
 
 def block_size(nbytes: int) -> int:
@@ -116,14 +130,25 @@ def widen(chunk: Chunk, first: int, last: int) -> tuple[int, int]:
     return first // block * block, min(-(-last // block) * block, chunk.nbytes)
 
 
-def to_bytes(token: str, process: int, nbytes: int, chunks: Iterable[Chunk]) -> bytes:
-    """The index's bytes: one line per array (readable, and diffs well), sealed."""
+def to_bytes(
+    token: str,
+    process: int,
+    nbytes: int,
+    chunks: Iterable[Chunk],
+    files: dict[str, int] | None = None,
+) -> bytes:
+    """The index's bytes: one line per array (readable, and diffs well), sealed.
+    `files` (`{shard pack: size}`, with dedup): the shared shard packs its
+    chunks are in, each chunk naming its own."""
     by_name: dict[str, list] = {}
+    at = {name: i for i, name in enumerate(files or ())}
     for c in chunks:
         row = [list(c.start), list(c.stop), c.offset, c.nbytes, c.block]
         row.append([f"{x:016x}" for x in c.sums])
+        if files is not None:
+            row += [at[c.file], c.identity]
         by_name.setdefault(c.name, []).append(row)
-    head = {
+    head: dict = {
         "format": INDEX_FORMAT,
         "format_version": FORMAT_VERSION,
         "token": token,
@@ -131,6 +156,9 @@ def to_bytes(token: str, process: int, nbytes: int, chunks: Iterable[Chunk]) -> 
         "file": shard_file(token, process),
         "nbytes": nbytes,
     }
+    if files is not None:
+        head["shared"] = True
+        head["files"] = [{"file": f, "nbytes": n} for f, n in files.items()]
     rows = ",\n".join(
         f"  {json.dumps(k, ensure_ascii=False)}: {json.dumps(v)}"
         for k, v in by_name.items()

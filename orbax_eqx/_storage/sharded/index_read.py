@@ -3,7 +3,8 @@ sidecar before any array byte is read (the format is `index.py`).
 
 Every chunk lies inside its array and its file, has the bytes its box needs,
 and the chunks of each array, over all processes, tile it exactly. File names
-are derived from the token and the process, never read from the index.
+are derived from the token and the process; those a dedup index lists (other
+saves' shard packs, in the shared directory) must be shard packs' names.
 """
 
 import functools
@@ -25,13 +26,11 @@ from ..._format.sidecar import (
     itemsize,
     shard_file,
     shard_index,
+    shared_dir,
 )
-from ..._format.sidecar_read import check_version
+from ..._format.sidecar_read import SHARD_NAME, check_version
 from ..._tree.walk import parse_dtype
-from .index import Chunk, ShardPack, block_size
-
-# An index holds a few numbers per chunk: a million chunks fit many times.
-MAX_INDEX_BYTES = 256 << 20
+from .index import MAX_INDEX_BYTES, Chunk, ShardPack, block_size
 
 
 def read_all(directory: epath.Path, saved: Metadata) -> dict[str, list[Chunk]]:
@@ -55,6 +54,13 @@ def read_all(directory: epath.Path, saved: Metadata) -> dict[str, list[Chunk]]:
                 "cannot be restored."
             ) from None
         index = shard_index(token, process)
+        if pack.shared and saved.saved_as is None:
+            raise _damaged(
+                directory,
+                index,
+                "it lists shared shard packs, which only the steps of a manager "
+                "have, but the sidecar records no manager's step",
+            )
         for chunk in pack.chunks:
             record = records.get(chunk.name)
             if record is None:
@@ -96,11 +102,19 @@ def _read_one(directory: epath.Path, token: str, process: int) -> ShardPack:
         )
     if index.file != shard_file(token, process):
         raise bad(f"it names the file {index.file[:80]!r}")
+    files = _files(index, bad)
+    names = list(files)
     chunks: list[Chunk] = []
     for leaf, rows in index.chunks.items():
         for row in rows:
             if len(row.start) != len(row.stop):
                 raise bad(f"a chunk of `{leaf}` has a box of two ranks")
+            at = 0 if index.files is msgspec.UNSET else row.file
+            if at is msgspec.UNSET or at >= len(names) or at != (row.file or 0):
+                raise bad(
+                    f"a chunk of `{leaf}` names file {_said(row.file)} where the "
+                    f"index lists {len(index.files or ())}"
+                )
             chunks.append(
                 Chunk(
                     leaf,
@@ -111,9 +125,41 @@ def _read_one(directory: epath.Path, token: str, process: int) -> ShardPack:
                     row.nbytes,
                     row.block,
                     tuple(int(x, 16) for x in row.xxh3s),
+                    names[at],
+                    index.shared,
+                    row.xxh3_128 or None,
                 )
             )
-    return ShardPack(process, index.file, index.nbytes, tuple(chunks))
+    return ShardPack(
+        process, index.file, index.nbytes, tuple(chunks), files, index.shared
+    )
+
+
+def _files(index: _schema.ShardIndex, bad) -> dict[str, int]:
+    """`{shard pack: size}` of the files the index's chunks are in: its own,
+    or with dedup, those it lists, whose names must be shard packs'."""
+    if index.files is msgspec.UNSET:
+        return {index.file: index.nbytes}
+    files: dict[str, int] = {}
+    for i, record in enumerate(index.files):
+        if not SHARD_NAME.fullmatch(record.file):
+            # As pack names: a name read from a file is never taken as a path.
+            raise bad(f"file {i} is {record.file[:80]!r}, not a shard pack")
+        if record.file in files:
+            raise bad(f"it lists the file {record.file} twice")
+        files[record.file] = record.nbytes
+    return files
+
+
+def _said(file) -> str:
+    return "none" if file is msgspec.UNSET else str(file)
+
+
+def chunk_path(directory: epath.Path, chunk: Chunk) -> epath.Path:
+    """Where the shard pack holding `chunk` of the checkpoint in `directory` is."""
+    if chunk.shared:
+        return shared_dir(directory) / chunk.file
+    return epath.Path(directory) / chunk.file
 
 
 def _read_bounded(path: epath.Path) -> bytes:
@@ -131,27 +177,37 @@ def _read_bounded(path: epath.Path) -> bytes:
 
 
 def _check_file(directory, pack: ShardPack, records) -> None:
-    """The shard pack must be there, with the size its index records."""
-    path = epath.Path(directory) / pack.file
-    if is_remote(path):
-        return  # checked by the reads
-    try:
-        st = os.stat(os.fspath(path))
-    except FileNotFoundError:
-        found = "it is missing"
-    except PermissionError:
-        raise permission_denied(path) from None
-    else:
-        if not stat.S_ISREG(st.st_mode):
-            found = "it is not a regular file"
-        elif st.st_size != pack.nbytes:
-            found = f"it has {st.st_size} bytes where its index records {pack.nbytes}"
+    """The shard packs must be there, with the sizes its index records (a
+    shared one that is gone is named by `read.check_shared`, with its leaves)."""
+    where = shared_dir(directory) if pack.shared else epath.Path(directory)
+    for file, nbytes in pack.files.items():
+        path = where / file
+        if is_remote(path):
+            return  # checked by the reads
+        try:
+            st = os.stat(os.fspath(path))
+        except FileNotFoundError:
+            if pack.shared:
+                continue
+            found = "it is missing"
+        except PermissionError:
+            raise permission_denied(path) from None
         else:
-            return
-    names = sorted({f"`{records[c.name].path}`" for c in pack.chunks})
+            if not stat.S_ISREG(st.st_mode):
+                found = "it is not a regular file"
+            elif st.st_size != nbytes:
+                found = f"it has {st.st_size} bytes where its index records {nbytes}"
+            else:
+                continue
+        held = [c for c in pack.chunks if c.file == file]
+        _file_damaged(directory, file, found, held, records)
+
+
+def _file_damaged(directory, file: str, found: str, chunks, records):
+    names = sorted({f"`{records[c.name].path}`" for c in chunks})
     more = f" and {len(names) - 3} more" if len(names) > 3 else ""
     raise CheckpointDamagedError(
-        f"The shard pack {pack.file} of the checkpoint in {directory} is damaged: "
+        f"The shard pack {file} of the checkpoint in {directory} is damaged: "
         f"{found} (a copy cut short, or a file deleted). It holds chunks of the "
         f"sharded leaves {', '.join(names[:3])}{more}. Restore an earlier step "
         "(`oeqx.restore_latest` falls back past damaged steps); `python -m "
@@ -176,10 +232,10 @@ def _check_chunk(directory, pack: ShardPack, record: LeafMetadata, chunk: Chunk)
     expected = math.prod(chunk.shape) * _item_bytes(record.dtype)
     if chunk.nbytes != expected:
         raise bad(f"has {chunk.nbytes} bytes where its box needs {expected}")
-    if chunk.offset + chunk.nbytes > pack.nbytes:
+    if chunk.offset + chunk.nbytes > pack.files[chunk.file]:
         raise bad(
-            f"ends at byte {chunk.offset + chunk.nbytes} of {pack.file}, which "
-            f"holds {pack.nbytes}"
+            f"ends at byte {chunk.offset + chunk.nbytes} of {chunk.file}, which "
+            f"holds {pack.files[chunk.file]}"
         )
     kind = "XXH3-64s"
     if chunk.block != block_size(chunk.nbytes):

@@ -17,15 +17,20 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import msgspec
 import numpy as np
 from etils import epath
 
 from ..._bytes import route as _route
-from ..._format.sidecar import shard_file, shard_index
+from ..._format import schema as _schema
+from ..._format import sealed as _sealed
+from ..._format.checksum import identity
+from ..._format.sidecar import SHARDS, Metadata, shard_file, shard_index
+from ..._format.sidecar_read import SHARD_NAME
 from .. import ranges as _ranges
 from ..ranges import layout
 from ..transfer import to_host as _to_host
-from .index import Chunk, block_size, block_sums, to_bytes
+from .index import MAX_INDEX_BYTES, Chunk, block_size, block_sums, to_bytes
 
 
 @dataclasses.dataclass
@@ -125,44 +130,122 @@ def _owned(x: jax.Array) -> tuple:
     return plan
 
 
-def write(directory: epath.Path, token: str, process: int, local: Local) -> list:
-    """Writes this process's shard pack and its index; returns their paths.
+def write(
+    directory: epath.Path,
+    token: str,
+    process: int,
+    local: Local,
+    shared: epath.Path | None = None,
+    base: Metadata | None = None,
+    leaves: dict[str, Any] | None = None,
+) -> list:
+    """Writes this process's shard pack and its index; returns the paths
+    written in `directory`.
 
     The pack is fsync'd before the index is written, and the index is written
     whole under a temporary name, fsync'd and renamed: an index names only
-    bytes that are on disk.
+    bytes that are on disk. With dedup (`shared`: the shared directory), the
+    pack goes there, without the chunks that `base`, the sidecar of the
+    newest step, holds in a shared shard pack: the same leaf (of the same
+    dtype and shape in `leaves`, the sidecar's records), box and XXH3-128.
     """
     local.wait()
-    sizes = [h.nbytes for h in local.hosts]
-    offsets, nbytes = layout((str(i), size) for i, size in enumerate(sizes))
-    pieces = [(offsets[str(i)], h) for i, h in enumerate(local.hosts)]
-    pack = directory / shard_file(token, process)
     chunks = [
-        Chunk(name, process, start, stop, offsets[str(i)], sizes[i], 0, ())
-        for i, (name, start, stop) in enumerate(
-            zip(local.names, local.starts, local.stops, strict=True)
+        Chunk(name, process, start, stop, 0, h.nbytes, 0, ())
+        for name, start, stop, h in zip(
+            local.names, local.starts, local.stops, local.hosts, strict=True
         )
     ]
+    files: dict[str, int] | None = None
+    own = shard_file(token, process)
+    new = list(range(len(chunks)))
+    if shared is not None:
+        known = _known(base, process, leaves or {})
+        files = {own: 0}
+        new = []
+        for i, (c, h) in enumerate(zip(chunks, local.hosts, strict=True)):
+            c = dataclasses.replace(c, file=own, shared=True, identity=identity(h))
+            old = known.get((c.name, c.start, c.stop))
+            if old is not None and old[0].identity == c.identity:
+                chunks[i] = old[0]
+                files[old[0].file] = old[1]
+            else:
+                chunks[i] = c
+                new.append(i)
+    offsets, nbytes = layout((str(i), chunks[i].nbytes) for i in new)
+    pieces = [(offsets[str(i)], local.hosts[i]) for i in new]
 
     def sums_of() -> list[tuple[int, list[int]]]:
         out = []
-        for h, c in zip(local.hosts, chunks, strict=True):
-            block = block_size(c.nbytes)
-            out.append((block, block_sums(h, block)))
+        for i in new:
+            block = block_size(chunks[i].nbytes)
+            out.append((block, block_sums(local.hosts[i], block)))
         return out
 
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        summing = pool.submit(sums_of)
-        _ranges.write(pack, pieces, nbytes)
-        sums = summing.result()
-    chunks = [
-        dataclasses.replace(c, block=block, sums=tuple(x))
-        for c, (block, x) in zip(chunks, sums, strict=True)
-    ]
+    pack = (directory if shared is None else shared) / own
+    if pieces or shared is None:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            summing = pool.submit(sums_of)
+            _ranges.write(pack, pieces, nbytes)
+            sums = summing.result()
+        for i, (block, x) in zip(new, sums, strict=True):
+            chunks[i] = dataclasses.replace(
+                chunks[i], offset=offsets[str(i)], block=block, sums=tuple(x)
+            )
     local.hosts = []  # let go of device buffers' views (see `take`)
+    if files is not None:
+        files[own] = nbytes
+        if not pieces:
+            del files[own]  # (none written)
     index = directory / shard_index(token, process)
-    _route.write_whole(index, to_bytes(token, process, nbytes, chunks))
-    return [pack, index]
+    _route.write_whole(index, to_bytes(token, process, nbytes, chunks, files))
+    return [index] if shared is not None else [pack, index]
+
+
+def _known(base: Metadata | None, process: int, leaves: dict[str, Any]) -> dict:
+    """`{(leaf, start, stop): (chunk, size of its file)}` of the chunks the
+    base step's shard index of `process` records in shared shard packs, of
+    leaves of the same dtype and shape as in `leaves`; none where the base
+    has none, or its index cannot be read (the save then writes them all)."""
+    if base is None or process >= base.shard_files:
+        return {}
+    path = epath.Path(base.directory) / shard_index(base.token, process)
+    try:
+        raw = _route.read_bounded(path, MAX_INDEX_BYTES)
+        if not _sealed.check(raw, ValueError):
+            return {}
+        index = msgspec.json.decode(raw, type=_schema.ShardIndex)
+    except Exception:
+        return {}
+    files = [] if index.files is msgspec.UNSET else index.files
+    if (
+        not index.shared
+        or (index.token, index.process) != (base.token, process)
+        or not all(SHARD_NAME.fullmatch(f.file) for f in files)
+    ):
+        return {}
+    found = {}
+    for name, rows in index.chunks.items():
+        old, record = base.leaves.get(name), leaves.get(name)
+        if (
+            old is None
+            or old.data != SHARDS
+            or not isinstance(record, dict)
+            or record.get("data") != SHARDS
+            or (old.dtype, list(old.shape or ())) != (record["dtype"], record["shape"])
+        ):
+            continue
+        for row in rows:
+            if not isinstance(row.file, int) or row.file >= len(files):
+                continue
+            start, stop, at = tuple(row.start), tuple(row.stop), files[row.file]
+            sums = tuple(int(x, 16) for x in row.xxh3s)
+            chunk = Chunk(
+                name, process, start, stop, row.offset, row.nbytes, row.block,
+                sums, at.file, True, row.xxh3_128 or None,
+            )  # fmt: skip
+            found[(name, start, stop)] = (chunk, at.nbytes)
+    return found
 
 
 def describe(sharding: jax.sharding.Sharding) -> str:
