@@ -59,15 +59,7 @@ def compact(content: dict[str, Any]) -> dict[str, Any]:
     modules = modules if isinstance(modules, dict) else {}
     paths = Paths(modules)
     short_modules = {n: _module_type(n, r, paths) for n, r in modules.items()}
-    nodes = content.get("nodes")
-    kinds: dict[str, dict[str, Any]] = {}  # each short node's type
-    if isinstance(nodes, dict):
-        for name, record in nodes.items():
-            # A short module's path is the one its name reads as.
-            known = modules[name]["path"] if short_modules.get(name) else None
-            kind = _node_type(name, record, paths, known)
-            if kind is not None:
-                kinds[name] = kind
+    kinds = _node_kinds(content.get("nodes"), modules, short_modules, paths)
     # Node types are listed modules' first, in the modules' order, then the
     # rest in the nodes' order: the same table however `nodes` is ordered.
     node_types = _Table()
@@ -76,31 +68,61 @@ def compact(content: dict[str, Any]) -> dict[str, Any]:
         for name, kind in short_modules.items()
         if kind is not None and name in kinds and kinds[name]["type"] == _nodes.MODULE
     }
-
-    def module_type(name: str) -> dict[str, Any] | None:
-        kind = short_modules[name]
-        at = carried.get(name)
-        return kind if kind is None or at is None else {**kind, NODE: at}
-
     for key, value in content.items():
         if key == "leaves":
             value = {name: compact_leaf(name, r, paths) for name, r in value.items()}
         elif key == "modules" and isinstance(value, dict):
-            module_types = _Table()
-            value = {
-                n: r if (kind := module_type(n)) is None else module_types.index(kind)
-                for n, r in value.items()
-            }
-            out[MODULE_TYPES] = module_types.types
+            value, out[MODULE_TYPES] = _short_modules(value, short_modules, carried)
         elif key == "nodes" and isinstance(value, dict):
-            value = {
-                n: node_types.index(kinds[n]) if n in kinds else r
-                for n, r in value.items()
-                if n not in carried
-            }
+            value = _short_nodes(value, kinds, carried, node_types)
             out[NODE_TYPES] = node_types.types
         out[key] = value
     return out
+
+
+def _node_kinds(
+    nodes: Any, modules: dict[str, Any], short_modules: dict[str, Any], paths: Paths
+) -> dict[str, dict[str, Any]]:
+    """Each node's short type, where it has one."""
+    kinds: dict[str, dict[str, Any]] = {}
+    if not isinstance(nodes, dict):
+        return kinds
+    for name, record in nodes.items():
+        # A short module's path is the one its name reads as.
+        known = modules[name]["path"] if short_modules.get(name) else None
+        kind = _node_type(name, record, paths, known)
+        if kind is not None:
+            kinds[name] = kind
+    return kinds
+
+
+def _short_modules(
+    modules: dict[str, Any], short_modules: dict[str, Any], carried: dict[str, int]
+) -> tuple[dict[str, Any], list[Any]]:
+    """`modules` with short records, and the module types they index; a
+    module type holds its node's type where that is `carried`."""
+    module_types = _Table()
+    out = {}
+    for name, record in modules.items():
+        kind, at = short_modules[name], carried.get(name)
+        if kind is not None:
+            record = module_types.index(kind if at is None else {**kind, NODE: at})
+        out[name] = record
+    return out, module_types.types
+
+
+def _short_nodes(
+    nodes: dict[str, Any],
+    kinds: dict[str, dict[str, Any]],
+    carried: dict[str, int],
+    node_types: "_Table",
+) -> dict[str, Any]:
+    """`nodes` with short records, less those their module types carry."""
+    return {
+        n: node_types.index(kinds[n]) if n in kinds else r
+        for n, r in nodes.items()
+        if n not in carried
+    }
 
 
 class _Table:
@@ -147,27 +169,37 @@ def _row(name: str, r: dict[str, Any], paths: Paths) -> list | None:
     # The nine keys read are there: so with this many, no others.
     if len(r) != (9 if sum_ is None and "xxh3" not in r else 10):
         return None
-    if not (
+    if not _placed(pack, offset, sum_) or type(path) is not str or path != paths(name):
+        return None
+    return [dtype, shape, offset, sum_] if _sized(shape, dtype, size) else None
+
+
+def _placed(pack: Any, offset: Any, sum_: Any) -> bool:
+    """Whether a row says where the array is and its checksum: pack 0."""
+    return (
         type(pack) is int
         and pack == 0
         and type(offset) is int
         and offset >= 0
-        and type(size) is int
+        and (sum_ is None or _is_hex64(sum_))
+    )
+
+
+def _sized(shape: Any, dtype: Any, size: Any) -> bool:
+    """Whether `size` is the bytes of an array of `shape` and `dtype`, each
+    of the type a row holds."""
+    if not (
+        type(size) is int
         and type(dtype) is str
         and type(shape) is list
         and _INT.issuperset(map(type, shape))
         and (not shape or min(shape) >= 0)
-        and (sum_ is None or _is_hex64(sum_))
-        and type(path) is str
-        and path == paths(name)
     ):
-        return None
+        return False
     try:
-        if size != row_nbytes(shape, dtype):
-            return None
+        return size == row_nbytes(shape, dtype)
     except (TypeError, ValueError, OverflowError, SyntaxError, MemoryError):
-        return None
-    return [dtype, shape, offset, sum_]
+        return False
 
 
 _INT = frozenset([int])

@@ -51,31 +51,23 @@ def steps_in(path: epath.Path) -> list[tuple[int, epath.Path]]:
 def find_item(directory: str | os.PathLike) -> epath.Path:
     """The item directory at `directory`: itself, or the one item of a step."""
     path = as_path(directory)
-    if not path.exists():
-        raise CheckpointNotFoundError(f"{path} does not exist.{_other_steps(path)}")
-    if not path.is_dir():
-        raise CheckpointNotFoundError(
-            f"{path} is a file; pass the directory of a checkpoint."
-        )
-    if not is_remote(path) and not os.access(path, os.R_OK | os.X_OK):
-        # Else the sidecar looks absent, and the error would say "no checkpoint".
-        raise permission_denied(path)
+    _check_directory(path)
     if is_item(path):
         return path
     items = items_in(path)
     if len(items) == 1:
         return items[0]
-    if not items and is_plain_item(path):
-        return path
-    plain = [p for p in path.iterdir() if p.is_dir() and is_plain_item(p)]
-    if not items and len(plain) == 1:  # a step of a plain Orbax item
-        return plain[0]
     if items:
         names = ", ".join(p.name for p in items)
         raise CheckpointNotFoundError(
             f"{path} holds several orbax_eqx items ({names}); pass one of them, "
             f"such as {items[0]}."
         )
+    if is_plain_item(path):
+        return path
+    plain = [p for p in path.iterdir() if p.is_dir() and is_plain_item(p)]
+    if len(plain) == 1:  # a step of a plain Orbax item
+        return plain[0]
     steps = steps_in(path)
     if steps:
         numbers = ", ".join(str(s) for s, _ in steps[-10:])
@@ -87,6 +79,19 @@ def find_item(directory: str | os.PathLike) -> epath.Path:
         f"{path} holds no orbax_eqx checkpoint (no {FILE_NAME} in it or in its "
         "subdirectories)."
     )
+
+
+def _check_directory(path: epath.Path) -> None:
+    """Raises unless `path` is a directory this process may read."""
+    if not path.exists():
+        raise CheckpointNotFoundError(f"{path} does not exist.{_other_steps(path)}")
+    if not path.is_dir():
+        raise CheckpointNotFoundError(
+            f"{path} is a file; pass the directory of a checkpoint."
+        )
+    if not is_remote(path) and not os.access(path, os.R_OK | os.X_OK):
+        # Else the sidecar looks absent, and the error would say "no checkpoint".
+        raise permission_denied(path)
 
 
 def _other_steps(path: epath.Path) -> str:

@@ -308,17 +308,50 @@ class _Leaves:
         if why is not None:
             raise bad(f"leaf {name!r} has {why}")
         shape, data = tuple(rec.shape), rec.data
+        packed, stored = data == PACKED, data == STORED
         checksum = None
-        if data == PACKED:
-            self.place(name, rec.pack, rec.offset, rec.nbytes)
-            expected = math.prod(shape) * itemsize(parse_dtype(dtype))
-            if rec.nbytes != expected:
-                raise bad(
-                    f"leaf {name!r} has {rec.nbytes} bytes in its pack, but a "
-                    f"{dtype} array of shape {shape} has {expected}"
-                )
-            checksum = self.checksum(name, path, rec.xxh3)
-        elif data == STORED:
+        if packed:
+            checksum = self.packed(name, path, rec, shape, dtype)
+        else:
+            self.unpacked(name, path, rec, shape)
+        sum32 = rec.sum32 if stored and rec.sum32 is not _schema.UNSET else None
+        sharding = rec.sharding
+        return leaf_metadata(
+            name,
+            path,
+            ARRAY,
+            shape,
+            dtype,
+            rec.container,
+            data,
+            rec.alias_of,
+            rec.nbytes,
+            pack=rec.pack if packed else None,
+            offset=rec.offset if packed else None,
+            checksum=checksum,
+            identity=rec.xxh3_128 if packed else None,
+            sum32=sum32,
+            sharding=None if sharding is _schema.UNSET else sharding,
+            key=rec.key if stored else None,
+        )
+
+    def packed(self, name: str, path: str, rec, shape: tuple, dtype: str) -> int | None:
+        """A packed array record's checksum, its bytes checked to lie in its
+        pack and to be those of its shape and dtype."""
+        self.place(name, rec.pack, rec.offset, rec.nbytes)
+        expected = math.prod(shape) * itemsize(parse_dtype(dtype))
+        if rec.nbytes != expected:
+            raise self.bad(
+                f"leaf {name!r} has {rec.nbytes} bytes in its pack, but a "
+                f"{dtype} array of shape {shape} has {expected}"
+            )
+        return self.checksum(name, path, rec.xxh3)
+
+    def unpacked(self, name: str, path: str, rec, shape: tuple) -> None:
+        """Checks an array record that is not packed: a stored one's key
+        and checksum, an alias's target, a zero-size one's shape."""
+        data, bad = rec.data, self.bad
+        if data == STORED:
             if rec.key != storage_key(name):
                 # Keys are derived from names, never read from the file.
                 raise bad(
@@ -336,26 +369,6 @@ class _Leaves:
                 f' "none") but has shape {shape}, which holds '
                 f"{math.prod(shape)} elements"
             )
-        sum32 = rec.sum32 if data == STORED and rec.sum32 is not _schema.UNSET else None
-        sharding = rec.sharding
-        return leaf_metadata(
-            name,
-            path,
-            ARRAY,
-            shape,
-            dtype,
-            rec.container,
-            data,
-            rec.alias_of,
-            rec.nbytes,
-            pack=rec.pack if data == PACKED else None,
-            offset=rec.offset if data == PACKED else None,
-            checksum=checksum,
-            identity=rec.xxh3_128 if data == PACKED else None,
-            sum32=sum32,
-            sharding=None if sharding is _schema.UNSET else sharding,
-            key=rec.key if data == STORED else None,
-        )
 
     def place(self, name: str, pack, offset, size: int) -> None:
         """A packed leaf's bytes lie inside its pack."""
@@ -497,33 +510,42 @@ def _nodes(recorded, kinds, paths, limit: int, bad, carried, modules) -> dict:
     out: dict[str, dict[str, Any]] = {}
     named = 0
     for name, rec in recorded.items():
-        if type(rec) is msgspec.Raw:  # after a failed decode
-            try:
-                rec = msgspec.json.decode(rec, type=_NODE)
-            except (msgspec.ValidationError, RecursionError) as e:
-                raise bad(f"node {name!r} is malformed ({_short(e)})") from None
-        if type(rec) is int:
-            if rec >= len(kinds):
-                raise bad(
-                    f"node {name!r} is of node type {rec}, but the sidecar lists "
-                    f"{len(kinds)} node type{'' if len(kinds) == 1 else 's'}"
-                )
-            named += counts[rec]
-            if named > limit:  # before any name is made
-                raise _too_many(name, limit, bad)
-            out[name] = expand(name, rec)
+        rec = _node(name, rec, bad)
+        if type(rec) is not int:
+            out[name] = rec
             continue
-        node = msgspec.to_builtins(rec)
-        for key in ("keys", "markers"):
-            if too_deep(node.get(key)):
-                raise bad(f"the {key} of node {name!r} are malformed")
-        out[name] = node
+        if rec >= len(kinds):
+            raise bad(
+                f"node {name!r} is of node type {rec}, but the sidecar lists "
+                f"{len(kinds)} node type{'' if len(kinds) == 1 else 's'}"
+            )
+        named += counts[rec]
+        if named > limit:  # before any name is made
+            raise _too_many(name, limit, bad)
+        out[name] = expand(name, rec)
     for name, rec in carried.items():
         named += counts[rec]
         if named > limit:
             raise _too_many(name, limit, bad)
         out[name] = expand(name, rec, modules[name].path)
     return out
+
+
+def _node(name: str, rec: Any, bad) -> Any:
+    """A node's record: the index of its node type, or the whole record as a
+    plain dict."""
+    if type(rec) is msgspec.Raw:  # after a failed decode
+        try:
+            rec = msgspec.json.decode(rec, type=_NODE)
+        except (msgspec.ValidationError, RecursionError) as e:
+            raise bad(f"node {name!r} is malformed ({_short(e)})") from None
+    if type(rec) is int:
+        return rec
+    node = msgspec.to_builtins(rec)
+    for key in ("keys", "markers"):
+        if too_deep(node.get(key)):
+            raise bad(f"the {key} of node {name!r} are malformed")
+    return node
 
 
 class _Expand:
