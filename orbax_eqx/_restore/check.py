@@ -135,19 +135,27 @@ def _fixes(differences, errors, prefix) -> list[str]:
     """The fixes to offer, in the order their differences were found."""
     fixes = [f for d in differences for f in d.fixes if f is not FIX_STATIC]
     if prefix is not None:  # then the skeleton is fine as it is
-        literal = repr(prefix) if "\\" in prefix else f'"{prefix}"'
-        braced = literal.replace("{", "{{").replace("}", "}}")
-        fixes = [FIX_PREFIX.replace("{prefix}", braced)] + [
-            f for f in fixes if f is not FIX_MISSING
-        ]
-    rebuild = any(f in _REBUILD for d in errors if not d.static for f in d.fixes)
-    if any(d.static for d in errors) and not rebuild:
+        fixes = [_prefix_fix(prefix)] + [f for f in fixes if f is not FIX_MISSING]
+    if _static_fix(errors):
         fixes.append(FIX_STATIC)
     fixes = list(dict.fromkeys(fixes))
     if FIX_FILTERED in fixes and len(fixes) > 1:  # then no filter explains it
         fixes[fixes.index(FIX_FILTERED)] = FIX_KIND
         fixes = list(dict.fromkeys(fixes))
     return fixes
+
+
+def _prefix_fix(prefix: str) -> str:
+    literal = repr(prefix) if "\\" in prefix else f'"{prefix}"'
+    braced = literal.replace("{", "{{").replace("}", "}}")
+    return FIX_PREFIX.replace("{prefix}", braced)
+
+
+def _static_fix(errors) -> bool:
+    """Whether static fields differ and no other error's fix (a rebuild of
+    the skeleton) fixes them too."""
+    rebuild = any(f in _REBUILD for d in errors if not d.static for f in d.fixes)
+    return any(d.static for d in errors) and not rebuild
 
 
 def _message(problems, where, fixes, verdict=None) -> str:
@@ -246,11 +254,34 @@ def compare(
     """Every difference of `walked` from `saved`: leaves in order, then the
     checkpoint's leaves the skeleton lacks (if `strict`), then modules; and the
     skeleton leaves to keep (`missing="keep"`)."""
+    differences, kept, absent, names = _compare_leaves(
+        walked, saved.leaves, cast, missing, target, planned
+    )
+    unexpected = [r for n, r in saved.leaves.items() if n not in names]
+    paired = _absent_all(absent, unexpected if strict else [], missing, differences)
+    if strict:
+        for record in unexpected:
+            if record.name in paired:
+                continue
+            text = f"Leaf {label(record.name, record.path)} is in the checkpoint but "
+            text += "not in the skeleton."
+            differences.append(Difference(text, (FIX_STRICT,), kind="unexpected"))
+    target = target or _same
+    for name, module in walked.modules.items():
+        differences.extend(
+            compare_module(name, module, saved.modules.get(target(name)))
+        )
+    return differences, kept
+
+
+def _compare_leaves(walked, records, cast, missing, target, planned):
+    """`compare`'s differences of the skeleton's leaves from their records;
+    the leaves to keep; those the checkpoint lacks, with the names looked
+    for; and the names of the records compared or `planned`."""
     differences: list[Difference] = []
     kept: list[Leaf] = []
     absent: list[tuple[Leaf, str]] = []
     names = set(planned)
-    records = saved.leaves
     for leaf in walked.leaves:
         # (No call per leaf where no `prefix=` or `renames=` renames them.)
         name = leaf.name if target is None else target(leaf.name)
@@ -267,21 +298,7 @@ def compare(
         found = _compare_leaf(leaf, record, cast)
         if found is not None:
             differences.append(found)
-    unexpected = [r for n, r in saved.leaves.items() if n not in names]
-    paired = _absent_all(absent, unexpected if strict else [], missing, differences)
-    if strict:
-        for record in unexpected:
-            if record.name in paired:
-                continue
-            text = f"Leaf {label(record.name, record.path)} is in the checkpoint but "
-            text += "not in the skeleton."
-            differences.append(Difference(text, (FIX_STRICT,), kind="unexpected"))
-    target = target or _same
-    for name, module in walked.modules.items():
-        differences.extend(
-            compare_module(name, module, saved.modules.get(target(name)))
-        )
-    return differences, kept
+    return differences, kept, absent, names
 
 
 def _same(name: str) -> str:

@@ -123,12 +123,19 @@ def _check_rule(index: int, rule: Any, mesh: Mesh) -> _Rule:
             ],
             fix,
         )
+    _check_axes(f"Rule {index} ({_literal(compiled)}, {spec})", spec, mesh)
+    return _Rule(index, compiled, spec, mesh)
+
+
+def _check_axes(rule: str, spec: PartitionSpec, mesh: Mesh) -> None:
+    """Raises unless `spec` (of `rule`, as a message names it) names axes of
+    `mesh`, each once."""
     axes = [axis for entry in spec for axis in _axes(entry)]
     unknown = [axis for axis in axes if axis not in mesh.shape]
     if unknown:
         raise ShardingRuleError(
             [
-                f"Rule {index} ({_literal(compiled)}, {spec}) names mesh axis "
+                f"{rule} names mesh axis "
                 f"{', '.join(repr(a) for a in unknown)}, but the mesh has axes "
                 f"{tuple(mesh.axis_names)}."
             ],
@@ -139,12 +146,11 @@ def _check_rule(index: int, rule: Any, mesh: Mesh) -> _Rule:
     if repeated:
         raise ShardingRuleError(
             [
-                f"Rule {index} ({_literal(compiled)}, {spec}) uses mesh axis "
+                f"{rule} uses mesh axis "
                 f"{', '.join(repr(a) for a in repeated)} for more than one dimension."
             ],
             "Shard each mesh axis over at most one dimension of a leaf.",
         )
-    return _Rule(index, compiled, spec, mesh)
 
 
 def _check_leaf(name: str, shape: tuple[int, ...], rule: _Rule, mesh: Mesh) -> None:

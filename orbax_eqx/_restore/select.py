@@ -256,10 +256,22 @@ def _view(saved, walked, target, mapping, prefix, stored_of, planned=frozenset()
             leaves[name] = saved.leaves[stored]
             read[stored] = name
     renamed = {old: new for old, new in read.items() if old != new}
-    planned_reads = set() if not planned else set(planned)
+    _add_unread(saved, mapping, prefix, leaves, renamed, read, planned)
+    if prefix and not leaves and not planned:
+        raise _nothing_under(prefix, saved)
+    pairs = [(name, stored) for stored, name in read.items()]
+    modules = _modules(saved, walked, target, pairs)
+    view = dataclasses.replace(saved, leaves=leaves, modules=modules)
+    return view, renamed
+
+
+def _add_unread(saved, mapping, prefix, leaves, renamed, read, planned) -> None:
+    """Adds to `_view`'s `leaves` the checkpoint's leaves that are not `read`
+    or `planned`, under their own names (within the prefix, unless ignored:
+    those go to `renamed` as None)."""
     clashes = []
     for name, record in saved.leaves.items():
-        if name in read or name in planned_reads:
+        if name in read or name in planned:
             continue
         if ignores(mapping, name):
             renamed[name] = None
@@ -278,12 +290,6 @@ def _view(saved, walked, target, mapping, prefix, stored_of, planned=frozenset()
             + "\nRename them to distinct names, or ignore one of them (a dict maps "
             "it to None) to leave it unread."
         )
-    if prefix and not leaves and not planned:
-        raise _nothing_under(prefix, saved)
-    pairs = [(name, stored) for stored, name in read.items()]
-    modules = _modules(saved, walked, target, pairs)
-    view = dataclasses.replace(saved, leaves=leaves, modules=modules)
-    return view, renamed
 
 
 def _modules(saved, walked, target, pairs) -> dict[str, Any]:
@@ -322,14 +328,7 @@ def _modules(saved, walked, target, pairs) -> dict[str, Any]:
 
 def _by_plan(saved, walked, target, mapping, prefix, must_match, cast, strict):
     """The view and the plan through a mapping that changes arrays."""
-    specs, others = [], []
-    for leaf in walked.leaves:
-        name = target.get(leaf.name, leaf.name)
-        if leaf.kind == ARRAY:
-            shape, dtype = data_of(leaf.value.dtype, tuple(leaf.value.shape))
-            specs.append(LeafSpec(name, leaf.label, shape, dtype))
-        else:
-            others.append(name)
+    specs, others = _specs(walked, target)
     stored = [
         TensorSpec(n, *data_of(parse_dtype(r.dtype), tuple(r.shape or ())))
         for n, r in saved.leaves.items()
@@ -356,10 +355,7 @@ def _by_plan(saved, walked, target, mapping, prefix, must_match, cast, strict):
     stored_of = dict(zip(others, through(renames, others, quiet), strict=True))
     read = frozenset(p.tensor for leaf in plan.leaves for p in plan.leaf_pieces(leaf))
     view, renamed = _view(saved, walked, target, mapping, prefix, stored_of, read)
-    for leaf in plan.leaves:
-        for p in plan.leaf_pieces(leaf):
-            if p.tensor != leaf:
-                renamed.setdefault(p.tensor, leaf)
+    _add_pieces(plan, renamed)
     return Selection(
         view,
         prefix or None,
@@ -369,6 +365,29 @@ def _by_plan(saved, walked, target, mapping, prefix, must_match, cast, strict):
         plan,
         frozenset(plan.leaves),
     )
+
+
+def _add_pieces(plan, renamed: dict[str, str | None]) -> None:
+    """Adds to `renamed` each checkpoint leaf a plan reads into a leaf of
+    another name."""
+    for leaf in plan.leaves:
+        for p in plan.leaf_pieces(leaf):
+            if p.tensor != leaf:
+                renamed.setdefault(p.tensor, leaf)
+
+
+def _specs(walked, target) -> tuple[list[LeafSpec], list[str]]:
+    """The target names and specs of the skeleton's arrays, and the target
+    names of its other leaves."""
+    specs, others = [], []
+    for leaf in walked.leaves:
+        name = target.get(leaf.name, leaf.name)
+        if leaf.kind == ARRAY:
+            shape, dtype = data_of(leaf.value.dtype, tuple(leaf.value.shape))
+            specs.append(LeafSpec(name, leaf.label, shape, dtype))
+        else:
+            others.append(name)
+    return specs, others
 
 
 def _nothing_under(prefix: str, saved: Metadata) -> Exception:

@@ -66,26 +66,37 @@ def noticed(directory: epath.Path | str) -> Iterator[None]:
     except Exception as e:
         if before is _UNKNOWN or not _ours_to_explain(e):
             raise
-        if before is None:
-            if entries and _emptying(directory, entries):
-                raise deleted(directory) from e
-            raise  # the failure says what is missing
-        # Only if files went missing meanwhile, or the read found one missing:
-        # a deletion may be under way. (Damage found in files that are all
-        # there is said at once.)
-        settling = remote or _missing(e) or not entries <= _entries(directory)
-        deadline = time.monotonic() + (SETTLE_S if settling else 0.0)
-        while True:
-            now = _identity(directory)
-            if now is None:
-                raise deleted(directory) from e
-            if now is _UNKNOWN:
-                raise
-            if now != before:
-                raise replaced(directory) from e
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(_SETTLE_STEP_S)
+        found = _what_happened(directory, e, before, entries, remote)
+        if found is None:
+            raise
+        raise found from e
+
+
+def _what_happened(
+    directory: epath.Path, e: Exception, before: Any, entries: set[str], remote: bool
+) -> Exception | None:
+    """The error to raise for a restore of `directory` that failed with `e`
+    when it was deleted or replaced meanwhile, or None: `e` stands."""
+    if before is None:
+        if entries and _emptying(directory, entries):
+            return deleted(directory)
+        return None  # the failure says what is missing
+    # Only if files went missing meanwhile, or the read found one missing:
+    # a deletion may be under way. (Damage found in files that are all
+    # there is said at once.)
+    settling = remote or _missing(e) or not entries <= _entries(directory)
+    deadline = time.monotonic() + (SETTLE_S if settling else 0.0)
+    while True:
+        now = _identity(directory)
+        if now is None:
+            return deleted(directory)
+        if now is _UNKNOWN:
+            return None
+        if now != before:
+            return replaced(directory)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(_SETTLE_STEP_S)
 
 
 def _emptying(directory: epath.Path, entries: set[str]) -> bool:
