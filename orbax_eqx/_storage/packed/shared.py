@@ -60,7 +60,7 @@ from ..._tree.walk import ARRAY
 from .. import ranges as _ranges
 
 _TMP_MARK = ocp.path.atomicity.TMP_DIR_SUFFIX
-_COMMITTED = "commit_success.txt"  # how Orbax commits a step on gs://
+_COMMITTED = "commit_success.txt"  # how Orbax commits a step on an object store
 _NUMBER = re.compile(r"(\d+)$")
 # A shared pack or shard pack, or what a write killed midway left of one
 # (`files.create_new`).
@@ -178,7 +178,8 @@ def _step_dirs(root: epath.Path) -> dict[str, list[str]]:
     `root` that hold orbax_eqx items (and of none being saved)."""
     listed = _route.for_path(root).listing(root, 3)
     steps: dict[str, list[str]] = {}
-    committed = {n.split("/")[0] for n in listed if n.endswith("/" + _COMMITTED)}
+    # (`<step>/<item>/commit_success.txt` is written before: no commit yet.)
+    committed = {n.split("/")[0] for n in listed if n.partition("/")[2] == _COMMITTED}
     remote = _route.is_remote(root)
     for name in listed:
         parts = name.split("/")
@@ -187,8 +188,8 @@ def _step_dirs(root: epath.Path) -> dict[str, list[str]]:
         step, item = parts[0], parts[1]
         if _TMP_MARK in step or step == SHARED_DIR:
             continue
-        if remote and root.as_posix().startswith("gs://") and step not in committed:
-            continue  # on gs:// Orbax commits a step by a file, not a rename
+        if remote and step not in committed:
+            continue  # there Orbax commits a step by a file, not a rename
         steps.setdefault(step, []).append(item)
     return steps
 
