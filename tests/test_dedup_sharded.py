@@ -187,6 +187,21 @@ def test_only_the_changed_chunks_are_written(run):
     assert left == {first_file, *shards[2], *shards[3], *shards[4], *shards[5]}
 
 
+def test_inspect_says_what_a_step_shares_with_which_steps(run):
+    root, _ = run
+    found = subprocess.run(
+        [sys.executable, "-m", "orbax_eqx", "inspect", str(root / "5" / "default")],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    own = 4 * 2 * 64 * 4  # the head's chunks
+    assert (
+        f"Stored once across steps (dedup): {own / 1024:.1f} KiB written by this "
+        "save, 320.0 KiB by earlier ones, in 3 shared packs, shared with step(s) 3, 4."
+    ) in found
+
+
 def test_the_published_schema_validates_a_dedup_shard_index(run):
     schema = json.loads(
         (Path(__file__).parent.parent / "docs" / "format.schema.json").read_text()

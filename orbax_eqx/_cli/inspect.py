@@ -27,6 +27,7 @@ from .._orbax.type_restore import sharding_metadata
 from .._rebuild import build as _rebuild
 from .._storage.orbax_store.files import check as check_store_files
 from .._storage.packed import shared as _shared
+from .._storage.sharded.index_read import read_all
 from .._tree.names import label
 from .._tree.values import describe
 from .._tree.walk import ARRAY, JAX, display_path
@@ -343,12 +344,26 @@ def _trailer(saved: Metadata) -> list[str]:
     ]
 
 
+def _sharing(saved: Metadata) -> dict[str, Any] | None:
+    """`shared.sharing` of an item saved with `dedup=True`, else None."""
+    item = epath.Path(saved.directory)
+    chunks: dict[str, int] = {}
+    if saved.shard_files:
+        for found in read_all(item, saved).values():
+            for chunk in found:
+                if chunk.shared:
+                    chunks[chunk.file] = chunks.get(chunk.file, 0) + chunk.nbytes
+    if not chunks and not any(p.shared for p in saved.packs):
+        return None
+    return _shared.sharing(item, saved, chunks)
+
+
 def _shared_lines(saved: Metadata) -> list[str]:
     """For an item saved with `dedup=True`: its own bytes, those it shares,
     and with which steps."""
-    if not any(p.shared for p in saved.packs):
+    found = _sharing(saved)
+    if found is None:
         return []
-    found = _shared.sharing(epath.Path(saved.directory), saved)
     others = sorted({s for steps in found["steps"].values() for s in steps}, key=str)
     shown = ", ".join(others[:8]) + (
         f" and {len(others) - 8} more" if len(others) > 8 else ""
@@ -466,8 +481,8 @@ def _item_json(saved: Metadata, shardings: dict[str, str]) -> dict[str, Any]:
                 for p in saved.packs
             ],
         )
-        if any(p.shared for p in saved.packs):
-            doc["shared"] = _shared.sharing(epath.Path(saved.directory), saved)
+        if (found := _sharing(saved)) is not None:
+            doc["shared"] = found
     doc["leaves"] = leaves
     if not isinstance(saved, PlainMetadata):
         doc["modules"] = {

@@ -26,9 +26,9 @@ def run(args) -> int:
         ) from None
     except _shared.Unreadable as e:
         raise OrbaxEqxError(
-            f"The sidecar {e} cannot be read, so which shared packs its step "
-            "refers to is unknown: nothing was deleted. Check that step with "
-            "`python -m orbax_eqx verify`, and delete it if it is damaged."
+            f"The sidecar or a shard index of {e} cannot be read, so which shared "
+            "packs its step refers to is unknown: nothing was deleted. Check that "
+            "step with `python -m orbax_eqx verify`, and delete it if it is damaged."
         ) from None
     if gone:
         print(f"Deleted {count(len(gone), 'shared pack')} that no step refers to.")

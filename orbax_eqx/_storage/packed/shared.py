@@ -415,14 +415,15 @@ def referenced(
         found = _shared_packs(item)
         if found is None:
             if strict:
-                raise Unreadable(str(item / FILE_NAME))
+                raise Unreadable(str(item))
             return None
         live |= found
     return live
 
 
 class Unreadable(Exception):
-    """A step's sidecar that a clean-up could not read: it deletes nothing."""
+    """An item whose sidecar or shard indexes a clean-up could not read: it
+    deletes nothing."""
 
 
 def saves_under_way(root: epath.Path) -> list[str]:
@@ -482,24 +483,24 @@ def collect(
     return gone
 
 
-def sharing(item: epath.Path, saved: Metadata) -> dict[str, Any]:
-    """For an item saved with `dedup`: the bytes of its arrays in its own
-    save's pack (`own`) and in earlier saves' (`shared`), and for each shared
-    pack it refers to, the other steps under the root that refer to it."""
+def sharing(
+    item: epath.Path, saved: Metadata, chunks: dict[str, int] | None = None
+) -> dict[str, Any]:
+    """For an item saved with `dedup`: the bytes of its arrays in files its
+    own save wrote (`own`) and in earlier saves' (`shared`), and for each
+    shared file it refers to, the other steps under the root that refer to
+    it. `chunks`: the bytes of its sharded leaves in each shared shard pack."""
     item = epath.Path(item)
-    own = shared = 0
-    used: dict[str, int] = {}
+    used: dict[str, int] = dict(chunks or {})
     for leaf in saved.leaves.values():
         if leaf.data != PACKED or leaf.pack is None:
             continue
         pack = saved.packs[leaf.pack]
-        if not pack.shared:
-            continue
-        used[pack.file] = used.get(pack.file, 0) + leaf.nbytes
-        if pack.file == pack_file(saved.token, 0):
-            own += leaf.nbytes
-        else:
-            shared += leaf.nbytes
+        if pack.shared:
+            used[pack.file] = used.get(pack.file, 0) + leaf.nbytes
+    mine = f".{saved.token}."  # in the names of the files this save wrote
+    own = sum(n for f, n in used.items() if mine in f)
+    shared = sum(used.values()) - own
     root, here = item.parent.parent, item.parent.name
     steps: dict[str, list[str]] = {name: [] for name in used}
     for step, names in sorted(_step_dirs(root).items(), key=lambda s: _number(s[0])):
