@@ -164,18 +164,9 @@ def _plan_one(info, arg, group, numpy: bool) -> "_Plan | tuple[str, str]":
     path = leaf_label(info)
     saved = parse_dtype(record.dtype)
     key = is_key_dtype(saved)
-    dtype = getattr(arg, "dtype", None)
-    if dtype is None or key and str(dtype) == str(saved):
-        dtype = saved
-    elif key or is_key_dtype(dtype):
-        asked = dtype if is_key_dtype(dtype) else np.dtype(dtype)
-        return (
-            f"Leaf {path} is {record.dtype} in the checkpoint; the restore asks "
-            f"for {asked}.",
-            _KEYS_AS_KEYS,
-        )
-    else:
-        dtype = np.dtype(dtype)
+    dtype = _dtype(getattr(arg, "dtype", None), saved, record.dtype, path)
+    if isinstance(dtype, tuple):
+        return dtype
     if key and numpy:
         return f"Leaf {path} holds typed PRNG keys; the restore asks for numpy.", (
             _KEYS_AS_JAX
@@ -204,6 +195,22 @@ def _plan_one(info, arg, group, numpy: bool) -> "_Plan | tuple[str, str]":
         )
     request = _typed.Request(record, dtype, NUMPY, None)
     return _Plan(info.name, group, request, shape, sharding)
+
+
+def _dtype(dtype: Any, saved: Any, text: str, path: str) -> Any:
+    """The dtype a leaf restores as, asked (`dtype`, None if not) of one saved
+    as `saved` (`text`), or `(problem, fix)`: typed PRNG keys restore as
+    keys of their saved dtype only."""
+    key = is_key_dtype(saved)
+    if dtype is None or key and str(dtype) == str(saved):
+        return saved
+    if key or is_key_dtype(dtype):
+        asked = dtype if is_key_dtype(dtype) else np.dtype(dtype)
+        return (
+            f"Leaf {path} is {text} in the checkpoint; the restore asks for {asked}.",
+            _KEYS_AS_KEYS,
+        )
+    return np.dtype(dtype)
 
 
 def _target_sharding(arg: Any, stored: Any) -> Any:
