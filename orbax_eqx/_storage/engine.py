@@ -332,26 +332,7 @@ def read(
     file's `damaged` error for a file missing, short, longer than recorded,
     or replaced while read. `empty(nbytes)` makes the buffers; `gap`, if
     given, caps the files' own."""
-    by_file: dict[File, list[_Span]] = {}
-    viewed = set()
-    for u in units:
-        found = [span(p) for p in u.pieces]
-        start = view_start(u, found)
-        if start is not None:
-            viewed.add(id(u))
-        for p, (first, last) in zip(u.pieces, found, strict=True):
-            if first == last:
-                continue
-            check = p.source.check
-            a, z = (first, last) if check is None else check.widen(first, last)
-            if start is not None:
-                kind = _VIEW
-            elif (a, z) == (first, last) and runs(u, p):
-                kind = _DIRECT
-            else:
-                kind = _COPY
-            item = _Span(a, z, first, u, p, kind, first == start)
-            by_file.setdefault(p.source.file, []).append(item)
+    by_file, viewed = _spans_by_file(units)
     readers = []
     try:
         for f, spans in by_file.items():
@@ -372,6 +353,32 @@ def read(
         u.host = u.host.view(u.dtype).reshape(u.shape)
 
 
+def _spans_by_file(units: Sequence[Unit]) -> tuple[dict[File, list[_Span]], set]:
+    """Each file's spans to read for `units`, and the ids of the units that
+    are views of one run of a file's bytes."""
+    by_file: dict[File, list[_Span]] = {}
+    viewed = set()
+    for u in units:
+        found = [span(p) for p in u.pieces]
+        start = view_start(u, found)
+        if start is not None:
+            viewed.add(id(u))
+        for p, (first, last) in zip(u.pieces, found, strict=True):
+            if first == last:
+                continue
+            check = p.source.check
+            a, z = (first, last) if check is None else check.widen(first, last)
+            if start is not None:
+                kind = _VIEW
+            elif (a, z) == (first, last) and runs(u, p):
+                kind = _DIRECT
+            else:
+                kind = _COPY
+            item = _Span(a, z, first, u, p, kind, first == start)
+            by_file.setdefault(p.source.file, []).append(item)
+    return by_file, viewed
+
+
 def _open(f: File, end: int):
     """`f` opened for reads up to byte `end`: checked to be as long as
     recorded and, where `f` says which, the version reads were planned from."""
@@ -386,9 +393,31 @@ def _open(f: File, end: int):
 
 def _read_file(f: File, reader, spans, gap: int, empty, placers, counts) -> None:
     """Reads one file's spans, checking and placing each as it arrives."""
+    ranges, buffers, walk = _layout(spans, gap, empty, counts)
+    order = sorted(range(len(ranges)), key=lambda k: ranges[k])
+    slot = [0] * len(ranges)
+    for j, k in enumerate(order):
+        slot[k] = j
+    with _worded(f):
+        reads = reader.start([ranges[k] for k in order], [buffers[k] for k in order])
+    try:
+        with _worded(f):
+            known = [0] * len(ranges)
+            walk.sort(key=lambda w: w[0].a)
+            for s, i, at in walk:
+                _arrived(s, buffers[i], at, reads, slot[i], known, placers)
+            reads.wait()
+    finally:
+        reads.cancel()
+
+
+def _layout(spans, gap: int, empty, counts):
+    """The byte ranges to read of one file's spans (views and copies merged
+    across gaps up to `gap`), the buffers they go into, and `(span, its
+    range, where in it)` of each span."""
     ranges: list[tuple[int, int]] = []
     buffers: list[np.ndarray] = []
-    walk: list[tuple[_Span, int, int]] = []  # (span, its range, where in it)
+    walk: list[tuple[_Span, int, int]] = []
     for kind in (_VIEW, _COPY):
         mine = {k: (s.a, s.z) for k, s in enumerate(spans) if s.kind == kind}
         merged, where = _ranges.plan(mine, max_gap=gap)
@@ -406,21 +435,7 @@ def _read_file(f: File, reader, spans, gap: int, empty, placers, counts) -> None
             walk.append((s, len(ranges) - 1, 0))
     if counts is not None:
         counts.read += sum(z - a for a, z in ranges)
-    order = sorted(range(len(ranges)), key=lambda k: ranges[k])
-    slot = [0] * len(ranges)
-    for j, k in enumerate(order):
-        slot[k] = j
-    with _worded(f):
-        reads = reader.start([ranges[k] for k in order], [buffers[k] for k in order])
-    try:
-        with _worded(f):
-            known = [0] * len(ranges)
-            walk.sort(key=lambda w: w[0].a)
-            for s, i, at in walk:
-                _arrived(s, buffers[i], at, reads, slot[i], known, placers)
-            reads.wait()
-    finally:
-        reads.cancel()
+    return ranges, buffers, walk
 
 
 def _arrived(s: _Span, buffer, at: int, reads, i: int, known, placers) -> None:

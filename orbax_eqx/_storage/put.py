@@ -64,6 +64,18 @@ def arrays(
         _staged(leaves, staging)
         return [leaf.result for leaf in leaves]
     units = [u for leaf in leaves for _, _, u in leaf.units]
+    for batch, nbytes in _batches(units, window):
+        engine.read(batch, counts=counts)
+        if advance is not None:
+            advance(nbytes)
+    _made(leaves)
+    return [leaf.result for leaf in leaves]
+
+
+def _batches(units: list[engine.Unit], window: int):
+    """The units in batches to read, in file order, each with its bytes: at
+    most `window` bytes, `PIECES` pieces, and bytes read only to be copied
+    in (`COPY_WINDOW`) a batch, unless a unit's stored array is split."""
     held = sum(math.prod(u.shape) * u.dtype.itemsize for u in units)
     copy_window = min(COPY_WINDOW, max(MIN_COPY_WINDOW, held // 8))
     batch: list[engine.Unit] = []
@@ -72,7 +84,7 @@ def arrays(
         full = staged >= window or copied >= copy_window or pieces >= PIECES
         # Never between units of one tensor (a fused qkv): its bytes once.
         if full and not _shared(batch[-1], u):
-            _read_batch(batch, staged, counts, advance)
+            yield batch, staged
             batch, staged, copied, pieces = [], 0, 0, 0
         batch.append(u)
         found = [engine.span(p) for p in u.pieces]
@@ -81,9 +93,7 @@ def arrays(
         copied += 0 if engine.view_start(u, found) is not None else nbytes
         pieces += len(u.pieces)
     if batch:
-        _read_batch(batch, staged, counts, advance)
-    _made(leaves)
-    return [leaf.result for leaf in leaves]
+        yield batch, staged
 
 
 def _file_order(u: engine.Unit):
@@ -99,12 +109,6 @@ def _shared(a: engine.Unit, b: engine.Unit) -> bool:
     """Whether units `a` and `b` read the same stored array."""
     mine = {id(p.source) for p in a.pieces}
     return any(id(p.source) in mine for p in b.pieces)
-
-
-def _read_batch(batch, nbytes: int, counts, advance) -> None:
-    engine.read(batch, counts=counts)
-    if advance is not None:
-        advance(nbytes)
 
 
 def _whole(leaf: Leaf) -> engine.Unit | None:
@@ -247,35 +251,39 @@ def _jobs(leaves: Sequence[Leaf], budget: int):
         leaf.left = len(leaf.units)
         for start, devices, u in leaf.units:
             c = _cost(u)
-            if c <= budget:
-                if steps and cost + c > budget:
+            if c > budget:
+                if steps:
                     yield steps
                     steps, cost = [], 0
-                steps.append(_Step(leaf, start, devices, u))
-                cost += c
+                yield from _alone(_Step(leaf, start, devices, u), c, budget)
                 continue
-            if steps:
+            if steps and cost + c > budget:
                 yield steps
                 steps, cost = [], 0
-            widened = any(
-                p.source.check is not None and p.source.check.widens for p in u.pieces
-            )
-            limit = max(budget, SLAB_FLOOR) if widened else budget
-            # Slabs go to devices that hold the whole unit, or into a numpy leaf.
-            whole_here = devices is not None or leaf.sharding is None
-            if c <= limit or not whole_here or not _cuttable(u):
-                yield [_Step(leaf, start, devices, u)]  # a job of its own
-                continue
-            cut = streaming.slabs(
-                (0,) * len(u.shape), u.shape, limit, lambda b: _cost(_clip(u, *b))
-            )
-            for i, (at, shape) in enumerate(cut):
-                part = _clip(u, at, shape)
-                yield [
-                    _Step(leaf, start, devices, part, at, i == len(cut) - 1, u.shape)
-                ]
+            steps.append(_Step(leaf, start, devices, u))
+            cost += c
     if steps:
         yield steps
+
+
+def _alone(step: _Step, cost: int, budget: int):
+    """The jobs of a unit that costs more than `budget`: itself, or its slabs."""
+    u = step.unit
+    widened = any(
+        p.source.check is not None and p.source.check.widens for p in u.pieces
+    )
+    limit = max(budget, SLAB_FLOOR) if widened else budget
+    # Slabs go to devices that hold the whole unit, or into a numpy leaf.
+    whole_here = step.devices is not None or step.leaf.sharding is None
+    if cost <= limit or not whole_here or not _cuttable(u):
+        yield [step]  # a job of its own
+        return
+    cut = streaming.slabs(
+        (0,) * len(u.shape), u.shape, limit, lambda b: _cost(_clip(u, *b))
+    )
+    for i, (at, shape) in enumerate(cut):
+        part = _clip(u, at, shape)
+        yield [step._replace(unit=part, at=at, last=i == len(cut) - 1, full=u.shape)]
 
 
 def _staged(leaves: Sequence[Leaf], staging: Staging) -> None:
@@ -303,6 +311,27 @@ def _staged(leaves: Sequence[Leaf], staging: Staging) -> None:
 
 def _put(steps: list[_Step], staging: Staging) -> list[jax.Array]:
     """Starts the transfers of a job's hosts; returns what to wait for."""
+    xs, shardings, sinks = _transfers(steps, staging)
+    placed = jax.device_put(xs, shardings) if xs else []
+    del xs
+    for s in steps:  # the staging buffers go once their transfers are done
+        s.unit.host = None
+    started = [
+        _place(s, device, array)
+        for (s, device), array in zip(sinks, placed, strict=True)
+    ]
+    for s in steps:
+        if s.last:
+            s.leaf.left -= 1
+            if s.leaf.left == 0 and s.leaf.result is None:
+                _finish(s.leaf)
+    return started
+
+
+def _transfers(steps: list[_Step], staging: Staging) -> tuple[list, list, list]:
+    """The hosts of a job's steps to put on devices, their shardings, and
+    `(step, device)` of each (device None: the leaf's sharding); numpy leaves
+    and leaves not all here are made at once."""
     xs, shardings, sinks = [], [], []
     for s in steps:
         leaf, host = s.leaf, s.unit.host
@@ -320,29 +349,23 @@ def _put(steps: list[_Step], staging: Staging) -> list[jax.Array]:
                 xs.append(staging.handoff(host))
                 shardings.append(_single(device))
                 sinks.append((s, device))
-    placed = jax.device_put(xs, shardings) if xs else []
-    del xs
-    for s in steps:  # the staging buffers go once their transfers are done
-        s.unit.host = None
-    started = []
-    for (s, device), array in zip(sinks, placed, strict=True):
-        if s.leaf.parts is None:
-            s.leaf.parts = {}
-        parts = s.leaf.parts
-        key = None if device is None else (s.start, device)
-        if s.at is not None:
-            buffer = parts.get(key)
-            if buffer is None:
-                buffer = streaming.zeros(s.full, array.dtype, device)
-            array = streaming.update(buffer, array, s.at)
-        parts[key] = array
-        started.append(array)
-    for s in steps:
-        if s.last:
-            s.leaf.left -= 1
-            if s.leaf.left == 0 and s.leaf.result is None:
-                _finish(s.leaf)
-    return started
+    return xs, shardings, sinks
+
+
+def _place(s: _Step, device: Any, array: jax.Array) -> jax.Array:
+    """Records a step's array among its leaf's parts (a slab: written into
+    the part's buffer)."""
+    if s.leaf.parts is None:
+        s.leaf.parts = {}
+    parts = s.leaf.parts
+    key = None if device is None else (s.start, device)
+    if s.at is not None:
+        buffer = parts.get(key)
+        if buffer is None:
+            buffer = streaming.zeros(s.full, array.dtype, device)
+        array = streaming.update(buffer, array, s.at)
+    parts[key] = array
+    return array
 
 
 def _into_host(s: _Step) -> None:
