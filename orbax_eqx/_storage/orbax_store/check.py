@@ -50,27 +50,14 @@ def check_stored(
     store = open_store(directory)
     # Every Orbax-stored leaf's record has its key (`sidecar_read` checks).
     keys = [r.key or "" for r in records]
-    found = _read_all(store, [f"{k}/{ZARR2}" for k in keys], directory)
-    if any(v is None for v in found):  # Zarr v3 (`use_zarr3=True`), or missing
-        v3 = _read_all(store, [f"{k}/{ZARR3}" for k in keys], directory)
-        found = [a if a is not None else b for a, b in zip(found, v3, strict=True)]
+    found = _metadata(store, keys, directory)
     problems = []
     for record, key, meta in zip(records, keys, found, strict=True):
         problem = _compare(record, key, meta)
         if problem is not None:
             problems.append(problem)
     if not problems and ocp.type_handlers.is_ocdbt_checkpoint(directory):
-        # Listing an OCDBT store reads its index, already in memory: cheap.
-        stored = {
-            k.decode("utf-8", "surrogateescape").rsplit("/", 1)[0]
-            for k in store.list().result()
-            if k.endswith(b"/" + ZARR2.encode()) or k.endswith(b"/" + ZARR3.encode())
-        }
-        for key in sorted(stored - listed):
-            problems.append(
-                f"Orbax's array store holds an array under key `{key}`, which the "
-                "sidecar does not list."
-            )
+        problems = _unlisted(store, listed)
     if problems:
         n = len(problems)
         raise CheckpointDamagedError(
@@ -78,6 +65,30 @@ def check_stored(
             f"array store disagree ({n} difference{'s' if n != 1 else ''}):\n"
             f"{bullet_list(problems)}\n{_FIX}"
         )
+
+
+def _metadata(store: ts.KvStore, keys: list[str], directory) -> list[dict | None]:
+    """Each key's array metadata record in the store (None: none there)."""
+    found = _read_all(store, [f"{k}/{ZARR2}" for k in keys], directory)
+    if any(v is None for v in found):  # Zarr v3 (`use_zarr3=True`), or missing
+        v3 = _read_all(store, [f"{k}/{ZARR3}" for k in keys], directory)
+        found = [a if a is not None else b for a, b in zip(found, v3, strict=True)]
+    return found
+
+
+def _unlisted(store: ts.KvStore, listed: set[str]) -> list[str]:
+    """What `check_stored` says of the arrays in an OCDBT store whose keys
+    are not `listed`. (Listing it reads its index, already in memory: cheap.)"""
+    stored = {
+        k.decode("utf-8", "surrogateescape").rsplit("/", 1)[0]
+        for k in store.list().result()
+        if k.endswith(b"/" + ZARR2.encode()) or k.endswith(b"/" + ZARR3.encode())
+    }
+    return [
+        f"Orbax's array store holds an array under key `{key}`, which the "
+        "sidecar does not list."
+        for key in sorted(stored - listed)
+    ]
 
 
 def _read_all(store: ts.KvStore, keys: list[str], directory) -> list[dict | None]:
