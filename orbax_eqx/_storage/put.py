@@ -23,8 +23,7 @@ from .transfer.staging import Job, Staging
 
 DEFAULT_WINDOW = 1 << 30  # bytes read per batch at most, on CPU
 # Bytes read only to be copied in, per batch (transient): at most an eighth
-# of what the units hold, between these. Measured on 16 cores (GPT-2's 1.32
-# GiB, 1.21 GB of it transposed): with 64 MiB reads waited on the copies.
+# of what the units hold, between these.
 COPY_WINDOW = 256 << 20
 MIN_COPY_WINDOW = 1 << 20
 PIECES = 4096  # pieces per batch at most (a few hundred bytes of bookkeeping each)
@@ -73,9 +72,7 @@ def arrays(
 
 
 def _batches(units: list[engine.Unit], window: int):
-    """The units in batches to read, in file order, each with its bytes: at
-    most `window` bytes, `PIECES` pieces, and bytes read only to be copied
-    in (`COPY_WINDOW`) a batch, unless a unit's stored array is split."""
+    """`(units, their bytes)` of each batch to read, in file order."""
     held = sum(math.prod(u.shape) * u.dtype.itemsize for u in units)
     copy_window = min(COPY_WINDOW, max(MIN_COPY_WINDOW, held // 8))
     batch: list[engine.Unit] = []
@@ -248,7 +245,6 @@ def _jobs(leaves: Sequence[Leaf], budget: int):
     steps: list[_Step] = []
     cost = 0
     for leaf in leaves:
-        leaf.left = len(leaf.units)
         for start, devices, u in leaf.units:
             c = _cost(u)
             if c > budget:
@@ -329,9 +325,8 @@ def _put(steps: list[_Step], staging: Staging) -> list[jax.Array]:
 
 
 def _transfers(steps: list[_Step], staging: Staging) -> tuple[list, list, list]:
-    """The hosts of a job's steps to put on devices, their shardings, and
-    `(step, device)` of each (device None: the leaf's sharding); numpy leaves
-    and leaves not all here are made at once."""
+    """A job's hosts to put, their shardings and `(step, device)`; numpy
+    leaves and leaves not all here are made at once."""
     xs, shardings, sinks = [], [], []
     for s in steps:
         leaf, host = s.leaf, s.unit.host
@@ -353,8 +348,7 @@ def _transfers(steps: list[_Step], staging: Staging) -> tuple[list, list, list]:
 
 
 def _place(s: _Step, device: Any, array: jax.Array) -> jax.Array:
-    """Records a step's array among its leaf's parts (a slab: written into
-    the part's buffer)."""
+    """Records a step's array among its leaf's parts (a slab: into one)."""
     if s.leaf.parts is None:
         s.leaf.parts = {}
     parts = s.leaf.parts
