@@ -88,7 +88,13 @@ def _finish_at_exit() -> None:
         saves = {w: s for w, s in _saves.items() if _live(s, me)}
     unsaved = [w for w, s in saves.items() if not (s.final and s.final.exists())]
     if unsaved:
-        _say_finishing(unsaved)
+        names = " and ".join(unsaved)
+        was, it = ("was", "it") if len(unsaved) == 1 else ("were", "them")
+        _say(
+            f"the script ended while {names} {was} still being saved; finishing "
+            f"{it} now. Call `mngr.wait_until_finished()` (or `mngr.close()`, or "
+            "use the manager in a `with` block) before a script ends."
+        )
     for where, save in saves.items():
         _wait_for(where, save, me, start)
     for where in unsaved:
@@ -100,19 +106,8 @@ def _finish_at_exit() -> None:
             )
 
 
-def _say_finishing(unsaved: list[str]) -> None:
-    names = " and ".join(unsaved)
-    was, it = ("was", "it") if len(unsaved) == 1 else ("were", "them")
-    _say(
-        f"the script ended while {names} {was} still being saved; finishing "
-        f"{it} now. Call `mngr.wait_until_finished()` (or `mngr.close()`, or "
-        "use the manager in a `with` block) before a script ends."
-    )
-
-
 def _wait_for(where: str, save: _Save, me: threading.Thread, start: float) -> None:
-    """Until the save is finalized, fails, or is committed elsewhere; then
-    joins the thread that commits it."""
+    """Until the save is finalized, fails, or is committed elsewhere."""
     with _lock:
         while not _known(where, save, time.monotonic() - start):
             _lock.wait(0.05)

@@ -2,13 +2,9 @@
 
 Each raises naming every offending leaf, before anything is written:
 `check_global`, a host-local jax array in a multi-host save (Orbax would
-refuse it deep inside its background write, by storage key);
-`check_arrays`, an array a checkpoint could not give back (`_problem`: a
-structured, object or `np.ndarray`-subclass array, a deleted jax array, and
-with `pack=False` a dtype TensorStore cannot store; `np.memmap` is saved as
-its data); `check_recordable`, text the UTF-8 sidecar cannot hold (a lone
-surrogate, as `os.fsdecode` makes of a file name that is not UTF-8) or a
-static field nested deeper than readers read (`values.MAX_DEPTH`).
+refuse it deep inside its background write, by storage key); `check_arrays`,
+an array a checkpoint could not give back; `check_recordable`, text the
+UTF-8 sidecar cannot hold or a static field nested deeper than readers read.
 """
 
 import functools
@@ -128,9 +124,8 @@ def _bad_dtype(dtype: np.dtype) -> bool:
 
 def check_arrays(walked: Walked, pack: bool = True, taken: bool = False) -> None:
     """Raises `UnsupportedLeafError` listing every array leaf that would save
-    but not restore as it was (see `_problem`). `taken`: the
-    arrays' bytes were taken already (a save's background check), so an
-    array deleted since (donated once `save` returned) is no problem."""
+    but not restore as it was. `taken`: the arrays' bytes were taken already
+    (a save's background check): an array deleted since is no problem."""
     problems, kinds = [], []
     for leaf in walked.leaves:
         x = leaf.value

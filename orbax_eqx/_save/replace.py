@@ -156,9 +156,13 @@ def _not_a_checkpoint(path: epath.Path) -> tuple[str, str] | None:
     return what.format(**details), fix.format(**details)
 
 
-def _what_else(path: epath.Path) -> tuple[str, dict[str, object]] | None:
-    """The kind of thing at `path` (a key of `_WORDS`) and its details, unless
-    it is a checkpoint, an empty directory or nothing.
+# A kind of thing that is no checkpoint (a key of `_WORDS`) and its details.
+_Found = tuple[str, dict[str, object]] | None
+
+
+def _what_else(path: epath.Path) -> _Found:
+    """What is at `path`, unless it is a checkpoint, an empty directory or
+    nothing.
 
     A checkpoint is an item directory, or a directory of item directories and
     Orbax's own files (a step, a Composite checkpoint): deleting it deletes
@@ -178,9 +182,7 @@ def _what_else(path: epath.Path) -> tuple[str, dict[str, object]] | None:
     return _what_holds(path, entries) if entries else None
 
 
-def _what_holds(
-    path: epath.Path, entries: list[epath.Path]
-) -> tuple[str, dict[str, object]] | None:
+def _what_holds(path: epath.Path, entries: list[epath.Path]) -> _Found:
     """`_what_else` of a directory of `entries`, that is no item directory."""
     items = sorted(p for p in entries if p.is_dir() and is_item(p))
     if items:
@@ -192,11 +194,8 @@ def _what_holds(
     return "other files", {"names": some(names), "sidecar": FILE_NAME}
 
 
-def _what_items(
-    items: list[epath.Path], entries: list[epath.Path]
-) -> tuple[str, dict[str, object]] | None:
-    """`_what_else` of a directory of `entries` that holds item directories
-    `items`."""
+def _what_items(items: list[epath.Path], entries: list[epath.Path]) -> _Found:
+    """`_what_else` of a directory of `entries`, item directories `items`."""
     others = sorted(
         p.name
         for p in entries
@@ -213,7 +212,7 @@ def _what_items(
     }
 
 
-def _what_step(items: list[epath.Path]) -> tuple[str, dict[str, object]] | None:
+def _what_step(items: list[epath.Path]) -> _Found:
     """`_what_else` of a directory of item directories and Orbax's files only."""
     # A step (or Composite) of items saved together, not a folder of
     # checkpoints each saved on its own (`folder/exp1`, `folder/exp2`): Orbax
@@ -250,7 +249,7 @@ def foreign(item: epath.Path) -> list[str]:
     (an exported `model.safetensors`, a user's notes): overwriting would
     delete them. orbax_eqx names everything it writes `orbax_eqx.json`
     (and its temporary `orbax_eqx.json.tmp-*`) or `orbax_eqx~*`."""
-    odd = sorted(
+    return sorted(
         p.name
         for p in item.iterdir()
         if not (
@@ -260,15 +259,9 @@ def foreign(item: epath.Path) -> list[str]:
             or _OCDBT_PROCESS.fullmatch(p.name)
         )
     )
-    return odd
 
 
-def publish(
-    new: epath.Path,
-    path: epath.Path,
-    owner: "Owner",
-    overwrite: bool,
-) -> None:
+def publish(new: epath.Path, path: epath.Path, owner: "Owner", overwrite: bool) -> None:
     """Puts the committed checkpoint `new` at `path` (see the module docstring).
 
     **Arguments:**
