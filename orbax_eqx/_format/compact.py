@@ -59,7 +59,34 @@ def compact(content: dict[str, Any]) -> dict[str, Any]:
     modules = modules if isinstance(modules, dict) else {}
     paths = Paths(modules)
     short_modules = {n: _module_type(n, r, paths) for n, r in modules.items()}
-    kinds = _node_kinds(content.get("nodes"), modules, short_modules, paths)
+    nodes = content.get("nodes")
+    kinds, node_types, carried = _node_kinds(nodes, modules, short_modules, paths)
+    for key, value in content.items():
+        if key == "leaves":
+            value = {name: compact_leaf(name, r, paths) for name, r in value.items()}
+        elif key == "modules" and isinstance(value, dict):
+            value, out[MODULE_TYPES] = _short_modules(value, short_modules, carried)
+        elif key == "nodes" and isinstance(value, dict):
+            value = {
+                n: node_types.index(kinds[n]) if n in kinds else r
+                for n, r in value.items()
+                if n not in carried
+            }
+            out[NODE_TYPES] = node_types.types
+        out[key] = value
+    return out
+
+
+def _node_kinds(nodes: Any, modules: dict, short_modules: dict, paths: Paths):
+    """Each node's short type, where it has one; the table of node types,
+    begun with the short modules' (`carried`, each module's index in it)."""
+    kinds: dict[str, dict[str, Any]] = {}
+    for name, record in nodes.items() if isinstance(nodes, dict) else ():
+        # A short module's path is the one its name reads as.
+        known = modules[name]["path"] if short_modules.get(name) else None
+        kind = _node_type(name, record, paths, known)
+        if kind is not None:
+            kinds[name] = kind
     # Node types are listed modules' first, in the modules' order, then the
     # rest in the nodes' order: the same table however `nodes` is ordered.
     node_types = _Table()
@@ -68,32 +95,7 @@ def compact(content: dict[str, Any]) -> dict[str, Any]:
         for name, kind in short_modules.items()
         if kind is not None and name in kinds and kinds[name]["type"] == _nodes.MODULE
     }
-    for key, value in content.items():
-        if key == "leaves":
-            value = {name: compact_leaf(name, r, paths) for name, r in value.items()}
-        elif key == "modules" and isinstance(value, dict):
-            value, out[MODULE_TYPES] = _short_modules(value, short_modules, carried)
-        elif key == "nodes" and isinstance(value, dict):
-            value = _short_nodes(value, kinds, carried, node_types)
-            out[NODE_TYPES] = node_types.types
-        out[key] = value
-    return out
-
-
-def _node_kinds(
-    nodes: Any, modules: dict[str, Any], short_modules: dict[str, Any], paths: Paths
-) -> dict[str, dict[str, Any]]:
-    """Each node's short type, where it has one."""
-    kinds: dict[str, dict[str, Any]] = {}
-    if not isinstance(nodes, dict):
-        return kinds
-    for name, record in nodes.items():
-        # A short module's path is the one its name reads as.
-        known = modules[name]["path"] if short_modules.get(name) else None
-        kind = _node_type(name, record, paths, known)
-        if kind is not None:
-            kinds[name] = kind
-    return kinds
+    return kinds, node_types, carried
 
 
 def _short_modules(
@@ -109,20 +111,6 @@ def _short_modules(
             record = module_types.index(kind if at is None else {**kind, NODE: at})
         out[name] = record
     return out, module_types.types
-
-
-def _short_nodes(
-    nodes: dict[str, Any],
-    kinds: dict[str, dict[str, Any]],
-    carried: dict[str, int],
-    node_types: "_Table",
-) -> dict[str, Any]:
-    """`nodes` with short records, less those their module types carry."""
-    return {
-        n: node_types.index(kinds[n]) if n in kinds else r
-        for n, r in nodes.items()
-        if n not in carried
-    }
 
 
 class _Table:

@@ -336,8 +336,7 @@ class _Leaves:
         )
 
     def packed(self, name: str, path: str, rec, shape: tuple, dtype: str) -> int | None:
-        """A packed array record's checksum, its bytes checked to lie in its
-        pack and to be those of its shape and dtype."""
+        """A packed array record's checksum, its bytes checked."""
         self.place(name, rec.pack, rec.offset, rec.nbytes)
         expected = math.prod(shape) * itemsize(parse_dtype(dtype))
         if rec.nbytes != expected:
@@ -348,8 +347,7 @@ class _Leaves:
         return self.checksum(name, path, rec.xxh3)
 
     def unpacked(self, name: str, path: str, rec, shape: tuple) -> None:
-        """Checks an array record that is not packed: a stored one's key
-        and checksum, an alias's target, a zero-size one's shape."""
+        """Checks an array record that is not packed."""
         data, bad = rec.data, self.bad
         if data == STORED:
             if rec.key != storage_key(name):
@@ -532,8 +530,7 @@ def _nodes(recorded, kinds, paths, limit: int, bad, carried, modules) -> dict:
 
 
 def _node(name: str, rec: Any, bad) -> Any:
-    """A node's record: the index of its node type, or the whole record as a
-    plain dict."""
+    """A node's record: the index of its node type, or a plain dict."""
     if type(rec) is msgspec.Raw:  # after a failed decode
         try:
             rec = msgspec.json.decode(rec, type=_NODE)
