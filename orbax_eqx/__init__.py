@@ -30,7 +30,7 @@ from ._restore.check import StaticMismatchWarning
 from ._restore.fallback import restore_latest
 from ._restore.restore import RecordedLeaf
 from ._restore.rules import shardings_from_rules
-from ._storage.packed.shared import copy_step
+from ._storage.shared import copy_step
 from ._version import __version__
 
 __all__ = [

@@ -2,7 +2,7 @@
 (`oeqx.copy_step`)."""
 
 from .._format.locate import as_path
-from .._storage.packed.shared import copy_step
+from .._storage.shared import copy_step
 from .render import count
 
 

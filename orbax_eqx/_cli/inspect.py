@@ -25,8 +25,8 @@ from .._orbax import items as _items
 from .._orbax.plain import PlainMetadata, sharding_text
 from .._orbax.type_restore import sharding_metadata
 from .._rebuild import build as _rebuild
+from .._storage import shared as _shared
 from .._storage.orbax_store.files import check as check_store_files
-from .._storage.packed import shared as _shared
 from .._storage.sharded.index_read import read_all
 from .._tree.names import label
 from .._tree.values import describe

@@ -4,7 +4,7 @@ refers to, as each save with `dedup=True` does once its files are written."""
 from .._bytes.route import is_remote
 from .._errors import OrbaxEqxError
 from .._format.locate import as_path
-from .._storage.packed import shared as _shared
+from .._storage import shared as _shared
 from .render import count
 
 

@@ -33,8 +33,8 @@ from .._save import files as _files
 from .._save import futures as _futures
 from .._save.checks import check_global
 from .._save.prepare import prepare
+from .._storage import shared as _shared
 from .._storage.orbax_store import files as _store_files
-from .._storage.packed import shared as _shared
 from .._storage.transfer.pool import MAX_IDLE, HostPool
 from . import plain as _plain
 from . import rebuilt as _rebuilt

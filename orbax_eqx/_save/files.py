@@ -22,7 +22,7 @@ from etils import epath
 from .._format import sidecar as _sidecar
 from .._format import sidecar_write as _sidecar_write
 from .._format.checksum import host_sum32
-from .._storage.packed import shared as _shared
+from .._storage import shared as _shared
 from .._storage.packed import write as _packed
 from .._storage.sharded import write as _shards
 from . import claim as _claim
@@ -84,7 +84,7 @@ def write(
     """Writes this process's files of the save `prepared` into `directory`
     (`started`: the primary host's `claim.Started`, else None). With `dedup`,
     the pack goes to the shared directory beside the steps, without the
-    leaves the newest step holds already (`_storage/packed/shared.py`), and
+    leaves the newest step holds already (`_storage/shared/`), and
     so do the shard packs, without the chunks it holds (`sharded.write`);
     `known`: the identities of the jax arrays this handler saved before."""
     if primary and started.identity is None:

@@ -4,7 +4,9 @@ One folder per layout, each with its writer and its index or format:
 `packed/` (unsharded arrays end to end in one pack file), `sharded/` (each
 process's distinct shards in a shard pack, with an index), `orbax_store/`
 (Orbax's own array store, `pack=False`, with its reader), `typed/` (the
-files of one `serialize` call of the pack's Orbax type handler). Every
+files of one `serialize` call of the pack's Orbax type handler), `shared/`
+(the packs and shard packs that a manager's steps share with `dedup=True`,
+and their clean-up). Every
 ranged read goes through one engine (`engine`: units made of pieces of
 files, read, checked, placed; `put`: arrays of them on devices), the
 state_dict bridge's too; `read` makes packed and shard-packed leaves its
