@@ -135,7 +135,11 @@ def _fixes(differences, errors, prefix) -> list[str]:
     """The fixes to offer, in the order their differences were found."""
     fixes = [f for d in differences for f in d.fixes if f is not FIX_STATIC]
     if prefix is not None:  # then the skeleton is fine as it is
-        fixes = [_prefix_fix(prefix)] + [f for f in fixes if f is not FIX_MISSING]
+        literal = repr(prefix) if "\\" in prefix else f'"{prefix}"'
+        braced = literal.replace("{", "{{").replace("}", "}}")
+        fixes = [FIX_PREFIX.replace("{prefix}", braced)] + [
+            f for f in fixes if f is not FIX_MISSING
+        ]
     if _static_fix(errors):
         fixes.append(FIX_STATIC)
     fixes = list(dict.fromkeys(fixes))
@@ -143,12 +147,6 @@ def _fixes(differences, errors, prefix) -> list[str]:
         fixes[fixes.index(FIX_FILTERED)] = FIX_KIND
         fixes = list(dict.fromkeys(fixes))
     return fixes
-
-
-def _prefix_fix(prefix: str) -> str:
-    literal = repr(prefix) if "\\" in prefix else f'"{prefix}"'
-    braced = literal.replace("{", "{{").replace("}", "}}")
-    return FIX_PREFIX.replace("{prefix}", braced)
 
 
 def _static_fix(errors) -> bool:

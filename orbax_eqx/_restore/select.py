@@ -328,7 +328,14 @@ def _modules(saved, walked, target, pairs) -> dict[str, Any]:
 
 def _by_plan(saved, walked, target, mapping, prefix, must_match, cast, strict):
     """The view and the plan through a mapping that changes arrays."""
-    specs, others = _specs(walked, target)
+    specs, others = [], []
+    for leaf in walked.leaves:
+        name = target.get(leaf.name, leaf.name)
+        if leaf.kind == ARRAY:
+            shape, dtype = data_of(leaf.value.dtype, tuple(leaf.value.shape))
+            specs.append(LeafSpec(name, leaf.label, shape, dtype))
+        else:
+            others.append(name)
     stored = [
         TensorSpec(n, *data_of(parse_dtype(r.dtype), tuple(r.shape or ())))
         for n, r in saved.leaves.items()
@@ -374,20 +381,6 @@ def _add_pieces(plan, renamed: dict[str, str | None]) -> None:
         for p in plan.leaf_pieces(leaf):
             if p.tensor != leaf:
                 renamed.setdefault(p.tensor, leaf)
-
-
-def _specs(walked, target) -> tuple[list[LeafSpec], list[str]]:
-    """The target names and specs of the skeleton's arrays, and the target
-    names of its other leaves."""
-    specs, others = [], []
-    for leaf in walked.leaves:
-        name = target.get(leaf.name, leaf.name)
-        if leaf.kind == ARRAY:
-            shape, dtype = data_of(leaf.value.dtype, tuple(leaf.value.shape))
-            specs.append(LeafSpec(name, leaf.label, shape, dtype))
-        else:
-            others.append(name)
-    return specs, others
 
 
 def _nothing_under(prefix: str, saved: Metadata) -> Exception:
