@@ -3,11 +3,9 @@
 Before any array is read: a sidecar and an array store that disagree (an
 edited or swapped sidecar, a store from another save, tampered metadata) would
 otherwise read wrong values, or ask for absurd allocations. Orbax's public
-`PyTreeCheckpointHandler.metadata` opens every stored array, which costs as
-much as half a restore of small arrays; reading each array's small zarr
-metadata record straight from the store (one batch of key reads through
-TensorStore, Orbax's own storage layer) costs a few percent, and reads only
-the leaves being restored.
+`PyTreeCheckpointHandler.metadata` opens every stored array; this reads each
+array's small zarr metadata record straight from the store (one batch of key
+reads through TensorStore), and only the leaves being restored.
 """
 
 import json
@@ -20,10 +18,7 @@ import orbax.checkpoint as ocp
 import tensorstore as ts
 from etils import epath
 
-from ..._errors import (
-    CheckpointDamagedError,
-    bullet_list,
-)
+from ..._errors import CheckpointDamagedError, bullet_list
 from ..._format.sidecar import LeafMetadata
 from ..._tree.walk import is_key_dtype, key_data_struct, parse_dtype
 from .keys import ZARR2, ZARR3, first_line, open_store, permission_error
@@ -77,8 +72,8 @@ def _metadata(store: ts.KvStore, keys: list[str], directory) -> list[dict | None
 
 
 def _unlisted(store: ts.KvStore, listed: set[str]) -> list[str]:
-    """What `check_stored` says of the arrays in an OCDBT store whose keys
-    are not `listed`. (Listing it reads its index, already in memory: cheap.)"""
+    """What `check_stored` says of the arrays in an OCDBT store that are not
+    `listed` (listing it reads its index, already in memory)."""
     stored = {
         k.decode("utf-8", "surrogateescape").rsplit("/", 1)[0]
         for k in store.list().result()
