@@ -98,8 +98,11 @@ _UNSEALED = r"it records no checksum on its last line: it was edited"
         (lambda c: _set(c, 0, [0]), r"a chunk of `rows` has a box of two ranks"),
         (lambda c: _set(c, 0, "0"), _malformed(r"Expected `array`, got `str`.*")),
         (
-            lambda c: json.dumps({**c, "chunks": {"rows": [_row(c) + [7]]}}),
-            _malformed(r"Expected `array` of at (most|least) length 6.*"),
+            # (two optional trailing fields: a file index and an XXH3-128)
+            lambda c: json.dumps(
+                {**c, "chunks": {"rows": [_row(c) + [0, "0" * 32, 7]]}}
+            ),
+            _malformed(r"Expected `array` of at most length 8.*"),
         ),
         (
             lambda c: json.dumps({**c, "chunks": {"rows": [_row(c)[:5]]}}),
