@@ -101,19 +101,8 @@ def write(
             saved_as = content["saved_as"]
             base = _shared.base(directory, saved_as["step"], saved_as["item"], known)
         if prepared.local is not None:
-            token, process = content["token"], jax.process_index()
-            shared = _shared.ensure_dir(directory) if dedup else None
-            for path in _shards.write(
-                directory,
-                token,
-                process,
-                prepared.local,
-                shared,
-                base,
-                content["leaves"],
-            ):
-                if primary:
-                    _claim.wrote(started, path)
+            noted = started if primary else None
+            _write_shards(directory, prepared, noted, dedup, base)
         if primary and dedup:
             _shared_pack_and_sidecar(
                 directory, prepared, started, checksums, base, known
@@ -128,6 +117,27 @@ def write(
             pack.wait()  # no write of this save goes on once it ends
         prepared.drop_pieces()
         prepared.give_back()
+
+
+def _write_shards(
+    directory, prepared: Prepared, started: Any, dedup: bool, base: Any
+) -> None:
+    """This process's shard pack and index (with `dedup`, in the shared
+    directory, against `base`: the newest step); notes them in `started`."""
+    content = prepared.content
+    assert content is not None and prepared.local is not None
+    shared = _shared.ensure_dir(directory) if dedup else None
+    for path in _shards.write(
+        directory,
+        content["token"],
+        jax.process_index(),
+        prepared.local,
+        shared,
+        base,
+        content["leaves"],
+    ):
+        if started is not None:
+            _claim.wrote(started, path)
 
 
 def _shared_pack_and_sidecar(

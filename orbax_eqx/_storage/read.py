@@ -128,19 +128,8 @@ def check_shared(directory: epath.Path, saved: Metadata, names, chunks=None) -> 
         c.shared for leaf in chunks.values() for c in leaf[:1]
     ):
         return
-    held: dict[epath.Path, list[str]] = {}
-    for name in names:
-        record, pack = saved.leaves[name], saved.leaves[name].pack
-        if record.data == PACKED and pack is not None and saved.packs[pack].shared:
-            path = pack_path(directory, saved.packs[pack])
-            held.setdefault(path, []).append(record.path)
-        for c in chunks.get(name, ()) if record.data == SHARDS else ():
-            if c.shared:
-                paths = held.setdefault(chunk_path(directory, c), [])
-                if record.path not in paths[-1:]:
-                    paths.append(record.path)
     problems = []
-    for path, paths in held.items():
+    for path, paths in _shared_files(directory, saved, names, chunks).items():
         if not _route.for_path(path).exists(path):
             shown = ", ".join(f"`{p}`" for p in paths[:5])
             more = f" and {len(paths) - 5} more" if len(paths) > 5 else ""
@@ -154,6 +143,23 @@ def check_shared(directory: epath.Path, saved: Metadata, names, chunks=None) -> 
             "that no step refers to. Restore another step, and copy a step out "
             "with `python -m orbax_eqx copy` before deleting what it shares."
         )
+
+
+def _shared_files(directory, saved: Metadata, names, chunks) -> dict:
+    """`{shared file: paths of the leaves of `names` it holds}`."""
+    held: dict[epath.Path, list[str]] = {}
+    for name in names:
+        record, pack = saved.leaves[name], saved.leaves[name].pack
+        if record.data == PACKED and pack is not None and saved.packs[pack].shared:
+            path = pack_path(directory, saved.packs[pack])
+            held.setdefault(path, []).append(record.path)
+        if record.data != SHARDS:
+            continue
+        for c in chunks.get(name, ()):
+            paths = held.setdefault(chunk_path(directory, c), []) if c.shared else []
+            if c.shared and record.path not in paths[-1:]:
+                paths.append(record.path)
+    return held
 
 
 FIX_CAST_VALUES = (
@@ -411,27 +417,29 @@ def _geometry(shape, boxes, sharding) -> tuple:
         held: tuple = (((0,) * len(shape), shape, ()),)
     else:
         held = engine.held(sharding, shape)
-    ndim = len(shape)
-    cuts = [sorted({(a[d], b[d]) for a, b in boxes}) for d in range(ndim)]
+    cuts = [sorted({(a[d], b[d]) for a, b in boxes}) for d in range(len(shape))]
     at = {a: k for k, (a, _) in enumerate(boxes)}
-    out: list[tuple] = []
-    for start, stop, devices in held:
-        spans = []
-        for d, (lo, hi) in enumerate(zip(start, stop, strict=True)):
-            i = bisect.bisect_right([b for _, b in cuts[d]], lo)
-            spans.append([c for c in cuts[d][i:] if c[0] < hi])
-        parts = []
-        for cell in itertools.product(*spans):
-            k = at[tuple(a for a, _ in cell)]
-            c_start, c_stop = boxes[k]
-            first = [max(a, s) for a, s in zip(start, c_start, strict=True)]
-            end = [min(a, s) for a, s in zip(stop, c_stop, strict=True)]
-            box = tuple(
-                (x - s, y - s) for x, y, s in zip(first, end, c_start, strict=True)
-            )
-            dst = tuple(
-                (x - s, y - s) for x, y, s in zip(first, end, start, strict=True)
-            )
-            parts.append((k, box, dst))
-        out.append((start, stop, devices, parts))
-    return tuple(out)
+    return tuple(
+        (start, stop, devices, _parts(start, stop, cuts, at, boxes))
+        for start, stop, devices in held
+    )
+
+
+def _parts(start, stop, cuts, at, boxes) -> list[tuple]:
+    """`(chunk, box in it, box in the target)` of each stored chunk that the
+    target box `[start, stop)` overlaps (`cuts`: the chunks' bounds along
+    each dimension; `at`: a chunk's index by its start)."""
+    spans = []
+    for d, (lo, hi) in enumerate(zip(start, stop, strict=True)):
+        i = bisect.bisect_right([b for _, b in cuts[d]], lo)
+        spans.append([c for c in cuts[d][i:] if c[0] < hi])
+    parts = []
+    for cell in itertools.product(*spans):
+        k = at[tuple(a for a, _ in cell)]
+        c_start, c_stop = boxes[k]
+        first = [max(a, s) for a, s in zip(start, c_start, strict=True)]
+        end = [min(a, s) for a, s in zip(stop, c_stop, strict=True)]
+        box = tuple((x - s, y - s) for x, y, s in zip(first, end, c_start, strict=True))
+        dst = tuple((x - s, y - s) for x, y, s in zip(first, end, start, strict=True))
+        parts.append((k, box, dst))
+    return parts

@@ -80,21 +80,11 @@ def read_all(directory: epath.Path, saved: Metadata) -> dict[str, list[Chunk]]:
 
 def _read_one(directory: epath.Path, token: str, process: int) -> ShardPack:
     name = shard_index(token, process)
-    text = _read_bounded(directory / name)
 
     def bad(what: str) -> CheckpointDamagedError:
         return _damaged(directory, name, what)
 
-    if not _sealed.check(text, lambda what: bad(f"it {what}")):
-        raise bad("it records no checksum on its last line: it was edited")
-    try:
-        head = msgspec.json.decode(text, type=_schema.Versioned)
-        check_version(head, f"The shard index {directory / name}", bad)
-        index = msgspec.json.decode(text, type=_schema.ShardIndex)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
-        raise bad(f"it is not a shard index as orbax_eqx writes it ({e})") from None
-    except SidecarError as e:
-        raise bad(str(e)) from None
+    index = _decoded(directory / name, bad)
     if index.token != token or index.process != process:
         raise bad(
             f"it names the save {index.token!r} and process {index.process!r}, "
@@ -104,34 +94,53 @@ def _read_one(directory: epath.Path, token: str, process: int) -> ShardPack:
         raise bad(f"it names the file {index.file[:80]!r}")
     files = _files(index, bad)
     names = list(files)
-    chunks: list[Chunk] = []
-    for leaf, rows in index.chunks.items():
-        for row in rows:
-            if len(row.start) != len(row.stop):
-                raise bad(f"a chunk of `{leaf}` has a box of two ranks")
-            at = 0 if index.files is msgspec.UNSET else row.file
-            if at is msgspec.UNSET or at >= len(names) or at != (row.file or 0):
-                raise bad(
-                    f"a chunk of `{leaf}` names file {_said(row.file)} where the "
-                    f"index lists {len(index.files or ())}"
-                )
-            chunks.append(
-                Chunk(
-                    leaf,
-                    process,
-                    tuple(row.start),
-                    tuple(row.stop),
-                    row.offset,
-                    row.nbytes,
-                    row.block,
-                    tuple(int(x, 16) for x in row.xxh3s),
-                    names[at],
-                    index.shared,
-                    row.xxh3_128 or None,
-                )
-            )
+    chunks = [
+        _chunk(index, leaf, row, process, names, bad)
+        for leaf, rows in index.chunks.items()
+        for row in rows
+    ]
     return ShardPack(
         process, index.file, index.nbytes, tuple(chunks), files, index.shared
+    )
+
+
+def _decoded(path: epath.Path, bad) -> _schema.ShardIndex:
+    """The shard index at `path`, its seal, version and schema checked."""
+    text = _read_bounded(path)
+    if not _sealed.check(text, lambda what: bad(f"it {what}")):
+        raise bad("it records no checksum on its last line: it was edited")
+    try:
+        head = msgspec.json.decode(text, type=_schema.Versioned)
+        check_version(head, f"The shard index {path}", bad)
+        return msgspec.json.decode(text, type=_schema.ShardIndex)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
+        raise bad(f"it is not a shard index as orbax_eqx writes it ({e})") from None
+    except SidecarError as e:
+        raise bad(str(e)) from None
+
+
+def _chunk(index, leaf: str, row, process: int, names: list[str], bad) -> Chunk:
+    """One row of the index as a `Chunk`, its box's ranks and file checked."""
+    if len(row.start) != len(row.stop):
+        raise bad(f"a chunk of `{leaf}` has a box of two ranks")
+    at = 0 if index.files is msgspec.UNSET else row.file
+    if at is msgspec.UNSET or at >= len(names) or at != (row.file or 0):
+        raise bad(
+            f"a chunk of `{leaf}` names file {_said(row.file)} where the "
+            f"index lists {len(index.files or ())}"
+        )
+    return Chunk(
+        leaf,
+        process,
+        tuple(row.start),
+        tuple(row.stop),
+        row.offset,
+        row.nbytes,
+        row.block,
+        tuple(int(x, 16) for x in row.xxh3s),
+        names[at],
+        index.shared,
+        row.xxh3_128 or None,
     )
 
 

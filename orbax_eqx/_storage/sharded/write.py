@@ -161,17 +161,7 @@ def write(
     new = list(range(len(chunks)))
     if shared is not None:
         known = _known(base, process, leaves or {})
-        files = {own: 0}
-        new = []
-        for i, (c, h) in enumerate(zip(chunks, local.hosts, strict=True)):
-            c = dataclasses.replace(c, file=own, shared=True, identity=identity(h))
-            old = known.get((c.name, c.start, c.stop))
-            if old is not None and old[0].identity == c.identity:
-                chunks[i] = old[0]
-                files[old[0].file] = old[1]
-            else:
-                chunks[i] = c
-                new.append(i)
+        files, new = _refer(chunks, local.hosts, own, known)
     offsets, nbytes = layout((str(i), chunks[i].nbytes) for i in new)
     pieces = [(offsets[str(i)], local.hosts[i]) for i in new]
 
@@ -202,38 +192,36 @@ def write(
     return [index] if shared is not None else [pack, index]
 
 
+def _refer(chunks: list, hosts: list, own: str, known: dict) -> tuple[dict, list]:
+    """Makes each chunk that `known` holds, byte for byte, that chunk (in
+    place); returns `({file: size} of the shared files referred to, with
+    `own` first, and the indices of the chunks still to write)`."""
+    files, new = {own: 0}, []
+    for i, (c, h) in enumerate(zip(chunks, hosts, strict=True)):
+        c = dataclasses.replace(c, file=own, shared=True, identity=identity(h))
+        old = known.get((c.name, c.start, c.stop))
+        if old is not None and old[0].identity == c.identity:
+            chunks[i] = old[0]
+            files[old[0].file] = old[1]
+        else:
+            chunks[i] = c
+            new.append(i)
+    return files, new
+
+
 def _known(base: Metadata | None, process: int, leaves: dict[str, Any]) -> dict:
     """`{(leaf, start, stop): (chunk, size of its file)}` of the chunks the
     base step's shard index of `process` records in shared shard packs, of
     leaves of the same dtype and shape as in `leaves`; none where the base
     has none, or its index cannot be read (the save then writes them all)."""
-    if base is None or process >= base.shard_files:
+    index = _base_index(base, process)
+    if index is None:
         return {}
-    path = epath.Path(base.directory) / shard_index(base.token, process)
-    try:
-        raw = _route.read_bounded(path, MAX_INDEX_BYTES)
-        if not _sealed.check(raw, ValueError):
-            return {}
-        index = msgspec.json.decode(raw, type=_schema.ShardIndex)
-    except Exception:
-        return {}
+    assert base is not None
     files = [] if index.files is msgspec.UNSET else index.files
-    if (
-        not index.shared
-        or (index.token, index.process) != (base.token, process)
-        or not all(SHARD_NAME.fullmatch(f.file) for f in files)
-    ):
-        return {}
     found = {}
     for name, rows in index.chunks.items():
-        old, record = base.leaves.get(name), leaves.get(name)
-        if (
-            old is None
-            or old.data != SHARDS
-            or not isinstance(record, dict)
-            or record.get("data") != SHARDS
-            or (old.dtype, list(old.shape or ())) != (record["dtype"], record["shape"])
-        ):
+        if not _same_array(base.leaves.get(name), leaves.get(name)):
             continue
         for row in rows:
             if not isinstance(row.file, int) or row.file >= len(files):
@@ -246,6 +234,41 @@ def _known(base: Metadata | None, process: int, leaves: dict[str, Any]) -> dict:
             )  # fmt: skip
             found[(name, start, stop)] = (chunk, at.nbytes)
     return found
+
+
+def _base_index(base: Metadata | None, process: int) -> Any:
+    """The base step's shard index of `process`, if it can be read, is
+    sealed, is that step's and lists only shared shard packs; else None."""
+    if base is None or process >= base.shard_files:
+        return None
+    path = epath.Path(base.directory) / shard_index(base.token, process)
+    try:
+        raw = _route.read_bounded(path, MAX_INDEX_BYTES)
+        if not _sealed.check(raw, ValueError):
+            return None
+        index = msgspec.json.decode(raw, type=_schema.ShardIndex)
+    except Exception:
+        return None
+    files = [] if index.files is msgspec.UNSET else index.files
+    if (
+        not index.shared
+        or (index.token, index.process) != (base.token, process)
+        or not all(SHARD_NAME.fullmatch(f.file) for f in files)
+    ):
+        return None
+    return index
+
+
+def _same_array(old: Any, record: Any) -> bool:
+    """Whether the base's leaf `old` and this save's record are sharded
+    arrays of one dtype and shape."""
+    return (
+        old is not None
+        and old.data == SHARDS
+        and isinstance(record, dict)
+        and record.get("data") == SHARDS
+        and (old.dtype, list(old.shape or ())) == (record["dtype"], record["shape"])
+    )
 
 
 def describe(sharding: jax.sharding.Sharding) -> str:
