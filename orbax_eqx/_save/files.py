@@ -102,7 +102,7 @@ def write(
             base = _shared.base(directory, saved_as["step"], saved_as["item"], known)
         if prepared.local is not None:
             noted = started if primary else None
-            _write_shards(directory, prepared, noted, dedup, base)
+            _write_shards(directory, prepared, noted, dedup, base, known)
         if primary and dedup:
             _shared_pack_and_sidecar(
                 directory, prepared, started, checksums, base, known
@@ -120,7 +120,7 @@ def write(
 
 
 def _write_shards(
-    directory, prepared: Prepared, started: Any, dedup: bool, base: Any
+    directory, prepared: Prepared, started: Any, dedup: bool, base: Any, known
 ) -> None:
     """This process's shard pack and index (with `dedup`, in the shared
     directory, against `base`: the newest step); notes them in `started`."""
@@ -135,6 +135,7 @@ def _write_shards(
         shared,
         base,
         content["leaves"],
+        known if dedup else None,
     ):
         if started is not None:
             _claim.wrote(started, path)

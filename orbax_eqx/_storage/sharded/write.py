@@ -43,6 +43,8 @@ class Local:
     hosts: list[np.ndarray]  # emptied once written
     # Host copies still being made (`start_take`): `wait` fills `hosts`.
     pending: Any = None
+    # Each chunk's array, for `dedup`'s known identities (emptied with `hosts`).
+    arrays: list[Any] = dataclasses.field(default_factory=list)
 
     def wait(self) -> None:
         if self.pending is not None:
@@ -67,7 +69,7 @@ def take(items: Sequence[tuple[Any, jax.Array]]) -> Local:
 def start_take(items: Sequence[tuple[Any, jax.Array]]) -> Local:
     """`take(items)`, returning once the caller may donate or change the
     arrays; `Local.wait()` waits for the rest of the host copies."""
-    names, starts, stops = [], [], []
+    names, starts, stops, arrays = [], [], [], []
     hosts: list[Any] = []
     copied: list[tuple[int, jax.Array]] = []  # (place in `hosts`, shard)
     for name, x in items:
@@ -78,13 +80,14 @@ def start_take(items: Sequence[tuple[Any, jax.Array]]) -> Local:
             names.append(name)
             starts.append(start)
             stops.append(stop)
+            arrays.append(x)
             if view:
                 hosts.append(np.asarray(x.addressable_data(i)))  # no copy
             else:
                 copied.append((len(hosts), x.addressable_data(i)))
                 hosts.append(None)
     pending = _Pending(hosts, copied, _to_host.start([c[1] for c in copied]))
-    return Local(names, starts, stops, [], pending)
+    return Local(names, starts, stops, [], pending, arrays)
 
 
 class _Pending:
@@ -138,9 +141,11 @@ def write(
     shared: epath.Path | None = None,
     base: Metadata | None = None,
     leaves: dict[str, Any] | None = None,
+    seen: Any = None,
 ) -> list:
     """Writes this process's shard pack and its index; returns the paths
-    written in `directory`.
+    written in `directory`. `seen`: with dedup, the XXH3-128s of chunks of
+    jax arrays saved before (`get(array, (start, stop))`, and `put`).
 
     The pack is fsync'd before the index is written, and the index is written
     whole under a temporary name, fsync'd and renamed: an index names only
@@ -161,7 +166,7 @@ def write(
     new = list(range(len(chunks)))
     if shared is not None:
         known = _known(base, process, leaves or {})
-        files, new = _refer(chunks, local.hosts, own, known)
+        files, new = _refer(chunks, local, own, known, seen)
     offsets, nbytes = layout((str(i), chunks[i].nbytes) for i in new)
     pieces = [(offsets[str(i)], local.hosts[i]) for i in new]
 
@@ -182,7 +187,11 @@ def write(
             chunks[i] = dataclasses.replace(
                 chunks[i], offset=offsets[str(i)], block=block, sums=tuple(x)
             )
-    local.hosts = []  # let go of device buffers' views (see `take`)
+    if seen is not None:  # written: the next save takes their identities
+        for c, x in zip(chunks, local.arrays, strict=True):
+            if c.identity is not None:
+                seen.put(x, c.identity, (c.start, c.stop))
+    local.hosts = local.arrays = []  # let go of device buffers (see `take`)
     if files is not None:
         files[own] = nbytes
         if not pieces:
@@ -192,13 +201,16 @@ def write(
     return [index] if shared is not None else [pack, index]
 
 
-def _refer(chunks: list, hosts: list, own: str, known: dict) -> tuple[dict, list]:
+def _refer(chunks: list, local: Local, own: str, known: dict, seen) -> tuple:
     """Makes each chunk that `known` holds, byte for byte, that chunk (in
     place); returns `({file: size} of the shared files referred to, with
     `own` first, and the indices of the chunks still to write)`."""
     files, new = {own: 0}, []
-    for i, (c, h) in enumerate(zip(chunks, hosts, strict=True)):
-        c = dataclasses.replace(c, file=own, shared=True, identity=identity(h))
+    arrays = local.arrays or [None] * len(chunks)
+    for i, (c, h, x) in enumerate(zip(chunks, local.hosts, arrays, strict=True)):
+        found = seen.get(x, (c.start, c.stop)) if seen is not None else None
+        found = found or identity(h)
+        c = dataclasses.replace(c, file=own, shared=True, identity=found)
         old = known.get((c.name, c.start, c.stop))
         if old is not None and old[0].identity == c.identity:
             chunks[i] = old[0]

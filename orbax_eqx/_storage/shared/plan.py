@@ -41,7 +41,7 @@ class Known:
     MAX = 1 << 16
 
     def __init__(self) -> None:
-        self._by_id: dict[int, tuple[weakref.ref, str]] = {}
+        self._by_id: dict[tuple, tuple[weakref.ref, str]] = {}
         self._lock = threading.Lock()
         # Per item name: the version of the sidecar last written, and what
         # a base needs of it (see `base`).
@@ -102,20 +102,21 @@ class Known:
             return None
         return dataclasses.replace(found[1], directory=str(item))  # (committed)
 
-    def get(self, x: Any) -> str | None:
-        """The XXH3-128 of the bytes of jax array `x`, if saved before."""
+    def get(self, x: Any, part: Any = None) -> str | None:
+        """The XXH3-128 of the bytes of jax array `x` (of its chunk `part`,
+        `(start, stop)`), if saved before."""
         with self._lock:
-            found = self._by_id.get(id(x))
+            found = self._by_id.get((id(x), part))
         if found is None or found[0]() is not x:
             return None
         return found[1]
 
-    def put(self, x: Any, identity: str) -> None:
+    def put(self, x: Any, identity: str, part: Any = None) -> None:
         if not isinstance(x, jax.Array):
             return
-        key = id(x)
+        key = (id(x), part)
 
-        def forget(_: Any, key: int = key) -> None:
+        def forget(_: Any, key: tuple = key) -> None:
             with self._lock:
                 held = self._by_id.get(key)
                 if held is not None and held[0]() is None:
