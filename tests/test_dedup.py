@@ -413,3 +413,51 @@ def test_a_step_saved_again_by_another_manager_is_read_as_it_is(tmp_path):
         _assert_step(mngr.restore(2, args=oeqx.EqxRestore(SKELETON)), 2)
         got = mngr.restore(1, args=oeqx.EqxRestore(SKELETON))
         np.testing.assert_array_equal(got["base"]["w"], BASE + 1)
+
+
+def test_a_step_that_shares_bytes_restores_as_any_step_does(tmp_path):
+    with _manager(tmp_path) as mngr:
+        for step in range(3):
+            mngr.save(step, args=oeqx.EqxSave(_item(step)))
+        mngr.wait_until_finished()
+    item = tmp_path / "2" / "default"
+    want = _item(2)
+    # A part of it, under a prefix.
+    base = oeqx.restore(item, SKELETON["base"], prefix="base")
+    np.testing.assert_array_equal(base["w"], BASE)
+    # Under other names.
+    renamed = oeqx.restore(
+        item,
+        {**SKELETON, "head": {"kernel": want["head"].weight, "b": want["head"].bias}},
+        renames={"head.weight": "head.kernel", "head.bias": "head.b"},
+    )
+    np.testing.assert_array_equal(renamed["head"]["kernel"], want["head"].weight)
+    # Rebuilt without a skeleton, and flat.
+    rebuilt = oeqx.restore(item, allow=["equinox"])
+    assert eqx.tree_equal(rebuilt, want)
+    flat = oeqx.restore(item)
+    np.testing.assert_array_equal(flat["base.table"], BASE[:1000])
+
+
+def test_a_handler_registry_and_preservation_policies_store_once_too(tmp_path):
+    handler = oeqx.EqxHandler(dedup=True)
+    registry = ocp.handlers.DefaultCheckpointHandlerRegistry()
+    registry.add("model", oeqx.EqxSave, handler)
+    registry.add("model", oeqx.EqxRestore, handler)
+    policy = ocp.checkpoint_managers.LatestN(n=2)
+    options = ocp.CheckpointManagerOptions(preservation_policy=policy)
+    with ocp.CheckpointManager(
+        tmp_path, options=options, handler_registry=registry
+    ) as mngr:
+        for step in range(5):
+            before = set(_shared(tmp_path)) if (tmp_path / SHARED).exists() else set()
+            mngr.save(step, args=ocp.args.Composite(model=oeqx.EqxSave(_item(step))))
+            mngr.wait_until_finished()
+            new = [s for n, s in _shared(tmp_path).items() if n not in before]
+            assert new == ([64 + 12] if step else new)
+        assert mngr.all_steps() == [3, 4]
+        for step in (3, 4):
+            got = mngr.restore(
+                step, args=ocp.args.Composite(model=oeqx.EqxRestore(SKELETON))
+            )
+            _assert_step(got.model, step)
