@@ -15,6 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -461,3 +462,22 @@ def test_a_handler_registry_and_preservation_policies_store_once_too(tmp_path):
                 step, args=ocp.args.Composite(model=oeqx.EqxRestore(SKELETON))
             )
             _assert_step(got.model, step)
+
+
+def test_a_dedup_sidecar_is_short_and_the_published_schema_validates_it(tmp_path):
+    import jsonschema
+
+    schema = json.loads(
+        (Path(__file__).parent.parent / "docs" / "format.schema.json").read_text()
+    )
+    with _manager(tmp_path) as mngr:
+        for step in range(2):
+            mngr.save(step, args=oeqx.EqxSave(_item(step)))
+        mngr.wait_until_finished()
+    sidecar = json.loads((tmp_path / "1" / "default" / "orbax_eqx.json").read_text())
+    jsonschema.validate(sidecar, schema)
+    # A jax array of pack 0 and one of an earlier save's pack, each a row.
+    weight, w = sidecar["leaves"]["head.weight"], sidecar["leaves"]["base.w"]
+    assert weight[:3] == ["float32", [3, 4], 0] and weight[3][2] == 0
+    assert w[:2] == ["float32", [BASE.size]] and w[3][2] == 1
+    assert len(w[3][1]) == 32  # its XXH3-128

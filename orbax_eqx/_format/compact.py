@@ -153,24 +153,31 @@ def _row(name: str, r: dict[str, Any], paths: Paths) -> list | None:
         shape, size, path = r["shape"], r["nbytes"], r["path"]
     except KeyError:
         return None
-    sum_ = r.get("xxh3")
+    sum_, ident = r.get("xxh3"), r.get("xxh3_128")
     # The nine keys read are there: so with this many, no others.
-    if len(r) != (9 if sum_ is None and "xxh3" not in r else 10):
+    if len(r) != 9 + ("xxh3" in r) + ("xxh3_128" in r):
         return None
-    if not _placed(pack, offset, sum_) or type(path) is not str or path != paths(name):
+    if not _placed(pack, offset, sum_, ident) or path != paths(name):
         return None
-    return [dtype, shape, offset, sum_] if _sized(shape, dtype, size) else None
+    if not (type(path) is str and _sized(shape, dtype, size)):
+        return None
+    return [dtype, shape, offset, sum_ if ident is None else [sum_, ident, pack]]
 
 
-def _placed(pack: Any, offset: Any, sum_: Any) -> bool:
-    """Whether a row says where the array is and its checksum: pack 0."""
+def _placed(pack: Any, offset: Any, sum_: Any, ident: Any) -> bool:
+    """Whether a row says where the array is and its checksums: pack 0, or
+    with its XXH3-128 (dedup) any pack."""
     return (
         type(pack) is int
-        and pack == 0
+        and (pack == 0 or ident is not None)
         and type(offset) is int
         and offset >= 0
         and (sum_ is None or _is_hex64(sum_))
+        and (ident is None or (type(ident) is str and bool(_HEX128.fullmatch(ident))))
     )
+
+
+_HEX128 = re.compile("[0-9a-f]{32}")
 
 
 def _sized(shape: Any, dtype: Any, size: Any) -> bool:

@@ -79,8 +79,10 @@ class SavedAs(msgspec.Struct):
     item: str
 
 
-# A packed jax array's short record (`compact`): `[dtype, shape, offset, xxh3]`.
-Row = tuple[str, Shape, Size, Hex64 | None]
+# A packed jax array's short record (`compact`): `[dtype, shape, offset, xxh3]`,
+# in pack 0; with dedup `[dtype, shape, offset, [xxh3, xxh3_128, pack]]`.
+Stored = tuple[Hex64 | None, Hex128, Size]
+Row = tuple[str, Shape, Size, Hex64 | None | Stored]
 TypeIndex = Annotated[int, msgspec.Meta(ge=0)]
 
 

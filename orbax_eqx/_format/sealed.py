@@ -219,6 +219,13 @@ def _row(row: list) -> str | None:
     JSON, written out (4x sooner than the encoder) where every value is of
     the type a save writes; else None."""
     dtype, shape, offset, sum_ = row
+    stored = None
+    if type(sum_) is list:  # with dedup: `[xxh3, xxh3_128, pack]`
+        if len(sum_) != 3 or type(sum_[1]) is not str or type(sum_[2]) is not int:
+            return None
+        if not _PLAIN_KEY.fullmatch(sum_[1]):
+            return None
+        sum_, stored = sum_[0], f'"{sum_[1]}",{sum_[2]}'
     if not (
         type(dtype) is str
         and _PLAIN_KEY.fullmatch(dtype)
@@ -230,6 +237,8 @@ def _row(row: list) -> str | None:
         return None
     dims = ",".join(map(str, shape))
     checksum = "null" if sum_ is None else f'"{sum_}"'
+    if stored is not None:
+        return f'["{dtype}",[{dims}],{offset},[{checksum},{stored}]]'
     return f'["{dtype}",[{dims}],{offset},{checksum}]'
 
 

@@ -292,7 +292,9 @@ def record_checksums(
     leaves = content["leaves"]
     for name, value in xxh3.items():
         record = leaves[name]
-        if type(record) is list:  # a row (`compact`)
+        if type(record) is list and type(record[3]) is list:  # a dedup row
+            record[3][0] = f"{value:016x}"
+        elif type(record) is list:  # a row (`compact`)
             record[3] = f"{value:016x}"
         else:
             record["xxh3"] = f"{value:016x}"

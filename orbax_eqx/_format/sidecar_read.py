@@ -279,12 +279,15 @@ class _Leaves:
         """A packed jax array's row (`compact`), checked as the array record
         it stands for."""
         text, dims, offset, xxh3 = row
+        pack, identity = 0, None
+        if type(xxh3) is tuple:  # a dedup save's: `[xxh3, xxh3_128, pack]`
+            xxh3, identity, pack = xxh3
         dtype = sys.intern(text)
         why = _dtype_problem(dtype)
         if why is not None:
             raise self.bad(f"leaf {name!r} has {why}")
         size = _compact.row_nbytes(dims, dtype)
-        self.place(name, 0, offset, size)
+        self.place(name, pack, offset, size)
         checksum = self.checksum(name, path, xxh3)
         return leaf_metadata(
             name,
@@ -296,9 +299,10 @@ class _Leaves:
             PACKED,
             None,
             size,
-            pack=0,
+            pack=pack,
             offset=offset,
             checksum=checksum,
+            identity=identity,
         )
 
     def array(self, name: str, path: str, rec) -> LeafMetadata:

@@ -167,7 +167,9 @@ def _shared_pack_and_sidecar(
     _sidecar_and_sums(directory, prepared, started, crcs)
     if known is not None:  # written: their identities hold for the next save
         for name, x in zip(prepared.packed_names, prepared.packed_leaves, strict=True):
-            known.put(x, content["leaves"][name]["xxh3_128"])
+            record = _shared.fields(content["leaves"][name])
+            if record is not None:
+                known.put(x, record["xxh3_128"])
         known.wrote(directory, content)
 
 

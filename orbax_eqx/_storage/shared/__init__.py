@@ -21,7 +21,7 @@ clean-up; `copy`: a step copied out with every byte it needs.
 """
 
 from .copy import copy_step
-from .plan import Known, apply, base, ensure_dir, plan
+from .plan import Known, apply, base, ensure_dir, fields, plan
 from .steps import Busy, Unreadable, collect, saves_under_way, sharing
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "collect",
     "copy_step",
     "ensure_dir",
+    "fields",
     "plan",
     "saves_under_way",
     "sharing",

@@ -60,7 +60,7 @@ class Known:
             if isinstance(r, dict) and r.get("data") == SHARDS:
                 shape, dtype = tuple(r["shape"]), r["dtype"]
                 leaves[name] = leaf_metadata(name, "", ARRAY, shape, dtype, data=SHARDS)
-            elif isinstance(r, dict) and r.get("data") == PACKED and "xxh3_128" in r:
+            elif (r := fields(r)) is not None:
                 xxh3 = r.get("xxh3")
                 leaves[name] = leaf_metadata(
                     name,
@@ -169,7 +169,7 @@ class Plan:
     make the new shared pack `file` of `nbytes` (none if empty), whose leaves
     are `written`, in the pieces' order."""
 
-    records: dict[str, dict[str, Any]]
+    records: dict[str, Any]
     packs: list[dict[str, Any]]
     file: str
     pieces: list[tuple[int, np.ndarray]]
@@ -228,8 +228,9 @@ def plan(
         record = records[name]
         record.update(pack=index[pack.file], offset=old.offset)
         record["xxh3"] = None if old.checksum is None else f"{old.checksum:016x}"
+    rows = {n for n in names if type(leaves[n]) is list}  # rows stay rows
     return Plan(
-        records,
+        {n: _as_row(r) if n in rows else r for n, r in records.items()},
         packs,
         file,
         [(at[name], host) for name, host in new],
@@ -254,6 +255,24 @@ def _whole(record: Any) -> dict[str, Any]:
         "offset": offset,
         "xxh3": xxh3,
     }
+
+
+def _as_row(r: dict[str, Any]) -> list:
+    """A jax array's record as the row of a dedup save (`compact`)."""
+    stored = [r["xxh3"], r["xxh3_128"], r["pack"]]
+    return [r["dtype"], r["shape"], r["offset"], stored]
+
+
+def fields(record: Any) -> dict[str, Any] | None:
+    """A packed leaf's record of a dedup save as a whole record, whatever
+    its form; None for any other record."""
+    if type(record) is list and type(record[3]) is list:
+        xxh3, ident, pack = record[3]
+        row = [*record[:3], xxh3]
+        return {**_whole(row), "xxh3_128": ident, "pack": pack}
+    if isinstance(record, dict) and record.get("data") == PACKED:
+        return record if "xxh3_128" in record else None
+    return None
 
 
 def _same(saved: Metadata | None, name: str, record: dict) -> Any:
