@@ -462,11 +462,10 @@ def run_model(model: str, args, store) -> dict:
     stored = {
         name: sum(s for s, _ in store.listing(roots[name]).values()) for name in roots
     }
-    packs = {
-        path.rsplit("/", 1)[-1]: size
-        for path, (size, _) in store.listing(roots["dedup"]).items()
-        if "orbax_eqx~shared/" in path
-    }
+    packs = collections.Counter()  # {shared pack: bytes}, its parts on s3:// summed
+    for path, (size, _) in store.listing(roots["dedup"]).items():
+        if "orbax_eqx~shared/" in path:
+            packs[path.rsplit("/", 1)[-1].split(".part-")[0]] += size
     shared = {}
     if args.devices > 1:
         shared = _sharded_dedup(store, roots["dedup"], args.saves - 1)
@@ -682,24 +681,27 @@ def run(args) -> None:
         f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
     _log(f"  {_versions(args.store)}")
-    results = []
     with tempfile.TemporaryDirectory(dir=args.dir) as base:
         if args.store == "s3":
             from integration_tests import _object_servers
 
-            with _object_servers.start_s3(pathlib.Path(base) / "logs") as server:
+            server = _object_servers.start_s3(pathlib.Path(base) / "logs")
+            try:
                 bucket = server.create_bucket("dedup-bench")
                 with _object_servers.environ(server.env()):
                     _object_servers.clear_fsspec_caches()
                     store = S3Objects(server, bucket)
                     for m in models:
-                        results.append(run_model(m, args, store))
+                        table(run_model(m, args, store))  # each as soon as it is done
+            finally:
+                try:
+                    server.stop()
+                except subprocess.TimeoutExpired:  # it dies with this process
+                    _log("(moto_server was slow to exit)")
         else:
             store = LocalFiles(base)
             for m in models:
-                results.append(run_model(m, args, store))
-    for r in results:
-        table(r)
+                table(run_model(m, args, store))
     load = os.getloadavg()
     _log(f"\nLoad average at the end: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
