@@ -44,7 +44,7 @@ class EqxSave(_CheckpointArgs):
     """
 
     item: Any
-    dedup: bool = False
+    dedup: bool = dataclasses.field(default=False, kw_only=True)
     # `item` flattened once, for the checks here and the handler's save.
     _flat: Any = dataclasses.field(default=None, init=False, repr=False, compare=False)
     # Set by `oeqx.save`: no step directory and item to record (see `saved_as`).
