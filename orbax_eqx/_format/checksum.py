@@ -51,6 +51,25 @@ def identity(data: np.ndarray | memoryview) -> str:
     return f"{xxhash.xxh3_128_intdigest(_flat(data)):032x}"
 
 
+def _low_half_is_xxh3() -> bool:
+    """Whether the low 64 bits of XXH3-128 are XXH3-64 for inputs of more
+    than 240 bytes, as XXH3's reference implementation makes them."""
+    samples = (bytes(range(256)) * 4, b"\0" * 241, bytes(range(241, 0, -1)) * 9)
+    return all(
+        xxhash.xxh3_64_intdigest(b) == xxhash.xxh3_128_intdigest(b) & (2**64 - 1)
+        for b in samples
+    )
+
+
+_LOW_HALF = _low_half_is_xxh3()
+
+
+def xxh3_from_identity(identity: str, nbytes: int) -> int | None:
+    """The XXH3-64 of bytes whose `identity` is known, where it can be read
+    off it (more than 240 bytes), so that it is not computed again; else None."""
+    return int(identity[16:], 16) if _LOW_HALF and nbytes > 240 else None
+
+
 def digest(data: bytes | memoryview) -> str:
     """The checksum of a JSON file's bytes as written: `xxh3:<16 hex digits>`."""
     return f"{DIGEST}:{xxhash.xxh3_64_intdigest(data):016x}"

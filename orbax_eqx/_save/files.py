@@ -161,7 +161,9 @@ def _shared_pack_and_sidecar(
     crcs: dict[str, int] = {}
     if planned.pieces:
         path = _shared.ensure_dir(directory) / planned.file
-        found = _packed.write(path, planned.pieces, planned.nbytes, checksums)
+        found = _packed.write(
+            path, planned.pieces, planned.nbytes, checksums, planned.sums
+        )
         crcs = dict(zip(planned.written, found, strict=False))
     prepared.drop_pieces()
     _sidecar_and_sums(directory, prepared, started, crcs)

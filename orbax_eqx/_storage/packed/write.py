@@ -33,9 +33,11 @@ def write(
     pieces: Sequence[tuple[int, np.ndarray]],
     nbytes: int,
     checksums: bool = True,
+    known: Sequence[int | None] = (),
 ) -> list[int]:
     """Writes pack file `path` (see `_ranges.write`); returns each piece's
-    XXH3-64 (none without `checksums`).
+    XXH3-64 (none without `checksums`): those `known` (by piece, None where
+    not) are not computed again.
 
     The checksums of large pieces are computed in a second thread while the
     file is written: both release the GIL, so on two cores they cost about
@@ -46,11 +48,17 @@ def write(
     if not checksums:
         _ranges.write(path, views, nbytes)
         return []
-    large = [i for i, (_, view) in enumerate(views) if view.nbytes >= IN_THREAD]
+    known = list(known) or [None] * len(views)
+    large = [
+        i
+        for i, (_, view) in enumerate(views)
+        if view.nbytes >= IN_THREAD and known[i] is None
+    ]
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         later = pool.submit(lambda: [xxh3(views[i][1]) for i in large])
         sums = [  # (0 for a large piece until its sum is in)
-            0 if view.nbytes >= IN_THREAD else xxh3(view) for _, view in views
+            k if k is not None else 0 if view.nbytes >= IN_THREAD else xxh3(view)
+            for (_, view), k in zip(views, known, strict=True)
         ]
         _ranges.write(path, views, nbytes)
         for i, found in zip(large, later.result(), strict=True):

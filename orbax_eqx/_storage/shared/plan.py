@@ -15,6 +15,7 @@ from etils import epath
 from ..._bytes import route as _route
 from ..._format import sidecar_read as _sidecar_read
 from ..._format.checksum import identity as identity
+from ..._format.checksum import xxh3_from_identity
 from ..._format.compact import row_nbytes
 from ..._format.sidecar import (
     FILE_NAME,
@@ -175,6 +176,7 @@ class Plan:
     pieces: list[tuple[int, np.ndarray]]
     nbytes: int
     written: list[str]
+    sums: list[int | None]  # their XXH3-64s, where read off their XXH3-128s
 
 
 def _pack(file: str, nbytes: int) -> dict[str, Any]:
@@ -236,6 +238,7 @@ def plan(
         [(at[name], host) for name, host in new],
         nbytes,
         [name for name, _ in new],
+        [xxh3_from_identity(records[n]["xxh3_128"], h.nbytes) for n, h in new],
     )
 
 
