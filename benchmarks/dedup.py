@@ -466,9 +466,6 @@ def run_model(model: str, args, store) -> dict:
     for path, (size, _) in store.listing(roots["dedup"]).items():
         if "orbax_eqx~shared/" in path:
             packs[path.rsplit("/", 1)[-1].split(".part-")[0]] += size
-    shared = {}
-    if args.devices > 1:
-        shared = _sharded_dedup(store, roots["dedup"], args.saves - 1)
     sidecar = len(store.sidecar(roots["dedup"], args.saves - 1))
     kept = {name: managers[name].all_steps() for name in roots}
     for name in roots:
@@ -496,30 +493,12 @@ def run_model(model: str, args, store) -> dict:
         "stored": stored,
         "restored": restored,
         "cache": cache,
-        "shared": shared,
+        "sharded": args.devices > 1,
         "packs": packs,
-        "unreferenced": sum(n for f, n in packs.items() if f not in live),
-    }
-
-
-def _sharded_dedup(store, root: str, step: int) -> dict:
-    """How many base leaves the last step of dedup refers to in shared packs."""
-    content = json.loads(store.sidecar(root, step))
-    packs = content.get("packs", [])
-    base = {n: r for n, r in content["leaves"].items() if n.startswith("model.base.")}
-
-    def in_shared(record):
-        if isinstance(record, dict):
-            pack = record.get("pack")
-        else:  # a compact row: pack 0
-            pack = 0
-        return (
-            pack is not None and pack < len(packs) and packs[pack].get("shared", False)
-        )
-
-    return {
-        "base leaves": len(base),
-        "in shared packs": sum(map(in_shared, base.values())),
+        # (shard packs are listed by shard indexes, not sidecars: not counted)
+        "unreferenced": sum(
+            n for f, n in packs.items() if f not in live and "~shards." not in f
+        ),
     }
 
 
@@ -585,18 +564,17 @@ def table(r: dict) -> None:
         f"{sum(packs) / MiB:.1f} MiB ("
         + ", ".join(f"{p / MiB:.2f}" for p in packs)
         + f" MiB), of which {r['unreferenced'] / MiB:.2f} MiB in packs no kept "
-        "step refers to (the next save deletes them)"
+        "step's sidecar lists (the next save deletes them; shard packs not counted)"
     )
-    if r["shared"]:
-        s = r["shared"]
+    if r["sharded"]:
+        once = _med(r["written"]["dedup"]) < r["base"] / 2
         _log(
-            f"  sharded base: {s['in shared packs']} of {s['base leaves']} base leaves "
-            "of the last dedup step are references into shared packs"
+            "  sharded base: "
             + (
-                ""
-                if s["in shared packs"]
-                else " (sharded dedup is not in the installed package: the "
-                "figures show it)"
+                "stored once"
+                if once
+                else "written again at each save (sharded dedup is not in the "
+                "installed package: the figures show it)"
             )
         )
     d = "dedup"
@@ -668,6 +646,20 @@ class _Quiet(logging.Filter):
         return "Waiting for previous save" not in record.getMessage()
 
 
+def _commit() -> str:
+    """The git commit of the orbax_eqx imported, if it is a checkout."""
+    where = pathlib.Path(oeqx.__file__).parent
+    try:
+        return subprocess.run(
+            ["git", "-C", str(where), "log", "-1", "--format=%h %cI"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except Exception:
+        return str(where)
+
+
 def run(args) -> None:
     logging.getLogger("absl").addFilter(_Quiet())
     models = ["i", "ii"] if args.model == "both" else [args.model]
@@ -680,7 +672,7 @@ def run(args) -> None:
         f"{args.gib} GiB base, {args.saves} saves, max_to_keep={KEEP}; "
         f"{os.cpu_count()} CPUs, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
-    _log(f"  {_versions(args.store)}")
+    _log(f"  {_versions(args.store)}; orbax_eqx from {_commit()}")
     with tempfile.TemporaryDirectory(dir=args.dir) as base:
         if args.store == "s3":
             from integration_tests import _object_servers
