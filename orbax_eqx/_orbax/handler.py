@@ -148,6 +148,7 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         self._saving: dict[str, tuple[str | None, Any, bool, int]] = {}
         self._deduped: set[str] = set()  # of those, saved with `dedup`
         self._known = _shared.Known()  # identities of jax arrays saved with it
+        self._roots: set[str] = set()  # of its dedup saves, collected at `close`
         # Buffers of async saves' numpy copies, reused by the next save (see
         # `_storage/transfer/pool.py`).
         self._pool = HostPool(kept_copy_bytes)
@@ -399,9 +400,16 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             if started is not None:
                 _claim.before_commit(started)
             if deduped and ocp.multihost.is_primary_host(self._primary_host):
-                _collect(epath.Path(directory))
+                step = epath.Path(directory).parent
+                _collect(step.parent, saving=step)
+                # Once Orbax has deleted the steps its retention drops after
+                # this one, `close` collects what they alone held.
+                self._roots.add(os.fspath(step.parent))
 
     def close(self) -> None:
+        for root in sorted(self._roots):  # every save has ended: see `finalize`
+            _collect(epath.Path(root))
+        self._roots.clear()
         self._pool.close()
         self._inner.close()
 
@@ -415,16 +423,19 @@ def _saved_as(directory, args: "EqxSave | None") -> tuple[str, str] | None:
     return _futures.step_and_item(directory)
 
 
-def _collect(directory: epath.Path) -> None:
-    """Deletes the shared packs no step refers to (those of steps Orbax or a
-    user deleted, and of saves that failed). A failure here deletes nothing
-    in use and fails no save: the next save tries again."""
+def _collect(root: epath.Path, saving: epath.Path | None = None) -> None:
+    """Deletes the shared packs beside the steps in `root` that no step refers
+    to (those of steps Orbax or a user deleted, and of saves that failed),
+    while the step directory `saving` is saved, or after the saves. A failure
+    here deletes nothing in use and fails no save: the next save tries again."""
     try:
-        _shared.collect(directory.parent.parent, saving=directory.parent)
+        _shared.collect(root, saving=saving)
+    except _shared.Busy:
+        pass  # (after the saves, a save under way elsewhere: its files stay)
     except Exception as e:
         warnings.warn(
             f"orbax_eqx could not delete the shared bytes no step refers to "
-            f"any more, beside {directory.parent}: {e}. Nothing in use was "
+            f"any more, beside the steps in {root}: {e}. Nothing in use was "
             "deleted; the next save tries again.",
             OrbaxEqxWarning,
             stacklevel=2,

@@ -136,8 +136,8 @@ class Unreadable(Exception):
 
 def saves_under_way(root: epath.Path) -> list[str]:
     """The step directories under `root` that a save is writing, or that a
-    killed save left: Orbax's temporary ones, and on gs:// those without
-    their commit file."""
+    killed save left: Orbax's temporary ones, and on object stores those
+    without their own commit file (see `step_dirs`)."""
     listed = _route.for_path(root).listing(root, 3)
     tops = {n.split("/")[0] for n in listed if "/" in n}
     if not _route.is_remote(root):
@@ -146,8 +146,10 @@ def saves_under_way(root: epath.Path) -> list[str]:
         except FileNotFoundError:
             pass
     found = sorted(t for t in tops if _TMP_MARK in t)
-    if root.as_posix().startswith("gs://"):
-        committed = {n.split("/")[0] for n in listed if n.endswith("/" + _COMMITTED)}
+    if _route.is_remote(root):
+        committed = {
+            n.split("/")[0] for n in listed if n.partition("/")[2] == _COMMITTED
+        }
         saving = {n.split("/")[0] for n in listed if n.endswith("/" + FILE_NAME)}
         found += sorted(saving - committed - {SHARED_DIR})
     return found
