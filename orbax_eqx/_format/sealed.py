@@ -221,9 +221,7 @@ def _row(row: list) -> str | None:
     dtype, shape, offset, sum_ = row
     stored = None
     if type(sum_) is list:  # with dedup: `[xxh3, xxh3_128, pack]`
-        if len(sum_) != 3 or type(sum_[1]) is not str or type(sum_[2]) is not int:
-            return None
-        if not _PLAIN_KEY.fullmatch(sum_[1]):
+        if not _is_stored(sum_):
             return None
         sum_, stored = sum_[0], f'"{sum_[1]}",{sum_[2]}'
     if not (
@@ -240,6 +238,17 @@ def _row(row: list) -> str | None:
     if stored is not None:
         return f'["{dtype}",[{dims}],{offset},[{checksum},{stored}]]'
     return f'["{dtype}",[{dims}],{offset},{checksum}]'
+
+
+def _is_stored(last: list) -> bool:
+    """Whether a dedup row's last value, `[xxh3, xxh3_128, pack]`, holds the
+    types a save writes (its `xxh3` is checked with a plain row's)."""
+    return (
+        len(last) == 3
+        and type(last[1]) is str
+        and bool(_PLAIN_KEY.fullmatch(last[1]))
+        and type(last[2]) is int
+    )
 
 
 _INT = frozenset([int])

@@ -187,10 +187,7 @@ def write(
             chunks[i] = dataclasses.replace(
                 chunks[i], offset=offsets[str(i)], block=block, sums=tuple(x)
             )
-    if seen is not None:  # written: the next save takes their identities
-        for c, x in zip(chunks, local.arrays, strict=True):
-            if c.identity is not None:
-                seen.put(x, c.identity, (c.start, c.stop))
+    _remember(chunks, local, seen)
     local.hosts = local.arrays = []  # let go of device buffers (see `take`)
     if files is not None:
         files[own] = nbytes
@@ -199,6 +196,15 @@ def write(
     index = directory / shard_index(token, process)
     _route.write_whole(index, to_bytes(token, process, nbytes, chunks, files))
     return [index] if shared is not None else [pack, index]
+
+
+def _remember(chunks: list, local: Local, seen: Any) -> None:
+    """Written: the next save takes these chunks' identities from `seen`."""
+    if seen is None:
+        return
+    for c, x in zip(chunks, local.arrays, strict=True):
+        if c.identity is not None:
+            seen.put(x, c.identity, (c.start, c.stop))
 
 
 def _refer(chunks: list, local: Local, own: str, known: dict, seen) -> tuple:

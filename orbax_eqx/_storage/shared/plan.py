@@ -202,34 +202,14 @@ def plan(
     packed leaves `names`, with their host copies `pieces`, of the arrays
     `originals`), against the base step `saved`: a leaf the base holds, byte
     for byte, is a reference. `known`: identities of arrays saved before."""
-    records: dict[str, dict[str, Any]] = {}
-    new: list[tuple[str, np.ndarray]] = []
-    kept: list[tuple[str, Any]] = []  # (name, the base's record)
     leaves = content["leaves"]
-    originals = originals or [None] * len(names)
-    for name, (_, host), x in zip(names, pieces, originals, strict=True):
-        record = records[name] = _whole(leaves[name])
-        seen = known.get(x) if known is not None and x is not None else None
-        record["xxh3_128"] = seen if seen is not None else identity(host)
-        old = _same(saved, name, record)
-        if old is None:
-            new.append((name, host))
-        else:
-            kept.append((name, old))
+    records, new, kept = _sorted_out(leaves, names, pieces, saved, originals, known)
     at, nbytes = _ranges.layout((name, host.nbytes) for name, host in new)
     file = pack_file(token, 0)
     packs = [_pack(file, nbytes)] if new else []
     for name, _ in new:
         records[name].update(pack=0, offset=at[name])
-    index: dict[str, int] = {}  # a referenced pack's file: its place in `packs`
-    for name, old in kept:
-        pack = saved.packs[old.pack]  # type: ignore[union-attr]
-        if pack.file not in index:
-            index[pack.file] = len(packs)
-            packs.append(_pack(pack.file, pack.nbytes))
-        record = records[name]
-        record.update(pack=index[pack.file], offset=old.offset)
-        record["xxh3"] = None if old.checksum is None else f"{old.checksum:016x}"
+    _refer_to(saved, kept, records, packs)
     rows = {n for n in names if type(leaves[n]) is list}  # rows stay rows
     return Plan(
         {n: _as_row(r) if n in rows else r for n, r in records.items()},
@@ -258,6 +238,40 @@ def _whole(record: Any) -> dict[str, Any]:
         "offset": offset,
         "xxh3": xxh3,
     }
+
+
+def _sorted_out(leaves, names, pieces, saved, originals, known) -> tuple:
+    """`(records, new, kept)`: each packed leaf's whole record with its
+    XXH3-128; `(name, host copy)` of those to write; `(name, the base's
+    record)` of those the base holds."""
+    records: dict[str, dict[str, Any]] = {}
+    new: list[tuple[str, np.ndarray]] = []
+    kept: list[tuple[str, Any]] = []
+    originals = originals or [None] * len(names)
+    for name, (_, host), x in zip(names, pieces, originals, strict=True):
+        record = records[name] = _whole(leaves[name])
+        seen = known.get(x) if known is not None and x is not None else None
+        record["xxh3_128"] = seen if seen is not None else identity(host)
+        old = _same(saved, name, record)
+        if old is None:
+            new.append((name, host))
+        else:
+            kept.append((name, old))
+    return records, new, kept
+
+
+def _refer_to(saved: Any, kept: list, records: dict, packs: list) -> None:
+    """Makes the records of the `kept` leaves refer to the base's bytes, in
+    packs listed in `packs` (appended as first needed)."""
+    index: dict[str, int] = {}  # a referenced pack's file: its place in `packs`
+    for name, old in kept:
+        pack = saved.packs[old.pack]
+        if pack.file not in index:
+            index[pack.file] = len(packs)
+            packs.append(_pack(pack.file, pack.nbytes))
+        record = records[name]
+        record.update(pack=index[pack.file], offset=old.offset)
+        record["xxh3"] = None if old.checksum is None else f"{old.checksum:016x}"
 
 
 def _as_row(r: dict[str, Any]) -> list:
