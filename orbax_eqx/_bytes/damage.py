@@ -1,20 +1,4 @@
-"""Damage, or a store that failed: what a restore and `verify` call damage.
-
-The bytes may be wrong where they are stored (damage: restore an older step,
-re-save), or the store and the network between may have failed to deliver
-them (try again; the checkpoint is intact). Telling one for the other loses
-a healthy step, or hides a damaged one. One request's failures are retried
-by each store's client (see `objects`); whole reads are judged here:
-
-- `confirmed`: bytes read from an object store that fail their checks are
-  read again (the whole item, up to `AGAIN` more times). The same failure
-  twice is damage; a read that passes is used; failures that differ on every
-  read are the store's (something between it and here changes bytes).
-- `store_failure`: a store's failure is an `ObjectStoreError`, never damage,
-  wherever it comes from (also the raw errors of s3fs and gcsfs, which Orbax
-  reaches stores through), so `restore_latest` raises it rather than falling
-  back to an older step, which would only meet the same store.
-"""
+"""Damage, or a store that failed: what a restore and `verify` call damage."""
 
 import time
 from collections.abc import Callable
@@ -38,13 +22,7 @@ def confirmed(
     path: Any, read: Callable[[], _T], damage: Callable[[_T], str] | None = None
 ) -> _T:
     """`read()` (a restore or a check of the item at `path`), done again
-    while its bytes fail their checks differently each time.
-
-    A failed check is a `CheckpointDamagedError` or `SidecarError` raised, or
-    a result for which `damage(result)` is not empty (a report that lists
-    damaged leaves). On a local disk a failed check is the file's: `read()`
-    is called once.
-    """
+    while its bytes fail their checks differently each time."""
     if not is_remote(path):
         return read()
     seen: list[str] = []

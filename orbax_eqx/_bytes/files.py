@@ -1,14 +1,4 @@
-"""Opening local files safely: read bounded, created never through a link.
-
-A FIFO at a checkpoint's path blocks a plain `open` forever, a link to
-`/dev/zero` is read until memory runs out. So a file is read only if it is
-regular: `stat` first (a device is never opened), opened with `O_NONBLOCK`,
-checked with `fstat` on the descriptor that will be read; reads are bounded.
-New files are created `O_EXCL | O_NOFOLLOW` under a random name and renamed
-into place, so a link planted at a predictable name redirects no write.
-Callers word the errors: `error` turns what is wrong ("is a FIFO (named
-pipe), not a regular file") into the exception to raise.
-"""
+"""Opening local files safely: read bounded, created never through a link."""
 
 import errno
 import os
@@ -60,13 +50,7 @@ def default_error(path: Any) -> ErrorFor:
 def open_regular(
     path: Any, error: ErrorFor | None = None, *, follow: bool = True
 ) -> int:
-    """Opens a local regular file for reading, never blocking on opening it.
-
-    `error` makes the exception for what is wrong with the file (default: a
-    `FileCheckError` naming the path); `follow=False` refuses a symbolic link
-    at `path`. Returns a descriptor in blocking mode, which the caller
-    closes; `FileNotFoundError` and `PermissionError` as `os.open` raises them.
-    """
+    """Opens a local regular file for reading, never blocking on opening it."""
     error = error or default_error(path)
     text = os.fspath(path)
     # Before opening: opening a device can have effects of its own.

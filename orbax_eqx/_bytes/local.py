@@ -1,15 +1,4 @@
-"""Local files: written with `pwritev` and renamed into place, read with `preadv`.
-
-Writing is batched `pwritev` into a new file beside the target
-(`files.create_new`: never through a link planted at the name), one fsync,
-and a rename. A `Reader` holds the file open (`files.open_regular`: regular
-files only) for its life and reads through that descriptor, a few pieces at
-once in threads; each `start` and `check_unchanged` compare (device, inode,
-size, mtime) of the descriptor and of what the path names now, so bytes of a
-file replaced or changed meanwhile are never mixed with the old ones. A file
-stored in parts (copied down from an object store, see `parts`) reads as the
-file it was.
-"""
+"""Local files: written with `pwritev` and renamed into place, read with `preadv`."""
 
 import errno
 import os

@@ -1,17 +1,4 @@
-"""Object stores (`gs://`, `s3://`) through TensorStore's kvstore, one client for both.
-
-Chosen by `benchmarks/object_clients.py` (BENCHMARKS.md, "gs:// and s3://").
-Nothing here retries a request: TensorStore does (`_RETRIES`), and each wait
-on it is bounded (`_wait_s`), then the request is cancelled. Endpoints and
-credentials come from each ecosystem's variables, read here into the spec
-(`split`); TensorStore's gcs driver takes an emulator's endpoint only from
-`TENSORSTORE_GCS_HTTP_URL`, so `STORAGE_EMULATOR_HOST` alone is refused,
-naming it. Large files are stored in parts (`parts`). A `Reader` is pinned to
-each object's generation (GCS) or ETag (S3) from its first answer: another is
-`BadFile("was replaced during the read")`. An answer that is not the range
-asked (`Range:` ignored, or shifted) is read again as the whole object.
-Listings on gs:// go through gcsfs instead (`_gcs_keys` says why).
-"""
+"""Object stores (`gs://`, `s3://`) through TensorStore's kvstore: one client."""
 
 import collections
 import concurrent.futures

@@ -1,11 +1,4 @@
-"""Which store holds a path, and whole-file calls wherever the path is.
-
-`is_remote` is the one place that asks which side a path is on; `for_path`
-turns a path into a `store.Store` with it: local files (`local`) or a
-bucket's objects (`objects`, loaded only for object stores, with
-TensorStore). The few steps that exist only on a local disk (a rename, a
-link, a directory's permissions) ask `is_remote` rather than the path.
-"""
+"""Which store holds a path, and whole-file calls wherever the path is."""
 
 import os
 from typing import Any

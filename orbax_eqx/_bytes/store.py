@@ -1,17 +1,4 @@
-"""The interface between what is stored and where its bytes go.
-
-A `Store` reads and writes files named by full paths (`/ckpt/7/default/x`,
-`gs://bucket/run/7/default/x`). It knows nothing of what the bytes mean; the
-caller words every error about a file's contents. `route.for_path` picks
-the implementation (`local`, `objects`), which imports this module.
-
-Both store a file longer than `PART_BYTES` as objects `{name}.part-00000`,
-`{name}.part-00001`, ... of `PART_BYTES` each (an object store writes one
-object per request: parts upload concurrently, not held whole in memory), and
-a shorter one whole; both readers look for the whole file first, then its
-parts, so a checkpoint copied between a disk and a bucket reads either way.
-The part size is part of the format: a reader knows it without asking.
-"""
+"""The interface between what is stored and where its bytes go."""
 
 import abc
 import concurrent.futures
@@ -50,11 +37,7 @@ def pieces(start: int, stop: int) -> list[tuple[int, int, int]]:
 
 class BadFile(Exception):
     """A file that is missing, of the wrong length, ends early, or was
-    replaced while a `Reader` had it open.
-
-    `what` completes a sentence about the file ("is missing", "has 10 bytes
-    where 12 were written"); the caller turns it into its own error.
-    """
+    replaced while a `Reader` had it open."""
 
     def __init__(self, what: str):
         super().__init__(what)

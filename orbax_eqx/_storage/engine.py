@@ -1,32 +1,15 @@
 """The one ranged-read engine: arrays made of pieces of files, read, checked, put.
 
-A unit is a destination: a whole numpy array, or the box that devices hold
-of a jax array. It is made of pieces, each a box of an array stored in C
-order in a file (a packed leaf, a chunk of a shard pack, a safetensors
-tensor) and the box of the unit it fills (its axes possibly permuted, axes
-of length 1 added or dropped: the state_dict bridge's stacks and
-transposes).
+A unit (a numpy array, or the box devices hold of a jax array) is made of
+pieces: boxes of C-order arrays in files (axes possibly permuted, length-1
+axes added or dropped). Per file, ranges (widened to checksum blocks) are
+merged across `File.gap`, read into 64-byte-aligned buffers and checked as
+they arrive. A unit that is one run of the bytes read is a view of them (no
+copy); others get a buffer of their own, filled by `PLACERS` threads.
 
-`read` fills a batch of units. Per file, the byte ranges of the pieces
-(widened to whole checksum blocks where the format records them) are merged
-across small gaps (`File.gap`) and read through `_bytes` (threaded `preadv`
-on a disk, ranged GETs on an object store) into 64-byte-aligned buffers;
-each range is checked as its bytes arrive. A unit whose pieces are one run
-of the bytes read, in its own order, is a view of them (a packed leaf, a
-chunk onto its saving mesh, whole chunks stacked along the first axis): no
-copy, and on CPU `jax.device_put` takes it as it is. Any other unit gets a
-buffer of its own: a piece that is one run of bytes on both sides is read
-straight into its place (a layer of a stacked leaf), any other (a column
-strip, a transpose, a cast) into a buffer of its own and copied in, by
-`PLACERS` threads, as its bytes arrive.
-
-Values a unit cannot hold are not placed but recorded on it (`refused`):
-a cast's NaN, infinities or values out of an integer dtype's range (a cast
-of them has no defined result), and bytes of a bool array other than 0 and
-1 (numpy reads 2 as True, XLA as False). Each check runs on a piece as its
-bytes arrive, only where it applies.
-
-`put.arrays` makes arrays of the units read.
+Values a unit cannot hold are recorded on it (`refused`), not placed: a
+cast's NaN, infinities or out-of-range integers (no defined result), and bool
+bytes other than 0 and 1 (numpy reads 2 as True, XLA as False).
 """
 
 import concurrent.futures

@@ -1,12 +1,9 @@
 """Arrays made of the engine's units: as they are on CPU, staged elsewhere.
 
-On CPU the hosts the units were read into are the arrays' buffers (batched
-`jax.device_put` of whole leaves by sharding, `make_array_from_callback`
-for the others), read in batches of a bounded size. Where transfers copy
-(accelerators, or an explicit `max_staged_bytes`) units go through the staging
-window in jobs of a bounded cost (`transfer.staging`), a unit larger than a
-job streamed into its device buffer in slabs (`transfer.streaming`). No
-computation runs over a sharded array, and no process waits for another.
+On CPU the units' hosts are the arrays' buffers. Where transfers copy
+(accelerators, or an explicit `max_staged_bytes`) units go through the
+staging window, a unit larger than a job streamed into its device buffer.
+No computation runs over a sharded array, and no process waits for another.
 """
 
 import dataclasses

@@ -1,19 +1,10 @@
 """Pack files: byte ranges of one file, written and read at the store's speed.
 
-Writing streams host arrays at their offsets (zero bytes in between) through
-the byte layer (`_bytes`: `pwritev` and one fsync on a disk, concurrent part
-uploads on an object store). Reading fills 64-byte-aligned buffers, so that
-`jax.device_put` takes them as they are on CPU and a restore holds each byte
-once, with several ranged reads in flight.
-
-A pack is read only if it is a regular file (on a disk: a FIFO there would
-block a plain read forever, a directory reads as 4096 bytes of nothing) no
-longer than its sidecar records, and only the byte ranges asked for.
-
-Shared by every layout that keeps records in a file of its own (pack files,
-shard packs, typed groups) and the read engine: where records go (`layout`:
-64-byte aligned offsets) and which ranges to read for a set of wanted spans
-(`plan`: neighbours merged when close).
+Reads fill 64-byte-aligned buffers, which `jax.device_put` takes as they are
+on CPU, so a restore holds each byte once. A pack is read only if it is a
+regular file (a FIFO would block forever, a directory reads as 4096 bytes of
+nothing) no longer than its sidecar records. `layout`: where records go;
+`plan`: the ranges to read for wanted spans, neighbours merged when close.
 """
 
 import functools
@@ -106,14 +97,7 @@ def write(
     pieces: Sequence[tuple[int, np.ndarray | memoryview]],
     nbytes: int,
 ) -> None:
-    """Writes a new file of `nbytes` bytes holding each array at its offset.
-
-    `pieces` are `(offset, C-contiguous array)` (or `as_bytes` of one), in
-    increasing offset order and not overlapping. The file is durable before
-    this returns. A local file is written under a new name beside `path` and
-    renamed onto it (never through a link planted at the name); an object
-    store gets it in parts.
-    """
+    """Writes a new file of `nbytes` bytes holding each array at its offset."""
     _route.for_path(path).write_stream(path, _gaps_and_arrays(pieces, nbytes), nbytes)
 
 
@@ -126,18 +110,7 @@ def read(
     nbytes: int | None = None,
     empty: Callable[[int], np.ndarray] = aligned_empty,
 ) -> list[np.ndarray]:
-    """Reads each byte range `[start, stop)` of `path` into its own aligned buffer.
-
-    `meanwhile(buffers, ready)`, if given, runs in this thread while the reads
-    are in flight (to check bytes as they arrive): `ready(i, stop)` returns
-    once the first `stop` bytes of `buffers[i]` are read, and raises what
-    their read raised. `nbytes`: the size the sidecar records for the file.
-    A file longer than that is damaged; one too short for the ranges is
-    damaged (ranges it still holds are read: what was written before a cut
-    can be saved). A path that is not a regular file is damaged too.
-    `empty(nbytes)` makes the buffers (a staging window's, to count them; see
-    `staging`).
-    """
+    """Reads each byte range `[start, stop)` of `path` into its own aligned buffer."""
     end = max((stop for _, stop in ranges), default=0)
     # Opened and checked before allocating: a sidecar claiming absurd sizes
     # must not get to ask for terabytes of memory.
@@ -214,11 +187,7 @@ _span = operator.itemgetter(1)  # (of a `(name, span)` pair: no call per leaf)
 def plan(
     spans: dict[K, tuple[int, int]], max_gap: int
 ) -> tuple[list[tuple[int, int]], dict[K, tuple[int, int]]]:
-    """Merges byte spans at most `max_gap` apart into few ranges to read.
-
-    **Returns:** `(ranges, where)`: the `[start, stop)` ranges, in file order,
-    and for each name the index of its range and its offset inside it.
-    """
+    """Merges byte spans at most `max_gap` apart into few ranges to read."""
     ranges: list[tuple[int, int]] = []
     where: dict[K, tuple[int, int]] = {}
     for name, (start, stop) in sorted(spans.items(), key=_span):

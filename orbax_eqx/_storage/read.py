@@ -1,11 +1,9 @@
 """Packed and shard-packed leaves, read through the engine, checked.
 
-A packed leaf is one unit, the whole array, one piece of its pack file,
-checked against the XXH3-64 of all its bytes (a slab at a time where it is
-streamed). A shard-packed leaf has a unit per distinct box of its target
-sharding on this process's devices, made of the stored chunks it overlaps
-(worked out once per layout: the leaves of a deep model share a few), each
-read widened to whole checksum blocks of its chunk (see `sharded.index`).
+A packed leaf is one unit, checked against the XXH3-64 of all its bytes. A
+shard-packed leaf has a unit per distinct box of its target sharding on this
+process's devices, made of the stored chunks it overlaps (worked out once per
+layout), each read widened to whole checksum blocks (see `sharded.index`).
 """
 
 import bisect

@@ -49,18 +49,7 @@ class Labels:
 
 
 class Namer:
-    """Turns key paths into leaf names.
-
-    An `eqx.nn.State` entry is named after the layer that owns it, by its path
-    relative to the model that `eqx.nn.make_with_state` made, which is what
-    the entry's marker records (`BNModel.bn.state_index` names the entry
-    `bn.state_index`): the same wherever the State is, alone or beside its
-    model, so a State saved in one tree restores alone. Markers that are not
-    such paths (a State made without `make_with_state`), or paths that would
-    give two entries one name, fall back to the names orbax_eqx gave before
-    (`old=True`): the owner's full name in the tree if the owner is there,
-    else the marker as one escaped part, else the entry's position.
-    """
+    """Turns key paths into leaf names."""
 
     def __init__(self, states: dict[tuple, tuple], modules: list, labels: Labels):
         self._states = states

@@ -1,14 +1,4 @@
-"""Leaf names: from a leaf's key path to its readable on-disk name and storage key.
-
-A *leaf name* joins the parts of a key path with `.`: `layers.0.attn.weight`.
-Dict keys that contain `.` or `\\` are escaped, and string keys that would read
-like an integer key are marked, so that two different paths never share a name.
-
-A *storage key* is what Orbax stores the array under. It is the leaf name
-itself when that name is short, made of safe characters and not a name Orbax
-gives its own files, which is almost always; otherwise it is a sanitised prefix
-plus a hash of the full name.
-"""
+"""Leaf names: from a leaf's key path to its readable on-disk name and storage key."""
 
 import hashlib
 import re

@@ -1,11 +1,5 @@
 """The inner nodes of a walked tree as plain data (the sidecar's `"nodes"`),
-what `restore(..., allow=[...])` needs to rebuild the tree without a skeleton.
-
-Read from the walk's treedef, in the order `jtu.tree_flatten` visits them,
-empty containers included; each record as docs/guides/format.md specifies
-("Modules and nodes"). Other nodes (`"other"`) and modules that wrap a
-function (`"wrapper": true`) are recorded but cannot be rebuilt.
-"""
+what `restore(..., allow=[...])` needs to rebuild the tree without a skeleton."""
 
 from typing import Any
 

@@ -1,18 +1,4 @@
-"""Python values <-> JSON, exactly, without pickle and without importing anything.
-
-Python-scalar leaves are stored by value and decoded back exactly (`nan`,
-`-0.0`, integers past 2**63). Everything else that is not an array (static
-fields, callables, other objects) is stored as a *description*: enough to
-compare it with the skeleton's value and to show it to a person, never enough
-to rebuild it. Decoding never imports or calls anything named in the file.
-
-Integers longer than `DECIMAL_BITS` are written in hexadecimal
-(`{"int": "0x..."}`): Python turns decimal text of more than
-`sys.get_int_max_str_digits()` digits (4300 by default, 640 at least) into an
-int, or an int into such text, only if that limit is raised for the whole
-process, and a sidecar must read back whatever the reader's limit.
-Encoded values nest at most `MAX_DEPTH` JSON levels deep (see `too_deep`).
-"""
+"""Python values <-> JSON, exactly, without pickle and without importing anything."""
 
 import base64
 import enum
@@ -282,10 +268,7 @@ def _checked_str(text: Any) -> str:
 
 
 def is_text(text: str) -> bool:
-    """Whether `text` is valid Unicode, which UTF-8 can hold: no lone surrogate.
-
-    `os.fsdecode` makes such strings of file names that are not UTF-8.
-    """
+    """Whether `text` is valid Unicode, which UTF-8 can hold: no lone surrogate."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -310,10 +293,7 @@ def bad_text(encoded: Any) -> str | None:
 
 
 def too_deep(encoded: Any, limit: int = MAX_DEPTH) -> bool:
-    """Whether an encoded value nests more than `limit` JSON levels deep.
-
-    Without recursing, and quickly for the usual scalars.
-    """
+    """Whether an encoded value nests more than `limit` JSON levels deep."""
     if type(encoded) not in (dict, list):
         return False
     stack = [(encoded, 1)]
@@ -327,11 +307,7 @@ def too_deep(encoded: Any, limit: int = MAX_DEPTH) -> bool:
 
 
 def describe(encoded: Any) -> str:
-    """Human-readable text for an encoded value, for messages and `inspect`.
-
-    Never fails: a malformed value (from a damaged sidecar) is shown as the
-    JSON it is, cut short.
-    """
+    """Human-readable text for an encoded value, for messages and `inspect`."""
     try:
         return _describe(encoded)
     except (ValueError, TypeError, KeyError, IndexError, RecursionError):

@@ -1,8 +1,4 @@
-"""Walks a PyTree into named, classified leaves and the modules that hold them.
-
-Both save and restore walk their tree (the item, or the skeleton) the same
-way, so the same model always yields the same names.
-"""
+"""Walks a PyTree into named, classified leaves and the modules that hold them."""
 
 import dataclasses
 import functools
@@ -165,10 +161,7 @@ def parse_dtype(text: str) -> Any:
 
 
 def walk(tree: Any, pause: Callable[[], None] | None = None) -> Walked:
-    """Flattens `tree` into leaves with names, plus every module's static fields.
-
-    `pause`, if given, is called once per leaf and per module (a background
-    save passes one that lets other threads run now and then)."""
+    """Flattens `tree` into leaves with names, plus every module's static fields."""
     pause = pause or _no_pause
     path_leaves, treedef = jtu.tree_flatten_with_path(tree, is_leaf=_is_none)
     modules: list[tuple[tuple, eqx.Module]] = []
@@ -223,10 +216,7 @@ def _category(kind: type) -> str:
 
 
 def _collect_nodes(node, path, modules, states) -> None:
-    """Finds every module (recursively) and every `eqx.nn.State` in the tree.
-
-    In the order, and with the key paths, of `jtu.tree_flatten_with_path`.
-    """
+    """Finds every module (recursively) and every `eqx.nn.State` in the tree."""
     cls: type = type(node)
     category = _category(cls)
     if category is _ARRAY_TYPE or category is _SCALAR_TYPE:

@@ -1,12 +1,4 @@
-"""Checks the sidecar's Orbax-stored leaves against Orbax's own array metadata.
-
-Before any array is read: a sidecar and an array store that disagree (an
-edited or swapped sidecar, a store from another save, tampered metadata) would
-otherwise read wrong values, or ask for absurd allocations. Orbax's public
-`PyTreeCheckpointHandler.metadata` opens every stored array; this reads each
-array's small zarr metadata record straight from the store (one batch of key
-reads through TensorStore), and only the leaves being restored.
-"""
+"""Checks the sidecar's Orbax-stored leaves against Orbax's own array metadata."""
 
 import json
 import math
@@ -33,15 +25,7 @@ _FIX = (
 def check_stored(
     directory: epath.Path, records: Sequence[LeafMetadata], listed: set[str]
 ) -> None:
-    """Raises `CheckpointDamagedError` unless Orbax's store holds `records` as said.
-
-    **Arguments:**
-
-    - `directory`: the item directory.
-    - `records`: the sidecar records of the Orbax-stored leaves about to be read.
-    - `listed`: the storage keys of every Orbax-stored leaf the sidecar lists;
-        an array in the store outside it is an error too.
-    """
+    """Raises `CheckpointDamagedError` unless Orbax's store holds `records` as said."""
     store = open_store(directory)
     # Every Orbax-stored leaf's record has its key (`sidecar_read` checks).
     keys = [r.key or "" for r in records]

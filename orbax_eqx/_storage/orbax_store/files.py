@@ -1,19 +1,4 @@
-"""Orbax's array store, walked before anything reads it: files and directories only.
-
-TensorStore opens a store's files with plain blocking reads, and Orbax reads
-its metadata files the same way: a FIFO in the store blocks a restore forever
-(and `verify`, and the check a save makes before its commit), a link to
-`/dev/zero` reads without end. Orbax writes only regular files and
-directories there, so before the store is read it is walked (`os.scandir`,
-links never followed into) and anything else is refused: a FIFO, a device, a
-socket, a link to one of them or to a directory. A link to a regular file is
-read as the file it names, as pack files are (see `files`).
-
-The walk is bounded: an OCDBT store holds a handful of files, a store without
-OCDBT a directory per array; past `MAX_ENTRIES` entries the store is refused
-as damaged, unread. Paths that are not local (`gs://...`) hold no FIFOs: they
-are not walked.
-"""
+"""Orbax's array store, walked before anything reads it: files and directories only."""
 
 import os
 import stat
@@ -34,17 +19,7 @@ def check(
     store: epath.Path, *, skip: Collection[str] = (), saving: bool = False
 ) -> None:
     """Raises `CheckpointDamagedError` if Orbax's array store at `store` holds
-    anything but regular files and directories, or more than `MAX_ENTRIES`.
-
-    **Arguments:**
-
-    - `store`: the store's directory (see `_sidecar.arrays_dir`). Missing:
-        nothing to check (the reads say what is missing).
-    - `skip`: names of directories at its top that are not walked: arrays of
-        a store without OCDBT that this read does not touch.
-    - `saving`: the store of a save under way, checked before its commit;
-        the message then says so.
-    """
+    anything but regular files and directories, or more than `MAX_ENTRIES`."""
     top = os.fspath(store)
     if is_remote(top):
         return

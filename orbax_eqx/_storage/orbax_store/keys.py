@@ -26,12 +26,7 @@ ZARR3 = "zarr.json"
 
 def missing_in_store(directory: epath.Path, keys: Sequence[str]) -> list[str]:
     """Those of `keys` whose arrays Orbax's store at `directory` no longer holds
-    whole: their metadata record, or a data file of theirs, gone.
-
-    For a save to check, before it commits, that nobody deleted what it wrote
-    (see `_claim.before_commit`). Reads the store's index and the first byte
-    of every value: a value whose data file is gone reads as empty.
-    """
+    whole: their metadata record, or a data file of theirs, gone."""
     try:
         store = open_store(directory)
         listed = store.list().result()

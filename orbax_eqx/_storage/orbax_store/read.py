@@ -1,12 +1,4 @@
-"""Reads arrays from Orbax's array store: one partial restore, checked.
-
-Before reading, the store is walked for what is no file (`files`: a
-FIFO would block the reads forever) and the sidecar's records are compared
-with Orbax's own metadata (`_stored_check`); Orbax's and TensorStore's errors
-about missing, short or corrupt files become one `CheckpointDamagedError`
-naming the leaves; after reading, each array is checked against its recorded
-`sum32` (`_checksum`).
-"""
+"""Reads arrays from Orbax's array store: one partial restore, checked."""
 
 import gc
 import inspect
@@ -98,12 +90,7 @@ def _drop_tracebacks(first: BaseException | None) -> None:
 
 
 def _collect_quietly() -> None:
-    """Collects the reads Orbax abandons when one fails, without their noise.
-
-    Orbax's array reads turn the `GeneratorExit` of their collection into an
-    `Exception`, which Python prints as "Exception ignored in <coroutine ...>"
-    long after the error; our error already says what went wrong.
-    """
+    """Collects the reads Orbax abandons when one fails, without their noise."""
     previous = sys.unraisablehook
 
     def hook(unraisable):
@@ -146,13 +133,7 @@ def unreadable(directory, records, cause: str) -> CheckpointDamagedError:
 
 
 def _check_sums(directory, requests: dict, loaded: dict) -> None:
-    """Raises if an array read through Orbax differs from its recorded `sum32`.
-
-    A cast array (`cast=True`) is unchecked: Orbax casts it as it reads, and
-    the checksum is of the saved dtype's bits. So is an array restored across
-    processes (no process holds all of it): summing it would take a
-    computation over the array, which a restore never runs.
-    """
+    """Raises if an array read through Orbax differs from its recorded `sum32`."""
     found = {}
     for name, request in requests.items():
         record = request.record

@@ -37,13 +37,7 @@ def write(
 ) -> list[int]:
     """Writes pack file `path` (see `_ranges.write`); returns each piece's
     XXH3-64 (none without `checksums`): those `known` (by piece, None where
-    not) are not computed again.
-
-    The checksums of large pieces are computed in a second thread while the
-    file is written: both release the GIL, so on two cores they cost about
-    the time of the slower one. Each piece's bytes are taken once
-    (`_ranges.as_bytes`), for its checksum and its write.
-    """
+    not) are not computed again."""
     views = [(offset, _ranges.as_bytes(x)) for offset, x in pieces]
     if not checksums:
         _ranges.write(path, views, nbytes)

@@ -1,38 +1,4 @@
-"""The index of a shard pack: which chunk of which array lies where in its file.
-
-Every process of a save writes one shard pack (`orbax_eqx~shards.<token>.<p>.bin`)
-holding the distinct shards it owns of every sharded array, and one index
-(`orbax_eqx~shards.<token>.<p>.json`) beside it, sealed by a checksum of its
-bytes on its last line, as the sidecar is:
-
-```
-{"format": "orbax_eqx.shards", "format_version": 7, "token": "9f2c41d07a3be865",
- "process": 1, "file": "orbax_eqx~shards.9f2c41d07a3be865.1.bin",
- "nbytes": 16384,
- "chunks": {"blocks.0.mlp.weight": [[[64, 0], [128, 64], 0, 16384, 4096,
-                                     ["9d3a61c2e8f0b457", ...]]]},
- "checksum": "xxh3:..."
-}
-```
-
-A chunk is `[start, stop, offset, nbytes, block, xxh3s]`: its box in the
-array's global coordinates (`start` inclusive, `stop` exclusive), the byte
-range of the file holding the box's elements in C order (as in pack files:
-native byte order, typed PRNG keys as their key data), and the XXH3-64 of
-each `block` bytes of that range, so that a read of part of a chunk is
-checked too, widened to whole blocks of its own chunk only. The block is
-chosen per chunk (`block_size`): the whole chunk up to 4 KiB, else about a
-64th of it in multiples of 4 KiB, at most 1 MiB.
-
-With dedup (`EqxHandler(dedup=True)`), shard packs are in the shared
-directory beside the steps and hold only chunks the newest step did not: the
-index adds `"shared": true` and `files` (`[{"file", "nbytes"}]`, the shard
-packs its chunks are in, other saves' too), and each chunk two trailing
-members, the index of its file in `files` and the XXH3-128 of its bytes.
-
-Reading (`index_read`) checks the seal, then everything against the
-sidecar, before any array byte is read.
-"""
+"""The index of a shard pack: which chunk of which array lies where in its file."""
 
 import dataclasses
 import json

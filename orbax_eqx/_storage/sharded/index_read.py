@@ -1,11 +1,5 @@
 """Shard packs' indexes, read: each index parsed and checked against the
-sidecar before any array byte is read (the format is `index.py`).
-
-Every chunk lies inside its array and its file, has the bytes its box needs,
-and the chunks of each array, over all processes, tile it exactly. File names
-are derived from the token and the process; those a dedup index lists (other
-saves' shard packs, in the shared directory) must be shard packs' names.
-"""
+sidecar before any array byte is read (the format is `index.py`)."""
 
 import functools
 import math
@@ -34,12 +28,7 @@ from .index import MAX_INDEX_BYTES, Chunk, ShardPack, block_size
 
 
 def read_all(directory: epath.Path, saved: Metadata) -> dict[str, list[Chunk]]:
-    """Reads and checks every process's index; returns each sharded leaf's chunks.
-
-    Raises `CheckpointDamagedError` naming the file and the leaf for a missing
-    or unreadable index, a chunk outside its array or its file, a chunk whose
-    size is not its box's, and chunks that do not tile their array.
-    """
+    """Reads and checks every process's index; returns each sharded leaf's chunks."""
     records = {n: r for n, r in saved.leaves.items() if r.data == SHARDS}
     chunks: dict[str, list[Chunk]] = {name: [] for name in records}
     token = token_of(saved)

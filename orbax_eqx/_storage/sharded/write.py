@@ -1,15 +1,4 @@
-"""Shard packs, written: each process's distinct shards of sharded arrays, in one file.
-
-A sharded array is never gathered: every process takes the shards it holds
-whose `replica_id` is 0 (so each distinct box is written once, by exactly
-one process, whatever the replication), copies them to host memory before
-`save` returns, and writes them end to end, 64-byte aligned, into its own
-shard pack with `pwritev`, then the pack's index (see `sharded.index`). The
-checksums (XXH3-64 of blocks sized per chunk) are computed on host from the
-bytes being written, in a second thread:
-no computation runs on any device, and no process waits for another (Orbax's
-own barrier, before the step is committed, is the only meeting point).
-"""
+"""Shard packs, written: each process's distinct shards, in one file."""
 
 import concurrent.futures
 import dataclasses
@@ -52,15 +41,7 @@ class Local:
 
 
 def take(items: Sequence[tuple[Any, jax.Array]]) -> Local:
-    """Host copies of this process's distinct shards of `items` (name, array).
-
-    On CPU the host copy is a view of the device buffer, as for pack files
-    (see `transfer.to_host.host_copies`): JAX then copies instead of reusing a
-    donated buffer that numpy still holds. From accelerators, small shards are
-    gathered on their device and copied a batch at a time, large ones one by
-    one, every transfer started before the first is waited for (see
-    `transfer.to_host`).
-    """
+    """Host copies of this process's distinct shards of `items` (name, array)."""
     local = start_take(items)
     local.wait()
     return local
@@ -145,15 +126,7 @@ def write(
 ) -> list:
     """Writes this process's shard pack and its index; returns the paths
     written in `directory`. `seen`: with dedup, the XXH3-128s of chunks of
-    jax arrays saved before (`get(array, (start, stop))`, and `put`).
-
-    The pack is fsync'd before the index is written, and the index is written
-    whole under a temporary name, fsync'd and renamed: an index names only
-    bytes that are on disk. With dedup (`shared`: the shared directory), the
-    pack goes there, without the chunks that `base`, the sidecar of the
-    newest step, holds in a shared shard pack: the same leaf (of the same
-    dtype and shape in `leaves`, the sidecar's records), box and XXH3-128.
-    """
+    jax arrays saved before (`get(array, (start, stop))`, and `put`)."""
     local.wait()
     chunks = [
         Chunk(name, process, start, stop, 0, h.nbytes, 0, ())

@@ -25,27 +25,7 @@ from .steps import ShardFiles
 def copy_step(step: epath.Path, destination: epath.Path) -> list[str]:
     """Copies a step of a manager saved with `EqxHandler(dedup=True)` into a
     directory of its own that holds every byte it needs, for sharing it or
-    keeping it after the shared bytes are gone.
-
-    **Arguments:**
-
-    - `step`: the step directory (`<root>/<step>`), or one item of it.
-    - `destination`: a new directory. Name it as the step (`.../1000`) to
-        restore it without the warning of a moved step (`on_moved=`).
-
-    **Returns:** the names of the shared packs copied into it.
-
-    The copy is written beside `destination` under another name and renamed
-    into place: an interrupted copy leaves no `destination`. Steps saved
-    without `dedup` are copied as they are. Local directories only.
-
-    !!! example
-
-        ```python
-        oeqx.copy_step("ckpts/1000", "release/1000")
-        model = oeqx.restore("release/1000/default", skeleton)
-        ```
-    """
+    keeping it after the shared bytes are gone."""
     step, destination = epath.Path(step), epath.Path(destination)
     for path, what in ((step, "step"), (destination, "destination")):
         if _route.is_remote(path):

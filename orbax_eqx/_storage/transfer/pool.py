@@ -1,29 +1,4 @@
-"""Host buffers reused from one async save to the next, for numpy leaves' copies.
-
-An async save copies numpy leaves before it returns (the caller may change
-them as soon as `save` returns). A fresh buffer faults its pages in as the
-copy fills it: on the 2-core VM, copying 1 GiB into fresh memory took
-0.4-3.0 s (numpy's buffers) or 1.0-1.25 s (an anonymous mapping), and 0.16-0.20
-s into buffers whose pages were in already. So an `EqxHandler` keeps the
-buffers of its saves' copies (a `HostPool`), and its next save copies into
-them.
-
-The rules:
-
-- A buffer is handed to one save at a time (`Lease.copy`), and is given back
-  (`Lease.give_back`) only once the write that reads it is over: written and
-  durable, or failed. The save's writer calls it then, never before. A lease
-  never given back (a save that never got to its writes) leaves its buffers
-  to the garbage collector: they are never handed out again.
-- Only copies of at least `MIN_BYTES` are pooled: a small copy costs little
-  to fault in, and each pooled buffer costs a few microseconds of bookkeeping.
-- A buffer is reused only for a copy of exactly its size.
-- Idle buffers are bounded: at most `MAX_IDLE` bytes of them are kept (the
-  rest given back are let go), and those a save did not reuse are let go
-  when it has taken its copies (`Lease.done`): a save of other shapes frees
-  them. `HostPool.close()` lets go of every idle buffer, and of those given
-  back later.
-"""
+"""Host buffers reused from one async save to the next, for numpy leaves' copies."""
 
 import mmap
 import threading

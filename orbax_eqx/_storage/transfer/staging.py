@@ -1,28 +1,13 @@
 """Staging: host bytes on their way to the devices, through a bounded window.
 
-On CPU, `jax.device_put` takes a 64-byte-aligned host buffer as the device
-buffer, without a copy: a restore that reads the whole checkpoint into
-aligned buffers holds each byte once. Everywhere else (a GPU, a TPU) every
-host buffer is a staging copy: read, transferred, then of no more use.
-Holding all of them before transferring needs host memory for the whole
-checkpoint and more (measured on one H100: 2.04x the bytes of a 0.5 GiB
-model, 6.28x those of a model of 6,313 small leaves).
-
-So a restore that copies moves its bytes through a window instead (see
-`staged.read`): reads are grouped in jobs of at most half the window (and at
-most a 32nd of the bytes restored, though at least 1 MiB, so that staging
-stays a small part of them on small models too); while the devices take one
-job's bytes, the next
-job is read in a thread; once a job's transfers are done, its buffers are let
-go. A leaf (or a target box) larger than a job is streamed into place in
-parts. Every staging buffer comes from `Staging.empty`, a numpy allocation
-(which `tracemalloc` traces: the tests hold its peak to the window).
-
-An explicit `max_staged_bytes` stages on CPU devices too: restores go through
-the window into buffers 16 bytes off 64-byte alignment, which XLA's CPU
-client copies into memory of its own instead of aliasing, so the path an
-accelerator takes, and its host-memory bound, can be run and measured on a
-machine without one. Without it (None), CPU devices alias.
+On CPU `jax.device_put` aliases a 64-byte-aligned buffer; elsewhere every
+host buffer is a staging copy, and holding all of them would need host memory
+for the whole checkpoint and more. So a copying restore reads in jobs within
+a window, the next read while the devices take the last, and lets buffers go
+once transferred. Buffers come from `Staging.empty` (numpy, which
+`tracemalloc` traces: the tests hold its peak to the window). An explicit
+`max_staged_bytes` makes buffers 16 bytes off alignment, so CPU devices copy
+as accelerators do and the bounded path runs without one.
 """
 
 import concurrent.futures
@@ -82,16 +67,7 @@ def check_max_bytes(value: Any) -> None:
 
 
 class Staging:
-    """One restore's window and where its buffers go.
-
-    **Arguments:**
-
-    - `max_bytes`: the window; None for `default_max_bytes()`.
-    - `copy`: whether transfers copy the host bytes (any device that is not a
-        CPU, or an explicit window), so that buffers are let go after.
-    - `off_alignment`: make buffers 16 bytes off 64-byte alignment, so that
-        CPU devices copy them.
-    """
+    """One restore's window and where its buffers go."""
 
     def __init__(
         self, max_bytes: int | None, *, copy: bool, off_alignment: bool = False
@@ -145,24 +121,14 @@ class Staging:
 
 @dataclasses.dataclass
 class Job:
-    """One step of a staged restore.
-
-    `read()` runs in the reader thread and returns host data (in buffers from
-    `Staging.empty`); `put(data)` runs in the caller's thread, starts the
-    transfers and returns what to wait for before the data is let go.
-    """
+    """One step of a staged restore."""
 
     read: Callable[[], Any]
     put: Callable[[Any], Any]
 
 
 def for_restore(max_bytes: int | None, shardings: Sequence[Any]) -> Staging:
-    """The staging of a restore onto `shardings` (None for numpy leaves).
-
-    It copies (`Staging.copy`) if any target device is not a CPU, or if the
-    caller asked for a window (`max_bytes` not None): then CPU devices copy
-    as an accelerator's do, within it.
-    """
+    """The staging of a restore onto `shardings` (None for numpy leaves)."""
     check_max_bytes(max_bytes)
     devices = {d for s in shardings if s is not None for d in _devices(s)}
     accelerated = any(d.platform != "cpu" for d in devices)

@@ -1,12 +1,4 @@
-"""Streaming: a box larger than a staging job, put in place part by part.
-
-A box (a leaf, or the part of one that a device holds) is cut into slabs in
-C order, each costing no more than a job (see `slabs`); each slab is read,
-transferred and written into a buffer that already lives on the device with
-`jax.lax.dynamic_update_slice` on a donated buffer, so the device holds the
-box once and the host never holds more than a slab. This is a computation,
-but on one device's own data: no collective, nothing sharded.
-"""
+"""Streaming: a box larger than a staging job, put in place part by part."""
 
 import functools
 import itertools
@@ -22,14 +14,7 @@ Box = tuple[tuple[int, ...], tuple[int, ...]]  # (start, shape)
 
 def slabs(start, shape, budget: int, cost: Callable[[Box], int]) -> list[Box]:
     """Cuts the box `(start, shape)` into slabs, in C order, of at most `budget`
-    bytes of `cost` each (where some can be made that small).
-
-    A slab is a box whose dimensions before some axis `k` are 1 and after it
-    whole, so that it is one contiguous range of the box's elements. `k` is
-    the first axis at which slabs fit; along it, all slabs have one length,
-    the last moved back to end where the box ends (overlapping the one before
-    it), so that a box's updates share one shape and one compiled function.
-    """
+    bytes of `cost` each (where some can be made that small)."""
     start, shape = tuple(start), tuple(shape)
     for k in range(len(shape)):
         first = (start, (1,) * k + shape[k:])  # a slab of the whole axis k

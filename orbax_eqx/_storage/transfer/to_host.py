@@ -1,47 +1,11 @@
 """Host copies of a save's arrays: small ones gathered on their device first.
 
-`save` must hold every byte it writes before it returns (the caller may then
-donate or change its arrays), and the time it takes to copy them to host
-memory is time the training loop is blocked. A device-to-host copy costs a
-round trip whatever its size: on one H100, copying 6,313 small leaves one by
-one blocked a save 3.8x as long as one `jax.device_get` of them.
-
-So where host copies are real copies (a device that is not a CPU, or
-`start(..., force=True)`), arrays under `SMALL` bytes are grouped by device,
-dtype and shape, stacked on their device (one jitted `jnp.stack` per group
-and batch length: a computation on one device's own data, no collective),
-copied to host once per batch, and split on host into views of that copy.
-A save returns once the stacks are dispatched (`start`): a stack holds the
-arrays' values at that moment, so the copies to host can finish in the
-save's background thread while training goes on.
-Batches hold at most `STACK` arrays and `BATCH` bytes, and at most
-`IN_FLIGHT` bytes of stacks wait on devices at once, so the device memory
-this takes is bounded. Compiling a stack costs time in the number of arrays
-it takes; a group's batches share one length (the last is padded with a
-repeated array), so each group compiles once, and at most `NEW_COMPILES`
-groups are compiled per save (the largest first; the rest are copied one by
-one this time, gathered next time): a model of thousands of distinct shapes
-never compiles thousands of functions in one save. Larger arrays are copied
-one by one, every transfer started before the first is waited for.
-
-A large array's copy to host takes as long as its bytes take to cross (on an
-H100, 0.13 s for 0.5 GiB), and `save` returned only once it was done. So a
-large array is first copied on its own device instead (`jax.device_put` with
-`may_alias=False`: a device-to-device copy, no computation to compile), its
-and `save` returns; the save's background thread starts its transfer to host
-and waits for it. Device copies take at most `DEVICE_SHARE` of
-the memory a device has free (`memory_stats()`; where a backend has no such
-figure, as CPU devices copying with `force`, `IN_FLIGHT` bytes); arrays past
-that are copied to host before `save` returns, as before.
-
-On CPU an array's host copy is numpy's view of its buffer, no copy at all:
-JAX does not reuse a buffer that numpy holds, so a later donation of the
-array copies instead (tested in `tests/test_packing.py`). `force=True` makes
-CPU devices take the accelerators' path, so that its tests run on CPU.
-
-`host_copies` and `start_host_copies` take a save's unsharded leaves (numpy
-or jax) to host this way; `gather` assembles, shard by shard, a host copy of
-an array this process holds whole.
+`save` must hold every byte before it returns, and a device-to-host copy
+costs a round trip whatever its size. So where copies are real, arrays under
+`SMALL` bytes are grouped by device, dtype and shape, stacked on their device
+(no collective), copied once per batch and split on host. Batches are bounded
+(`STACK`, `BATCH`, `IN_FLIGHT`), share one length per group so each compiles
+once, and at most `NEW_COMPILES` groups compile per save.
 """
 
 import collections
@@ -89,14 +53,7 @@ def copies(xs: Sequence[jax.Array]) -> list[np.ndarray]:
 
 
 class Pending:
-    """Host copies being made; `result()` waits for the rest and returns them.
-
-    Stacks dispatched by `start` are the arrays' values at the call already:
-    JAX runs computations in the order they were dispatched, so a later
-    donation or change of an array waits for the stack that reads it. Only
-    the copies of the stacks to host are left, for whichever thread calls
-    `result()` (the save's background writer).
-    """
+    """Host copies being made; `result()` waits for the rest and returns them."""
 
     def __init__(self, out: list, waiting: collections.deque, copied: list):
         self._out = out
@@ -272,20 +229,7 @@ def _split(batch: tuple[int, ...], stacked: jax.Array, out: list) -> int:
 
 
 def host_copies(values: list[Any]) -> list[np.ndarray]:
-    """Host arrays holding the leaves' bytes as they are now, safe from later changes.
-
-    The caller may change numpy arrays, or donate jax arrays, as soon as
-    `save` returns, so this is done before it returns:
-
-    - numpy arrays are copied;
-    - a jax array on CPU is seen by numpy without a copy: the view holds the
-      buffer, and JAX does not reuse a buffer that numpy still holds, so
-      donating the array later copies instead (tested in
-      `tests/test_packing.py`). Orbax relies on the same;
-    - other jax arrays are copied to host memory: small ones gathered on
-      their device first, a copy per batch, large ones one by one, all
-      transfers started first (see `start`).
-    """
+    """Host arrays of the leaves' bytes as they are now, safe from later changes."""
     return start_host_copies(values)()
 
 

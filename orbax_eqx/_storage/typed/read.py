@@ -1,12 +1,4 @@
-"""Typed groups, read: a group's sidecar checked, and its leaves read back.
-
-A group's sidecar is read as any sidecar is (`_format/sidecar_read.py`:
-sealed, every record checked before any array byte is read), then checked to
-be this group's (its token is the group, its leaves the ones the group was
-named for) and this checkpoint's (the seal beside the group's directory holds
-its SHA-256). Leaves are then read as a checkpoint's are (`_storage.read`):
-just the byte ranges wanted, checked.
-"""
+"""Typed groups, read: a group's sidecar checked, and its leaves read back."""
 
 import dataclasses
 import json
@@ -43,11 +35,7 @@ class Group:
 
 
 def find(directory: epath.Path) -> dict[str, Group]:
-    """Every leaf of every group in item directory `directory`: `{name: Group}`.
-
-    Empty if there are no groups (a checkpoint of Orbax's own handlers).
-    Raises `CheckpointDamagedError` for a damaged group, naming file and leaf.
-    """
+    """Every leaf of every group in item directory `directory`: `{name: Group}`."""
     directory = epath.Path(directory)
     try:
         names = [p.name for p in directory.iterdir()]
@@ -154,11 +142,7 @@ Request = _read.Request  # one array to read
 
 
 def read(group: Group, requests: dict[str, Request], *, verify: bool = True):
-    """Reads the requested leaves of one group: `{name: Request}` to arrays.
-
-    Only the bytes of the requested leaves are read: packed leaves' byte
-    ranges, and of sharded ones the ranges each target shard needs.
-    """
+    """Reads the requested leaves of one group: `{name: Request}` to arrays."""
     try:
         return _read.read(group.directory, group.saved, requests, verify=verify)
     except CheckpointDamagedError as e:

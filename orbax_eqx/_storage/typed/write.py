@@ -1,28 +1,4 @@
-"""Typed groups: the jax arrays of one `serialize` call of `PackedArrayHandler`.
-
-Orbax's own handlers (`PyTreeCheckpointHandler`, `StandardCheckpointHandler`)
-hand a `TypeHandler` every leaf of its type in one call; that call's arrays are
-one group, stored in a directory of the item directory named by a hash of
-their leaf names (the same on every process, with no communication):
-
-```
-<item>/orbax_eqx~typed-seal.9f2c41d07a3be865  # SHA-256 of its sidecar (primary)
-<item>/orbax_eqx~typed.9f2c41d07a3be865/
-    orbax_eqx.json                           # the group's sidecar (primary host)
-    orbax_eqx~packed.9f2c41d07a3be865.0.bin  # fully replicated arrays (primary)
-    orbax_eqx~shards.9f2c41d07a3be865.<p>.bin, .json  # every process's shards
-```
-
-Fully replicated arrays (one device, or a copy on every device) are packed by
-the primary host; the others go to shard packs, every process writing the
-distinct shards it holds; zero-size arrays are recorded only. The group's
-sidecar, written last, is a sidecar of the checkpoint format
-(`_format/sidecar.py`) whose token is the group (which names its files), with
-array records only, each `sharding` Orbax's sharding metadata as JSON text,
-and `save`, drawn at random, so that the seal beside the group's directory
-binds it to this save. No computation runs on a device; processes meet only
-at Orbax's own barrier. Reading is `typed.read`.
-"""
+"""Typed groups: the jax arrays of one `serialize` call of `PackedArrayHandler`."""
 
 import dataclasses
 import hashlib
@@ -85,13 +61,7 @@ def take(
     *,
     primary_host: int,
 ) -> Taken:
-    """Host copies of what this process writes for `values`, taken now.
-
-    The caller may donate or change the arrays once this returns. `shardings`
-    are stored as given (JSON); `casts` are dtypes to store instead of the
-    array's own (or None), applied to the host copies. Every process decides
-    the same for every leaf, from the arrays' global shardings alone.
-    """
+    """Host copies of what this process writes for `values`, taken now."""
     primary = jax.process_index() == primary_host
     records: dict[str, dict[str, Any]] = {}
     to_pack, to_shard = [], []
@@ -185,13 +155,7 @@ def _cast(host: np.ndarray, cast: Any) -> np.ndarray:
 
 
 def write(directory: epath.Path, taken: Taken, process: int, primary: bool) -> None:
-    """Writes this process's files of the group into item directory `directory`.
-
-    Every process writes its shard pack (if any leaf has shards); the primary
-    writes the pack and, last, the sidecar, so that it names only bytes that
-    are on disk (the other processes' files are there before Orbax's
-    commit, which waits for every process).
-    """
+    """Writes this process's files of the group into item directory `directory`."""
     where = epath.Path(directory) / GROUP_DIR.format(group=taken.group)
     if taken.local is None and not primary:
         return
