@@ -13,11 +13,17 @@ from .._errors import BridgeError, inline_list
 from .._format.locate import find_item
 from .._format.sidecar import FORMAT_VERSION, package_versions
 from .._format.sidecar_read import read
-from .._mapping.plan import LeafSpec, leaf_specs
+from .._mapping.plan import LeafSpec, data_of, leaf_specs
 from .._restore.read import LeafReader, read_cost, release_memory
+from .._tree.names import label
 from .._tree.values import encode
-from .._tree.walk import ARRAY, SHARED, is_key_dtype, walk
-from .specs import from_record
+from .._tree.walk import ARRAY, SHARED, is_key_dtype, parse_dtype, walk
+
+
+def _spec(record) -> LeafSpec:
+    """The spec of an array leaf a checkpoint's sidecar records."""
+    shape, dtype = data_of(parse_dtype(record.dtype), tuple(record.shape or ()))
+    return LeafSpec(record.name, label(record.name, record.path), shape, dtype)
 
 
 class ExportError(BridgeError):
@@ -33,7 +39,7 @@ class CheckpointSource:
         self._records = {
             name: r for name, r in self.saved.leaves.items() if r.kind == ARRAY
         }
-        self.specs: list[LeafSpec] = [from_record(r) for r in self._records.values()]
+        self.specs: list[LeafSpec] = [_spec(r) for r in self._records.values()]
         self.modules = len(self.saved.modules)
         self.in_metadata = len(self.saved.leaves) - len(self._records)
         self._reader: LeafReader | None = None

@@ -1,13 +1,8 @@
 """`load_safetensors`: safetensors files straight into a skeleton, on any sharding.
 
-The way through: find the files and read every header (`safetensors.index`,
-bounded, checked); check the skeleton against the tensors and plan which
-tensor boxes fill which leaf boxes (`load_check`, `plan.plan_load`), every
-problem at once, before any tensor byte is read; then read, per process,
-only the byte ranges its own devices' boxes need, through the read engine
-(`_storage.engine`: each box of a leaf a unit, each of the plan's pieces a
-box of a tensor at its offset); then put the arrays, and the skeleton's (or
-the files' recorded) non-array leaves, back into the structure.
+Every header is read and the whole load planned and checked before any tensor
+byte is read; then each process reads only the byte ranges its own devices'
+boxes need, through the read engine (`_storage.engine`).
 """
 
 import dataclasses
@@ -16,6 +11,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import jax
 import jax.tree_util as jtu
 import numpy as np
 
@@ -28,7 +24,16 @@ from .._restore.shardings import Shardings, resolve
 from .._storage import engine, put
 from .._storage.transfer import staging as _staging
 from .._tree.values import SCALAR_TYPES, decode_scalar, scalar_type
-from .._tree.walk import ARRAY, JAX, NUMPY_SCALAR, SCALAR, container, walk
+from .._tree.walk import (
+    ARRAY,
+    JAX,
+    NUMPY_SCALAR,
+    SCALAR,
+    container,
+    is_key_dtype,
+    key_impl,
+    walk,
+)
 from . import load_check as _check
 from .memory import _check_kept as keep_dropped
 from .memory import _kept as kept
@@ -39,7 +44,6 @@ from .safetensors import checksums as _sums
 from .safetensors import index as _index
 from .safetensors.dtypes import numpy_dtype
 from .safetensors.header import Header, SafetensorsError, TensorInfo
-from .specs import is_key, wrap_key
 
 DEFAULT_WINDOW = put.DEFAULT_WINDOW
 
@@ -360,8 +364,8 @@ def _tensor_specs(tensors: dict[str, tuple[Header, TensorInfo]]) -> list[TensorS
 
 def _as_leaf(data: Any, leaf) -> Any:
     """What `fill` made, as the skeleton leaf holds it."""
-    if is_key(leaf):
-        return wrap_key(data, leaf.value)
+    if is_key_dtype(leaf.value.dtype):
+        return jax.random.wrap_key_data(data, impl=key_impl(leaf.value.dtype))
     if container(leaf.value) == NUMPY_SCALAR:
         return data[()]
     return data

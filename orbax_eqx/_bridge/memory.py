@@ -1,6 +1,5 @@
 """`to_state_dict` and `from_state_dict`: the bridge in memory, planned first,
-then following the plan's pieces (a load fills each device's box of each
-leaf with `jax.make_array_from_callback`)."""
+then following the plan's pieces."""
 
 from collections.abc import Mapping
 from typing import Any
@@ -71,8 +70,7 @@ def to_state_dict(
 
 
 def _tensors(plan: Plan, host: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Each tensor of `plan`, made from the leaves' values; one box of one leaf
-    as it is (a layer of a stack) is a view of one copy of that leaf."""
+    """Each tensor of `plan`; a layer of a stack is a view of one copy of its leaf."""
     result = {}
     dtypes: dict[str, np.dtype] = {}
     wholes: dict[tuple[int, ...], Box] = {}
@@ -240,7 +238,6 @@ def check_values(
 
 
 def _refuse(head: str, problems: list[str], fix: str, error=BridgeError) -> None:
-    """Raises `error` listing `problems` under `head`, then the fix, if any."""
     if problems:
         raise error(f"{head}:\n{bullet_list(problems)}\n{fix}")
 
@@ -337,9 +334,8 @@ def _check_concrete(walked: Walked) -> None:
                 f"Leaf {leaf.label} is sharded across processes: this process holds "
                 "only part of it."
             )
-    head = "`to_state_dict` needs every array's values on this process"
     _refuse(
-        head,
+        "`to_state_dict` needs every array's values on this process",
         problems,
         "Pass the model itself, not a skeleton; for a model sharded across "
         "hosts, export it with `oeqx.export_safetensors`.",

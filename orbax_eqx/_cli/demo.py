@@ -1,10 +1,5 @@
-"""`demo`: train a small model, checkpoint every step, restore the best one.
-
-A model with `eqx.nn.BatchNorm` (so there is `eqx.nn.State` to save) and an
-optax optimizer, saved asynchronously through Orbax's `CheckpointManager`,
-which keeps the best steps by loss; the best step is then restored into a
-skeleton that holds no values, and checked against what was saved.
-"""
+"""`demo`: train a small model with BatchNorm and optax, checkpoint every step
+through `CheckpointManager`, restore the best one into a skeleton and check it."""
 
 import os
 import re

@@ -1,13 +1,6 @@
-"""`diff`: how two checkpoints (or a checkpoint and a skeleton) differ.
-
-The structure comes from the metadata: leaves added and removed, kinds,
-shapes, dtypes, Python values (against a skeleton, by type only, as restore
-compares them), tied weights; modules' classes and static fields. With
-`--values`, the arrays both hold with one shape are read a batch at a time
-and compared, floats as `numpy.isclose` with B as the reference. A plain
-Orbax checkpoint is compared by its arrays; two steps (or manager roots)
-item by item, paired by name.
-"""
+"""`diff`: how two checkpoints (or a checkpoint and a skeleton) differ, in
+structure from the metadata and, with `--values`, in array values (floats as
+`numpy.isclose` with B as the reference); two steps are compared item by item."""
 
 import dataclasses
 import json

@@ -1,11 +1,5 @@
-"""`inspect`: what a checkpoint holds, from its metadata alone.
-
-A leaf's shape, dtype, size and value and each module's class and static
-fields come from the sidecar (or, for a plain Orbax item, Orbax's metadata);
-the sharding an array was saved with from the sidecar or Orbax's records; a
-CheckpointManager's metrics from the JSON files Orbax writes in each step.
-Safetensors are `safetensors_files`'; `--params` and `--stats` are `stats`'.
-"""
+"""`inspect`: what a checkpoint holds, from its metadata alone (safetensors:
+`safetensors_files`; `--params` and `--stats`: `stats`)."""
 
 import argparse
 import dataclasses

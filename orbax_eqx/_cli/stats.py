@@ -1,12 +1,5 @@
-"""`inspect --params` and `inspect --stats` (or `stats`): the numbers.
-
-`--params` reads metadata only: parameters (elements of stored arrays; a
-typed PRNG key counts once; tied weights once) per subtree, then per dtype.
-`--stats` reads every array in `verify`'s one pass (`_orbax.verify`, checked
-as it is read) and gives per leaf its NaN, Inf and zero counts and, over its
-finite elements in float64, its minimum, maximum, mean, standard deviation
-and L2 norm (of complex numbers: the L2 norm of their moduli only).
-"""
+"""`inspect --params` (metadata only) and `inspect --stats` (every array read
+in `verify`'s one pass): parameter counts, and each leaf's numbers."""
 
 import dataclasses
 import json

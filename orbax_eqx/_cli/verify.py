@@ -1,10 +1,5 @@
-"""`verify`: `oeqx.verify` on each item a path names, and what it found.
-
-A path names what it names for `inspect`: an item, a step (each item) or a
-CheckpointManager root (every finished step, or with `--latest` the latest).
-A step whose metadata cannot be read counts as damaged there, and the other
-steps are still checked.
-"""
+"""`verify`: `oeqx.verify` on each item a path names; a step whose metadata
+cannot be read counts as damaged, and the other steps are still checked."""
 
 import dataclasses
 import json

@@ -1,11 +1,8 @@
 """The planner: a mapping and both sides' shapes, turned into pieces.
 
-`plan_load` (tensors into leaves), `plan_export` (leaves into tensors) and
-`plan_restore` (a checkpoint's leaves into a skeleton's) run the rules from
-the leaves towards the tensors, check everything at once, and return a
-`Plan`: for any box of a leaf or a tensor, the pieces that hold its values.
-Readers and writers follow the pieces and nothing else; planning costs a few
-boxes per tensor, never anything per element.
+Each `plan_*` runs the rules from the leaves towards the tensors, checks
+everything at once, and returns a `Plan`: for any box of a leaf or a tensor,
+the pieces that hold its values. Planning never costs anything per element.
 """
 
 import dataclasses
