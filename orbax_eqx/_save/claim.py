@@ -1,27 +1,13 @@
 """One save per step: two processes saving the same step never mix their files.
 
-Orbax lets two processes save the same step into one directory (two jobs
-pointed at one checkpoint root, or a restarted job whose old self still
-runs): both write into `<step>.orbax-checkpoint-tmp`, and a save that starts
-while the other is under way deletes that directory and makes it anew. Plain
-Orbax can then commit a step holding files of both. Here:
-
-- every save draws a token that names each file it writes (its pack files,
-  its Orbax array store: see `_format.sidecar.pack_file` and `arrays_dir`),
-  so the two never write to one file;
-- the sidecar, which names the token, is claimed: it is linked into place,
-  which fails if the other save's is there (`_format.sidecar.write`);
-- a save remembers the directory it writes in (device and inode; Orbax makes
-  it in the background, so this is taken when the writes start) and the
-  files it writes, and checks that the path still names that directory and
-  every file is still there before it claims the sidecar and again before
-  Orbax commits (then also that every array in Orbax's store still reads),
-  and that nobody committed the step meanwhile. The files are what counts:
-  the other save's Orbax may delete some and fail to delete the directory,
-  and a directory made anew may get the old one's inode number back.
-
-The save that loses raises `ConcurrentSaveError`, and removes the files its
-token names; Orbax then does not commit it. The other commits whole.
+Orbax lets two saves of one step share `<step>.orbax-checkpoint-tmp` (the
+later deletes and remakes it), so plain Orbax may commit a mix. Here every
+save's token names each file it writes; the sidecar, naming the token, is
+claimed (linked into place, failing if another is there); and a save checks,
+before the sidecar and again before Orbax commits, that its directory (device
+and inode) and every file it wrote are still there and nobody committed the
+step. Files are what counts: a remade directory may get the old inode back.
+The loser raises `ConcurrentSaveError` and removes its token's files.
 """
 
 import dataclasses
@@ -60,37 +46,24 @@ class Started:
 
     directory: epath.Path
     token: str
-    # The directory's (st_dev, st_ino) once the writes start; None before, and
-    # for paths that are not local.
+    # (st_dev, st_ino) once the writes start; None before, and when remote.
     identity: tuple[int, int] | None = None
-    # The files this save wrote itself: {path: (st_dev, st_ino, st_size)}, or
-    # {path: None} on object stores.
+    # {path: (st_dev, st_ino, st_size)} of its own files; None on object stores.
     written: dict[str, tuple[int, int, int] | None] = dataclasses.field(
         default_factory=dict
     )
-    # The storage keys of the arrays it gave Orbax to store.
     stored_keys: tuple[str, ...] = ()
 
 
 def new_token() -> str:
-    """16 random hex digits, the same in every process of a multi-host run.
-
-    Every process calls this once per save, in the same order. Process 0
-    draws the token and hands it to the others through the key-value store of
-    JAX's distributed client (the coordinator Orbax's barriers use): no
-    computation on any device, so no collective that could interleave with
-    Orbax's own in its background threads.
-    """
+    """16 random hex digits, process 0's in every process (`from_process`)."""
     return from_process("token", secrets.token_hex(8))
 
 
 def from_process(kind: str, value: str, source: int = 0) -> str:
-    """Process `source`'s `value`, in every process; each process calls this
-    once per save for each `kind`, in the same order.
-
-    Through the key-value store of JAX's distributed client (the coordinator
-    Orbax's barriers use), never a computation on a device: no collective of
-    ours can interleave with Orbax's own, or deadlock on CPU devices.
+    """Process `source`'s `value`, in every process (each calls this once
+    per save for each `kind`, in the same order). Through the distributed
+    client's key-value store: no device collective to interleave with Orbax's.
     """
     if jax.process_count() == 1:
         return value
@@ -107,19 +80,12 @@ _CALLS: dict = {}  # per kind, this process's calls, numbered alike in every pro
 
 
 def begin(started: Started) -> None:
-    """Records the directory as the writes start, once Orbax has made it (in
-    the background by default; one there before may be a killed save's
-    leftover, which Orbax deletes and makes anew)."""
+    """Records the directory as the writes start, once Orbax has made it."""
     started.identity = _identity(started.directory)
 
 
 def before_sidecar(started: Started) -> None:
-    """Raises if the directory is no longer the one this save started in, or
-    a file this save wrote in it is gone.
-
-    Both are looked at: a directory deleted and made anew may get the old
-    one's inode number back.
-    """
+    """Raises if the directory was replaced or a file this save wrote is gone."""
     if started.identity is not None and _identity(started.directory) != (
         started.identity
     ):
@@ -140,11 +106,8 @@ def explain(started: Started | None, error: BaseException) -> None:
     replaced = now == _MISSING or (
         started.identity is not None and now != started.identity
     )
-    # Orbax makes the directory in the background, and this save notes it only
-    # when its writes start: the other save may have replaced it before. Its
-    # files are then the sign; or files of this save gone missing, which in a
-    # save's temporary directory only another save's Orbax deletes (it may
-    # fail to delete the directory itself, which then keeps its inode).
+    # The directory may have been replaced before `begin` noted it: the other
+    # save's files, or this save's gone missing, are then the sign.
     missing = isinstance(error, FileNotFoundError) or any(
         sign in str(error) for sign in _MISSING_SIGNS
     )
@@ -156,13 +119,8 @@ def explain(started: Started | None, error: BaseException) -> None:
 
 
 def wrote(started: Started, path: epath.Path) -> None:
-    """Notes a file this save wrote, for `before_commit` to find it unchanged.
-
-    On an object store, where there are no inodes, that it is still there:
-    Orbax's commit-file mode writes straight into the step's directory, and
-    another save of the same step starting meanwhile deletes that directory's
-    objects as an incomplete checkpoint.
-    """
+    """Notes a file this save wrote, for `before_commit` to find it unchanged
+    (on an object store, with no inodes: still there)."""
     if started.identity is not None:
         st = os.stat(os.fspath(path))
         started.written[os.fspath(path)] = (st.st_dev, st.st_ino, st.st_size)
@@ -176,13 +134,8 @@ def claim_failed(started: Started) -> None:
 
 
 def before_commit(started: Started) -> None:
-    """Raises unless this save's files are still the step's; tidies up others'.
-
-    Called from `finalize`, after Orbax's store is finalized and just before
-    Orbax renames the directory into place. A save of the same step that
-    started meanwhile may have failed to delete the directory, yet deleted
-    some of this save's files: they are all looked for.
-    """
+    """Raises unless this save's files are still the step's, just before
+    Orbax commits it; removes other saves' files."""
     before_sidecar(started)
     final = final_directory(started.directory)
     if final is not None and (final / FILE_NAME).exists():
@@ -279,28 +232,22 @@ def remove(directory: epath.Path, token: str) -> None:
 
 
 def _remove_written_objects(started: Started) -> None:
-    """On an object store, the objects this save wrote, which its token names
-    (an object store is not listed here by prefix); the sidecar apart: see
-    `_remove_own_sidecar`."""
+    """On an object store, the objects this save wrote, but the sidecar."""
     for path in started.written:
         if is_remote(path) and os.path.basename(path) != FILE_NAME:
             _unlink(path)
 
 
 def _remove_own_sidecar(started: Started) -> None:
-    """Removes the sidecar, if this save claimed it: if it names its token.
-
-    Not by inode: the other save's sidecar may have got the inode number of
-    this one's, deleted with the directory.
-    """
+    """Removes the sidecar if it names this save's token (not by inode: the
+    other's may have this one's inode number)."""
     path = started.directory / FILE_NAME
     if os.fspath(path) in started.written and _is_sidecar_of(path, started.token):
         _unlink(path)
 
 
 def _is_sidecar_of(sidecar: str | epath.Path, token: str) -> bool:
-    """Whether `sidecar` is the one of the save `token` (the token is near
-    its start)."""
+    """Whether `sidecar` names the save `token` near its start."""
     if is_remote(sidecar):
         try:
             head = _route.read_bounded(sidecar, MAX_BYTES)[: 1 << 16]

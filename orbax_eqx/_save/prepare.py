@@ -1,22 +1,11 @@
 """Splits an item into the sidecar, the pack, the shard packs and Orbax's store.
 
-A save is in two parts. `prepare` runs before `save` returns: it checks the
-item and takes what must be taken now, the arrays' bytes (the caller may then
-donate or change them). `Prepared.finish` runs in the save's background
-thread: it names the leaves and builds the sidecar.
-
-Naming thousands of leaves, reading every module's static fields and building
-the sidecar cost far more than the copies themselves (measured: 0.35 s of the
-0.45 s a save of a 6,313-leaf model blocked). None of it is needed to take the
-bytes, where arrays are packed: what is packed and what goes to shard packs
-depends on each array alone, and the names only label records written later.
-So the first save of a tree structure walks it and checks it before
-returning, as a save always did; a later save of an equal structure
-(`jax.tree_util` treedefs: the same classes, static fields, dict keys and
-None places) takes the bytes and checks only the leaves' values, and
-`finish` walks a snapshot of the item in the background. That walk is the one
-the sidecar is built from, and is checked again: its leaves must be the very
-objects taken (see `Prepared.finish`).
+`prepare` runs before `save` returns: it checks the item and takes the
+arrays' bytes (the caller may then donate or change them). `Prepared.finish`
+runs in the background: it names the leaves and builds the sidecar, the
+costly part, which packing does not need. A later save of an equal tree
+structure (treedef) checks only the leaves' values before returning; `finish`
+then walks a snapshot of the item and checks it again.
 """
 
 import collections
@@ -41,9 +30,7 @@ from .._tree.values import is_text
 from .._tree.walk import JAX, Walked, container, is_array_leaf, walk
 from . import checks
 
-# Tree structures whose save was checked before returning; a save of an equal
-# one need not be (see the module's docstring). Few: a training job saves one
-# or two structures, over and over.
+# Tree structures whose save was checked before returning (a job saves few).
 _CHECKED: collections.OrderedDict = collections.OrderedDict()
 _CHECKED_MAX = 16
 _CHECKED_LOCK = threading.Lock()
@@ -56,38 +43,29 @@ def flatten(item: Any) -> tuple[list[Any], Any]:
 
 @dataclasses.dataclass
 class Prepared:
-    """What one save writes. `finish()`, in the background, fills `content`,
-    `pieces`, `pack_nbytes` and `packed_names`; the writer then lets go of
-    `pieces` once they are written (`drop_pieces`)."""
+    """What one save writes; `finish()`, in the background, fills the rest."""
 
     stored: dict[str, Any]  # {storage key: array}, for Orbax
-    # {leaf name: host copy}, for arrays Orbax stores whose every byte this
-    # process holds: summed (`sum32`) in the background.
+    # {leaf name: host copy} of Orbax-stored arrays held whole, to sum.
     sums: dict[str, Any]
     shard_files: int  # processes writing shard packs (0: none)
-    # This process's chunks of sharded arrays, for its shard pack (or None).
     local: _shards.Local | None
     _finish: Callable[[], tuple] | None
     content: dict[str, Any] | None = None  # the sidecar's JSON, sans checksums
     pieces: list[tuple[int, np.ndarray]] = dataclasses.field(default_factory=list)
     pack_nbytes: int = 0
     packed_names: list[str] = dataclasses.field(default_factory=list)
-    # The packed leaves as the caller gave them, in the pieces' order (for
-    # `dedup`: a jax array seen before needs no new checksum).
+    # The packed leaves as given, in the pieces' order (for `dedup`).
     packed_leaves: list[Any] = dataclasses.field(default_factory=list)
-    # Whether this process writes the pack (it took the host copies), and
-    # its packed pieces, `(offset, host copy)` in file order, once the copies
-    # are done (waits for them; None once taken, see `take_pieces`).
+    # `pieces_of`: `(offset, host copy)` in file order, once copied.
     writes_pack: bool = False
     pieces_of: Callable[[], list[tuple[int, np.ndarray]]] | None = None
     _taken: list[tuple[int, np.ndarray]] | None = None
-    # The pooled buffers of numpy leaves' copies (see `transfer/pool.py`).
     lease: Lease | None = None
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def finish(self) -> None:
-        """Names the leaves and builds the sidecar's content; waits for the
-        host copies. Once; in the save's background thread."""
+        """Names the leaves and builds the sidecar's content, once."""
         if self._finish is not None:
             found = self._finish()
             self.content, self.pack_nbytes, self.packed_names = found[:3]
@@ -96,23 +74,20 @@ class Prepared:
             self._finish = None
 
     def take_pieces(self) -> list[tuple[int, np.ndarray]]:
-        """The packed pieces (`pieces_of`), taken once, from any thread: known
-        before the leaves are named, so that the pack can be written while
-        `finish` names them (`files.PackWrite`)."""
+        """The packed pieces, taken once, from any thread (the pack is written
+        while `finish` names the leaves)."""
         with self._lock:
             if self._taken is None and self.pieces_of is not None:
                 self._taken, self.pieces_of = self.pieces_of(), None
             return self._taken or []
 
     def give_back(self) -> None:
-        """Gives the pooled buffers of the copies back, for the next save:
-        only once the pack's write that reads them is over."""
+        """Gives the pooled buffers back, once the pack is written."""
         if self.lease is not None:
             self.lease.give_back()
 
     def drop_pieces(self) -> None:
-        """Lets go of the host copies, once written: a view of a CPU array's
-        buffer keeps donating that array from reusing it."""
+        """Lets go of the host copies (a view keeps a donated buffer alive)."""
         with self._lock:
             self._taken, self.pieces_of, self.pieces = None, None, []
 
@@ -131,22 +106,13 @@ def prepare(
 ) -> Prepared:
     """Decides where every leaf of `item` goes and takes packed arrays' bytes.
 
-    `token` names the files of this save (see `claim`). Checks the whole
-    item first and raises one error listing every leaf that cannot be saved,
-    before anything is written. With `pack`, unsharded arrays are packed (see
-    `_packing`); `copy_packed=False` (hosts other than the primary, which do
-    not write the pack) skips their host copies. Sharded arrays go to the
-    shard packs: every process takes its distinct shards here (see
-    `_storage/sharded/write.py`). Nothing here computes over a sharded array.
-    With `checksums`, Orbax-stored arrays that this process holds whole are
-    copied to host, to be summed in the background. `flat` is
-    `flatten(item)`, if the caller has it. `waited`, for a save that returns
-    only once its writes are done (the caller can neither change an array
-    meanwhile nor run anything): numpy arrays are packed without copying them
-    first. Otherwise numpy arrays are copied into buffers of `lease`, if
-    given; the caller gives them back once the pack is written
-    (`Prepared.give_back`). `saved_as`: the step directory and item, recorded
-    in the sidecar (see `sidecar.build`).
+    Raises one error listing every leaf that cannot be saved, before anything
+    is written. `token` names this save's files (`claim`). With `pack`,
+    unsharded arrays are packed and sharded ones go to shard packs; else all
+    go to Orbax. `copy_packed=False` (processes that do not write the pack)
+    skips host copies. `flat`: `flatten(item)`, if known. `waited` (the save
+    returns only once written): numpy arrays are packed uncopied; else copied
+    into `lease`'s buffers. `saved_as`: recorded in the sidecar.
     """
     leaves, treedef, walked = _checked_leaves(item, flat, pack)
     aliases = _aliases(leaves)
@@ -207,9 +173,7 @@ def prepare(
 
 
 def _place(leaves: list[Any], arrays: Iterable[int], pack, walked, checksums: bool):
-    """`(to_pack, to_shard, stored, sums)`: with `pack`, the arrays (by place)
-    packed and those in shard packs; else every array through Orbax, by name
-    (see `_to_store`; the walk is done)."""
+    """`(to_pack, to_shard, stored, sums)` of the arrays (by place)."""
     to_pack: list[int] = []
     to_shard: list[int] = []
     if pack:
@@ -222,10 +186,8 @@ def _place(leaves: list[Any], arrays: Iterable[int], pack, walked, checksums: bo
 
 
 def _checked_leaves(item: Any, flat, pack: bool) -> tuple[list[Any], Any, Any]:
-    """`(leaves, treedef, walked)` of an item checked savable: walked (names,
-    modules) now where a packed save has not seen its structure before or
-    Orbax stores the arrays by name, else later, in the background (`walked`
-    None)."""
+    """`(leaves, treedef, walked)` of an item checked savable; `walked` None
+    where the walk is left to the background (a packed, known structure)."""
     leaves, treedef = flat if flat is not None else flatten(item)
     walked = None
     if not (pack and _checked(treedef)):
@@ -242,32 +204,27 @@ def _checked_leaves(item: Any, flat, pack: bool) -> tuple[list[Any], Any, Any]:
 def _to_store(
     walked: Walked, leaves: list[Any], arrays: Iterable[int], checksums: bool
 ):
-    """`(stored, sums)`: the arrays that Orbax stores, by storage key, and those
-    to sum on host, by leaf name (with `checksums`, those held whole here)."""
+    """`(stored, sums)`: Orbax's arrays by storage key, and host copies to
+    sum by leaf name."""
     stored, sums = {}, {}
     for i in arrays:
         name = walked.leaves[i].name
         x = _plain_bools(_host_safe(leaves[i]))
         stored[storage_key(name)] = x
         if checksums and _held_whole(x):
-            # Now: the caller may donate or change the array once `save`
-            # returns. (Orbax copies it too; the pack path needs neither.)
+            # Now: the caller may donate or change it once `save` returns.
             sums[name] = gather(x) if container(x) == JAX else x
     return stored, sums
 
 
 def _walk_snapshot(leaves: list[Any], treedef: Any) -> Walked:
-    """The walk of the item as it was at `save`: its leaves, in its structure
-    (the caller may have changed its dicts and lists since). Checked as the
-    item of a first save is: a tree that compares equal to one checked before
-    but names or records differently (`{1: x}` after `{True: x}`) still gets
-    its own names, and a failed check fails the save (and forgets the
-    structure)."""
+    """The walk of the item as it was at `save`, checked as a first save's
+    (an equal treedef may name differently: `{1: x}` after `{True: x}`); a
+    failed check forgets the structure."""
     walked = walk(jtu.tree_unflatten(treedef, leaves))
     try:
         _same_leaves(walked, leaves)
-        # The bytes were taken before `save` returned (and deleted arrays
-        # refused then): the caller may have donated the arrays since.
+        # The bytes were taken already: the arrays may be donated since.
         _check(walked, taken=True)
     except Exception:
         _forget(treedef)
@@ -276,10 +233,8 @@ def _walk_snapshot(leaves: list[Any], treedef: Any) -> Walked:
 
 
 def _same_leaves(walked: Walked, leaves: list[Any]) -> None:
-    # The walk flattens the snapshot as `flatten` flattened the item, so this
-    # never fails; if it did, the pack would hold bytes under wrong names.
-    # (By type, not identity: a custom PyTree node may make new leaf objects
-    # each time it is flattened.)
+    # Never fails; if it did, the pack would hold bytes under wrong names.
+    # (By type: a custom node may make new leaf objects on each flatten.)
     if len(walked.leaves) != len(leaves) or any(
         type(a.value) is not type(b) for a, b in zip(walked.leaves, leaves, strict=True)
     ):
@@ -297,8 +252,7 @@ def _check(walked: Walked, pack: bool = True, taken: bool = False) -> None:
 
 
 def _bad_values(leaves: list[Any]) -> bool:
-    """Whether a leaf's value (not its place: that was checked) would be
-    refused: a skeleton's ShapeDtypeStruct, text that is not valid Unicode."""
+    """Whether a leaf's value (not its place) would be refused."""
     for x in leaves:
         kind = type(x)
         if kind is jax.ShapeDtypeStruct or (kind is str and not is_text(x)):
@@ -344,8 +298,7 @@ def _held_whole(x: Any) -> bool:
 
 
 def check_has_data(item: Any, leaves: list[Any] | None = None) -> None:
-    """Refuses skeletons, and arrays that would not restore as they are
-    (`checks.check_arrays`), early and cheaply, before Orbax starts a save."""
+    """Refuses skeletons and unrestorable arrays, before Orbax starts a save."""
     if leaves is None:
         leaves = jax.tree_util.tree_leaves(item)
     if any(type(x) is jax.ShapeDtypeStruct for x in leaves):
@@ -378,8 +331,7 @@ def _check_savable(walked: Walked) -> None:
 
 
 def _aliases(leaves: list[Any]) -> dict[int, int]:
-    """Leaves holding the very same array object as an earlier leaf (tied
-    weights), by place: `{leaf: its first twin}`."""
+    """Tied weights, by place: `{leaf: its first twin}`."""
     first: dict[int, int] = {}
     aliases = {}
     for i, x in enumerate(leaves):
@@ -400,13 +352,9 @@ def _is_none(x: Any) -> bool:
 
 
 def _plain_bools(x: Any) -> Any:
-    """A bool array whose bytes are all 0 or 1: numpy and JAX hold any byte
-    (a view of uint8 data), each meaning True to numpy, but a restore refuses
-    any other byte (XLA reads some as False), as TensorStore does ("Invalid
-    bool value"). Such an array is stored as the 0/1 array of its values (a
-    host copy; the sidecar still records the leaf as the jax or numpy array
-    it was). A jax array that other processes hold part of is stored as it
-    is: nothing here computes over it."""
+    """A bool array with bytes 0 or 1 only (a restore refuses others): one
+    viewed from other bytes is stored as the 0/1 host copy of its values.
+    Arrays not held whole here are kept as they are."""
     if x.dtype != np.bool_ or not _held_whole(x):
         return x
     host = gather(x) if container(x) == JAX else x
@@ -416,9 +364,7 @@ def _plain_bools(x: Any) -> Any:
 
 
 def _host_safe(x: Any) -> Any:
-    # Orbax copies jax arrays off the device before `save` returns, but reads
-    # numpy arrays later, from the background: copy them now, so that the
-    # caller may change them in place as soon as `save` returns.
+    # Orbax reads numpy arrays later, in the background: copied now.
     if isinstance(x, (np.ndarray, np.generic)):
         return np.array(x, copy=True)
     return x

@@ -1,33 +1,14 @@
 """Replacing a standalone checkpoint whole: never a moment without one.
 
-`oeqx.save(path, item, overwrite=True)` writes the new checkpoint beside the
-old one (a `NEW` directory, committed there by Orbax), then swaps it
-in:
-
-- where the kernel can exchange two names at once (Linux's `renameat2` with
-  `RENAME_EXCHANGE`: ext4, xfs, btrfs, tmpfs...), one call exchanges the new
-  and the old: `path` names the old checkpoint, then the new one, never
-  nothing. The old one, now under the new one's name, is renamed to its
-  `OLD` name and deleted.
-- elsewhere: `path` -> `OLD`, `NEW` -> `path`, then `OLD` is deleted. Between
-  the two renames `path` is missing. A restore that finds it missing with an
-  `OLD` beside it waits for the swap to end (`SWAP_WAIT_S`), and
-  after a crash renames the `OLD` back (`recover`).
-
-Killed at any instant, a save leaves `path` holding the old checkpoint or the
-new one, whole (the new one only once Orbax committed it beside); the next
-save to `path` deletes what the dead save left beside it (`tidy`).
-
-It only ever replaces a checkpoint: a file, a link, a directory of other
-files, or one that holds a checkpoint among other entries at `path` is refused
-before anything is written (`check_target`).
-
-The directories beside the target are named after it and their owner:
-`.model.oeqx-new-<token>-<pid>-<host>` (the new checkpoint; Orbax writes it
-under that name plus `.orbax-checkpoint-tmp`) and `.model.oeqx-old-<...>`
-(the replaced one, being deleted). A later save deletes those of owners that
-are dead: on this host, with no process of that pid, or saves of this very
-process that ended; never a live save's, nor one from another host.
+`save(path, item, overwrite=True)` writes the new checkpoint beside the old
+one (`NEW`, committed there by Orbax), then swaps it in: with Linux's
+`renameat2(RENAME_EXCHANGE)` in one call; elsewhere `path` -> `OLD`, `NEW` ->
+`path`, and a restore that finds `path` missing beside an `OLD` waits
+(`SWAP_WAIT_S`) or renames it back (`recover`). Killed at any instant, `path`
+holds the old checkpoint or the new one, whole; the next save deletes what a
+dead save left beside it (`tidy`): only of owners on this host that are dead
+or this process's saves that ended. Only checkpoints are ever replaced
+(`check_target`).
 """
 
 import contextlib
@@ -59,9 +40,8 @@ class CheckpointExistsError(OrbaxEqxError, FileExistsError):
 
 
 class NotACheckpointError(CheckpointExistsError):
-    """`save` was asked to write where something that is not an orbax_eqx
-    checkpoint already is (a file, a link, a directory of other files), which
-    no save replaces, with `overwrite=True` or without."""
+    """`save` was asked to write where something other than an orbax_eqx
+    checkpoint is (a file, a link, a directory of other files)."""
 
 
 def check_target(path: epath.Path, overwrite: bool) -> None:
@@ -91,10 +71,7 @@ def check_target(path: epath.Path, overwrite: bool) -> None:
         )
 
 
-# What Orbax writes at the top of a checkpoint, beside its item directories
-# (orbax-checkpoint 0.12: a step's metadata and commit marker, in a step of a
-# CheckpointManager and in a standalone save alike; `_METADATA`, a Composite
-# checkpoint's metadata in other versions).
+# What Orbax writes at the top of a checkpoint, beside its item directories.
 _ORBAX_TOP_FILES = frozenset(
     {"_CHECKPOINT_METADATA", "_METADATA", "commit_success.txt"}
 )
@@ -106,8 +83,7 @@ _MOVE_OUT = (
     "Overwriting deletes the whole directory: move those entries out of it "
     "first, or choose another directory."
 )
-# What each kind of thing that is no checkpoint is called, and the fix:
-# `_what_else` finds the kind and the details that fill these in.
+# Each kind of non-checkpoint (found by `_what_else`): its words and the fix.
 _WORDS = {
     "link": ("a symbolic link (to {target})", _ELSEWHERE),
     "file": ("a file", _ELSEWHERE),
@@ -142,9 +118,7 @@ _WORDS = {
 
 
 def _not_a_checkpoint(path: epath.Path) -> tuple[str, str] | None:
-    """`(what is at path, the fix)` if it is no checkpoint (or empty
-    directory), else None (also if nothing is there: another save may be
-    swapping it)."""
+    """`(what is at path, the fix)` if it is no checkpoint, else None."""
     try:
         found = _what_else(path)
     except FileNotFoundError:
@@ -156,18 +130,12 @@ def _not_a_checkpoint(path: epath.Path) -> tuple[str, str] | None:
     return what.format(**details), fix.format(**details)
 
 
-# A kind of thing that is no checkpoint (a key of `_WORDS`) and its details.
 _Found = tuple[str, dict[str, object]] | None
 
 
 def _what_else(path: epath.Path) -> _Found:
-    """What is at `path`, unless it is a checkpoint, an empty directory or
-    nothing.
-
-    A checkpoint is an item directory, or a directory of item directories and
-    Orbax's own files (a step, a Composite checkpoint): deleting it deletes
-    nothing else. A directory that merely holds a checkpoint among other
-    entries is no checkpoint."""
+    """The kind (a key of `_WORDS`) and details of what is at `path`, unless
+    it is a checkpoint (deleting it deletes nothing else), empty or missing."""
     if not _lexists(path):
         return None
     local = not is_remote(path)
@@ -183,7 +151,6 @@ def _what_else(path: epath.Path) -> _Found:
 
 
 def _what_holds(path: epath.Path, entries: list[epath.Path]) -> _Found:
-    """`_what_else` of a directory of `entries`, that is no item directory."""
     items = sorted(p for p in entries if p.is_dir() and is_item(p))
     if items:
         return _what_items(items, entries)
@@ -195,7 +162,6 @@ def _what_holds(path: epath.Path, entries: list[epath.Path]) -> _Found:
 
 
 def _what_items(items: list[epath.Path], entries: list[epath.Path]) -> _Found:
-    """`_what_else` of a directory of `entries`, item directories `items`."""
     others = sorted(
         p.name
         for p in entries
@@ -213,10 +179,7 @@ def _what_items(items: list[epath.Path], entries: list[epath.Path]) -> _Found:
 
 
 def _what_step(items: list[epath.Path]) -> _Found:
-    """`_what_else` of a directory of item directories and Orbax's files only."""
-    # A step (or Composite) of items saved together, not a folder of
-    # checkpoints each saved on its own (`folder/exp1`, `folder/exp2`): Orbax
-    # puts a standalone save's metadata in the item directory.
+    # Orbax puts a standalone save's metadata in its item directory.
     alone = [p.name for p in items if (p / _STEP_METADATA).exists()]
     if alone:
         return "separate items", {
@@ -229,8 +192,7 @@ def _what_step(items: list[epath.Path]) -> _Found:
 
 
 _STEP_METADATA = "_CHECKPOINT_METADATA"
-# What Orbax writes in an item directory: its own metadata (and the files of
-# a plain Orbax checkpoint's array store).
+# What Orbax writes in an item directory.
 _ORBAX_ITEM_FILES = frozenset(
     {
         *_ORBAX_TOP_FILES,
@@ -246,9 +208,7 @@ _OCDBT_PROCESS = re.compile(r"ocdbt\.process_[0-9]+")
 
 def foreign(item: epath.Path) -> list[str]:
     """Entries of item directory `item` that neither orbax_eqx nor Orbax wrote
-    (an exported `model.safetensors`, a user's notes): overwriting would
-    delete them. orbax_eqx names everything it writes `orbax_eqx.json`
-    (and its temporary `orbax_eqx.json.tmp-*`) or `orbax_eqx~*`."""
+    (overwriting would delete them)."""
     return sorted(
         p.name
         for p in item.iterdir()
@@ -262,21 +222,9 @@ def foreign(item: epath.Path) -> list[str]:
 
 
 def publish(new: epath.Path, path: epath.Path, owner: "Owner", overwrite: bool) -> None:
-    """Puts the committed checkpoint `new` at `path` (see the module docstring).
-
-    **Arguments:**
-
-    - `new`: the new checkpoint, committed beside `path`.
-    - `path`: where it goes.
-    - `owner`: the save's owner, which names the replaced one while it is
-        deleted.
-    - `overwrite`: whether a checkpoint at `path` is replaced; else one put
-        there meanwhile is kept.
-
-    Raises `ConcurrentSaveError` if another save put its checkpoint at `path`
-    meanwhile where that shows; `new` is then left for the caller to remove,
-    and `path` holds the other save's checkpoint, whole.
-    """
+    """Puts the committed checkpoint `new` at `path`, replacing one there
+    if `overwrite`. Raises `ConcurrentSaveError` if another save put its
+    checkpoint there meanwhile; `new` is then the caller's to remove."""
     if not overwrite or not _lexists(path):
         _rename_into_place(new, path)
         return
@@ -338,15 +286,13 @@ def _lost(path: epath.Path, what: str) -> ConcurrentSaveError:
     )
 
 
-# After an error, Orbax stops waiting for the array writes it had started, but
-# TensorStore goes on with them and makes their directories again: a failed
-# save's directory is deleted until it stays gone this long (at most 50 times).
+# TensorStore may go on writing a failed save's arrays: its directory is
+# deleted until it stays gone this long (at most 50 times).
 _QUIET_S = 0.2
 
 
 def discard(new: epath.Path) -> None:
-    """Removes the new checkpoint of a save that failed, and Orbax's temporary
-    directory of it."""
+    """Removes a failed save's new checkpoint and Orbax's temporary one."""
     if is_remote(new):
         return
     paths = [new.parent / (new.name + ORBAX_TMP), new]
@@ -391,13 +337,7 @@ def _renameat2():
         function = libc.renameat2  # glibc 2.28 and later
     except (OSError, AttributeError):
         return None
-    function.argtypes = [
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_int,
-        ctypes.c_char_p,
-        ctypes.c_uint,
-    ]
+    function.argtypes = [ctypes.c_int, ctypes.c_char_p] * 2 + [ctypes.c_uint]
     function.restype = ctypes.c_int
     return function
 
@@ -418,10 +358,8 @@ def _sync_directory(directory: epath.Path) -> None:
 
 NEW, OLD = "new", "old"
 ORBAX_TMP = ".orbax-checkpoint-tmp"  # what Orbax adds to a directory it writes
-# How long a reader waits for a live save to finish a swap (two renames).
 SWAP_WAIT_S = 2.0
-# A name longer than this is shortened (with a hash) in the names beside it,
-# so that they stay within the 255 bytes a file name may have.
+# Longer names are hashed in the names beside them (255-byte file names).
 _LONGEST_STEM = 120
 _FIELDS = re.compile(
     r"(?P<kind>new|old)-(?P<token>[0-9a-f]{8})-(?P<pid>[0-9]{1,10})-"
@@ -469,8 +407,7 @@ _SAVING: set[str] = set()
 
 @contextlib.contextmanager
 def saving(owner: Owner) -> Iterator[None]:
-    """Marks `owner`'s save as under way in this process: what it leaves
-    beside its target is deleted by later saves only once the block ends."""
+    """Marks `owner`'s save as under way in this process."""
     _SAVING.add(owner.token)
     try:
         yield
@@ -479,9 +416,7 @@ def saving(owner: Owner) -> Iterator[None]:
 
 
 def new_owner() -> Owner:
-    """This save's owner: process 0's, the same in every process of a
-    multi-host run (every process calls this once per save, in the same order;
-    shared through the coordinator's key-value store, see `claim.from_process`)."""
+    """This save's owner: process 0's in every process (`claim.from_process`)."""
     owner = Owner(secrets.token_hex(4), os.getpid(), HOST)
     if jax.process_count() == 1:
         return owner
@@ -507,8 +442,7 @@ def _prefix(target: epath.Path) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Leftover:
-    """A directory beside a target: its path, kind (`NEW`, also for Orbax's
-    temporary directory of one, or `OLD`) and owner."""
+    """A directory beside a target, of kind `NEW` or `OLD`."""
 
     path: epath.Path
     kind: str
@@ -533,14 +467,9 @@ def leftovers(target: epath.Path) -> list[Leftover]:
 
 
 def recover(target: epath.Path) -> epath.Path:
-    """Puts back the checkpoint an interrupted swap left beside `target`.
-
-    Only if `target` is missing and a replaced checkpoint (`OLD`) is beside
-    it: it is renamed back, after a live owner's moment to finish its swap.
-
-    **Returns:** where the checkpoint now is: `target`, or the `OLD` directory
-    if it could not be renamed back (a read-only file system).
-    """
+    """Renames back the `OLD` an interrupted swap left beside a missing
+    `target` (after a live owner's moment to finish); returns where the
+    checkpoint now is (the `OLD` one on a read-only file system)."""
     if is_remote(target) or os.path.lexists(os.fspath(target)):
         return target
     olds = [x for x in leftovers(target) if x.kind == OLD]
@@ -563,8 +492,7 @@ def recover(target: epath.Path) -> epath.Path:
 
 
 def tidy(target: epath.Path) -> None:
-    """Recovers `target` (see `recover`), then deletes the directories beside
-    it whose owners are dead."""
+    """`recover`s `target`, then deletes what dead owners left beside it."""
     if is_remote(target):
         return
     recover(target)
