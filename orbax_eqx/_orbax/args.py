@@ -1,9 +1,5 @@
-"""`EqxSave` and `EqxRestore`: the arguments of `EqxHandler`, checked when made.
-
-Registered with the handler right below it (`handler.py`), as Orbax's own
-args are; they live here, apart, because the handler's file would be too long
-with them (each of their checks runs before Orbax makes any directory).
-"""
+"""`EqxSave` and `EqxRestore`: the arguments of `EqxHandler`, checked when
+made (before Orbax makes any directory); registered in `handler.py`."""
 
 import dataclasses
 from collections.abc import Sequence
@@ -18,10 +14,8 @@ from .._save.checks import check_global
 from .._save.prepare import check_has_data, flatten
 from .._storage.transfer import staging as _staging
 
-# Orbax ships no `py.typed`, so to type checkers `ocp.args.CheckpointArgs` is
-# `Any`, and a dataclass deriving from `Any` takes any keyword: a misspelt
-# option would pass. So type checkers see the args classes derive from
-# `object`, and check their dataclass `__init__` as written.
+# Orbax has no `py.typed`: deriving from its `Any` would let type checkers
+# accept any keyword, so they see `object` instead.
 if TYPE_CHECKING:
     _CheckpointArgs = object
 else:
@@ -34,13 +28,12 @@ class EqxSave(_CheckpointArgs):
 
     **Arguments:**
 
-    - `item`: any PyTree: an `eqx.Module`, `(model, state)`,
-        `{"model": m, "opt_state": s, "step": 3}`, an optax state... In a
-        multi-host run every jax array in it must be global (span the
-        processes' devices); a host-local one is an error, raised here.
-    - `dedup`: store the packed arrays whose bytes the newest step holds
-        as references to them, as `EqxHandler(dedup=True)` does for every
-        save (under a manager, and through Orbax's v1 `Checkpointer`).
+    - `item`: any PyTree (an `eqx.Module`, `(model, state)`, a dict with an
+        optax state...). In a multi-host run every jax array must be global;
+        a host-local one is an error, raised here.
+    - `dedup`: store packed arrays whose bytes the newest step holds as
+        references to them, as `EqxHandler(dedup=True)` does for every save
+        (under a manager, or Orbax's v1 `Checkpointer`).
     """
 
     item: Any
@@ -60,8 +53,7 @@ class EqxSave(_CheckpointArgs):
         check_global(self.item, self._flat)
 
     def take_flat(self) -> Any:
-        """The flatten made here, once (a second save with these args, after
-        the item's dicts or lists changed, flattens anew)."""
+        """The flatten made here, once (a second save flattens anew)."""
         flat, self._flat = self._flat, None
         return flat
 
@@ -73,88 +65,67 @@ class EqxRestore(_CheckpointArgs):
     **Arguments:**
 
     - `skeleton`: a PyTree of the saved structure, usually
-        `eqx.filter_eval_shape(make_model, key)`. It supplies classes, static
+        `eqx.filter_eval_shape(make_model, key)`: it supplies classes, static
         fields, callables and `eqx.nn.Shared` wiring; the checkpoint supplies
         arrays and Python-scalar leaves. Leaves may be `jax.ShapeDtypeStruct`s
-        or concrete arrays. `None` restores a flat `{leaf name: value}` dict,
-        or with `allow=` rebuilds the saved tree.
-    - `allow`: without a skeleton, rebuild the saved tree (its modules,
-        containers, static fields, callables) from the checkpoint, importing
-        only these modules (a name allows that module and its submodules),
-        whatever the checkpoint names: `allow=["equinox", "jax", "my_models"]`.
-        Anything the checkpoint names outside them, or that cannot be rebuilt
-        (a lambda, a local class), is one `RebuildError` listing every such
-        leaf.
-    - `shardings`: where restored jax arrays go: one `jax.sharding.Sharding`
-        for all, a PyTree shaped like the skeleton with a Sharding (or None) at
-        each leaf, or a function `(leaf name, skeleton leaf) -> Sharding`.
-        Default: the skeleton leaf's `.sharding`, else the first local device.
+        or arrays. `None` restores a flat `{leaf name: value}` dict, or with
+        `allow=` rebuilds the saved tree.
+    - `allow`: without a skeleton, rebuild the saved tree importing only these
+        modules and their submodules: `allow=["equinox", "jax", "my_models"]`.
+        Anything named outside them, or not rebuildable (a lambda, a local
+        class), is one `RebuildError` listing every such leaf.
+    - `shardings`: where restored jax arrays go: one `jax.sharding.Sharding`,
+        a PyTree like the skeleton with a Sharding (or None) per leaf, or a
+        function `(leaf name, skeleton leaf) -> Sharding`. Default: the
+        skeleton leaf's `.sharding`, else the first local device.
     - `cast`: if True, arrays whose dtype differs from the skeleton's are cast
-        to the skeleton's dtype (to load float32 weights into a bfloat16 model).
-        If False (the default), a dtype difference is an error.
-    - `strict`: if True (the default), checkpoint leaves that the skeleton
-        lacks are an error; if False they are left unread, so a skeleton of
-        part of the checkpoint (`{"model": skeleton}` of a checkpoint of
-        `{"model": m, "opt_state": s, "step": 3}`) restores that part and reads
-        only its arrays.
-    - `prefix`: restore one part of the checkpoint into a skeleton of that
-        part: a leaf name (`"model.encoder"`, as `python -m orbax_eqx inspect`
-        shows names) put before every skeleton leaf name, so the skeleton leaf
-        `layers.0.weight` is restored from `model.encoder.layers.0.weight`.
-        Leaves outside the prefix are never read, and are no error even with
-        `strict=True`, which then applies to the leaves under the prefix.
-    - `renames`: restore a checkpoint saved under other names, or in another
-        layout: an `oeqx.StateDictMapping` from the skeleton's leaf names
-        (after `prefix`) to the checkpoint's, the same mapping a load of
-        safetensors takes (`rename`, `rename_regex` with RE2 patterns,
-        `stack`, `transpose`, `reshape`, `split`, `fuse`, `cast`, `ignore`);
-        or the shorthand of a migration, a dict `{old name: new name}` of
-        exact names (checkpoint name to skeleton name; `None` leaves a
-        checkpoint leaf unread, no error with `strict=True`). A mapping that
-        changes arrays (a checkpoint's fused `attn.qkv` split into the
-        skeleton's `q`, `k`, `v`) is planned against the sidecar's shapes
-        and checked before any read, as a load is.
+        to it (float32 weights into a bfloat16 model); if False (the
+        default), a dtype difference is an error.
+    - `strict`: if True (the default), checkpoint leaves the skeleton lacks are
+        an error; if False they are left unread, so a skeleton of part of the
+        checkpoint restores that part and reads only its arrays.
+    - `prefix`: a leaf name (`"model.encoder"`, as `python -m orbax_eqx
+        inspect` shows) put before every skeleton leaf name, to restore one
+        part into a skeleton of that part. Leaves outside it are never read
+        and no error even with `strict=True`.
+    - `renames`: restore a checkpoint saved under other names or layout: an
+        `oeqx.StateDictMapping` from the skeleton's leaf names (after
+        `prefix`) to the checkpoint's (`rename`, `rename_regex` with RE2
+        patterns, `stack`, `transpose`, `reshape`, `split`, `fuse`, `cast`,
+        `ignore`), or a dict `{old name: new name}` of exact names (`None`
+        leaves a checkpoint leaf unread). A mapping that changes arrays is
+        planned against the sidecar's shapes and checked before any read.
     - `renames_must_match`: if True (the default), a rule or entry of
         `renames` that matches no name, one shadowed by longer entries, and a
-        rename whose every new name the checkpoint lacks are errors, since
-        they are almost always typos. False allows them.
-    - `missing`: `"error"` (the default) or `"keep"`. With `"keep"`, a skeleton
-        leaf that the checkpoint lacks keeps the skeleton's own value: build
-        the skeleton with a freshly initialised new head, and every other leaf
-        comes from the checkpoint (fine-tuning). A `jax.ShapeDtypeStruct`
-        has no value to keep, so it is still an error. Kept jax arrays go
-        where `shardings` says.
-    - `report`: if True, return `(tree, report)`, where `report` is a
-        a report naming the leaves kept from the skeleton, the
-        checkpoint leaves left unread, and the renames done. If False (the
-        default), a restore that kept leaves warns (an `oeqx.OrbaxEqxWarning`)
-        and lists them: kept leaves are asked for, but a mistyped rename would
-        otherwise leave a layer at its fresh initialisation without a sign. A
-        caller that asks for the report has the list, so is not warned.
-    - `on_static_mismatch`: `"error"` (the default) or `"warn"`. What to do
-        when static fields, callables or module classes differ between the
-        skeleton and the checkpoint; with `"warn"` the skeleton's are kept.
-    - `on_moved`: `"warn"` (the default), `"error"` or `"ignore"`. What to do
-        when a checkpoint that a `CheckpointManager` saved as one step and
-        item is restored from another (a step directory copied over another,
-        items swapped): a warning, or a `CheckpointMismatchError`.
-    - `verify`: if True (the default), every array read is checked against
-        the checksum recorded when it was saved, and a mismatch is a
-        `CheckpointDamagedError` naming the leaf: a flipped bit is never
-        restored as a wrong value. Costs a few percent of the restore time
-        (BENCHMARKS.md). Arrays cast by `cast=True` from Orbax's store, and
-        checkpoints saved without checksums, are read unchecked.
-    - `max_staged_bytes`: the most host memory, in bytes, that array data takes
-        on its way to devices that copy it (GPUs, TPUs): bytes are read a job
-        at a time (at most half of this, and at most a 32nd of what is
-        restored but at least 1 MiB), the next job read while this one is
-        transferred, and let go
-        once it is on its devices; a leaf larger than a job is streamed into
-        place in parts. Default (None): the smaller of 1 GiB and a tenth of
-        the RAM; at least 8 MiB. On CPU devices aligned host buffers become
-        the arrays without a copy, so by default nothing is staged; a window
-        given here makes CPU devices copy through it as an accelerator's do
-        (the path and bound of a GPU restore, run without one).
+        rename whose every new name the checkpoint lacks are errors (almost
+        always typos).
+    - `missing`: `"error"` (the default) or `"keep"`: a skeleton leaf the
+        checkpoint lacks keeps the skeleton's value (a fresh head for
+        fine-tuning). A `jax.ShapeDtypeStruct` has no value to keep, so is
+        still an error. Kept jax arrays go where `shardings` says.
+    - `report`: if True, return `(tree, report)`, the report naming the leaves
+        kept from the skeleton, the checkpoint leaves left unread and the
+        renames done. If False, a restore that kept leaves warns
+        (`oeqx.OrbaxEqxWarning`) listing them, so that a mistyped rename
+        cannot silently leave a layer freshly initialised.
+    - `on_static_mismatch`: `"error"` (the default) or `"warn"` (keep the
+        skeleton's) when static fields, callables or module classes differ.
+    - `on_moved`: `"warn"` (the default), `"error"` or `"ignore"`, when a
+        checkpoint a `CheckpointManager` saved as one step and item is
+        restored from another (a step copied over another, items swapped);
+        `"error"` raises `CheckpointMismatchError`.
+    - `verify`: if True (the default), every array read is checked against its
+        checksum recorded at save; a mismatch is a `CheckpointDamagedError`
+        naming the leaf. Costs a few percent of the restore time. Arrays cast
+        by `cast=True` from Orbax's store, and checkpoints saved without
+        checksums, are read unchecked.
+    - `max_staged_bytes`: the most host memory, in bytes, array data takes on
+        its way to devices that copy it (GPUs, TPUs): read a job at a time (at
+        most half of this, at most a 32nd of the restore, at least 1 MiB), the
+        next job read while one transfers; a leaf larger than a job streams
+        into place in parts. Default (None): the smaller of 1 GiB and a tenth
+        of the RAM, at least 8 MiB. CPU devices take aligned host buffers
+        without a copy, so stage nothing unless this is given.
 
     **Returns** (from `restore`): the skeleton's structure filled with the
     checkpoint's values; with `report=True`, `(tree, RestoreReport)`.

@@ -50,62 +50,45 @@ _WAITED = contextvars.ContextVar("orbax_eqx_waited", default=False)
 class EqxHandler(ocp.AsyncCheckpointHandler):
     """Saves and restores a PyTree of Equinox modules, arrays and Python values.
 
-    Unsharded arrays (numpy, on one device, or fully replicated) are packed end
-    to end into one pack file, written and read at disk speed with no cost per
-    leaf; sharded arrays go to shard packs: each process writes the distinct
-    shards it holds into a file of its own, with an index of chunk boxes, and
-    a restore onto any sharding reads just the byte ranges each device needs.
-    No computation runs over a sharded array (on accelerators, small arrays
-    are stacked on their own device before one copy to host, and a restore
-    streams large leaves into place on their device; see `max_staged_bytes`),
-    and processes meet only at Orbax's own barriers. With `pack=False`,
-    every array goes, one stored array per leaf, through Orbax's own array
-    machinery (OCDBT). Everything else
-    (static fields, Python scalars, callables, tied-weight markers) and where
-    every array is goes into a JSON sidecar, which restore checks against a
-    skeleton before reading any array. Every leaf restores on its own: a
-    partial restore reads only the bytes of the leaves it wants.
+    Unsharded arrays are packed end to end into one pack file; each process
+    writes the distinct shards of sharded arrays it holds into a shard pack
+    of its own, and a restore onto any sharding reads just the byte ranges
+    each device needs. No computation runs over a sharded array, and
+    processes meet only at Orbax's barriers. Everything else (static fields,
+    Python scalars, callables, tied weights) and where every array is goes
+    into a JSON sidecar, checked against the skeleton before any array is
+    read. A partial restore reads only the bytes of the leaves it wants.
 
     **Arguments:**
 
-    - `pack`: pack unsharded arrays and write sharded ones to shard packs (the
-        default). `False` stores every array through Orbax, one stored array
-        per leaf, as orbax_eqx did before packs: for storage that pack files cannot be
-        written to (object stores without ranged writes).
-    - `use_ocdbt`: store Orbax's arrays in its OCDBT format (fewer, larger files).
+    - `pack`: pack arrays (the default). `False` stores every array through
+        Orbax (OCDBT), one per leaf: for storage that takes no pack files
+        (object stores without ranged writes).
+    - `use_ocdbt`: store Orbax's arrays in its OCDBT format (fewer files).
     - `use_zarr3`: use the Zarr v3 array format for Orbax's arrays.
-    - `use_compression`: compress Orbax's array chunks with zstd (packed arrays
-        are never compressed: it takes `pack=False`, or sharded arrays). Off
-        by default on every store: on float weights it saves ~8% of the bytes
-        and, measured on disk and gs://, costs 2-6x the restore time of packs;
-        it pays on constants, such as a fresh optimizer state's zeros (see
-        BENCHMARKS.md, "Compression").
-    - `save_concurrent_gb`, `restore_concurrent_gb`: caps, in GB (fractions
-        work: `0.05`), on the bytes of Orbax's array data in flight at once,
-        to bound host memory. Packed
-        arrays are all held in host memory from `save` until written.
-    - `multiprocessing_options`: Orbax's options for multi-host runs; the
-        sidecar and the pack file are written by `primary_host` only, each
-        process writes its own shard pack.
-    - `checksums`: record a checksum of every array (the default), which
-        restores and `oeqx.verify` check: XXH3-64s of packed arrays and of
-        every block of shard-pack chunks, computed on host while the files are
-        written; for Orbax-stored arrays (`pack=False`) a sum computed on host
-        where one process holds the whole array (multi-host `pack=False`
-        saves are not summed; see `_format.checksum`). Costs a few percent of the
-        save time (BENCHMARKS.md); False saves without them.
+    - `use_compression`: compress Orbax's array chunks with zstd (packs are
+        never compressed). Off by default: on float weights it saves ~8% of
+        the bytes at several times the restore time; it pays on constants,
+        such as a fresh optimizer state's zeros.
+    - `save_concurrent_gb`, `restore_concurrent_gb`: caps, in GB (`0.05`
+        works), on Orbax's array bytes in flight, to bound host memory.
+        Packed arrays are held in host memory from `save` until written.
+    - `multiprocessing_options`: Orbax's multi-host options; the sidecar and
+        the pack file are written by `primary_host` only.
+    - `checksums`: record a checksum of every array (the default), checked by
+        restores and `oeqx.verify`: XXH3-64s of packed arrays and of every
+        block of shard-pack chunks; for `pack=False` a sum computed where one
+        process holds the whole array. Costs a few percent of the save time.
     - `kept_copy_bytes`: the most host memory, in bytes (8 GiB by default),
-        kept from one async save to the next for copies of numpy leaves (an
-        async save copies them before it returns; reusing the buffers halves
-        its time for large ones). Each is kept only until a save of other
+        kept between async saves for copies of numpy leaves (reusing buffers
+        halves an async save's time for large ones), until a save of other
         shapes or `close()`; `0` keeps none.
-    - `dedup`: under a `CheckpointManager`, write only the packed arrays,
-        and the chunks of sharded ones, whose bytes changed since the newest
-        step: the rest are recorded as references to the bytes already
-        stored, in `orbax_eqx~shared/` beside the steps
-        (docs/guides/frozen-weights.md). Deleting any step never breaks
-        another; each save deletes the shared bytes no step refers to any
-        more. Needs `pack=True`.
+    - `dedup`: under a `CheckpointManager`, write only the packed arrays and
+        sharded chunks whose bytes changed since the newest step; the rest
+        are references to bytes in `orbax_eqx~shared/` beside the steps
+        (docs/guides/frozen-weights.md). Deleting a step never breaks
+        another; each save deletes shared bytes no step refers to. Needs
+        `pack=True`.
 
     !!! example
 
@@ -141,16 +124,13 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         self._pack = pack
         self._dedup = dedup
         self._checksums = checksums
-        # Item directories this handler is saving: (token, `_save.claim.Started` on
-        # the primary host, whether Orbax stores arrays, how many shard packs).
-        # `finalize` needs them; re-reading the sidecar costs ~0.1 s on a
-        # 6,000-leaf model.
+        # For `finalize`, by item directory: (token, `_save.claim.Started` on the
+        # primary host, whether Orbax stores arrays, how many shard packs).
         self._saving: dict[str, tuple[str | None, Any, bool, int]] = {}
         self._deduped: set[str] = set()  # of those, saved with `dedup`
         self._known = _shared.Known()  # identities of jax arrays saved with it
         self._roots: set[str] = set()  # of its dedup saves, collected at `close`
-        # Buffers of async saves' numpy copies, reused by the next save (see
-        # `_storage/transfer/pool.py`).
+        # Buffers of async saves' numpy copies, reused by the next save.
         self._pool = HostPool(kept_copy_bytes)
         self._inner = ocp.PyTreeCheckpointHandler(
             use_ocdbt=use_ocdbt,
@@ -172,15 +152,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         item: Any = None,
         args: "EqxSave | None" = None,
     ) -> list[ocp.Future]:
-        """Starts a save; returns once arrays are safe in host memory.
-
-        Packed arrays are taken to host memory here (the caller may donate or
-        change them as soon as this returns; see
-        `_storage/transfer/to_host.py: host_copies`); writing them happens in
-        the background (`_save/files.py`). Copies of large numpy arrays go
-        into host buffers kept from this handler's earlier saves, given back
-        once written (`_storage/transfer/pool.py`), until `close()`.
-        """
+        """Starts a save; returns once arrays are safe in host memory (the
+        caller may then donate or change them); writes run in the background."""
         primary = ocp.multihost.is_primary_host(self._primary_host)
         dedup = self._dedup or (args is not None and args.dedup)
         if dedup and not self._pack:
@@ -202,10 +175,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         started = _claim.Started(epath.Path(directory), token) if primary else None
         if started is not None:
             started.stored_keys = tuple(prepared.stored)
-        # The directory is noted when the writes start (`files`), once
-        # Orbax has made it: one here already may be a leftover of a save that
-        # was killed, which Orbax deletes and makes anew in the background
-        # (a job resumed after a crash saves that step again).
+        # The directory is noted once Orbax has made it (`files`): one here
+        # now may be a killed save's leftover, which Orbax makes anew.
         self._saving[os.fspath(directory)] = (
             token,
             started,
@@ -225,15 +196,13 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
             raise
 
     async def _check_store(self, directory, primary: bool) -> None:
-        """Refuses a save an object store cannot take, before anything is
-        written (and undoes the directories Orbax is making meanwhile)."""
+        """Refuses a save an object store cannot take, before any write."""
         try:
             _refused.check(directory, self._pack)
             _refused.reachable(directory)  # the first save into a bucket
         except (ObjectStoreSaveError, ObjectStoreError):
-            # Refused before anything was written, while Orbax makes this
-            # save's directories in the background: let it finish, or its
-            # threads would wait out their timeout at exit (see `_save.futures`).
+            # Let Orbax finish making this save's directories, or its threads
+            # would wait out their timeout at exit.
             await _refused.undo_directories(epath.Path(directory), primary)
             raise
 
@@ -259,19 +228,15 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                     saved_as=_saved_as(directory, args),
                 )
         except UnsupportedLeafError:
-            # Refused before anything was written (with `pack=False`, a dtype
-            # Orbax's store cannot hold: only this handler knows `pack`). Orbax
-            # is making this save's directories in the background meanwhile:
-            # let it finish, so that a save of the step right after does not
-            # run into it, and remove them if they hold nothing else.
+            # (With `pack=False`, a dtype Orbax's store cannot hold.) Let Orbax
+            # finish making the directories, then remove them if empty.
             await _refused.undo_directories(epath.Path(directory), primary)
             raise
 
     async def _start_writes(
         self, directory, token: str, prepared, started, where, dedup: bool
     ) -> list[Any]:
-        """Orbax's write of the arrays it stores, if any, and ours of the
-        packs and the sidecar, as futures of the save."""
+        """Orbax's write of its arrays, if any, and ours, as futures."""
         futures: list[Any] = []
         if prepared.stored:
             inner = await _futures.run(
@@ -313,8 +278,6 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                 _WAITED.reset(waited)
             _futures.wait_all(futures)
 
-        # The caller waits for all of it: its per-leaf work (naming leaves,
-        # the sidecar) is the caller's, as a restore's is (see `_gc`).
         with paused():
             _run_sync(save_and_wait())
 
@@ -336,11 +299,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
                 # the caller asked for what is at `directory`, the new one.
                 return self._restore(directory, args)
 
-        # With several processes, all succeed or all raise one error (see
-        # `together`): one failing alone would leave the rest in Orbax's
-        # barriers for good. Bytes from an object store that fail their
-        # checks are read again before they are called damage
-        # (`_bytes/damage.py`).
+        # All processes succeed or all raise one error (`together`); object
+        # store bytes that fail their checks are read again (`_bytes.damage`).
         with paused():  # one object per leaf, many times over: see `_gc`
             return together(directory, lambda: _damage.confirmed(directory, current))
 
@@ -370,9 +330,8 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
         return _sidecar_read.read(epath.Path(directory))
 
     def finalize(self, directory: epath.Path) -> None:
-        # Merges the per-process OCDBT trees (without it, multi-host saves
-        # leave arrays unreadable), then checks that no other save of the same
-        # step took the directory over, just before Orbax commits it.
+        # Merges the per-process OCDBT trees, then checks that no other save
+        # of the step took the directory over, just before Orbax commits it.
         saving = self._saving.pop(os.fspath(directory), None)
         if saving is None:
             saving = _saved_here(epath.Path(directory))
@@ -415,19 +374,16 @@ class EqxHandler(ocp.AsyncCheckpointHandler):
 
 
 def _saved_as(directory, args: "EqxSave | None") -> tuple[str, str] | None:
-    """The step directory and item recorded in the sidecar, so that a restore
-    can tell a step copied over another or items swapped; none for `oeqx.save`,
-    whose checkpoint may be moved anywhere."""
+    """The step directory and item the sidecar records (none for `oeqx.save`,
+    whose checkpoint may be moved anywhere)."""
     if args is not None and args._standalone:
         return None
     return _futures.step_and_item(directory)
 
 
 def _collect(root: epath.Path, saving: epath.Path | None = None) -> None:
-    """Deletes the shared packs beside the steps in `root` that no step refers
-    to (those of steps Orbax or a user deleted, and of saves that failed),
-    while the step directory `saving` is saved, or after the saves. A failure
-    here deletes nothing in use and fails no save: the next save tries again."""
+    """Deletes the shared packs in `root` no step refers to; a failure only
+    warns (the next save tries again)."""
     try:
         _shared.collect(root, saving=saving)
     except _shared.Busy:
@@ -443,8 +399,7 @@ def _collect(root: epath.Path, saving: epath.Path | None = None) -> None:
 
 
 def _saved_here(directory: epath.Path) -> tuple[str | None, None, bool, int]:
-    """What `finalize` needs, from the sidecar, for a save this handler did not
-    start (Orbax finalizing with a new handler)."""
+    """What `finalize` needs, from the sidecar, for a save of another handler."""
     if not (directory / _sidecar.FILE_NAME).exists():
         return None, None, True, 0
     saved = _sidecar_read.read(directory, nodes=False)
@@ -487,7 +442,5 @@ def _run_sync(coro) -> Any:
         return pool.submit(asyncio.run, coro).result()
 
 
-# Registered right below the handler, as Orbax's own args are (the classes are
-# in `args.py`).
 ocp.args.register_with_handler(EqxHandler, for_save=True)(EqxSave)
 ocp.args.register_with_handler(EqxHandler, for_restore=True)(EqxRestore)
